@@ -1,0 +1,44 @@
+"""What the scheduler hands the executor for one step, and what comes back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.sequence import Sequence
+
+
+@dataclass
+class ScheduledBatch:
+    """The sequences of one step. Prefill work (whole prompts or chunks) comes first, decodes last.
+
+    For sequence ``i``: the step computes tokens ``[context_lens[i] - num_new_tokens[i],
+    context_lens[i])`` of ``seqs[i].token_ids``, reading the KV of the earlier ones through
+    ``seqs[i].block_table``. Only sequences with ``sample[i]`` produce a token.
+    """
+
+    step: int
+    kind: str
+    seqs: list[Sequence]
+    num_new_tokens: list[int]
+    context_lens: list[int]
+    num_prefill_seqs: int
+    sample: list[bool] | None = None  # None: every sequence samples (the common case)
+    num_batched_tokens: int = 0
+    sampled_seqs: list[Sequence] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def is_decode(self) -> bool:
+        return self.num_prefill_seqs == 0
+
+
+@dataclass
+class StepOutput:
+    """The executor's answer: one token per sampled sequence, in batch order, plus measurements."""
+
+    token_ids: list[int]
+    duration_s: float | None = None  # device time of the step where measured; None: use wall time
+    padded_batch_size: int = 0
+    graph_used: bool = False

@@ -1,0 +1,224 @@
+"""The KV-block pool: allocation, reference counts and the prefix cache.
+
+A deterministic state machine: free blocks are kept in an insertion-ordered map (allocation takes
+the oldest free block, release appends), block hashes are xxhash64 chains with a fixed seed,
+and every change is emitted to the event buffer.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import xxhash
+
+from engine.sequence import Sequence
+from tracing.events import NO_HASH, EventBuffer
+
+_UINT64_SPAN = 1 << 64
+_INT64_MAX = (1 << 63) - 1
+
+
+def chain_hash(token_ids: list[int], parent_hash: int, seed: int) -> int:
+    """xxhash64 of (parent hash, token ids) as a signed 64-bit integer (the trace column type)."""
+    hasher = xxhash.xxh64(seed=seed)
+    if parent_hash != NO_HASH:
+        hasher.update(parent_hash.to_bytes(8, "little", signed=True))
+    hasher.update(np.asarray(token_ids, dtype=np.int32).tobytes())
+    digest = hasher.intdigest()
+    return digest - _UINT64_SPAN if digest > _INT64_MAX else digest
+
+
+class Block:
+    """One physical KV block. ``token_ids`` and ``hash`` are set only once the block is full."""
+
+    __slots__ = ("block_id", "ref_count", "hash", "parent_hash", "token_ids")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_count = 0
+        self.hash = NO_HASH
+        self.parent_hash = NO_HASH
+        self.token_ids: list[int] = []
+
+    def __repr__(self) -> str:
+        return f"Block(id={self.block_id}, ref={self.ref_count}, hash={self.hash})"
+
+
+class BlockManager:
+    """Owns ``num_blocks`` blocks of ``block_size`` token slots and the prefix-cache index."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        events: EventBuffer,
+        hash_seed: int = 0,
+        enable_prefix_caching: bool = True,
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.events = events
+        self.hash_seed = hash_seed
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.hash_to_block_id: dict[int, int] = {}
+        # Ordered so that allocation order (oldest free first) is the same on every run.
+        self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_block_ids)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return (num_tokens + self.block_size - 1) // self.block_size
+
+    # --- internal moves between free and used -----------------------------------------------------
+    def _take_free_block(self, block_id: int) -> Block:
+        """Move a free block into use (refcount 1); a reused cached block forgets its contents."""
+        block = self.blocks[block_id]
+        del self.free_block_ids[block_id]
+        block.ref_count = 1
+        return block
+
+    def _forget_contents(self, block: Block) -> None:
+        if block.hash != NO_HASH and self.hash_to_block_id.get(block.hash) == block.block_id:
+            del self.hash_to_block_id[block.hash]
+        block.hash = NO_HASH
+        block.parent_hash = NO_HASH
+        block.token_ids = []
+
+    def _allocate_fresh(self, seq: Sequence, logical_index: int) -> int:
+        block_id = next(iter(self.free_block_ids))
+        block = self._take_free_block(block_id)
+        self._forget_contents(block)
+        seq.block_table.append(block_id)
+        self.events.emit_block_allocated(
+            seq.seq_id, block_id, logical_index, 1, len(self.free_block_ids)
+        )
+        return block_id
+
+    # --- admission --------------------------------------------------------------------------------
+    def can_allocate(self, seq: Sequence) -> bool:
+        """Room for every block of the sequence, counting cache hits as needing room (Nano-vLLM)."""
+        return len(self.free_block_ids) >= self.blocks_needed(seq.num_tokens)
+
+    def allocate(self, seq: Sequence) -> None:
+        """Give ``seq`` a block table: prefix-cache hits first, fresh blocks from the first miss on.
+
+        Sets ``seq.num_cached_tokens``. A prompt that is cached completely still recomputes its
+        last block, so every admitted sequence computes at least one token. Hashes of the new full
+        blocks are registered later by ``register_full_blocks``, once their KV is being computed.
+        """
+        if seq.block_table:
+            raise RuntimeError(f"sequence {seq.seq_id} already has blocks {seq.block_table}")
+        block_size = self.block_size
+        num_blocks = self.blocks_needed(seq.num_tokens)
+        num_full = seq.num_tokens // block_size
+        # The last block is never served from cache when that would leave nothing to compute.
+        max_hits = num_full if num_full * block_size < seq.num_tokens else num_full - 1
+        parent = NO_HASH
+        index = 0
+        if self.enable_prefix_caching:
+            token_ids = seq.token_ids
+            while index < max_hits:
+                chunk = token_ids[index * block_size : (index + 1) * block_size]
+                block_hash = chain_hash(chunk, parent, self.hash_seed)
+                block_id = self.hash_to_block_id.get(block_hash, -1)
+                if block_id < 0:
+                    break
+                block = self.blocks[block_id]
+                if block.token_ids != chunk:
+                    break
+                if block.ref_count == 0:
+                    self._take_free_block(block_id)
+                else:
+                    block.ref_count += 1
+                seq.block_table.append(block_id)
+                self.events.emit_block_hit(
+                    seq.seq_id,
+                    block_id,
+                    index,
+                    block_hash,
+                    block.ref_count,
+                    len(self.free_block_ids),
+                )
+                parent = block_hash
+                index += 1
+        seq.num_cached_tokens = index * block_size
+        seq.num_computed_tokens = seq.num_cached_tokens
+        seq.num_hashed_blocks = index
+        for logical_index in range(index, num_blocks):
+            self._allocate_fresh(seq, logical_index)
+
+    def register_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
+        """Enter into the prefix cache every full block within the first ``num_tokens`` tokens."""
+        if not self.enable_prefix_caching:
+            return
+        block_size = self.block_size
+        last_full = min(num_tokens, seq.num_tokens) // block_size
+        index = seq.num_hashed_blocks
+        if index >= last_full:
+            return
+        blocks = self.blocks
+        table = seq.block_table
+        parent = blocks[table[index - 1]].hash if index > 0 else NO_HASH
+        while index < last_full:
+            chunk = seq.token_ids[index * block_size : (index + 1) * block_size]
+            block_hash = chain_hash(chunk, parent, self.hash_seed)
+            block = blocks[table[index]]
+            block.hash = block_hash
+            block.parent_hash = parent
+            block.token_ids = chunk
+            self.hash_to_block_id[block_hash] = block.block_id
+            self.events.emit_block_hashed(seq.seq_id, block.block_id, index, block_hash, parent)
+            parent = block_hash
+            index += 1
+        seq.num_hashed_blocks = index
+
+    # --- decode growth ----------------------------------------------------------------------------
+    def needs_new_block(self, seq: Sequence) -> bool:
+        return seq.num_tokens > len(seq.block_table) * self.block_size
+
+    def can_append(self, seq: Sequence) -> bool:
+        """Whether the token ``seq`` feeds next has a slot, or a free block can provide one."""
+        return bool(self.free_block_ids) or seq.num_tokens <= len(seq.block_table) * self.block_size
+
+    def may_append(self, seq: Sequence) -> None:
+        """Make room for the KV of the sequence's last token; hash the block it completes."""
+        if seq.num_tokens > len(seq.block_table) * self.block_size:
+            self._allocate_fresh(seq, len(seq.block_table))
+        if seq.num_tokens % self.block_size == 0:
+            self.register_full_blocks(seq, seq.num_tokens)
+
+    # --- release ----------------------------------------------------------------------------------
+    def deallocate(self, seq: Sequence) -> int:
+        """Drop the sequence's references, last block first; return how many blocks it held.
+
+        A block whose refcount reaches 0 goes to the end of the free list but keeps its hash and
+        tokens, so it can still be hit until it is handed out again.
+        """
+        table = seq.block_table
+        blocks = self.blocks
+        free = self.free_block_ids
+        released_ids: list[int] = []
+        indices: list[int] = []
+        refcounts: list[int] = []
+        free_after: list[int] = []
+        for logical_index in range(len(table) - 1, -1, -1):
+            block_id = table[logical_index]
+            block = blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                free[block_id] = None
+            released_ids.append(block_id)
+            indices.append(logical_index)
+            refcounts.append(block.ref_count)
+            free_after.append(len(free))
+        self.events.emit_blocks_freed(seq.seq_id, released_ids, indices, refcounts, free_after)
+        count = len(table)
+        table.clear()
+        seq.num_cached_tokens = 0
+        seq.num_computed_tokens = 0
+        seq.num_hashed_blocks = 0
+        return count

@@ -1,0 +1,168 @@
+"""Engine configuration: every field validated, defaults from Nano-vLLM."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.errors import ConfigError
+
+POLICIES = ("prefill_first", "chunked")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
+AUTO_SIZED_BLOCKS = -1
+DEFAULT_CPU_KV_CACHE_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class _Rule:
+    kind: type
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[Any, ...] | None = None
+    allow: tuple[Any, ...] = ()
+
+    def describe(self) -> str:
+        if self.choices is not None:
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        parts = [self.kind.__name__]
+        if self.low is not None and self.high is not None:
+            parts.append(f"in [{self.low}, {self.high}]")
+        elif self.low is not None:
+            parts.append(f">= {self.low}")
+        if self.allow:
+            parts.append("or " + ", ".join(repr(a) for a in self.allow))
+        return " ".join(parts)
+
+
+_INT_MAX = 2**31 - 1
+
+FIELD_RULES: dict[str, _Rule] = {
+    "max_num_batched_tokens": _Rule(int, 1, _INT_MAX),
+    "max_num_seqs": _Rule(int, 1, _INT_MAX),
+    "max_model_len": _Rule(int, 1, _INT_MAX),
+    "gpu_memory_utilization": _Rule(float, 0.05, 1.0),
+    "tensor_parallel_size": _Rule(int, 1, 8),
+    "enforce_eager": _Rule(bool),
+    "kvcache_block_size": _Rule(int, 1, 65536),
+    "num_kvcache_blocks": _Rule(int, 1, _INT_MAX, allow=(AUTO_SIZED_BLOCKS,)),
+    "kv_cache_bytes": _Rule(int, 1, None),
+    "policy": _Rule(str, choices=POLICIES),
+    "enable_prefix_caching": _Rule(bool),
+    "hash_seed": _Rule(int, 0, 2**64 - 1),
+    "seed": _Rule(int, 0, 2**63 - 1),
+    "dtype": _Rule(str, choices=DTYPES),
+    "device": _Rule(str, choices=DEVICES),
+    "attention_backend": _Rule(str, choices=ATTENTION_BACKENDS),
+    "eos": _Rule(int, -1, _INT_MAX),
+    "trace_flush_steps": _Rule(int, 1, _INT_MAX),
+    "trace_flush_seconds": _Rule(float, 0.0, None),
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every setting of one engine. Construct with keywords; ``Config.replace`` validates overrides.
+
+    ``num_kvcache_blocks = -1`` sizes the KV pool from memory: on CUDA from free GPU memory times
+    ``gpu_memory_utilization``, on CPU from ``kv_cache_bytes``.
+    """
+
+    model: str | None = None
+    max_num_batched_tokens: int = 16384
+    max_num_seqs: int = 512
+    max_model_len: int = 4096
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = False
+    kvcache_block_size: int = 256
+    num_kvcache_blocks: int = AUTO_SIZED_BLOCKS
+    kv_cache_bytes: int = DEFAULT_CPU_KV_CACHE_BYTES
+    policy: str = "prefill_first"
+    enable_prefix_caching: bool = True
+    hash_seed: int = 0
+    seed: int = 0
+    dtype: str = "auto"
+    device: str = "auto"
+    attention_backend: str = "auto"
+    eos: int = -1
+    trace_flush_steps: int = 64
+    trace_flush_seconds: float = 2.0
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        for name, rule in FIELD_RULES.items():
+            value = getattr(self, name)
+            if rule.kind is float and isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, name, float(value))
+                value = float(value)
+            _check(name, value, rule)
+        if self.policy == "prefill_first" and self.max_num_batched_tokens < self.max_model_len:
+            raise ConfigError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
+                f"({self.max_model_len}) under policy 'prefill_first', or a long prompt could "
+                "never be scheduled; lower max_model_len or use policy='chunked'"
+            )
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls) if f.name != "extra"]
+
+    def replace(self, **changes: Any) -> Config:
+        """A copy with ``changes`` applied; unknown keys raise ``ConfigError`` naming valid ones."""
+        unknown = sorted(set(changes) - set(self.field_names()))
+        if unknown:
+            raise ConfigError(
+                f"unknown config key(s) {', '.join(unknown)}; valid keys: "
+                + ", ".join(self.field_names())
+            )
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.field_names()}
+
+    @staticmethod
+    def describe_field(name: str) -> str:
+        rule = FIELD_RULES.get(name)
+        return rule.describe() if rule else "any value"
+
+
+def _check(name: str, value: Any, rule: _Rule) -> None:
+    if value in rule.allow and type(value) is type(rule.allow[0]):
+        return
+    is_bool = isinstance(value, bool)
+    ok_type = isinstance(value, rule.kind) and not (rule.kind is not bool and is_bool)
+    if not ok_type:
+        raise ConfigError(f"{name} must be {rule.describe()}, got {value!r}")
+    if rule.choices is not None and value not in rule.choices:
+        raise ConfigError(f"{name} must be {rule.describe()}, got {value!r}")
+    if rule.low is not None and value < rule.low or rule.high is not None and value > rule.high:
+        raise ConfigError(f"{name} must be {rule.describe()}, got {value!r}")
+
+
+def parse_override(key: str, text: str) -> Any:
+    """Turn ``--set key=text`` into a typed value for ``Config.replace`` (errors name the field)."""
+    if key not in Config.field_names():
+        raise ConfigError(
+            f"unknown config key {key!r}; valid keys: " + ", ".join(Config.field_names())
+        )
+    rule = FIELD_RULES.get(key)
+    if rule is None:
+        return text
+    try:
+        if rule.kind is bool:
+            lowered = text.strip().lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(text)
+        if rule.kind is int:
+            return int(text)
+        if rule.kind is float:
+            return float(text)
+    except ValueError:
+        raise ConfigError(f"{key} must be {rule.describe()}, got {text!r}") from None
+    return text

@@ -1,0 +1,303 @@
+"""The scheduler: which sequences run each step, who is preempted, when a request finishes.
+
+A deterministic state machine. Its inputs are requests (``add``), the tokens the executor returns
+(``postprocess``) and aborts (``abort``); every decision is emitted to the event buffer. It never
+reads a clock, so the same inputs give the same decisions live, in replay and in simulation.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import xxhash
+
+from engine.batch import ScheduledBatch
+from engine.block_manager import BlockManager
+from engine.config import Config
+from engine.sequence import Sequence, SequenceStatus
+from tracing.events import NO_SEQ, EventBuffer
+
+_UINT64_SPAN = 1 << 64
+_INT64_MAX = (1 << 63) - 1
+
+
+def output_hash(token_ids: list[int]) -> int:
+    """xxhash64 of a completion's token ids (signed 64-bit), so replay notices a changed token."""
+    digest = xxhash.xxh64_intdigest(np.asarray(token_ids, dtype=np.int32).tobytes())
+    return digest - _UINT64_SPAN if digest > _INT64_MAX else digest
+
+
+class Scheduler:
+    """Nano-vLLM's scheduler (prefill first, preempt the newest, recompute), or chunked prefill."""
+
+    def __init__(self, config: Config, num_blocks: int, events: EventBuffer) -> None:
+        self.config = config
+        self.events = events
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_model_len = config.max_model_len
+        self.eos = config.eos
+        self.block_size = config.kvcache_block_size
+        self.block_manager = BlockManager(
+            num_blocks,
+            config.kvcache_block_size,
+            events,
+            hash_seed=config.hash_seed,
+            enable_prefix_caching=config.enable_prefix_caching,
+        )
+        self.waiting: deque[Sequence] = deque()
+        self.running: deque[Sequence] = deque()
+        self.num_preemptions = 0
+
+    # --- requests ---------------------------------------------------------------------------------
+    def admission_error(self, seq: Sequence) -> str | None:
+        """Why ``seq`` can never be served under this config, or None if it can."""
+        prompt_len = seq.num_tokens
+        if prompt_len == 0:
+            return "empty prompt"
+        if prompt_len > self.max_model_len:
+            return f"prompt has {prompt_len} tokens, more than max_model_len={self.max_model_len}"
+        final_len = min(prompt_len + seq.max_tokens, max(self.max_model_len, prompt_len + 1))
+        # The last sampled token is never fed back, so its KV is never stored.
+        peak_blocks = self.block_manager.blocks_needed(final_len - 1)
+        if peak_blocks > self.block_manager.num_blocks:
+            return (
+                f"request needs {peak_blocks} KV blocks ({final_len - 1} tokens) but the whole "
+                f"pool has {self.block_manager.num_blocks}"
+            )
+        return None
+
+    def add(self, seq: Sequence, precheck_error: str | None = None) -> str | None:
+        """Queue ``seq`` (recording it); reject it, recorded as finished, if it can never fit.
+
+        ``precheck_error`` is a reason found before the scheduler (e.g. a token id outside the
+        vocabulary): the request is recorded and rejected with it. Returns the rejection reason.
+        """
+        self.events.emit_request_added(
+            seq.seq_id, seq.arrival_s, seq.token_ids, seq.temperature, seq.max_tokens,
+            seq.ignore_eos,
+        )
+        error = precheck_error or self.admission_error(seq)
+        if error is not None:
+            self._finish(seq, "rejected", release=False)
+            return error
+        self.waiting.append(seq)
+        return None
+
+    def abort(self, seq: Sequence) -> None:
+        """Stop ``seq`` wherever it is and release its blocks."""
+        if seq.status is SequenceStatus.FINISHED:
+            return
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+        self._finish(seq, "aborted", release=bool(seq.block_table))
+
+    def is_finished(self) -> bool:
+        return not self.waiting and not self.running
+
+    # --- scheduling -------------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch | None:
+        """Pick this step's batch, or None when nothing is queued."""
+        if self.config.policy == "chunked":
+            return self._schedule_chunked()
+        return self._schedule_prefill_first()
+
+    def _schedule_prefill_first(self) -> ScheduledBatch | None:
+        waiting, running, bm = self.waiting, self.running, self.block_manager
+        scheduled: list[Sequence] = []
+        new_tokens: list[int] = []
+        num_batched = 0
+        while waiting and len(scheduled) < self.max_num_seqs:
+            seq = waiting[0]
+            if num_batched + seq.num_tokens > self.max_num_batched_tokens or not bm.can_allocate(
+                seq
+            ):
+                break
+            bm.allocate(seq)
+            bm.register_full_blocks(seq, seq.num_tokens)
+            query_len = seq.num_tokens - seq.num_cached_tokens
+            num_batched += query_len
+            seq.status = SequenceStatus.RUNNING
+            waiting.popleft()
+            running.append(seq)
+            scheduled.append(seq)
+            new_tokens.append(query_len)
+        if scheduled:
+            return self._emit_batch("prefill", scheduled, new_tokens, len(scheduled))
+
+        free = bm.free_block_ids
+        block_size = self.block_size
+        while running and len(scheduled) < self.max_num_seqs:
+            seq = running.popleft()
+            needs_block = seq.num_tokens > len(seq.block_table) * block_size
+            while needs_block and not free:
+                if running:
+                    self._preempt(running.pop(), for_seq=seq)
+                else:
+                    self._preempt(seq, for_seq=seq)
+                    break
+            else:
+                bm.may_append(seq)
+                scheduled.append(seq)
+        if not scheduled:
+            return None
+        running.extendleft(reversed(scheduled))
+        return self._emit_batch("decode", scheduled, [1] * len(scheduled), 0)
+
+    def _schedule_chunked(self) -> ScheduledBatch | None:
+        """Decode-first with a token budget; prompts are split into chunks that fill what is left.
+
+        Running sequences are visited in order: one still in its prompt gets the next chunk, one
+        decoding gets one token (preempting the newest running sequence if it needs a block and
+        none is free). Waiting sequences are then admitted while budget remains.
+        """
+        waiting, running, bm = self.waiting, self.running, self.block_manager
+        budget = self.max_num_batched_tokens
+        prefills: list[Sequence] = []
+        prefill_tokens: list[int] = []
+        decodes: list[Sequence] = []
+        scheduled_running: list[Sequence] = []
+        free = bm.free_block_ids
+        block_size = self.block_size
+        while running and budget > 0 and len(scheduled_running) < self.max_num_seqs:
+            seq = running.popleft()
+            remaining = seq.num_tokens - seq.num_computed_tokens
+            if remaining > 1 or seq.num_computed_tokens < seq.num_prompt_tokens:
+                query_len = min(remaining, budget)
+                bm.register_full_blocks(seq, seq.num_computed_tokens + query_len)
+                prefills.append(seq)
+                prefill_tokens.append(query_len)
+                scheduled_running.append(seq)
+                budget -= query_len
+                continue
+            needs_block = seq.num_tokens > len(seq.block_table) * block_size
+            while needs_block and not free:
+                if running:
+                    self._preempt(running.pop(), for_seq=seq)
+                else:
+                    self._preempt(seq, for_seq=seq)
+                    break
+            else:
+                bm.may_append(seq)
+                decodes.append(seq)
+                scheduled_running.append(seq)
+                budget -= 1
+        running.extendleft(reversed(scheduled_running))
+        num_seqs = len(scheduled_running)
+        while waiting and budget > 0 and num_seqs < self.max_num_seqs:
+            seq = waiting[0]
+            if not bm.can_allocate(seq):
+                break
+            bm.allocate(seq)
+            query_len = min(seq.num_tokens - seq.num_cached_tokens, budget)
+            bm.register_full_blocks(seq, seq.num_cached_tokens + query_len)
+            seq.status = SequenceStatus.RUNNING
+            waiting.popleft()
+            running.append(seq)
+            prefills.append(seq)
+            prefill_tokens.append(query_len)
+            budget -= query_len
+            num_seqs += 1
+        if not prefills and not decodes:
+            return None
+        kind = "mixed" if prefills and decodes else ("prefill" if prefills else "decode")
+        return self._emit_batch(
+            kind, prefills + decodes, prefill_tokens + [1] * len(decodes), len(prefills)
+        )
+
+    def _emit_batch(
+        self, kind: str, seqs: list[Sequence], new_tokens: list[int], num_prefill: int
+    ) -> ScheduledBatch:
+        if kind == "decode":
+            context_lens = [seq.num_tokens for seq in seqs]
+            cached = [n - 1 for n in context_lens]
+            sample = None
+            sampled = seqs
+        else:
+            cached = [seq.num_computed_tokens for seq in seqs]
+            context_lens = [c + q for c, q in zip(cached, new_tokens)]
+            sample = [ctx == seq.num_tokens for ctx, seq in zip(context_lens, seqs)]
+            sampled = [seq for seq, s in zip(seqs, sample) if s]
+            if len(sampled) == len(seqs):
+                sample = None
+        num_batched = sum(new_tokens)
+        self.events.emit_batch(
+            kind,
+            num_batched,
+            len(self.waiting),
+            len(self.running),
+            len(self.block_manager.free_block_ids),
+            [seq.seq_id for seq in seqs],
+            new_tokens,
+            cached,
+            context_lens,
+        )
+        return ScheduledBatch(
+            step=self.events.step,
+            kind=kind,
+            seqs=seqs,
+            num_new_tokens=new_tokens,
+            context_lens=context_lens,
+            num_prefill_seqs=num_prefill,
+            sample=sample,
+            num_batched_tokens=num_batched,
+            sampled_seqs=sampled,
+        )
+
+    def _preempt(self, seq: Sequence, for_seq: Sequence) -> None:
+        """Send ``seq`` back to the front of the queue; its KV is recomputed when it returns."""
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        released = self.block_manager.deallocate(seq)
+        self.events.emit_preempted(
+            seq.seq_id, released, for_seq.seq_id if for_seq is not seq else NO_SEQ, seq.num_tokens
+        )
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    # --- results ----------------------------------------------------------------------------------
+    def postprocess(self, batch: ScheduledBatch, token_ids: list[int]) -> list[Sequence]:
+        """Append each sampled token, finish sequences that are done; return the finished ones."""
+        if batch.sample is not None:
+            for seq, ctx, sample in zip(batch.seqs, batch.context_lens, batch.sample):
+                if not sample:
+                    seq.num_computed_tokens = ctx
+        sampled = batch.sampled_seqs
+        if len(token_ids) != len(sampled):
+            raise RuntimeError(
+                f"executor returned {len(token_ids)} tokens for {len(sampled)} sampled sequences"
+            )
+        self.events.emit_tokens_sampled([seq.seq_id for seq in sampled], token_ids)
+        finished: list[Sequence] = []
+        eos = self.eos
+        max_model_len = self.max_model_len
+        for seq, token_id in zip(sampled, token_ids):
+            seq.num_computed_tokens = seq.num_tokens
+            seq.token_ids.append(token_id)
+            seq.last_token = token_id
+            seq.num_tokens += 1
+            if token_id == eos and not seq.ignore_eos:
+                reason = "eos"
+            elif seq.num_tokens - seq.num_prompt_tokens >= seq.max_tokens:
+                reason = "length"
+            elif seq.num_tokens >= max_model_len:
+                reason = "length"
+            else:
+                continue
+            self._finish(seq, reason, release=True)
+            finished.append(seq)
+        if finished:
+            self.running = deque(s for s in self.running if s.status is SequenceStatus.RUNNING)
+        return finished
+
+    def _finish(self, seq: Sequence, reason: str, release: bool) -> None:
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        if release:
+            self.block_manager.deallocate(seq)
+        self.events.emit_request_finished(
+            seq.seq_id, reason, seq.num_completion_tokens, output_hash(seq.completion_token_ids)
+        )

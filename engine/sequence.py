@@ -1,0 +1,96 @@
+"""A request as the scheduler sees it: its tokens, its KV blocks and its progress."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """One request. ``seq_id`` is given by the engine's own counter, never by a global one.
+
+    ``num_cached_tokens`` counts prompt tokens served from the prefix cache at admission;
+    ``num_computed_tokens`` counts tokens whose KV is in the cache (or is being written this step).
+    """
+
+    __slots__ = (
+        "seq_id",
+        "status",
+        "token_ids",
+        "last_token",
+        "num_tokens",
+        "num_prompt_tokens",
+        "num_cached_tokens",
+        "num_computed_tokens",
+        "num_hashed_blocks",
+        "block_table",
+        "temperature",
+        "max_tokens",
+        "ignore_eos",
+        "arrival_s",
+        "finish_reason",
+        "num_preemptions",
+    )
+
+    def __init__(
+        self, seq_id: int, token_ids: list[int], params: SamplingParams, arrival_s: float = 0.0
+    ) -> None:
+        self.seq_id = seq_id
+        self.status = SequenceStatus.WAITING
+        self.token_ids = list(token_ids)
+        self.last_token = self.token_ids[-1] if self.token_ids else -1
+        self.num_tokens = len(self.token_ids)
+        self.num_prompt_tokens = self.num_tokens
+        self.num_cached_tokens = 0
+        self.num_computed_tokens = 0
+        self.num_hashed_blocks = 0
+        self.block_table: list[int] = []
+        self.temperature = float(params.temperature)
+        self.max_tokens = params.max_tokens
+        self.ignore_eos = params.ignore_eos
+        self.arrival_s = arrival_s
+        self.finish_reason: str | None = None
+        self.num_preemptions = 0
+
+    def __len__(self) -> int:
+        return self.num_tokens
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence(id={self.seq_id}, status={self.status.value}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, blocks={self.block_table})"
+        )
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return self.num_tokens - self.num_prompt_tokens
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def completion_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def num_blocks(self, block_size: int) -> int:
+        return (self.num_tokens + block_size - 1) // block_size
+
+    def block_tokens(self, index: int, block_size: int) -> list[int]:
+        return self.token_ids[index * block_size : (index + 1) * block_size]
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+        self.last_token = token_id
+        self.num_tokens += 1

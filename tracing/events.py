@@ -1,0 +1,359 @@
+"""The event schema and the columnar buffer the engine writes events into.
+
+Every event is a row in the table of its kind. All tables share two leading columns: ``event_id``
+(global, increasing in emission order, so the tables interleave back into one stream) and ``step``.
+Rows are appended column by column into plain Python lists; nothing allocates a Python object per
+event, which keeps recording cheap at hundreds of sequences per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEMA_VERSION = 1
+
+# Sentinel for "no hash" / "no sequence" in integer columns.
+NO_HASH = -1
+NO_SEQ = -1
+
+# Column name -> logical type. Types are pyarrow type names; ``list<int32>`` is a list column.
+COMMON_COLUMNS: dict[str, str] = {"event_id": "int64", "step": "int32"}
+
+EVENT_COLUMNS: dict[str, dict[str, str]] = {
+    "request_added": {
+        "seq_id": "int64",
+        "arrival_s": "float64",
+        "prompt_len": "int32",
+        "prompt_token_ids": "list<int32>",
+        "temperature": "float32",
+        "max_tokens": "int32",
+        "ignore_eos": "bool",
+    },
+    "batch_scheduled": {
+        "kind": "string",
+        "num_seqs": "int32",
+        "num_batched_tokens": "int32",
+        "num_waiting": "int32",
+        "num_running": "int32",
+        "free_blocks": "int32",
+    },
+    "seq_scheduled": {
+        "seq_id": "int64",
+        "num_new_tokens": "int32",
+        "num_cached_tokens": "int32",
+        "context_len": "int32",
+    },
+    "block_allocated": {
+        "seq_id": "int64",
+        "block_id": "int32",
+        "logical_index": "int32",
+        "refcount": "int32",
+        "free_blocks": "int32",
+    },
+    "block_hit": {
+        "seq_id": "int64",
+        "block_id": "int32",
+        "logical_index": "int32",
+        "hash": "int64",
+        "refcount": "int32",
+        "free_blocks": "int32",
+    },
+    "block_hashed": {
+        "seq_id": "int64",
+        "block_id": "int32",
+        "logical_index": "int32",
+        "hash": "int64",
+        "parent_hash": "int64",
+    },
+    "block_freed": {
+        "seq_id": "int64",
+        "block_id": "int32",
+        "logical_index": "int32",
+        "refcount": "int32",
+        "free_blocks": "int32",
+    },
+    "preempted": {
+        "seq_id": "int64",
+        "blocks_released": "int32",
+        "for_seq_id": "int64",
+        "num_tokens": "int32",
+    },
+    "model_step": {
+        "kind": "string",
+        "duration_s": "float64",
+        "num_seqs": "int32",
+        "prefill_tokens": "int32",
+        "prefill_attn_work": "int64",
+        "decode_seqs": "int32",
+        "decode_context_tokens": "int64",
+        "padded_batch_size": "int32",
+        "graph_used": "bool",
+        "wall_time_s": "float64",
+    },
+    "token_sampled": {
+        "seq_id": "int64",
+        "token_id": "int32",
+    },
+    "request_finished": {
+        "seq_id": "int64",
+        "reason": "string",
+        "num_completion_tokens": "int32",
+        "output_hash": "int64",
+    },
+}
+
+EVENT_KINDS: tuple[str, ...] = tuple(EVENT_COLUMNS)
+
+# Columns that hold measurements rather than decisions: replay never compares them.
+MEASURED_COLUMNS: dict[str, frozenset[str]] = {
+    "request_added": frozenset({"arrival_s"}),
+    "model_step": frozenset({"duration_s", "wall_time_s"}),
+}
+
+BATCH_KINDS = ("prefill", "decode", "mixed")
+FINISH_REASONS = ("eos", "length", "stop", "aborted", "rejected")
+
+
+def all_columns(kind: str) -> list[str]:
+    """Every column of an event kind's table, in order."""
+    return [*COMMON_COLUMNS, *EVENT_COLUMNS[kind]]
+
+
+@dataclass
+class _Table:
+    """The column lists of one event kind."""
+
+    columns: dict[str, list]
+
+    def __len__(self) -> int:
+        return len(self.columns["event_id"])
+
+
+class EventBuffer:
+    """Columnar, append-only store of the events of one run (or of one segment of it).
+
+    The engine calls the typed ``emit_*`` methods; sinks read ``tables`` (column name -> list) and
+    may ``drain`` the buffer after writing a segment. ``next_event_id`` keeps counting across
+    drains, so ids stay global over the whole run.
+    """
+
+    def __init__(self, first_event_id: int = 0) -> None:
+        self.next_event_id = first_event_id
+        self.step = 0
+        self.tables: dict[str, dict[str, list]] = {}
+        self._reset_tables()
+
+    def _reset_tables(self) -> None:
+        self.tables = {kind: {col: [] for col in all_columns(kind)} for kind in EVENT_KINDS}
+        t = self.tables
+        # Bound list appenders for the hot paths: one attribute lookup per column, not three.
+        self._ra = t["request_added"]
+        self._bs = t["batch_scheduled"]
+        self._ss = t["seq_scheduled"]
+        self._ba = t["block_allocated"]
+        self._bh = t["block_hit"]
+        self._bx = t["block_hashed"]
+        self._bf = t["block_freed"]
+        self._pe = t["preempted"]
+        self._ms = t["model_step"]
+        self._ts = t["token_sampled"]
+        self._rf = t["request_finished"]
+
+    def num_events(self) -> int:
+        return sum(len(cols["event_id"]) for cols in self.tables.values())
+
+    def counts(self) -> dict[str, int]:
+        return {kind: len(cols["event_id"]) for kind, cols in self.tables.items()}
+
+    def drain(self) -> dict[str, dict[str, list]]:
+        """Return the buffered tables and start empty ones (event ids keep counting)."""
+        out = self.tables
+        self._reset_tables()
+        return out
+
+    # --- emission -------------------------------------------------------------------------------
+    def _ids(self, table: dict[str, list], n: int) -> None:
+        first = self.next_event_id
+        self.next_event_id = first + n
+        table["event_id"].extend(range(first, first + n))
+        table["step"].extend([self.step] * n)
+
+    def emit_request_added(
+        self,
+        seq_id: int,
+        arrival_s: float,
+        prompt_token_ids: list[int],
+        temperature: float,
+        max_tokens: int,
+        ignore_eos: bool,
+    ) -> None:
+        t = self._ra
+        self._ids(t, 1)
+        t["seq_id"].append(seq_id)
+        t["arrival_s"].append(arrival_s)
+        t["prompt_len"].append(len(prompt_token_ids))
+        t["prompt_token_ids"].append(list(prompt_token_ids))
+        t["temperature"].append(temperature)
+        t["max_tokens"].append(max_tokens)
+        t["ignore_eos"].append(ignore_eos)
+
+    def emit_batch(
+        self,
+        kind: str,
+        num_batched_tokens: int,
+        num_waiting: int,
+        num_running: int,
+        free_blocks: int,
+        seq_ids: list[int],
+        num_new_tokens: list[int],
+        num_cached_tokens: list[int],
+        context_lens: list[int],
+    ) -> None:
+        """One ``batch_scheduled`` row followed by one ``seq_scheduled`` row per sequence."""
+        b = self._bs
+        self._ids(b, 1)
+        b["kind"].append(kind)
+        b["num_seqs"].append(len(seq_ids))
+        b["num_batched_tokens"].append(num_batched_tokens)
+        b["num_waiting"].append(num_waiting)
+        b["num_running"].append(num_running)
+        b["free_blocks"].append(free_blocks)
+        s = self._ss
+        self._ids(s, len(seq_ids))
+        s["seq_id"].extend(seq_ids)
+        s["num_new_tokens"].extend(num_new_tokens)
+        s["num_cached_tokens"].extend(num_cached_tokens)
+        s["context_len"].extend(context_lens)
+
+    def emit_block_allocated(
+        self, seq_id: int, block_id: int, logical_index: int, refcount: int, free_blocks: int
+    ) -> None:
+        t = self._ba
+        t["event_id"].append(self.next_event_id)
+        self.next_event_id += 1
+        t["step"].append(self.step)
+        t["seq_id"].append(seq_id)
+        t["block_id"].append(block_id)
+        t["logical_index"].append(logical_index)
+        t["refcount"].append(refcount)
+        t["free_blocks"].append(free_blocks)
+
+    def emit_block_hit(
+        self,
+        seq_id: int,
+        block_id: int,
+        logical_index: int,
+        block_hash: int,
+        refcount: int,
+        free_blocks: int,
+    ) -> None:
+        t = self._bh
+        t["event_id"].append(self.next_event_id)
+        self.next_event_id += 1
+        t["step"].append(self.step)
+        t["seq_id"].append(seq_id)
+        t["block_id"].append(block_id)
+        t["logical_index"].append(logical_index)
+        t["hash"].append(block_hash)
+        t["refcount"].append(refcount)
+        t["free_blocks"].append(free_blocks)
+
+    def emit_block_hashed(
+        self, seq_id: int, block_id: int, logical_index: int, block_hash: int, parent_hash: int
+    ) -> None:
+        t = self._bx
+        t["event_id"].append(self.next_event_id)
+        self.next_event_id += 1
+        t["step"].append(self.step)
+        t["seq_id"].append(seq_id)
+        t["block_id"].append(block_id)
+        t["logical_index"].append(logical_index)
+        t["hash"].append(block_hash)
+        t["parent_hash"].append(parent_hash)
+
+    def emit_blocks_freed(
+        self,
+        seq_id: int,
+        block_ids: list[int],
+        logical_indices: list[int],
+        refcounts: list[int],
+        free_blocks: list[int],
+    ) -> None:
+        """The release of a sequence's block references, in release order."""
+        t = self._bf
+        self._ids(t, len(block_ids))
+        t["seq_id"].extend([seq_id] * len(block_ids))
+        t["block_id"].extend(block_ids)
+        t["logical_index"].extend(logical_indices)
+        t["refcount"].extend(refcounts)
+        t["free_blocks"].extend(free_blocks)
+
+    def emit_preempted(
+        self, seq_id: int, blocks_released: int, for_seq_id: int, num_tokens: int
+    ) -> None:
+        t = self._pe
+        self._ids(t, 1)
+        t["seq_id"].append(seq_id)
+        t["blocks_released"].append(blocks_released)
+        t["for_seq_id"].append(for_seq_id)
+        t["num_tokens"].append(num_tokens)
+
+    def emit_model_step(
+        self,
+        kind: str,
+        duration_s: float,
+        num_seqs: int,
+        prefill_tokens: int,
+        prefill_attn_work: int,
+        decode_seqs: int,
+        decode_context_tokens: int,
+        padded_batch_size: int,
+        graph_used: bool,
+        wall_time_s: float,
+    ) -> None:
+        t = self._ms
+        self._ids(t, 1)
+        t["kind"].append(kind)
+        t["duration_s"].append(duration_s)
+        t["num_seqs"].append(num_seqs)
+        t["prefill_tokens"].append(prefill_tokens)
+        t["prefill_attn_work"].append(prefill_attn_work)
+        t["decode_seqs"].append(decode_seqs)
+        t["decode_context_tokens"].append(decode_context_tokens)
+        t["padded_batch_size"].append(padded_batch_size)
+        t["graph_used"].append(graph_used)
+        t["wall_time_s"].append(wall_time_s)
+
+    def emit_tokens_sampled(self, seq_ids: list[int], token_ids: list[int]) -> None:
+        t = self._ts
+        self._ids(t, len(seq_ids))
+        t["seq_id"].extend(seq_ids)
+        t["token_id"].extend(token_ids)
+
+    def emit_request_finished(
+        self, seq_id: int, reason: str, num_completion_tokens: int, output_hash: int
+    ) -> None:
+        t = self._rf
+        self._ids(t, 1)
+        t["seq_id"].append(seq_id)
+        t["reason"].append(reason)
+        t["num_completion_tokens"].append(num_completion_tokens)
+        t["output_hash"].append(output_hash)
+
+
+class NullEventBuffer(EventBuffer):
+    """Accepts every event and keeps none: the engine with recording switched off."""
+
+    def _noop(self, *args: object, **kwargs: object) -> None:
+        return None
+
+    emit_request_added = _noop  # type: ignore[assignment]
+    emit_batch = _noop  # type: ignore[assignment]
+    emit_block_allocated = _noop  # type: ignore[assignment]
+    emit_block_hit = _noop  # type: ignore[assignment]
+    emit_block_hashed = _noop  # type: ignore[assignment]
+    emit_blocks_freed = _noop  # type: ignore[assignment]
+    emit_preempted = _noop  # type: ignore[assignment]
+    emit_model_step = _noop  # type: ignore[assignment]
+    emit_tokens_sampled = _noop  # type: ignore[assignment]
+    emit_request_finished = _noop  # type: ignore[assignment]

@@ -1,0 +1,46 @@
+"""Sinks: where the engine's event buffer goes at the end of each step."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from tracing.events import EVENT_KINDS, EventBuffer, all_columns
+
+
+class EventSink(Protocol):
+    """Where events go. The engine owns the ``EventBuffer``; a sink decides when to drain it."""
+
+    def open(self, header: dict[str, Any]) -> None: ...
+
+    def on_step_end(self, buffer: EventBuffer) -> None: ...
+
+    def close(self, buffer: EventBuffer, summary: dict[str, Any]) -> None: ...
+
+
+class MemorySink:
+    """Keeps every event in memory; ``tables`` holds them after ``close`` (or ``snapshot``)."""
+
+    def __init__(self) -> None:
+        self.header: dict[str, Any] = {}
+        self.summary: dict[str, Any] = {}
+        self.tables: dict[str, dict[str, list]] = {
+            kind: {col: [] for col in all_columns(kind)} for kind in EVENT_KINDS
+        }
+
+    def open(self, header: dict[str, Any]) -> None:
+        self.header = header
+
+    def on_step_end(self, buffer: EventBuffer) -> None:
+        pass
+
+    def snapshot(self, buffer: EventBuffer) -> dict[str, dict[str, list]]:
+        """Move what the buffer holds into ``tables`` and return them."""
+        for kind, cols in buffer.drain().items():
+            mine = self.tables[kind]
+            for name, values in cols.items():
+                mine[name].extend(values)
+        return self.tables
+
+    def close(self, buffer: EventBuffer, summary: dict[str, Any]) -> None:
+        self.snapshot(buffer)
+        self.summary = summary

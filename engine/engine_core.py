@@ -79,8 +79,17 @@ class EngineCore:
         self.num_completion_tokens = 0
         self.busy_time_s = 0.0
         self.closed = False
+        self.header = {
+            **(header or {}),
+            "config": config.to_dict(),
+            "block_size": config.kvcache_block_size,
+            "num_blocks": config.num_kvcache_blocks,
+            "hash_seed": config.hash_seed,
+            "policy": config.policy,
+            "executor": executor.describe(),
+        }
         if sink is not None:
-            sink.open(header or {})
+            sink.open(self.header)
 
     def now(self) -> float:
         """Seconds since the engine started, on its clock."""
@@ -114,6 +123,12 @@ class EngineCore:
         """Run one step; None when nothing is queued."""
         batch = self.scheduler.schedule()
         if batch is None:
+            if self.scheduler.waiting:
+                # Admission guarantees every queued request fits an empty pool: this is a bug.
+                raise RuntimeError(
+                    f"scheduler made no progress with {len(self.scheduler.waiting)} waiting "
+                    f"and {len(self.scheduler.running)} running sequences"
+                )
             return None
         began = self.clock()
         output = self.executor.execute(batch)

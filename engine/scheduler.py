@@ -130,18 +130,24 @@ class Scheduler:
 
         free = bm.free_block_ids
         block_size = self.block_size
-        while running and len(scheduled) < self.max_num_seqs:
+        max_num_seqs = self.max_num_seqs
+        while running and len(scheduled) < max_num_seqs:
             seq = running.popleft()
-            needs_block = seq.num_tokens > len(seq.block_table) * block_size
-            while needs_block and not free:
-                if running:
-                    self._preempt(running.pop(), for_seq=seq)
+            num_tokens = seq.num_tokens
+            if num_tokens > len(seq.block_table) * block_size:
+                while not free:
+                    if running:
+                        self._preempt(running.pop(), for_seq=seq)
+                    else:
+                        self._preempt(seq, for_seq=seq)
+                        break
                 else:
-                    self._preempt(seq, for_seq=seq)
-                    break
-            else:
-                bm.may_append(seq)
-                scheduled.append(seq)
+                    bm.may_append(seq)
+                    scheduled.append(seq)
+                continue
+            if num_tokens % block_size == 0:
+                bm.may_append(seq)  # the token fills its block: enter the block into the cache
+            scheduled.append(seq)
         if not scheduled:
             return None
         running.extendleft(reversed(scheduled))

@@ -9,6 +9,10 @@ event, which keeps recording cheap at hundreds of sequences per step.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 SCHEMA_VERSION = 1
 
@@ -117,6 +121,33 @@ FINISH_REASONS = ("eos", "length", "stop", "aborted", "rejected")
 def all_columns(kind: str) -> list[str]:
     """Every column of an event kind's table, in order."""
     return [*COMMON_COLUMNS, *EVENT_COLUMNS[kind]]
+
+
+def column_types(kind: str) -> dict[str, str]:
+    """Column name -> logical type name for every column of an event kind's table, in order."""
+    return {**COMMON_COLUMNS, **EVENT_COLUMNS[kind]}
+
+
+_ARROW_SCHEMAS: dict[str, Any] = {}
+
+
+def arrow_schema(kind: str) -> pa.Schema:
+    """The pyarrow schema of an event kind's table (the types of ``EVENT_COLUMNS``).
+
+    pyarrow is imported here, not at module level, so the engine's hot import path stays light.
+    """
+    schema = _ARROW_SCHEMAS.get(kind)
+    if schema is None:
+        import pyarrow as pa
+
+        def to_arrow(type_name: str) -> pa.DataType:
+            if type_name.startswith("list<") and type_name.endswith(">"):
+                return pa.list_(to_arrow(type_name[len("list<") : -1]))
+            return pa.type_for_alias(type_name)
+
+        schema = pa.schema([(name, to_arrow(t)) for name, t in column_types(kind).items()])
+        _ARROW_SCHEMAS[kind] = schema
+    return schema
 
 
 @dataclass

@@ -1,0 +1,194 @@
+"""The user-facing engine: a checkpoint, a tokenizer, a model runner and an optional trace."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence as SequenceABC
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from engine.config import Config
+from engine.engine_core import EngineCore, StepResult
+from engine.errors import InvalidRequestError
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+Prompt = str | list[int]
+
+
+def _make_sink(trace_dir: str | None, config: Config) -> Any:
+    if trace_dir is None:
+        from tracing.sink import MemorySink
+
+        return MemorySink()
+    from tracing.recorder import ParquetRecorder
+
+    return ParquetRecorder(
+        trace_dir,
+        flush_steps=config.trace_flush_steps,
+        flush_seconds=config.trace_flush_seconds,
+    )
+
+
+def _run_header(config: Config, executor: Any) -> dict[str, Any]:
+    from tracing.header import git_commit, package_versions, start_time
+
+    described = executor.describe()
+    return {
+        "model": described.get("model", {}),
+        "device": described.get("device", "unknown"),
+        "attention_backend": described.get("attention_backend"),
+        "versions": package_versions(),
+        "git_commit": git_commit(),
+        "start_time": start_time(),
+        "model_path": config.model,
+    }
+
+
+class LLMEngine:
+    """Loads a Qwen3 checkpoint and serves batches of prompts, recording every decision.
+
+    ``model`` is a checkpoint directory (None: the embedded tiny model, made on first use);
+    ``trace_dir`` records a Parquet trace there; other keywords are ``Config`` fields.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        trace_dir: str | None = None,
+        record_events: bool = True,
+        **config_kwargs: Any,
+    ) -> None:
+        from engine.checkpoint import default_model_dir
+        from engine.model_runner import ModelRunner
+        from engine.tokenizer import load_tokenizer
+
+        model_dir = str(model) if model is not None else str(default_model_dir())
+        config = Config(model=model_dir, **config_kwargs)
+        self.tokenizer = load_tokenizer(model_dir)
+        self.runner = ModelRunner(config)
+        config = config.replace(
+            num_kvcache_blocks=self.runner.num_kvcache_blocks, eos=self.runner.eos_token_id
+        )
+        self.config = config
+        self.trace_dir = trace_dir
+        self.sink = _make_sink(trace_dir, config) if record_events else None
+        self.core = EngineCore(
+            config,
+            self.runner,
+            sink=self.sink,
+            header=_run_header(config, self.runner),
+            record_events=record_events,
+        )
+        self.vocab_size = self.runner.vocab_size
+
+    # --- requests ---------------------------------------------------------------------------------
+    def _token_ids(self, prompt: Prompt) -> tuple[list[int], str | None]:
+        """Tokenize; return (token ids, rejection reason) without raising on a bad prompt."""
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt, add_special_tokens=False), None
+        if not isinstance(prompt, SequenceABC) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
+            raise InvalidRequestError(
+                f"a prompt must be a str or a list of int token ids, got {type(prompt).__name__}"
+            )
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            return list(prompt), (
+                f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
+            )
+        return list(prompt), None
+
+    def add_request(
+        self, prompt: Prompt, params: SamplingParams, arrival_s: float | None = None
+    ) -> Sequence:
+        """Queue one request; a bad one is recorded as rejected (see ``rejection``)."""
+        token_ids, error = self._token_ids(prompt)
+        seq = self.core.add_request(token_ids, params, arrival_s=arrival_s, error=error)
+        reason = self.core.rejections.get(seq.seq_id)
+        if reason is not None:
+            log.warning("request %d rejected: %s", seq.seq_id, reason)
+        return seq
+
+    def rejection(self, seq: Sequence) -> str | None:
+        return self.core.rejections.get(seq.seq_id)
+
+    def step(self) -> StepResult | None:
+        return self.core.step()
+
+    def is_finished(self) -> bool:
+        return not self.core.has_unfinished()
+
+    # --- batch generation -------------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: list[str] | list[list[int]],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[dict[str, Any]]:
+        """Generate for every prompt; returns, in input order, ``{"text", "token_ids", ...}``.
+
+        Each output also has ``finish_reason`` and ``error`` (the rejection reason, or None).
+        """
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(prompts)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompts):
+                raise InvalidRequestError(
+                    f"{len(prompts)} prompts but {len(params_list)} sampling params"
+                )
+        seqs = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+        self._run(len(seqs), use_tqdm)
+        return [self._output(seq) for seq in seqs]
+
+    def _run(self, total: int, use_tqdm: bool) -> None:
+        bar = tqdm(total=total, desc="generate", disable=not use_tqdm, dynamic_ncols=True)
+        bar.update(len(self.core.rejections))
+        prefill_rate = decode_rate = 0.0
+        while self.core.has_unfinished():
+            began = time.perf_counter()
+            result = self.core.step()
+            if result is None:
+                break
+            elapsed = max(time.perf_counter() - began, 1e-9)
+            if result.batch.kind == "decode":
+                decode_rate = len(result.batch.seqs) / elapsed
+            else:
+                prefill_rate = result.batch.num_batched_tokens / elapsed
+            bar.set_postfix(prefill=f"{prefill_rate:.0f}tok/s", decode=f"{decode_rate:.0f}tok/s")
+            bar.update(len(result.finished))
+        bar.close()
+
+    def _output(self, seq: Sequence) -> dict[str, Any]:
+        completion = seq.completion_token_ids
+        return {
+            "text": self.tokenizer.decode(completion) if completion else "",
+            "token_ids": completion,
+            "finish_reason": seq.finish_reason,
+            "error": self.core.rejections.get(seq.seq_id),
+        }
+
+    # --- lifecycle --------------------------------------------------------------------------------
+    def close(self) -> dict[str, Any]:
+        """Finish the trace (summary, last segment) and release the model."""
+        summary = self.core.close()
+        self.runner.close()
+        return summary
+
+    def __enter__(self) -> LLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LLM(LLMEngine):
+    """``LLM(model_path, trace_dir=None, **config)``: the Nano-vLLM-style entry point."""

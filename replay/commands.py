@@ -1,0 +1,52 @@
+"""``replayllm run``: a workload on a model, recorded to a trace."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+from engine.errors import InvalidRequestError, ReplayLLMError
+from replay.workloads import load_workload, reference_workload
+
+TRACE_HEADER_FILE = "run.json"
+
+
+def prepare_trace_dir(path: str) -> None:
+    """Make room for a new trace: replace an old trace there, never anything else."""
+    if not os.path.exists(path):
+        return
+    if not os.path.isdir(path):
+        raise ReplayLLMError(f"{path} exists and is not a directory; choose another --out")
+    entries = os.listdir(path)
+    if entries and TRACE_HEADER_FILE not in entries:
+        raise ReplayLLMError(f"{path} exists and is not a trace; choose another --out")
+    shutil.rmtree(path)
+
+
+def run_command(
+    model: str | None,
+    workload: str,
+    out: str,
+    num_seqs: int | None,
+    overrides: dict[str, Any],
+) -> int:
+    """Run ``workload`` ('bench' or a JSONL path) on ``model``, recording into ``out``."""
+    from tracing.inspect import describe
+    from tracing.reader import read_trace
+
+    from engine import LLM
+    from replay.live import run_workload
+
+    requests = reference_workload() if workload == "bench" else load_workload(workload)
+    if num_seqs is not None:
+        if num_seqs < 1:
+            raise InvalidRequestError(f"--num-seqs must be >= 1, got {num_seqs}")
+        requests = requests[:num_seqs]
+    prepare_trace_dir(out)
+    llm = LLM(model, trace_dir=out, **overrides)
+    run_workload(llm, requests)
+    llm.close()
+    print(describe(read_trace(out)))
+    print(f"trace: {out}")
+    return 0

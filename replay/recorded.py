@@ -1,0 +1,94 @@
+"""A recorded event stream as numpy columns, whatever it was read from (Parquet or memory)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tracing.events import EVENT_KINDS, all_columns
+
+LIST_COLUMNS = frozenset({"prompt_token_ids"})
+
+
+@dataclass
+class RecordedEvents:
+    """Header plus, per event kind, column name -> numpy array (list columns stay Python lists).
+
+    ``last_step`` is the last step the recording fully contains (the whole run for a complete
+    trace; less for one whose recording process died).
+    """
+
+    header: dict[str, Any]
+    tables: dict[str, dict[str, Any]]
+    last_step: int
+    complete: bool = True
+
+    def column(self, kind: str, name: str) -> Any:
+        return self.tables[kind][name]
+
+    def num_rows(self, kind: str) -> int:
+        return len(self.tables[kind]["event_id"])
+
+    @property
+    def num_events(self) -> int:
+        return sum(self.num_rows(kind) for kind in EVENT_KINDS)
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.tables["model_step"]["event_id"])
+
+    def row(self, kind: str, index: int) -> dict[str, Any]:
+        """One event as a dict (for reports)."""
+        out: dict[str, Any] = {"kind": kind}
+        for name, values in self.tables[kind].items():
+            value = values[index]
+            out[name] = value.item() if isinstance(value, np.generic) else value
+        return out
+
+
+def _as_array(name: str, values: Any) -> Any:
+    if name in LIST_COLUMNS:
+        return [list(v) for v in values]
+    if isinstance(values, np.ndarray):
+        return values
+    return np.asarray(values)
+
+
+def from_columns(
+    header: dict[str, Any], tables: dict[str, dict[str, list]], complete: bool = True
+) -> RecordedEvents:
+    """Wrap in-memory tables (``MemorySink.tables`` or ``EventBuffer.tables``)."""
+    converted = {
+        kind: {name: _as_array(name, tables[kind][name]) for name in all_columns(kind)}
+        for kind in EVENT_KINDS
+    }
+    last_step = max((int(cols["step"].max()) for cols in converted.values() if len(cols["step"])),
+                    default=-1)
+    return RecordedEvents(header, converted, last_step, complete)
+
+
+def from_trace(trace: Any) -> RecordedEvents:
+    """Wrap a trace opened by ``tracing.read_trace``, keeping only fully recorded steps."""
+    last_step = int(trace.last_step)
+    converted: dict[str, dict[str, Any]] = {}
+    for kind in EVENT_KINDS:
+        table = trace.table(kind)
+        cols: dict[str, Any] = {}
+        if table.num_rows and not trace.complete:
+            step = table.column("step").to_numpy()
+            keep = step <= last_step
+            if not keep.all():
+                table = table.filter(keep)
+        for name in all_columns(kind):
+            if table.num_rows == 0:
+                cols[name] = [] if name in LIST_COLUMNS else np.asarray([])
+                continue
+            column = table.column(name)
+            if name in LIST_COLUMNS:
+                cols[name] = column.to_pylist()
+            else:
+                cols[name] = column.to_numpy(zero_copy_only=False)
+        converted[kind] = cols
+    return RecordedEvents(dict(trace.header), converted, last_step, bool(trace.complete))

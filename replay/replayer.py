@@ -1,0 +1,138 @@
+"""Re-drive the engine's own scheduler from a recording: same inputs, same step boundaries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.config import Config
+from engine.engine_core import EngineCore
+from engine.errors import ReplayLLMError
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
+from replay.recorded import RecordedEvents, from_columns
+from replay.trace_executor import ReplayDiverged, TraceExecutor
+from tracing.sink import MemorySink
+
+PRECHECK_REJECTION = "rejected before scheduling (as recorded)"
+
+
+class HeaderError(ReplayLLMError):
+    """The recording's header cannot rebuild the engine configuration."""
+
+
+def config_from_header(header: dict[str, Any], **overrides: Any) -> Config:
+    """The Config a trace was recorded under (``overrides`` applied, validated)."""
+    recorded = header.get("config")
+    if not isinstance(recorded, dict):
+        raise HeaderError("the trace header has no 'config' object")
+    known = set(Config.field_names())
+    unknown = sorted(set(recorded) - known)
+    if unknown:
+        raise HeaderError(f"the trace header's config has unknown fields: {', '.join(unknown)}")
+    try:
+        config = Config(**recorded)
+        return config.replace(**overrides) if overrides else config
+    except (TypeError, ValueError) as exc:
+        raise HeaderError(f"the trace header's config is invalid: {exc}") from None
+
+
+@dataclass(frozen=True)
+class _Input:
+    event_id: int
+    step: int
+    action: str  # "add" or "abort"
+    seq_id: int
+
+
+def _inputs(recorded: RecordedEvents) -> tuple[list[_Input], dict[int, str]]:
+    """Requests and aborts in recorded order, and the recorded reason of each finished request."""
+    added = recorded.tables["request_added"]
+    finished = recorded.tables["request_finished"]
+    reasons = dict(
+        zip(np.asarray(finished["seq_id"]).tolist(), np.asarray(finished["reason"]).tolist())
+    )
+    inputs = [
+        _Input(int(eid), int(step), "add", int(sid))
+        for eid, step, sid in zip(added["event_id"], added["step"], added["seq_id"])
+    ]
+    inputs += [
+        _Input(int(eid), int(step), "abort", int(sid))
+        for eid, step, sid, reason in zip(
+            finished["event_id"], finished["step"], finished["seq_id"], finished["reason"]
+        )
+        if reason == "aborted"
+    ]
+    inputs.sort(key=lambda i: i.event_id)
+    return inputs, reasons
+
+
+@dataclass
+class ReplayRun:
+    """The replayed event stream and where the replay stopped."""
+
+    replayed: RecordedEvents
+    steps: int
+    stopped_early: str | None
+
+
+def replay(recorded: RecordedEvents, **overrides: Any) -> ReplayRun:
+    """Feed the recording's requests, aborts and sampled tokens through a fresh EngineCore."""
+    config = config_from_header(recorded.header, **overrides)
+    executor = TraceExecutor(recorded, config.num_kvcache_blocks)
+    sink = MemorySink()
+    core = EngineCore(config, executor, sink=sink, header=recorded.header)
+    inputs, reasons = _inputs(recorded)
+    added = recorded.tables["request_added"]
+    request_rows = {int(sid): i for i, sid in enumerate(added["seq_id"])}
+    cursor = 0
+    stopped: str | None = None
+    while True:
+        step = core.step_index
+        while cursor < len(inputs) and inputs[cursor].step <= step:
+            item = inputs[cursor]
+            cursor += 1
+            if item.action == "abort":
+                if item.seq_id in core.sequences:
+                    core.abort(item.seq_id)
+                continue
+            row = request_rows[item.seq_id]
+            params = SamplingParams(
+                temperature=float(added["temperature"][row]),
+                max_tokens=int(added["max_tokens"][row]),
+                ignore_eos=bool(added["ignore_eos"][row]),
+            )
+            core.add_request(
+                added["prompt_token_ids"][row],
+                params,
+                arrival_s=float(added["arrival_s"][row]),
+                error=_precheck(core, item.seq_id, added["prompt_token_ids"][row], params, reasons),
+            )
+        try:
+            result = core.step()
+        except ReplayDiverged as exc:
+            stopped = str(exc)
+            break
+        if result is None and cursor >= len(inputs):
+            break
+    steps = core.step_index
+    core.close()
+    replayed = from_columns(recorded.header, sink.tables)
+    return ReplayRun(replayed, steps, stopped)
+
+
+def _precheck(
+    core: EngineCore,
+    seq_id: int,
+    prompt: list[int],
+    params: SamplingParams,
+    reasons: dict[int, str],
+) -> str | None:
+    """A rejection the recording made before the scheduler saw the request (e.g. a bad token)."""
+    if reasons.get(seq_id) != "rejected":
+        return None
+    # Only a request the scheduler itself would accept needs the recorded verdict passed in.
+    probe = Sequence(seq_id, prompt, params)
+    return None if core.scheduler.admission_error(probe) else PRECHECK_REJECTION

@@ -1,0 +1,208 @@
+"""``verify``: replay a recording; find the first event where today's engine decides otherwise."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from replay.recorded import LIST_COLUMNS, RecordedEvents, from_columns, from_trace
+from replay.replayer import replay
+from tracing.events import EVENT_KINDS, MEASURED_COLUMNS, all_columns
+
+CONTEXT_EVENTS = 6
+
+
+@dataclass
+class Divergence:
+    """The first event (by event id) where the recording and the replay differ."""
+
+    event_id: int
+    step: int
+    recorded: dict[str, Any] | None
+    replayed: dict[str, Any] | None
+    columns: list[str]
+    context: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class VerifyResult:
+    """Outcome of a verify: identical, or the first divergence."""
+
+    identical: bool
+    num_events: int
+    num_steps: int
+    complete: bool
+    divergence: Divergence | None = None
+    replay_note: str | None = None
+
+    def report(self) -> str:
+        """The text ``replayllm verify`` prints."""
+        scope = "" if self.complete else " (incomplete trace: verified the recorded prefix)"
+        if self.identical:
+            return f"identical: {self.num_events} events over {self.num_steps} steps{scope}"
+        d = self.divergence
+        assert d is not None  # identical is False only with a divergence
+        kind = (d.recorded or d.replayed or {}).get("kind", "?")
+        lines = [f"diverged at event {d.event_id} (step {d.step}, {kind}){scope}"]
+        lines.append(_side_by_side(d))
+        if d.context:
+            lines.append("last events before it (recorded):")
+            lines += ["  " + _one_line(e) for e in d.context]
+        if self.replay_note:
+            lines.append(f"replay stopped: {self.replay_note}")
+        return "\n".join(lines)
+
+
+def _one_line(event: dict[str, Any]) -> str:
+    fields = " ".join(
+        f"{k}={_short(v)}" for k, v in event.items() if k not in ("kind", "event_id", "step")
+    )
+    return f"#{event['event_id']} step {event['step']} {event['kind']}: {fields}"
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, list) and len(value) > 8:
+        return f"[{', '.join(map(str, value[:8]))}, ... ({len(value)} items)]"
+    return str(value)
+
+
+def _side_by_side(d: Divergence) -> str:
+    rec, rep = d.recorded or {}, d.replayed or {}
+    names = list(dict.fromkeys([*rec.keys(), *rep.keys()]))
+    width = max(len(n) for n in names) if names else 6
+    rows = [f"  {'column':<{width}}  {'recorded':>24}  {'replayed':>24}"]
+    for name in names:
+        a = _short(rec.get(name, "-")) if d.recorded else "(no event)"
+        b = _short(rep.get(name, "-")) if d.replayed else "(no event)"
+        mark = "  <--" if a != b else ""
+        rows.append(f"  {name:<{width}}  {a:>24}  {b:>24}{mark}")
+    return "\n".join(rows)
+
+
+def _first_mismatch(kind: str, rec: RecordedEvents, rep: RecordedEvents) -> tuple[int, list[str]]:
+    """Row index of the first differing row of one kind (or the shorter length), and columns."""
+    n_rec, n_rep = rec.num_rows(kind), rep.num_rows(kind)
+    common = min(n_rec, n_rep)
+    skip = MEASURED_COLUMNS.get(kind, frozenset())
+    first = common
+    for name in all_columns(kind):
+        if name in skip:
+            continue
+        a, b = rec.column(kind, name), rep.column(kind, name)
+        if name in LIST_COLUMNS:
+            hits = [i for i in range(common) if list(a[i]) != list(b[i])]
+        else:
+            hits = np.flatnonzero(np.asarray(a[:common]) != np.asarray(b[:common])).tolist()
+        if hits and hits[0] < first:
+            first = hits[0]
+    if first == common and n_rec == n_rep:
+        return -1, []
+    differing = []
+    if first < common:
+        differing = [
+            name
+            for name in all_columns(kind)
+            if name not in skip and _value(rec, kind, name, first) != _value(rep, kind, name, first)
+        ]
+    return first, differing
+
+
+def _value(events: RecordedEvents, kind: str, name: str, index: int) -> Any:
+    value = events.column(kind, name)[index]
+    return list(value) if name in LIST_COLUMNS else value
+
+
+def _event_by_id(events: RecordedEvents, event_id: int) -> dict[str, Any] | None:
+    for kind in EVENT_KINDS:
+        ids = np.asarray(events.column(kind, "event_id"))
+        index = int(np.searchsorted(ids, event_id))
+        if index < len(ids) and ids[index] == event_id:
+            return events.row(kind, index)
+    return None
+
+
+def _context(events: RecordedEvents, event_id: int) -> list[dict[str, Any]]:
+    found = []
+    for kind in EVENT_KINDS:
+        ids = np.asarray(events.column(kind, "event_id"))
+        lo = int(np.searchsorted(ids, event_id - CONTEXT_EVENTS))
+        hi = int(np.searchsorted(ids, event_id))
+        found += [events.row(kind, i) for i in range(lo, hi)]
+    return sorted(found, key=lambda e: e["event_id"])
+
+
+def compare(recorded: RecordedEvents, replayed: RecordedEvents) -> Divergence | None:
+    """The first divergence between two event streams, or None when every decision matches."""
+    best: tuple[int, str, int, list[str]] | None = None
+    for kind in EVENT_KINDS:
+        index, columns = _first_mismatch(kind, recorded, replayed)
+        if index < 0:
+            continue
+        candidates = [
+            int(np.asarray(s.column(kind, "event_id"))[index])
+            for s in (recorded, replayed)
+            if index < s.num_rows(kind)
+        ]
+        event_id = min(candidates)
+        if best is None or event_id < best[0]:
+            best = (event_id, kind, index, columns)
+    if best is None:
+        return None
+    event_id, kind, _, columns = best
+    rec_event = _event_by_id(recorded, event_id)
+    rep_event = _event_by_id(replayed, event_id)
+    step = (rec_event or rep_event or {}).get("step", -1)
+    return Divergence(
+        event_id=event_id,
+        step=int(step),
+        recorded=rec_event,
+        replayed=rep_event,
+        columns=columns,
+        context=_context(recorded, event_id),
+    )
+
+
+def _cut_to_step(events: RecordedEvents, last_step: int) -> RecordedEvents:
+    tables = {}
+    for kind, cols in events.tables.items():
+        keep = np.asarray(cols["step"]) <= last_step
+        tables[kind] = {
+            name: [v for v, k in zip(values, keep) if k]
+            if name in LIST_COLUMNS
+            else np.asarray(values)[keep]
+            for name, values in cols.items()
+        }
+    return RecordedEvents(events.header, tables, last_step, events.complete)
+
+
+def verify_recorded(recorded: RecordedEvents) -> VerifyResult:
+    """Replay ``recorded`` and compare every decision event with it."""
+    run = replay(recorded)
+    replayed = run.replayed
+    if not recorded.complete:
+        replayed = _cut_to_step(replayed, recorded.last_step)
+    divergence = compare(recorded, replayed)
+    return VerifyResult(
+        identical=divergence is None,
+        num_events=recorded.num_events,
+        num_steps=recorded.num_steps,
+        complete=recorded.complete,
+        divergence=divergence,
+        replay_note=run.stopped_early if divergence is not None else None,
+    )
+
+
+def verify_events(header: dict[str, Any], tables: dict[str, dict[str, list]]) -> VerifyResult:
+    """Verify an in-memory recording (``MemorySink.header`` and ``MemorySink.tables``)."""
+    return verify_recorded(from_columns(header, tables))
+
+
+def verify(trace: Any) -> VerifyResult:
+    """Verify a trace: a path to a trace directory or a trace opened with ``read_trace``."""
+    if isinstance(trace, (str, bytes)) or hasattr(trace, "__fspath__"):
+        from tracing.reader import read_trace
+
+        trace = read_trace(trace)
+    return verify_recorded(from_trace(trace))

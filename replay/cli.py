@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 
 from engine.errors import ReplayLLMError
+from tracing.errors import TraceError
 
 EXIT_DIVERGED = 1
 EXIT_USER_ERROR = 2
@@ -70,8 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
     make_model.add_argument("--out", required=True, help="directory to write")
     make_model.add_argument("--seed", type=int, default=0)
 
+    from replay import whatif_cli
+
+    whatif_cli.add_parser(sub)
+
     bench = sub.add_parser("bench", help="benchmarks (scheduler on CPU; engine on a GPU)")
-    bench.add_argument("suite", nargs="?", choices=["scheduler", "engine"], default="engine")
+    bench.add_argument(
+        "suite", nargs="?", choices=["scheduler", "engine", "whatif"], default="engine"
+    )
     bench.add_argument("--json", default=None, help="also write the results here as JSON")
     bench.add_argument("--repeat", type=int, default=3, help="timed repetitions (median kept)")
     return parser
@@ -129,9 +136,17 @@ def _cmd_make_model(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     if args.suite == "scheduler":
         from replay.bench_scheduler import main as bench_main
+    elif args.suite == "whatif":
+        from replay.bench_whatif import main as bench_main
     else:
         from replay.bench_engine import main as bench_main
     return bench_main(json_path=args.json, repeat=args.repeat)
+
+
+def _cmd_whatif(args: argparse.Namespace) -> int:
+    from replay import whatif_cli
+
+    return whatif_cli.run(args)
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -142,18 +157,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "export": _cmd_export,
     "make-model": _cmd_make_model,
     "bench": _cmd_bench,
+    "whatif": _cmd_whatif,
 }
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    errors: list[type[BaseException]] = [ReplayLLMError]
-    try:
-        from tracing.errors import TraceError
-
-        errors.append(TraceError)
-    except ImportError:  # the tracing package is always shipped; this guards partial installs
-        pass
-    return tuple(errors)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except _user_errors() as exc:
+    except (ReplayLLMError, TraceError) as exc:
         print(f"replayllm {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:

@@ -30,8 +30,10 @@ def record(config: Config, num_requests: int = 24, seed: int = 0) -> MemorySink:
     for i in range(num_requests):
         tail = rng.integers(0, 500, size=int(rng.integers(1, 40))).tolist()
         prompt = (shared[: int(rng.integers(0, len(shared)))] if i % 2 else []) + tail
-        core.add_request(prompt, SamplingParams(temperature=0.6, max_tokens=int(rng.integers(1, 30)),
-                                                ignore_eos=True))
+        params = SamplingParams(
+            temperature=0.6, max_tokens=int(rng.integers(1, 30)), ignore_eos=True
+        )
+        core.add_request(prompt, params)
     core.run_until_idle()
     core.close()
     return sink

@@ -1,0 +1,340 @@
+"""Benchmark the what-if simulator on the reference workload, and make timed synthetic traces.
+
+Run: ``python -m replay.bench_whatif``. It records the reference workload (NullExecutor tokens)
+to a Parquet trace whose step times follow a known law (``StepLaw``: H200-like magnitudes, noise,
+a periodic recorder flush), then measures, each the median of ``repeat`` runs:
+one variant (read the trace, fit the step-time model, simulate, metrics), the same as the whole
+``whatif`` command, and a 16-variant grid across the machine's cores.
+
+``LawExecutor`` / ``record_workload`` are also what the tests use to check time fidelity
+before real GPU traces exist: a trace under config A predicts config B's recorded times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.batch import ScheduledBatch, StepOutput
+from engine.config import Config
+from engine.engine_core import EngineCore, batch_features
+from engine.executor import NullExecutor
+from engine.sampling_params import SamplingParams
+from replay.cost_model import NANO_GRAPH_MAX, CostModel
+from replay.recorded import RecordedEvents, from_columns
+from replay.sim_executor import SimClock
+from replay.workloads import Request, reference_workload
+
+BENCH_NUM_BLOCKS = 1200  # tight enough that some grid variants preempt
+GRID = {"max_num_seqs": [32, 64, 128, 256], "num_kvcache_blocks": [400, 600, 900, 1200]}
+
+
+@dataclass(frozen=True)
+class StepLaw:
+    """A step's duration in seconds, linear in the batch features, times lognormal noise, plus
+    a recorder flush every ``flush_every`` steps. Magnitudes are an H200 running Qwen3-0.6B."""
+
+    base_s: float = 2.5e-3
+    per_seq_s: float = 6e-6
+    per_prefill_token_s: float = 1.2e-6
+    per_attn_work_s: float = 4e-12
+    per_padded_seq_s: float = 4e-6  # per decode row computed (padding rows of a graph too)
+    per_context_token_s: float = 2.6e-8  # 112 KiB of KV per token at ~4.3 TB/s
+    noise: float = 0.03
+    flush_every: int = 64
+    flush_s: float = 4e-3
+    first_step_s: float = 0.0  # one-off extra time of step 0 (a JIT compilation, say)
+
+    def duration(self, batch: ScheduledBatch, padded: int, rng: np.random.Generator) -> float:
+        """``padded``: the CUDA-graph batch of a decode (0: eager, every decode row is real)."""
+        prefill_tokens, work, decode_seqs, context = batch_features(batch)
+        rows = padded or decode_seqs
+        seconds = (
+            self.base_s
+            + self.per_seq_s * len(batch.seqs)
+            + self.per_prefill_token_s * prefill_tokens
+            + self.per_attn_work_s * work
+            + self.per_padded_seq_s * rows
+            + self.per_context_token_s * context
+        )
+        seconds *= float(np.exp(rng.normal(0.0, self.noise)))
+        if self.flush_every and (batch.step + 1) % self.flush_every == 0:
+            seconds += self.flush_s
+        if batch.step == 0:
+            seconds += self.first_step_s
+        return seconds
+
+
+def nano_padded(batch_size: int) -> int:
+    """Nano-vLLM's CUDA-graph batch for a decode of ``batch_size`` (0: too large, eager)."""
+    if batch_size > NANO_GRAPH_MAX:
+        return 0
+    for size in (1, 2, 4, 8):
+        if batch_size <= size:
+            return size
+    return -(-batch_size // 16) * 16
+
+
+class LawExecutor(NullExecutor):
+    """NullExecutor tokens; step times from a ``StepLaw``, advancing a ``SimClock``."""
+
+    def __init__(self, num_kvcache_blocks: int, clock: SimClock, law: StepLaw, seed: int = 0,
+                 graphs: bool = True) -> None:
+        super().__init__(num_kvcache_blocks, seed=seed)
+        self.clock = clock
+        self.law = law
+        self.graphs = graphs
+        self._noise = np.random.default_rng(seed + 1)
+
+    def execute(self, batch: ScheduledBatch) -> StepOutput:
+        out = super().execute(batch)
+        padded = nano_padded(len(batch.seqs)) if self.graphs and batch.kind == "decode" else 0
+        seconds = self.law.duration(batch, padded, self._noise)
+        self.clock.now += seconds
+        return StepOutput(out.token_ids, seconds, padded or len(batch.seqs), bool(padded))
+
+    def describe(self) -> dict[str, Any]:
+        return {"executor": "law", "device": "synthetic"}
+
+
+def record_workload(
+    config: Config,
+    requests: list[Request],
+    law: StepLaw | None = StepLaw(),
+    trace_dir: str | None = None,
+    seed: int = 0,
+) -> RecordedEvents:
+    """Record ``requests`` under ``config`` with law-timed steps (``law=None``: NullExecutor)."""
+    from tracing.sink import MemorySink
+
+    clock = SimClock(0.0)
+    if law is None:
+        executor: Any = NullExecutor(config.num_kvcache_blocks, seed=seed)
+    else:
+        executor = LawExecutor(config.num_kvcache_blocks, clock, law, seed,
+                               graphs=not config.enforce_eager)
+    sink: Any = MemorySink()
+    if trace_dir is not None:
+        from tracing.recorder import ParquetRecorder
+
+        sink = ParquetRecorder(trace_dir, overwrite=True, fsync=False)
+    timed = {"clock": clock} if law is not None else {}
+    core = EngineCore(config, executor, sink=sink, **timed)
+    order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_s, i))
+    cursor = 0
+    while True:
+        # Arrivals by the law clock, as replay.live does on a real one.
+        while cursor < len(order) and requests[order[cursor]].arrival_s <= clock.now:
+            r = requests[order[cursor]]
+            core.add_request(list(r.prompt), SamplingParams(r.temperature, r.max_tokens,
+                                                            r.ignore_eos), arrival_s=r.arrival_s)
+            cursor += 1
+        if core.step() is None:
+            if cursor >= len(order):
+                break
+            clock.now = max(clock.now, requests[order[cursor]].arrival_s)
+    core.close()
+    if trace_dir is not None:
+        from replay.recorded import from_trace
+        from tracing.reader import read_trace
+
+        return from_trace(read_trace(trace_dir))
+    return from_columns(sink.header, sink.tables)
+
+
+def grid_variants() -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (f"max_num_seqs={s} num_kvcache_blocks={b}", {"max_num_seqs": s, "num_kvcache_blocks": b})
+        for s in GRID["max_num_seqs"]
+        for b in GRID["num_kvcache_blocks"]
+    ]
+
+
+def _timed(action: Any) -> tuple[float, float, Any]:
+    """(wall seconds, CPU seconds of this process and its children, result) of ``action()``.
+
+    CPU time is reported too because a shared CI machine's wall time includes other jobs.
+    """
+    import resource
+
+    def cpu() -> float:
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return time.process_time() + children.ru_utime + children.ru_stime
+
+    wall, before = time.perf_counter(), cpu()
+    result = action()
+    return time.perf_counter() - wall, cpu() - before, result
+
+
+def run(repeat: int = 3) -> dict[str, Any]:
+    """All measurements (median of ``repeat``), as a dict."""
+    from replay.simulate import load_source, simulate, simulate_many
+
+    workdir = tempfile.mkdtemp(prefix="replayllm-whatif-")
+    trace = os.path.join(workdir, "trace")
+    command = [sys.executable, "-m", "replay.whatif_cli", trace, "--set", "max_num_seqs=128",
+               "--out", os.path.join(workdir, "out")]
+
+    def grid() -> list:
+        workload = load_source(trace)
+        cost = CostModel.fit(workload.recorded, source=trace)  # type: ignore[arg-type]
+        return simulate_many(workload, grid_variants(), cost)
+
+    actions = {
+        "one_variant": lambda: simulate(trace, {"max_num_seqs": 128}),
+        "cli_no_plots": lambda: subprocess.run([*command, "--no-plots"], capture_output=True,
+                                               text=True, check=False),
+        "cli_with_plots": lambda: subprocess.run(command, capture_output=True, text=True,
+                                                 check=False),
+        "grid": grid,
+    }
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in actions}
+    last: dict[str, Any] = {}
+    try:
+        record_workload(Config(num_kvcache_blocks=BENCH_NUM_BLOCKS), reference_workload(),
+                        trace_dir=trace)
+        for _ in range(repeat):
+            for name, action in actions.items():
+                wall, cpu, last[name] = _timed(action)
+                times[name].append((wall, cpu))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    results: dict[str, Any] = {
+        "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores",
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d"),
+        "steps": int(last["one_variant"].metrics["steps"]),
+        "completion_tokens": int(last["one_variant"].metrics["completion_tokens"]),
+        "grid_variants": len(last["grid"]),
+        "grid_ok": sum(v.ok for v in last["grid"]),
+        "cli_ok": all(last[n].returncode == 0 for n in ("cli_no_plots", "cli_with_plots")),
+        "cli_error": "".join(last[n].stderr.strip()[-500:] for n in ("cli_no_plots",
+                                                                      "cli_with_plots")
+                             if last[n].returncode),
+    }
+    for name, pairs in times.items():
+        results[f"{name}_s"] = statistics.median(wall for wall, _ in pairs)
+        results[f"{name}_cpu_s"] = statistics.median(cpu for _, cpu in pairs)
+    return results
+
+
+# Time-fidelity targets of issue 6: relative error of a prediction against a recording.
+FIDELITY_TARGETS = {
+    "throughput_tok_s": 0.03,
+    "makespan_s": 0.03,
+    "ttft_mean_s": 0.05,
+    "tpot_p50_s": 0.05,
+}
+
+
+def fidelity(traces: list[str]) -> list[dict[str, Any]]:
+    """Predict every trace from every other one of the same workload: per ordered pair, the
+    relative error of each ``FIDELITY_TARGETS`` metric and whether decisions are identical."""
+    from replay.decisions import compare_decisions
+    from replay.metrics import compute, relative_error
+    from replay.recorded import from_trace
+    from replay.replayer import config_from_header
+    from replay.simulate import load_source, run_variant
+    from tracing.reader import read_trace
+
+    events = {path: from_trace(read_trace(path)) for path in traces}
+    workloads = {path: load_source(events[path]) for path in traces}
+    models = {path: CostModel.fit(events[path], source=path) for path in traces}
+    rows = []
+    for source in traces:
+        for target in traces:
+            if source == target:
+                continue
+            signature = [(len(r.prompt), r.params.max_tokens) for r in workloads[source].requests]
+            if signature != [(len(r.prompt), r.params.max_tokens)
+                             for r in workloads[target].requests]:
+                continue
+            config = config_from_header(events[target].header).to_dict()
+            overrides = {k: v for k, v in config.items()
+                         if workloads[source].config.to_dict()[k] != v}
+            predicted = run_variant(workloads[source], overrides, models[source], target)
+            measured = compute(events[target]).summary
+            row: dict[str, Any] = {"source": source, "target": target, "status": predicted.status}
+            if predicted.ok and predicted.events is not None:
+                for metric in FIDELITY_TARGETS:
+                    row[metric] = relative_error(predicted.metrics[metric], measured[metric])
+                row["decisions_identical"] = (
+                    compare_decisions(events[target], predicted.events) is None
+                )
+            rows.append(row)
+    return rows
+
+
+def fidelity_markdown(rows: list[dict[str, Any]]) -> str:
+    """The fidelity rows as a Markdown table (for docs/BENCHMARKS.md)."""
+    names = list(FIDELITY_TARGETS)
+    head = ["predicted", "from", *names, "decisions"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"| {r['target']} | {r['source']} | {r['status']} |")
+            continue
+        cells = [f"{100 * r[m]:+.2f}% (target {100 * FIDELITY_TARGETS[m]:.0f}%)" for m in names]
+        verdict = "identical" if r["decisions_identical"] else "differ"
+        lines.append(f"| {r['target']} | {r['source']} | " + " | ".join(cells)
+                     + f" | {verdict} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None, json_path: str | None = None,
+         repeat: int | None = None) -> int:
+    """``python -m replay.bench_whatif [--json F] [--repeat N] [--fidelity TRACE ...]``;
+    called with ``json_path``/``repeat`` (as ``replayllm bench`` calls its suites), no parsing."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m replay.bench_whatif",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--json", default=None, help="also write the results here as JSON")
+    parser.add_argument("--repeat", type=int, default=3, help="timed repetitions (median kept)")
+    parser.add_argument("--fidelity", nargs="+", metavar="TRACE",
+                        help="instead: predict each trace from each other one, Markdown table")
+    if argv is None and (json_path is not None or repeat is not None):
+        argv = [*(["--json", json_path] if json_path else []), "--repeat", str(repeat or 3)]
+    args = parser.parse_args(argv)
+    if args.fidelity:
+        rows = fidelity(args.fidelity)
+        print(fidelity_markdown(rows))
+        ok = all(r["status"] == "ok" and r["decisions_identical"]
+                 and all(abs(r[m]) <= t for m, t in FIDELITY_TARGETS.items()) for r in rows)
+        return 0 if rows and ok else 1
+    r = run(args.repeat)
+
+    def both(name: str) -> str:
+        return f"{r[name + '_s']:.2f} s wall, {r[name + '_cpu_s']:.2f} s CPU"
+
+    rows = [
+        ("machine", r["machine"]),
+        ("reference workload", f"{r['steps']} steps, {r['completion_tokens']} output tokens"),
+        ("one variant (in-process: read, fit, simulate, metrics)", both("one_variant")),
+        ("whatif command, one variant, --no-plots", both("cli_no_plots")),
+        ("whatif command, one variant, with plots", both("cli_with_plots")),
+        (f"{r['grid_variants']}-variant grid ({os.cpu_count()} cores)", both("grid")),
+    ]
+    width = max(len(name) for name, _ in rows)
+    print("\n".join(f"{name:<{width}}  {value}" for name, value in rows))
+    if r["cli_error"]:
+        print(f"whatif command failed: {r['cli_error']}", file=sys.stderr)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(r, handle, indent=2)
+    return 0 if r["cli_ok"] and r["grid_ok"] == r["grid_variants"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

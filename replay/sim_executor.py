@@ -1,0 +1,131 @@
+"""The simulated executor: recorded tokens by position, step times from the cost model.
+
+Under another configuration the steps are different, so tokens cannot be looked up by step (as
+``TraceExecutor`` does for replay). Each sequence instead gets, at every sampling, the recorded
+token at its own next completion position: the k-th token it ever sampled in the recording. A
+sequence preempted and recomputed keeps its tokens, so each position is sampled exactly once here
+too. A sequence asking for more tokens than were recorded (an incomplete trace, a workload file)
+gets deterministic synthetic tokens, never EOS.
+
+Time: each step advances a ``SimClock`` by the cost model's predicted step time, and
+``EngineCore(clock=...)`` reads it, so ``model_step.wall_time_s`` holds simulated time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.batch import ScheduledBatch, StepOutput
+from engine.engine_core import batch_features
+from replay.cost_model import MIN_STEP_S, CostModel
+
+# Synthetic tokens: a fixed affine walk over a small id range (any id below every vocab size).
+SYNTHETIC_RANGE = 10000
+SYNTHETIC_STRIDE = 7919
+
+
+class SimClock:
+    """A clock that moves only when told: ``clock()`` reads it, the executor advances it."""
+
+    __slots__ = ("now",)
+
+    def __init__(self, start: float = 0.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class SimExecutor:
+    """Answers each batch with recorded tokens by sequence position, advancing a simulated clock.
+
+    ``cost`` None: times are not predicted (the clock stays put; every duration is 0).
+    ``use_graphs``: decodes pad to the cost model's CUDA-graph sizes, as the source run did.
+    """
+
+    def __init__(
+        self,
+        num_kvcache_blocks: int,
+        clock: SimClock,
+        cost: CostModel | None = None,
+        use_graphs: bool = False,
+        eos: int = -1,
+    ) -> None:
+        self.num_kvcache_blocks = num_kvcache_blocks
+        self.clock = clock
+        self.cost = cost
+        self.eos = eos
+        self.tokens: list[list[int]] = []  # index: the simulated engine's seq_id
+        self.synthesized = 0
+        self._timer = cost.step_timer() if cost is not None else None
+        self._graphs = use_graphs and cost is not None and cost.has_graphs
+        self._padded: dict[int, int] = {}
+        # One-off costs of the first step of a class (JIT compilation) in the source run.
+        self._warmup = dict(cost.warmup_s) if cost is not None else {}
+
+    def bind(self, seq_id: int, tokens: list[int] | None) -> None:
+        """Give sequence ``seq_id`` (ids are handed out in order) its recorded completion."""
+        if seq_id != len(self.tokens):
+            raise RuntimeError(f"sequence ids must be bound in order: got {seq_id}")
+        self.tokens.append(tokens if tokens is not None else [])
+
+    def _token(self, seq_id: int, position: int) -> int:
+        recorded = self.tokens[seq_id]
+        return recorded[position] if position < len(recorded) else self._synthetic(seq_id, position)
+
+    def _synthetic(self, seq_id: int, position: int) -> int:
+        self.synthesized += 1
+        token = (seq_id * SYNTHETIC_STRIDE + position) % SYNTHETIC_RANGE
+        return token + 1 if token == self.eos else token
+
+    def execute(self, batch: ScheduledBatch) -> StepOutput:
+        tokens = self.tokens
+        try:
+            # Fast path: every sampled position was recorded (positions are never negative).
+            out = [tokens[s.seq_id][s.num_tokens - s.num_prompt_tokens] for s in batch.sampled_seqs]
+        except IndexError:
+            out = [self._token(s.seq_id, s.num_tokens - s.num_prompt_tokens)
+                   for s in batch.sampled_seqs]
+        num_seqs = len(batch.seqs)
+        if self._timer is None:
+            return StepOutput(token_ids=out, duration_s=0.0, padded_batch_size=num_seqs)
+        padded, graph = num_seqs, False
+        if self._graphs and batch.kind == "decode":
+            size = self._padded.get(num_seqs)
+            if size is None:
+                size = self._padded[num_seqs] = self.cost.padded_size(num_seqs)  # type: ignore[union-attr]
+            if size:
+                padded, graph = size, True
+        kind = batch.kind
+        if kind == "decode":
+            kind = "decode_graph" if graph else "decode_eager"
+        intercept, c = self._timer[kind]
+        prefill_tokens, prefill_work, decode_seqs, decode_ctx = batch_features(batch)
+        # Order of ``c`` is cost_model.FEATURES; plain floats: this runs once per step.
+        seconds = (
+            intercept
+            + c[0] * num_seqs
+            + c[1] * prefill_tokens
+            + c[2] * prefill_work
+            + c[3] * decode_seqs
+            + c[4] * decode_ctx
+            + c[5] * padded
+        )
+        seconds = max(seconds, MIN_STEP_S)
+        if self._warmup:
+            seconds += self._warmup.pop(kind, 0.0)
+        self.clock.now += seconds
+        return StepOutput(
+            token_ids=out, duration_s=seconds, padded_batch_size=padded, graph_used=graph
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "executor": "sim",
+            "device": "none",
+            "timed": self._timer is not None,
+            "cost_model": self.cost.source if self.cost is not None else None,
+        }
+
+    def close(self) -> None:
+        pass

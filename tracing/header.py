@@ -1,0 +1,108 @@
+"""Helpers that fill the environment part of a trace header (``run.json``).
+
+The engine builds the header (config, model, block size, ...) and passes it to the sink's
+``open``; these helpers supply what describes the machine and the code::
+
+    header = {**base_header(device), "config": config.to_dict(), "model": ..., ...}
+"""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import sys
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+# Distributions whose versions can change what a trace holds or how fast it was made.
+TRACKED_PACKAGES = (
+    "replayllm",
+    "torch",
+    "transformers",
+    "triton",
+    "flash-attn",
+    "numpy",
+    "pyarrow",
+    "pandas",
+    "xxhash",
+)
+GIT_TIMEOUT_S = 2.0
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def package_versions(packages: tuple[str, ...] = TRACKED_PACKAGES) -> dict[str, str]:
+    """Installed versions of ``packages`` (absent ones are left out), plus Python's.
+
+    Read from package metadata, so nothing heavy (torch) is imported.
+    """
+    versions = {"python": platform.python_version()}
+    for name in packages:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def git_commit(repo: str | Path | None = None) -> str | None:
+    """The commit checked out in ``repo`` (default: this source tree), ``+dirty`` if modified.
+
+    None where there is no git, no repository, or git does not answer within ``GIT_TIMEOUT_S``.
+    """
+    cwd = Path(repo) if repo is not None else _REPO_ROOT
+    try:
+        sha = _git(cwd, "rev-parse", "HEAD")
+        if sha is None:
+            return None
+        status = _git(cwd, "status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{sha}+dirty" if status else sha
+
+
+def _git(cwd: Path, *args: str) -> str | None:
+    done = subprocess.run(
+        ["git", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=GIT_TIMEOUT_S,
+        check=False,
+    )
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def start_time() -> str:
+    """Now as an ISO 8601 UTC timestamp with microseconds, e.g. ``2025-01-31T12:00:00.000001Z``."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def device_name(device: str | None = None) -> str:
+    """A human name of the device the run uses: the GPU's name on CUDA, else the CPU's.
+
+    ``device`` is the engine's resolved device ("cuda", "cuda:1", "cpu"); None means "cpu" unless
+    torch is already imported and sees a GPU. torch is never imported here just to ask.
+    """
+    torch = sys.modules.get("torch")
+    wants_cuda = device.startswith("cuda") if device else False
+    if torch is not None and (wants_cuda or device is None):
+        try:
+            if torch.cuda.is_available():
+                index = int(device.split(":")[1]) if device and ":" in device else 0
+                return f"cuda: {torch.cuda.get_device_name(index)}"
+        except Exception:  # a header field must never fail a run
+            pass
+    cpu = platform.processor() or platform.machine() or "unknown"
+    return f"cpu: {cpu}"
+
+
+def base_header(device: str | None = None) -> dict[str, Any]:
+    """``versions``, ``device``, ``git_commit`` and ``start_time`` for a header."""
+    return {
+        "versions": package_versions(),
+        "device": device_name(device),
+        "git_commit": git_commit(),
+        "start_time": start_time(),
+    }

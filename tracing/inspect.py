@@ -1,0 +1,96 @@
+"""A few-line human summary of a trace (``replayllm inspect TRACE``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow.compute as pc
+
+from tracing.reader import Trace
+
+
+def _block_size(header: dict[str, Any]) -> int | None:
+    size = header.get("block_size")
+    if size is None:
+        size = (header.get("config") or {}).get("kvcache_block_size")
+    return int(size) if isinstance(size, (int, float)) else None
+
+
+def prefix_cache_hit_rate(trace: Trace) -> tuple[int, int]:
+    """(tokens served from the prefix cache, tokens looked up) over every admission.
+
+    A sequence is looked up once per admission: its prompt when it first runs, its whole context
+    again when it returns after a preemption. Every ``block_hit`` row is one full block of hits.
+    Rejected requests are never looked up.
+    """
+    block_size = _block_size(trace.header) or 0
+    added = trace.table("request_added")
+    finished = trace.table("request_finished")
+    is_rejected = pc.equal(finished.column("reason"), "rejected")
+    rejected = finished.column("seq_id").filter(is_rejected)
+    prompt_lens = np.asarray(added.column("prompt_len"), dtype=np.int64)
+    admitted = np.asarray(pc.invert(pc.is_in(added.column("seq_id"), value_set=rejected)))
+    looked_up = int(prompt_lens[admitted].sum())
+    looked_up += int(np.asarray(trace.table("preempted").column("num_tokens"), np.int64).sum())
+    hits = trace.table("block_hit").num_rows * block_size
+    return hits, looked_up
+
+
+def _wall_time(trace: Trace) -> float:
+    if trace.summary is not None and isinstance(trace.summary.get("elapsed_s"), (int, float)):
+        return float(trace.summary["elapsed_s"])
+    wall = trace.table("model_step").column("wall_time_s")
+    return float(np.max(np.asarray(wall))) if len(wall) else 0.0
+
+
+def _count_by(values: list[str]) -> str:
+    uniques, counts = np.unique(np.asarray(values, dtype=object), return_counts=True)
+    return ", ".join(f"{k} {n:,}" for k, n in zip(uniques.tolist(), counts.tolist())) or "none"
+
+
+def describe(trace: Trace) -> str:
+    """Requests, steps, tokens, preemptions, prefix-cache hit rate, wall time and throughput."""
+    header = trace.header
+    if trace.complete:
+        state = "complete"
+    else:
+        state = f"INCOMPLETE (recording stopped; committed through step {trace.last_step})"
+    config = header.get("config") or {}
+    policy = header.get("policy", config.get("policy", "?"))
+    num_blocks = header.get("num_blocks", config.get("num_kvcache_blocks", "?"))
+    block_size = _block_size(header)
+    model = header.get("model")
+    model_name = model if isinstance(model, str) else None
+    if isinstance(model, dict):
+        model_name = model.get("name") or model.get("architecture")
+
+    added = trace.table("request_added")
+    finished = trace.table("request_finished")
+    steps = trace.table("model_step")
+    reasons = finished.column("reason").to_pylist()
+    prompt_tokens = int(np.asarray(added.column("prompt_len"), np.int64).sum())
+    completion_tokens = trace.table("token_sampled").num_rows
+    preempted = trace.table("preempted")
+    preempt_steps = len(np.unique(np.asarray(preempted.column("step"))))
+    hits, looked_up = prefix_cache_hit_rate(trace)
+    hit_rate = f"{100.0 * hits / looked_up:.1f}%" if looked_up else "n/a"
+    wall = _wall_time(trace)
+    throughput = f"{completion_tokens / wall:,.0f} tok/s" if wall > 0 else "n/a"
+    model_time = float(np.asarray(steps.column("duration_s")).sum()) if steps.num_rows else 0.0
+
+    lines = [
+        f"trace {trace.path}: {state}; schema v{header.get('schema_version')}, "
+        f"{trace.segments} segments, {trace.num_events:,} events, "
+        f"{trace.size_bytes / 1e6:.2f} MB",
+        f"run: model {model_name or '?'}, policy {policy}, {num_blocks} KV blocks x "
+        f"{block_size or '?'} tokens, device {header.get('device', '?')}, "
+        f"git {(header.get('git_commit') or '?')[:12]}, started {header.get('start_time', '?')}",
+        f"requests {added.num_rows:,} (finished: {_count_by(reasons)}); "
+        f"steps {steps.num_rows:,} ({_count_by(steps.column('kind').to_pylist())})",
+        f"tokens: prompt {prompt_tokens:,}, completion {completion_tokens:,}; "
+        f"prefix cache hit rate {hit_rate} ({hits:,} of {looked_up:,} looked-up tokens)",
+        f"preemptions {preempted.num_rows:,} (in {preempt_steps:,} steps); wall time {wall:.2f} s "
+        f"(model {model_time:.2f} s); throughput {throughput} (completion tokens)",
+    ]
+    return "\n".join(lines)

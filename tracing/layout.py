@@ -1,0 +1,93 @@
+"""File names of a trace directory, shared by the recorder and the reader.
+
+::
+
+    TRACE/run.json                          header (written once, atomically)
+    TRACE/<kind>/seg-000003.parquet         one file per event kind per segment (kinds with rows)
+    TRACE/_commits/seg-000003.json          commit marker: segment 3 exists once this file does
+    TRACE/summary.json                      written by a clean close only
+
+Files in flight have a hidden temporary name (``.seg-000003.parquet.tmp``): pyarrow, pandas and
+duckdb's ``*.parquet`` globs all skip names that start with a dot or end in ``.tmp``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+HEADER_FILE = "run.json"
+SUMMARY_FILE = "summary.json"
+COMMITS_DIR = "_commits"
+SEGMENT_PREFIX = "seg-"
+SEGMENT_DIGITS = 6
+PARQUET_SUFFIX = ".parquet"
+MARKER_SUFFIX = ".json"
+TMP_SUFFIX = ".tmp"
+
+
+def segment_stem(index: int) -> str:
+    return f"{SEGMENT_PREFIX}{index:0{SEGMENT_DIGITS}d}"
+
+
+def segment_file(kind: str, index: int) -> str:
+    """Path, relative to the trace directory, of one kind's file of segment ``index``."""
+    return f"{kind}/{segment_stem(index)}{PARQUET_SUFFIX}"
+
+
+def marker_file(index: int) -> str:
+    return f"{COMMITS_DIR}/{segment_stem(index)}{MARKER_SUFFIX}"
+
+
+def tmp_path(final: Path) -> Path:
+    """The hidden name a file is written under before it is renamed to ``final``."""
+    return final.with_name(f".{final.name}{TMP_SUFFIX}")
+
+
+def marker_index(name: str) -> int | None:
+    """Segment index of a commit-marker file name, or None if the name is not one."""
+    if not (name.startswith(SEGMENT_PREFIX) and name.endswith(MARKER_SUFFIX)):
+        return None
+    digits = name[len(SEGMENT_PREFIX) : -len(MARKER_SUFFIX)]
+    return int(digits) if digits.isdigit() else None
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename inside ``path`` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, data: dict[str, Any], fsync: bool) -> None:
+    """Write ``data`` to a temporary name, then rename: readers see the old file or the new one."""
+    tmp = tmp_path(path)
+    text = json.dumps(data, indent=2, sort_keys=False, default=_json_default)
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text + "\n")
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+    if fsync:
+        fsync_dir(path.parent)
+
+
+def _json_default(value: Any) -> Any:
+    """Best-effort JSON for header values: numpy scalars, paths, sets, dataclass-like objects."""
+    if hasattr(value, "item") and callable(value.item):
+        return value.item()
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=str)
+    if hasattr(value, "to_dict") and callable(value.to_dict):
+        return value.to_dict()
+    return str(value)

@@ -1,0 +1,326 @@
+"""Reading a trace directory: ``read_trace(path) -> Trace``.
+
+Only committed segments are read (a segment is committed once its marker in ``_commits/``
+exists); temporary and unlisted files are ignored, so the trace of a killed process reads as the
+prefix it managed to commit. Every problem with the files raises ``TraceError`` with one line
+naming the file, never a pyarrow traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tracing.errors import TraceError
+from tracing.events import EVENT_KINDS, SCHEMA_VERSION, arrow_schema
+from tracing.layout import (
+    COMMITS_DIR,
+    HEADER_FILE,
+    SUMMARY_FILE,
+    marker_file,
+    marker_index,
+    tmp_path,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+_PARQUET_ERRORS = (OSError, pa.ArrowException, ValueError)
+
+
+@dataclass(frozen=True)
+class SegmentFile:
+    """One committed Parquet file: its kind, its segment, its (final) path and its rows."""
+
+    kind: str
+    segment: int
+    path: Path
+    rows: int
+
+    def located(self) -> Path:
+        """Where the file is now: its final name, or the temporary one if the writer died (or,
+        for a trace being recorded, has not yet renamed it) after committing the segment."""
+        return self.path if self.path.exists() else tmp_path(self.path)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A committed segment: every event of steps <= ``through_step`` not in an earlier one."""
+
+    index: int
+    through_step: int
+    num_events: int
+    files: tuple[SegmentFile, ...]
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _load_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read {what} ({exc.strerror or _one_line(exc)})") from None
+    except UnicodeDecodeError:
+        raise TraceError(f"{path}: {what} is not UTF-8 text") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TraceError(
+            f"{path}: {what} is not valid JSON (line {exc.lineno}, column {exc.colno})"
+        ) from None
+    if not isinstance(data, dict):
+        raise TraceError(f"{path}: {what} must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _check_header(path: Path, header: dict[str, Any]) -> None:
+    version = header.get("schema_version")
+    if version is None:
+        raise TraceError(f"{path}: no schema_version; not a replayllm trace header")
+    if version != SCHEMA_VERSION:
+        raise TraceError(
+            f"{path}: trace schema version {version!r}, but this replayllm reads version "
+            f"{SCHEMA_VERSION}; use the replayllm release that recorded it"
+        )
+
+
+class Trace:
+    """A recorded trace (open it with ``read_trace``). Tables load on first use and are cached.
+
+    ``complete`` is True when the recording closed cleanly (``summary.json`` present and every
+    segment it counts committed); ``last_step`` is the last step whose events are all in the
+    committed segments (-1 if none).
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        header: dict[str, Any],
+        summary: dict[str, Any] | None,
+        segments: list[Segment],
+    ) -> None:
+        self.path = path
+        self.header = header
+        self.summary = summary
+        self._segments = segments
+        self._tables: dict[str, pa.Table] = {}
+        self.last_step = max((s.through_step for s in segments), default=-1)
+        expected = summary.get("segments") if summary is not None else None
+        self.complete = summary is not None and expected in (None, len(segments))
+
+    # --- shape ------------------------------------------------------------------------------------
+    @property
+    def segments(self) -> int:
+        """How many committed segments the trace has."""
+        return len(self._segments)
+
+    def segment_list(self) -> list[Segment]:
+        return list(self._segments)
+
+    def counts(self) -> dict[str, int]:
+        """Rows per event kind, over the committed segments (from the markers: reads no data)."""
+        out = dict.fromkeys(EVENT_KINDS, 0)
+        for seg in self._segments:
+            for f in seg.files:
+                out[f.kind] += f.rows
+        return out
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """Event kinds with at least one row, in schema order."""
+        counts = self.counts()
+        return tuple(kind for kind in EVENT_KINDS if counts[kind])
+
+    @property
+    def num_events(self) -> int:
+        return sum(self.counts().values())
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of the committed Parquet files."""
+        return sum(f.located().stat().st_size for seg in self._segments for f in seg.files)
+
+    def __repr__(self) -> str:
+        state = "complete" if self.complete else f"incomplete, through step {self.last_step}"
+        return (
+            f"Trace({str(self.path)!r}, "
+            f"{self.segments} segments, {self.num_events} events, {state})"
+        )
+
+    # --- data -------------------------------------------------------------------------------------
+    def table(self, kind: str) -> pa.Table:
+        """Every committed row of ``kind`` in event_id order, typed as in ``EVENT_COLUMNS``."""
+        if kind not in EVENT_KINDS:
+            raise TraceError(f"unknown event kind {kind!r}; kinds: {', '.join(EVENT_KINDS)}")
+        cached = self._tables.get(kind)
+        if cached is not None:
+            return cached
+        schema = arrow_schema(kind)
+        parts = [_read_file(f) for seg in self._segments for f in seg.files if f.kind == kind]
+        table = pa.concat_tables(parts) if parts else schema.empty_table()
+        table = table.combine_chunks()
+        if table.num_rows > 1:
+            ids = table.column("event_id").to_numpy()
+            if not (np.diff(ids) > 0).all():
+                table = table.sort_by("event_id")
+        self._tables[kind] = table
+        return table
+
+    def df(self, kind: str) -> pd.DataFrame:
+        """``table(kind)`` as a pandas DataFrame."""
+        return self.table(kind).to_pandas()
+
+    def events(self) -> pa.Table:
+        """The whole event stream in emission order: ``event_id``, ``step``, ``kind``, ``row``.
+
+        ``row`` indexes the event's row in ``table(kind)``, so the full event is one lookup away.
+        """
+        ids, steps, kinds, rows = [], [], [], []
+        for code, kind in enumerate(EVENT_KINDS):
+            t = self.table(kind)
+            ids.append(t.column("event_id").to_numpy())
+            steps.append(t.column("step").to_numpy())
+            kinds.append(np.full(t.num_rows, code, dtype=np.int8))
+            rows.append(np.arange(t.num_rows, dtype=np.int64))
+        event_id = np.concatenate(ids)
+        order = np.argsort(event_id, kind="stable")
+        kind_column = pa.DictionaryArray.from_arrays(
+            pa.array(np.concatenate(kinds)[order]), pa.array(list(EVENT_KINDS))
+        )
+        return pa.table(
+            {
+                "event_id": event_id[order],
+                "step": np.concatenate(steps)[order],
+                "kind": kind_column,
+                "row": np.concatenate(rows)[order],
+            }
+        )
+
+
+def _open_parquet(f: SegmentFile) -> pq.ParquetFile:
+    path = f.located()
+    if not path.exists():
+        path = f.path  # the writer renamed it since located() looked
+    try:
+        return pq.ParquetFile(path)
+    except FileNotFoundError:
+        raise TraceError(f"{f.path}: missing, but its segment is committed") from None
+    except _PARQUET_ERRORS as exc:
+        raise TraceError(
+            f"{path}: not a readable Parquet file, truncated or corrupted ({_one_line(exc)})"
+        ) from None
+
+
+def _check_schema(f: SegmentFile, schema: pa.Schema, num_rows: int) -> None:
+    got = {field.name: field.type for field in schema}
+    want = {field.name: field.type for field in arrow_schema(f.kind)}
+    if list(got.items()) != list(want.items()):
+        problems = []
+        if missing := [n for n in want if n not in got]:
+            problems.append("missing columns " + ", ".join(missing))
+        if extra := [n for n in got if n not in want]:
+            problems.append("unexpected columns " + ", ".join(extra))
+        problems += [
+            f"{n} is {t}, expected {want[n]}" for n, t in got.items() if n in want and t != want[n]
+        ]
+        detail = "; ".join(problems) or "columns out of order"
+        raise TraceError(f"{f.path}: columns do not match the {f.kind} schema: {detail}")
+    if num_rows != f.rows:
+        raise TraceError(f"{f.path}: holds {num_rows} rows, its commit marker says {f.rows}")
+
+
+def _check_file(f: SegmentFile) -> None:
+    """Validate a file's footer (magic bytes, schema, row count) without reading its data."""
+    pf = _open_parquet(f)
+    _check_schema(f, pf.schema_arrow, pf.metadata.num_rows)
+
+
+def _read_file(f: SegmentFile) -> pa.Table:
+    pf = _open_parquet(f)
+    _check_schema(f, pf.schema_arrow, pf.metadata.num_rows)
+    try:
+        return pf.read()
+    except _PARQUET_ERRORS as exc:
+        raise TraceError(f"{f.path}: cannot read Parquet data ({_one_line(exc)})") from None
+
+
+def _parse_marker(root: Path, path: Path, index: int, data: dict[str, Any]) -> Segment:
+    files_field = data.get("files")
+    through = data.get("through_step")
+    if (
+        data.get("segment") != index
+        or not isinstance(files_field, dict)
+        or not isinstance(through, int)
+    ):
+        raise TraceError(f"{path}: malformed commit marker")
+    files: list[SegmentFile] = []
+    for kind, entry in files_field.items():
+        if kind not in EVENT_KINDS:
+            raise TraceError(f"{path}: unknown event kind {kind!r}")
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("file"), str)
+            or not isinstance(entry.get("rows"), int)
+        ):
+            raise TraceError(f"{path}: malformed entry for {kind}")
+        final = root / entry["file"]
+        file = SegmentFile(kind, index, final, entry["rows"])
+        # The marker is written before the renames: a crash in between leaves the hidden name.
+        if not file.located().exists():
+            raise TraceError(f"{final}: missing, but committed by {path.name}")
+        files.append(file)
+    num_events = data.get("num_events", sum(f.rows for f in files))
+    return Segment(index, through, int(num_events), tuple(files))
+
+
+def _committed_segments(root: Path) -> list[Segment]:
+    commits = root / COMMITS_DIR
+    if not commits.is_dir():
+        return []
+    indices = sorted(i for p in commits.iterdir() if (i := marker_index(p.name)) is not None)
+    segments: list[Segment] = []
+    for expected, index in enumerate(indices):
+        path = root / marker_file(index)
+        if index != expected:
+            raise TraceError(
+                f"{path}: segment {index} is committed but segment {expected} is not; "
+                "a commit marker was deleted"
+            )
+        segments.append(_parse_marker(root, path, index, _load_json(path, "commit marker")))
+    return segments
+
+
+def read_trace(path: str | Path, validate: bool = True) -> Trace:
+    """Open the trace directory ``path``.
+
+    With ``validate`` (the default) every committed file's footer is checked now (Parquet magic,
+    schema, row count), so a damaged file is reported before any analysis starts.
+    Raises ``TraceError`` (one line, naming the file) for anything that is not a readable trace.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise TraceError(f"{root}: no such trace directory")
+    if not root.is_dir():
+        raise TraceError(f"{root}: not a trace (a trace is a directory holding {HEADER_FILE})")
+    header_path = root / HEADER_FILE
+    if not header_path.is_file():
+        raise TraceError(f"{root}: not a trace directory (no {HEADER_FILE})")
+    header = _load_json(header_path, "trace header")
+    _check_header(header_path, header)
+    segments = _committed_segments(root)
+    summary_path = root / SUMMARY_FILE
+    summary = _load_json(summary_path, "trace summary") if summary_path.exists() else None
+    if validate:
+        for seg in segments:
+            for f in seg.files:
+                _check_file(f)
+    return Trace(root, header, summary, segments)

@@ -45,8 +45,10 @@ def run_command(
         requests = requests[:num_seqs]
     prepare_trace_dir(out)
     llm = LLM(model, trace_dir=out, **overrides)
-    run_workload(llm, requests)
-    llm.close()
+    try:
+        run_workload(llm, requests)
+    finally:
+        llm.close()  # a clean close writes the summary and the last segment
     print(describe(read_trace(out)))
     print(f"trace: {out}")
     return 0

@@ -43,8 +43,10 @@ def run_demo(trace_dir: str) -> int:
         num_kvcache_blocks=DEMO_NUM_BLOCKS,
         max_model_len=DEMO_MAX_MODEL_LEN,
     )
-    seqs = run_workload(llm, requests)
-    summary = llm.close()
+    try:
+        seqs = run_workload(llm, requests)
+    finally:
+        summary = llm.close()  # a clean close writes the summary and the last segment
     print(f"\n{len(seqs)} requests, {summary['completion_tokens']} tokens generated "
           f"in {summary['elapsed_s']:.2f} s ({summary['throughput_tok_s']:.0f} tok/s on CPU)")
     for seq in seqs[:SHOWN_OUTPUTS]:

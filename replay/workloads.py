@@ -79,7 +79,7 @@ def load_workload(path: str) -> list[Request]:
 
 
 DEMO_BLOCK_SIZE = 16
-DEMO_NUM_BLOCKS = 48
+DEMO_NUM_BLOCKS = 28
 DEMO_MAX_MODEL_LEN = 512
 
 _DEMO_PREFIX = (

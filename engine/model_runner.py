@@ -3,9 +3,13 @@
 ``ModelRunner.execute(batch)`` computes, for every scheduled sequence, the tokens the scheduler
 asked for, reading earlier KV through the sequence's block table, and samples one token for each
 sequence that samples. The KV cache is one tensor ``[2, layers, blocks, block_size, kv_heads,
-head_dim]``; each attention layer gets views of its K and V planes. This module runs on CPU
-today; CUDA specifics (graphs, measured memory) slot into ``_resolve_device`` and
-``_kv_block_count``.
+head_dim]``; each attention layer gets views of its K and V planes.
+
+On CUDA (``engine/cuda_runner.py``): the pool is sized after a warm-up at maximum load, every
+Triton kernel is compiled before the first step, decode-only steps run through persistent input
+buffers and CUDA graphs (``engine/cuda_graphs.py``), tokens are sampled on the GPU in one pass,
+and each step's GPU time comes from CUDA events. With ``tensor_parallel_size > 1`` this runner
+is rank 0: it starts the other ranks (``engine/tp.py``) and broadcasts each step's inputs.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ from typing import Any
 
 import torch
 
+from engine import cuda_runner, tp
 from engine.attention_metadata import AttentionMetadata, build_attention_metadata
 from engine.batch import ScheduledBatch, StepOutput
 from engine.config import AUTO_SIZED_BLOCKS, Config
+from engine.cuda_graphs import DecodeBuffers, DecodeGraphs
 from engine.errors import ConfigError
 from engine.layers.attention import get_attention_backend
 from engine.layers.parallel import SINGLE_PROCESS
@@ -26,6 +32,9 @@ from engine.loader import build_model
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 KV_PLANES = 2  # K and V
+MAX_GRAPH_BATCH = 512  # the largest decode batch captured in a CUDA graph (Nano-vLLM's)
+SEED_STRIDE = 1_000_003  # mixes the configured seed and the step number into a sampling seed
+SEED_MODULUS = 2**31 - 1
 
 
 def _resolve_device(name: str) -> torch.device:
@@ -43,14 +52,18 @@ def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 class ModelRunner:
-    """Executor over a real model (see ``engine/batch.py`` for the step contract)."""
+    """Executor over a real model (see ``engine/batch.py`` for the step contract).
 
-    def __init__(self, config: Config, model_dir: str | Path | None = None) -> None:
-        if config.tensor_parallel_size != 1:
-            raise ConfigError(
-                "tensor_parallel_size > 1 is not supported by ModelRunner yet (the layers "
-                "shard, but no multi-process runner exists)"
-            )
+    ``rank``/``store_dir`` are for tensor-parallel workers, which ``engine.tp`` starts.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        model_dir: str | Path | None = None,
+        rank: int = 0,
+        store_dir: str | None = None,
+    ) -> None:
         if model_dir is None:
             model_dir = config.model
         if model_dir is None:
@@ -59,11 +72,37 @@ class ModelRunner:
             model_dir = default_model_dir()
         self.config = config
         self.model_dir = Path(model_dir)
+        self.rank = rank
         self.device = _resolve_device(config.device)
         self.dtype = _resolve_dtype(config.dtype, self.device)
         self.block_size = config.kvcache_block_size
-        self.group = SINGLE_PROCESS
         self.attention_backend = get_attention_backend(config.attention_backend, self.device)
+        self.dist: tp.Distributed | None = None
+        self.buffers: DecodeBuffers | None = None
+        self.graphs: DecodeGraphs | None = None
+        self.timer: cuda_runner.StepTimer | None = None
+        self.kv_cache: torch.Tensor | None = None
+        self.num_steps = 0
+        world = config.tensor_parallel_size
+        if world > 1:
+            tp.check_divisible(self.model_dir, world)
+            if self.device.type == "cuda":
+                if torch.cuda.device_count() < world:
+                    raise ConfigError(
+                        f"tensor_parallel_size {world} needs {world} GPUs, "
+                        f"{torch.cuda.device_count()} visible"
+                    )
+                self.device = torch.device("cuda", rank)
+            if rank == 0:
+                self.dist = tp.start(config, self.device)
+            else:
+                assert store_dir is not None, "a TP worker needs the rendezvous store"
+                self.dist = tp.join(rank, world, store_dir, self.device)
+        if self.device.type == "cuda":
+            if self.device.index is None:  # "cuda": pin the current device, for set_device
+                self.device = torch.device("cuda", torch.cuda.current_device())
+            torch.cuda.set_device(self.device)
+        self.group = self.dist.group if self.dist else SINGLE_PROCESS
         self.model = build_model(
             self.model_dir, self.attention_backend, self.device, self.dtype, self.group
         )
@@ -75,8 +114,46 @@ class ModelRunner:
             else (self.spec.eos_token_id if self.spec.eos_token_id is not None else -1)
         )
         self.num_kv_heads = self.model.attention_layers[0].num_kv_heads
-        self.num_kvcache_blocks: int = self._kv_block_count()
-        self.kv_cache: torch.Tensor | None = torch.zeros(
+        self.sampler = Sampler(config.seed, self.device)
+        if self.device.type == "cuda":
+            blocks = cuda_runner.warm_up_and_size(self)
+        else:
+            blocks = self._kv_block_count()
+        self.num_kvcache_blocks: int = tp.agree_min(blocks, self.dist) if self.dist else blocks
+        self._allocate_kv_cache()
+        if self.device.type == "cuda":
+            self._set_up_cuda()
+
+    # --- set-up -----------------------------------------------------------------------------------
+    @property
+    def kv_block_bytes(self) -> int:
+        """Bytes of K and V of one block over all layers on this rank."""
+        per_token = KV_PLANES * self.spec.num_hidden_layers * self.num_kv_heads
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        return per_token * self.spec.head_dim * self.block_size * itemsize
+
+    @property
+    def fused_kernels(self) -> bool:
+        from engine.layers.cuda_kernels import fused_kernels
+
+        probe = torch.empty(0, device=self.device)
+        return fused_kernels(probe) is not None
+
+    def _kv_block_count(self) -> int:
+        if self.config.num_kvcache_blocks != AUTO_SIZED_BLOCKS:
+            return self.config.num_kvcache_blocks
+        budget = self.config.kv_cache_bytes
+        blocks = budget // self.kv_block_bytes
+        if blocks < 1:
+            raise ConfigError(
+                f"the KV cache budget ({budget} bytes) is smaller than one block "
+                f"({self.kv_block_bytes} bytes); raise kv_cache_bytes or lower kvcache_block_size"
+            )
+        return blocks
+
+    def _allocate_kv_cache(self) -> None:
+        # Zeroed: the PyTorch backend masks padded keys, and masked values must be finite.
+        self.kv_cache = torch.zeros(
             KV_PLANES,
             self.spec.num_hidden_layers,
             self.num_kvcache_blocks,
@@ -88,32 +165,33 @@ class ModelRunner:
         )
         for i, layer in enumerate(self.model.attention_layers):
             layer.bind_kv_cache(self.kv_cache[0, i], self.kv_cache[1, i])
-        self.sampler = Sampler(config.seed, self.device)
 
-    @property
-    def kv_block_bytes(self) -> int:
-        """Bytes of K and V of one block over all layers on this rank."""
-        per_token = KV_PLANES * self.spec.num_hidden_layers * self.num_kv_heads
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        return per_token * self.spec.head_dim * self.block_size * itemsize
-
-    def _kv_block_count(self) -> int:
-        if self.config.num_kvcache_blocks != AUTO_SIZED_BLOCKS:
-            return self.config.num_kvcache_blocks
-        if self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            used = total - free
-            budget = int(total * self.config.gpu_memory_utilization) - used
-        else:
-            budget = self.config.kv_cache_bytes
-        blocks = budget // self.kv_block_bytes
-        if blocks < 1:
+    def _set_up_cuda(self) -> None:
+        config = self.config
+        if config.max_model_len > self.spec.max_position_embeddings:
             raise ConfigError(
-                f"the KV cache budget ({budget} bytes) is smaller than one block "
-                f"({self.kv_block_bytes} bytes); raise kv_cache_bytes or lower kvcache_block_size"
+                f"max_model_len {config.max_model_len} exceeds the model's "
+                f"max_position_embeddings {self.spec.max_position_embeddings}"
             )
-        return blocks
+        max_batch = min(config.max_num_seqs, MAX_GRAPH_BATCH)
+        width = -(-config.max_model_len // self.block_size)
+        self.buffers = DecodeBuffers(max_batch, width, self.block_size, self.device)
+        self.timer = cuda_runner.StepTimer()
+        sizes = (
+            cuda_runner.split_variants(max_batch, self.num_kv_heads)
+            if self.attention_backend.name == "triton"
+            else [1]
+        )
+        cuda_runner.precompile(self, sizes)
+        if not config.enforce_eager and getattr(
+            self.attention_backend, "supports_cuda_graphs", False
+        ):
+            self.graphs = DecodeGraphs(
+                self.buffers, self.spec.hidden_size, self.dtype, config.max_model_len
+            )
+            self.graphs.capture(self.model)
 
+    # --- one step ---------------------------------------------------------------------------------
     def _check_batch(self, batch: ScheduledBatch) -> None:
         """Scheduler bugs must fail loudly here, not read or write someone else's KV."""
         n = len(batch.seqs)
@@ -140,36 +218,23 @@ class ModelRunner:
                 )
             if needed and not (0 <= min(needed) and max(needed) < self.num_kvcache_blocks):
                 raise ValueError(
-                    f"seq {seq.seq_id}: block id outside [0, {self.num_kvcache_blocks}) in "
-                    f"{needed}"
+                    f"seq {seq.seq_id}: block id outside [0, {self.num_kvcache_blocks}) in {needed}"
                 )
 
     def prepare(
-        self, batch: ScheduledBatch
-    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int], list[float]]:
-        """Flat input ids, positions, attention metadata, rows to sample, temperatures."""
-        self._check_batch(batch)
-        input_ids: list[int] = []
-        sample_rows: list[int] = []
-        temperatures: list[float] = []
-        offset = 0
-        for i, seq in enumerate(batch.seqs):
-            new, ctx = batch.num_new_tokens[i], batch.context_lens[i]
-            input_ids.extend(seq.token_ids[ctx - new : ctx])
-            offset += new
-            if batch.sample is None or batch.sample[i]:
-                sample_rows.append(offset - 1)
-                temperatures.append(seq.temperature)
+        self, payload: tp.StepPayload
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """Flat input ids, positions and attention metadata of a general (eager) step."""
         positions, metadata = build_attention_metadata(
-            batch.num_new_tokens,
-            batch.context_lens,
-            [seq.block_table for seq in batch.seqs],
+            payload.query_lens,
+            payload.context_lens,
+            payload.block_tables,
             self.block_size,
-            batch.num_prefill_seqs,
+            payload.num_prefill_seqs,
             self.device,
         )
-        ids = torch.tensor(input_ids, dtype=torch.int64).to(self.device)
-        return ids, positions, metadata, sample_rows, temperatures
+        ids = torch.tensor(payload.input_ids, dtype=torch.int64).to(self.device)
+        return ids, positions, metadata
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> StepOutput:
@@ -178,20 +243,121 @@ class ModelRunner:
             raise RuntimeError("ModelRunner.execute called after close()")
         if not batch.seqs:
             return StepOutput(token_ids=[])
-        input_ids, positions, metadata, rows, temperatures = self.prepare(batch)
-        hidden = self.model(input_ids, positions, metadata)
-        if not rows:
-            return StepOutput(token_ids=[])
-        index = torch.tensor(rows, dtype=torch.int64, device=self.device)
-        logits = self.model.compute_logits(hidden.index_select(0, index))
-        tokens = self.sampler(logits, temperatures)
-        # Eager execution: the batch runs at its own size (a CUDA graph would pad it).
-        return StepOutput(token_ids=tokens.tolist(), padded_batch_size=len(batch.seqs))
+        if batch.is_decode and self.buffers is not None and self.dist is None:
+            return self._run_decode(batch)  # the hot path: no payload lists, vectorised checks
+        self._check_batch(batch)
+        payload = tp.payload_from_batch(batch, decode=batch.is_decode and self.buffers is not None)
+        if self.dist is not None:
+            tp.broadcast_payload(payload, self.dist)
+        return self._run(payload)
 
+    def _run_decode(self, batch: ScheduledBatch) -> StepOutput:
+        """A decode-only step on one GPU, staged straight from the sequences."""
+        assert self.buffers is not None and self.timer is not None
+        num_seqs = len(batch.seqs)
+        size = self._graph_size(num_seqs)
+        self.timer.begin()
+        self.buffers.stage_sequences(
+            batch.seqs, batch.context_lens, size or num_seqs, self.num_kvcache_blocks
+        )
+        hidden, padded, graph_used = self._forward_staged(num_seqs, size, batch.context_lens)
+        return self._sample_and_finish(
+            hidden, self.buffers.temperatures[:num_seqs], padded, graph_used
+        )
+
+    def _run(self, payload: tp.StepPayload) -> StepOutput:
+        """Forward (every rank) and sampling (rank 0) of one step from its payload."""
+        num_seqs = len(payload.seq_ids)
+        if self.timer is not None:
+            self.timer.begin()
+        if payload.decode:
+            assert self.buffers is not None
+            size = self._graph_size(num_seqs)
+            self.buffers.stage(
+                payload.seq_ids,
+                payload.input_ids,
+                payload.context_lens,
+                payload.block_tables,
+                payload.temperatures,
+                size or num_seqs,
+            )
+            hidden, padded, graph_used = self._forward_staged(num_seqs, size, payload.context_lens)
+        else:
+            if self.buffers is not None:
+                self.buffers.invalidate()  # block tables may have been rebuilt (preemption)
+            ids, positions, metadata = self.prepare(payload)
+            hidden, padded, graph_used = self.model(ids, positions, metadata), num_seqs, False
+        if not payload.sample_rows:
+            self.num_steps += 1
+            return StepOutput(token_ids=[], padded_batch_size=padded, graph_used=graph_used)
+        if payload.decode and len(payload.sample_rows) == num_seqs:
+            selected = hidden
+        else:
+            index = torch.tensor(payload.sample_rows, dtype=torch.int64).to(self.device)
+            selected = hidden.index_select(0, index)
+        if self.device.type == "cuda":
+            temps = self._temperatures(payload)
+            return self._sample_and_finish(selected, temps, padded, graph_used)
+        logits = self.model.compute_logits(selected)
+        self.num_steps += 1
+        if self.rank != 0:
+            return StepOutput(token_ids=[], padded_batch_size=padded, graph_used=graph_used)
+        tokens = self.sampler(logits, payload.temperatures)
+        return StepOutput(tokens.tolist(), padded_batch_size=padded, graph_used=graph_used)
+
+    def _graph_size(self, num_seqs: int) -> int | None:
+        return self.graphs.padded_size(num_seqs) if self.graphs is not None else None
+
+    def _forward_staged(
+        self, num_seqs: int, size: int | None, context_lens: list[int]
+    ) -> tuple[torch.Tensor, int, bool]:
+        """Hidden states of a staged decode step: a graph replay, or eager when none fits."""
+        assert self.buffers is not None
+        if size is not None and self.graphs is not None:
+            return self.graphs.replay(size)[:num_seqs], size, True
+        metadata = self.buffers.metadata(num_seqs, max(context_lens), tuple(context_lens))
+        ids = self.buffers.input_ids[:num_seqs]
+        return self.model(ids, self.buffers.positions[:num_seqs], metadata), num_seqs, False
+
+    def _sample_and_finish(
+        self, hidden: torch.Tensor, temperatures: torch.Tensor, padded: int, graph_used: bool
+    ) -> StepOutput:
+        """CUDA: logits, GPU sampling, the one host sync, the step's GPU time."""
+        logits = self.model.compute_logits(hidden)
+        self.num_steps += 1
+        if self.rank != 0:
+            return StepOutput(token_ids=[], padded_batch_size=padded, graph_used=graph_used)
+        tokens = self.sample(logits, temperatures)
+        assert self.timer is not None
+        self.timer.finish()
+        token_ids = tokens.tolist()  # the step's one synchronisation
+        return StepOutput(token_ids, self.timer.seconds(), padded, graph_used)
+
+    def _temperatures(self, payload: tp.StepPayload) -> torch.Tensor:
+        if payload.decode and len(payload.sample_rows) == len(payload.seq_ids):
+            assert self.buffers is not None
+            return self.buffers.temperatures[: len(payload.seq_ids)]  # staged with the inputs
+        return torch.tensor(payload.temperatures, dtype=torch.float32).to(self.device)
+
+    def sample(self, logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+        """GPU sampling (one pass over the logits); the seed moves with every step."""
+        from engine.layers.triton_sampler import sample_tokens
+
+        seed = (self.config.seed * SEED_STRIDE + self.num_steps) % SEED_MODULUS
+        return sample_tokens(logits, temperatures, seed)
+
+    def worker_loop(self) -> None:
+        """A TP worker: run every step rank 0 broadcasts until it sends ``None``."""
+        assert self.dist is not None
+        with torch.inference_mode():
+            while (payload := tp.broadcast_payload(None, self.dist)) is not None:
+                self._run(payload)
+
+    # --- description and shutdown -----------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         """What the trace header records: where and how the model runs, and its architecture."""
         spec = self.spec
-        return {
+        info: dict[str, Any] = {
             "executor": "model_runner",
             "device": str(self.device),
             "device_name": (
@@ -222,11 +388,20 @@ class ModelRunner:
                 "dtype": str(self.dtype).removeprefix("torch."),
             },
         }
+        if self.device.type == "cuda":
+            info.update(cuda_runner.describe_cuda(self))
+        return info
 
     def close(self) -> None:
-        """Release the KV cache and the model (idempotent)."""
+        """Release the KV cache, graphs and TP workers (idempotent)."""
         if self.kv_cache is None:
             return
+        if self.dist is not None and self.rank == 0:
+            tp.shutdown(self.dist)
+        self.dist = None
+        if self.graphs is not None:
+            self.graphs.release()
+            self.graphs = None
         for layer in self.model.attention_layers:
             layer.bind_kv_cache(None, None)
         self.kv_cache = None

@@ -219,15 +219,24 @@ def main(
         "tracing_cost": 1 - on / off,
         "runs": runs,
     }
+    _write(json_path, result)  # the engine's figures survive a failure of the peer below
     if with_transformers:
-        hf = run_transformers(model_path, requests)
-        result["transformers"] = hf
-        result["speedup_vs_transformers"] = on / hf["tok_s"]
+        try:
+            hf = run_transformers(model_path, requests)
+        except Exception as exc:  # the peer is someone else's code: report, don't lose the run
+            result["transformers_error"] = f"{type(exc).__name__}: {exc}"
+        else:
+            result["transformers"] = hf
+            result["speedup_vs_transformers"] = on / hf["tok_s"]
     print_table(result)
+    _write(json_path, result)
+    return 0
+
+
+def _write(json_path: str | None, result: dict[str, Any]) -> None:
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(result, indent=1))
-    return 0
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -239,6 +248,8 @@ def print_table(result: dict[str, Any]) -> None:
         f"{'replayllm, tracing on':<34} {result['engine_on_tok_s']:>10,.0f}  "
         f"cost {result['tracing_cost']:+.1%}"
     )
+    if "transformers_error" in result:
+        print(f"{'transformers generate_batch':<34} {'failed':>10}  {result['transformers_error']}")
     if "transformers" in result:
         hf = result["transformers"]
         print(

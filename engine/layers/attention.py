@@ -107,9 +107,17 @@ def get_attention_backend(name: str, device: torch.device) -> AttentionBackend:
 
 def _ensure_builtin_backends() -> None:
     if "torch" not in _BACKENDS:
+        from engine.layers.attention_flash import FlashAttnBackend, flash_attn_available
         from engine.layers.attention_torch import TorchAttentionBackend
+        from engine.layers.attention_triton import TritonAttentionBackend, triton_available
 
         register_attention_backend("torch", TorchAttentionBackend)
+        register_attention_backend(
+            "triton", TritonAttentionBackend, triton_available, "needs CUDA and triton"
+        )
+        register_attention_backend(
+            "flash_attn", FlashAttnBackend, flash_attn_available, "needs CUDA and flash-attn"
+        )
 
 
 class Attention(nn.Module):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.layers.cuda_kernels import fused_kernels
+
 
 class RMSNorm(nn.Module):
     """``weight * x / sqrt(mean(x^2) + eps)``, statistics in float32.
@@ -29,6 +31,9 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        kernels = fused_kernels(x)
+        if kernels is not None:  # CUDA: one launch instead of ~8 (same rounding points)
+            return kernels.rms_norm(x, self.weight, self.eps, residual)
         if residual is None:
             return self._norm(x)
         residual = x + residual

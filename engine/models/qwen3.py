@@ -16,6 +16,7 @@ from engine.attention_metadata import AttentionMetadata
 from engine.errors import ModelLoadError
 from engine.layers.activation import SiluAndMul
 from engine.layers.attention import Attention, AttentionBackend
+from engine.layers.cuda_kernels import fused_kernels
 from engine.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from engine.layers.layernorm import RMSNorm
 from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -150,6 +151,22 @@ class Qwen3Attention(nn.Module):
         self, positions: torch.Tensor, hidden_states: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
         qkv = self.qkv_proj(hidden_states)
+        kernels = fused_kernels(qkv)
+        if kernels is not None:  # CUDA: q/k norms and RoPE in one launch, ~30 fewer kernels
+            q, k, v = kernels.qk_norm_rope(
+                qkv,
+                self.q_norm.weight,
+                self.k_norm.weight,
+                self.rotary_emb.cos_cache,
+                self.rotary_emb.sin_cache,
+                positions,
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+                self.q_norm.eps,
+            )
+            o = self.attn(q, k, v, metadata)
+            return self.o_proj(o.flatten(1))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = self.q_norm(q.reshape(-1, self.num_heads, self.head_dim))
         k = self.k_norm(k.reshape(-1, self.num_kv_heads, self.head_dim))

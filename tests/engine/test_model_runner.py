@@ -126,8 +126,9 @@ def test_bad_batches_fail_loudly(model_dir: str) -> None:
 def test_backend_choice_and_close(model_dir: str) -> None:
     with pytest.raises(ConfigError, match="attention backend 'flash_attn' is not available"):
         make_runner(model_dir, attention_backend="flash_attn")
-    with pytest.raises(ConfigError, match="tensor_parallel_size"):
-        make_runner(model_dir, tensor_parallel_size=2)
+    # TP itself is tested in test_runner_tp.py; a size that cannot split the heads is refused.
+    with pytest.raises(ConfigError, match="tensor_parallel_size 3 must divide"):
+        make_runner(model_dir, tensor_parallel_size=3)
     runner = make_runner(model_dir, attention_backend="torch")
     runner.close()
     runner.close()

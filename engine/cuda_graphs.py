@@ -1,0 +1,268 @@
+"""Decode steps on CUDA: persistent input buffers and CUDA graphs per padded batch size.
+
+Decode inputs live in fixed buffers for the runner's lifetime: pinned host arrays filled with
+numpy, copied to the device in three small transfers per step, and read by graphs captured once
+for batch sizes 1, 2, 4, 8, 16, 32, ... (Nano-vLLM's set) that share one memory pool. Row ``i``
+of every buffer is the ``i``-th decode sequence; rows past the batch are padding (context 0,
+slot -1: attention outputs zeros and nothing is stored).
+
+The block-table buffer is ``[max_batch, ceil(max_model_len / block_size)]``, fixed width so the
+graphs never see another shape. Rows are updated incrementally: a sequence that stays in the
+same row only gets its newly appended blocks written. Block tables change in two ways only:
+a decode appends blocks, or preemption frees them all and a later prefill rebuilds them; so the
+runner calls :meth:`DecodeBuffers.invalidate` after any step with prefill work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.attention_metadata import AttentionMetadata
+
+SMALL_GRAPH_SIZES = (1, 2, 4, 8)
+GRAPH_SIZE_STEP = 16
+PAD_SLOT = -1
+# Rows of the int64 staging block: token ids, positions, cache slots.
+ROW_IDS, ROW_POSITIONS, ROW_SLOTS = 0, 1, 2
+
+
+def graph_batch_sizes(max_batch: int) -> list[int]:
+    """1, 2, 4, 8, then every 16 up to ``max_batch`` (Nano-vLLM's choice)."""
+    sizes = [s for s in SMALL_GRAPH_SIZES if s <= max_batch]
+    sizes += list(range(GRAPH_SIZE_STEP, max_batch + 1, GRAPH_SIZE_STEP))
+    return sizes
+
+
+class DecodeBuffers:
+    """Pinned host staging plus device copies of one decode step's inputs."""
+
+    def __init__(
+        self, max_batch: int, table_width: int, block_size: int, device: torch.device
+    ) -> None:
+        self.max_batch = max_batch
+        self.table_width = table_width
+        self.block_size = block_size
+        pin = device.type == "cuda"
+        self.host_i64 = torch.zeros(3, max_batch, dtype=torch.int64, pin_memory=pin)
+        self.host_i32 = torch.zeros(
+            max_batch * (1 + table_width), dtype=torch.int32, pin_memory=pin
+        )
+        self.host_temps = torch.zeros(max_batch, dtype=torch.float32, pin_memory=pin)
+        self.dev_i64 = torch.zeros_like(self.host_i64, device=device)
+        self.dev_i32 = torch.zeros_like(self.host_i32, device=device)
+        self.dev_temps = torch.zeros_like(self.host_temps, device=device)
+        self.dev_cu_seqlens = torch.arange(max_batch + 1, dtype=torch.int32, device=device)
+        self.np_i64 = self.host_i64.numpy()
+        self.np_ctx = self.host_i32[:max_batch].numpy()
+        self.np_tables = self.host_i32[max_batch:].view(max_batch, table_width).numpy()
+        self.np_temps = self.host_temps.numpy()
+        self.np_i64[ROW_SLOTS] = PAD_SLOT
+        self._row_seq: list[int] = [-1] * max_batch
+        self._row_blocks = [0] * max_batch
+        self._rows = np.arange(max_batch)
+
+    # device views the model (and the graphs) read
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return self.dev_i64[ROW_IDS]
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self.dev_i64[ROW_POSITIONS]
+
+    @property
+    def slot_mapping(self) -> torch.Tensor:
+        return self.dev_i64[ROW_SLOTS]
+
+    @property
+    def context_lens(self) -> torch.Tensor:
+        return self.dev_i32[: self.max_batch]
+
+    @property
+    def block_tables(self) -> torch.Tensor:
+        return self.dev_i32[self.max_batch :].view(self.max_batch, self.table_width)
+
+    @property
+    def temperatures(self) -> torch.Tensor:
+        return self.dev_temps
+
+    def invalidate(self) -> None:
+        """Forget which sequence each row holds (block tables may have been rebuilt)."""
+        self._row_seq = [-1] * self.max_batch
+
+    def stage(
+        self,
+        seq_ids: Sequence[int],
+        input_ids: Sequence[int],
+        context_lens: Sequence[int],
+        block_tables: Sequence[Sequence[int]],
+        temperatures: Sequence[float],
+        padded: int,
+    ) -> None:
+        """Fill rows ``[0, n)`` from the step's inputs and ``[n, padded)`` as padding, then
+        start the host-to-device copies (asynchronous, ordered before the step's kernels).
+        """
+        ids = self.np_i64[ROW_IDS]
+        ids[: len(seq_ids)] = input_ids
+        self.np_temps[: len(seq_ids)] = temperatures
+        self._fill(seq_ids, block_tables, context_lens, padded)
+
+    def stage_sequences(
+        self, seqs: Sequence[Any], context_lens: Sequence[int], padded: int, num_blocks: int
+    ) -> None:
+        """:meth:`stage` straight from the scheduler's ``Sequence`` objects (no payload lists),
+        checking what a decode step could get wrong: each sequence's context is its length,
+        its table holds the context, and the block written this step exists."""
+        n = len(seqs)
+        ids = self.np_i64[ROW_IDS]
+        ids[:n] = [seq.last_token for seq in seqs]
+        self.np_temps[:n] = [seq.temperature for seq in seqs]
+        lengths = [seq.num_tokens for seq in seqs]
+        if lengths != list(context_lens):
+            bad = next(i for i, (a, b) in enumerate(zip(lengths, context_lens)) if a != b)
+            raise ValueError(
+                f"seq {seqs[bad].seq_id}: a decode needs context_len == tokens "
+                f"({context_lens[bad]} != {lengths[bad]})"
+            )
+        block_ids = self._fill(
+            [seq.seq_id for seq in seqs], [seq.block_table for seq in seqs], context_lens, padded
+        )
+        wrong = (block_ids < 0) | (block_ids >= num_blocks)
+        if wrong.any():
+            bad = int(np.argmax(wrong))
+            raise ValueError(
+                f"seq {seqs[bad].seq_id}: block id {int(block_ids[bad])} outside [0, {num_blocks})"
+            )
+
+    def _fill(
+        self,
+        seq_ids: Sequence[int],
+        block_tables: Sequence[Sequence[int]],
+        context_lens: Sequence[int],
+        padded: int,
+    ) -> np.ndarray:
+        """Tables, positions, slots, contexts and padding; returns the block of each new token."""
+        n = len(seq_ids)
+        ctx = np.asarray(context_lens, dtype=np.int64)
+        tables = self.np_tables
+        row_seq, row_blocks = self._row_seq, self._row_blocks
+        for i, (seq_id, table) in enumerate(zip(seq_ids, block_tables)):
+            have = row_blocks[i] if row_seq[i] == seq_id else 0
+            if have != len(table):
+                if len(table) > self.table_width:
+                    raise ValueError(
+                        f"seq {seq_id}: {len(table)} blocks exceed the block-table width "
+                        f"{self.table_width} (max_model_len)"
+                    )
+                tables[i, have : len(table)] = table[have:]
+                row_seq[i] = seq_id
+                row_blocks[i] = len(table)
+        last = ctx - 1
+        short = np.asarray(row_blocks[:n]) * self.block_size <= last
+        if short.any():
+            bad = int(np.argmax(short))
+            raise ValueError(
+                f"seq {seq_ids[bad]}: block table of {row_blocks[bad]} blocks cannot hold "
+                f"{context_lens[bad]} tokens of block size {self.block_size}"
+            )
+        block_ids = tables[self._rows[:n], last // self.block_size]
+        self.np_i64[ROW_POSITIONS, :n] = last
+        self.np_i64[ROW_SLOTS, :n] = block_ids.astype(np.int64) * self.block_size + (
+            last % self.block_size
+        )
+        self.np_ctx[:n] = ctx
+        # Padding rows: position 0 and token 0 are valid inputs; context 0 and slot -1 make the
+        # kernels skip them.
+        self.np_i64[ROW_IDS, n:padded] = 0
+        self.np_i64[ROW_POSITIONS, n:padded] = 0
+        self.np_i64[ROW_SLOTS, n:padded] = PAD_SLOT
+        self.np_ctx[n:padded] = 0
+        self.dev_i64.copy_(self.host_i64, non_blocking=True)
+        self.dev_i32.copy_(self.host_i32, non_blocking=True)
+        self.dev_temps.copy_(self.host_temps, non_blocking=True)
+        return block_ids
+
+    def metadata(
+        self,
+        batch: int,
+        max_context: int,
+        context_lens_host: tuple[int, ...] | None = None,
+    ) -> AttentionMetadata:
+        """Decode-only metadata over the first ``batch`` rows (views, stable addresses).
+
+        ``cu_seqlens_k`` is not a real cumulative sum here: decode kernels read
+        ``context_lens`` instead, and computing it would cost a device op per step.
+        """
+        return AttentionMetadata(
+            num_prefill_seqs=0,
+            num_prefill_tokens=0,
+            num_decode_seqs=batch,
+            block_size=self.block_size,
+            slot_mapping=self.slot_mapping[:batch],
+            cu_seqlens_q=self.dev_cu_seqlens[: batch + 1],
+            cu_seqlens_k=self.dev_cu_seqlens[: batch + 1],
+            context_lens=self.context_lens[:batch],
+            block_tables=self.block_tables[:batch],
+            max_seqlen_q=0,
+            max_seqlen_k=0,
+            max_decode_seqlen_k=max_context,
+            query_lens_host=(1,) * batch,
+            context_lens_host=context_lens_host or (max_context,) * batch,
+        )
+
+
+ModelFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
+
+
+class DecodeGraphs:
+    """One CUDA graph per padded batch size, all replaying over :class:`DecodeBuffers`."""
+
+    def __init__(
+        self, buffers: DecodeBuffers, hidden_size: int, dtype: torch.dtype, max_context: int
+    ) -> None:
+        self.buffers = buffers
+        self.max_context = max_context
+        self.sizes = graph_batch_sizes(buffers.max_batch)
+        self.outputs = torch.zeros(
+            buffers.max_batch, hidden_size, dtype=dtype, device=buffers.dev_i64.device
+        )
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool: Any = None
+
+    def padded_size(self, batch: int) -> int | None:
+        """The smallest captured size that holds ``batch`` rows (None: too big, run eager)."""
+        for size in self.sizes:
+            if size >= batch:
+                return size
+        return None
+
+    @torch.inference_mode()
+    def capture(self, model: ModelFn) -> None:
+        """Capture from the largest size down, so the first graph sizes the shared pool."""
+        buffers = self.buffers
+        buffers.stage([], [], [], [], [], buffers.max_batch)  # every row padding: no KV is touched
+        for size in reversed(self.sizes):
+            metadata = buffers.metadata(size, self.max_context)
+            ids, positions = buffers.input_ids[:size], buffers.positions[:size]
+            # Warm-up outside the graph: Triton compiles and autotunes here, not in capture.
+            self.outputs[:size] = model(ids, positions, metadata)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, self.pool):
+                self.outputs[:size] = model(ids, positions, metadata)
+            if self.pool is None:
+                self.pool = graph.pool()
+            self.graphs[size] = graph
+        torch.cuda.synchronize()
+
+    def replay(self, size: int) -> torch.Tensor:
+        """Run the graph of ``size`` over the staged buffers; hidden states ``[size, hidden]``."""
+        self.graphs[size].replay()
+        return self.outputs[:size]
+
+    def release(self) -> None:
+        self.graphs.clear()
+        self.pool = None

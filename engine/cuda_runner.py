@@ -1,0 +1,140 @@
+"""CUDA specifics of the model runner: KV sizing after a warm-up at maximum load, kernel
+pre-compilation, and step timing with CUDA events.
+
+KV sizing follows Nano-vLLM: run the largest batch the scheduler may ever build (as many
+``max_model_len`` prompts as ``max_num_batched_tokens`` allows) plus logits and sampling for
+``max_num_seqs`` rows, with no KV cache bound, and read the allocator's peak. Then
+
+    blocks = (total * gpu_memory_utilization - used - (peak - current)) // block_bytes
+
+where ``used`` is what the process holds now (CUDA context, weights, allocator cache) and
+``peak - current`` the transient activations a step can need on top of it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from engine.attention_metadata import build_attention_metadata
+from engine.errors import ConfigError
+
+if TYPE_CHECKING:
+    from engine.model_runner import ModelRunner
+
+# Kept out of the KV pool for the decode CUDA graphs' shared pool and the step buffers; their
+# activations are ~max_batch x intermediate x 2 bytes (a few MiB at 512 rows), so this is ample.
+CUDA_GRAPH_RESERVE_BYTES = 256 << 20
+# Query tokens of the dummy prefill that compiles the paged-prefill kernel before serving.
+PRECOMPILE_QUERY_TOKENS = 3
+
+
+def _dummy_tables(num_seqs: int, tokens: int, block_size: int) -> list[list[int]]:
+    """Block tables that cover ``tokens``; ids are arbitrary (no cache is bound, or the blocks
+    are still free, so whatever the kernels write there is overwritten before it is read)."""
+    return [[0] * ((tokens + block_size - 1) // block_size) for _ in range(num_seqs)]
+
+
+@torch.inference_mode()
+def warm_up_and_size(runner: ModelRunner) -> int:
+    """Run a maximum-load step without a KV cache; return how many KV blocks fit afterwards."""
+    config, spec, device = runner.config, runner.spec, runner.device
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    seq_len = min(config.max_model_len, spec.max_position_embeddings)
+    num_seqs = max(1, min(config.max_num_batched_tokens // seq_len, config.max_num_seqs))
+    lens = [seq_len] * num_seqs
+    positions, metadata = build_attention_metadata(
+        lens, lens, _dummy_tables(num_seqs, seq_len, runner.block_size), runner.block_size,
+        num_seqs, device,
+    )  # fmt: skip
+    ids = torch.zeros(num_seqs * seq_len, dtype=torch.int64, device=device)
+    hidden = runner.model(ids, positions, metadata)
+    rows = min(config.max_num_seqs, hidden.shape[0])
+    logits = runner.model.compute_logits(hidden[:rows])
+    temps = torch.ones(rows, dtype=torch.float32, device=device)
+    runner.sample(logits, temps)
+    del hidden, logits
+    torch.cuda.synchronize(device)
+    if config.num_kvcache_blocks > 0:
+        return config.num_kvcache_blocks
+    free, total = torch.cuda.mem_get_info(device)
+    stats = torch.cuda.memory_stats(device)
+    transient = stats["allocated_bytes.all.peak"] - stats["allocated_bytes.all.current"]
+    budget = (
+        int(total * config.gpu_memory_utilization)
+        - (total - free)
+        - transient
+        - CUDA_GRAPH_RESERVE_BYTES
+    )
+    blocks = budget // runner.kv_block_bytes
+    if blocks < 1:
+        raise ConfigError(
+            f"no GPU memory left for the KV cache: {budget / 2**30:.2f} GiB after the model and "
+            f"a maximum-load step (gpu_memory_utilization {config.gpu_memory_utilization}); "
+            "raise gpu_memory_utilization or lower max_num_batched_tokens"
+        )
+    return int(blocks)
+
+
+@torch.inference_mode()
+def precompile(runner: ModelRunner, decode_batch_sizes: list[int]) -> None:
+    """Compile every Triton kernel variant a run can hit before the first real step.
+
+    Runs, over blocks that no sequence owns yet: a prefill with cached context (the paged
+    prefill kernel and the KV store) and eager decodes at each batch size whose split count
+    differs (the decode kernel is specialised on it).
+    """
+    device, block_size = runner.device, runner.block_size
+    num_blocks = min(2, runner.num_kvcache_blocks)
+    ctx = min(num_blocks * block_size, runner.spec.max_position_embeddings)
+    query = min(PRECOMPILE_QUERY_TOKENS, ctx)
+    table = [list(range(num_blocks))]
+    positions, metadata = build_attention_metadata([query], [ctx], table, block_size, 1, device)
+    ids = torch.zeros(query, dtype=torch.int64, device=device)
+    runner.model(ids, positions, metadata)
+    for batch in decode_batch_sizes:
+        positions, metadata = build_attention_metadata(
+            [1] * batch, [ctx] * batch, table * batch, block_size, 0, device
+        )
+        runner.model(torch.zeros(batch, dtype=torch.int64, device=device), positions, metadata)
+    torch.cuda.synchronize(device)
+
+
+def split_variants(max_batch: int, num_kv_heads: int) -> list[int]:
+    """One batch size per distinct decode split count in ``[1, max_batch]``."""
+    from engine.layers.triton_paged_attention import choose_num_splits
+
+    seen: dict[int, int] = {}
+    for batch in range(1, max_batch + 1):
+        seen.setdefault(choose_num_splits(batch, num_kv_heads), batch)
+    return sorted(seen.values())
+
+
+class StepTimer:
+    """GPU time of one step from two CUDA events; read after the step's tokens reached the host
+    (that copy already synchronised, so reading the events costs no extra sync)."""
+
+    def __init__(self) -> None:
+        self.start = torch.cuda.Event(enable_timing=True)
+        self.end = torch.cuda.Event(enable_timing=True)
+
+    def begin(self) -> None:
+        self.start.record()
+
+    def finish(self) -> None:
+        self.end.record()
+
+    def seconds(self) -> float:
+        return self.start.elapsed_time(self.end) / 1e3
+
+
+def describe_cuda(runner: ModelRunner) -> dict[str, Any]:
+    graphs = runner.graphs
+    return {
+        "cuda_graphs": graphs is not None,
+        "graph_batch_sizes": graphs.sizes if graphs is not None else [],
+        "block_table_width": runner.buffers.table_width if runner.buffers else 0,
+        "fused_kernels": runner.fused_kernels,
+    }

@@ -1,0 +1,184 @@
+"""The CUDA model runner against transformers on the same weights (Qwen3-0.6B architecture).
+
+- float32: greedy tokens identical to ``transformers`` ``generate`` over 64 new tokens, for a
+  mixed batch (prompt lengths 1..700), with prefix-cache hits and, in another run, preemptions;
+- bfloat16: the engine's own greedy trajectory teacher-forced through transformers: logits at
+  every generated position within ``BF16_LOGIT_REL_ERR_MAX`` (relative L2, mean below
+  ``BF16_LOGIT_REL_ERR_MEAN``) and top-1 agreement with transformers' float32 run as good as
+  transformers' own bf16 run achieves (see the test for why not 99%);
+each with CUDA graphs on and off. Needs a CUDA GPU (the weights are made, not downloaded).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+NEW_TOKENS = 64
+PROMPT_LENS = (1, 37, 255, 256, 300, 700)
+SHARED_PREFIX = 512  # two full 256-token blocks: later prompts hit them in the prefix cache
+PREEMPT_BLOCKS = 6  # too few blocks for every sequence at once: forces preemption
+# Relative L2 error of a position's logits, |l - l_hf| / |l_hf|: bf16 rounding through 28 layers,
+# summed in another order, lands at 0.03-0.06 (measured on the H200, docs/gpu-notes.md).
+BF16_LOGIT_REL_ERR_MAX = 0.1
+BF16_LOGIT_REL_ERR_MEAN = 0.05
+BF16_TOP1_SLACK = 0.03  # measured: ours 87.7% vs float32, transformers' bf16 89.7%
+BASE_CONFIG = {"max_num_seqs": 16, "max_model_len": 2048, "max_num_batched_tokens": 4096}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from engine.checkpoint import make_model
+
+    return make_model("qwen3-0.6b", tmp_path_factory.mktemp("qwen3-0.6b"))
+
+
+def prompts() -> list[list[int]]:
+    rng = random.Random(1)
+    prefix = [rng.randrange(151000) for _ in range(SHARED_PREFIX)]
+    out = [[rng.randrange(151000) for _ in range(n)] for n in PROMPT_LENS]
+    out.append(prefix + [rng.randrange(151000) for _ in range(40)])
+    out.append(prefix + [rng.randrange(151000) for _ in range(300)])
+    return out
+
+
+def hf_model(model_dir: Path, dtype: torch.dtype) -> Any:
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).cuda()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+def run_engine(model_dir: Path, dtype: str, eager: bool, preempt: bool) -> dict[str, Any]:
+    """Greedy run in two waves (the second hits the first's prefix blocks), logits recorded."""
+    from engine import LLM, SamplingParams
+
+    config = dict(BASE_CONFIG, dtype=dtype, enforce_eager=eager)
+    if preempt:
+        config["num_kvcache_blocks"] = PREEMPT_BLOCKS
+    llm = LLM(str(model_dir), record_events=False, **config)
+    runner = llm.runner
+    logits: dict[tuple[int, int], torch.Tensor] = {}
+    last: dict[str, torch.Tensor] = {}
+    compute_logits, execute = runner.model.compute_logits, runner.execute
+
+    def record_logits(hidden: torch.Tensor) -> torch.Tensor:
+        out = compute_logits(hidden)
+        last["logits"] = out.float().cpu()
+        return out
+
+    cached: dict[int, int] = {}
+
+    def record_step(batch: Any) -> Any:
+        # Prefix hits are known at admission (the block manager resets them when a seq ends).
+        for seq in batch.seqs[: batch.num_prefill_seqs]:
+            cached[seq.seq_id] = max(cached.get(seq.seq_id, 0), seq.num_cached_tokens)
+        result = execute(batch)
+        rows = [s for i, s in enumerate(batch.seqs) if batch.sample is None or batch.sample[i]]
+        for row, seq in enumerate(rows):
+            logits[(seq.seq_id, len(seq.token_ids))] = last["logits"][row]
+        return result
+
+    runner.model.compute_logits = record_logits
+    runner.execute = record_step
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    all_prompts = prompts()
+    # Wave 1 holds one prompt with the shared prefix; wave 2's prompt hits its blocks.
+    first = llm.generate(all_prompts[:-1], params, use_tqdm=False)
+    seqs = [llm.add_request(p, params) for p in all_prompts[-1:]]
+    while not llm.is_finished():
+        llm.step()
+    result = {
+        "tokens": [o["token_ids"] for o in first] + [s.completion_token_ids for s in seqs],
+        "cached": [cached.get(s.seq_id, 0) for s in seqs],
+        "preemptions": llm.core.scheduler.num_preemptions,
+        "graphs": runner.describe().get("cuda_graphs", False),
+        "logits": logits,
+        "seq_ids": list(range(len(all_prompts) - 1)) + [s.seq_id for s in seqs],
+    }
+    llm.close()
+    return result
+
+
+@pytest.fixture(scope="module")
+def hf_fp32_tokens(model_dir: Path) -> list[list[int]]:
+    model = hf_model(model_dir, torch.float32)
+    out = []
+    with torch.no_grad():
+        for prompt in prompts():
+            ids = torch.tensor([prompt], device="cuda")
+            gen = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)
+            out.append(gen[0, len(prompt) :].tolist())
+    del model
+    torch.cuda.empty_cache()
+    return out
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
+@pytest.mark.parametrize("preempt", [False, True], ids=["roomy", "preempting"])
+def test_float32_greedy_matches_transformers(
+    model_dir: Path, hf_fp32_tokens: list[list[int]], eager: bool, preempt: bool
+) -> None:
+    run = run_engine(model_dir, "float32", eager, preempt)
+    assert run["graphs"] == (not eager)
+    assert all(c >= SHARED_PREFIX for c in run["cached"]) or preempt, run["cached"]
+    assert (run["preemptions"] > 0) == preempt
+    for i, (ours, ref) in enumerate(zip(run["tokens"], hf_fp32_tokens)):
+        assert ours == ref, f"prompt {i}: first difference at token " + str(
+            next(j for j, (a, b) in enumerate(zip(ours, ref)) if a != b)
+        )
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
+@pytest.mark.parametrize("preempt", [False, True], ids=["roomy", "preempting"])
+def test_bfloat16_teacher_forced_logits(model_dir: Path, eager: bool, preempt: bool) -> None:
+    run = run_engine(model_dir, "bfloat16", eager, preempt)
+    assert (run["preemptions"] > 0) == preempt
+    refs = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        model = hf_model(model_dir, dtype)
+        with torch.no_grad():
+            for prompt, tokens, seq_id in zip(prompts(), run["tokens"], run["seq_ids"]):
+                full = torch.tensor([prompt + tokens], device="cuda")
+                refs[dtype, seq_id] = model(full).logits[0].float().cpu()
+        del model
+        torch.cuda.empty_cache()
+    errors, agree, agree_fp32, hf_agree_fp32, total = [], 0, 0, 0, 0
+    for prompt, tokens, seq_id in zip(prompts(), run["tokens"], run["seq_ids"]):
+        for j in range(len(tokens)):
+            position = len(prompt) + j  # tokens before the one predicted
+            ours = run["logits"][(seq_id, position)]
+            theirs = refs[torch.bfloat16, seq_id][position - 1]
+            exact = refs[torch.float32, seq_id][position - 1]
+            errors.append(float((ours - theirs).norm() / theirs.norm()))
+            agree += int(ours.argmax() == theirs.argmax())
+            agree_fp32 += int(ours.argmax() == exact.argmax())
+            hf_agree_fp32 += int(theirs.argmax() == exact.argmax())
+            total += 1
+    # The float32 columns say how much of any disagreement is bf16 itself: transformers' own
+    # bf16 run against its float32 run on the same tokens.
+    print(
+        f"bf16 eager={eager} preempt={preempt}: max rel err {max(errors):.4f}, "
+        f"mean {sum(errors) / len(errors):.4f}, top-1 vs hf-bf16 {agree / total:.4f}, "
+        f"vs hf-fp32 {agree_fp32 / total:.4f}; hf-bf16 vs hf-fp32 {hf_agree_fp32 / total:.4f} "
+        f"({total} positions)"
+    )
+    # Top-1 against float32 as good as transformers' own bf16 (within BF16_TOP1_SLACK): on this
+    # random-weight checkpoint near-tied top logits make even transformers' bf16 and float32
+    # runs disagree on ~10% of positions (89.7% agreement, H200, 2026-11-29), so the issue's
+    # 99% is not reachable by any bf16 implementation here.
+    assert agree_fp32 / total >= hf_agree_fp32 / total - BF16_TOP1_SLACK
+    assert sum(errors) / len(errors) < BF16_LOGIT_REL_ERR_MEAN
+    assert max(errors) < BF16_LOGIT_REL_ERR_MAX

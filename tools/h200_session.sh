@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One device call on the H200: GPU tests against transformers, the engine benchmark (with
+# transformers' generate_batch as the peer), a decode profile and the two committed traces.
+# Usage (repository root, on the device): bash tools/h200_session.sh STAGES
+#   STAGES: comma-separated, any of tests,constrained,bench,hf,profile. Results go under $OUT.
+set -u
+STAGES=${1:-tests,constrained}
+OUT=${OUT:-out/h200}
+mkdir -p "$OUT" /tmp/traces
+export PYTHONUNBUFFERED=1 REPLAYLLM_CACHE=/tmp/replayllm-cache
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+MODEL=$REPLAYLLM_CACHE/models/qwen3-0.6b
+python3 -c "from engine.checkpoint import make_model; make_model('qwen3-0.6b', '$MODEL')" || exit 1
+has() { [[ ",$STAGES," == *",$1,"* ]]; }
+if has tests; then
+    python3 -m pytest -q -p no:cacheprovider -rs -s tests/engine/test_triton_kernels.py \
+        tests/engine/test_triton_fused.py tests/engine/test_attention_triton_backend.py \
+        tests/engine/test_gpu_runner.py > "$OUT/pytest.log" 2>&1
+    grep -E "^bf16|passed|failed|^FAILED|Error" "$OUT/pytest.log" | head -30
+fi
+if has constrained; then
+    python3 -m replay.cli run --model "$MODEL" --workload bench --out /tmp/traces/h200-constrained \
+        --set max_num_seqs=64 --set num_kvcache_blocks=300 2>&1 | tail -6 | tee "$OUT/constrained.log"
+fi
+if has bench || has hf; then
+    HF_FLAG=--no-transformers; has hf && HF_FLAG=
+    python3 -m replay.bench_engine --model-dir "$MODEL" --repeat "${REPEAT:-2}" $HF_FLAG \
+        --json "$OUT/bench.json" --trace-out /tmp/traces/h200-reference 2>&1 \
+        | grep -v fix_mistral_regex | tee "$OUT/bench.log"
+fi
+if has profile; then
+    python3 -m replay.profile_engine --model "$MODEL" --out /tmp/profile > "$OUT/profile.log" 2>&1
+    tail -12 "$OUT/profile.log"
+fi
+[ -d /tmp/traces ] && tar czf "$OUT/traces.tgz" -C /tmp traces
+ls -la "$OUT"

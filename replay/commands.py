@@ -32,11 +32,10 @@ def run_command(
     overrides: dict[str, Any],
 ) -> int:
     """Run ``workload`` ('bench' or a JSONL path) on ``model``, recording into ``out``."""
-    from tracing.inspect import describe
-    from tracing.reader import read_trace
-
     from engine import LLM
     from replay.live import run_workload
+    from tracing.inspect import describe
+    from tracing.reader import read_trace
 
     requests = reference_workload() if workload == "bench" else load_workload(workload)
     if num_seqs is not None:

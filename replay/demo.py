@@ -23,13 +23,12 @@ def _preview(text: str) -> str:
 
 def run_demo(trace_dir: str) -> int:
     """Make (or reuse) the tiny model, record a run that hits the prefix cache and preempts."""
-    from engine.checkpoint import default_model_dir
-    from tracing.inspect import describe
-    from tracing.reader import read_trace
-
     from engine import LLM
+    from engine.checkpoint import default_model_dir
     from replay.live import run_workload
     from replay.verify import verify
+    from tracing.inspect import describe
+    from tracing.reader import read_trace
 
     began = time.perf_counter()
     model_dir = default_model_dir()

@@ -1,10 +1,17 @@
 """The step-time model: how long one engine step takes, from the batch features it records.
 
-Fitted by least squares on a trace's ``model_step`` rows, separately per step class (prefill,
-decode with a CUDA graph, eager decode, mixed). The target is the step's *interval*: the wall
-time from the end of the previous step (or the latest arrival, after an idle gap) to the end of
-this one. That is what a run's makespan is the sum of: device time plus the engine's own CPU work
-between steps (scheduling, input preparation, recording), which a device-only duration misses.
+Fitted separately per step class (prefill, decode with a CUDA graph, eager decode, mixed) on a
+trace's ``model_step`` rows (``replay.cost_fit``: linear candidates and, for eager classes,
+``max(launch floor, linear)`` ones, chosen by held-out error). The target is the step's
+*interval*: the wall time from the end of the previous step (or the latest arrival, after an
+idle gap) to the end of this one. That is what a run's makespan is the sum of: device time plus
+the engine's own CPU work between steps (scheduling, input preparation, recording), which a
+device-only duration misses.
+
+Warm-up (``replay.cost_classes``): a first step of a class far slower than its class predicts is
+a one-off, charged once per simulated run; the run's first steps (its warm-up window) are left
+out of a class's fit where later steps cover their range, and bound it from above where none do.
+``replay.cost_coverage`` says what the source cannot identify and where a target lies outside it.
 
 Every fit also reports its error on held-out steps (every ``HOLDOUT_EVERY``-th step of a class,
 fitted on the others), so a prediction comes with how well the model explains steps it did not
@@ -21,52 +28,25 @@ from typing import Any
 import numpy as np
 
 from engine.errors import ReplayLLMError
+from replay.cost_classes import STEP_CLASSES, fit_all, warmup_steps, warmup_window
+from replay.cost_coverage import class_coverage, source_caveats, target_warnings
+from replay.cost_fit import (
+    FEATURES,
+    HOLDOUT_EVERY,
+    MIN_STEP_S,
+    LinearFit,
+    errors,
+    fit_linear,
+    surrogate,
+)
 from replay.metrics import has_timings
 from replay.recorded import RecordedEvents
 
-MODEL_VERSION = 1
-# Fixed order of the features in every coefficient vector.
-FEATURES = (
-    "num_seqs",
-    "prefill_tokens",
-    "prefill_attn_work",
-    "decode_seqs",
-    "decode_context_tokens",
-    "padded_batch_size",
-)
-# Candidate feature sets per class, richest first; the richest one the data supports is used.
-FEATURE_SETS: dict[str, tuple[tuple[str, ...], ...]] = {
-    "prefill": (
-        ("prefill_tokens", "prefill_attn_work", "num_seqs"),
-        ("prefill_tokens", "prefill_attn_work"),
-        ("prefill_tokens",),
-    ),
-    "decode_graph": (
-        ("padded_batch_size", "decode_seqs", "decode_context_tokens"),
-        ("padded_batch_size", "decode_context_tokens"),
-        ("decode_context_tokens",),
-    ),
-    "decode_eager": (("decode_seqs", "decode_context_tokens"), ("decode_context_tokens",)),
-    "mixed": (
-        ("prefill_tokens", "prefill_attn_work", "decode_seqs", "decode_context_tokens"),
-        ("prefill_tokens", "decode_context_tokens"),
-    ),
-    "pooled": (
-        ("prefill_tokens", "prefill_attn_work", "decode_seqs", "decode_context_tokens"),
-        ("prefill_tokens", "decode_context_tokens"),
-        (),
-    ),
-}
-STEP_CLASSES = ("prefill", "decode_graph", "decode_eager", "mixed")
-# A class is fitted with k features only when it has this many samples per parameter.
-SAMPLES_PER_PARAM = 4
-HOLDOUT_EVERY = 5
-# The first step of a class is a warm-up outlier when it exceeds the fit of the others by more
-# than this many typical (median absolute) residuals, and by this fraction of a typical step.
-WARMUP_OUTLIER = 20.0
-WARMUP_MIN_FRACTION = 0.5
-# Predictions never go below this (a step always takes some time; a fit may extrapolate to <= 0).
-MIN_STEP_S = 1e-6
+__all__ = ["FEATURES", "MIN_STEP_S", "CostModel", "CostModelError", "LinearFit", "feature_matrix",
+           "fit_linear", "step_class", "step_intervals"]
+
+MODEL_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1: no floors, no coverage
 # Nano-vLLM's CUDA-graph batch sizes: 1, 2, 4, 8, then every 16 up to 512; larger runs eager.
 NANO_GRAPH_SMALL = (1, 2, 4, 8)
 NANO_GRAPH_STRIDE = 16
@@ -113,77 +93,8 @@ def feature_matrix(events: RecordedEvents) -> tuple[np.ndarray, np.ndarray]:
 
 
 @dataclass
-class LinearFit:
-    """time = intercept + coef . features (coef over ``FEATURES``, zero for unused ones)."""
-
-    intercept: float
-    coef: tuple[float, ...]
-    features: tuple[str, ...]
-    samples: int
-
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        return np.maximum(self.intercept + x @ np.asarray(self.coef), MIN_STEP_S)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "intercept": self.intercept,
-            "coef": dict(zip(FEATURES, self.coef)),
-            "features": list(self.features),
-            "samples": self.samples,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LinearFit:
-        return cls(
-            float(data["intercept"]),
-            tuple(float(data["coef"].get(name, 0.0)) for name in FEATURES),
-            tuple(data["features"]),
-            int(data["samples"]),
-        )
-
-
-def fit_linear(x: np.ndarray, y: np.ndarray, names: tuple[str, ...]) -> LinearFit:
-    """Least squares with non-negative slopes: a feature whose slope comes out negative (noise,
-    or collinearity with another) is dropped and the rest refitted, so extrapolating to larger
-    batches than the trace saw never predicts *less* time for more work."""
-    active = list(names)
-    while True:
-        cols = [FEATURES.index(n) for n in active]
-        scale = np.maximum(np.abs(x[:, cols]).max(axis=0), 1.0) if cols else np.ones(0)
-        design = np.column_stack([np.ones(len(y)), x[:, cols] / scale])
-        solution = np.linalg.lstsq(design, y, rcond=None)[0]
-        slopes = solution[1:] / scale
-        if (slopes >= 0).all():
-            break
-        active.pop(int(np.argmin(slopes)))
-    coef = np.zeros(len(FEATURES))
-    coef[[FEATURES.index(n) for n in active]] = slopes
-    return LinearFit(float(solution[0]), tuple(coef.tolist()), tuple(active), len(y))
-
-
-def _fit_class(name: str, x: np.ndarray, y: np.ndarray) -> LinearFit | None:
-    for names in FEATURE_SETS[name]:
-        if len(y) >= SAMPLES_PER_PARAM * (len(names) + 1):
-            return fit_linear(x, y, names)
-    return None
-
-
-def _fit_all(x: np.ndarray, y: np.ndarray, classes: np.ndarray) -> dict[str, LinearFit]:
-    fits: dict[str, LinearFit] = {}
-    for name in STEP_CLASSES:
-        mask = classes == name
-        fit = _fit_class(name, x[mask], y[mask])
-        if fit is not None:
-            fits[name] = fit
-    pooled = _fit_class("pooled", x, y)
-    if pooled is not None:
-        fits["pooled"] = pooled
-    return fits
-
-
-@dataclass
 class CostModel:
-    """Per-class linear fits plus how the source run padded decode batches for CUDA graphs."""
+    """Per-class fits plus how the source run padded decode batches for CUDA graphs."""
 
     fits: dict[str, LinearFit]
     source: str = ""
@@ -192,6 +103,12 @@ class CostModel:
     # Class -> seconds the first step of that class took beyond the fit (JIT compilation,
     # lazy allocation): charged once per run, kept out of the per-step fit.
     warmup_s: dict[str, float] = field(default_factory=dict)
+    # Class -> plain linear stand-in for a floored fit (``step_timer()`` without floors).
+    surrogates: dict[str, LinearFit] = field(default_factory=dict)
+    # Class -> the range its fit rests on (``cost_coverage.class_coverage``), and the choice.
+    coverage: dict[str, dict[str, Any]] = field(default_factory=dict)
+    selection: dict[str, dict[str, Any]] = field(default_factory=dict)
+    window_steps: int = 0
 
     # --- fitting --------------------------------------------------------------------------------
     @classmethod
@@ -203,16 +120,27 @@ class CostModel:
             )
         x, classes = feature_matrix(events)
         y = step_intervals(events)
-        warm, warmup_s = _warmup_steps(x, y, classes)
-        fits = _fit_all(x[~warm], y[~warm], classes[~warm])
+        leading = warmup_window(x, y, classes)
+        window = np.arange(len(y)) < leading
+        warm, warmup_s = warmup_steps(x, y, classes, window)
+        keep = ~warm
+        x, y, classes, window = x[keep], y[keep], classes[keep], window[keep]
+        fits, reports = fit_all(x, y, classes, window)
         if not fits:
             raise CostModelError(f"{source or 'the trace'} has too few steps to fit a model")
         model = cls(fits, source=source, graph_sizes=_observed_graph_sizes(events),
-                    warmup_s=warmup_s)
-        model.heldout = model._evaluate(x[~warm], y[~warm], classes[~warm])
+                    warmup_s=warmup_s, selection=reports, window_steps=leading)
+        for name, report in reports.items():
+            mask = classes == name
+            model.coverage[name] = class_coverage(name, x[mask], ~window[mask], fits[name],
+                                                  report)
+            if fits[name].floor > 0:
+                model.surrogates[name] = surrogate(fits[name], x[mask])
+        model.heldout = model._evaluate(x, y, classes, window)
         return model
 
-    def _evaluate(self, x: np.ndarray, y: np.ndarray, classes: np.ndarray) -> dict[str, Any]:
+    def _evaluate(self, x: np.ndarray, y: np.ndarray, classes: np.ndarray,
+                  window: np.ndarray) -> dict[str, Any]:
         """Refit without every HOLDOUT_EVERY-th step of each class; error on those steps."""
         test = np.zeros(len(y), dtype=bool)
         for name in STEP_CLASSES:
@@ -220,7 +148,7 @@ class CostModel:
             test[rows[HOLDOUT_EVERY - 1 :: HOLDOUT_EVERY]] = True
         if not test.any():
             return {}
-        train_fits = _fit_all(x[~test], y[~test], classes[~test])
+        train_fits, _ = fit_all(x[~test], y[~test], classes[~test], window[~test])
         if not train_fits:
             return {}
         trained = CostModel(train_fits, graph_sizes=[])
@@ -230,18 +158,17 @@ class CostModel:
         for name in STEP_CLASSES:
             mask = classes[test] == name
             if mask.any():
-                report[name] = _errors(predicted[mask], actual[mask])
-        report["all"] = _errors(predicted, actual)
+                report[name] = errors(predicted[mask], actual[mask])
+        report["all"] = errors(predicted, actual)
         return report
 
     # --- prediction -----------------------------------------------------------------------------
-    def fit_for(self, cls_name: str) -> LinearFit:
-        """The fit used for a class, falling back to a related class when it has no data."""
-        fits = self.fits
-        if cls_name in fits:
-            return fits[cls_name]
-        if cls_name == "mixed" and "prefill" in fits:
-            return self._composite_mixed()
+    def _resolve(self, cls_name: str) -> str:
+        """The fit a class uses: its own, else "composite" (mixed) or a related class's."""
+        if cls_name in self.fits:
+            return cls_name
+        if cls_name == "mixed" and "prefill" in self.fits:
+            return "composite"
         fallbacks = {
             "decode_graph": ("decode_eager", "pooled"),
             "decode_eager": ("decode_graph", "pooled"),
@@ -249,19 +176,29 @@ class CostModel:
             "mixed": ("pooled",),
         }
         for other in fallbacks[cls_name]:
-            if other in fits:
-                return fits[other]
-        return next(iter(fits.values()))
+            if other in self.fits:
+                return other
+        return next(iter(self.fits))
 
-    def _composite_mixed(self) -> LinearFit:
+    def fit_for(self, cls_name: str, with_floor: bool = True) -> LinearFit:
+        """The fit used for a class, falling back to a related class when it has no data;
+        ``with_floor=False``: a plain linear stand-in where that fit has a floor."""
+        key = self._resolve(cls_name)
+        fits = self.fits if with_floor else {**self.fits, **self.surrogates}
+        if key == "composite":
+            return self._composite_mixed(fits)
+        return fits[key]
+
+    def _composite_mixed(self, fits: dict[str, LinearFit]) -> LinearFit:
         """A mixed step as its prefill part (the prefill fit, over the prefill sequences) plus
-        its decode part (the eager-decode slopes, over the decode sequences), one intercept.
+        its decode part (the eager-decode slopes, over the decode sequences), one intercept and
+        the prefill fit's floor (a mixed step runs eagerly).
 
         Prefill sequences are ``num_seqs - decode_seqs``, so the prefill fit's per-sequence slope
         moves onto ``num_seqs`` and is taken back from ``decode_seqs``.
         """
-        prefill = self.fits["prefill"]
-        decode = self.fits.get("decode_eager") or self.fits.get("decode_graph")
+        prefill = fits["prefill"]
+        decode = fits.get("decode_eager") or fits.get("decode_graph")
         coef = list(prefill.coef)
         if decode is not None:
             at = FEATURES.index
@@ -270,7 +207,7 @@ class CostModel:
             per_decode_seq = decode.coef[at("decode_seqs")] + decode.coef[at("padded_batch_size")]
             coef[at("decode_seqs")] = per_decode_seq - per_prefill_seq
             coef[at("decode_context_tokens")] = decode.coef[at("decode_context_tokens")]
-        return LinearFit(prefill.intercept, tuple(coef), prefill.features, 0)
+        return LinearFit(prefill.intercept, tuple(coef), prefill.features, 0, prefill.floor)
 
     def predict_many(self, x: np.ndarray, classes: np.ndarray) -> np.ndarray:
         out = np.empty(len(x))
@@ -279,10 +216,16 @@ class CostModel:
             out[mask] = self.fit_for(str(name)).predict(x[mask])
         return out
 
-    def step_timer(self) -> dict[str, tuple[float, tuple[float, ...]]]:
-        """Class -> (intercept, coef) as plain floats: the simulator's per-step fast path."""
-        return {name: (self.fit_for(name).intercept, self.fit_for(name).coef)
-                for name in STEP_CLASSES}
+    def step_timer(self, with_floor: bool = False) -> dict[str, tuple[Any, ...]]:
+        """Class -> (intercept, coef) as plain floats: the simulator's per-step fast path, a
+        plain linear function (a floored fit's stand-in). ``with_floor``: (intercept, coef,
+        floor), the exact model: seconds = max(floor, intercept + coef . features)."""
+        out: dict[str, tuple[Any, ...]] = {}
+        for name in STEP_CLASSES:
+            fit = self.fit_for(name, with_floor)
+            out[name] = (fit.intercept, fit.coef, fit.floor) if with_floor else (
+                fit.intercept, fit.coef)
+        return out
 
     @property
     def has_graphs(self) -> bool:
@@ -295,9 +238,22 @@ class CostModel:
                 return size
         return 0
 
+    # --- caveats --------------------------------------------------------------------------------
+    def caveats(self) -> list[str]:
+        """What the source trace cannot identify (``cost_coverage.source_caveats``)."""
+        return source_caveats(self.coverage, self.window_steps)
+
+    def coverage_warnings(self, target: RecordedEvents) -> list[str]:
+        """Where ``target``'s steps (a simulation's or a recording's) lie well outside the range
+        of the source's steps for their class: a prediction there may be off, and why."""
+        x, classes = feature_matrix(target)
+        return target_warnings(self.coverage, set(self.fits) - {"pooled"}, self.window_steps,
+                               x, classes)
+
     # --- reporting and storage ------------------------------------------------------------------
-    def describe(self) -> str:
-        """A few lines: what was fitted on what, and the held-out error."""
+    def describe(self, target: RecordedEvents | None = None) -> str:
+        """A few lines: what was fitted on what, the held-out error, what the source cannot
+        identify and (given a ``target`` event stream) where the target lies outside it."""
         lines = [f"step-time model from {self.source or 'a trace'}:"]
         for name in (*STEP_CLASSES, "pooled"):
             fit = self.fits.get(name)
@@ -311,7 +267,11 @@ class CostModel:
                 f"sum {err['sum_error_pct']:+.2f}%"
             )
             feats = ", ".join(fit.features) or "intercept only"
-            lines.append(f"  {name:<12} {fit.samples:>6} steps  [{feats}]  {held}")
+            if fit.floor > 0:
+                feats = f"max({1e3 * fit.floor:.2f} ms floor, {feats})"
+            chosen = self.selection.get(name, {}).get("holdout")
+            how = f" (chosen by {chosen} held-out error)" if chosen else ""
+            lines.append(f"  {name:<12} {fit.samples:>6} steps  [{feats}]{how}  {held}")
         total = self.heldout.get("all")
         if total:
             lines.append(
@@ -321,6 +281,12 @@ class CostModel:
         for name, seconds in self.warmup_s.items():
             lines.append(f"  warm-up: the first {name} step took {seconds:+.3f} s beyond the model "
                          "(charged once per run)")
+        if self.window_steps:
+            lines.append(f"  warm-up window: the run's first {self.window_steps} steps (left out "
+                         "where later steps cover their range)")
+        lines += [f"  warning: {line}" for line in self.caveats()]
+        if target is not None:
+            lines += [f"  warning: {line}" for line in self.coverage_warnings(target)]
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -329,9 +295,13 @@ class CostModel:
             "target": "interval",
             "source": self.source,
             "fits": {name: fit.to_dict() for name, fit in self.fits.items()},
+            "surrogates": {name: fit.to_dict() for name, fit in self.surrogates.items()},
             "heldout": self.heldout,
             "graph_sizes": self.graph_sizes,
             "warmup_s": self.warmup_s,
+            "coverage": self.coverage,
+            "selection": self.selection,
+            "window_steps": self.window_steps,
         }
 
     def save(self, path: str | Path) -> None:
@@ -341,55 +311,22 @@ class CostModel:
     def load(cls, path: str | Path) -> CostModel:
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
-            if data.get("version") != MODEL_VERSION:
+            if data.get("version") not in READABLE_VERSIONS:
                 raise CostModelError(
                     f"{path}: cost model version {data.get('version')!r}, expected {MODEL_VERSION}"
                 )
             fits = {name: LinearFit.from_dict(f) for name, f in data["fits"].items()}
+            surrogates = {name: LinearFit.from_dict(f)
+                          for name, f in data.get("surrogates", {}).items()}
             return cls(fits, data.get("source", str(path)), data.get("heldout", {}),
                        [int(s) for s in data.get("graph_sizes", [])],
-                       {k: float(v) for k, v in data.get("warmup_s", {}).items()})
+                       {k: float(v) for k, v in data.get("warmup_s", {}).items()},
+                       surrogates, data.get("coverage", {}), data.get("selection", {}),
+                       int(data.get("window_steps", 0)))
         except OSError as exc:
             raise CostModelError(f"{path}: cannot read cost model ({exc.strerror})") from None
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CostModelError(f"{path}: not a cost model file ({exc})") from None
-
-
-def _warmup_steps(
-    x: np.ndarray, y: np.ndarray, classes: np.ndarray
-) -> tuple[np.ndarray, dict[str, float]]:
-    """The first step of a class that took far longer than the other steps predict (a one-off
-    such as JIT compilation): a mask of such steps and, per class, the excess seconds.
-
-    Each first step is checked against a fit of the other steps of its class, or of all other
-    steps where its class has too few for its own fit.
-    """
-    firsts = {name: int(np.flatnonzero(classes == name)[0]) for name in np.unique(classes)}
-    others = np.ones(len(y), dtype=bool)
-    others[list(firsts.values())] = False
-    pooled = _fit_class("pooled", x[others], y[others])
-    warm = np.zeros(len(y), dtype=bool)
-    excess: dict[str, float] = {}
-    for name, first in firsts.items():
-        rows = np.flatnonzero((classes == name) & others)
-        fit = _fit_class(name, x[rows], y[rows]) or pooled
-        if fit is None or len(rows) == 0:
-            continue
-        typical = float(np.median(np.abs(fit.predict(x[rows]) - y[rows])))
-        extra = float(y[first] - fit.predict(x[first : first + 1])[0])
-        if extra > max(WARMUP_OUTLIER * typical, WARMUP_MIN_FRACTION * float(np.median(y[rows]))):
-            warm[first] = True
-            excess[str(name)] = extra
-    return warm, excess
-
-
-def _errors(predicted: np.ndarray, actual: np.ndarray) -> dict[str, float]:
-    safe = np.maximum(np.abs(actual), MIN_STEP_S)
-    return {
-        "n": int(len(actual)),
-        "mape_pct": float(100 * np.mean(np.abs(predicted - actual) / safe)),
-        "sum_error_pct": float(100 * (predicted.sum() - actual.sum()) / max(actual.sum(), 1e-12)),
-    }
 
 
 def _observed_graph_sizes(events: RecordedEvents) -> list[int]:

@@ -57,7 +57,7 @@ class SimExecutor:
         self.eos = eos
         self.tokens: list[list[int]] = []  # index: the simulated engine's seq_id
         self.synthesized = 0
-        self._timer = cost.step_timer() if cost is not None else None
+        self._timer = cost.step_timer(with_floor=True) if cost is not None else None
         self._graphs = use_graphs and cost is not None and cost.has_graphs
         self._padded: dict[int, int] = {}
         # One-off costs of the first step of a class (JIT compilation) in the source run.
@@ -99,7 +99,7 @@ class SimExecutor:
         kind = batch.kind
         if kind == "decode":
             kind = "decode_graph" if graph else "decode_eager"
-        intercept, c = self._timer[kind]
+        intercept, c, floor = self._timer[kind]
         prefill_tokens, prefill_work, decode_seqs, decode_ctx = batch_features(batch)
         # Order of ``c`` is cost_model.FEATURES; plain floats: this runs once per step.
         seconds = (
@@ -111,7 +111,7 @@ class SimExecutor:
             + c[4] * decode_ctx
             + c[5] * padded
         )
-        seconds = max(seconds, MIN_STEP_S)
+        seconds = max(seconds, floor, MIN_STEP_S)
         if self._warmup:
             seconds += self._warmup.pop(kind, 0.0)
         self.clock.now += seconds

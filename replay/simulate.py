@@ -229,10 +229,12 @@ def run_variant(
         # Metrics read only a few columns: leave the rest as the engine's lists, unconverted.
         events = RecordedEvents(core.header, core.events.tables, core.step_index - 1)
     run = compute(events, timed=timed)
+    notes = _notes(workload.config, config, cost, executor)
+    if cost is not None:
+        notes += cost.coverage_warnings(events)  # where this variant leaves the source's range
     return SimResult(
         name, overrides, OK, timed, run.summary, run.requests, run.steps,
-        events if keep_events else None, _notes(workload.config, config, cost, executor),
-        time.perf_counter() - began,
+        events if keep_events else None, notes, time.perf_counter() - began,
     )
 
 

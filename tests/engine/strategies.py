@@ -1,0 +1,214 @@
+"""Shared Hypothesis strategies and helpers for the engine property tests.
+
+Workloads are generated small (a handful of requests, prompts of tens of tokens, a few KV blocks
+of 1 to 8 slots) and over a small token alphabet, so that the interesting situations are common:
+prompts sharing prefixes (prefix-cache hits), a pool too small for everyone (preemption), prompts
+exactly as long as ``max_model_len`` or the token budget, requests that can never fit (rejection),
+EOS sampled mid-run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from engine.config import Config
+
+# Token ids of prompts and of sampled outputs. Small, so that shared prefixes and EOS are frequent.
+ALPHABET_SIZE = 6
+TOKENS = st.integers(0, ALPHABET_SIZE - 1)
+# EOS ids are drawn from {-1 (none), 0, 1}; scripted outputs use 2.. except where EOS is placed.
+NO_EOS = -1
+EOS_IDS = (NO_EOS, 0, 1)
+OUTPUT_TOKENS = st.integers(2, ALPHABET_SIZE - 1)
+# Most requests run to completion; about one in eight is aborted at some driver step.
+ABORT_STEPS = st.one_of(*[st.none()] * 7, st.integers(0, 30))
+
+
+def scaled(factor: float, minimum: int = 1) -> int:
+    """``factor`` times the active Hypothesis profile's ``max_examples`` (at least ``minimum``)."""
+    return max(minimum, int(settings.default.max_examples * factor))
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@st.composite
+def prompts_sharing_prefixes(
+    draw: st.DrawFn,
+    count: int,
+    lengths: st.SearchStrategy[int],
+    tokens: st.SearchStrategy[int] = TOKENS,
+) -> list[list[int]]:
+    """``count`` prompts whose lengths come from ``lengths``; most start with a prefix of another.
+
+    A few "base" token lists are drawn first; each prompt copies a prefix of a base (or of an
+    earlier prompt) of random length and fills up with random tokens.
+    """
+    bases = draw(st.lists(st.lists(tokens, min_size=1, max_size=48), min_size=1, max_size=3))
+    prompts: list[list[int]] = []
+    for _ in range(count):
+        length = draw(lengths)
+        sources = bases + prompts
+        source = draw(st.sampled_from(sources))
+        most = min(length, len(source))
+        shared = draw(st.one_of(st.just(most), st.integers(0, most)))
+        fill = draw(st.lists(tokens, min_size=length - shared, max_size=length - shared))
+        prompts.append(source[:shared] + fill)
+    return prompts
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One generated request and the tokens the simulated model returns for it.
+
+    ``script[k]`` is the token sampled at completion position ``k`` whenever that position is
+    computed, so recomputation after a preemption samples the same tokens (as greedy decoding
+    would). ``abort_step``: the driver step at which the request is aborted (if still unfinished).
+    """
+
+    arrival_step: int
+    prompt: tuple[int, ...]
+    max_tokens: int
+    ignore_eos: bool
+    script: tuple[int, ...]
+    abort_step: int | None = None
+
+
+@dataclass(frozen=True)
+class Workload:
+    config: Config
+    requests: tuple[RequestSpec, ...]
+
+    def describe(self) -> str:
+        c = self.config
+        return (
+            f"policy={c.policy} blocks={c.num_kvcache_blocks}x{c.kvcache_block_size} "
+            f"max_model_len={c.max_model_len} max_batched={c.max_num_batched_tokens} "
+            f"max_seqs={c.max_num_seqs} eos={c.eos} prefix_caching={c.enable_prefix_caching} "
+            f"requests={len(self.requests)}"
+        )
+
+
+@st.composite
+def engine_configs(
+    draw: st.DrawFn,
+    policies: tuple[str, ...] = ("prefill_first", "chunked"),
+    num_blocks: st.SearchStrategy[int] | None = None,
+) -> Config:
+    """A small engine Config: small budgets, edge values drawn often.
+
+    ``num_blocks`` defaults to a pool of about one to two of the longest possible requests.
+    """
+    policy = draw(st.sampled_from(policies))
+    block_size = draw(st.sampled_from([1, 2, 2, 3, 4, 4, 8]))
+    max_model_len = draw(st.one_of(st.sampled_from([12, 16, 24, 32]), st.integers(1, 40)))
+    if num_blocks is None:
+        longest = ceil_div(max_model_len, block_size)
+        num_blocks = st.integers(max(1, longest // 2), 2 * longest + 2)
+    if policy == "prefill_first":
+        # The config requires max_num_batched_tokens >= max_model_len; equality is the edge case.
+        extra = draw(st.sampled_from([0, 0, 1, 5, 64]))
+        max_num_batched_tokens = max_model_len + extra
+    else:
+        max_num_batched_tokens = draw(st.one_of(st.integers(1, 48), st.sampled_from([1, 2, 3])))
+    return Config(
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=draw(st.integers(1, 6)),
+        max_model_len=max_model_len,
+        kvcache_block_size=block_size,
+        num_kvcache_blocks=draw(num_blocks),
+        policy=policy,
+        enable_prefix_caching=draw(st.booleans() | st.just(True)),
+        hash_seed=draw(st.integers(0, 2**64 - 1)),
+        eos=draw(st.sampled_from(EOS_IDS)),
+    )
+
+
+@st.composite
+def workloads(
+    draw: st.DrawFn,
+    policies: tuple[str, ...] = ("prefill_first", "chunked"),
+    max_requests: int = 10,
+    max_arrival_step: int = 6,
+) -> Workload:
+    """A config plus requests arriving at different steps, with shared prefixes and edge lengths.
+
+    Prompt lengths include 0 (rejected), ``max_model_len`` exactly, ``max_model_len + 1``
+    (rejected), short prompts with room to grow, and (through the pool size) requests that need
+    more blocks than the pool has (rejected). The pool is drawn last, mostly between the largest
+    single request and half of what all requests need together, so that they compete for it and
+    preemption is common.
+    """
+    shape = draw(engine_configs(policies, num_blocks=st.just(1)))
+    mml, bs = shape.max_model_len, shape.kvcache_block_size
+    count = draw(st.integers(1, max_requests))
+    lengths = st.one_of(
+        st.integers(1, mml),
+        st.integers(1, max(1, mml // 3)),
+        st.integers(1, mml),
+        st.sampled_from([mml, mml + 1, 0]),
+    )
+    prompts = draw(prompts_sharing_prefixes(count, lengths))
+    requests = []
+    needs = []
+    for prompt in prompts:
+        max_tokens = draw(
+            st.one_of(st.integers(1, 24), st.integers(8, 40), st.sampled_from([1, 2]))
+        )
+        # Scripted outputs avoid the EOS id except, for some requests, at one drawn position.
+        script = draw(st.lists(OUTPUT_TOKENS, min_size=max_tokens, max_size=max_tokens))
+        eos_at = draw(st.one_of(st.none(), st.integers(0, max_tokens - 1)))
+        if eos_at is not None and shape.eos != NO_EOS:
+            script[eos_at] = shape.eos
+        requests.append(
+            RequestSpec(
+                arrival_step=draw(st.one_of(st.just(0), st.integers(0, max_arrival_step))),
+                prompt=tuple(prompt),
+                max_tokens=max_tokens,
+                ignore_eos=draw(st.booleans()),
+                script=tuple(script),
+                abort_step=draw(ABORT_STEPS),
+            )
+        )
+        if 0 < len(prompt) <= mml:
+            needs.append(
+                ceil_div(len(prompt) + completion_cap(shape, len(prompt), max_tokens) - 1, bs)
+            )
+    largest = max(needs, default=1)
+    contended = st.integers(largest, max(largest, sum(needs) // 2))
+    num_blocks = draw(st.one_of(contended, contended, contended, st.integers(1, largest + 2)))
+    return Workload(config=shape.replace(num_kvcache_blocks=num_blocks), requests=tuple(requests))
+
+
+# --- expectations computed from the config alone (independently of the Scheduler) ---------------
+def completion_cap(config: Config, prompt_len: int, max_tokens: int) -> int:
+    """How many tokens a request may produce: max_tokens, cut at max_model_len (at least one)."""
+    return min(max_tokens, max(1, config.max_model_len - prompt_len))
+
+
+def is_admissible(config: Config, prompt_len: int, max_tokens: int) -> bool:
+    """Whether the request can ever be served under ``config``.
+
+    Not empty, not longer than max_model_len, and the KV of every token it ever feeds (all but the
+    last sampled one) fits in the whole pool.
+    """
+    if prompt_len == 0 or prompt_len > config.max_model_len:
+        return False
+    fed = prompt_len + completion_cap(config, prompt_len, max_tokens) - 1
+    return math.ceil(fed / config.kvcache_block_size) <= config.num_kvcache_blocks
+
+
+def expected_completion(config: Config, request: RequestSpec) -> tuple[list[int], str]:
+    """The tokens an admissible request must finish with, and the finish reason."""
+    cap = completion_cap(config, len(request.prompt), request.max_tokens)
+    out: list[int] = []
+    for token in request.script[:cap]:
+        out.append(token)
+        if token == config.eos and not request.ignore_eos:
+            return out, "eos"
+    return out, "length"

@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 TORCH_PIN ?= torch==2.13.0
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 
-.PHONY: setup demo test test-deep lint bench-scheduler mutation clean
+.PHONY: setup demo test test-deep bench-scheduler mutation clean
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,3 +34,6 @@ bench-scheduler: setup
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .hypothesis
+
+mutation: setup
+	$(PY) tools/mutation_check.py

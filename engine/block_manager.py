@@ -170,7 +170,11 @@ class BlockManager:
             block.hash = block_hash
             block.parent_hash = parent
             block.token_ids = chunk
-            self.hash_to_block_id[block_hash] = block.block_id
+            held = self.hash_to_block_id.get(block_hash, -1)
+            # A live block that already holds these tokens stays the one the cache serves: were
+            # the entry moved to this duplicate, freeing the duplicate would hide both.
+            if held < 0 or blocks[held].ref_count == 0 or blocks[held].token_ids != chunk:
+                self.hash_to_block_id[block_hash] = block.block_id
             self.events.emit_block_hashed(seq.seq_id, block.block_id, index, block_hash, parent)
             parent = block_hash
             index += 1

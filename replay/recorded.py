@@ -74,21 +74,15 @@ def from_trace(trace: Any) -> RecordedEvents:
     last_step = int(trace.last_step)
     converted: dict[str, dict[str, Any]] = {}
     for kind in EVENT_KINDS:
-        table = trace.table(kind)
-        cols: dict[str, Any] = {}
-        if table.num_rows and not trace.complete:
-            step = table.column("step").to_numpy()
-            keep = step <= last_step
+        cols = trace.columns(kind)
+        if not trace.complete and len(cols["step"]):
+            keep = cols["step"] <= last_step
             if not keep.all():
-                table = table.filter(keep)
-        for name in all_columns(kind):
-            if table.num_rows == 0:
-                cols[name] = [] if name in LIST_COLUMNS else np.asarray([])
-                continue
-            column = table.column(name)
-            if name in LIST_COLUMNS:
-                cols[name] = column.to_pylist()
-            else:
-                cols[name] = column.to_numpy(zero_copy_only=False)
+                cols = {
+                    name: [v for v, k in zip(values, keep) if k]
+                    if name in LIST_COLUMNS
+                    else values[keep]
+                    for name, values in cols.items()
+                }
         converted[kind] = cols
     return RecordedEvents(dict(trace.header), converted, last_step, bool(trace.complete))

@@ -17,8 +17,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tracing.convert import column_to_python
 from tracing.errors import TraceError
-from tracing.events import EVENT_KINDS, SCHEMA_VERSION, arrow_schema
+from tracing.events import EVENT_KINDS, SCHEMA_VERSION, arrow_schema, column_types
 from tracing.layout import (
     COMMITS_DIR,
     HEADER_FILE,
@@ -174,6 +175,34 @@ class Trace:
                 table = table.sort_by("event_id")
         self._tables[kind] = table
         return table
+
+    def columns(self, kind: str) -> dict[str, np.ndarray | list]:
+        """``table(kind)`` as column name -> numpy array (list columns: lists), event_id order.
+
+        Built straight from the Parquet buffers, never through pandas: what ``verify`` reads.
+        """
+        if kind not in EVENT_KINDS:
+            raise TraceError(f"unknown event kind {kind!r}; kinds: {', '.join(EVENT_KINDS)}")
+        types = column_types(kind)
+        parts = [_read_file(f) for seg in self._segments for f in seg.files if f.kind == kind]
+        if not parts:
+            parts = [arrow_schema(kind).empty_table()]
+        cols = {
+            name: pa.chunked_array(
+                [chunk for part in parts for chunk in part.column(name).chunks],
+                type=parts[0].schema.field(name).type,
+            )
+            for name in types
+        }
+        cols = {name: column_to_python(cols[name], types[name]) for name in types}
+        ids = cols["event_id"]
+        if len(ids) > 1 and not (np.diff(ids) > 0).all():
+            order = np.argsort(ids, kind="stable")
+            cols = {
+                name: [v[i] for i in order] if isinstance(v, list) else v[order]
+                for name, v in cols.items()
+            }
+        return cols
 
     def df(self, kind: str) -> pd.DataFrame:
         """``table(kind)`` as a pandas DataFrame."""

@@ -59,6 +59,7 @@ FIELD_RULES: dict[str, _Rule] = {
     "eos": _Rule(int, -1, _INT_MAX),
     "trace_flush_steps": _Rule(int, 1, _INT_MAX),
     "trace_flush_seconds": _Rule(float, 0.0, None),
+    "calibration_repeats": _Rule(int, 0, 1000),
 }
 
 
@@ -90,6 +91,8 @@ class Config:
     eos: int = -1
     trace_flush_steps: int = 64
     trace_flush_seconds: float = 2.0
+    # Timed repetitions of each start-up calibration step (engine/calibration.py); 0: none.
+    calibration_repeats: int = 3
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:

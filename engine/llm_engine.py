@@ -76,12 +76,17 @@ class LLMEngine:
         )
         self.config = config
         self.trace_dir = trace_dir
+        header = _run_header(config, self.runner)
+        if config.calibration_repeats:
+            from engine.calibration import calibrate
+
+            header["calibration"] = calibrate(self.runner, config, config.calibration_repeats)
         self.sink = _make_sink(trace_dir, config) if record_events else None
         self.core = EngineCore(
             config,
             self.runner,
             sink=self.sink,
-            header=_run_header(config, self.runner),
+            header=header,
             record_events=record_events,
         )
         self.vocab_size = self.runner.vocab_size

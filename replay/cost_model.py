@@ -125,6 +125,7 @@ class CostModel:
         warm, warmup_s = warmup_steps(x, y, classes, window)
         keep = ~warm
         x, y, classes, window = x[keep], y[keep], classes[keep], window[keep]
+        x, y, classes, window = _with_calibration(events, x, y, classes, window)
         fits, reports = fit_all(x, y, classes, window)
         if not fits:
             raise CostModelError(f"{source or 'the trace'} has too few steps to fit a model")
@@ -327,6 +328,32 @@ class CostModel:
             raise CostModelError(f"{path}: cannot read cost model ({exc.strerror})") from None
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CostModelError(f"{path}: not a cost model file ({exc})") from None
+
+
+def _with_calibration(
+    events: RecordedEvents, x: np.ndarray, y: np.ndarray, classes: np.ndarray, window: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Add the header's start-up calibration steps (engine/calibration.py) to the fitted steps.
+
+    A calibration row times the executor call alone; a real step also pays the engine's own work
+    around it (scheduling, post-processing, recording), so each row is charged the median of
+    that overhead over the run's steps.
+    """
+    rows = events.header.get("calibration") or []
+    if not rows:
+        return x, y, classes, window
+    ms = events.tables["model_step"]
+    overhead = step_intervals(events) - np.asarray(ms["duration_s"], dtype=float)
+    extra = float(np.median(np.clip(overhead, 0.0, None))) if len(overhead) else 0.0
+    cal_x = np.array([[float(row[name]) for name in FEATURES] for row in rows])
+    cal_y = np.array([float(row["interval_s"]) + extra for row in rows])
+    cal_classes = np.array([step_class(row["kind"], bool(row["graph_used"])) for row in rows])
+    return (
+        np.vstack([x, cal_x]),
+        np.concatenate([y, cal_y]),
+        np.concatenate([classes, cal_classes]),
+        np.concatenate([window, np.zeros(len(rows), dtype=bool)]),
+    )
 
 
 def _observed_graph_sizes(events: RecordedEvents) -> list[int]:

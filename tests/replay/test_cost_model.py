@@ -357,3 +357,37 @@ def test_a_floored_model_round_trips(floored_trace, tmp_path) -> None:
     assert loaded.fits == model.fits and loaded.surrogates == model.surrogates
     assert loaded.step_timer() == model.step_timer()
     assert loaded.step_timer(with_floor=True) == model.step_timer(with_floor=True)
+
+
+def test_a_header_calibration_identifies_a_floor_the_run_never_touched() -> None:
+    """Every prefill of this run is compute-bound, so its own steps cannot show the launch floor;
+    the start-up calibration (engine/calibration.py) the header carries can, and the fit uses it."""
+    from engine.calibration import calibration_batches
+    from engine.engine_core import batch_features
+
+    large_only = varied_requests(count=60, lo=3600, hi=4000)
+    trace = record_workload(CONFIG, large_only, FLOORED)
+    small = np.zeros((1, len(FEATURES)))
+    small[0, FEATURES.index("num_seqs")] = 1
+    small[0, FEATURES.index("prefill_tokens")] = 100
+    small[0, FEATURES.index("prefill_attn_work")] = 100 * 100
+    blind = CostModel.fit(trace).predict_many(small, np.array(["prefill"]))[0]
+    assert blind < 0.6 * FLOOR_S  # predicted from the compute slope: far below the floor
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for batch in calibration_batches(CONFIG):
+        batch.step = 10**6  # the law's warm-up and first-step terms are for run steps only
+        prefill_tokens, work, decode_seqs, context = batch_features(batch)
+        rows.append({
+            "kind": batch.kind, "num_seqs": len(batch.seqs), "prefill_tokens": prefill_tokens,
+            "prefill_attn_work": work, "decode_seqs": decode_seqs,
+            "decode_context_tokens": context, "padded_batch_size": len(batch.seqs),
+            "graph_used": False, "interval_s": FLOORED.duration(batch, 0, rng),
+        })
+    assert any(r["kind"] == "prefill" and r["prefill_tokens"] == 1 for r in rows)
+    trace.header["calibration"] = rows
+    informed = CostModel.fit(trace)
+    assert informed.fits["prefill"].floor == pytest.approx(FLOOR_S, rel=1e-6)
+    predicted = informed.predict_many(small, np.array(["prefill"]))[0]
+    assert predicted == pytest.approx(FLOOR_S, rel=1e-6)

@@ -1,0 +1,42 @@
+"""The start-up calibration: timed synthetic steps in the header, and a run it leaves untouched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine import LLM, SamplingParams
+from engine.calibration import PREFILL_TOKENS, calibration_batches
+from engine.config import Config
+from replay.verify import verify
+from tracing.reader import read_trace
+
+SETTINGS = {"kvcache_block_size": 16, "num_kvcache_blocks": 40, "max_model_len": 256}
+PROMPTS = [[7, 8, 9] * 12, [3] * 40]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+
+def test_calibration_steps_fit_the_pool_and_the_token_budget() -> None:
+    """Only steps the configuration can hold are timed (here: prompts up to 256 tokens)."""
+    batches = calibration_batches(Config(**SETTINGS))
+    prefill = [b.num_batched_tokens for b in batches if b.kind == "prefill"]
+    assert prefill == [t for t in PREFILL_TOKENS if t <= 256]
+    for batch in batches:
+        for seq in batch.seqs:
+            assert max(seq.block_table) < SETTINGS["num_kvcache_blocks"]
+            assert seq.seq_id < 0  # never a request's id
+
+
+def test_calibration_is_recorded_and_leaves_the_run_unchanged(tmp_path: Path) -> None:
+    """The header carries one timed row per step shape; outputs and the trace's decisions are
+    the same as without calibration, and the trace still verifies."""
+    llm = LLM(None, trace_dir=str(tmp_path / "t"), calibration_repeats=2, **SETTINGS)
+    calibrated = [o["token_ids"] for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    llm.close()
+    plain_llm = LLM(None, calibration_repeats=0, **SETTINGS)
+    plain = [o["token_ids"] for o in plain_llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    plain_llm.close()
+    assert calibrated == plain
+    rows = read_trace(tmp_path / "t").header["calibration"]
+    assert [r["prefill_tokens"] for r in rows if r["kind"] == "prefill"] == [1, 16, 128]
+    assert all(r["interval_s"] > 0 and r["repeats"] == 2 for r in rows)
+    assert verify(tmp_path / "t").identical

@@ -185,7 +185,11 @@ def main(
     import torch
 
     if not torch.cuda.is_available():
-        print("replayllm bench (engine) needs a CUDA GPU; try `replayllm bench scheduler`")
+        print(
+            "replayllm bench: error: the engine benchmark needs a CUDA GPU; "
+            "try `replayllm bench scheduler`",
+            file=sys.stderr,
+        )
         return 2
     from engine.checkpoint import cache_root
 

@@ -19,14 +19,18 @@ _UINT64_SPAN = 1 << 64
 _INT64_MAX = (1 << 63) - 1
 
 
+def signed64(digest: int) -> int:
+    """An unsigned 64-bit digest as the signed int64 the trace columns hold."""
+    return digest - _UINT64_SPAN if digest > _INT64_MAX else digest
+
+
 def chain_hash(token_ids: list[int], parent_hash: int, seed: int) -> int:
     """xxhash64 of (parent hash, token ids) as a signed 64-bit integer (the trace column type)."""
     hasher = xxhash.xxh64(seed=seed)
     if parent_hash != NO_HASH:
         hasher.update(parent_hash.to_bytes(8, "little", signed=True))
     hasher.update(np.asarray(token_ids, dtype=np.int32).tobytes())
-    digest = hasher.intdigest()
-    return digest - _UINT64_SPAN if digest > _INT64_MAX else digest
+    return signed64(hasher.intdigest())
 
 
 class Block:

@@ -145,6 +145,19 @@ def _check(name: str, value: Any, rule: _Rule) -> None:
         raise ConfigError(f"{name} must be {rule.describe()}, got {value!r}")
 
 
+def parse_overrides(items: list[str], parse: Any = None) -> dict[str, Any]:
+    """``--set KEY=VALUE`` items as a dict for ``Config.replace`` (``parse``: per-value parser,
+    ``parse_override`` by default)."""
+    parse = parse or parse_override
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+        out[key.strip()] = parse(key.strip(), text.strip())
+    return out
+
+
 def parse_override(key: str, text: str) -> Any:
     """Turn ``--set key=text`` into a typed value for ``Config.replace`` (errors name the field)."""
     if key not in Config.field_names():

@@ -13,19 +13,15 @@ import numpy as np
 import xxhash
 
 from engine.batch import ScheduledBatch
-from engine.block_manager import BlockManager
+from engine.block_manager import BlockManager, signed64
 from engine.config import Config
 from engine.sequence import Sequence, SequenceStatus
 from tracing.events import NO_SEQ, EventBuffer
 
-_UINT64_SPAN = 1 << 64
-_INT64_MAX = (1 << 63) - 1
-
 
 def output_hash(token_ids: list[int]) -> int:
     """xxhash64 of a completion's token ids (signed 64-bit), so replay notices a changed token."""
-    digest = xxhash.xxh64_intdigest(np.asarray(token_ids, dtype=np.int32).tobytes())
-    return digest - _UINT64_SPAN if digest > _INT64_MAX else digest
+    return signed64(xxhash.xxh64_intdigest(np.asarray(token_ids, dtype=np.int32).tobytes()))
 
 
 class Scheduler:

@@ -24,18 +24,6 @@ def _add_config_overrides(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _parse_overrides(items: list[str]) -> dict[str, object]:
-    from engine.config import parse_override
-
-    out: dict[str, object] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ReplayLLMError(f"--set expects KEY=VALUE, got {item!r}")
-        out[key.strip()] = parse_override(key.strip(), value.strip())
-    return out
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="replayllm",
@@ -91,10 +79,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from engine.config import parse_overrides
     from replay.commands import run_command
 
     return run_command(args.model, args.workload, args.out, args.num_seqs,
-                       _parse_overrides(args.overrides))
+                       parse_overrides(args.overrides))
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:

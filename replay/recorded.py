@@ -48,6 +48,16 @@ class RecordedEvents:
         return out
 
 
+def keep_rows(cols: dict[str, Any], keep: np.ndarray) -> dict[str, Any]:
+    """The rows of one event table where ``keep`` is true (list columns stay lists)."""
+    return {
+        name: [v for v, k in zip(values, keep) if k]
+        if name in LIST_COLUMNS
+        else np.asarray(values)[keep]
+        for name, values in cols.items()
+    }
+
+
 def _as_array(name: str, values: Any) -> Any:
     if name in LIST_COLUMNS:
         return [list(v) for v in values]
@@ -78,11 +88,6 @@ def from_trace(trace: Any) -> RecordedEvents:
         if not trace.complete and len(cols["step"]):
             keep = cols["step"] <= last_step
             if not keep.all():
-                cols = {
-                    name: [v for v, k in zip(values, keep) if k]
-                    if name in LIST_COLUMNS
-                    else values[keep]
-                    for name, values in cols.items()
-                }
+                cols = keep_rows(cols, keep)
         converted[kind] = cols
     return RecordedEvents(dict(trace.header), converted, last_step, bool(trace.complete))

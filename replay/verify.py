@@ -7,7 +7,13 @@ from typing import Any
 
 import numpy as np
 
-from replay.recorded import LIST_COLUMNS, RecordedEvents, from_columns, from_trace
+from replay.recorded import (
+    LIST_COLUMNS,
+    RecordedEvents,
+    from_columns,
+    from_trace,
+    keep_rows,
+)
 from replay.replayer import replay
 from tracing.events import EVENT_KINDS, MEASURED_COLUMNS, all_columns
 
@@ -165,15 +171,10 @@ def compare(recorded: RecordedEvents, replayed: RecordedEvents) -> Divergence | 
 
 
 def _cut_to_step(events: RecordedEvents, last_step: int) -> RecordedEvents:
-    tables = {}
-    for kind, cols in events.tables.items():
-        keep = np.asarray(cols["step"]) <= last_step
-        tables[kind] = {
-            name: [v for v, k in zip(values, keep) if k]
-            if name in LIST_COLUMNS
-            else np.asarray(values)[keep]
-            for name, values in cols.items()
-        }
+    tables = {
+        kind: keep_rows(cols, np.asarray(cols["step"]) <= last_step)
+        for kind, cols in events.tables.items()
+    }
     return RecordedEvents(events.header, tables, last_step, events.complete)
 
 

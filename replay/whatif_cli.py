@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import AUTO_SIZED_BLOCKS, Config, parse_override
+from engine.config import parse_overrides as config_parse_overrides
 from engine.errors import ConfigError, ReplayLLMError
 from replay.cost_model import CostModel
 from replay.metrics import compute, has_timings
@@ -81,13 +82,7 @@ def parse_value(key: str, text: str) -> Any:
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep:
-            raise WhatifError(f"--set expects KEY=VALUE, got {item!r}")
-        out[key.strip()] = parse_value(key.strip(), text)
-    return out
+    return config_parse_overrides(items, parse_value)
 
 
 def parse_grid(items: list[str]) -> dict[str, list[Any]]:

@@ -25,6 +25,10 @@ class ScheduledBatch:
     sample: list[bool] | None = None  # None: every sequence samples (the common case)
     num_batched_tokens: int = 0
     sampled_seqs: list[Sequence] = field(default_factory=list)
+    # Scheduled and launched while the previous step was still on the device (its tokens not yet
+    # back); set by EngineCore. Decided from scheduler state alone, so replay and simulation
+    # reproduce it; a simulator charges such a step max(device, host) time instead of the sum.
+    overlapped: bool = False
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -42,3 +46,4 @@ class StepOutput:
     duration_s: float | None = None  # device time of the step where measured; None: use wall time
     padded_batch_size: int = 0
     graph_used: bool = False
+    wait_s: float = 0.0  # host time spent blocked waiting for the device (not host work)

@@ -12,7 +12,7 @@ from collections import OrderedDict
 import numpy as np
 import xxhash
 
-from engine.sequence import Sequence
+from engine.sequence import PENDING_TOKEN, Sequence
 from tracing.events import NO_HASH, EventBuffer
 
 _UINT64_SPAN = 1 << 64
@@ -69,6 +69,9 @@ class BlockManager:
         self.hash_to_block_id: dict[int, int] = {}
         # Ordered so that allocation order (oldest free first) is the same on every run.
         self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # Blocks completed by a token whose value is still on the device: (seq, logical index,
+        # parent hash, block_hashed event row). Entered into the cache by ``resolve_pending``.
+        self.pending_hashes: list[tuple[Sequence, int, int, int]] = []
 
     @property
     def num_free_blocks(self) -> int:
@@ -169,20 +172,49 @@ class BlockManager:
         parent = blocks[table[index - 1]].hash if index > 0 else NO_HASH
         while index < last_full:
             chunk = seq.token_ids[index * block_size : (index + 1) * block_size]
+            if chunk[-1] == PENDING_TOKEN:
+                # Completed by a token still on the device: only the last token of a block can
+                # be pending, and no later block exists yet. Hashed when the value is in.
+                row = self.events.emit_block_hashed(
+                    seq.seq_id, table[index], index, NO_HASH, parent
+                )
+                self.pending_hashes.append((seq, index, parent, row))
+                index += 1
+                break
             block_hash = chain_hash(chunk, parent, self.hash_seed)
-            block = blocks[table[index]]
-            block.hash = block_hash
-            block.parent_hash = parent
-            block.token_ids = chunk
-            held = self.hash_to_block_id.get(block_hash, -1)
-            # A live block that already holds these tokens stays the one the cache serves: were
-            # the entry moved to this duplicate, freeing the duplicate would hide both.
-            if held < 0 or blocks[held].ref_count == 0 or blocks[held].token_ids != chunk:
-                self.hash_to_block_id[block_hash] = block.block_id
-            self.events.emit_block_hashed(seq.seq_id, block.block_id, index, block_hash, parent)
+            self._enter(blocks[table[index]], chunk, block_hash, parent)
+            self.events.emit_block_hashed(seq.seq_id, table[index], index, block_hash, parent)
             parent = block_hash
             index += 1
         seq.num_hashed_blocks = index
+
+    def _enter(self, block: Block, chunk: list[int], block_hash: int, parent: int) -> None:
+        """Record a full block's contents and point the cache index at it where appropriate."""
+        block.hash = block_hash
+        block.parent_hash = parent
+        block.token_ids = chunk
+        held = self.hash_to_block_id.get(block_hash, -1)
+        # A live block that already holds these tokens stays the one the cache serves: were the
+        # entry moved to this duplicate, freeing the duplicate would hide both.
+        blocks = self.blocks
+        if held < 0 or blocks[held].ref_count == 0 or blocks[held].token_ids != chunk:
+            self.hash_to_block_id[block_hash] = block.block_id
+
+    def resolve_pending(self) -> None:
+        """Hash the blocks completed by pending tokens, now that their values are written.
+
+        Exact with respect to hashing them at once: between the two moments the scheduler
+        only allocated blocks (EngineCore overlaps only steps that cannot preempt or admit), and
+        allocation cannot change which block the index keeps for these tokens.
+        """
+        block_size = self.block_size
+        for seq, index, parent, row in self.pending_hashes:
+            chunk = seq.token_ids[index * block_size : (index + 1) * block_size]
+            block_hash = chain_hash(chunk, parent, self.hash_seed)
+            if seq.block_table:  # still holds its blocks (a finished sequence keeps none)
+                self._enter(self.blocks[seq.block_table[index]], chunk, block_hash, parent)
+            self.events.patch_block_hash(row, block_hash)
+        self.pending_hashes.clear()
 
     # --- decode growth ----------------------------------------------------------------------------
     def needs_new_block(self, seq: Sequence) -> bool:

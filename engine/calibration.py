@@ -3,8 +3,10 @@
 A step-time model fitted on a run's own steps cannot see costs that only show in steps of another
 shape: a run whose prefills are all large never reveals the launch-bound floor of a small eager
 prefill, which a run under a tighter configuration (recomputing after preemptions) pays on every
-one. Timing a ladder of prefill sizes and a few decode batches once, before the first request,
-and recording them in the trace header makes those costs identifiable.
+one, and a run whose prefills are all small never shows a full token budget's. Timing a ladder
+of prefill sizes (1 token to 16k, the larger ones as many prompts) and a few decode batches
+once, before the first request, and recording them in the trace header makes those costs
+identifiable.
 """
 
 from __future__ import annotations
@@ -20,7 +22,11 @@ from engine.executor import Executor
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
-PREFILL_TOKENS = (1, 16, 128, 512, 2048)
+PREFILL_TOKENS = (1, 16, 128, 512, 2048, 8192, 16384)
+# A calibration prefill of up to SINGLE_PROMPT_TOKENS is one prompt; a larger one (a full token
+# budget, as a run's first steps take) is prompts of PREFILL_PROMPT_TOKENS.
+SINGLE_PROMPT_TOKENS = 2048
+PREFILL_PROMPT_TOKENS = 1024
 DECODE_BATCHES = (1, 16, 64)
 DECODE_CONTEXT = 256
 # Calibration sequences get ids no request can have (requests count up from 0).
@@ -30,16 +36,27 @@ FILLER_TOKEN = 13
 LOW_QUANTILE, HIGH_QUANTILE = 0.1, 0.9
 
 
-def _sequences(count: int, length: int, first_block: int, block_size: int) -> list[Sequence]:
+def _sequences(lengths: list[int], first_block: int, block_size: int) -> list[Sequence]:
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    blocks_each = (length + block_size - 1) // block_size
     seqs = []
-    for i in range(count):
+    start = first_block
+    for i, length in enumerate(lengths):
         seq = Sequence(FIRST_CALIBRATION_SEQ_ID - i, [FILLER_TOKEN] * length, params)
-        start = first_block + i * blocks_each
-        seq.block_table = list(range(start, start + blocks_each))
+        blocks = (length + block_size - 1) // block_size
+        seq.block_table = list(range(start, start + blocks))
+        start += blocks
         seqs.append(seq)
     return seqs
+
+
+def _prefill_lengths(tokens: int, config: Config) -> list[int]:
+    """Prompt lengths of a calibration prefill of ``tokens`` tokens: one prompt up to
+    ``SINGLE_PROMPT_TOKENS``, else prompts of ``PREFILL_PROMPT_TOKENS`` (within max_model_len)."""
+    if tokens <= min(SINGLE_PROMPT_TOKENS, config.max_model_len):
+        return [tokens]
+    per_prompt = min(PREFILL_PROMPT_TOKENS, config.max_model_len)
+    full, rest = divmod(tokens, per_prompt)
+    return [per_prompt] * full + ([rest] if rest else [])
 
 
 def calibration_batches(config: Config) -> list[ScheduledBatch]:
@@ -47,18 +64,23 @@ def calibration_batches(config: Config) -> list[ScheduledBatch]:
     block_size, num_blocks = config.kvcache_block_size, config.num_kvcache_blocks
     batches = []
     for tokens in PREFILL_TOKENS:
-        blocks = (tokens + block_size - 1) // block_size
-        if tokens > min(config.max_num_batched_tokens, config.max_model_len) or blocks > num_blocks:
+        lengths = _prefill_lengths(tokens, config)
+        blocks = sum((n + block_size - 1) // block_size for n in lengths)
+        if (
+            tokens > config.max_num_batched_tokens
+            or blocks > num_blocks
+            or len(lengths) > config.max_num_seqs
+        ):
             continue
-        seqs = _sequences(1, tokens, 0, block_size)
-        batches.append(ScheduledBatch(-1, "prefill", seqs, [tokens], [tokens], 1,
+        seqs = _sequences(lengths, 0, block_size)
+        batches.append(ScheduledBatch(-1, "prefill", seqs, lengths, list(lengths), len(seqs),
                                       num_batched_tokens=tokens, sampled_seqs=seqs))
     context = min(DECODE_CONTEXT, config.max_model_len - 1)
     blocks_each = (context + block_size - 1) // block_size
     for count in DECODE_BATCHES:
         if count > config.max_num_seqs or count * blocks_each > num_blocks:
             continue
-        seqs = _sequences(count, context, 0, block_size)
+        seqs = _sequences([context] * count, 0, block_size)
         for seq in seqs:
             seq.num_computed_tokens = context - 1
         batches.append(ScheduledBatch(-1, "decode", seqs, [1] * count, [context] * count, 0,
@@ -70,13 +92,15 @@ def calibrate(executor: Executor, config: Config, repeats: int) -> list[dict[str
     """Time each synthetic step ``repeats`` times (after one untimed warm-up run).
 
     Returns one row per step shape: the ``model_step`` batch features, ``interval_s`` (median wall
-    seconds of the whole ``execute`` call: what a step costs the run) and ``duration_s`` (median of
-    what the executor measured, device time on a GPU), with their 10th and 90th percentiles.
+    seconds of the whole ``execute`` call: what a step costs the run), ``duration_s`` (median of
+    what the executor measured, device time on a GPU) and ``wait_s`` (median time the host was
+    blocked waiting for the device: ``interval_s - wait_s`` is the step's host work), with the
+    10th and 90th percentiles of the interval.
     The KV blocks written are free and unindexed, so the run never reads them.
     """
     rows = []
     for batch in calibration_batches(config):
-        walls, durations = [], []
+        walls, durations, waits = [], [], []
         output = None
         for attempt in range(repeats + 1):
             began = time.perf_counter()
@@ -85,6 +109,7 @@ def calibrate(executor: Executor, config: Config, repeats: int) -> list[dict[str
             if attempt:  # the first run pays one-off compilation
                 walls.append(wall)
                 durations.append(output.duration_s if output.duration_s is not None else wall)
+                waits.append(output.wait_s)
         assert output is not None  # repeats >= 1 is validated by Config
         prefill_tokens, prefill_work, decode_seqs, decode_ctx = batch_features(batch)
         rows.append({
@@ -100,6 +125,7 @@ def calibrate(executor: Executor, config: Config, repeats: int) -> list[dict[str
             "interval_p10_s": _quantile(walls, LOW_QUANTILE),
             "interval_p90_s": _quantile(walls, HIGH_QUANTILE),
             "duration_s": statistics.median(durations),
+            "wait_s": statistics.median(waits),
             "repeats": repeats,
         })
     return rows

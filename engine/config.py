@@ -60,6 +60,7 @@ FIELD_RULES: dict[str, _Rule] = {
     "trace_flush_steps": _Rule(int, 1, _INT_MAX),
     "trace_flush_seconds": _Rule(float, 0.0, None),
     "calibration_repeats": _Rule(int, 0, 1000),
+    "async_scheduling": _Rule(bool),
 }
 
 
@@ -93,6 +94,9 @@ class Config:
     trace_flush_seconds: float = 2.0
     # Timed repetitions of each start-up calibration step (engine/calibration.py); 0: none.
     calibration_repeats: int = 3
+    # Schedule step N+1 while step N runs on the device when N's tokens cannot change the
+    # decision (engine/engine_core.py). Decisions and events are those of the sequential loop.
+    async_scheduling: bool = True
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:

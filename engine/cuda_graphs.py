@@ -26,8 +26,11 @@ from engine.attention_metadata import AttentionMetadata
 SMALL_GRAPH_SIZES = (1, 2, 4, 8)
 GRAPH_SIZE_STEP = 16
 PAD_SLOT = -1
-# Rows of the int64 staging block: token ids, positions, cache slots.
-ROW_IDS, ROW_POSITIONS, ROW_SLOTS = 0, 1, 2
+# Rows of the int64 staging block: token ids, positions, cache slots, and for a token still being
+# sampled by the previous (overlapped) step, its row in that step's output.
+ROW_IDS, ROW_POSITIONS, ROW_SLOTS, ROW_SOURCE = 0, 1, 2, 3
+NO_SOURCE = -1
+HOST_STAGES = 2
 
 
 def graph_batch_sizes(max_batch: int) -> list[int]:
@@ -37,8 +40,29 @@ def graph_batch_sizes(max_batch: int) -> list[int]:
     return sizes
 
 
+class _HostStage:
+    """One set of pinned host staging arrays, and what its block-table rows hold."""
+
+    def __init__(self, max_batch: int, table_width: int, pin: bool) -> None:
+        self.i64 = torch.zeros(4, max_batch, dtype=torch.int64, pin_memory=pin)
+        self.i32 = torch.zeros(max_batch * (1 + table_width), dtype=torch.int32, pin_memory=pin)
+        self.temps = torch.zeros(max_batch, dtype=torch.float32, pin_memory=pin)
+        self.np_i64 = self.i64.numpy()
+        self.np_ctx = self.i32[:max_batch].numpy()
+        self.np_tables = self.i32[max_batch:].view(max_batch, table_width).numpy()
+        self.np_temps = self.temps.numpy()
+        self.np_i64[ROW_SLOTS] = PAD_SLOT
+        self.np_i64[ROW_SOURCE] = NO_SOURCE
+        self.row_seq: list[int] = [-1] * max_batch
+        self.row_blocks = [0] * max_batch
+
+
 class DecodeBuffers:
-    """Pinned host staging plus device copies of one decode step's inputs."""
+    """Pinned host staging plus device copies of one decode step's inputs.
+
+    Two host staging sets alternate: with overlapped steps the next step is staged while the
+    previous step's host-to-device copy may still be queued, so it must not reuse its arrays.
+    """
 
     def __init__(
         self, max_batch: int, table_width: int, block_size: int, device: torch.device
@@ -47,23 +71,25 @@ class DecodeBuffers:
         self.table_width = table_width
         self.block_size = block_size
         pin = device.type == "cuda"
-        self.host_i64 = torch.zeros(3, max_batch, dtype=torch.int64, pin_memory=pin)
-        self.host_i32 = torch.zeros(
-            max_batch * (1 + table_width), dtype=torch.int32, pin_memory=pin
-        )
-        self.host_temps = torch.zeros(max_batch, dtype=torch.float32, pin_memory=pin)
+        self._stages = [_HostStage(max_batch, table_width, pin) for _ in range(HOST_STAGES)]
+        self._turn = 0
+        self._use(0)
         self.dev_i64 = torch.zeros_like(self.host_i64, device=device)
         self.dev_i32 = torch.zeros_like(self.host_i32, device=device)
         self.dev_temps = torch.zeros_like(self.host_temps, device=device)
         self.dev_cu_seqlens = torch.arange(max_batch + 1, dtype=torch.int32, device=device)
-        self.np_i64 = self.host_i64.numpy()
-        self.np_ctx = self.host_i32[:max_batch].numpy()
-        self.np_tables = self.host_i32[max_batch:].view(max_batch, table_width).numpy()
-        self.np_temps = self.host_temps.numpy()
-        self.np_i64[ROW_SLOTS] = PAD_SLOT
-        self._row_seq: list[int] = [-1] * max_batch
-        self._row_blocks = [0] * max_batch
         self._rows = np.arange(max_batch)
+
+    def _use(self, index: int) -> None:
+        stage = self._stages[index]
+        self.host_i64, self.host_i32, self.host_temps = stage.i64, stage.i32, stage.temps
+        self.np_i64, self.np_ctx, self.np_tables = stage.np_i64, stage.np_ctx, stage.np_tables
+        self.np_temps = stage.np_temps
+        self._row_seq, self._row_blocks = stage.row_seq, stage.row_blocks
+
+    def _next_stage(self) -> None:
+        self._turn = (self._turn + 1) % HOST_STAGES
+        self._use(self._turn)
 
     # device views the model (and the graphs) read
     @property
@@ -92,7 +118,8 @@ class DecodeBuffers:
 
     def invalidate(self) -> None:
         """Forget which sequence each row holds (block tables may have been rebuilt)."""
-        self._row_seq = [-1] * self.max_batch
+        for stage in self._stages:
+            stage.row_seq[:] = [-1] * self.max_batch
 
     def stage(
         self,
@@ -106,20 +133,38 @@ class DecodeBuffers:
         """Fill rows ``[0, n)`` from the step's inputs and ``[n, padded)`` as padding, then
         start the host-to-device copies (asynchronous, ordered before the step's kernels).
         """
+        self._next_stage()
         ids = self.np_i64[ROW_IDS]
         ids[: len(seq_ids)] = input_ids
+        self.np_i64[ROW_SOURCE, : len(seq_ids)] = NO_SOURCE
         self.np_temps[: len(seq_ids)] = temperatures
         self._fill(seq_ids, block_tables, context_lens, padded)
 
     def stage_sequences(
-        self, seqs: Sequence[Any], context_lens: Sequence[int], padded: int, num_blocks: int
+        self,
+        seqs: Sequence[Any],
+        context_lens: Sequence[int],
+        padded: int,
+        num_blocks: int,
+        sources: Sequence[int] | None = None,
+        values: dict[int, int] | None = None,
     ) -> None:
         """:meth:`stage` straight from the scheduler's ``Sequence`` objects (no payload lists),
         checking what a decode step could get wrong: each sequence's context is its length,
-        its table holds the context, and the block written this step exists."""
+        its table holds the context, and the block written this step exists.
+
+        ``sources``: per row, the previous step's output row whose token is this row's input
+        (``NO_SOURCE``: the host token); :meth:`take_sources` applies them on the device.
+        ``values``: seq_id -> token for pending tokens already on the host.
+        """
+        self._next_stage()
         n = len(seqs)
         ids = self.np_i64[ROW_IDS]
-        ids[:n] = [seq.last_token for seq in seqs]
+        if values:
+            ids[:n] = [values.get(seq.seq_id, seq.last_token) for seq in seqs]
+        else:
+            ids[:n] = [seq.last_token for seq in seqs]
+        self.np_i64[ROW_SOURCE, :n] = NO_SOURCE if sources is None else sources
         self.np_temps[:n] = [seq.temperature for seq in seqs]
         lengths = [seq.num_tokens for seq in seqs]
         if lengths != list(context_lens):
@@ -185,6 +230,14 @@ class DecodeBuffers:
         self.dev_i32.copy_(self.host_i32, non_blocking=True)
         self.dev_temps.copy_(self.host_temps, non_blocking=True)
         return block_ids
+
+    def take_sources(self, batch: int, previous_tokens: torch.Tensor) -> None:
+        """Input ids of rows with a source: the previous step's sampled token, read on the
+        device (stream order puts it after that step's sampler), never through the host."""
+        ids = self.dev_i64[ROW_IDS, :batch]
+        source = self.dev_i64[ROW_SOURCE, :batch]
+        taken = previous_tokens.index_select(0, source.clamp(min=0))
+        torch.where(source >= 0, taken, ids, out=ids)
 
     def metadata(
         self,

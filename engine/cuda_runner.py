@@ -1,5 +1,7 @@
 """CUDA specifics of the model runner: KV sizing after a warm-up at maximum load, kernel
-pre-compilation, and step timing with CUDA events.
+pre-compilation, step timing with CUDA events, and steps in flight (``LaunchedStep``): the
+sampled tokens go to pinned host memory asynchronously, so the engine can launch the next step
+before it waits for them.
 
 KV sizing follows Nano-vLLM: run the largest batch the scheduler may ever build (as many
 ``max_model_len`` prompts as ``max_num_batched_tokens`` allows) plus logits and sampling for
@@ -13,11 +15,14 @@ where ``used`` is what the process holds now (CUDA context, weights, allocator c
 
 from __future__ import annotations
 
+import os
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from engine.attention_metadata import build_attention_metadata
+from engine.batch import StepOutput
 from engine.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -112,6 +117,81 @@ def split_variants(max_batch: int, num_kv_heads: int) -> list[int]:
     return sorted(seen.values())
 
 
+# BLAS library for the projections (torch.backends.cuda.preferred_blas_library): "default"
+# leaves torch's choice; REPLAYLLM_BLAS overrides it for A/B runs (replay/bench_gemm.py).
+BLAS_ENV = "REPLAYLLM_BLAS"
+DEFAULT_BLAS = "default"
+
+
+def choose_blas_library() -> str:
+    """Apply the BLAS library choice (before graphs are captured); returns its name."""
+    choice = os.environ.get(BLAS_ENV, DEFAULT_BLAS)
+    if choice not in ("default", "cublas", "cublaslt"):
+        raise ConfigError(f"{BLAS_ENV}={choice!r}: choose default, cublas or cublaslt")
+    torch.backends.cuda.preferred_blas_library(choice)
+    return choice
+
+
+class LaunchedStep:
+    """A CUDA step in flight: its sampled tokens on the device, their copy to pinned host memory
+    and the step's timing events. ``result`` waits for the copy alone, not the whole device."""
+
+    def __init__(
+        self,
+        seq_ids: list[int],
+        tokens: torch.Tensor,
+        host_tokens: torch.Tensor,
+        timer: StepTimer,
+        padded: int,
+        graph_used: bool,
+    ) -> None:
+        self.seq_ids = seq_ids
+        self.tokens = tokens
+        self.row_of = {seq_id: row for row, seq_id in enumerate(seq_ids)}
+        self._host = host_tokens
+        self._timer = timer
+        self._copied = torch.cuda.Event()
+        host_tokens.copy_(tokens, non_blocking=True)
+        self._copied.record()
+        self._launched = StepOutput(token_ids=[], padded_batch_size=padded, graph_used=graph_used)
+        self._output: StepOutput | None = None
+
+    def launched_output(self) -> StepOutput:
+        return self._launched
+
+    def result(self) -> StepOutput:
+        if self._output is None:
+            began = time.perf_counter()
+            self._copied.synchronize()
+            waited = time.perf_counter() - began
+            launched = self._launched
+            self._output = StepOutput(
+                self._host.tolist(),
+                self._timer.seconds(),
+                launched.padded_batch_size,
+                launched.graph_used,
+                waited,
+            )
+        return self._output
+
+
+class TokenBuffers:
+    """Pinned host buffers for sampled tokens and timers, one per step that can be in flight."""
+
+    def __init__(self, max_rows: int, slots: int = 2) -> None:
+        self.host = [
+            torch.empty(max_rows, dtype=torch.int64, pin_memory=True) for _ in range(slots)
+        ]
+        self.timers = [StepTimer() for _ in range(slots)]
+        self.turn = 0
+
+    def next(self, rows: int) -> tuple[torch.Tensor, StepTimer]:
+        self.turn = (self.turn + 1) % len(self.host)
+        if rows > self.host[self.turn].numel():
+            self.host[self.turn] = torch.empty(rows, dtype=torch.int64, pin_memory=True)
+        return self.host[self.turn][:rows], self.timers[self.turn]
+
+
 class StepTimer:
     """GPU time of one step from two CUDA events; read after the step's tokens reached the host
     (that copy already synchronised, so reading the events costs no extra sync)."""
@@ -137,4 +217,7 @@ def describe_cuda(runner: ModelRunner) -> dict[str, Any]:
         "graph_batch_sizes": graphs.sizes if graphs is not None else [],
         "block_table_width": runner.buffers.table_width if runner.buffers else 0,
         "fused_kernels": runner.fused_kernels,
+        "blas_library": str(torch.backends.cuda.preferred_blas_library()).removeprefix(
+            "_BlasBackend."
+        ),
     }

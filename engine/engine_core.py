@@ -7,15 +7,16 @@ batch, executes it, records the model step and post-processes the sampled tokens
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from engine.batch import ScheduledBatch, StepOutput
 from engine.config import AUTO_SIZED_BLOCKS, Config
-from engine.executor import Executor
+from engine.executor import Executor, PendingStep
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduler import PendingTokens, Scheduler
 from engine.sequence import Sequence
 from tracing.events import EventBuffer, NullEventBuffer
 from tracing.sink import EventSink
@@ -30,6 +31,19 @@ class StepResult:
     output: StepOutput
     finished: list[Sequence]
     duration_s: float
+
+
+@dataclass
+class _InFlight:
+    """A launched step already post-processed with placeholder tokens."""
+
+    batch: ScheduledBatch
+    handle: PendingStep
+    pending: PendingTokens
+    model_row: int | None
+    step: int
+    launched: float
+    host_s: float
 
 
 def batch_features(batch: ScheduledBatch) -> tuple[int, int, int, int]:
@@ -79,6 +93,11 @@ class EngineCore:
         self.num_completion_tokens = 0
         self.busy_time_s = 0.0
         self.closed = False
+        self._async = bool(getattr(executor, "supports_overlap", False)) and config.async_scheduling
+        self._in_flight: _InFlight | None = None
+        self._deferred_last = False  # the last scheduled step was post-processed before its tokens
+        self._ready: deque[StepResult] = deque()
+        self._sink_s = 0.0  # the sink's time at the last step end, charged to the next step
         self.header = {
             **(header or {}),
             "config": config.to_dict(),
@@ -114,53 +133,176 @@ class EngineCore:
         return seq
 
     def abort(self, seq_id: int) -> None:
+        self.drain()  # the sequence's last token must have its value before it is finished
+        self._deferred_last = False  # the next step's inputs come after this change, not before
         self.scheduler.abort(self.sequences[seq_id])
 
     def has_unfinished(self) -> bool:
-        return not self.scheduler.is_finished()
+        """Requests queued or running, or steps not yet returned by ``step``."""
+        return not self.scheduler.is_finished() or self._in_flight is not None or bool(self._ready)
 
     def step(self) -> StepResult | None:
-        """Run one step; None when nothing is queued."""
-        batch = self.scheduler.schedule()
+        """Make one scheduling decision and run it; return the oldest step completed and not yet
+        returned, or None (idle, or no step has completed yet: see ``has_unfinished``).
+
+        With an executor that can launch asynchronously and ``config.async_scheduling``, a step
+        whose tokens cannot change the next decision (``Scheduler.can_defer``) is post-processed
+        with placeholder tokens right after its launch, and the next call schedules and launches
+        the next step before waiting for those tokens: host work hides under device time. The
+        decisions and the events (order and values) are exactly those of the sequential loop,
+        one decision per call in both; only the returned result may lag one call behind.
+        """
+        self._advance_loop()
+        return self._ready.popleft() if self._ready else None
+
+    def _advance_loop(self) -> bool:
+        """Schedule and launch one step, resolving the one in flight; False when idle."""
+        flight = self._in_flight
+        scheduler = self.scheduler
+        if flight is not None and scheduler.schedule_needs_tokens():
+            self._resolve(flight)
+            flight = None
+        overlappable = self._deferred_last and not scheduler.schedule_needs_tokens()
+        began = self.clock()
+        batch = scheduler.schedule()
+        host_s = self.clock() - began
         if batch is None:
-            if self.scheduler.waiting:
+            self._deferred_last = False
+            if flight is not None:
+                self._resolve(flight)
+                return True
+            if scheduler.waiting:
                 # Admission guarantees every queued request fits an empty pool: this is a bug.
                 raise RuntimeError(
-                    f"scheduler made no progress with {len(self.scheduler.waiting)} waiting "
-                    f"and {len(self.scheduler.running)} running sequences"
+                    f"scheduler made no progress with {len(scheduler.waiting)} waiting "
+                    f"and {len(scheduler.running)} running sequences"
                 )
-            return None
-        began = self.clock()
-        output = self.executor.execute(batch)
-        ended = self.clock()
-        duration = output.duration_s if output.duration_s is not None else ended - began
+            return False
+        # A decision from scheduler state alone: replay and simulation get the same flags.
+        batch.overlapped = overlappable and batch.is_decode
+        defer = self.config.async_scheduling and scheduler.can_defer(batch)
+        self._deferred_last = defer
+        if not self._async:
+            began = self.clock()
+            output = self.executor.execute(batch)
+            ended = self.clock()
+            host_s += ended - began - output.wait_s
+            self._complete(batch, output, host_s, began, ended)
+            return True
+        if flight is not None and not batch.overlapped:
+            self._resolve(flight)  # this batch's inputs come from the host: values first
+            flight = None
+        launched = self.clock()
+        handle = self.executor.launch(batch, flight.handle if flight is not None else None)
+        host_s += self.clock() - launched
+        if flight is not None:
+            self._resolve(flight)
+        if defer:
+            self._in_flight = self._defer(batch, handle, launched, host_s)
+            return True
+        output = handle.result()
+        self._complete(batch, output, host_s, launched, self.clock())
+        return True
+
+    def _emit_model_step(self, batch: ScheduledBatch, output: StepOutput | None) -> int | None:
+        """The model step event, measurements to be patched in when the step resolves."""
         prefill_tokens, prefill_work, decode_seqs, decode_ctx = batch_features(batch)
-        self.events.emit_model_step(
+        padded = output.padded_batch_size if output is not None else 0
+        graph_used = output.graph_used if output is not None else False
+        return self.events.emit_model_step(
             batch.kind,
-            duration,
+            0.0,
             len(batch.seqs),
             prefill_tokens,
             prefill_work,
             decode_seqs,
             decode_ctx,
-            output.padded_batch_size or len(batch.seqs),
-            output.graph_used,
-            ended - self.start_time,
+            padded or len(batch.seqs),
+            graph_used,
+            0.0,
+            batch.overlapped,
+            0.0,
         )
+
+    def _complete(
+        self, batch: ScheduledBatch, output: StepOutput, host_s: float, began: float, ended: float
+    ) -> None:
+        """Post-process a step whose tokens are in: the sequential path."""
+        post_began = self.clock()
+        row = self._emit_model_step(batch, output)
         finished = self.scheduler.postprocess(batch, output.token_ids)
-        self.num_completion_tokens += len(output.token_ids)
-        self.busy_time_s += ended - began
         step = self.step_index
         self.step_index += 1
         self.events.step = self.step_index
+        duration = output.duration_s if output.duration_s is not None else ended - began
+        host_s += self.clock() - post_began
+        self._finish_step(batch, output, finished, row, duration, ended, host_s, step)
+
+    def _defer(
+        self, batch: ScheduledBatch, handle: PendingStep, launched: float, host_s: float
+    ) -> _InFlight:
+        """Post-process a launched step with placeholder tokens (``Scheduler.advance``).
+
+        Events are emitted now, in sequential order; padded size and graph use are known at
+        launch, so only measurements and token values wait for ``_resolve``.
+        """
+        began = self.clock()
+        row = self._emit_model_step(batch, handle.launched_output())
+        pending = self.scheduler.advance(batch)
+        step = self.step_index
+        self.step_index += 1
+        self.events.step = self.step_index
+        return _InFlight(batch, handle, pending, row, step, launched,
+                         host_s + self.clock() - began)
+
+    def _resolve(self, flight: _InFlight) -> None:
+        """Wait for an advanced step's tokens and fill them in everywhere."""
+        self._in_flight = None
+        output = flight.handle.result()
+        ended = self.clock()
+        self.scheduler.resolve(flight.pending, output.token_ids)
+        duration = output.duration_s if output.duration_s is not None else ended - flight.launched
+        finished = [seq for seq, _ in flight.pending.finished]
+        host_s = flight.host_s + self.clock() - ended
+        self._finish_step(flight.batch, output, finished, flight.model_row, duration, ended,
+                          host_s, flight.step)
+
+    def _finish_step(
+        self,
+        batch: ScheduledBatch,
+        output: StepOutput,
+        finished: list[Sequence],
+        row: int | None,
+        duration: float,
+        ended: float,
+        host_s: float,
+        step: int,
+    ) -> None:
+        """Patch the step's measurements, hand the events to the sink, queue the result.
+
+        The sink's time (recording) is host work of the next step: it is charged there.
+        """
+        if row is not None:
+            self.events.patch_model_step(
+                row, duration, ended - self.start_time, host_s + self._sink_s
+            )
+        self.num_completion_tokens += len(output.token_ids)
+        self.busy_time_s += duration
         if self.sink is not None:
+            began = self.clock()
             self.sink.on_step_end(self.events)
-        return StepResult(step, batch, output, finished, duration)
+            self._sink_s = self.clock() - began
+        self._ready.append(StepResult(step, batch, output, finished, duration))
+
+    def drain(self) -> None:
+        """Resolve a step still in flight (before an abort, or at the end of a run)."""
+        if self._in_flight is not None:
+            self._resolve(self._in_flight)
 
     def run_until_idle(self) -> None:
-        """Step until every queued request has finished."""
-        while self.step() is not None:
-            pass
+        """Step until every queued request has finished and every step has been returned."""
+        while self.has_unfinished():
+            self.step()
 
     def summary(self) -> dict[str, Any]:
         elapsed = self.now()
@@ -177,6 +319,7 @@ class EngineCore:
 
     def close(self) -> dict[str, Any]:
         """Flush the trace (if any) with a summary; the engine takes no more steps."""
+        self.drain()
         summary = self.summary()
         if not self.closed and self.sink is not None:
             self.sink.close(self.events, summary)

@@ -161,8 +161,8 @@ class LLMEngine:
         while self.core.has_unfinished():
             began = time.perf_counter()
             result = self.core.step()
-            if result is None:
-                break
+            if result is None:  # a step launched, none completed yet (overlapped scheduling)
+                continue
             elapsed = max(time.perf_counter() - began, 1e-9)
             if result.batch.kind == "decode":
                 decode_rate = len(result.batch.seqs) / elapsed

@@ -14,6 +14,7 @@ is rank 0: it starts the other ranks (``engine/tp.py``) and broadcasts each step
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,12 @@ from engine.batch import ScheduledBatch, StepOutput
 from engine.config import AUTO_SIZED_BLOCKS, Config
 from engine.cuda_graphs import DecodeBuffers, DecodeGraphs
 from engine.errors import ConfigError
+from engine.executor import DoneStep, PendingStep
 from engine.layers.attention import get_attention_backend
 from engine.layers.parallel import SINGLE_PROCESS
 from engine.layers.sampler import Sampler
 from engine.loader import build_model
+from engine.sequence import PENDING_TOKEN
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 KV_PLANES = 2  # K and V
@@ -49,6 +52,32 @@ def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return _DTYPES[name]
+
+
+def _token_values(previous: PendingStep) -> dict[int, int]:
+    """seq_id -> token sampled by ``previous`` (waits for it)."""
+    output = previous.result()
+    seq_ids = getattr(previous, "seq_ids", None)
+    if seq_ids is None:
+        raise ValueError("the previous step does not say which sequences it sampled")
+    return dict(zip(seq_ids, output.token_ids))
+
+
+def _sources(seqs: list, previous: PendingStep) -> list[int]:
+    """Per sequence, the row of ``previous``'s output holding its pending input token."""
+    row_of = getattr(previous, "row_of", None)
+    if row_of is None:
+        raise ValueError("the previous step does not say which sequences it sampled")
+    out = []
+    for seq in seqs:
+        if seq.last_token == PENDING_TOKEN:
+            row = row_of.get(seq.seq_id)
+            if row is None:
+                raise ValueError(f"seq {seq.seq_id}: pending token not sampled by the last step")
+            out.append(row)
+        else:
+            out.append(-1)
+    return out
 
 
 class ModelRunner:
@@ -81,6 +110,7 @@ class ModelRunner:
         self.buffers: DecodeBuffers | None = None
         self.graphs: DecodeGraphs | None = None
         self.timer: cuda_runner.StepTimer | None = None
+        self.tokens: cuda_runner.TokenBuffers | None = None
         self.kv_cache: torch.Tensor | None = None
         self.num_steps = 0
         world = config.tensor_parallel_size
@@ -173,10 +203,12 @@ class ModelRunner:
                 f"max_model_len {config.max_model_len} exceeds the model's "
                 f"max_position_embeddings {self.spec.max_position_embeddings}"
             )
+        cuda_runner.choose_blas_library()
         max_batch = min(config.max_num_seqs, MAX_GRAPH_BATCH)
         width = -(-config.max_model_len // self.block_size)
         self.buffers = DecodeBuffers(max_batch, width, self.block_size, self.device)
         self.timer = cuda_runner.StepTimer()
+        self.tokens = cuda_runner.TokenBuffers(max_batch)
         sizes = (
             cuda_runner.split_variants(max_batch, self.num_kv_heads)
             if self.attention_backend.name == "triton"
@@ -236,33 +268,65 @@ class ModelRunner:
         ids = torch.tensor(payload.input_ids, dtype=torch.int64).to(self.device)
         return ids, positions, metadata
 
+    @property
+    def supports_overlap(self) -> bool:
+        """``launch`` may run ahead of the host (one process; TP steps stay in lock-step)."""
+        return self.dist is None
+
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> StepOutput:
         """Run one step; one sampled token per sampling sequence, in batch order."""
+        return self.launch(batch).result()
+
+    @torch.inference_mode()
+    def launch(self, batch: ScheduledBatch, previous: PendingStep | None = None) -> PendingStep:
+        """Start one step and return without waiting for its tokens (on CUDA decode steps).
+
+        Sequences whose last token is still pending take it from ``previous``: on the device for
+        a staged CUDA decode, else from its host values (which waits for it).
+        """
         if self.kv_cache is None:
             raise RuntimeError("ModelRunner.execute called after close()")
         if not batch.seqs:
-            return StepOutput(token_ids=[])
+            return DoneStep(StepOutput(token_ids=[]))
+        pending = any(seq.last_token == PENDING_TOKEN for seq in batch.sampled_seqs)
+        if pending and previous is None:
+            raise ValueError("a sequence's last token is pending but no previous step was given")
         if batch.is_decode and self.buffers is not None and self.dist is None:
-            return self._run_decode(batch)  # the hot path: no payload lists, vectorised checks
+            return self._launch_decode(batch, previous if pending else None)
+        values = _token_values(previous) if pending and previous is not None else None
         self._check_batch(batch)
-        payload = tp.payload_from_batch(batch, decode=batch.is_decode and self.buffers is not None)
+        decode = batch.is_decode and self.buffers is not None
+        payload = tp.payload_from_batch(batch, decode=decode, pending_values=values)
         if self.dist is not None:
             tp.broadcast_payload(payload, self.dist)
-        return self._run(payload)
+        return DoneStep(self._run(payload), [seq.seq_id for seq in batch.sampled_seqs])
 
-    def _run_decode(self, batch: ScheduledBatch) -> StepOutput:
+    def _launch_decode(self, batch: ScheduledBatch, previous: PendingStep | None) -> PendingStep:
         """A decode-only step on one GPU, staged straight from the sequences."""
-        assert self.buffers is not None and self.timer is not None
-        num_seqs = len(batch.seqs)
+        assert self.buffers is not None and self.tokens is not None
+        seqs = batch.seqs
+        num_seqs = len(seqs)
         size = self._graph_size(num_seqs)
-        self.timer.begin()
+        sources = values = None
+        if isinstance(previous, cuda_runner.LaunchedStep):
+            sources = _sources(seqs, previous)
+        elif previous is not None:
+            values = _token_values(previous)
         self.buffers.stage_sequences(
-            batch.seqs, batch.context_lens, size or num_seqs, self.num_kvcache_blocks
+            seqs, batch.context_lens, size or num_seqs, self.num_kvcache_blocks, sources, values
         )
+        if isinstance(previous, cuda_runner.LaunchedStep):
+            self.buffers.take_sources(num_seqs, previous.tokens)
+        host_tokens, timer = self.tokens.next(num_seqs)
+        timer.begin()
         hidden, padded, graph_used = self._forward_staged(num_seqs, size, batch.context_lens)
-        return self._sample_and_finish(
-            hidden, self.buffers.temperatures[:num_seqs], padded, graph_used
+        logits = self.model.compute_logits(hidden)
+        self.num_steps += 1
+        tokens = self.sample(logits, self.buffers.temperatures[:num_seqs])
+        timer.finish()
+        return cuda_runner.LaunchedStep(
+            [seq.seq_id for seq in seqs], tokens, host_tokens, timer, padded, graph_used
         )
 
     def _run(self, payload: tp.StepPayload) -> StepOutput:
@@ -330,8 +394,10 @@ class ModelRunner:
         tokens = self.sample(logits, temperatures)
         assert self.timer is not None
         self.timer.finish()
+        began = time.perf_counter()
         token_ids = tokens.tolist()  # the step's one synchronisation
-        return StepOutput(token_ids, self.timer.seconds(), padded, graph_used)
+        waited = time.perf_counter() - began
+        return StepOutput(token_ids, self.timer.seconds(), padded, graph_used, waited)
 
     def _temperatures(self, payload: tp.StepPayload) -> torch.Tensor:
         if payload.decode and len(payload.sample_rows) == len(payload.seq_ids):

@@ -8,6 +8,7 @@ reads a clock, so the same inputs give the same decisions live, in replay and in
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 import xxhash
@@ -15,13 +16,23 @@ import xxhash
 from engine.batch import ScheduledBatch
 from engine.block_manager import BlockManager, signed64
 from engine.config import Config
-from engine.sequence import Sequence, SequenceStatus
-from tracing.events import NO_SEQ, EventBuffer
+from engine.sequence import PENDING_TOKEN, Sequence, SequenceStatus
+from tracing.events import NO_HASH, NO_SEQ, EventBuffer
 
 
 def output_hash(token_ids: list[int]) -> int:
     """xxhash64 of a completion's token ids (signed 64-bit), so replay notices a changed token."""
     return signed64(xxhash.xxh64_intdigest(np.asarray(token_ids, dtype=np.int32).tobytes()))
+
+
+@dataclass
+class PendingTokens:
+    """What ``Scheduler.advance`` left to fill in once a step's token values are back."""
+
+    seqs: list[Sequence]  # the sampled sequences, in batch order
+    positions: list[int]  # index of each one's pending token in its token_ids
+    token_row: int | None  # first token_sampled event row (None: events are off)
+    finished: list[tuple[Sequence, int | None]]  # finished by length, with their event row
 
 
 class Scheduler:
@@ -260,6 +271,73 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
+    # --- overlapped steps -------------------------------------------------------------------------
+    def can_defer(self, batch: ScheduledBatch) -> bool:
+        """Whether the next step may be scheduled before this batch's token values are known.
+
+        True for a decode batch whose tokens cannot end a sequence early (no EOS to watch for),
+        with at least one free block per running sequence (so the next schedule cannot preempt).
+        Then the values only matter for block hashes, which wait in the block manager until
+        ``resolve``; everything the next schedule decides depends on counts alone.
+        """
+        if batch.kind != "decode":
+            return False
+        if self.eos >= 0 and not all(seq.ignore_eos for seq in batch.sampled_seqs):
+            return False
+        return len(self.block_manager.free_block_ids) >= len(self.running)
+
+    def schedule_needs_tokens(self) -> bool:
+        """Whether the next schedule could read the prefix cache after appending decode tokens
+        (the chunked policy admits waiting requests in the same pass): resolve first then."""
+        return self.config.policy == "chunked" and bool(self.waiting)
+
+    def advance(self, batch: ScheduledBatch) -> PendingTokens:
+        """``postprocess`` with the token values still unknown (``can_defer`` must hold).
+
+        Appends a placeholder token to each sampled sequence, finishes those at their length
+        limit and emits the same events ``postprocess`` would, in the same order, with
+        placeholder values that ``resolve`` fills in.
+        """
+        sampled = batch.sampled_seqs
+        row = self.events.emit_tokens_sampled(
+            [seq.seq_id for seq in sampled], [PENDING_TOKEN] * len(sampled)
+        )
+        positions: list[int] = []
+        finished: list[tuple[Sequence, int | None]] = []
+        max_model_len = self.max_model_len
+        for seq in sampled:
+            positions.append(seq.num_tokens)
+            seq.num_computed_tokens = seq.num_tokens
+            seq.token_ids.append(PENDING_TOKEN)
+            seq.last_token = PENDING_TOKEN
+            seq.num_tokens += 1
+            if (
+                seq.num_tokens - seq.num_prompt_tokens >= seq.max_tokens
+                or seq.num_tokens >= max_model_len
+            ):
+                finished.append((seq, self._finish(seq, "length", release=True, hashed=False)))
+        if finished:
+            self.running = deque(s for s in self.running if s.status is SequenceStatus.RUNNING)
+        return PendingTokens(sampled, positions, row, finished)
+
+    def resolve(self, pending: PendingTokens, token_ids: list[int]) -> None:
+        """Write the values of an advanced step's tokens into sequences, cache and events."""
+        if len(token_ids) != len(pending.seqs):
+            raise RuntimeError(
+                f"executor returned {len(token_ids)} tokens for {len(pending.seqs)} sampled "
+                "sequences"
+            )
+        for seq, position, token_id in zip(pending.seqs, pending.positions, token_ids):
+            seq.token_ids[position] = token_id
+            if position == seq.num_tokens - 1:
+                seq.last_token = token_id
+        if pending.token_row is not None:
+            self.events.patch_tokens(pending.token_row, token_ids)
+        for seq, row in pending.finished:
+            if row is not None:
+                self.events.patch_output_hash(row, output_hash(seq.completion_token_ids))
+        self.block_manager.resolve_pending()
+
     # --- results ----------------------------------------------------------------------------------
     def postprocess(self, batch: ScheduledBatch, token_ids: list[int]) -> list[Sequence]:
         """Append each sampled token, finish sequences that are done; return the finished ones."""
@@ -295,11 +373,16 @@ class Scheduler:
             self.running = deque(s for s in self.running if s.status is SequenceStatus.RUNNING)
         return finished
 
-    def _finish(self, seq: Sequence, reason: str, release: bool) -> None:
+    def _finish(
+        self, seq: Sequence, reason: str, release: bool, hashed: bool = True
+    ) -> int | None:
+        """Finish ``seq``; returns its request_finished row. ``hashed=False``: its last token is
+        pending, so the output hash is a placeholder until ``resolve``."""
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         if release:
             self.block_manager.deallocate(seq)
-        self.events.emit_request_finished(
-            seq.seq_id, reason, seq.num_completion_tokens, output_hash(seq.completion_token_ids)
+        digest = output_hash(seq.completion_token_ids) if hashed else NO_HASH
+        return self.events.emit_request_finished(
+            seq.seq_id, reason, seq.num_completion_tokens, digest
         )

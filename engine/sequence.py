@@ -6,6 +6,10 @@ from enum import Enum
 
 from engine.sampling_params import SamplingParams
 
+# The token an overlapped step will sample, appended before its value is back from the device
+# (engine/engine_core.py); the scheduler writes the value in when the step resolves.
+PENDING_TOKEN = -1
+
 
 class SequenceStatus(Enum):
     WAITING = "waiting"

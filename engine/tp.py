@@ -27,6 +27,7 @@ from engine.batch import ScheduledBatch
 from engine.config import Config
 from engine.errors import ConfigError
 from engine.layers.parallel import ParallelGroup
+from engine.sequence import PENDING_TOKEN
 
 STORE_FILE = "store"
 # How long a rank waits for the others at start-up (model loading included) or for a step.
@@ -49,10 +50,13 @@ class StepPayload:
     temperatures: list[float]
 
 
-def payload_from_batch(batch: ScheduledBatch, decode: bool) -> StepPayload:
+def payload_from_batch(
+    batch: ScheduledBatch, decode: bool, pending_values: dict[int, int] | None = None
+) -> StepPayload:
     """The step's inputs as plain lists: what every rank needs to run it.
 
     ``decode``: a decode-only batch that will run through the staged (graph) path.
+    ``pending_values``: seq_id -> value of a last token still pending in ``seq.token_ids``.
     """
     seqs, ctx = batch.seqs, batch.context_lens
     if decode:  # one query token per sequence: its last token
@@ -61,6 +65,13 @@ def payload_from_batch(batch: ScheduledBatch, decode: bool) -> StepPayload:
         input_ids = []
         for seq, new, c in zip(seqs, batch.num_new_tokens, ctx):
             input_ids.extend(seq.token_ids[c - new : c])
+    if pending_values:
+        # Only the last token of a sequence can be pending, and only in a decode row.
+        offset = 0
+        for seq, new in zip(seqs, batch.num_new_tokens):
+            offset += 1 if decode else new
+            if seq.seq_id in pending_values and input_ids[offset - 1] == PENDING_TOKEN:
+                input_ids[offset - 1] = pending_values[seq.seq_id]
     sample = batch.sample
     last = _last_rows(batch.num_new_tokens)
     if sample is None:

@@ -180,6 +180,7 @@ def main(
     with_transformers: bool = True,
     num_seqs: int | None = None,
     overrides: dict[str, Any] | None = None,
+    compare_sequential: bool = False,
 ) -> int:
     """Run the benchmark; print a table; write JSON to ``json_path``. Returns an exit code."""
     import torch
@@ -198,6 +199,8 @@ def main(
     overrides = overrides or {}
     work = Path(tempfile.mkdtemp(prefix="replayllm-bench-"))
     runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    if compare_sequential:
+        runs["sequential"] = []
     for i in range(max(1, repeat)):
         runs["off"].append(run_engine(model_path, requests, None, overrides))
         trace_dir = Path(trace_out) if trace_out and i == 0 else work / f"trace-{i}"
@@ -205,11 +208,17 @@ def main(
         if i == 0:
             runs["on"][0]["trace_dir"] = str(trace_dir)
             runs["on"][0]["decode_bandwidth"] = decode_bandwidth(trace_dir)
-        print(
+        line = (
             f"repeat {i}: tracing off {runs['off'][-1]['tok_s']:,.0f} tok/s, "
-            f"on {runs['on'][-1]['tok_s']:,.0f} tok/s",
-            flush=True,
+            f"on {runs['on'][-1]['tok_s']:,.0f} tok/s"
         )
+        if compare_sequential:
+            sequential = {**overrides, "async_scheduling": False}
+            runs["sequential"].append(
+                run_engine(model_path, requests, work / f"seq-{i}", sequential)
+            )
+            line += f", on without overlap {runs['sequential'][-1]['tok_s']:,.0f} tok/s"
+        print(line, flush=True)
     off = statistics.median(r["tok_s"] for r in runs["off"])
     on = statistics.median(r["tok_s"] for r in runs["on"])
     result: dict[str, Any] = {
@@ -223,6 +232,10 @@ def main(
         "tracing_cost": 1 - on / off,
         "runs": runs,
     }
+    if compare_sequential:
+        sequential_tok_s = statistics.median(r["tok_s"] for r in runs["sequential"])
+        result["engine_on_sequential_tok_s"] = sequential_tok_s
+        result["overlap_gain"] = on / sequential_tok_s - 1
     _write(json_path, result)  # the engine's figures survive a failure of the peer below
     if with_transformers:
         try:
@@ -252,6 +265,12 @@ def print_table(result: dict[str, Any]) -> None:
         f"{'replayllm, tracing on':<34} {result['engine_on_tok_s']:>10,.0f}  "
         f"cost {result['tracing_cost']:+.1%}"
     )
+    if "engine_on_sequential_tok_s" in result:
+        print(
+            f"{'replayllm, tracing on, no overlap':<34} "
+            f"{result['engine_on_sequential_tok_s']:>10,.0f}  "
+            f"overlap gains {result['overlap_gain']:+.1%}"
+        )
     if "transformers_error" in result:
         print(f"{'transformers generate_batch':<34} {'failed':>10}  {result['transformers_error']}")
     if "transformers" in result:
@@ -283,6 +302,11 @@ def _cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--num-seqs", type=int, default=None)
     parser.add_argument("--set", action="append", default=[], help="config override k=v")
+    parser.add_argument(
+        "--compare-sequential",
+        action="store_true",
+        help="also time tracing-on runs with async_scheduling=false (what overlap buys)",
+    )
     args = parser.parse_args(argv)
     from engine.config import parse_override
 
@@ -298,6 +322,7 @@ def _cli(argv: list[str] | None = None) -> int:
         with_transformers=not args.no_transformers,
         num_seqs=args.num_seqs,
         overrides=overrides,
+        compare_sequential=args.compare_sequential,
     )
 
 

@@ -4,7 +4,11 @@
 decode attention (Qwen3-0.6B shapes, bf16, 256-token pages) and prefill attention times each
 variant with CUDA events (median of ``triton.testing.do_bench``), checks its output against a
 float32 PyTorch reference on the same inputs, and writes ``kernels.json`` plus a short table.
-Figures are per layer; a decode step of the whole model is 28 of these.
+Figures are per layer; a decode step of the whole model is 28 of these. The store kernels'
+section is :mod:`replay.bench_store`.
+
+The GPU sampler section (``sampler.json``) is :mod:`replay.bench_sampler`; ``--only sampler``
+runs just that one.
 """
 
 from __future__ import annotations
@@ -273,27 +277,20 @@ def run_prefill(num_seqs: int, q_len: int, cached: int) -> list[dict[str, Any]]:
     return rows
 
 
-def run_store() -> list[dict[str, Any]]:
-    from engine.layers.triton_kv_store import store_kv
+def time_call(fn: Any) -> dict[str, float]:
+    """GPU time per call: CUDA graph replay (no launch overhead) and eager (``do_bench``)."""
+    import triton.testing
 
-    rows = []
-    for tokens in (256, 16384):
-        k = torch.randn(tokens, NUM_KV_HEADS, HEAD_DIM, device="cuda", dtype=DTYPE)
-        v = torch.randn_like(k)
-        shape = (tokens // BLOCK_SIZE + 4, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
-        kc = torch.full(shape, float("nan"), device="cuda", dtype=DTYPE)
-        vc = torch.full_like(kc, float("nan"))
-        slots = torch.randperm(kc.shape[0] * BLOCK_SIZE, device="cuda")[:tokens]
-        store_kv(k, v, kc, vc, slots)
-        ok = bool(torch.equal(kc.view(-1, NUM_KV_HEADS, HEAD_DIM)[slots], k)) and bool(
-            torch.equal(vc.view(-1, NUM_KV_HEADS, HEAD_DIM)[slots], v)
+    res: dict[str, float] = {}
+    try:
+        res["us_graph"] = 1e3 * float(
+            triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median")
         )
-        ms = bench_ms(lambda k=k, v=v, kc=kc, vc=vc, s=slots: store_kv(k, v, kc, vc, s))
-        moved = 4 * k.numel() * k.element_size()  # read k, v; write both
-        rows.append(
-            {"case": f"store_kv {tokens} tokens", "ms": ms, "tb_s": moved / ms / 1e9, "ok": ok}
-        )
-    return rows
+    except Exception as exc:  # noqa: BLE001 - report and fall back to eager timing
+        res["graph_error"] = f"{type(exc).__name__}: {exc}"[:200]  # type: ignore[assignment]
+        torch.cuda.synchronize()
+    res["us_eager"] = 1e3 * bench_ms(fn)
+    return res
 
 
 def reference_decode_lens(batch: int, rng: random.Random) -> list[int]:
@@ -305,6 +302,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="out/kernels", help="directory for kernels.json")
     parser.add_argument("--quick", action="store_true", help="fewer cases (a smoke run)")
+    parser.add_argument(
+        "--only",
+        choices=["all", "attention", "store", "sampler"],
+        default="all",
+        help="one section: attention (decode + prefill), store (store_kv), sampler",
+    )
+    parser.add_argument(
+        "--sampler-variants",
+        default="",
+        help="comma-separated sampler variants (default: all of them)",
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_kernels needs a CUDA device", file=sys.stderr)
@@ -318,20 +326,34 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         **copy_ceiling(),
     }
+    print(f"{props.name}: copy ceiling {result['copy_tb_s']:.2f} TB/s", flush=True)
+    sampler_ok = True
+    if args.only in ("all", "sampler"):
+        from replay.bench_sampler import run_sampler_section  # it imports this module
+
+        names = [n for n in args.sampler_variants.split(",") if n] or None
+        sampler_ok = run_sampler_section(out_dir, names, args.quick)
+        if args.only == "sampler":
+            return 0 if sampler_ok else 1
     rng = random.Random(0)
     rows: list[dict[str, Any]] = []
-    rows += run_decode(256, [REF_MEAN_CONTEXT] * 256, "decode 256x850")
-    rows += run_decode(256, reference_decode_lens(256, rng), "decode 256 mixed")
-    if not args.quick:
-        for batch in (1, 8, 32, 64, 128):
-            rows += run_decode(batch, reference_decode_lens(batch, rng), f"decode {batch} mixed")
-    rows += run_prefill(16, 1024, 0)
-    if not args.quick:
-        rows += run_prefill(8, 512, 512)
-    rows += run_store()
+    if args.only in ("all", "attention"):
+        rows += run_decode(256, [REF_MEAN_CONTEXT] * 256, "decode 256x850")
+        rows += run_decode(256, reference_decode_lens(256, rng), "decode 256 mixed")
+        if not args.quick:
+            for batch in (1, 8, 32, 64, 128):
+                rows += run_decode(
+                    batch, reference_decode_lens(batch, rng), f"decode {batch} mixed"
+                )
+        rows += run_prefill(16, 1024, 0)
+        if not args.quick:
+            rows += run_prefill(8, 512, 512)
+    if args.only in ("all", "store"):
+        from replay.bench_store import run_store  # it imports this module
+
+        rows += run_store()
     result["rows"] = rows
     (out_dir / "kernels.json").write_text(json.dumps(result, indent=1))
-    print(f"{props.name}: copy ceiling {result['copy_tb_s']:.2f} TB/s")
     for row in rows:
         knobs = " ".join(
             f"{k}={row[k]}"
@@ -351,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['case']:<30} {knobs:<70} {row['ms'] * 1e3:8.1f}us {rate:>10} "
             f"err={row.get('rel_err', 0):.1e} {flag}"
         )
-    return 0 if all(row["ok"] for row in rows) else 1
+    return 0 if all(row["ok"] for row in rows) and sampler_ok else 1
 
 
 if __name__ == "__main__":

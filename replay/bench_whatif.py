@@ -6,8 +6,7 @@ a periodic recorder flush), then measures, each the median of ``repeat`` runs:
 one variant (read the trace, fit the step-time model, simulate, metrics), the same as the whole
 ``whatif`` command, and a 16-variant grid across the machine's cores.
 
-``LawExecutor`` / ``record_workload`` are also what the tests use to check time fidelity
-before real GPU traces exist: a trace under config A predicts config B's recorded times.
+``record_workload`` and the laws live in ``replay.sim_law`` (re-exported here).
 """
 
 from __future__ import annotations
@@ -21,136 +20,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from engine.batch import ScheduledBatch, StepOutput
 from engine.config import Config
-from engine.engine_core import EngineCore, batch_features
-from engine.executor import NullExecutor
-from engine.sampling_params import SamplingParams
-from replay.cost_model import NANO_GRAPH_MAX, CostModel
-from replay.recorded import RecordedEvents, from_columns
-from replay.sim_executor import SimClock
-from replay.workloads import Request, reference_workload
+from replay.cost_model import CostModel
+from replay.sim_law import HostLaw, LawExecutor, StepLaw, nano_padded, record_workload
+from replay.workloads import reference_workload
+
+__all__ = ["FIDELITY_TARGETS", "HostLaw", "LawExecutor", "StepLaw", "fidelity",
+           "fidelity_markdown", "main", "nano_padded", "record_workload", "run"]
 
 BENCH_NUM_BLOCKS = 1200  # tight enough that some grid variants preempt
 GRID = {"max_num_seqs": [32, 64, 128, 256], "num_kvcache_blocks": [400, 600, 900, 1200]}
-
-
-@dataclass(frozen=True)
-class StepLaw:
-    """A step's duration in seconds, linear in the batch features, times lognormal noise, plus
-    a recorder flush every ``flush_every`` steps. Magnitudes are an H200 running Qwen3-0.6B."""
-
-    base_s: float = 2.5e-3
-    per_seq_s: float = 6e-6
-    per_prefill_token_s: float = 1.2e-6
-    per_attn_work_s: float = 4e-12
-    per_padded_seq_s: float = 4e-6  # per decode row computed (padding rows of a graph too)
-    per_context_token_s: float = 2.6e-8  # 112 KiB of KV per token at ~4.3 TB/s
-    noise: float = 0.03
-    flush_every: int = 64
-    flush_s: float = 4e-3
-    first_step_s: float = 0.0  # one-off extra time of step 0 (a JIT compilation, say)
-
-    def duration(self, batch: ScheduledBatch, padded: int, rng: np.random.Generator) -> float:
-        """``padded``: the CUDA-graph batch of a decode (0: eager, every decode row is real)."""
-        prefill_tokens, work, decode_seqs, context = batch_features(batch)
-        rows = padded or decode_seqs
-        seconds = (
-            self.base_s
-            + self.per_seq_s * len(batch.seqs)
-            + self.per_prefill_token_s * prefill_tokens
-            + self.per_attn_work_s * work
-            + self.per_padded_seq_s * rows
-            + self.per_context_token_s * context
-        )
-        seconds *= float(np.exp(rng.normal(0.0, self.noise)))
-        if self.flush_every and (batch.step + 1) % self.flush_every == 0:
-            seconds += self.flush_s
-        if batch.step == 0:
-            seconds += self.first_step_s
-        return seconds
-
-
-def nano_padded(batch_size: int) -> int:
-    """Nano-vLLM's CUDA-graph batch for a decode of ``batch_size`` (0: too large, eager)."""
-    if batch_size > NANO_GRAPH_MAX:
-        return 0
-    for size in (1, 2, 4, 8):
-        if batch_size <= size:
-            return size
-    return -(-batch_size // 16) * 16
-
-
-class LawExecutor(NullExecutor):
-    """NullExecutor tokens; step times from a ``StepLaw``, advancing a ``SimClock``."""
-
-    def __init__(self, num_kvcache_blocks: int, clock: SimClock, law: StepLaw, seed: int = 0,
-                 graphs: bool = True) -> None:
-        super().__init__(num_kvcache_blocks, seed=seed)
-        self.clock = clock
-        self.law = law
-        self.graphs = graphs
-        self._noise = np.random.default_rng(seed + 1)
-
-    def execute(self, batch: ScheduledBatch) -> StepOutput:
-        out = super().execute(batch)
-        padded = nano_padded(len(batch.seqs)) if self.graphs and batch.kind == "decode" else 0
-        seconds = self.law.duration(batch, padded, self._noise)
-        self.clock.now += seconds
-        return StepOutput(out.token_ids, seconds, padded or len(batch.seqs), bool(padded))
-
-    def describe(self) -> dict[str, Any]:
-        return {"executor": "law", "device": "synthetic"}
-
-
-def record_workload(
-    config: Config,
-    requests: list[Request],
-    law: StepLaw | None = StepLaw(),
-    trace_dir: str | None = None,
-    seed: int = 0,
-) -> RecordedEvents:
-    """Record ``requests`` under ``config`` with law-timed steps (``law=None``: NullExecutor)."""
-    from tracing.sink import MemorySink
-
-    clock = SimClock(0.0)
-    if law is None:
-        executor: Any = NullExecutor(config.num_kvcache_blocks, seed=seed)
-    else:
-        executor = LawExecutor(config.num_kvcache_blocks, clock, law, seed,
-                               graphs=not config.enforce_eager)
-    sink: Any = MemorySink()
-    if trace_dir is not None:
-        from tracing.recorder import ParquetRecorder
-
-        sink = ParquetRecorder(trace_dir, overwrite=True, fsync=False)
-    timed = {"clock": clock} if law is not None else {}
-    core = EngineCore(config, executor, sink=sink, **timed)
-    order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_s, i))
-    cursor = 0
-    while True:
-        # Arrivals by the law clock, as replay.live does on a real one.
-        while cursor < len(order) and requests[order[cursor]].arrival_s <= clock.now:
-            r = requests[order[cursor]]
-            core.add_request(list(r.prompt), SamplingParams(r.temperature, r.max_tokens,
-                                                            r.ignore_eos), arrival_s=r.arrival_s)
-            cursor += 1
-        if core.step() is None:
-            if cursor >= len(order):
-                break
-            clock.now = max(clock.now, requests[order[cursor]].arrival_s)
-    core.close()
-    if trace_dir is not None:
-        from replay.recorded import from_trace
-        from tracing.reader import read_trace
-
-        return from_trace(read_trace(trace_dir))
-    return from_columns(sink.header, sink.tables)
 
 
 def grid_variants() -> list[tuple[str, dict[str, Any]]]:

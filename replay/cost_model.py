@@ -8,6 +8,15 @@ idle gap) to the end of this one. That is what a run's makespan is the sum of: d
 the engine's own CPU work between steps (scheduling, input preparation, recording), which a
 device-only duration misses.
 
+Two modes, by what the trace measured:
+- *interval* mode (a version-1 trace: no ``host_s``): each class's fit is of the interval itself.
+- *overlap* mode (a version-2 trace, which records each step's host work ``host_s`` and whether
+  it was launched while the previous step ran, ``overlapped``): each class's fit is of the device
+  time (``duration_s``), a host-time model is fitted on ``host_s`` and a step's interval is
+  ``device + host`` for a sequential step, ``max(device, host)`` for an overlapped one, plus a
+  per-mode offset fitted on the source (``replay.cost_overlap``). So a target that overlaps
+  another fraction of its steps than the source is priced by its own launch decisions.
+
 Warm-up (``replay.cost_classes``): a first step of a class far slower than its class predicts is
 a one-off, charged once per simulated run; the run's first steps (its warm-up window) are left
 out of a class's fit where later steps cover their range, and bound it from above where none do.
@@ -39,14 +48,24 @@ from replay.cost_fit import (
     fit_linear,
     surrogate,
 )
+from replay.cost_overlap import (
+    OverlapModel,
+    calibration_host_rows,
+    calibration_residuals,
+    evaluate,
+    has_host_times,
+    overlapped_flags,
+)
+from replay.cost_steps import feature_matrix, step_class, step_intervals, with_calibration
 from replay.metrics import has_timings
 from replay.recorded import RecordedEvents
 
 __all__ = ["FEATURES", "MIN_STEP_S", "CostModel", "CostModelError", "LinearFit", "feature_matrix",
            "fit_linear", "step_class", "step_intervals"]
 
-MODEL_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # version 1: no floors, no coverage
+MODEL_VERSION = 3
+# Version 1: no floors, no coverage; version 2: no overlap mode.
+READABLE_VERSIONS = (1, 2, 3)
 # Nano-vLLM's CUDA-graph batch sizes: 1, 2, 4, 8, then every 16 up to 512; larger runs eager.
 NANO_GRAPH_SMALL = (1, 2, 4, 8)
 NANO_GRAPH_STRIDE = 16
@@ -57,44 +76,13 @@ class CostModelError(ReplayLLMError):
     """A step-time model cannot be fitted or loaded."""
 
 
-def step_class(kind: str, graph_used: bool) -> str:
-    if kind == "decode":
-        return "decode_graph" if graph_used else "decode_eager"
-    return kind
-
-
-def step_intervals(events: RecordedEvents) -> np.ndarray:
-    """Wall seconds each step took, from the later of the previous step's end and the latest
-    arrival added before it (so an idle gap waiting for requests is not counted)."""
-    ms = events.tables["model_step"]
-    steps = np.asarray(ms["step"], dtype=np.int64)
-    end = np.asarray(ms["wall_time_s"], dtype=float)
-    latest = np.full(len(steps), -np.inf)
-    ra = events.tables["request_added"]
-    if len(steps) and len(ra["step"]):
-        rows = np.searchsorted(steps, np.asarray(ra["step"], dtype=np.int64))
-        ok = rows < len(steps)
-        np.maximum.at(latest, rows[ok], np.asarray(ra["arrival_s"], dtype=float)[ok])
-    previous = np.concatenate([[-np.inf], end[:-1]])
-    interval = end - np.maximum(previous, latest)
-    bad = ~np.isfinite(interval) | (interval <= 0)
-    interval[bad] = np.asarray(ms["duration_s"], dtype=float)[bad]
-    return interval
-
-
-def feature_matrix(events: RecordedEvents) -> tuple[np.ndarray, np.ndarray]:
-    """(n_steps x len(FEATURES)) float matrix, and the class name of each step."""
-    ms = events.tables["model_step"]
-    x = np.column_stack([np.asarray(ms[name], dtype=float) for name in FEATURES])
-    kinds = np.asarray(ms["kind"]).astype(str)
-    graph = np.asarray(ms["graph_used"], dtype=bool)
-    classes = np.where(kinds == "decode", np.where(graph, "decode_graph", "decode_eager"), kinds)
-    return x.reshape(len(kinds), len(FEATURES)), classes
-
-
 @dataclass
 class CostModel:
-    """Per-class fits plus how the source run padded decode batches for CUDA graphs."""
+    """Per-class fits plus how the source run padded decode batches for CUDA graphs.
+
+    ``overlap`` None: interval mode, ``fits`` are of step intervals. Else overlap mode: ``fits``
+    are of device time, and ``overlap`` holds the host-time fits and the rule's offsets.
+    """
 
     fits: dict[str, LinearFit]
     source: str = ""
@@ -109,6 +97,7 @@ class CostModel:
     coverage: dict[str, dict[str, Any]] = field(default_factory=dict)
     selection: dict[str, dict[str, Any]] = field(default_factory=dict)
     window_steps: int = 0
+    overlap: OverlapModel | None = None
 
     # --- fitting --------------------------------------------------------------------------------
     @classmethod
@@ -119,13 +108,17 @@ class CostModel:
                 f"{source or 'the trace'} has no measured step times (recorded without a model)"
             )
         x, classes = feature_matrix(events)
-        y = step_intervals(events)
+        interval = step_intervals(events)
+        overlap = has_host_times(events)  # overlap mode: fit device time, and host time apart
+        ms = events.tables["model_step"]
+        y = np.asarray(ms["duration_s"], dtype=float) if overlap else interval
         leading = warmup_window(x, y, classes)
         window = np.arange(len(y)) < leading
         warm, warmup_s = warmup_steps(x, y, classes, window)
         keep = ~warm
         x, y, classes, window = x[keep], y[keep], classes[keep], window[keep]
-        x, y, classes, window = _with_calibration(events, x, y, classes, window)
+        steps = len(y)  # the run's own steps; calibration rows follow them
+        x, y, classes, window = with_calibration(events, x, y, classes, window, device=overlap)
         fits, reports = fit_all(x, y, classes, window)
         if not fits:
             raise CostModelError(f"{source or 'the trace'} has too few steps to fit a model")
@@ -138,6 +131,16 @@ class CostModel:
             if fits[name].floor > 0:
                 model.surrogates[name] = surrogate(fits[name], x[mask])
         model.heldout = model._evaluate(x, y, classes, window)
+        if overlap:
+            own = slice(0, steps)
+            data = (x[own], np.asarray(ms["host_s"], dtype=float)[keep], classes[own],
+                    window[own], overlapped_flags(events)[keep], interval[keep], y[own])
+            calibration = calibration_residuals(events.header.get("calibration") or [],
+                                                step_class)
+            host_rows = calibration_host_rows(events.header.get("calibration") or [], step_class)
+            model.overlap = OverlapModel.fit(*data, model.launch_floors(), calibration, host_rows)
+            model.overlap.heldout = evaluate(*data, _device_trainer(x, y, classes, window,
+                                                                    steps), calibration, host_rows)
         return model
 
     def _evaluate(self, x: np.ndarray, y: np.ndarray, classes: np.ndarray,
@@ -211,11 +214,32 @@ class CostModel:
         return LinearFit(prefill.intercept, tuple(coef), prefill.features, 0, prefill.floor)
 
     def predict_many(self, x: np.ndarray, classes: np.ndarray) -> np.ndarray:
+        """What ``fits`` predict: intervals (interval mode) or device times (overlap mode)."""
         out = np.empty(len(x))
         for name in np.unique(classes):
             mask = classes == name
             out[mask] = self.fit_for(str(name)).predict(x[mask])
         return out
+
+    def launch_floors(self) -> dict[str, float]:
+        """Class -> the eager launch floor of its fit (0: a CUDA-graph class, or not known)."""
+        return {name: self.fit_for(name).floor for name in STEP_CLASSES}
+
+    @property
+    def mode(self) -> str:
+        return "interval" if self.overlap is None else "overlap"
+
+    def predict_intervals(self, x: np.ndarray, classes: np.ndarray,
+                          overlapped: np.ndarray | None = None) -> np.ndarray:
+        """Each step's interval; in overlap mode by the rule, per step ``overlapped`` (default:
+        none). One-off warm-up costs are not included."""
+        fitted = self.predict_many(x, classes)
+        if self.overlap is None:
+            return fitted
+        flags = np.zeros(len(x), dtype=bool) if overlapped is None else np.asarray(overlapped,
+                                                                                   dtype=bool)
+        return self.overlap.intervals(fitted, self.overlap.predict_host(x, classes), flags,
+                                      classes)
 
     def step_timer(self, with_floor: bool = False) -> dict[str, tuple[Any, ...]]:
         """Class -> (intercept, coef) as plain floats: the simulator's per-step fast path, a
@@ -242,7 +266,8 @@ class CostModel:
     # --- caveats --------------------------------------------------------------------------------
     def caveats(self) -> list[str]:
         """What the source trace cannot identify (``cost_coverage.source_caveats``)."""
-        return source_caveats(self.coverage, self.window_steps)
+        overlap = self.overlap.caveats() if self.overlap is not None else []
+        return source_caveats(self.coverage, self.window_steps) + overlap
 
     def coverage_warnings(self, target: RecordedEvents) -> list[str]:
         """Where ``target``'s steps (a simulation's or a recording's) lie well outside the range
@@ -255,7 +280,12 @@ class CostModel:
     def describe(self, target: RecordedEvents | None = None) -> str:
         """A few lines: what was fitted on what, the held-out error, what the source cannot
         identify and (given a ``target`` event stream) where the target lies outside it."""
-        lines = [f"step-time model from {self.source or 'a trace'}:"]
+        mode = (
+            "interval mode: fitted on each step's wall interval; the trace records no host time"
+            if self.overlap is None else
+            "overlap mode: device time per class below, then host time and the overlap rule"
+        )
+        lines = [f"step-time model from {self.source or 'a trace'} ({mode}):"]
         for name in (*STEP_CLASSES, "pooled"):
             fit = self.fits.get(name)
             if fit is None:
@@ -275,10 +305,13 @@ class CostModel:
             lines.append(f"  {name:<12} {fit.samples:>6} steps  [{feats}]{how}  {held}")
         total = self.heldout.get("all")
         if total:
+            what = " (device time)" if self.overlap is not None else ""
             lines.append(
-                f"  all held-out steps: MAPE {total['mape_pct']:.1f}%, "
+                f"  all held-out steps{what}: MAPE {total['mape_pct']:.1f}%, "
                 f"summed time {total['sum_error_pct']:+.2f}%"
             )
+        if self.overlap is not None:
+            lines += self.overlap.describe_lines()
         for name, seconds in self.warmup_s.items():
             lines.append(f"  warm-up: the first {name} step took {seconds:+.3f} s beyond the model "
                          "(charged once per run)")
@@ -293,7 +326,7 @@ class CostModel:
     def to_dict(self) -> dict[str, Any]:
         return {
             "version": MODEL_VERSION,
-            "target": "interval",
+            "target": "interval" if self.overlap is None else "device+host",
             "source": self.source,
             "fits": {name: fit.to_dict() for name, fit in self.fits.items()},
             "surrogates": {name: fit.to_dict() for name, fit in self.surrogates.items()},
@@ -303,6 +336,7 @@ class CostModel:
             "coverage": self.coverage,
             "selection": self.selection,
             "window_steps": self.window_steps,
+            "overlap": self.overlap.to_dict() if self.overlap is not None else None,
         }
 
     def save(self, path: str | Path) -> None:
@@ -323,37 +357,27 @@ class CostModel:
                        [int(s) for s in data.get("graph_sizes", [])],
                        {k: float(v) for k, v in data.get("warmup_s", {}).items()},
                        surrogates, data.get("coverage", {}), data.get("selection", {}),
-                       int(data.get("window_steps", 0)))
+                       int(data.get("window_steps", 0)),
+                       OverlapModel.from_dict(data["overlap"]) if data.get("overlap") else None)
         except OSError as exc:
             raise CostModelError(f"{path}: cannot read cost model ({exc.strerror})") from None
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CostModelError(f"{path}: not a cost model file ({exc})") from None
 
 
-def _with_calibration(
-    events: RecordedEvents, x: np.ndarray, y: np.ndarray, classes: np.ndarray, window: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Add the header's start-up calibration steps (engine/calibration.py) to the fitted steps.
-
-    A calibration row times the executor call alone; a real step also pays the engine's own work
-    around it (scheduling, post-processing, recording), so each row is charged the median of
-    that overhead over the run's steps.
-    """
-    rows = events.header.get("calibration") or []
-    if not rows:
-        return x, y, classes, window
-    ms = events.tables["model_step"]
-    overhead = step_intervals(events) - np.asarray(ms["duration_s"], dtype=float)
-    extra = float(np.median(np.clip(overhead, 0.0, None))) if len(overhead) else 0.0
-    cal_x = np.array([[float(row[name]) for name in FEATURES] for row in rows])
-    cal_y = np.array([float(row["interval_s"]) + extra for row in rows])
-    cal_classes = np.array([step_class(row["kind"], bool(row["graph_used"])) for row in rows])
-    return (
-        np.vstack([x, cal_x]),
-        np.concatenate([y, cal_y]),
-        np.concatenate([classes, cal_classes]),
-        np.concatenate([window, np.zeros(len(rows), dtype=bool)]),
-    )
+def _device_trainer(x: np.ndarray, y: np.ndarray, classes: np.ndarray, window: np.ndarray,
+                    steps: int) -> Any:
+    """For ``cost_overlap.evaluate``: device fits on the run's steps a mask selects (of the
+    first ``steps`` rows) plus every calibration row, as a predictor and their launch floors
+    (None: too few steps)."""
+    def train(mask: np.ndarray) -> Any:
+        use = np.concatenate([mask, np.ones(len(y) - steps, dtype=bool)])
+        fits, _ = fit_all(x[use], y[use], classes[use], window[use])
+        if not fits:
+            return None
+        trained = CostModel(fits)
+        return trained.predict_many, trained.launch_floors()
+    return train
 
 
 def _observed_graph_sizes(events: RecordedEvents) -> list[int]:

@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     from replay.workloads import reference_workload
 
     overrides = {k: parse_override(k, v) for k, _, v in (s.partition("=") for s in args.set)}
+    # Sequential steps: the loop below drives scheduler and executor by hand.
+    overrides.setdefault("async_scheduling", False)
     llm = LLM(args.model, record_events=False, **overrides)
     for r in reference_workload():
         llm.add_request(list(r.prompt), SamplingParams(r.temperature, r.max_tokens, True))

@@ -28,6 +28,9 @@ def config_from_header(header: dict[str, Any], **overrides: Any) -> Config:
     recorded = header.get("config")
     if not isinstance(recorded, dict):
         raise HeaderError("the trace header has no 'config' object")
+    recorded = dict(recorded)
+    # Recorded before the field existed: that engine never overlapped steps.
+    recorded.setdefault("async_scheduling", False)
     known = set(Config.field_names())
     unknown = sorted(set(recorded) - known)
     if unknown:

@@ -8,7 +8,15 @@ too. A sequence asking for more tokens than were recorded (an incomplete trace, 
 gets deterministic synthetic tokens, never EOS.
 
 Time: each step advances a ``SimClock`` by the cost model's predicted step time, and
-``EngineCore(clock=...)`` reads it, so ``model_step.wall_time_s`` holds simulated time.
+``EngineCore(clock=...)`` reads it, so ``model_step.wall_time_s`` holds simulated time. A model
+in overlap mode (``CostModel.overlap``) predicts a step's device time and host time apart; the
+clock advances by ``max(device, host)`` for a batch the engine launched overlapped
+(``ScheduledBatch.overlapped``) or launched eagerly (the device runs its kernels while the host
+launches them), by ``device + host`` for a sequential CUDA-graph decode (plus the model's offset
+for the step's class and mode). The step reports the device time as its duration, and the
+rest of the interval beyond its host work as time waited for the device (so the engine records
+the predicted host time as ``host_s``). In interval mode the whole interval is the step's
+duration.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from typing import Any
 
 from engine.batch import ScheduledBatch, StepOutput
 from engine.engine_core import batch_features
+from replay.cost_fit import EAGER_CLASSES
 from replay.cost_model import MIN_STEP_S, CostModel
 
 # Synthetic tokens: a fixed affine walk over a small id range (any id below every vocab size).
@@ -62,6 +71,11 @@ class SimExecutor:
         self._padded: dict[int, int] = {}
         # One-off costs of the first step of a class (JIT compilation) in the source run.
         self._warmup = dict(cost.warmup_s) if cost is not None else {}
+        overlap = cost.overlap if cost is not None else None
+        self._host = overlap.host_timer() if overlap is not None else None
+        self._host_warmup = dict(overlap.host_warmup_s) if overlap is not None else {}
+        self.steps = 0
+        self.overlapped_steps = 0  # batches the engine launched overlapped
 
     def bind(self, seq_id: int, tokens: list[int] | None) -> None:
         """Give sequence ``seq_id`` (ids are handed out in order) its recorded completion."""
@@ -87,6 +101,8 @@ class SimExecutor:
             out = [self._token(s.seq_id, s.num_tokens - s.num_prompt_tokens)
                    for s in batch.sampled_seqs]
         num_seqs = len(batch.seqs)
+        self.steps += 1
+        self.overlapped_steps += batch.overlapped
         if self._timer is None:
             return StepOutput(token_ids=out, duration_s=0.0, padded_batch_size=num_seqs)
         padded, graph = num_seqs, False
@@ -114,10 +130,33 @@ class SimExecutor:
         seconds = max(seconds, floor, MIN_STEP_S)
         if self._warmup:
             seconds += self._warmup.pop(kind, 0.0)
-        self.clock.now += seconds
-        return StepOutput(
-            token_ids=out, duration_s=seconds, padded_batch_size=padded, graph_used=graph
+        if self._host is None:
+            self.clock.now += seconds
+            return StepOutput(token_ids=out, duration_s=seconds, padded_batch_size=padded,
+                              graph_used=graph, wait_s=seconds)
+        intercept, c, sequential_s, overlapped_s = self._host[kind]
+        host = (
+            intercept
+            + c[0] * num_seqs
+            + c[1] * prefill_tokens
+            + c[2] * prefill_work
+            + c[3] * decode_seqs
+            + c[4] * decode_ctx
+            + c[5] * padded
         )
+        host = max(host, 0.0)
+        if self._host_warmup:
+            host += self._host_warmup.pop(kind, 0.0)
+        if batch.overlapped:
+            interval = max(seconds, host) + overlapped_s
+        elif kind in EAGER_CLASSES:  # the device runs the kernels while the host launches them
+            interval = max(seconds, host) + sequential_s
+        else:
+            interval = seconds + host + sequential_s
+        interval = max(interval, MIN_STEP_S)
+        self.clock.now += interval
+        return StepOutput(token_ids=out, duration_s=seconds, padded_batch_size=padded,
+                          graph_used=graph, wait_s=max(interval - host, 0.0))
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -125,6 +164,7 @@ class SimExecutor:
             "device": "none",
             "timed": self._timer is not None,
             "cost_model": self.cost.source if self.cost is not None else None,
+            "cost_mode": self.cost.mode if self.cost is not None else None,
         }
 
     def close(self) -> None:

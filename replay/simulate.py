@@ -177,6 +177,11 @@ def _notes(source: Config, config: Config, cost: CostModel | None,
     notes = []
     if executor.synthesized:
         notes.append(f"{executor.synthesized} sampled tokens are synthetic (not in the source)")
+    if cost is not None and cost.overlap is None and executor.overlapped_steps:
+        notes.append(f"{executor.overlapped_steps} of {executor.steps} steps were launched "
+                     "overlapped, but the timing source records no host time (interval mode): "
+                     "each is charged a whole interval as the source's steps took, whatever "
+                     "overlap saves")
     if cost is not None and config.enforce_eager and "decode_eager" not in cost.fits:
         notes.append("the timing source has no eager decodes: predicted from graph decodes")
     changed = [k for k in UNSIMULATED_FIELDS if getattr(source, k) != getattr(config, k)]

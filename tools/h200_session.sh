@@ -2,7 +2,8 @@
 # One device call on the H200: GPU tests against transformers, the engine benchmark (with
 # transformers' generate_batch as the peer), a decode profile and the two committed traces.
 # Usage (repository root, on the device): bash tools/h200_session.sh STAGES
-#   STAGES: comma-separated, any of tests,constrained,bench,hf,profile. Results go under $OUT.
+#   STAGES: comma-separated, any of ktests,tests,kernels,constrained,bench,hf,profile. Results go under
+#   $OUT. bench runs tracing off/on and, with COMPARE=1, tracing on without overlapped steps.
 set -u
 STAGES=${1:-tests,constrained}
 OUT=${OUT:-out/h200}
@@ -14,11 +15,22 @@ export PYTHONPATH=/tmp/site:$PWD
 MODEL=$REPLAYLLM_CACHE/models/qwen3-0.6b
 python3 -c "from engine.checkpoint import make_model; make_model('qwen3-0.6b', '$MODEL')" || exit 1
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
-if has tests; then
-    python3 -m pytest -q -p no:cacheprovider -rs -s tests/engine/test_triton_kernels.py \
-        tests/engine/test_triton_fused.py tests/engine/test_attention_triton_backend.py \
+if has ktests; then  # the Triton kernels, compiled
+    timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider -rs -x \
+        tests/engine/test_triton_kernels.py tests/engine/test_triton_fused.py \
+        tests/engine/test_triton_fused_kv_store.py tests/engine/test_attention_triton_backend.py \
+        tests/engine/test_triton_sampler.py > "$OUT/ktests.log" 2>&1
+    tail -5 "$OUT/ktests.log"
+fi
+if has tests; then  # the runner against transformers
+    timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider -rs -s \
         tests/engine/test_gpu_runner.py > "$OUT/pytest.log" 2>&1
     grep -E "^bf16|passed|failed|^FAILED|Error" "$OUT/pytest.log" | head -30
+fi
+if has kernels; then
+    python3 -m replay.bench_kernels --only sampler --out /tmp/kernels > "$OUT/kernels.log" 2>&1
+    tail -20 "$OUT/kernels.log"
+    [ -d /tmp/kernels ] && tar czf "$OUT/kernels.tgz" -C /tmp kernels
 fi
 if has constrained; then
     python3 -m replay.cli run --model "$MODEL" --workload bench --out /tmp/traces/h200-constrained \
@@ -26,7 +38,8 @@ if has constrained; then
 fi
 if has bench || has hf; then
     HF_FLAG=--no-transformers; has hf && HF_FLAG=
-    python3 -m replay.bench_engine --model-dir "$MODEL" --repeat "${REPEAT:-2}" $HF_FLAG \
+    SEQ_FLAG=; [ "${COMPARE:-0}" = 1 ] && SEQ_FLAG=--compare-sequential
+    python3 -m replay.bench_engine --model-dir "$MODEL" --repeat "${REPEAT:-2}" $HF_FLAG $SEQ_FLAG \
         --json "$OUT/bench.json" --trace-out /tmp/traces/h200-reference 2>&1 \
         | grep -v fix_mistral_regex | tee "$OUT/bench.log"
 fi

@@ -14,7 +14,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Versions this release reads. Version 1 lacks model_step.overlapped and model_step.host_s; the
+# reader fills them with ADDED_COLUMN_DEFAULTS (a version-1 run never overlapped its steps).
+READABLE_SCHEMA_VERSIONS = (1, 2)
 
 # Sentinel for "no hash" / "no sequence" in integer columns.
 NO_HASH = -1
@@ -93,6 +96,8 @@ EVENT_COLUMNS: dict[str, dict[str, str]] = {
         "padded_batch_size": "int32",
         "graph_used": "bool",
         "wall_time_s": "float64",
+        "overlapped": "bool",
+        "host_s": "float64",
     },
     "token_sampled": {
         "seq_id": "int64",
@@ -111,7 +116,12 @@ EVENT_KINDS: tuple[str, ...] = tuple(EVENT_COLUMNS)
 # Columns that hold measurements rather than decisions: replay never compares them.
 MEASURED_COLUMNS: dict[str, frozenset[str]] = {
     "request_added": frozenset({"arrival_s"}),
-    "model_step": frozenset({"duration_s", "wall_time_s"}),
+    "model_step": frozenset({"duration_s", "wall_time_s", "host_s"}),
+}
+
+# Columns added after schema version 1, with the value a version-1 trace implies.
+ADDED_COLUMN_DEFAULTS: dict[str, dict[str, object]] = {
+    "model_step": {"overlapped": False, "host_s": float("nan")},
 }
 
 BATCH_KINDS = ("prefill", "decode", "mixed")
@@ -291,8 +301,10 @@ class EventBuffer:
 
     def emit_block_hashed(
         self, seq_id: int, block_id: int, logical_index: int, block_hash: int, parent_hash: int
-    ) -> None:
+    ) -> int:
+        """Append a block entering the prefix cache; returns its row (``patch_block_hash``)."""
         t = self._bx
+        row = len(t["event_id"])
         t["event_id"].append(self.next_event_id)
         self.next_event_id += 1
         t["step"].append(self.step)
@@ -301,6 +313,7 @@ class EventBuffer:
         t["logical_index"].append(logical_index)
         t["hash"].append(block_hash)
         t["parent_hash"].append(parent_hash)
+        return row
 
     def emit_blocks_freed(
         self,
@@ -341,8 +354,12 @@ class EventBuffer:
         padded_batch_size: int,
         graph_used: bool,
         wall_time_s: float,
-    ) -> None:
+        overlapped: bool = False,
+        host_s: float = 0.0,
+    ) -> int:
+        """Append a model step; returns its row (see ``patch_model_step``)."""
         t = self._ms
+        row = len(t["event_id"])
         self._ids(t, 1)
         t["kind"].append(kind)
         t["duration_s"].append(duration_s)
@@ -354,22 +371,52 @@ class EventBuffer:
         t["padded_batch_size"].append(padded_batch_size)
         t["graph_used"].append(graph_used)
         t["wall_time_s"].append(wall_time_s)
+        t["overlapped"].append(overlapped)
+        t["host_s"].append(host_s)
+        return row
 
-    def emit_tokens_sampled(self, seq_ids: list[int], token_ids: list[int]) -> None:
+    def emit_tokens_sampled(self, seq_ids: list[int], token_ids: list[int]) -> int:
+        """Append sampled tokens; returns the first row (see ``patch_tokens``)."""
         t = self._ts
+        row = len(t["event_id"])
         self._ids(t, len(seq_ids))
         t["seq_id"].extend(seq_ids)
         t["token_id"].extend(token_ids)
+        return row
 
     def emit_request_finished(
         self, seq_id: int, reason: str, num_completion_tokens: int, output_hash: int
-    ) -> None:
+    ) -> int:
+        """Append a finished request; returns its row (see ``patch_output_hash``)."""
         t = self._rf
+        row = len(t["event_id"])
         self._ids(t, 1)
         t["seq_id"].append(seq_id)
         t["reason"].append(reason)
         t["num_completion_tokens"].append(num_completion_tokens)
         t["output_hash"].append(output_hash)
+        return row
+
+    # --- deferred values ------------------------------------------------------------------------
+    # An overlapped step (engine/engine_core.py) emits its events in their final order before its
+    # tokens are back from the device, with placeholder values, and fills them in here before
+    # the buffer is drained. Rows are indices into the current (undrained) tables.
+    def patch_model_step(
+        self, row: int, duration_s: float, wall_time_s: float, host_s: float
+    ) -> None:
+        t = self._ms
+        t["duration_s"][row] = duration_s
+        t["wall_time_s"][row] = wall_time_s
+        t["host_s"][row] = host_s
+
+    def patch_tokens(self, first_row: int, token_ids: list[int]) -> None:
+        self._ts["token_id"][first_row : first_row + len(token_ids)] = token_ids
+
+    def patch_output_hash(self, row: int, output_hash: int) -> None:
+        self._rf["output_hash"][row] = output_hash
+
+    def patch_block_hash(self, row: int, block_hash: int) -> None:
+        self._bx["hash"][row] = block_hash
 
 
 class NullEventBuffer(EventBuffer):
@@ -388,3 +435,7 @@ class NullEventBuffer(EventBuffer):
     emit_model_step = _noop  # type: ignore[assignment]
     emit_tokens_sampled = _noop  # type: ignore[assignment]
     emit_request_finished = _noop  # type: ignore[assignment]
+    patch_model_step = _noop  # type: ignore[assignment]
+    patch_tokens = _noop  # type: ignore[assignment]
+    patch_output_hash = _noop  # type: ignore[assignment]
+    patch_block_hash = _noop  # type: ignore[assignment]

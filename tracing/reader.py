@@ -19,7 +19,14 @@ import pyarrow.parquet as pq
 
 from tracing.convert import column_to_python
 from tracing.errors import TraceError
-from tracing.events import EVENT_KINDS, SCHEMA_VERSION, arrow_schema, column_types
+from tracing.events import (
+    ADDED_COLUMN_DEFAULTS,
+    EVENT_KINDS,
+    READABLE_SCHEMA_VERSIONS,
+    SCHEMA_VERSION,
+    arrow_schema,
+    column_types,
+)
 from tracing.layout import (
     COMMITS_DIR,
     HEADER_FILE,
@@ -87,10 +94,11 @@ def _check_header(path: Path, header: dict[str, Any]) -> None:
     version = header.get("schema_version")
     if version is None:
         raise TraceError(f"{path}: no schema_version; not a replayllm trace header")
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_SCHEMA_VERSIONS:
+        readable = ", ".join(str(v) for v in READABLE_SCHEMA_VERSIONS)
         raise TraceError(
-            f"{path}: trace schema version {version!r}, but this replayllm reads version "
-            f"{SCHEMA_VERSION}; use the replayllm release that recorded it"
+            f"{path}: trace schema version {version!r}, but this replayllm reads versions "
+            f"{readable} (current {SCHEMA_VERSION}); use the replayllm release that recorded it"
         )
 
 
@@ -251,7 +259,13 @@ def _open_parquet(f: SegmentFile) -> pq.ParquetFile:
 
 def _check_schema(f: SegmentFile, schema: pa.Schema, num_rows: int) -> None:
     got = {field.name: field.type for field in schema}
-    want = {field.name: field.type for field in arrow_schema(f.kind)}
+    # A file of an older schema version may lack the columns added since (filled on reading).
+    added = ADDED_COLUMN_DEFAULTS.get(f.kind, {})
+    want = {
+        field.name: field.type
+        for field in arrow_schema(f.kind)
+        if field.name in got or field.name not in added
+    }
     if list(got.items()) != list(want.items()):
         problems = []
         if missing := [n for n in want if n not in got]:
@@ -277,9 +291,30 @@ def _read_file(f: SegmentFile) -> pa.Table:
     pf = _open_parquet(f)
     _check_schema(f, pf.schema_arrow, pf.metadata.num_rows)
     try:
-        return pf.read()
+        table = pf.read()
     except _PARQUET_ERRORS as exc:
         raise TraceError(f"{f.path}: cannot read Parquet data ({_one_line(exc)})") from None
+    return _with_added_columns(f.kind, table)
+
+
+def _with_added_columns(kind: str, table: pa.Table) -> pa.Table:
+    """An older-version table with the columns added since, at their implied values."""
+    missing = [n for n in ADDED_COLUMN_DEFAULTS.get(kind, {}) if n not in table.column_names]
+    if not missing:
+        return table
+    schema = arrow_schema(kind)
+    defaults = ADDED_COLUMN_DEFAULTS[kind]
+    for name in missing:
+        field = schema.field(name)
+        # From raw buffers: pa.array and pa.scalar import pandas (a third of verify's time).
+        values = np.full(table.num_rows, defaults[name], dtype=field.type.to_pandas_dtype())
+        if pa.types.is_boolean(field.type):
+            data = pa.py_buffer(np.packbits(values, bitorder="little").tobytes())
+        else:
+            data = pa.py_buffer(values.tobytes())
+        column = pa.Array.from_buffers(field.type, table.num_rows, [None, data])
+        table = table.append_column(field, column)
+    return table.select(schema.names)
 
 
 def _parse_marker(root: Path, path: Path, index: int, data: dict[str, Any]) -> Segment:

@@ -10,6 +10,7 @@ anywhere; CUDA backends (Triton, flash-attn) register themselves with
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -19,6 +20,10 @@ from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
 from engine.errors import ConfigError
+
+# "0" turns off the fused KV store (K/V written by the model's qk_norm_rope kernel instead of a
+# separate store_kv launch) where a backend supports it; read when a layer is built.
+FUSED_KV_STORE_ENV = "REPLAYLLM_FUSED_KV_STORE"
 
 
 class AttentionBackend(Protocol):
@@ -120,11 +125,21 @@ def _ensure_builtin_backends() -> None:
         )
 
 
+def fused_kv_store_default() -> bool:
+    return os.environ.get(FUSED_KV_STORE_ENV, "1") != "0"
+
+
 class Attention(nn.Module):
     """Paged-KV attention of one layer: store new K/V, then attend through the backend.
 
     ``k_cache``/``v_cache`` are views into the runner's single KV tensor, bound by
     :meth:`bind_kv_cache`; until then (e.g. a profiling run) nothing is stored.
+
+    The store may instead happen upstream, in the kernel that produces K and V: a model asks
+    :meth:`fused_kv_store_target` for the caches, writes K/V there through
+    ``metadata.slot_mapping`` (the layout and the ``-1`` rule of ``store_kv``) and calls
+    ``forward(..., kv_stored=True)``. Only backends with ``supports_fused_kv_store = True``
+    (whose ``store_kv`` is a plain slot write) and ``fuse_kv_store`` layers offer it.
     """
 
     def __init__(
@@ -134,6 +149,7 @@ class Attention(nn.Module):
         scale: float,
         num_kv_heads: int,
         backend: AttentionBackend,
+        fuse_kv_store: bool | None = None,
     ) -> None:
         super().__init__()
         if num_heads % num_kv_heads != 0:
@@ -145,21 +161,37 @@ class Attention(nn.Module):
         self.scale = scale
         self.num_kv_heads = num_kv_heads
         self.backend = backend
+        self.fuse_kv_store = fused_kv_store_default() if fuse_kv_store is None else fuse_kv_store
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
 
     def bind_kv_cache(self, k_cache: torch.Tensor | None, v_cache: torch.Tensor | None) -> None:
         self.k_cache, self.v_cache = k_cache, v_cache
 
+    def fused_kv_store_target(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The caches an upstream kernel may write this step's K/V into, or None (then
+        :meth:`forward` must store them). Depends on no tensor value: graph-capture safe."""
+        if not self.fuse_kv_store or self.k_cache is None or self.v_cache is None:
+            return None
+        if not getattr(self.backend, "supports_fused_kv_store", False):
+            return None
+        return self.k_cache, self.v_cache
+
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: AttentionMetadata
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        metadata: AttentionMetadata,
+        kv_stored: bool = False,
     ) -> torch.Tensor:
-        if self.k_cache is not None and self.v_cache is not None:
+        """``kv_stored``: the caller already wrote K/V to the caches (see the class docstring)."""
+        if not kv_stored and self.k_cache is not None and self.v_cache is not None:
             self.backend.store_kv(k, v, self.k_cache, self.v_cache, metadata.slot_mapping)
         return self.backend.forward(q, k, v, self.k_cache, self.v_cache, metadata, self.scale)
 
     def extra_repr(self) -> str:
         return (
             f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
-            f"backend={self.backend.name}"
+            f"backend={self.backend.name}, fuse_kv_store={self.fuse_kv_store}"
         )

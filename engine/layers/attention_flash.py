@@ -29,6 +29,8 @@ class FlashAttnBackend:
 
     name = "flash_attn"
     supports_cuda_graphs = True
+    # store_kv is triton_kv_store.store_kv: a model's kernel may do the same write itself.
+    supports_fused_kv_store = True
 
     def __init__(self) -> None:
         from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache

@@ -1,6 +1,7 @@
 """Attention through the project's own Triton kernels: needs CUDA and triton, no flash-attn.
 
-- ``store_kv``: one launch writes the batch's K/V through ``slot_mapping``;
+- ``store_kv``: one launch writes the batch's K/V through ``slot_mapping`` (skipped when the
+  model's ``qk_norm_rope`` kernel already wrote them: ``supports_fused_kv_store``);
 - prefill: varlen causal attention; keys come from the fresh K/V when no prefill sequence has
   cached context (faster: no page lookups), else through the block table from the cache;
 - decode: flash-decoding over pages read in place, measured at 94% of the H200's copy bandwidth
@@ -32,6 +33,8 @@ class TritonAttentionBackend:
 
     name = "triton"
     supports_cuda_graphs = True
+    # store_kv is triton_kv_store.store_kv: a model's kernel may do the same write itself.
+    supports_fused_kv_store = True
 
     def __init__(self) -> None:
         from engine.layers.triton_kv_store import store_kv

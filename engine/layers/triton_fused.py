@@ -6,7 +6,9 @@ as much as the step's real work. These kernels cut a layer to ~10 launches:
 
 - ``rms_norm``: optional residual add, then RMSNorm (one program per row);
 - ``qk_norm_rope``: Qwen3's per-head RMSNorm of q and k followed by rotary embedding, reading
-  the fused QKV projection output in place (one program per token, all its heads);
+  the fused QKV projection output in place (one program per token, all its heads); optionally
+  it also writes the rotated K and the V of each token to its paged-KV-cache slot, the work of
+  ``triton_kv_store.store_kv`` without its launch;
 - ``silu_and_mul``: SwiGLU's ``silu(gate) * up``.
 
 Rounding follows Hugging Face's eager code where it rounds to the activation dtype: the residual
@@ -98,6 +100,9 @@ def _qk_norm_rope_kernel(
     positions_ptr,
     q_out_ptr,
     k_out_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
     qkv_stride,
     cos_stride,
     eps,
@@ -106,6 +111,7 @@ def _qk_norm_rope_kernel(
     HEADS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HALF_PAD: tl.constexpr,
+    STORE_KV: tl.constexpr,
 ):
     # One program per token: all its q and k heads (rows) at once, halves split for RoPE.
     token = tl.program_id(0).to(tl.int64)
@@ -146,6 +152,22 @@ def _qk_norm_rope_kernel(
     tl.store(q_dst + half, out2, mask=q_rows)
     tl.store(k_dst, out1, mask=k_rows)
     tl.store(k_dst + half, out2, mask=k_rows)
+    if STORE_KV:
+        # The cache viewed as [slots, NUM_KV_HEADS * HEAD_DIM], as store_kv writes it; slot -1
+        # (a padding token) writes nothing. int64: slot * row width overflows int32.
+        slot = tl.load(slot_ptr + token).to(tl.int64)
+        live = k_rows & (slot >= 0)
+        cache_off = slot * (NUM_KV_HEADS * HEAD_DIM) + k_head[:, None] * HEAD_DIM + cols[None, :]
+        cache_ty = k_cache_ptr.dtype.element_ty
+        tl.store(k_cache_ptr + cache_off, out1.to(cache_ty), mask=live)
+        tl.store(k_cache_ptr + cache_off + half, out2.to(cache_ty), mask=live)
+        # V: the k rows' heads, shifted past the k block of the QKV row, copied unchanged.
+        v_src = qkv_ptr + token * qkv_stride + (NUM_HEADS + NUM_KV_HEADS) * HEAD_DIM
+        v_src += k_head[:, None] * HEAD_DIM + cols[None, :]
+        v1 = tl.load(v_src, mask=live, other=0.0)
+        v2 = tl.load(v_src + half, mask=live, other=0.0)
+        tl.store(v_cache_ptr + cache_off, v1.to(v_cache_ptr.dtype.element_ty), mask=live)
+        tl.store(v_cache_ptr + cache_off + half, v2.to(v_cache_ptr.dtype.element_ty), mask=live)
 
 
 def qk_norm_rope(
@@ -159,17 +181,37 @@ def qk_norm_rope(
     num_kv_heads: int,
     head_dim: int,
     eps: float,
+    k_cache: torch.Tensor | None = None,
+    v_cache: torch.Tensor | None = None,
+    slot_mapping: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Split ``qkv`` ``[tokens, (H + 2 KvH) * D]``; return normed, rotated ``q``, ``k`` and ``v``.
 
     ``cos_cache``/``sin_cache`` ``[max_pos, D]`` hold the NeoX layout (both halves equal), as
     :class:`~engine.layers.rotary_embedding.RotaryEmbedding` builds them. ``v`` is a view.
+
+    With ``k_cache``/``v_cache`` (contiguous, ``[num_blocks, block_size, KvH, D]``) and
+    ``slot_mapping`` (``[tokens]``, ``-1``: skip), each token's rotated K and its V are also
+    written to its cache slot, exactly what ``triton_kv_store.store_kv(k, v, ...)`` would write.
     """
     if head_dim % 2:
         raise ValueError(f"rotary embedding needs an even head_dim, got {head_dim}")
     if qkv.stride(-1) != 1:
         raise ValueError("qkv must be contiguous in its last dimension")
     tokens = qkv.shape[0]
+    store = k_cache is not None
+    if store:
+        if v_cache is None or slot_mapping is None:
+            raise ValueError("a fused KV store needs k_cache, v_cache and slot_mapping")
+        if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+            raise ValueError("the KV caches must be contiguous")
+        for cache in (k_cache, v_cache):
+            if tuple(cache.shape[2:]) != (num_kv_heads, head_dim):
+                raise ValueError(
+                    f"cache rows {tuple(cache.shape[2:])} do not match {(num_kv_heads, head_dim)}"
+                )
+        if slot_mapping.shape != (tokens,):
+            raise ValueError(f"slot_mapping has shape {tuple(slot_mapping.shape)}, need {tokens}")
     q = torch.empty(tokens, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     k = torch.empty(tokens, num_kv_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
@@ -184,6 +226,9 @@ def qk_norm_rope(
             positions,
             q,
             k,
+            k_cache if store else k,  # unused without STORE_KV
+            v_cache if store else k,
+            slot_mapping if store else positions,
             qkv.stride(0),
             cos_cache.stride(0),
             eps,
@@ -192,6 +237,7 @@ def qk_norm_rope(
             HEADS_PAD=triton.next_power_of_2(num_heads + num_kv_heads),
             HEAD_DIM=head_dim,
             HALF_PAD=triton.next_power_of_2(head_dim // 2),
+            STORE_KV=store,
             num_warps=ROW_NUM_WARPS,
         )
     return q, k, v

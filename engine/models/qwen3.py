@@ -6,7 +6,9 @@ Parameter names follow the Hugging Face checkpoint except for the fused projecti
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -153,19 +155,9 @@ class Qwen3Attention(nn.Module):
         qkv = self.qkv_proj(hidden_states)
         kernels = fused_kernels(qkv)
         if kernels is not None:  # CUDA: q/k norms and RoPE in one launch, ~30 fewer kernels
-            q, k, v = kernels.qk_norm_rope(
-                qkv,
-                self.q_norm.weight,
-                self.k_norm.weight,
-                self.rotary_emb.cos_cache,
-                self.rotary_emb.sin_cache,
-                positions,
-                self.num_heads,
-                self.num_kv_heads,
-                self.head_dim,
-                self.q_norm.eps,
-            )
-            o = self.attn(q, k, v, metadata)
+            # ... and, where the backend allows, the KV-cache store too (one launch fewer).
+            q, k, v, stored = self._norm_rope_store(kernels, qkv, positions, metadata)
+            o = self.attn(q, k, v, metadata, kv_stored=stored)
             return self.o_proj(o.flatten(1))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = self.q_norm(q.reshape(-1, self.num_heads, self.head_dim))
@@ -174,6 +166,55 @@ class Qwen3Attention(nn.Module):
         q, k = self.rotary_emb(positions, q, k)
         o = self.attn(q, k, v, metadata)
         return self.o_proj(o.flatten(1))
+
+    def _norm_rope_store(
+        self,
+        kernels: ModuleType,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+        """q, k, v from ``qk_norm_rope``, and whether it also stored K/V in the cache."""
+        args = (
+            qkv,
+            self.q_norm.weight,
+            self.k_norm.weight,
+            self.rotary_emb.cos_cache,
+            self.rotary_emb.sin_cache,
+            positions,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.q_norm.eps,
+        )
+        target = self.attn.fused_kv_store_target()
+        if target is not None and _FUSED_STORE["usable"]:
+            caches = {"k_cache": target[0], "v_cache": target[1]}
+            if _FUSED_STORE["checked"]:
+                return (
+                    *kernels.qk_norm_rope(*args, **caches, slot_mapping=metadata.slot_mapping),
+                    True,
+                )
+            try:  # the first call compiles the fused variant (outside any CUDA-graph capture)
+                q, k, v = kernels.qk_norm_rope(*args, **caches, slot_mapping=metadata.slot_mapping)
+            except Exception as exc:  # noqa: BLE001 - fall back to the separate store_kv launch
+                _FUSED_STORE["usable"] = False
+                warnings.warn(
+                    f"fused KV store unavailable ({type(exc).__name__}: {exc}); "
+                    "storing K/V with store_kv instead",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            else:
+                _FUSED_STORE["checked"] = True
+                return q, k, v, True
+        q, k, v = kernels.qk_norm_rope(*args)
+        return q, k, v, False
+
+
+# Process-wide: did the fused qk_norm_rope + KV store compile (first use checks once; a failure
+# turns it off for the process, with a warning, rather than failing the run).
+_FUSED_STORE = {"checked": False, "usable": True}
 
 
 class Qwen3MLP(nn.Module):

@@ -16,10 +16,13 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 
 
 def test_calibration_steps_fit_the_pool_and_the_token_budget() -> None:
-    """Only steps the configuration can hold are timed (here: prompts up to 256 tokens)."""
+    """Only steps the configuration can hold are timed (here: up to the pool's 640 tokens), a
+    prefill beyond max_model_len (256) as several prompts."""
     batches = calibration_batches(Config(**SETTINGS))
-    prefill = [b.num_batched_tokens for b in batches if b.kind == "prefill"]
-    assert prefill == [t for t in PREFILL_TOKENS if t <= 256]
+    prefill = [b for b in batches if b.kind == "prefill"]
+    assert [b.num_batched_tokens for b in prefill] == [t for t in PREFILL_TOKENS if t <= 640]
+    assert [len(b.seqs[-1].token_ids) for b in prefill] == [1, 16, 128, 256]
+    assert all(b.num_prefill_seqs == len(b.seqs) == len(b.sampled_seqs) for b in prefill)
     for batch in batches:
         for seq in batch.seqs:
             assert max(seq.block_table) < SETTINGS["num_kvcache_blocks"]
@@ -37,6 +40,6 @@ def test_calibration_is_recorded_and_leaves_the_run_unchanged(tmp_path: Path) ->
     plain_llm.close()
     assert calibrated == plain
     rows = read_trace(tmp_path / "t").header["calibration"]
-    assert [r["prefill_tokens"] for r in rows if r["kind"] == "prefill"] == [1, 16, 128]
+    assert [r["prefill_tokens"] for r in rows if r["kind"] == "prefill"] == [1, 16, 128, 512]
     assert all(r["interval_s"] > 0 and r["repeats"] == 2 for r in rows)
     assert verify(tmp_path / "t").identical

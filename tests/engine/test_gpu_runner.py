@@ -61,18 +61,23 @@ def hf_model(model_dir: Path, dtype: torch.dtype) -> Any:
     return model.eval()
 
 
-def run_engine(model_dir: Path, dtype: str, eager: bool, preempt: bool) -> dict[str, Any]:
-    """Greedy run in two waves (the second hits the first's prefix blocks), logits recorded."""
+def run_engine(
+    model_dir: Path, dtype: str, eager: bool, preempt: bool, overlap: bool = True
+) -> dict[str, Any]:
+    """Greedy run in two waves (the second hits the first's prefix blocks), logits recorded.
+
+    ``overlap``: async scheduling (the default), so decode steps launch with their input tokens
+    still on the device; the logits hook syncs, which changes timing, not results."""
     from engine import LLM, SamplingParams
 
-    config = dict(BASE_CONFIG, dtype=dtype, enforce_eager=eager)
+    config = dict(BASE_CONFIG, dtype=dtype, enforce_eager=eager, async_scheduling=overlap)
     if preempt:
         config["num_kvcache_blocks"] = PREEMPT_BLOCKS
     llm = LLM(str(model_dir), record_events=False, **config)
     runner = llm.runner
     logits: dict[tuple[int, int], torch.Tensor] = {}
     last: dict[str, torch.Tensor] = {}
-    compute_logits, execute = runner.model.compute_logits, runner.execute
+    compute_logits, launch = runner.model.compute_logits, runner.launch
 
     def record_logits(hidden: torch.Tensor) -> torch.Tensor:
         out = compute_logits(hidden)
@@ -81,21 +86,30 @@ def run_engine(model_dir: Path, dtype: str, eager: bool, preempt: bool) -> dict[
 
     cached: dict[int, int] = {}
 
-    def record_step(batch: Any) -> Any:
+    def record_step(batch: Any, previous: Any = None) -> Any:
         # Prefix hits are known at admission (the block manager resets them when a seq ends).
         for seq in batch.seqs[: batch.num_prefill_seqs]:
             cached[seq.seq_id] = max(cached.get(seq.seq_id, 0), seq.num_cached_tokens)
-        result = execute(batch)
+        result = launch(batch, previous)
         rows = [s for i, s in enumerate(batch.seqs) if batch.sample is None or batch.sample[i]]
         for row, seq in enumerate(rows):
             logits[(seq.seq_id, len(seq.token_ids))] = last["logits"][row]
         return result
 
     runner.model.compute_logits = record_logits
-    runner.execute = record_step
+    runner.launch = record_step  # execute() goes through launch() too
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     all_prompts = prompts()
     # Wave 1 holds one prompt with the shared prefix; wave 2's prompt hits its blocks.
+    overlapped: list[int] = []
+    launch_inner = runner.launch
+
+    def count_overlap(batch: Any, previous: Any = None) -> Any:
+        if previous is not None:
+            overlapped.append(batch.step)
+        return launch_inner(batch, previous)
+
+    runner.launch = count_overlap
     first = llm.generate(all_prompts[:-1], params, use_tqdm=False)
     seqs = [llm.add_request(p, params) for p in all_prompts[-1:]]
     while not llm.is_finished():
@@ -105,6 +119,7 @@ def run_engine(model_dir: Path, dtype: str, eager: bool, preempt: bool) -> dict[
         "cached": [cached.get(s.seq_id, 0) for s in seqs],
         "preemptions": llm.core.scheduler.num_preemptions,
         "graphs": runner.describe().get("cuda_graphs", False),
+        "overlapped_steps": len(overlapped),
         "logits": logits,
         "seq_ids": list(range(len(all_prompts) - 1)) + [s.seq_id for s in seqs],
     }
@@ -133,12 +148,22 @@ def test_float32_greedy_matches_transformers(
 ) -> None:
     run = run_engine(model_dir, "float32", eager, preempt)
     assert run["graphs"] == (not eager)
+    assert run["overlapped_steps"] > 0, "decode steps must launch before the last one resolved"
     assert all(c >= SHARED_PREFIX for c in run["cached"]) or preempt, run["cached"]
     assert (run["preemptions"] > 0) == preempt
     for i, (ours, ref) in enumerate(zip(run["tokens"], hf_fp32_tokens)):
         assert ours == ref, f"prompt {i}: first difference at token " + str(
             next(j for j, (a, b) in enumerate(zip(ours, ref)) if a != b)
         )
+
+
+def test_float32_greedy_matches_transformers_without_overlap(
+    model_dir: Path, hf_fp32_tokens: list[list[int]]
+) -> None:
+    """The sequential loop (``async_scheduling=False``) gives the same tokens."""
+    run = run_engine(model_dir, "float32", eager=False, preempt=False, overlap=False)
+    assert run["overlapped_steps"] == 0
+    assert run["tokens"] == hf_fp32_tokens
 
 
 @pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])

@@ -65,8 +65,9 @@ from engine.batch import ScheduledBatch, StepOutput
 from engine.block_manager import chain_hash
 from engine.config import Config
 from engine.engine_core import EngineCore
+from engine.executor import DoneStep
 from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence, SequenceStatus
+from engine.sequence import PENDING_TOKEN, Sequence, SequenceStatus
 from tracing.events import EVENT_KINDS, MEASURED_COLUMNS, NO_HASH, NO_SEQ
 from tracing.sink import MemorySink
 
@@ -83,19 +84,36 @@ def signed_xxh64_of_int32(tokens: list[int]) -> int:
 class ScriptedExecutor:
     """The model, simulated: scripted tokens per completion position and a simulated KV cache."""
 
-    def __init__(self, config: Config, run: Run) -> None:
+    def __init__(self, config: Config, run: Run, overlap: bool = False) -> None:
         self.num_kvcache_blocks = config.num_kvcache_blocks
         self.block_size = config.kvcache_block_size
         self.run = run
         self.scripts: dict[int, tuple[int, ...]] = {}
         self.kv: dict[tuple[int, int], tuple[int, int]] = {}
         self.digests: dict[int, list[int]] = {}
+        # ``overlap``: accept launch(), as a GPU runner does; EngineCore then overlaps steps.
+        self.supports_overlap = overlap
+        self._pending_values: dict[int, int] = {}
+
+    def launch(self, batch: ScheduledBatch, previous: Any = None) -> DoneStep:
+        """Like a runner: a pending input token is read from the step that samples it."""
+        if previous is not None:
+            tokens = previous.result().token_ids
+            self._pending_values = dict(zip(previous.seq_ids, tokens))
+        try:
+            output = self.execute(batch)
+        finally:
+            self._pending_values = {}
+        return DoneStep(output, [seq.seq_id for seq in batch.sampled_seqs])
 
     def _digests(self, seq: Sequence) -> list[int]:
         """digest[p] identifies the token prefix [0, p] of ``seq`` (what the KV at p depends on)."""
         known = self.digests.setdefault(seq.seq_id, [])
         for pos in range(len(known), seq.num_tokens):
-            known.append(hash((known[-1] if known else 0, seq.token_ids[pos])))
+            token = seq.token_ids[pos]
+            if token == PENDING_TOKEN:
+                token = self._pending_values[seq.seq_id]
+            known.append(hash((known[-1] if known else 0, token)))
         return known
 
     def _check_registered(self, seq: Sequence, ctx: int) -> None:
@@ -103,6 +121,8 @@ class ScriptedExecutor:
         hashed (entered in the prefix cache) with the chain hash of the sequence's own tokens."""
         bm = self.run.core.scheduler.block_manager
         bs, parent = self.block_size, NO_HASH
+        if ctx and seq.token_ids[ctx - 1] == PENDING_TOKEN:
+            ctx -= 1  # a block completed by a pending token is hashed when its value is in
         for i in range(ctx // bs):
             parent = chain_hash(seq.token_ids[i * bs : (i + 1) * bs], parent, bm.hash_seed)
             block = bm.blocks[seq.block_table[i]]
@@ -344,15 +364,19 @@ class _Stop(Exception):
     """The run cannot continue (the engine raised)."""
 
 
-def run_workload(workload: Workload, sink: Any = None, observe: bool = True) -> Run:
+def run_workload(
+    workload: Workload, sink: Any = None, observe: bool = True, overlap: bool = False
+) -> Run:
     """Drive ``workload`` through an EngineCore step by step; collect every property violation.
 
     Requests are added at their arrival step (driver steps count idle ones too); the run stops when
-    all have arrived and none is unfinished, or when the step bound is passed.
+    all have arrived and none is unfinished, or when the step bound is passed. ``overlap``: the
+    executor launches asynchronously, so EngineCore overlaps steps where it can (the observer,
+    which checks the state after every step, needs ``observe=False`` then).
     """
     config = workload.config
     run = Run(workload)
-    executor = ScriptedExecutor(config, run)
+    executor = ScriptedExecutor(config, run, overlap)
     ticks = itertools.count()
     run.sink = sink if sink is not None else MemorySink()
     run.core = core = EngineCore(config, executor, sink=run.sink, clock=lambda: next(ticks) * 1e-3)

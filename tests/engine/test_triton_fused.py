@@ -11,7 +11,12 @@ import pytest
 import torch
 from triton_env import DEVICE, HAS_CUDA, load_kernel_modules
 
-(fused, sampler) = load_kernel_modules("engine.layers.triton_fused", "engine.layers.triton_sampler")
+(fused, _, _, sampler) = load_kernel_modules(
+    "engine.layers.triton_fused",
+    "engine.layers.triton_sampler_noise",
+    "engine.layers.triton_sampler_kernels",
+    "engine.layers.triton_sampler",
+)
 
 from engine.layers.activation import SiluAndMul  # noqa: E402
 from engine.layers.layernorm import RMSNorm  # noqa: E402

@@ -55,7 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", default=None, help="output file (default: TRACE/trace.json)")
 
     make_model = sub.add_parser("make-model", help="write a random-weight Qwen3 checkpoint")
-    make_model.add_argument("--preset", choices=["tiny", "qwen3-0.6b"], default="tiny")
+    make_model.add_argument(
+        # engine.checkpoint.PRESETS, named here: importing it would import torch for --help
+        "--preset", choices=["tiny", "qwen3-0.6b", "qwen3-0.6b-confident"], default="tiny"
+    )
     make_model.add_argument("--out", required=True, help="directory to write")
     make_model.add_argument("--seed", type=int, default=0)
 

@@ -2,7 +2,7 @@
 # One device call on the H200: GPU tests against transformers, the engine benchmark (with
 # transformers' generate_batch as the peer), a decode profile and the two committed traces.
 # Usage (repository root, on the device): bash tools/h200_session.sh STAGES
-#   STAGES: comma-separated, any of ktests,tests,kernels,constrained,bench,hf,profile. Results go under
+#   STAGES: comma-separated, any of ktests,tests,kernels,gemm,constrained,bench,hf,profile. Results go under
 #   $OUT. bench runs tracing off/on and, with COMPARE=1, tracing on without overlapped steps.
 set -u
 STAGES=${1:-tests,constrained}
@@ -31,6 +31,10 @@ if has kernels; then
     python3 -m replay.bench_kernels --only sampler --out /tmp/kernels > "$OUT/kernels.log" 2>&1
     tail -20 "$OUT/kernels.log"
     [ -d /tmp/kernels ] && tar czf "$OUT/kernels.tgz" -C /tmp kernels
+fi
+if has gemm; then
+    python3 -m replay.bench_gemm --out /tmp/gemm > "$OUT/gemm.log" 2>&1
+    tail -30 "$OUT/gemm.log"
 fi
 if has constrained; then
     python3 -m replay.cli run --model "$MODEL" --workload bench --out /tmp/traces/h200-constrained \

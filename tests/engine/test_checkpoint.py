@@ -141,6 +141,9 @@ def test_presets() -> None:
     assert big["intermediate_size"] == 3072 and big["max_position_embeddings"] == 40960
     assert big["rope_theta"] == 1_000_000.0 and big["rms_norm_eps"] == 1e-6
     assert big["tie_word_embeddings"] and big["torch_dtype"] == "bfloat16"
+    confident = get_preset("qwen3-0.6b-confident")
+    assert hf_config(confident) == big  # the same architecture; only the weights differ
+    assert confident.skip_bigram_gain > 0 and not get_preset("qwen3-0.6b").skip_bigram_gain
     with pytest.raises(ConfigError, match="unknown model preset 'huge'"):
         get_preset("huge")
 

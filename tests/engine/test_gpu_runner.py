@@ -5,8 +5,12 @@
 - bfloat16: the engine's own greedy trajectory teacher-forced through transformers: logits at
   every generated position within ``BF16_LOGIT_REL_ERR_MAX`` (relative L2, mean below
   ``BF16_LOGIT_REL_ERR_MEAN``) and top-1 agreement with transformers' float32 run as good as
-  transformers' own bf16 run achieves (see the test for why not 99%);
-each with CUDA graphs on and off. Needs a CUDA GPU (the weights are made, not downloaded).
+  transformers' own bf16 run achieves, on the all-random ``qwen3-0.6b`` (its near-tied top logits
+  make even transformers' bf16 and float32 disagree on ~10% of positions); and top-1 agreement
+  of at least ``BF16_TOP1_MIN`` with transformers' bf16 and float32 runs on
+  ``qwen3-0.6b-confident``, the same architecture with a trained model's logit margins;
+each with CUDA graphs on and off, with prefix-cache hits and with preemption, decode steps
+overlapped (async scheduling). Needs a CUDA GPU (the weights are made, not downloaded).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ PREEMPT_BLOCKS = 6  # too few blocks for every sequence at once: forces preempti
 BF16_LOGIT_REL_ERR_MAX = 0.1
 BF16_LOGIT_REL_ERR_MEAN = 0.05
 BF16_TOP1_SLACK = 0.03  # measured: ours 87.7% vs float32, transformers' bf16 89.7%
+BF16_TOP1_MIN = 0.99  # the issue's bar, on the confident checkpoint
 BASE_CONFIG = {"max_num_seqs": 16, "max_model_len": 2048, "max_num_batched_tokens": 4096}
 
 
@@ -40,6 +45,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from engine.checkpoint import make_model
 
     return make_model("qwen3-0.6b", tmp_path_factory.mktemp("qwen3-0.6b"))
+
+
+@pytest.fixture(scope="module")
+def confident_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from engine.checkpoint import make_model
+
+    return make_model("qwen3-0.6b-confident", tmp_path_factory.mktemp("qwen3-0.6b-confident"))
 
 
 def prompts() -> list[list[int]]:
@@ -166,9 +178,8 @@ def test_float32_greedy_matches_transformers_without_overlap(
     assert run["tokens"] == hf_fp32_tokens
 
 
-@pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
-@pytest.mark.parametrize("preempt", [False, True], ids=["roomy", "preempting"])
-def test_bfloat16_teacher_forced_logits(model_dir: Path, eager: bool, preempt: bool) -> None:
+def bf16_agreement(model_dir: Path, eager: bool, preempt: bool) -> dict[str, float]:
+    """The engine's bf16 greedy run teacher-forced through transformers (bf16 and float32)."""
     run = run_engine(model_dir, "bfloat16", eager, preempt)
     assert (run["preemptions"] > 0) == preempt
     refs = {}
@@ -192,18 +203,43 @@ def test_bfloat16_teacher_forced_logits(model_dir: Path, eager: bool, preempt: b
             agree_fp32 += int(ours.argmax() == exact.argmax())
             hf_agree_fp32 += int(theirs.argmax() == exact.argmax())
             total += 1
+    result = {
+        "max_err": max(errors),
+        "mean_err": sum(errors) / len(errors),
+        "top1_vs_hf_bf16": agree / total,
+        "top1_vs_hf_fp32": agree_fp32 / total,
+        "hf_bf16_vs_hf_fp32": hf_agree_fp32 / total,
+        "positions": total,
+    }
     # The float32 columns say how much of any disagreement is bf16 itself: transformers' own
     # bf16 run against its float32 run on the same tokens.
-    print(
-        f"bf16 eager={eager} preempt={preempt}: max rel err {max(errors):.4f}, "
-        f"mean {sum(errors) / len(errors):.4f}, top-1 vs hf-bf16 {agree / total:.4f}, "
-        f"vs hf-fp32 {agree_fp32 / total:.4f}; hf-bf16 vs hf-fp32 {hf_agree_fp32 / total:.4f} "
-        f"({total} positions)"
-    )
+    print(f"bf16 {model_dir.name} eager={eager} preempt={preempt}: " + ", ".join(
+        f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items()))
+    return result
+
+
+@pytest.mark.parametrize(
+    "eager,preempt", [(False, False), (True, True)], ids=["graphs-roomy", "eager-preempting"]
+)
+def test_bfloat16_teacher_forced_logits(model_dir: Path, eager: bool, preempt: bool) -> None:
+    """All-random weights: every layer moves the logits, so the error bounds check them all."""
+    result = bf16_agreement(model_dir, eager, preempt)
     # Top-1 against float32 as good as transformers' own bf16 (within BF16_TOP1_SLACK): on this
-    # random-weight checkpoint near-tied top logits make even transformers' bf16 and float32
-    # runs disagree on ~10% of positions (89.7% agreement, H200, 2026-11-29), so the issue's
-    # 99% is not reachable by any bf16 implementation here.
-    assert agree_fp32 / total >= hf_agree_fp32 / total - BF16_TOP1_SLACK
-    assert sum(errors) / len(errors) < BF16_LOGIT_REL_ERR_MEAN
-    assert max(errors) < BF16_LOGIT_REL_ERR_MAX
+    # checkpoint near-tied top logits make even transformers' bf16 and float32 runs disagree on
+    # ~10% of positions (89.7% agreement, H200, 2026-11-29).
+    assert result["top1_vs_hf_fp32"] >= result["hf_bf16_vs_hf_fp32"] - BF16_TOP1_SLACK
+    assert result["mean_err"] < BF16_LOGIT_REL_ERR_MEAN
+    assert result["max_err"] < BF16_LOGIT_REL_ERR_MAX
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
+@pytest.mark.parametrize("preempt", [False, True], ids=["roomy", "preempting"])
+def test_bfloat16_top1_agreement_on_a_confident_checkpoint(
+    confident_dir: Path, eager: bool, preempt: bool
+) -> None:
+    """Trained-like logit margins: top-1 agreement with transformers' bf16 and float32 >= 99%."""
+    result = bf16_agreement(confident_dir, eager, preempt)
+    assert result["top1_vs_hf_bf16"] >= BF16_TOP1_MIN
+    assert result["top1_vs_hf_fp32"] >= BF16_TOP1_MIN
+    assert result["mean_err"] < BF16_LOGIT_REL_ERR_MEAN
+    assert result["max_err"] < BF16_LOGIT_REL_ERR_MAX

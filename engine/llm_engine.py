@@ -151,10 +151,13 @@ class LLMEngine:
                     f"{len(prompts)} prompts but {len(params_list)} sampling params"
                 )
         seqs = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
-        self._run(len(seqs), use_tqdm)
-        return [self._output(seq) for seq in seqs]
+        texts: dict[int, str] = {}
+        self._run(len(seqs), use_tqdm, texts)
+        return [self._output(seq, texts.get(seq.seq_id)) for seq in seqs]
 
-    def _run(self, total: int, use_tqdm: bool) -> None:
+    def _run(self, total: int, use_tqdm: bool, texts: dict[int, str]) -> None:
+        """Step until done, detokenizing each sequence as it finishes (into ``texts``): with
+        overlapped steps that runs while the device computes the next step, not after the run."""
         bar = tqdm(total=total, desc="generate", disable=not use_tqdm, dynamic_ncols=True)
         bar.update(len(self.core.rejections))
         prefill_rate = decode_rate = 0.0
@@ -170,12 +173,18 @@ class LLMEngine:
                 prefill_rate = result.batch.num_batched_tokens / elapsed
             bar.set_postfix(prefill=f"{prefill_rate:.0f}tok/s", decode=f"{decode_rate:.0f}tok/s")
             bar.update(len(result.finished))
+            for seq in result.finished:
+                texts[seq.seq_id] = self._text(seq)
         bar.close()
 
-    def _output(self, seq: Sequence) -> dict[str, Any]:
+    def _text(self, seq: Sequence) -> str:
+        completion = seq.completion_token_ids
+        return self.tokenizer.decode(completion) if completion else ""
+
+    def _output(self, seq: Sequence, text: str | None = None) -> dict[str, Any]:
         completion = seq.completion_token_ids
         return {
-            "text": self.tokenizer.decode(completion) if completion else "",
+            "text": self._text(seq) if text is None else text,
             "token_ids": completion,
             "finish_reason": seq.finish_reason,
             "error": self.core.rejections.get(seq.seq_id),

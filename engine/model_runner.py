@@ -300,7 +300,11 @@ class ModelRunner:
         payload = tp.payload_from_batch(batch, decode=decode, pending_values=values)
         if self.dist is not None:
             tp.broadcast_payload(payload, self.dist)
-        return DoneStep(self._run(payload), [seq.seq_id for seq in batch.sampled_seqs])
+        began = time.perf_counter()
+        output = self._run(payload)
+        if output.duration_s is None:  # CPU: computed right here, so its wall time is the step's
+            output.duration_s = time.perf_counter() - began
+        return DoneStep(output, [seq.seq_id for seq in batch.sampled_seqs])
 
     def _launch_decode(self, batch: ScheduledBatch, previous: PendingStep | None) -> PendingStep:
         """A decode-only step on one GPU, staged straight from the sequences."""

@@ -33,6 +33,11 @@ SYNTHETIC_RANGE = 10000
 SYNTHETIC_STRIDE = 7919
 
 
+def _linear(intercept: float, coef: tuple[float, ...], features: tuple[int, ...]) -> float:
+    """``intercept + coef . features`` in plain floats (numpy per step would cost more)."""
+    return intercept + sum(c * x for c, x in zip(coef, features))
+
+
 class SimClock:
     """A clock that moves only when told: ``clock()`` reads it, the executor advances it."""
 
@@ -116,18 +121,9 @@ class SimExecutor:
         if kind == "decode":
             kind = "decode_graph" if graph else "decode_eager"
         intercept, c, floor = self._timer[kind]
-        prefill_tokens, prefill_work, decode_seqs, decode_ctx = batch_features(batch)
-        # Order of ``c`` is cost_model.FEATURES; plain floats: this runs once per step.
-        seconds = (
-            intercept
-            + c[0] * num_seqs
-            + c[1] * prefill_tokens
-            + c[2] * prefill_work
-            + c[3] * decode_seqs
-            + c[4] * decode_ctx
-            + c[5] * padded
-        )
-        seconds = max(seconds, floor, MIN_STEP_S)
+        # In cost_model.FEATURES order; plain floats: this runs once per step.
+        features = (num_seqs, *batch_features(batch), padded)
+        seconds = max(_linear(intercept, c, features), floor, MIN_STEP_S)
         if self._warmup:
             seconds += self._warmup.pop(kind, 0.0)
         if self._host is None:
@@ -135,16 +131,7 @@ class SimExecutor:
             return StepOutput(token_ids=out, duration_s=seconds, padded_batch_size=padded,
                               graph_used=graph, wait_s=seconds)
         intercept, c, sequential_s, overlapped_s = self._host[kind]
-        host = (
-            intercept
-            + c[0] * num_seqs
-            + c[1] * prefill_tokens
-            + c[2] * prefill_work
-            + c[3] * decode_seqs
-            + c[4] * decode_ctx
-            + c[5] * padded
-        )
-        host = max(host, 0.0)
+        host = max(_linear(intercept, c, features), 0.0)
         if self._host_warmup:
             host += self._host_warmup.pop(kind, 0.0)
         if batch.overlapped:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import hypothesis.strategies as st
 import numpy as np
-import test_scheduler_properties as props  # a module import: its tests are not collected twice
 from hypothesis import event, example, given, settings
+from scheduler_observer import run_workload
+from scripted_engine import decision_columns
 from strategies import RequestSpec, Workload, scaled, workloads
 
 from engine.config import Config
@@ -27,7 +28,7 @@ from tracing.sink import MemorySink
 
 
 def _decisions(tables: dict[str, dict[str, list]]) -> dict[str, dict[str, list]]:
-    return {kind: props._decision_columns(kind, tables[kind]) for kind in EVENT_KINDS}
+    return {kind: decision_columns(kind, tables[kind]) for kind in EVENT_KINDS}
 
 
 def _roomy(workload: Workload) -> Workload:
@@ -60,9 +61,9 @@ REUSE = [_reuse_workload("prefill_first"), _reuse_workload("chunked")]
 
 
 def _check_same(workload: Workload) -> dict[str, dict[str, list]]:
-    sequential = props.run_workload(workload, observe=False, overlap=False)
+    sequential = run_workload(workload, observe=False, overlap=False)
     sequential.raise_violations()
-    overlapped = props.run_workload(workload, observe=False, overlap=True)
+    overlapped = run_workload(workload, observe=False, overlap=True)
     overlapped.raise_violations()
     want, got = _decisions(sequential.sink.tables), _decisions(overlapped.sink.tables)
     for kind in EVENT_KINDS:

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
-from collections.abc import Iterator
 from collections.abc import Sequence as SequenceABC
-from contextlib import contextmanager
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -21,22 +18,6 @@ from engine.sequence import Sequence
 log = logging.getLogger(__name__)
 
 Prompt = str | list[int]
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector off for one ``generate`` (it is back on after, and collects
-    then). Measured on the H200 (tools/probe_prefill_floor.py): with it on, the collections that
-    the engine's allocations trigger land inside launch-bound eager prefills, which took ~25 ms
-    instead of ~12 ms in a run writing a Parquet trace; frozen start-up objects and no
-    collection during the run: ~12 ms, as at the start-up calibration."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _make_sink(trace_dir: str | None, config: Config) -> Any:
@@ -109,10 +90,6 @@ class LLMEngine:
             record_events=record_events,
         )
         self.vocab_size = self.runner.vocab_size
-        # What start-up built (the model's modules, the tokenizer) lives as long as the engine:
-        # frozen, the cyclic garbage collector stops scanning it (as vLLM does after start-up).
-        gc.collect()
-        gc.freeze()
 
     # --- requests ---------------------------------------------------------------------------------
     def _token_ids(self, prompt: Prompt) -> tuple[list[int], str | None]:
@@ -175,8 +152,7 @@ class LLMEngine:
                 )
         seqs = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
         texts: dict[int, str] = {}
-        with collector_paused():
-            self._run(len(seqs), use_tqdm, texts)
+        self._run(len(seqs), use_tqdm, texts)
         return [self._output(seq, texts.get(seq.seq_id)) for seq in seqs]
 
     def _run(self, total: int, use_tqdm: bool, texts: dict[int, str]) -> None:

@@ -6,7 +6,7 @@ import time
 
 from tqdm.auto import tqdm
 
-from engine.llm_engine import LLMEngine, collector_paused
+from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from replay.workloads import Request
@@ -15,16 +15,10 @@ IDLE_POLL_S = 0.001
 
 
 def run_workload(llm: LLMEngine, requests: list[Request], use_tqdm: bool = True) -> list[Sequence]:
-    """Submit each request once the run's clock passes its ``arrival_s``; step until all finish
-    (the garbage collector paused, as in ``LLM.generate``).
+    """Submit each request once the run's clock passes its ``arrival_s``; step until all finish.
 
     Returns the sequences in workload order. All-zero arrivals make an offline batch.
     """
-    with collector_paused():
-        return _run(llm, requests, use_tqdm)
-
-
-def _run(llm: LLMEngine, requests: list[Request], use_tqdm: bool) -> list[Sequence]:
     order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_s, i))
     seqs: list[Sequence | None] = [None] * len(requests)
     core = llm.core

@@ -138,7 +138,7 @@ class CostModel:
             calibration = calibration_residuals(events.header.get("calibration") or [],
                                                 step_class)
             host_rows = calibration_host_rows(events.header.get("calibration") or [], step_class)
-            model.overlap = OverlapModel.fit(*data, model.launch_floors(), calibration, host_rows)
+            model.overlap = OverlapModel.fit(*data, calibration, host_rows)
             model.overlap.heldout = evaluate(*data, _device_trainer(x, y, classes, window,
                                                                     steps), calibration, host_rows)
         return model
@@ -220,10 +220,6 @@ class CostModel:
             mask = classes == name
             out[mask] = self.fit_for(str(name)).predict(x[mask])
         return out
-
-    def launch_floors(self) -> dict[str, float]:
-        """Class -> the eager launch floor of its fit (0: a CUDA-graph class, or not known)."""
-        return {name: self.fit_for(name).floor for name in STEP_CLASSES}
 
     @property
     def mode(self) -> str:
@@ -368,15 +364,14 @@ class CostModel:
 def _device_trainer(x: np.ndarray, y: np.ndarray, classes: np.ndarray, window: np.ndarray,
                     steps: int) -> Any:
     """For ``cost_overlap.evaluate``: device fits on the run's steps a mask selects (of the
-    first ``steps`` rows) plus every calibration row, as a predictor and their launch floors
-    (None: too few steps)."""
+    first ``steps`` rows) plus every calibration row, as a predictor (None: too few steps)."""
     def train(mask: np.ndarray) -> Any:
         use = np.concatenate([mask, np.ones(len(y) - steps, dtype=bool)])
         fits, _ = fit_all(x[use], y[use], classes[use], window[use])
         if not fits:
             return None
         trained = CostModel(fits)
-        return trained.predict_many, trained.launch_floors()
+        return trained.predict_many
     return train
 
 

@@ -21,16 +21,12 @@ costs shared by every class).
 The offsets are what the rule misses systematically, measured on the source: per class and mode,
 the (1%-trimmed) mean of ``interval - rule(duration_s, host_s)`` over its steps of that mode
 (measured times, so a warm-up step, slow in both, tells as much as any). Physically, a sequential
-step pays a sync latency (the device finishing, the host noticing) and *saves* its launch time:
-an eager step's kernels run while the host launches them, so that time is in both ``host_s`` and
-``duration_s``, and a launch-bound step takes about its host time alone. Where a class has too
-few steps of a mode, its sequential offset comes from the header's start-up calibration steps
-of its class where they record the time the executor waited for the device (``wait_s``: then a
-step's residual is ``wait_s - duration_s``), else from that physics: the sync latency (fitted on
-the sequential steps, or the calibration steps, of classes whose launch time is known) minus its
-launch time (the class's eager launch floor, from the device fit; 0 for a CUDA-graph decode).
-A class with too few overlapped steps takes the offset of all overlapped steps (0 where there
-are none). The model says which offsets it could not measure.
+step pays a sync latency (the device finishing, the host noticing). Where a class has too few
+steps of a mode, its sequential offset comes from the header's start-up calibration steps of its
+class that record the time the executor waited for the device (``wait_s``:
+``calibration_residuals``), else it is the sync latency of the other sequential steps (or of the
+calibration steps). A class with too few overlapped steps takes the offset of all overlapped
+steps (0 where there are none). The model says which offsets it could not measure.
 
 A run that overlaps another fraction of its steps than the source (another config, or async
 scheduling off) is thus priced by its own launch decisions, which the engine takes from scheduler
@@ -121,8 +117,7 @@ class OverlapModel:
     # steps", or derived), for reporting.
     offsets: dict[str, dict[str, float]] = field(default_factory=dict)
     offset_source: dict[str, dict[str, str]] = field(default_factory=dict)
-    sync_s: float = 0.0  # a sequential step's sync latency, beyond its launch time
-    launch_s: dict[str, float] = field(default_factory=dict)  # class -> launch time saved
+    sync_s: float = 0.0  # a sequential step's sync latency
     source_steps: dict[str, int] = field(default_factory=dict)  # source steps per mode
     host_warmup_s: dict[str, float] = field(default_factory=dict)
     selection: dict[str, Any] = field(default_factory=dict)
@@ -131,12 +126,10 @@ class OverlapModel:
     @classmethod
     def fit(cls, x: np.ndarray, host: np.ndarray, classes: np.ndarray, window: np.ndarray,
             overlapped: np.ndarray, interval: np.ndarray, device: np.ndarray,
-            launch: dict[str, float],
             calibration: tuple[np.ndarray, np.ndarray] | None = None,
             host_rows: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> OverlapModel:
-        """``device``: measured device times; ``launch``: class -> its launch time (the eager
-        launch floor of its device fit; 0 or absent: none, or unknown); ``calibration``: the
-        classes and sequential residuals of calibration steps (``calibration_residuals``);
+        """``device``: measured device times; ``calibration``: the classes and sequential
+        residuals of calibration steps (``calibration_residuals``);
         ``host_rows``: features, host times and classes of calibration steps, fitted with the
         run's steps (``calibration_host_rows``: step sizes the run never took).
         Each class's first step is left out of the host fit and, if far above it, charged once
@@ -148,7 +141,7 @@ class OverlapModel:
             hc = np.concatenate([hc, host_rows[2]])
             hw = np.concatenate([hw, np.zeros(len(host_rows[1]), dtype=bool)])
         fits, selection = fit_host(hx, hy, hc, hw)
-        model = cls(fits, selection=selection, launch_s={k: float(v) for k, v in launch.items()})
+        model = cls(fits, selection=selection)
         predicted = model.predict_host(x, classes)
         for row in np.flatnonzero(firsts):
             name = str(classes[row])
@@ -169,15 +162,6 @@ class OverlapModel:
                      calibration: tuple[np.ndarray, np.ndarray] | None) -> None:
         cal_classes, cal_residual = calibration if calibration is not None else (
             np.zeros(0, dtype=str), np.zeros(0))
-
-        def launch(names: np.ndarray) -> np.ndarray:
-            return np.array([self.launch_s.get(str(c), 0.0) for c in names], dtype=float)
-
-        def known(names: np.ndarray) -> np.ndarray:
-            # Classes whose launch time is known: CUDA-graph ones (none to speak of) and eager
-            # ones with a launch floor. Another would pass off its launch as a negative latency.
-            return np.array([str(c) not in EAGER_CLASSES or self.launch_s.get(str(c), 0.0) > 0
-                             for c in names], dtype=bool)
 
         sequential = ~overlapped
         if sequential.sum() >= MIN_OFFSET_STEPS:
@@ -302,7 +286,6 @@ class OverlapModel:
             "offsets": self.offsets,
             "offset_source": self.offset_source,
             "sync_s": self.sync_s,
-            "launch_s": self.launch_s,
             "source_steps": self.source_steps,
             "host_warmup_s": self.host_warmup_s,
             "selection": self.selection,
@@ -316,7 +299,6 @@ class OverlapModel:
             {mode: {k: float(v) for k, v in by.items()} for mode, by in data["offsets"].items()},
             data.get("offset_source", {}),
             float(data.get("sync_s", 0.0)),
-            {k: float(v) for k, v in data.get("launch_s", {}).items()},
             {k: int(v) for k, v in data.get("source_steps", {}).items()},
             {k: float(v) for k, v in data.get("host_warmup_s", {}).items()},
             data.get("selection", {}),
@@ -366,7 +348,7 @@ def evaluate(x: np.ndarray, host: np.ndarray, classes: np.ndarray, window: np.nd
              ) -> dict[str, Any]:
     """Held-out errors of the host fits and of the predicted intervals: every HOLDOUT_EVERY-th
     step of each class is held out, the device fits (``train_device(train_mask)``: a predictor
-    ``(x, classes) -> seconds`` and the launch times, or None), host fits and offsets are
+    ``(x, classes) -> seconds``, or None), host fits and offsets are
     refitted on the others; a held-out step's interval is predicted from predicted device and
     host times, as the simulator does."""
     test = np.zeros(len(host), dtype=bool)
@@ -374,12 +356,11 @@ def evaluate(x: np.ndarray, host: np.ndarray, classes: np.ndarray, window: np.nd
         rows = np.flatnonzero(classes == name)
         test[rows[HOLDOUT_EVERY - 1 :: HOLDOUT_EVERY]] = True
     train = ~test
-    trained = train_device(train) if test.any() and train.any() else None
-    if trained is None:
+    predict_device = train_device(train) if test.any() and train.any() else None
+    if predict_device is None:
         return {}
-    predict_device, launch = trained
     model = OverlapModel.fit(x[train], host[train], classes[train], window[train],
-                             overlapped[train], interval[train], device[train], launch,
+                             overlapped[train], interval[train], device[train],
                              calibration, host_rows)
     host_pred = model.predict_host(x[test], classes[test])
     predicted = model.intervals(predict_device(x[test], classes[test]), host_pred,

@@ -13,6 +13,7 @@ import importlib.util
 import torch
 
 from engine.attention_metadata import AttentionMetadata
+from engine.layers.attention_triton import TritonSlotStore
 
 # flash-attn 2's paged KV needs page_block_size % 256 == 0.
 FLASH_ATTN_PAGE_MULTIPLE = 256
@@ -24,32 +25,18 @@ def flash_attn_available(device: torch.device) -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
-class FlashAttnBackend:
+class FlashAttnBackend(TritonSlotStore):
     """Nano-vLLM's attention: varlen prefill (paged when there is cached context), paged decode."""
 
     name = "flash_attn"
     supports_cuda_graphs = True
-    # store_kv is triton_kv_store.store_kv: a model's kernel may do the same write itself.
-    supports_fused_kv_store = True
 
     def __init__(self) -> None:
+        super().__init__()
         from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
-
-        from engine.layers.triton_kv_store import store_kv
 
         self._varlen = flash_attn_varlen_func
         self._with_kvcache = flash_attn_with_kvcache
-        self._store_kv = store_kv
-
-    def store_kv(
-        self,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> None:
-        self._store_kv(k, v, k_cache, v_cache, slot_mapping)
 
     def forward(
         self,

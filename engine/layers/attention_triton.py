@@ -28,22 +28,17 @@ def triton_available(device: torch.device) -> bool:
     return True
 
 
-class TritonAttentionBackend:
-    """Paged attention with Triton kernels (see module docstring)."""
+class TritonSlotStore:
+    """``store_kv`` of the CUDA backends: the Triton kernel of ``triton_kv_store`` (imported
+    when a backend is built, so importing this module needs no triton). A plain slot write, so
+    a model's kernel may do the same write itself (``supports_fused_kv_store``)."""
 
-    name = "triton"
-    supports_cuda_graphs = True
-    # store_kv is triton_kv_store.store_kv: a model's kernel may do the same write itself.
     supports_fused_kv_store = True
 
     def __init__(self) -> None:
         from engine.layers.triton_kv_store import store_kv
-        from engine.layers.triton_paged_attention import paged_decode_attention
-        from engine.layers.triton_prefill_attention import prefill_attention
 
         self._store_kv = store_kv
-        self._decode = paged_decode_attention
-        self._prefill = prefill_attention
 
     def store_kv(
         self,
@@ -54,6 +49,21 @@ class TritonAttentionBackend:
         slot_mapping: torch.Tensor,
     ) -> None:
         self._store_kv(k, v, k_cache, v_cache, slot_mapping)
+
+
+class TritonAttentionBackend(TritonSlotStore):
+    """Paged attention with Triton kernels (see module docstring)."""
+
+    name = "triton"
+    supports_cuda_graphs = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        from engine.layers.triton_paged_attention import paged_decode_attention
+        from engine.layers.triton_prefill_attention import prefill_attention
+
+        self._decode = paged_decode_attention
+        self._prefill = prefill_attention
 
     def forward(
         self,

@@ -24,7 +24,7 @@ from engine import cuda_runner, tp
 from engine.attention_metadata import AttentionMetadata, build_attention_metadata
 from engine.batch import ScheduledBatch, StepOutput
 from engine.config import AUTO_SIZED_BLOCKS, Config
-from engine.cuda_graphs import DecodeBuffers, DecodeGraphs
+from engine.cuda_graphs import NO_SOURCE, DecodeBuffers, DecodeGraphs
 from engine.errors import ConfigError
 from engine.executor import DoneStep, PendingStep
 from engine.layers.attention import get_attention_backend
@@ -63,20 +63,17 @@ def _token_values(previous: PendingStep) -> dict[int, int]:
     return dict(zip(seq_ids, output.token_ids))
 
 
-def _sources(seqs: list, previous: PendingStep) -> list[int]:
+def _sources(seqs: list, previous: cuda_runner.LaunchedStep) -> list[int]:
     """Per sequence, the row of ``previous``'s output holding its pending input token."""
-    row_of = getattr(previous, "row_of", None)
-    if row_of is None:
-        raise ValueError("the previous step does not say which sequences it sampled")
     out = []
     for seq in seqs:
         if seq.last_token == PENDING_TOKEN:
-            row = row_of.get(seq.seq_id)
+            row = previous.row_of.get(seq.seq_id)
             if row is None:
                 raise ValueError(f"seq {seq.seq_id}: pending token not sampled by the last step")
             out.append(row)
         else:
-            out.append(-1)
+            out.append(NO_SOURCE)
     return out
 
 
@@ -312,16 +309,15 @@ class ModelRunner:
         seqs = batch.seqs
         num_seqs = len(seqs)
         size = self._graph_size(num_seqs)
-        sources = values = None
-        if isinstance(previous, cuda_runner.LaunchedStep):
-            sources = _sources(seqs, previous)
-        elif previous is not None:
-            values = _token_values(previous)
+        # Pending input tokens: read on the device from a step still in flight, else on the host.
+        on_device = previous if isinstance(previous, cuda_runner.LaunchedStep) else None
+        sources = _sources(seqs, on_device) if on_device is not None else None
+        values = _token_values(previous) if previous is not None and on_device is None else None
         self.buffers.stage_sequences(
             seqs, batch.context_lens, size or num_seqs, self.num_kvcache_blocks, sources, values
         )
-        if isinstance(previous, cuda_runner.LaunchedStep):
-            self.buffers.take_sources(num_seqs, previous.tokens)
+        if on_device is not None:
+            self.buffers.take_sources(num_seqs, on_device.tokens)
         host_tokens, timer = self.tokens.next(num_seqs)
         timer.begin()
         hidden, padded, graph_used = self._forward_staged(num_seqs, size, batch.context_lens)

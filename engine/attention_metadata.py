@@ -42,6 +42,9 @@ class AttentionMetadata:
     max_decode_seqlen_k: int  # longest context among decode sequences (0 without decodes)
     query_lens_host: tuple[int, ...]
     context_lens_host: tuple[int, ...]
+    # Prefill keys are read through the block table even without cached context: a CUDA-graph
+    # prefill (engine/prefill_graphs.py), whose batch is unknown when it is captured.
+    paged_prefill: bool = False
 
     @property
     def num_seqs(self) -> int:

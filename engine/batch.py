@@ -47,3 +47,6 @@ class StepOutput:
     padded_batch_size: int = 0
     graph_used: bool = False
     wait_s: float = 0.0  # host time spent blocked waiting for the device (not host work)
+    # Tokens the forward computed, padding included (a CUDA-graph prefill's captured size);
+    # 0: the step's own tokens.
+    padded_tokens: int = 0

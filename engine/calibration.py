@@ -121,6 +121,7 @@ def calibrate(executor: Executor, config: Config, repeats: int) -> list[dict[str
             "decode_context_tokens": decode_ctx,
             "padded_batch_size": output.padded_batch_size or len(batch.seqs),
             "graph_used": bool(output.graph_used),
+            "padded_tokens": output.padded_tokens,
             "interval_s": statistics.median(walls),
             "interval_p10_s": _quantile(walls, LOW_QUANTILE),
             "interval_p90_s": _quantile(walls, HIGH_QUANTILE),

@@ -61,6 +61,7 @@ FIELD_RULES: dict[str, _Rule] = {
     "trace_flush_seconds": _Rule(float, 0.0, None),
     "calibration_repeats": _Rule(int, 0, 1000),
     "async_scheduling": _Rule(bool),
+    "prefill_graph_tokens": _Rule(int, 0, _INT_MAX),
 }
 
 
@@ -97,6 +98,9 @@ class Config:
     # Schedule step N+1 while step N runs on the device when N's tokens cannot change the
     # decision (engine/engine_core.py). Decisions and events are those of the sequential loop.
     async_scheduling: bool = True
+    # Prefills of up to this many tokens run through CUDA graphs captured per token count
+    # (engine/prefill_graphs.py): launched in one call instead of ~400 kernel launches; 0: eager.
+    prefill_graph_tokens: int = 4096
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:

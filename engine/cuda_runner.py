@@ -23,7 +23,10 @@ import torch
 
 from engine.attention_metadata import build_attention_metadata
 from engine.batch import StepOutput
+from engine.config import Config
+from engine.cuda_graphs import DecodeBuffers, DecodeGraphs
 from engine.errors import ConfigError
+from engine.prefill_graphs import PrefillGraphs, prefill_graph_sizes
 
 if TYPE_CHECKING:
     from engine.model_runner import ModelRunner
@@ -33,6 +36,7 @@ if TYPE_CHECKING:
 CUDA_GRAPH_RESERVE_BYTES = 256 << 20
 # Query tokens of the dummy prefill that compiles the paged-prefill kernel before serving.
 PRECOMPILE_QUERY_TOKENS = 3
+MAX_GRAPH_BATCH = 512  # the largest decode batch captured in a CUDA graph (Nano-vLLM's)
 
 
 def _dummy_tables(num_seqs: int, tokens: int, block_size: int) -> list[list[int]]:
@@ -67,11 +71,16 @@ def warm_up_and_size(runner: ModelRunner) -> int:
     free, total = torch.cuda.mem_get_info(device)
     stats = torch.cuda.memory_stats(device)
     transient = stats["allocated_bytes.all.peak"] - stats["allocated_bytes.all.current"]
+    # The prefill graphs' pool holds the activations of the largest captured prefill, apart from
+    # the allocator's cache: a share of the maximum-load step's, pro rata to its tokens.
+    graph_tokens = max(planned_prefill_graph_sizes(runner), default=0)
+    prefill_reserve = transient * min(graph_tokens, len(lens) * seq_len) // (len(lens) * seq_len)
     budget = (
         int(total * config.gpu_memory_utilization)
         - (total - free)
         - transient
         - CUDA_GRAPH_RESERVE_BYTES
+        - prefill_reserve
     )
     blocks = budget // runner.kv_block_bytes
     if blocks < 1:
@@ -81,6 +90,61 @@ def warm_up_and_size(runner: ModelRunner) -> int:
             "raise gpu_memory_utilization or lower max_num_batched_tokens"
         )
     return int(blocks)
+
+
+def uses_cuda_graphs(runner: ModelRunner) -> bool:
+    return not runner.config.enforce_eager and getattr(
+        runner.attention_backend, "supports_cuda_graphs", False
+    )
+
+
+def planned_prefill_graph_sizes(runner: ModelRunner) -> list[int]:
+    """The prefill token counts to capture: none without graphs, with tensor parallelism (every
+    rank would have to replay in lock-step) or with a backend that cannot read prefill keys
+    through the block table (``supports_prefill_graphs``)."""
+    if not uses_cuda_graphs(runner) or runner.config.tensor_parallel_size > 1:
+        return []
+    if not getattr(runner.attention_backend, "supports_prefill_graphs", False):
+        return []
+    return prefill_graph_sizes(prefill_graph_limit(runner.config))
+
+
+def prefill_graph_limit(config: Config) -> int:
+    """The largest prefill a graph may take: the setting, within the token budget."""
+    return min(config.prefill_graph_tokens, config.max_num_batched_tokens)
+
+
+def set_up_cuda(runner: ModelRunner) -> None:
+    """Decode buffers, step timer, token buffers, kernel pre-compilation, then the CUDA graphs
+    (decode, and prefill where planned), captured over the bound KV cache."""
+    config, spec = runner.config, runner.spec
+    if config.max_model_len > spec.max_position_embeddings:
+        raise ConfigError(
+            f"max_model_len {config.max_model_len} exceeds the model's "
+            f"max_position_embeddings {spec.max_position_embeddings}"
+        )
+    choose_blas_library()
+    max_batch = min(config.max_num_seqs, MAX_GRAPH_BATCH)
+    width = -(-config.max_model_len // runner.block_size)
+    runner.buffers = DecodeBuffers(max_batch, width, runner.block_size, runner.device)
+    runner.timer = StepTimer()
+    runner.tokens = TokenBuffers(max_batch)
+    sizes = (
+        split_variants(max_batch, runner.num_kv_heads)
+        if runner.attention_backend.name == "triton"
+        else [1]
+    )
+    precompile(runner, sizes)
+    if not uses_cuda_graphs(runner):
+        return
+    runner.graphs = DecodeGraphs(runner.buffers, spec.hidden_size, runner.dtype,
+                                 config.max_model_len)
+    runner.graphs.capture(runner.model)
+    prefill_sizes = planned_prefill_graph_sizes(runner)
+    if prefill_sizes:
+        runner.prefill_graphs = PrefillGraphs(prefill_sizes, width, runner.block_size,
+                                              spec.hidden_size, runner.dtype, runner.device)
+        runner.prefill_graphs.capture(runner.model)
 
 
 @torch.inference_mode()
@@ -212,9 +276,11 @@ class StepTimer:
 
 def describe_cuda(runner: ModelRunner) -> dict[str, Any]:
     graphs = runner.graphs
+    prefill = runner.prefill_graphs.describe() if runner.prefill_graphs is not None else {}
     return {
         "cuda_graphs": graphs is not None,
         "graph_batch_sizes": graphs.sizes if graphs is not None else [],
+        **prefill,
         "block_table_width": runner.buffers.table_width if runner.buffers else 0,
         "fused_kernels": runner.fused_kernels,
         "blas_library": str(torch.backends.cuda.preferred_blas_library()).removeprefix(

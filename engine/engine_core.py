@@ -209,6 +209,7 @@ class EngineCore:
         prefill_tokens, prefill_work, decode_seqs, decode_ctx = batch_features(batch)
         padded = output.padded_batch_size if output is not None else 0
         graph_used = output.graph_used if output is not None else False
+        padded_tokens = output.padded_tokens if output is not None else 0
         return self.events.emit_model_step(
             batch.kind,
             0.0,
@@ -222,6 +223,7 @@ class EngineCore:
             0.0,
             batch.overlapped,
             0.0,
+            padded_tokens,
         )
 
     def _complete(

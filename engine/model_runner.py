@@ -31,11 +31,11 @@ from engine.layers.attention import get_attention_backend
 from engine.layers.parallel import SINGLE_PROCESS
 from engine.layers.sampler import Sampler
 from engine.loader import build_model
+from engine.prefill_graphs import PrefillGraphs
 from engine.sequence import PENDING_TOKEN
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 KV_PLANES = 2  # K and V
-MAX_GRAPH_BATCH = 512  # the largest decode batch captured in a CUDA graph (Nano-vLLM's)
 SEED_STRIDE = 1_000_003  # mixes the configured seed and the step number into a sampling seed
 SEED_MODULUS = 2**31 - 1
 
@@ -106,6 +106,7 @@ class ModelRunner:
         self.dist: tp.Distributed | None = None
         self.buffers: DecodeBuffers | None = None
         self.graphs: DecodeGraphs | None = None
+        self.prefill_graphs: PrefillGraphs | None = None
         self.timer: cuda_runner.StepTimer | None = None
         self.tokens: cuda_runner.TokenBuffers | None = None
         self.kv_cache: torch.Tensor | None = None
@@ -149,7 +150,7 @@ class ModelRunner:
         self.num_kvcache_blocks: int = tp.agree_min(blocks, self.dist) if self.dist else blocks
         self._allocate_kv_cache()
         if self.device.type == "cuda":
-            self._set_up_cuda()
+            cuda_runner.set_up_cuda(self)
 
     # --- set-up -----------------------------------------------------------------------------------
     @property
@@ -192,33 +193,6 @@ class ModelRunner:
         )
         for i, layer in enumerate(self.model.attention_layers):
             layer.bind_kv_cache(self.kv_cache[0, i], self.kv_cache[1, i])
-
-    def _set_up_cuda(self) -> None:
-        config = self.config
-        if config.max_model_len > self.spec.max_position_embeddings:
-            raise ConfigError(
-                f"max_model_len {config.max_model_len} exceeds the model's "
-                f"max_position_embeddings {self.spec.max_position_embeddings}"
-            )
-        cuda_runner.choose_blas_library()
-        max_batch = min(config.max_num_seqs, MAX_GRAPH_BATCH)
-        width = -(-config.max_model_len // self.block_size)
-        self.buffers = DecodeBuffers(max_batch, width, self.block_size, self.device)
-        self.timer = cuda_runner.StepTimer()
-        self.tokens = cuda_runner.TokenBuffers(max_batch)
-        sizes = (
-            cuda_runner.split_variants(max_batch, self.num_kv_heads)
-            if self.attention_backend.name == "triton"
-            else [1]
-        )
-        cuda_runner.precompile(self, sizes)
-        if not config.enforce_eager and getattr(
-            self.attention_backend, "supports_cuda_graphs", False
-        ):
-            self.graphs = DecodeGraphs(
-                self.buffers, self.spec.hidden_size, self.dtype, config.max_model_len
-            )
-            self.graphs.capture(self.model)
 
     # --- one step ---------------------------------------------------------------------------------
     def _check_batch(self, batch: ScheduledBatch) -> None:
@@ -332,9 +306,13 @@ class ModelRunner:
     def _run(self, payload: tp.StepPayload) -> StepOutput:
         """Forward (every rank) and sampling (rank 0) of one step from its payload."""
         num_seqs = len(payload.seq_ids)
-        if self.timer is not None:
+        padded_tokens = self._prefill_graph_size(payload)
+        if self.timer is not None and not padded_tokens:
             self.timer.begin()
-        if payload.decode:
+        if padded_tokens:
+            hidden = self._replay_prefill(payload, padded_tokens)
+            padded, graph_used = num_seqs, True
+        elif payload.decode:
             assert self.buffers is not None
             size = self._graph_size(num_seqs)
             self.buffers.stage(
@@ -353,7 +331,8 @@ class ModelRunner:
             hidden, padded, graph_used = self.model(ids, positions, metadata), num_seqs, False
         if not payload.sample_rows:
             self.num_steps += 1
-            return StepOutput(token_ids=[], padded_batch_size=padded, graph_used=graph_used)
+            return StepOutput(token_ids=[], padded_batch_size=padded, graph_used=graph_used,
+                              padded_tokens=padded_tokens)
         if payload.decode and len(payload.sample_rows) == num_seqs:
             selected = hidden
         else:
@@ -361,13 +340,32 @@ class ModelRunner:
             selected = hidden.index_select(0, index)
         if self.device.type == "cuda":
             temps = self._temperatures(payload)
-            return self._sample_and_finish(selected, temps, padded, graph_used)
+            output = self._sample_and_finish(selected, temps, padded, graph_used)
+            output.padded_tokens = padded_tokens
+            return output
         logits = self.model.compute_logits(selected)
         self.num_steps += 1
         if self.rank != 0:
             return StepOutput(token_ids=[], padded_batch_size=padded, graph_used=graph_used)
         tokens = self.sampler(logits, payload.temperatures)
         return StepOutput(tokens.tolist(), padded_batch_size=padded, graph_used=graph_used)
+
+    def _prefill_graph_size(self, payload: tp.StepPayload) -> int:
+        """The captured token count this step's prefill pads to; 0: not a graph prefill."""
+        graphs = self.prefill_graphs
+        if graphs is None or payload.decode or payload.num_prefill_seqs != len(payload.seq_ids):
+            return 0
+        return graphs.padded_size(len(payload.input_ids), len(payload.seq_ids))
+
+    def _replay_prefill(self, payload: tp.StepPayload, padded_tokens: int) -> torch.Tensor:
+        """Stage a prefill into the graph buffers and replay; hidden states of every row."""
+        assert self.prefill_graphs is not None and self.timer is not None
+        if self.buffers is not None:
+            self.buffers.invalidate()  # block tables may have been rebuilt (preemption)
+        self.prefill_graphs.stage(payload.input_ids, payload.query_lens, payload.context_lens,
+                                  payload.block_tables, padded_tokens)
+        self.timer.begin()
+        return self.prefill_graphs.replay(padded_tokens)
 
     def _graph_size(self, num_seqs: int) -> int | None:
         return self.graphs.padded_size(num_seqs) if self.graphs is not None else None
@@ -468,6 +466,9 @@ class ModelRunner:
         if self.graphs is not None:
             self.graphs.release()
             self.graphs = None
+        if self.prefill_graphs is not None:
+            self.prefill_graphs.release()
+            self.prefill_graphs = None
         for layer in self.model.attention_layers:
             layer.bind_kv_cache(None, None)
         self.kv_cache = None

@@ -25,7 +25,7 @@ TOKEN_COLUMNS: dict[str, frozenset[str]] = {
 }
 # Columns the executor decides (graph padding), not the scheduler.
 EXECUTOR_COLUMNS: dict[str, frozenset[str]] = {
-    "model_step": frozenset({"padded_batch_size", "graph_used"}),
+    "model_step": frozenset({"padded_batch_size", "padded_tokens", "graph_used"}),
 }
 
 

@@ -31,6 +31,8 @@ def config_from_header(header: dict[str, Any], **overrides: Any) -> Config:
     recorded = dict(recorded)
     # Recorded before the field existed: that engine never overlapped steps.
     recorded.setdefault("async_scheduling", False)
+    # ... nor ran a prefill through a CUDA graph.
+    recorded.setdefault("prefill_graph_tokens", 0)
     known = set(Config.field_names())
     unknown = sorted(set(recorded) - known)
     if unknown:

@@ -48,12 +48,13 @@ class TraceExecutor:
         )
         steps = recorded.tables["model_step"]
         self._steps = {
-            int(step): (float(duration), int(padded), bool(graph))
-            for step, duration, padded, graph in zip(
+            int(step): (float(duration), int(padded), bool(graph), int(tokens))
+            for step, duration, padded, graph, tokens in zip(
                 np.asarray(steps["step"]).tolist(),
                 np.asarray(steps["duration_s"]).tolist(),
                 np.asarray(steps["padded_batch_size"]).tolist(),
                 np.asarray(steps["graph_used"]).tolist(),
+                np.asarray(steps["padded_tokens"]).tolist(),
             )
         }
 
@@ -67,9 +68,10 @@ class TraceExecutor:
             raise ReplayDiverged(
                 batch.step, f"replay samples sequences {wanted[:8]}..., recording {seq_ids[:8]}..."
             )
-        duration, padded, graph = measured
+        duration, padded, graph, padded_tokens = measured
         return StepOutput(
-            token_ids=token_ids, duration_s=duration, padded_batch_size=padded, graph_used=graph
+            token_ids=token_ids, duration_s=duration, padded_batch_size=padded, graph_used=graph,
+            padded_tokens=padded_tokens,
         )
 
     def describe(self) -> dict[str, Any]:

@@ -19,7 +19,8 @@ if has ktests; then  # the Triton kernels, compiled
     timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider -rs -x \
         tests/engine/test_triton_kernels.py tests/engine/test_triton_fused.py \
         tests/engine/test_triton_fused_kv_store.py tests/engine/test_attention_triton_backend.py \
-        tests/engine/test_triton_sampler.py > "$OUT/ktests.log" 2>&1
+        tests/engine/test_triton_sampler.py tests/engine/test_prefill_graphs_model.py \
+        > "$OUT/ktests.log" 2>&1
     tail -5 "$OUT/ktests.log"
 fi
 if has tests; then  # the runner against transformers

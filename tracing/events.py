@@ -14,10 +14,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pyarrow as pa
 
-SCHEMA_VERSION = 2
-# Versions this release reads. Version 1 lacks model_step.overlapped and model_step.host_s; the
-# reader fills them with ADDED_COLUMN_DEFAULTS (a version-1 run never overlapped its steps).
-READABLE_SCHEMA_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+# Versions this release reads. Version 1 lacks model_step.overlapped and model_step.host_s,
+# version 2 model_step.padded_tokens; the reader fills them with ADDED_COLUMN_DEFAULTS (a
+# version-1 run never overlapped its steps; no version-2 run padded a prefill).
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)
+# model_step.padded_tokens of a step that computed its own tokens (no CUDA-graph prefill).
+NOT_PADDED = 0
 
 # Sentinel for "no hash" / "no sequence" in integer columns.
 NO_HASH = -1
@@ -98,6 +101,7 @@ EVENT_COLUMNS: dict[str, dict[str, str]] = {
         "wall_time_s": "float64",
         "overlapped": "bool",
         "host_s": "float64",
+        "padded_tokens": "int32",
     },
     "token_sampled": {
         "seq_id": "int64",
@@ -119,9 +123,10 @@ MEASURED_COLUMNS: dict[str, frozenset[str]] = {
     "model_step": frozenset({"duration_s", "wall_time_s", "host_s"}),
 }
 
-# Columns added after schema version 1, with the value a version-1 trace implies.
+# Columns added after schema version 1, with the value an older trace implies.
 ADDED_COLUMN_DEFAULTS: dict[str, dict[str, object]] = {
-    "model_step": {"overlapped": False, "host_s": float("nan")},
+    "model_step": {"overlapped": False, "host_s": float("nan"),
+                   "padded_tokens": NOT_PADDED},
 }
 
 BATCH_KINDS = ("prefill", "decode", "mixed")
@@ -356,6 +361,7 @@ class EventBuffer:
         wall_time_s: float,
         overlapped: bool = False,
         host_s: float = 0.0,
+        padded_tokens: int = NOT_PADDED,
     ) -> int:
         """Append a model step; returns its row (see ``patch_model_step``)."""
         t = self._ms
@@ -373,6 +379,7 @@ class EventBuffer:
         t["wall_time_s"].append(wall_time_s)
         t["overlapped"].append(overlapped)
         t["host_s"].append(host_s)
+        t["padded_tokens"].append(padded_tokens)
         return row
 
     def emit_tokens_sampled(self, seq_ids: list[int], token_ids: list[int]) -> int:

@@ -34,6 +34,7 @@ _MODEL_ARGS = (
     "decode_seqs",
     "decode_context_tokens",
     "padded_batch_size",
+    "padded_tokens",
     "graph_used",
 )
 

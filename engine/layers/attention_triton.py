@@ -56,6 +56,8 @@ class TritonAttentionBackend(TritonSlotStore):
 
     name = "triton"
     supports_cuda_graphs = True
+    # Prefill keys can be read through the block table whatever the batch (``paged_prefill``).
+    supports_prefill_graphs = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -79,7 +81,9 @@ class TritonAttentionBackend(TritonSlotStore):
         num_prefill = metadata.num_prefill_seqs
         num_tokens = metadata.num_prefill_tokens
         if num_prefill:
-            paged = k_cache is not None and metadata.has_cached_context
+            paged = k_cache is not None and (
+                metadata.has_cached_context or metadata.paged_prefill
+            )
             if k_cache is None and metadata.has_cached_context:
                 raise ValueError("a prefill with cached context needs a KV cache")
             self._prefill(

@@ -9,8 +9,9 @@
   make even transformers' bf16 and float32 disagree on ~10% of positions); and top-1 agreement
   of at least ``BF16_TOP1_MIN`` with transformers' bf16 and float32 runs on
   ``qwen3-0.6b-confident``, the same architecture with a trained model's logit margins;
-each with CUDA graphs on and off, with prefix-cache hits and with preemption, decode steps
-overlapped (async scheduling). Needs a CUDA GPU (the weights are made, not downloaded).
+each with CUDA graphs on and off (on: decodes and prefills, the prefills padded to a captured
+token count), with prefix-cache hits and with preemption, decode steps overlapped (async
+scheduling). Needs a CUDA GPU (the weights are made, not downloaded).
 """
 
 from __future__ import annotations
@@ -97,12 +98,15 @@ def run_engine(
         return out
 
     cached: dict[int, int] = {}
+    prefill_graphs: list[bool] = []  # per prefill step: did it replay a CUDA graph
 
     def record_step(batch: Any, previous: Any = None) -> Any:
         # Prefix hits are known at admission (the block manager resets them when a seq ends).
         for seq in batch.seqs[: batch.num_prefill_seqs]:
             cached[seq.seq_id] = max(cached.get(seq.seq_id, 0), seq.num_cached_tokens)
         result = launch(batch, previous)
+        if batch.num_prefill_seqs:  # a prefill resolves in launch: its output is at hand
+            prefill_graphs.append(result.result().graph_used)
         rows = [s for i, s in enumerate(batch.seqs) if batch.sample is None or batch.sample[i]]
         for row, seq in enumerate(rows):
             logits[(seq.seq_id, len(seq.token_ids))] = last["logits"][row]
@@ -132,6 +136,8 @@ def run_engine(
         "preemptions": llm.core.scheduler.num_preemptions,
         "graphs": runner.describe().get("cuda_graphs", False),
         "overlapped_steps": len(overlapped),
+        "prefill_steps": len(prefill_graphs),
+        "graph_prefill_steps": sum(prefill_graphs),
         "logits": logits,
         "seq_ids": list(range(len(all_prompts) - 1)) + [s.seq_id for s in seqs],
     }
@@ -161,6 +167,10 @@ def test_float32_greedy_matches_transformers(
     run = run_engine(model_dir, "float32", eager, preempt)
     assert run["graphs"] == (not eager)
     assert run["overlapped_steps"] > 0, "decode steps must launch before the last one resolved"
+    # Every prefill here fits a captured token count (<= 4096 tokens, <= 16 sequences).
+    expected = 0 if eager else run["prefill_steps"]
+    counts = (run["prefill_steps"], run["graph_prefill_steps"])
+    assert counts[0] > 0 and counts[1] == expected, counts
     assert all(c >= SHARED_PREFIX for c in run["cached"]) or preempt, run["cached"]
     assert (run["preemptions"] > 0) == preempt
     for i, (ours, ref) in enumerate(zip(run["tokens"], hf_fp32_tokens)):

@@ -1,0 +1,219 @@
+"""Small prefills on CUDA: CUDA graphs captured per padded token count.
+
+An eager prefill of Qwen3-0.6B launches ~400 kernels from Python; below ~4k tokens the device
+finishes each before the host has launched the next, so the step takes the host's launch time
+(~11 ms on the H200 alone, 20-60 ms while another thread of the process wants the interpreter:
+tools/probe_prefill_host.py). A recompute after preemption, or a lone late prompt, pays that on
+every prefill. Here such a prefill is padded to the next captured token count and replayed from
+a graph captured once at start-up: one launch, its time set by the device.
+
+Captured token counts: powers of two from ``MIN_GRAPH_TOKENS`` to ``FINE_GRAPH_TOKENS``, then
+every ``COARSE_GRAPH_STEP`` up to ``Config.prefill_graph_tokens`` (and the token budget), so
+padding wastes at most half of a small prefill and a quarter of a large one. Each graph takes up
+to ``MAX_GRAPH_PREFILL_SEQS`` sequences.
+
+Inputs live in fixed buffers: rows past the batch's tokens are padding (token 0, position 0,
+slot -1: the fused KV store skips them), sequences past the batch have no query tokens
+(``cu_seqlens_q`` repeats the total), so the attention kernel's programs for them exit at once.
+Attention always reads keys through the block table (``AttentionMetadata.paged_prefill``): the
+batch is unknown at capture, and the fused kernel has stored the new keys before attention runs.
+
+Staging is synchronous with respect to the previous prefill: a prefill step is never launched
+ahead of its predecessor's results (only decodes overlap), and its own tokens are read back
+before the next step stages, so one pinned host buffer suffices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.attention_metadata import AttentionMetadata
+
+MIN_GRAPH_TOKENS = 16
+FINE_GRAPH_TOKENS = 1024
+COARSE_GRAPH_STEP = 512
+MAX_GRAPH_PREFILL_SEQS = 16
+PAD_SLOT = -1
+# Rows of the int64 staging block.
+ROW_IDS, ROW_POSITIONS, ROW_SLOTS = 0, 1, 2
+
+
+def prefill_graph_sizes(limit: int) -> list[int]:
+    """The token counts captured for prefills of up to ``limit`` tokens (empty: ``limit`` is
+    below the smallest)."""
+    sizes = []
+    size = MIN_GRAPH_TOKENS
+    while size <= min(limit, FINE_GRAPH_TOKENS):
+        sizes.append(size)
+        size *= 2
+    size = FINE_GRAPH_TOKENS + COARSE_GRAPH_STEP
+    while size <= limit:
+        sizes.append(size)
+        size += COARSE_GRAPH_STEP
+    return sizes
+
+
+def padded_prefill_tokens(sizes: Sequence[int], tokens: int, num_seqs: int,
+                          max_seqs: int = MAX_GRAPH_PREFILL_SEQS) -> int:
+    """The captured token count a prefill of ``tokens`` tokens over ``num_seqs`` sequences pads
+    to; 0: it runs eager (too many tokens or sequences)."""
+    if num_seqs > max_seqs or num_seqs < 1:
+        return 0
+    for size in sizes:
+        if size >= tokens:
+            return size
+    return 0
+
+
+def stage_prefill(
+    i64: np.ndarray,
+    i32: np.ndarray,
+    tables: np.ndarray,
+    input_ids: Sequence[int],
+    query_lens: Sequence[int],
+    context_lens: Sequence[int],
+    block_tables: Sequence[Sequence[int]],
+    block_size: int,
+    padded_tokens: int,
+    max_seqs: int,
+) -> None:
+    """Fill the host staging arrays for one prefill (numpy, in place).
+
+    ``i64`` ``[3, max_tokens]``: token ids, positions, cache slots (rows ``ROW_*``); ``i32``:
+    ``cu_seqlens_q`` ``[max_seqs + 1]`` then ``context_lens`` ``[max_seqs]``; ``tables``
+    ``[max_seqs, width]`` (only each sequence's own blocks are written: the kernels never read
+    past them). Rows ``[tokens, padded_tokens)`` become padding.
+    """
+    num_seqs = len(query_lens)
+    q = np.asarray(query_lens, dtype=np.int64)
+    ctx = np.asarray(context_lens, dtype=np.int64)
+    total = int(q.sum())
+    cu = np.zeros(num_seqs + 1, dtype=np.int64)
+    np.cumsum(q, out=cu[1:])
+    seq_of_token = np.repeat(np.arange(num_seqs), q)
+    positions = np.arange(total) - (cu[:-1] - (ctx - q))[seq_of_token]
+    for s, table in enumerate(block_tables):
+        tables[s, : len(table)] = table
+    blocks = tables[seq_of_token, positions // block_size].astype(np.int64)
+    i64[ROW_IDS, :total] = input_ids
+    i64[ROW_POSITIONS, :total] = positions
+    i64[ROW_SLOTS, :total] = blocks * block_size + positions % block_size
+    i64[ROW_IDS, total:padded_tokens] = 0
+    i64[ROW_POSITIONS, total:padded_tokens] = 0
+    i64[ROW_SLOTS, total:padded_tokens] = PAD_SLOT
+    i32[: num_seqs + 1] = cu
+    i32[num_seqs + 1 : max_seqs + 1] = total
+    i32[max_seqs + 1 : max_seqs + 1 + num_seqs] = ctx
+    i32[max_seqs + 1 + num_seqs : 2 * max_seqs + 1] = 0
+
+
+ModelFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
+
+
+class PrefillGraphs:
+    """Persistent prefill inputs and one CUDA graph per captured token count."""
+
+    def __init__(
+        self,
+        sizes: list[int],
+        table_width: int,
+        block_size: int,
+        hidden_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        max_seqs: int = MAX_GRAPH_PREFILL_SEQS,
+    ) -> None:
+        if not sizes:
+            raise ValueError("PrefillGraphs needs at least one token count to capture")
+        self.sizes = sorted(sizes)
+        self.max_seqs = max_seqs
+        self.block_size = block_size
+        self.table_width = table_width
+        max_tokens = self.sizes[-1]
+        pin = device.type == "cuda"
+        self.host_i64 = torch.zeros(3, max_tokens, dtype=torch.int64, pin_memory=pin)
+        ints = 2 * max_seqs + 1 + max_seqs * table_width
+        self.host_i32 = torch.zeros(ints, dtype=torch.int32, pin_memory=pin)
+        self._np_i64 = self.host_i64.numpy()
+        self._np_i32 = self.host_i32[: 2 * max_seqs + 1].numpy()
+        self._np_tables = self.host_i32[2 * max_seqs + 1 :].view(max_seqs, table_width).numpy()
+        self._np_i64[ROW_SLOTS] = PAD_SLOT
+        self.dev_i64 = torch.zeros_like(self.host_i64, device=device)
+        self.dev_i32 = torch.zeros_like(self.host_i32, device=device)
+        self.dev_i64[ROW_SLOTS] = PAD_SLOT
+        self.outputs = torch.zeros(max_tokens, hidden_size, dtype=dtype, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool: Any = None
+
+    def padded_size(self, tokens: int, num_seqs: int) -> int:
+        """The captured token count for this prefill; 0: it runs eager."""
+        return padded_prefill_tokens(self.sizes, tokens, num_seqs, self.max_seqs)
+
+    def stage(
+        self,
+        input_ids: Sequence[int],
+        query_lens: Sequence[int],
+        context_lens: Sequence[int],
+        block_tables: Sequence[Sequence[int]],
+        padded_tokens: int,
+    ) -> None:
+        """Write one prefill's inputs to the host buffers and copy them to the device."""
+        stage_prefill(self._np_i64, self._np_i32, self._np_tables, input_ids, query_lens,
+                      context_lens, block_tables, self.block_size, padded_tokens, self.max_seqs)
+        self.dev_i64.copy_(self.host_i64, non_blocking=True)
+        self.dev_i32.copy_(self.host_i32, non_blocking=True)
+
+    def metadata(self, padded_tokens: int) -> AttentionMetadata:
+        """Metadata over the staged buffers (views: stable addresses for capture and replay)."""
+        s = self.max_seqs
+        cu = self.dev_i32[: s + 1]
+        return AttentionMetadata(
+            num_prefill_seqs=s,
+            num_prefill_tokens=padded_tokens,
+            num_decode_seqs=0,
+            block_size=self.block_size,
+            slot_mapping=self.dev_i64[ROW_SLOTS, :padded_tokens],
+            cu_seqlens_q=cu,
+            cu_seqlens_k=cu,  # unused by the paged prefill kernel
+            context_lens=self.dev_i32[s + 1 : 2 * s + 1],
+            block_tables=self.dev_i32[2 * s + 1 :].view(s, self.table_width),
+            max_seqlen_q=padded_tokens,
+            max_seqlen_k=padded_tokens,
+            max_decode_seqlen_k=0,
+            query_lens_host=(0,) * s,
+            context_lens_host=(0,) * s,
+            paged_prefill=True,
+        )
+
+    @torch.inference_mode()
+    def capture(self, model: ModelFn) -> None:
+        """Capture from the largest count down, so the first graph sizes the shared pool."""
+        self.stage([], [], [], [], self.sizes[-1])  # every row padding: no KV is touched
+        for size in reversed(self.sizes):
+            metadata = self.metadata(size)
+            ids, positions = self.dev_i64[ROW_IDS, :size], self.dev_i64[ROW_POSITIONS, :size]
+            # Warm-up outside the graph: Triton compiles here, not in capture.
+            self.outputs[:size] = model(ids, positions, metadata)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, self.pool):
+                self.outputs[:size] = model(ids, positions, metadata)
+            if self.pool is None:
+                self.pool = graph.pool()
+            self.graphs[size] = graph
+        torch.cuda.synchronize()
+
+    def replay(self, size: int) -> torch.Tensor:
+        """Run the graph of ``size`` over the staged inputs; hidden states ``[size, hidden]``."""
+        self.graphs[size].replay()
+        return self.outputs[:size]
+
+    def release(self) -> None:
+        self.graphs.clear()
+        self.pool = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"prefill_graph_tokens": list(self.sizes), "prefill_graph_max_seqs": self.max_seqs}

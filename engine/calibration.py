@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Collection
 from typing import Any
 
 from engine.batch import ScheduledBatch
@@ -59,11 +60,16 @@ def _prefill_lengths(tokens: int, config: Config) -> list[int]:
     return [per_prompt] * full + ([rest] if rest else [])
 
 
-def calibration_batches(config: Config) -> list[ScheduledBatch]:
-    """The synthetic steps that fit this configuration's pool, budget and model length."""
+def calibration_batches(config: Config, graph_prefill_tokens: Collection[int] = ()
+                        ) -> list[ScheduledBatch]:
+    """The synthetic steps that fit this configuration's pool, budget and model length.
+
+    ``graph_prefill_tokens``: the token counts the executor captured prefill CUDA graphs for;
+    a prompt of each is timed too, so a run whose own prefills never used one (all of them
+    larger) still shows what a graph prefill costs at every padded size."""
     block_size, num_blocks = config.kvcache_block_size, config.num_kvcache_blocks
     batches = []
-    for tokens in PREFILL_TOKENS:
+    for tokens in sorted(set(PREFILL_TOKENS) | set(graph_prefill_tokens)):
         lengths = _prefill_lengths(tokens, config)
         blocks = sum((n + block_size - 1) // block_size for n in lengths)
         if (
@@ -99,7 +105,8 @@ def calibrate(executor: Executor, config: Config, repeats: int) -> list[dict[str
     The KV blocks written are free and unindexed, so the run never reads them.
     """
     rows = []
-    for batch in calibration_batches(config):
+    graph_sizes = executor.describe().get("prefill_graph_tokens", [])
+    for batch in calibration_batches(config, graph_sizes):
         walls, durations, waits = [], [], []
         output = None
         for attempt in range(repeats + 1):

@@ -26,7 +26,8 @@ from engine.batch import StepOutput
 from engine.config import Config
 from engine.cuda_graphs import DecodeBuffers, DecodeGraphs
 from engine.errors import ConfigError
-from engine.prefill_graphs import PrefillGraphs, prefill_graph_sizes
+from engine.prefill_graphs import PrefillGraphs
+from engine.prefill_sizes import prefill_graph_sizes
 
 if TYPE_CHECKING:
     from engine.model_runner import ModelRunner

@@ -333,16 +333,19 @@ class ModelRunner:
             self.num_steps += 1
             return StepOutput(token_ids=[], padded_batch_size=padded, graph_used=graph_used,
                               padded_tokens=padded_tokens)
-        if payload.decode and len(payload.sample_rows) == num_seqs:
-            selected = hidden
-        else:
-            index = torch.tensor(payload.sample_rows, dtype=torch.int64).to(self.device)
-            selected = hidden.index_select(0, index)
-        if self.device.type == "cuda":
-            temps = self._temperatures(payload)
+        if padded_tokens:
+            assert self.prefill_graphs is not None
+            selected, temps = self.prefill_graphs.sampled(hidden, len(payload.sample_rows))
             output = self._sample_and_finish(selected, temps, padded, graph_used)
             output.padded_tokens = padded_tokens
             return output
+        if payload.decode and len(payload.sample_rows) == num_seqs:
+            selected = hidden
+        else:
+            selected = hidden.index_select(0, self._upload(payload.sample_rows, torch.int64))
+        if self.device.type == "cuda":
+            temps = self._temperatures(payload)
+            return self._sample_and_finish(selected, temps, padded, graph_used)
         logits = self.model.compute_logits(selected)
         self.num_steps += 1
         if self.rank != 0:
@@ -363,7 +366,8 @@ class ModelRunner:
         if self.buffers is not None:
             self.buffers.invalidate()  # block tables may have been rebuilt (preemption)
         self.prefill_graphs.stage(payload.input_ids, payload.query_lens, payload.context_lens,
-                                  payload.block_tables, padded_tokens)
+                                  payload.block_tables, padded_tokens, payload.sample_rows,
+                                  payload.temperatures)
         self.timer.begin()
         return self.prefill_graphs.replay(padded_tokens)
 
@@ -401,7 +405,16 @@ class ModelRunner:
         if payload.decode and len(payload.sample_rows) == len(payload.seq_ids):
             assert self.buffers is not None
             return self.buffers.temperatures[: len(payload.seq_ids)]  # staged with the inputs
-        return torch.tensor(payload.temperatures, dtype=torch.float32).to(self.device)
+        return self._upload(payload.temperatures, torch.float32)
+
+    def _upload(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        """A small host list on the device. On CUDA through pinned memory without blocking: a
+        copy from pageable memory waits for the stream, so after a forward the host would sit
+        idle until the device finished it, then leave the device idle while it launched on."""
+        tensor = torch.tensor(values, dtype=dtype)
+        if self.device.type != "cuda":
+            return tensor
+        return tensor.pin_memory().to(self.device, non_blocking=True)
 
     def sample(self, logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
         """GPU sampling (one pass over the logits); the seed moves with every step."""

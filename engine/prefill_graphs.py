@@ -7,16 +7,17 @@ tools/probe_prefill_host.py). A recompute after preemption, or a lone late promp
 every prefill. Here such a prefill is padded to the next captured token count and replayed from
 a graph captured once at start-up: one launch, its time set by the device.
 
-Captured token counts: powers of two from ``MIN_GRAPH_TOKENS`` to ``FINE_GRAPH_TOKENS``, then
-every ``COARSE_GRAPH_STEP`` up to ``Config.prefill_graph_tokens`` (and the token budget), so
-padding wastes at most half of a small prefill and a quarter of a large one. Each graph takes up
-to ``MAX_GRAPH_PREFILL_SEQS`` sequences.
+Which token counts are captured, and which prefills pad to which: ``engine/prefill_sizes.py``.
 
 Inputs live in fixed buffers: rows past the batch's tokens are padding (token 0, position 0,
 slot -1: the fused KV store skips them), sequences past the batch have no query tokens
 (``cu_seqlens_q`` repeats the total), so the attention kernel's programs for them exit at once.
 Attention always reads keys through the block table (``AttentionMetadata.paged_prefill``): the
 batch is unknown at capture, and the fused kernel has stored the new keys before attention runs.
+
+The rows sampled and their temperatures are staged with the inputs (pinned, copied without
+blocking): a copy from pageable memory after the replay would wait for the whole graph, and the
+logits and sampling launches would then start on an idle device.
 
 Staging is synchronous with respect to the previous prefill: a prefill step is never launched
 ahead of its predecessor's results (only decodes overlap), and its own tokens are read back
@@ -32,41 +33,14 @@ import numpy as np
 import torch
 
 from engine.attention_metadata import AttentionMetadata
+from engine.prefill_sizes import MAX_GRAPH_PREFILL_SEQS, padded_prefill_tokens
 
-MIN_GRAPH_TOKENS = 16
-FINE_GRAPH_TOKENS = 1024
-COARSE_GRAPH_STEP = 512
-MAX_GRAPH_PREFILL_SEQS = 16
+__all__ = ["PrefillGraphs", "stage_prefill"]
+
 PAD_SLOT = -1
-# Rows of the int64 staging block.
-ROW_IDS, ROW_POSITIONS, ROW_SLOTS = 0, 1, 2
-
-
-def prefill_graph_sizes(limit: int) -> list[int]:
-    """The token counts captured for prefills of up to ``limit`` tokens (empty: ``limit`` is
-    below the smallest)."""
-    sizes = []
-    size = MIN_GRAPH_TOKENS
-    while size <= min(limit, FINE_GRAPH_TOKENS):
-        sizes.append(size)
-        size *= 2
-    size = FINE_GRAPH_TOKENS + COARSE_GRAPH_STEP
-    while size <= limit:
-        sizes.append(size)
-        size += COARSE_GRAPH_STEP
-    return sizes
-
-
-def padded_prefill_tokens(sizes: Sequence[int], tokens: int, num_seqs: int,
-                          max_seqs: int = MAX_GRAPH_PREFILL_SEQS) -> int:
-    """The captured token count a prefill of ``tokens`` tokens over ``num_seqs`` sequences pads
-    to; 0: it runs eager (too many tokens or sequences)."""
-    if num_seqs > max_seqs or num_seqs < 1:
-        return 0
-    for size in sizes:
-        if size >= tokens:
-            return size
-    return 0
+# Rows of the int64 staging block: token ids, positions, cache slots, and the rows sampled.
+ROW_IDS, ROW_POSITIONS, ROW_SLOTS, ROW_SAMPLE = 0, 1, 2, 3
+STAGED_ROWS = 4
 
 
 def stage_prefill(
@@ -134,8 +108,12 @@ class PrefillGraphs:
         self.block_size = block_size
         self.table_width = table_width
         max_tokens = self.sizes[-1]
+        if max_seqs > max_tokens:
+            raise ValueError(f"{max_seqs} sequences cannot fit the largest graph's {max_tokens} "
+                             "tokens")
         pin = device.type == "cuda"
-        self.host_i64 = torch.zeros(3, max_tokens, dtype=torch.int64, pin_memory=pin)
+        self.host_i64 = torch.zeros(STAGED_ROWS, max_tokens, dtype=torch.int64, pin_memory=pin)
+        self.host_temps = torch.zeros(max_seqs, dtype=torch.float32, pin_memory=pin)
         ints = 2 * max_seqs + 1 + max_seqs * table_width
         self.host_i32 = torch.zeros(ints, dtype=torch.int32, pin_memory=pin)
         self._np_i64 = self.host_i64.numpy()
@@ -144,6 +122,7 @@ class PrefillGraphs:
         self._np_i64[ROW_SLOTS] = PAD_SLOT
         self.dev_i64 = torch.zeros_like(self.host_i64, device=device)
         self.dev_i32 = torch.zeros_like(self.host_i32, device=device)
+        self.dev_temps = torch.zeros_like(self.host_temps, device=device)
         self.dev_i64[ROW_SLOTS] = PAD_SLOT
         self.outputs = torch.zeros(max_tokens, hidden_size, dtype=dtype, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -160,12 +139,24 @@ class PrefillGraphs:
         context_lens: Sequence[int],
         block_tables: Sequence[Sequence[int]],
         padded_tokens: int,
+        sample_rows: Sequence[int] = (),
+        temperatures: Sequence[float] = (),
     ) -> None:
-        """Write one prefill's inputs to the host buffers and copy them to the device."""
+        """Write one prefill's inputs (and the rows it samples, with their temperatures) to the
+        host buffers and copy them to the device."""
+        if len(sample_rows) != len(temperatures) or len(sample_rows) > self.max_seqs:
+            raise ValueError("one temperature per sampled row, at most one row per sequence")
         stage_prefill(self._np_i64, self._np_i32, self._np_tables, input_ids, query_lens,
                       context_lens, block_tables, self.block_size, padded_tokens, self.max_seqs)
+        self._np_i64[ROW_SAMPLE, : len(sample_rows)] = sample_rows
+        self.host_temps.numpy()[: len(temperatures)] = temperatures
         self.dev_i64.copy_(self.host_i64, non_blocking=True)
         self.dev_i32.copy_(self.host_i32, non_blocking=True)
+        self.dev_temps.copy_(self.host_temps, non_blocking=True)
+
+    def sampled(self, hidden: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The hidden states of the ``rows`` staged sample rows, and their temperatures."""
+        return hidden.index_select(0, self.dev_i64[ROW_SAMPLE, :rows]), self.dev_temps[:rows]
 
     def metadata(self, padded_tokens: int) -> AttentionMetadata:
         """Metadata over the staged buffers (views: stable addresses for capture and replay)."""

@@ -28,7 +28,11 @@ from replay.cost_fit import (
     select,
 )
 
-STEP_CLASSES = ("prefill", "decode_graph", "decode_eager", "mixed")
+# "prefill": an eager prefill; "prefill_graph": one run through a CUDA graph captured per padded
+# token count (engine/prefill_graphs.py).
+STEP_CLASSES = ("prefill", "prefill_graph", "decode_graph", "decode_eager", "mixed")
+# Reports align a column of class names (the pooled fallback's among them).
+NAME_WIDTH = max(len(name) for name in (*STEP_CLASSES, "pooled"))
 # The first step of a class is a warm-up outlier when it exceeds the fit of the others by more
 # than this many typical (median absolute) residuals, and by this fraction of a typical step.
 WARMUP_OUTLIER = 20.0

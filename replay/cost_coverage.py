@@ -1,11 +1,12 @@
 """What a step-time model's source covered, and warnings where a target steps outside it.
 
 A fit is only as good as the range of steps it saw. Per class the model keeps the range of the
-class's size (prompt tokens for prefill and mixed steps, sequences for decode steps), whether an
-eager class's launch floor was identified, and whether part of its range was seen only in the
-source run's warm-up window. ``source_caveats`` says what the source cannot identify;
-``target_warnings`` says where a target's steps (a simulation's, or a recording's) lie well
-outside the source's range, so the prediction carries its own caveat.
+class's size (prompt tokens for eager prefill and mixed steps, padded tokens for graph prefills,
+sequences for decode steps), whether an eager class's launch floor was identified, and whether
+part of its range was seen only in the source run's warm-up window. ``source_caveats`` says
+what the source cannot identify; ``target_warnings`` says where a target's steps (a
+simulation's, or a recording's) lie well outside the source's range, so the prediction carries
+its own caveat.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from replay.cost_fit import EAGER_CLASSES, FEATURES, SIZE_FEATURE, LinearFit
 
 # "Well outside" the source's range: below half its smallest or above twice its largest size.
 OUT_OF_RANGE_FACTOR = 2.0
-UNITS = {"prefill_tokens": "tokens", "num_seqs": "sequences"}
+UNITS = {"prefill_tokens": "tokens", "num_seqs": "sequences", "padded_tokens": "padded tokens"}
 
 
 def class_coverage(name: str, x: np.ndarray, steady: np.ndarray, fit: LinearFit,
@@ -64,16 +65,19 @@ def source_caveats(coverage: dict[str, dict[str, Any]], window: int) -> list[str
 
 
 def target_warnings(coverage: dict[str, dict[str, Any]], fitted: set[str], window: int,
-                    x: np.ndarray, classes: np.ndarray) -> list[str]:
-    """Where the target's steps lie well outside the source's range for their class."""
+                    x: np.ndarray, classes: np.ndarray,
+                    related: dict[str, str] | None = None) -> list[str]:
+    """Where the target's steps lie well outside the source's range for their class
+    (``related``: class -> what a class without a fit is predicted from, in words)."""
     lines = []
     for name in sorted(set(np.unique(classes).astype(str))):
         rows = classes == name
         count = int(rows.sum())
         cov = coverage.get(name)
         if name not in fitted or cov is None:
+            source = (related or {}).get(name) or "a related class's fit"
             lines.append(f"{count} {name} steps: the source has none of its own; predicted from "
-                         "a related class's fit")
+                         f"{source}")
             continue
         size = cov["size"]
         s = x[rows, FEATURES.index(size)]

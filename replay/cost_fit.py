@@ -3,10 +3,13 @@
 The physics the candidates follow:
 - a step's time is linear in the work it does (weights read once per step: a constant; KV bytes
   read: ``decode_context_tokens``; per-sequence and per-token compute) when the GPU is the bound;
-- a step that runs *eagerly* (no CUDA graph: prefill, mixed and eager-decode steps) also has a
+- a step that runs *eagerly* (no CUDA graph: eager prefill, mixed and eager-decode steps) has a
   launch-bound floor: below some size, it takes as long as launching its kernels takes, whatever
   its work. So an eager class is also fitted as ``max(floor, linear)``, the floor being the median
-  of the steps below a knee (chosen by in-sample error), the linear part fitted above it.
+  of the steps below a knee (chosen by in-sample error), the linear part fitted above it;
+- a CUDA-graph prefill (``prefill_graph``) computes its prompt tokens padded to a captured token
+  count: its GEMMs run every padded row, so its time follows ``padded_tokens`` (plus attention
+  over the real tokens and per-sequence sampling), and one graph launch has no launch floor.
 
 Which candidate a class uses is decided by held-out error. A CUDA-graph decode class is scored
 by extrapolation where it spans enough batch sizes: fitted on the steps up to half its largest
@@ -32,6 +35,10 @@ FEATURES = (
     "decode_seqs",
     "decode_context_tokens",
     "padded_batch_size",
+    # Tokens the forward computed: a CUDA-graph prefill's captured size, else the step's own
+    # (prefill tokens + decode rows). Derived (``cost_steps``); appended last so that the other
+    # features keep their positions.
+    "padded_tokens",
 )
 # Candidate feature sets per class, simplest first.
 FEATURE_SETS: dict[str, tuple[tuple[str, ...], ...]] = {
@@ -39,6 +46,12 @@ FEATURE_SETS: dict[str, tuple[tuple[str, ...], ...]] = {
         ("prefill_tokens",),
         ("prefill_tokens", "prefill_attn_work"),
         ("prefill_tokens", "prefill_attn_work", "num_seqs"),
+    ),
+    "prefill_graph": (
+        ("padded_tokens",),
+        ("padded_tokens", "prefill_attn_work"),
+        ("padded_tokens", "num_seqs"),
+        ("padded_tokens", "prefill_attn_work", "num_seqs"),
     ),
     "decode_graph": (
         ("decode_context_tokens",),
@@ -62,6 +75,7 @@ EAGER_CLASSES = frozenset({"prefill", "mixed", "decode_eager"})
 # The size a class is extrapolated along (and whose knee separates floor and compute regimes).
 SIZE_FEATURE = {
     "prefill": "prefill_tokens",
+    "prefill_graph": "padded_tokens",
     "mixed": "prefill_tokens",
     "decode_graph": "num_seqs",
     "decode_eager": "num_seqs",

@@ -1,26 +1,31 @@
 """The step-time model: how long one engine step takes, from the batch features it records.
 
-Fitted separately per step class (prefill, decode with a CUDA graph, eager decode, mixed) on a
-trace's ``model_step`` rows (``replay.cost_fit``: linear candidates and, for eager classes,
-``max(launch floor, linear)`` ones, chosen by held-out error). The target is the step's
-*interval*: the wall time from the end of the previous step (or the latest arrival, after an
-idle gap) to the end of this one. That is what a run's makespan is the sum of: device time plus
-the engine's own CPU work between steps (scheduling, input preparation, recording), which a
-device-only duration misses.
+Fitted separately per step class (eager prefill, prefill through a CUDA graph, decode with a CUDA
+graph, eager decode, mixed) on a trace's ``model_step`` rows (``replay.cost_fit``: linear
+candidates and, for eager classes, ``max(launch floor, linear)`` ones, chosen by held-out error).
+The target is the step's *interval*: the wall time from the end of the previous step (or the
+latest arrival, after an idle gap) to the end of this one. That is what a run's makespan is the
+sum of: device time plus the engine's own CPU work between steps (scheduling, input
+preparation, recording), which a device-only duration misses.
 
 Two modes, by what the trace measured:
 - *interval* mode (a version-1 trace: no ``host_s``): each class's fit is of the interval itself.
 - *overlap* mode (a version-2 trace, which records each step's host work ``host_s`` and whether
   it was launched while the previous step ran, ``overlapped``): each class's fit is of the device
   time (``duration_s``), a host-time model is fitted on ``host_s`` and a step's interval is
-  ``device + host`` for a sequential step, ``max(device, host)`` for an overlapped one, plus a
-  per-mode offset fitted on the source (``replay.cost_overlap``). So a target that overlaps
-  another fraction of its steps than the source is priced by its own launch decisions.
+  ``device + host`` for a sequential CUDA-graph step, ``max(device, host)`` for an eager or an
+  overlapped one, plus a per-mode offset fitted on the source (``replay.cost_overlap``). So a
+  target that overlaps another fraction of its steps than the source is priced by its own launch
+  decisions.
 
 Warm-up (``replay.cost_classes``): a first step of a class far slower than its class predicts is
 a one-off, charged once per simulated run; the run's first steps (its warm-up window) are left
 out of a class's fit where later steps cover their range, and bound it from above where none do.
 ``replay.cost_coverage`` says what the source cannot identify and where a target lies outside it.
+
+CUDA graphs (``replay.cost_graphs``): the model keeps the decode batch sizes and prefill token
+counts the source captured, so a simulation pads its steps as the source's engine would. A class
+the source never ran is priced from related ones (``replay.cost_fallbacks``), and says so.
 
 Every fit also reports its error on held-out steps (every ``HOLDOUT_EVERY``-th step of a class,
 fitted on the others), so a prediction comes with how well the model explains steps it did not
@@ -37,8 +42,15 @@ from typing import Any
 import numpy as np
 
 from engine.errors import ReplayLLMError
-from replay.cost_classes import STEP_CLASSES, fit_all, warmup_steps, warmup_window
+from replay.cost_classes import (
+    NAME_WIDTH,
+    STEP_CLASSES,
+    fit_all,
+    warmup_steps,
+    warmup_window,
+)
 from replay.cost_coverage import class_coverage, source_caveats, target_warnings
+from replay.cost_fallbacks import fallback_words, related_fit
 from replay.cost_fit import (
     FEATURES,
     HOLDOUT_EVERY,
@@ -48,6 +60,7 @@ from replay.cost_fit import (
     fit_linear,
     surrogate,
 )
+from replay.cost_graphs import observed_graph_sizes, source_prefill_graphs
 from replay.cost_overlap import (
     OverlapModel,
     calibration_host_rows,
@@ -63,13 +76,10 @@ from replay.recorded import RecordedEvents
 __all__ = ["FEATURES", "MIN_STEP_S", "CostModel", "CostModelError", "LinearFit", "feature_matrix",
            "fit_linear", "step_class", "step_intervals"]
 
-MODEL_VERSION = 3
-# Version 1: no floors, no coverage; version 2: no overlap mode.
-READABLE_VERSIONS = (1, 2, 3)
-# Nano-vLLM's CUDA-graph batch sizes: 1, 2, 4, 8, then every 16 up to 512; larger runs eager.
-NANO_GRAPH_SMALL = (1, 2, 4, 8)
-NANO_GRAPH_STRIDE = 16
-NANO_GRAPH_MAX = 512
+MODEL_VERSION = 4
+# Version 1: no floors, no coverage; version 2: no overlap mode; version 3: no prefill graphs
+# (nor the padded_tokens feature: its coefficient reads 0).
+READABLE_VERSIONS = (1, 2, 3, 4)
 
 
 class CostModelError(ReplayLLMError):
@@ -78,7 +88,8 @@ class CostModelError(ReplayLLMError):
 
 @dataclass
 class CostModel:
-    """Per-class fits plus how the source run padded decode batches for CUDA graphs.
+    """Per-class fits plus how the source run padded decode batches and prefill tokens for CUDA
+    graphs.
 
     ``overlap`` None: interval mode, ``fits`` are of step intervals. Else overlap mode: ``fits``
     are of device time, and ``overlap`` holds the host-time fits and the rule's offsets.
@@ -98,6 +109,10 @@ class CostModel:
     selection: dict[str, dict[str, Any]] = field(default_factory=dict)
     window_steps: int = 0
     overlap: OverlapModel | None = None
+    # Token counts the source captured prefill graphs for, ascending (empty: none), and the most
+    # sequences one graph prefill takes.
+    prefill_graph_sizes: list[int] = field(default_factory=list)
+    prefill_graph_max_seqs: int = 0
 
     # --- fitting --------------------------------------------------------------------------------
     @classmethod
@@ -122,8 +137,10 @@ class CostModel:
         fits, reports = fit_all(x, y, classes, window)
         if not fits:
             raise CostModelError(f"{source or 'the trace'} has too few steps to fit a model")
-        model = cls(fits, source=source, graph_sizes=_observed_graph_sizes(events),
-                    warmup_s=warmup_s, selection=reports, window_steps=leading)
+        prefill_sizes, prefill_max_seqs = source_prefill_graphs(events)
+        model = cls(fits, source=source, graph_sizes=observed_graph_sizes(events),
+                    warmup_s=warmup_s, selection=reports, window_steps=leading,
+                    prefill_graph_sizes=prefill_sizes, prefill_graph_max_seqs=prefill_max_seqs)
         for name, report in reports.items():
             mask = classes == name
             model.coverage[name] = class_coverage(name, x[mask], ~window[mask], fits[name],
@@ -167,51 +184,15 @@ class CostModel:
         return report
 
     # --- prediction -----------------------------------------------------------------------------
-    def _resolve(self, cls_name: str) -> str:
-        """The fit a class uses: its own, else "composite" (mixed) or a related class's."""
-        if cls_name in self.fits:
-            return cls_name
-        if cls_name == "mixed" and "prefill" in self.fits:
-            return "composite"
-        fallbacks = {
-            "decode_graph": ("decode_eager", "pooled"),
-            "decode_eager": ("decode_graph", "pooled"),
-            "prefill": ("mixed", "pooled"),
-            "mixed": ("pooled",),
-        }
-        for other in fallbacks[cls_name]:
-            if other in self.fits:
-                return other
-        return next(iter(self.fits))
-
     def fit_for(self, cls_name: str, with_floor: bool = True) -> LinearFit:
-        """The fit used for a class, falling back to a related class when it has no data;
-        ``with_floor=False``: a plain linear stand-in where that fit has a floor."""
-        key = self._resolve(cls_name)
-        fits = self.fits if with_floor else {**self.fits, **self.surrogates}
-        if key == "composite":
-            return self._composite_mixed(fits)
-        return fits[key]
+        """The fit used for a class, falling back to related fits when it has no data
+        (``replay.cost_fallbacks``); ``with_floor=False``: a plain linear stand-in where that
+        fit has a floor."""
+        return related_fit(self.fits, self.surrogates, cls_name, with_floor)
 
-    def _composite_mixed(self, fits: dict[str, LinearFit]) -> LinearFit:
-        """A mixed step as its prefill part (the prefill fit, over the prefill sequences) plus
-        its decode part (the eager-decode slopes, over the decode sequences), one intercept and
-        the prefill fit's floor (a mixed step runs eagerly).
-
-        Prefill sequences are ``num_seqs - decode_seqs``, so the prefill fit's per-sequence slope
-        moves onto ``num_seqs`` and is taken back from ``decode_seqs``.
-        """
-        prefill = fits["prefill"]
-        decode = fits.get("decode_eager") or fits.get("decode_graph")
-        coef = list(prefill.coef)
-        if decode is not None:
-            at = FEATURES.index
-            per_prefill_seq = prefill.coef[at("num_seqs")]
-            # A mixed step runs eager: a graph fit's padding slope is paid per real sequence.
-            per_decode_seq = decode.coef[at("decode_seqs")] + decode.coef[at("padded_batch_size")]
-            coef[at("decode_seqs")] = per_decode_seq - per_prefill_seq
-            coef[at("decode_context_tokens")] = decode.coef[at("decode_context_tokens")]
-        return LinearFit(prefill.intercept, tuple(coef), prefill.features, 0, prefill.floor)
+    def fallback(self, cls_name: str) -> str:
+        """What a class the source has no fit for is priced from, in words ("": its own)."""
+        return fallback_words(self.fits, cls_name)
 
     def predict_many(self, x: np.ndarray, classes: np.ndarray) -> np.ndarray:
         """What ``fits`` predict: intervals (interval mode) or device times (overlap mode)."""
@@ -252,6 +233,10 @@ class CostModel:
     def has_graphs(self) -> bool:
         return bool(self.graph_sizes)
 
+    @property
+    def has_prefill_graphs(self) -> bool:
+        return bool(self.prefill_graph_sizes)
+
     def padded_size(self, batch_size: int) -> int:
         """The CUDA-graph batch a decode of ``batch_size`` is padded to; 0: it runs eager."""
         for size in self.graph_sizes:
@@ -263,14 +248,20 @@ class CostModel:
     def caveats(self) -> list[str]:
         """What the source trace cannot identify (``cost_coverage.source_caveats``)."""
         overlap = self.overlap.caveats() if self.overlap is not None else []
-        return source_caveats(self.coverage, self.window_steps) + overlap
+        graphs = []
+        if self.prefill_graph_sizes and "prefill_graph" not in self.fits:
+            graphs.append("prefill_graph: the source captured prefill CUDA graphs but no step "
+                          "it timed ran through one: a graph prefill is priced from "
+                          f"{self.fallback('prefill_graph')}")
+        return source_caveats(self.coverage, self.window_steps) + overlap + graphs
 
     def coverage_warnings(self, target: RecordedEvents) -> list[str]:
         """Where ``target``'s steps (a simulation's or a recording's) lie well outside the range
         of the source's steps for their class: a prediction there may be off, and why."""
         x, classes = feature_matrix(target)
+        related = {str(name): self.fallback(str(name)) for name in np.unique(classes)}
         return target_warnings(self.coverage, set(self.fits) - {"pooled"}, self.window_steps,
-                               x, classes)
+                               x, classes, related)
 
     # --- reporting and storage ------------------------------------------------------------------
     def describe(self, target: RecordedEvents | None = None) -> str:
@@ -298,7 +289,7 @@ class CostModel:
                 feats = f"max({1e3 * fit.floor:.2f} ms floor, {feats})"
             chosen = self.selection.get(name, {}).get("holdout")
             how = f" (chosen by {chosen} held-out error)" if chosen else ""
-            lines.append(f"  {name:<12} {fit.samples:>6} steps  [{feats}]{how}  {held}")
+            lines.append(f"  {name:<{NAME_WIDTH}} {fit.samples:>6} steps  [{feats}]{how}  {held}")
         total = self.heldout.get("all")
         if total:
             what = " (device time)" if self.overlap is not None else ""
@@ -306,6 +297,11 @@ class CostModel:
                 f"  all held-out steps{what}: MAPE {total['mape_pct']:.1f}%, "
                 f"summed time {total['sum_error_pct']:+.2f}%"
             )
+        if self.prefill_graph_sizes:
+            sizes = self.prefill_graph_sizes
+            lines.append(f"  prefill CUDA graphs: {len(sizes)} token counts, {sizes[0]:,} to "
+                         f"{sizes[-1]:,}, up to {self.prefill_graph_max_seqs} sequences each "
+                         "(a prefill within them is padded to the next and runs as prefill_graph)")
         if self.overlap is not None:
             lines += self.overlap.describe_lines()
         for name, seconds in self.warmup_s.items():
@@ -333,6 +329,8 @@ class CostModel:
             "selection": self.selection,
             "window_steps": self.window_steps,
             "overlap": self.overlap.to_dict() if self.overlap is not None else None,
+            "prefill_graph_sizes": self.prefill_graph_sizes,
+            "prefill_graph_max_seqs": self.prefill_graph_max_seqs,
         }
 
     def save(self, path: str | Path) -> None:
@@ -354,7 +352,9 @@ class CostModel:
                        {k: float(v) for k, v in data.get("warmup_s", {}).items()},
                        surrogates, data.get("coverage", {}), data.get("selection", {}),
                        int(data.get("window_steps", 0)),
-                       OverlapModel.from_dict(data["overlap"]) if data.get("overlap") else None)
+                       OverlapModel.from_dict(data["overlap"]) if data.get("overlap") else None,
+                       [int(s) for s in data.get("prefill_graph_sizes", [])],
+                       int(data.get("prefill_graph_max_seqs", 0)))
         except OSError as exc:
             raise CostModelError(f"{path}: cannot read cost model ({exc.strerror})") from None
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -374,20 +374,3 @@ def _device_trainer(x: np.ndarray, y: np.ndarray, classes: np.ndarray, window: n
         return trained.predict_many
     return train
 
-
-def _observed_graph_sizes(events: RecordedEvents) -> list[int]:
-    """The graph batch sizes the source run padded decodes to: Nano-vLLM's if it agrees with
-    every observed (batch, padded) pair, else the sizes seen (a batch above them runs eager)."""
-    ms = events.tables["model_step"]
-    graph = np.asarray(ms["graph_used"], dtype=bool)
-    if not graph.any():
-        return []
-    seqs = np.asarray(ms["num_seqs"], dtype=np.int64)[graph]
-    padded = np.asarray(ms["padded_batch_size"], dtype=np.int64)[graph]
-    nano = np.asarray(
-        [*NANO_GRAPH_SMALL, *range(NANO_GRAPH_STRIDE, NANO_GRAPH_MAX + 1, NANO_GRAPH_STRIDE)]
-    )
-    expected = nano[np.minimum(np.searchsorted(nano, seqs), len(nano) - 1)]
-    if (expected == padded).all():
-        return nano.tolist()
-    return sorted(set(padded.tolist()))

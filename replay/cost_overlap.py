@@ -6,11 +6,12 @@ time it blocked waiting for the device) and whether the step was launched while 
 was still on the device (``overlapped``). The wall time a step adds to a run (its *interval*) is
 then, by the rule the simulator applies:
 
-- a sequential CUDA-graph decode: device + host + offset(sequential, class)
-- a sequential eager step (prefill, mixed, eager decode): max(device, host) + offset(sequential,
-  class): its kernels run on the device while the host is still launching the later ones, so
-  whichever is longer bounds it (a small prefill is launch-bound: device and host both ~25 ms
-  on the H200, the interval the same)
+- a sequential CUDA-graph step (a decode, or a prefill replayed from a graph: one launch, not
+  launch-bound): device + host + offset(sequential, class)
+- a sequential eager step (eager prefill, mixed, eager decode): max(device, host) +
+  offset(sequential, class): its kernels run on the device while the host is still launching
+  the later ones, so whichever is longer bounds it (a small eager prefill is launch-bound:
+  device and host both ~25 ms on the H200, the interval the same)
 - an overlapped step: max(device, host) + offset(overlapped, class) (its host work ran while
   the device was busy with the step before)
 
@@ -41,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from replay.cost_classes import STEP_CLASSES
+from replay.cost_classes import NAME_WIDTH, STEP_CLASSES
 from replay.cost_fit import (
     EAGER_CLASSES,
     FEATURES,
@@ -51,9 +52,15 @@ from replay.cost_fit import (
     errors,
 )
 from replay.cost_host import fit_host, predict
+from replay.cost_steps import calibration_features
 
-HOST_FALLBACKS = {"prefill": "mixed", "mixed": "prefill", "decode_graph": "decode_eager",
-                  "decode_eager": "decode_graph"}
+# The host fit of a class the source did not run: the first of these it did. An eager step's host
+# work is its kernel launches (a mixed step's like a prefill's); a CUDA-graph step's is staging,
+# one graph launch and sampling, whether it replays a prefill or a decode graph.
+HOST_FALLBACKS = {"prefill": ("mixed",), "mixed": ("prefill",),
+                  "prefill_graph": ("decode_graph",),
+                  "decode_graph": ("prefill_graph", "decode_eager"),
+                  "decode_eager": ("decode_graph",)}
 MODES = ("sequential", "overlapped")
 # A trace whose typical step has less host time than this did not measure it (zeros, rounding).
 HOST_MEASURED_S = 1e-6
@@ -193,12 +200,13 @@ class OverlapModel:
     # --- prediction -----------------------------------------------------------------------------
     def host_fit(self, cls_name: str) -> LinearFit:
         """A class's host fit; for a class the source did not run, a related class's constant
-        (a mixed step's is a prefill's: both launch eagerly), with the shared slopes."""
+        (``HOST_FALLBACKS``: a mixed step's is a prefill's, both launch eagerly), with the shared
+        slopes."""
         if cls_name in self.host:
             return self.host[cls_name]
-        other = HOST_FALLBACKS.get(cls_name)
-        if other in self.host:
-            return self.host[other]
+        for other in HOST_FALLBACKS.get(cls_name, ()):
+            if other in self.host:
+                return self.host[other]
         if not self.host:
             return LinearFit(0.0, (0.0,) * len(FEATURES), (), 0)
         return self.host[next(n for n in (*STEP_CLASSES, *self.host) if n in self.host)]
@@ -255,8 +263,8 @@ class OverlapModel:
             err = held.get(name)
             score = (f"held-out MAPE {err['mape_pct']:.1f}% on {err['n']} steps, "
                      f"sum {err['sum_error_pct']:+.2f}%" if err else "")
-            lines.append(f"    {name:<12} {fit.samples:>6} steps  {1e3 * fit.intercept:.3f} ms  "
-                         f"{score}".rstrip())
+            lines.append(f"    {name:<{NAME_WIDTH}} {fit.samples:>6} steps  "
+                         f"{1e3 * fit.intercept:.3f} ms  {score}".rstrip())
         steps = self.source_steps
         lines.append(f"  interval = device + host + offset for a sequential step "
                      f"({steps.get('sequential', 0)} in the source), max(device, host) + offset "
@@ -267,7 +275,7 @@ class OverlapModel:
             modes = MODES if name.startswith("decode") else MODES[:1]  # only decodes overlap
             parts = [f"{mode} {1e3 * self.offset(mode, name):+.3f} ms "
                      f"({self.offset_source.get(mode, {}).get(name, '')})" for mode in modes]
-            lines.append(f"    {name:<12} " + ", ".join(parts))
+            lines.append(f"    {name:<{NAME_WIDTH}} " + ", ".join(parts))
         interval = self.heldout.get("interval", {})
         if interval.get("all"):
             parts = [f"{mode} MAPE {interval[mode]['mape_pct']:.1f}% on {interval[mode]['n']}"
@@ -334,7 +342,7 @@ def calibration_host_rows(rows: list[dict[str, Any]], step_class: Callable[[str,
     timed = [row for row in rows if row.get("wait_s") is not None]
     if not timed:
         return None
-    x = np.array([[float(row[name]) for name in FEATURES] for row in timed])
+    x = calibration_features(timed)
     host = np.array([float(row["interval_s"]) - float(row["wait_s"]) for row in timed])
     classes = np.array([step_class(row["kind"], bool(row["graph_used"])) for row in timed])
     return x, host, classes

@@ -17,15 +17,24 @@ for the step's class and mode). The step reports the device time as its duration
 rest of the interval beyond its host work as time waited for the device (so the engine records
 the predicted host time as ``host_s``). In interval mode the whole interval is the step's
 duration.
+
+CUDA graphs: with graphs on (not ``enforce_eager``), a decode pads to the source's captured batch
+sizes, and a prefill step of few enough prompts to the smallest of the source's captured prefill
+token counts that holds it (``engine.prefill_graphs.padded_prefill_tokens``), among those the
+target config captures (``prefill_graph_tokens``: at most its ``prefill_graph_tokens`` and token
+budget): class ``prefill_graph``, priced on the padded tokens, not launch-bound. Any other
+prefill runs eager (class ``prefill``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from engine import prefill_sizes
 from engine.batch import ScheduledBatch, StepOutput
 from engine.engine_core import batch_features
 from replay.cost_fit import EAGER_CLASSES
+from replay.cost_graphs import restricted_sizes
 from replay.cost_model import MIN_STEP_S, CostModel
 
 # Synthetic tokens: a fixed affine walk over a small id range (any id below every vocab size).
@@ -54,7 +63,9 @@ class SimExecutor:
     """Answers each batch with recorded tokens by sequence position, advancing a simulated clock.
 
     ``cost`` None: times are not predicted (the clock stays put; every duration is 0).
-    ``use_graphs``: decodes pad to the cost model's CUDA-graph sizes, as the source run did.
+    ``use_graphs``: decodes pad to the cost model's CUDA-graph sizes, as the source run did, and
+    so do prefills, among the source's captured token counts up to ``prefill_graph_tokens``
+    (the target config's ``min(prefill_graph_tokens, max_num_batched_tokens)``; 0: none).
     """
 
     def __init__(
@@ -64,6 +75,7 @@ class SimExecutor:
         cost: CostModel | None = None,
         use_graphs: bool = False,
         eos: int = -1,
+        prefill_graph_tokens: int = 0,
     ) -> None:
         self.num_kvcache_blocks = num_kvcache_blocks
         self.clock = clock
@@ -74,6 +86,11 @@ class SimExecutor:
         self._timer = cost.step_timer(with_floor=True) if cost is not None else None
         self._graphs = use_graphs and cost is not None and cost.has_graphs
         self._padded: dict[int, int] = {}
+        self._prefill_sizes = restricted_sizes(cost.prefill_graph_sizes, prefill_graph_tokens) if (
+            use_graphs and cost is not None) else []
+        self._pad_prefill = (prefill_sizes.padded_prefill_tokens
+                             if self._prefill_sizes else None)
+        self._prefill_max_seqs = cost.prefill_graph_max_seqs if cost is not None else 0
         # One-off costs of the first step of a class (JIT compilation) in the source run.
         self._warmup = dict(cost.warmup_s) if cost is not None else {}
         overlap = cost.overlap if cost is not None else None
@@ -110,26 +127,34 @@ class SimExecutor:
         self.overlapped_steps += batch.overlapped
         if self._timer is None:
             return StepOutput(token_ids=out, duration_s=0.0, padded_batch_size=num_seqs)
-        padded, graph = num_seqs, False
+        prefill_tokens, work, decode_seqs, context = batch_features(batch)
+        padded, graph, padded_tokens = num_seqs, False, 0
         if self._graphs and batch.kind == "decode":
             size = self._padded.get(num_seqs)
             if size is None:
                 size = self._padded[num_seqs] = self.cost.padded_size(num_seqs)  # type: ignore[union-attr]
             if size:
                 padded, graph = size, True
+        elif self._pad_prefill is not None and batch.kind == "prefill":
+            padded_tokens = self._pad_prefill(self._prefill_sizes, prefill_tokens, num_seqs,
+                                              self._prefill_max_seqs)
+            graph = padded_tokens > 0
         kind = batch.kind
         if kind == "decode":
             kind = "decode_graph" if graph else "decode_eager"
+        elif graph:
+            kind = "prefill_graph"
         intercept, c, floor = self._timer[kind]
-        # In cost_model.FEATURES order; plain floats: this runs once per step.
-        features = (num_seqs, *batch_features(batch), padded)
+        # In cost_fit.FEATURES order; plain floats: this runs once per step.
+        features = (num_seqs, prefill_tokens, work, decode_seqs, context, padded,
+                    padded_tokens or prefill_tokens + decode_seqs)
         seconds = max(_linear(intercept, c, features), floor, MIN_STEP_S)
         if self._warmup:
             seconds += self._warmup.pop(kind, 0.0)
         if self._host is None:
             self.clock.now += seconds
             return StepOutput(token_ids=out, duration_s=seconds, padded_batch_size=padded,
-                              graph_used=graph, wait_s=seconds)
+                              graph_used=graph, wait_s=seconds, padded_tokens=padded_tokens)
         intercept, c, sequential_s, overlapped_s = self._host[kind]
         host = max(_linear(intercept, c, features), 0.0)
         if self._host_warmup:
@@ -143,16 +168,21 @@ class SimExecutor:
         interval = max(interval, MIN_STEP_S)
         self.clock.now += interval
         return StepOutput(token_ids=out, duration_s=seconds, padded_batch_size=padded,
-                          graph_used=graph, wait_s=max(interval - host, 0.0))
+                          graph_used=graph, wait_s=max(interval - host, 0.0),
+                          padded_tokens=padded_tokens)
 
     def describe(self) -> dict[str, Any]:
-        return {
+        out = {
             "executor": "sim",
             "device": "none",
             "timed": self._timer is not None,
             "cost_model": self.cost.source if self.cost is not None else None,
             "cost_mode": self.cost.mode if self.cost is not None else None,
         }
+        if self._prefill_sizes:  # as a real executor that captured prefill graphs says
+            out.update(prefill_graph_tokens=list(self._prefill_sizes),
+                       prefill_graph_max_seqs=self._prefill_max_seqs)
+        return out
 
     def close(self) -> None:
         pass

@@ -7,6 +7,13 @@ config A predicts config B's recorded times. With a ``HostLaw`` the recording is
 trace: each step's host work (``host_s``), whether it was launched overlapped, and its interval
 by the overlap rule (``replay.cost_overlap``), from which a simulation must recover another
 config's times when that config overlaps another fraction of its steps.
+
+With ``prefill_graphs`` a prefill step runs as a CUDA-graph prefill where the engine would
+(``engine.prefill_graphs``: few enough prompts, tokens within the config's captured counts):
+padded to a captured token count, which its per-token cost is paid on (the graph's GEMMs run
+every padded row; attention only the real tokens), launched without an eager step's launch time,
+and recorded as the engine records one (``graph_used``, ``padded_tokens``, the captured counts in
+the header's executor description).
 """
 
 from __future__ import annotations
@@ -16,12 +23,13 @@ from typing import Any
 
 import numpy as np
 
+from engine import prefill_sizes
 from engine.batch import ScheduledBatch, StepOutput
 from engine.config import Config
 from engine.engine_core import EngineCore, batch_features
 from engine.executor import NullExecutor
 from engine.sampling_params import SamplingParams
-from replay.cost_model import NANO_GRAPH_MAX
+from replay.cost_graphs import NANO_GRAPH_MAX, prefill_graph_limit
 from replay.recorded import RecordedEvents, from_columns
 from replay.sim_executor import SimClock
 from replay.workloads import Request
@@ -44,13 +52,16 @@ class StepLaw:
     first_step_s: float = 0.0  # one-off extra time of step 0 (a JIT compilation, say)
 
     def duration(self, batch: ScheduledBatch, padded: int, rng: np.random.Generator) -> float:
-        """``padded``: the CUDA-graph batch of a decode (0: eager, every decode row is real)."""
+        """``padded``: what a CUDA graph padded the step to, a decode's batch or a prefill's
+        token count (0: eager, every row is real)."""
         prefill_tokens, work, decode_seqs, context = batch_features(batch)
-        rows = padded or decode_seqs
+        graph_prefill = bool(padded) and batch.kind == "prefill"
+        tokens = padded if graph_prefill else prefill_tokens
+        rows = decode_seqs if graph_prefill else padded or decode_seqs
         seconds = (
             self.base_s
             + self.per_seq_s * len(batch.seqs)
-            + self.per_prefill_token_s * prefill_tokens
+            + self.per_prefill_token_s * tokens
             + self.per_attn_work_s * work
             + self.per_padded_seq_s * rows
             + self.per_context_token_s * context
@@ -117,11 +128,14 @@ class LawExecutor(NullExecutor):
     ``overlap``. ``measured`` logs, per step, (device s, host s or NaN, overlapped, end time)."""
 
     def __init__(self, num_kvcache_blocks: int, clock: SimClock, law: StepLaw, seed: int = 0,
-                 graphs: bool = True, host: HostLaw | None = None, overlap: bool = False) -> None:
+                 graphs: bool = True, host: HostLaw | None = None, overlap: bool = False,
+                 prefill_graph_sizes: list[int] | None = None) -> None:
         super().__init__(num_kvcache_blocks, seed=seed)
         self.clock = clock
         self.law = law
         self.graphs = graphs
+        # Captured prefill token counts (empty: every prefill runs eager).
+        self.prefill_sizes = list(prefill_graph_sizes or [])
         self.host_law = host
         self.overlap = overlap
         self._noise = np.random.default_rng(seed + 1)
@@ -131,6 +145,8 @@ class LawExecutor(NullExecutor):
     def execute(self, batch: ScheduledBatch) -> StepOutput:
         out = super().execute(batch)
         padded = nano_padded(len(batch.seqs)) if self.graphs and batch.kind == "decode" else 0
+        padded_tokens = self._padded_tokens(batch)
+        padded = padded or padded_tokens
         seconds = self.law.duration(batch, padded, self._noise)
         host, interval = float("nan"), seconds
         if self.host_law is not None:
@@ -144,11 +160,25 @@ class LawExecutor(NullExecutor):
         self.clock.now += interval
         self.measured[batch.step] = (seconds, host, overlapped, self.clock.now)
         wait = interval - host if self.host_law is not None else interval
-        return StepOutput(out.token_ids, seconds, padded or len(batch.seqs), bool(padded),
-                          wait_s=wait)
+        # A graph prefill pads tokens, not its batch: its padded_batch_size is its own.
+        batch_size = len(batch.seqs) if padded_tokens else padded or len(batch.seqs)
+        return StepOutput(out.token_ids, seconds, batch_size, bool(padded), wait_s=wait,
+                          padded_tokens=padded_tokens)
+
+    def _padded_tokens(self, batch: ScheduledBatch) -> int:
+        """The captured count a prefill step pads to, as the engine decides (0: eager)."""
+        if not self.prefill_sizes or batch.kind != "prefill":
+            return 0
+        module = prefill_sizes
+        return module.padded_prefill_tokens(self.prefill_sizes, batch_features(batch)[0],
+                                            len(batch.seqs), module.MAX_GRAPH_PREFILL_SEQS)
 
     def describe(self) -> dict[str, Any]:
-        return {"executor": "law", "device": "synthetic"}
+        out: dict[str, Any] = {"executor": "law", "device": "synthetic"}
+        if self.prefill_sizes:  # as the model runner describes its captured prefill graphs
+            out.update(prefill_graph_tokens=list(self.prefill_sizes),
+                       prefill_graph_max_seqs=prefill_sizes.MAX_GRAPH_PREFILL_SEQS)
+        return out
 
 
 def record_workload(
@@ -158,22 +188,28 @@ def record_workload(
     trace_dir: str | None = None,
     seed: int = 0,
     host: HostLaw | None = None,
+    prefill_graphs: bool = False,
 ) -> RecordedEvents:
     """Record ``requests`` under ``config`` with law-timed steps (``law=None``: NullExecutor).
 
     The returned events' step measurements are the law's own: without ``host`` the trace
     records no host work (``host_s`` NaN, as in a version-1 trace: the law's interval is its
     duration); with it, ``host_s`` and ``overlapped`` (decided by ``HostLaw.overlaps`` under
-    ``config.async_scheduling``). A trace written to ``trace_dir`` keeps what the engine wrote."""
+    ``config.async_scheduling``). A trace written to ``trace_dir`` keeps what the engine wrote.
+    ``prefill_graphs``: prefills run through CUDA graphs where the engine would run them so
+    under ``config`` (else every prefill is eager, as in a trace before prefill graphs)."""
     from tracing.sink import MemorySink
 
     clock = SimClock(0.0)
     if law is None:
         executor: Any = NullExecutor(config.num_kvcache_blocks, seed=seed)
     else:
+        sizes = []
+        if prefill_graphs and prefill_graph_limit(config):
+            sizes = prefill_sizes.prefill_graph_sizes(prefill_graph_limit(config))
         executor = LawExecutor(config.num_kvcache_blocks, clock, law, seed,
                                graphs=not config.enforce_eager, host=host,
-                               overlap=config.async_scheduling)
+                               overlap=config.async_scheduling, prefill_graph_sizes=sizes)
     sink: Any = MemorySink()
     if trace_dir is not None:
         from tracing.recorder import ParquetRecorder

@@ -26,6 +26,7 @@ from engine.config import AUTO_SIZED_BLOCKS, Config
 from engine.engine_core import EngineCore
 from engine.errors import ConfigError
 from engine.sequence import Sequence
+from replay.cost_graphs import prefill_graph_limit
 from replay.cost_model import CostModel
 from replay.metrics import compute
 from replay.recorded import RecordedEvents, from_columns, from_trace
@@ -172,6 +173,25 @@ def _drive(core: EngineCore, executor: SimExecutor, workload: SimWorkload, timed
             floor = due
 
 
+def _prefill_graph_notes(source: Config, config: Config, cost: CostModel) -> list[str]:
+    """Where the variant's prefill graphs differ from what the timing source can price."""
+    limit = prefill_graph_limit(config)
+    sizes = cost.prefill_graph_sizes
+    notes = []
+    # (Only where asked for: a source run on a CPU, say, had the setting but captured nothing.)
+    asked = config.prefill_graph_tokens != source.prefill_graph_tokens
+    if limit and not sizes and asked:
+        notes.append(f"prefill_graph_tokens={config.prefill_graph_tokens}: the timing source "
+                     "captured no prefill CUDA graphs (their sizes and times are unknown): "
+                     "every prefill is simulated eager")
+    elif sizes and limit > sizes[-1]:
+        notes.append(f"prefills of up to {limit:,} tokens may run through CUDA graphs here, the "
+                     f"timing source captured them up to {sizes[-1]:,}: larger ones are "
+                     "simulated eager")
+    # (A variant's graph prefills priced without a fit of their own: coverage_warnings says so.)
+    return notes
+
+
 def _notes(source: Config, config: Config, cost: CostModel | None,
            executor: SimExecutor) -> list[str]:
     notes = []
@@ -188,6 +208,8 @@ def _notes(source: Config, config: Config, cost: CostModel | None,
     if changed:
         notes.append(f"{', '.join(changed)}: not simulated (no effect on scheduling; step times "
                      "are the timing source's); the KV pool is num_kvcache_blocks")
+    if cost is not None:
+        notes += _prefill_graph_notes(source, config, cost)
     if config.kvcache_block_size != source.kvcache_block_size and (
         config.num_kvcache_blocks == source.num_kvcache_blocks
     ):
@@ -219,7 +241,8 @@ def run_variant(
                          "(num_kvcache_blocks=-1); set num_kvcache_blocks", timed)
     clock = SimClock(0.0)
     use_graphs = not config.enforce_eager
-    executor = SimExecutor(config.num_kvcache_blocks, clock, cost, use_graphs, eos=config.eos)
+    executor = SimExecutor(config.num_kvcache_blocks, clock, cost, use_graphs, eos=config.eos,
+                           prefill_graph_tokens=prefill_graph_limit(config))
     header = {k: v for k, v in workload.header.items() if k not in ("executor", "config")}
     header["simulated_from"] = workload.name
     core = EngineCore(config, executor, header=header, clock=clock)

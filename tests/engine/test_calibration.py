@@ -29,6 +29,14 @@ def test_calibration_steps_fit_the_pool_and_the_token_budget() -> None:
             assert seq.seq_id < 0  # never a request's id
 
 
+def test_captured_prefill_graph_sizes_join_the_ladder() -> None:
+    """Each captured prefill token count is timed as one prompt (where the pool holds it), once
+    even where it is on the ladder already."""
+    batches = calibration_batches(Config(**SETTINGS), [16, 32, 64, 1024])
+    tokens = [b.num_batched_tokens for b in batches if b.kind == "prefill"]
+    assert tokens == sorted({t for t in (*PREFILL_TOKENS, 16, 32, 64) if t <= 640})
+
+
 def test_calibration_is_recorded_and_leaves_the_run_unchanged(tmp_path: Path) -> None:
     """The header carries one timed row per step shape; outputs and the trace's decisions are
     the same as without calibration, and the trace still verifies."""

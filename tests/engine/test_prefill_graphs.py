@@ -10,21 +10,14 @@ against the eager path in ``test_prefill_graphs_model.py`` (Triton) and on the G
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.attention_metadata import build_attention_metadata
-from engine.prefill_graphs import (
-    MAX_GRAPH_PREFILL_SEQS,
-    PAD_SLOT,
-    ROW_IDS,
-    ROW_POSITIONS,
-    ROW_SLOTS,
-    PrefillGraphs,
-    padded_prefill_tokens,
-    prefill_graph_sizes,
-)
+from engine.prefill_graphs import PAD_SLOT, ROW_IDS, ROW_POSITIONS, ROW_SLOTS, PrefillGraphs
+from engine.prefill_sizes import MAX_GRAPH_PREFILL_SEQS, padded_prefill_tokens, prefill_graph_sizes
 
 BLOCK_SIZE = 16
 TABLE_WIDTH = 8
@@ -98,12 +91,8 @@ def test_staged_buffers_match_the_eager_metadata(batch, data) -> None:  # type: 
 
 
 def test_a_graph_needs_a_size() -> None:
-    try:
+    with pytest.raises(ValueError, match="token count"):
         PrefillGraphs([], TABLE_WIDTH, BLOCK_SIZE, 4, torch.float32, torch.device("cpu"))
-    except ValueError as exc:
-        assert "token count" in str(exc)
-    else:
-        raise AssertionError("PrefillGraphs accepted no sizes")
 
 
 def test_staging_writes_positions_of_cached_context_sequences() -> None:
@@ -113,3 +102,16 @@ def test_staging_writes_positions_of_cached_context_sequences() -> None:
     assert graphs.dev_i64[ROW_POSITIONS, :5].tolist() == [11, 12, 13, 14, 15]
     assert graphs.dev_i64[ROW_SLOTS, :5].tolist() == [7 * 16 + p for p in range(11, 16)]
     assert np.all(graphs.dev_i64[ROW_SLOTS, 5:16].numpy() == PAD_SLOT)
+
+
+def test_sample_rows_and_temperatures_are_staged_with_the_inputs() -> None:
+    """The rows sampled (each sequence's last token) and their temperatures travel with the
+    inputs, so nothing is copied from pageable memory after the replay."""
+    graphs = PrefillGraphs([16], TABLE_WIDTH, BLOCK_SIZE, 4, torch.float32, torch.device("cpu"))
+    graphs.stage([1, 2, 3, 4, 5], [2, 3], [2, 3], [[0], [1]], 16, [1, 4], [0.0, 0.7])
+    hidden = torch.arange(16, dtype=torch.float32)[:, None].repeat(1, 4)
+    selected, temps = graphs.sampled(hidden, 2)
+    assert selected[:, 0].tolist() == [1.0, 4.0]
+    assert temps.tolist() == [0.0, pytest.approx(0.7)]
+    with pytest.raises(ValueError, match="temperature"):
+        graphs.stage([1], [1], [1], [[0]], 16, [0], [])

@@ -23,7 +23,8 @@ load_kernel_modules(
 from engine.attention_metadata import build_attention_metadata  # noqa: E402
 from engine.checkpoint import default_model_dir  # noqa: E402
 from engine.loader import build_model  # noqa: E402
-from engine.prefill_graphs import PrefillGraphs, prefill_graph_sizes  # noqa: E402
+from engine.prefill_graphs import PrefillGraphs  # noqa: E402
+from engine.prefill_sizes import prefill_graph_sizes  # noqa: E402
 
 BLOCK_SIZE = 8
 NUM_BLOCKS = 24

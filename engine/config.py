@@ -12,6 +12,10 @@ POLICIES = ("prefill_first", "chunked")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
+# When a decode step may be deferred (Scheduler.can_defer): "needed": while the free blocks cover
+# what the next step's decodes can claim; "per_running": one free block per running sequence
+# (the rule of traces recorded before schema 3).
+DEFER_BLOCK_RULES = ("needed", "per_running")
 AUTO_SIZED_BLOCKS = -1
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * 1024 * 1024
 
@@ -62,6 +66,7 @@ FIELD_RULES: dict[str, _Rule] = {
     "calibration_repeats": _Rule(int, 0, 1000),
     "async_scheduling": _Rule(bool),
     "prefill_graph_tokens": _Rule(int, 0, _INT_MAX),
+    "defer_block_rule": _Rule(str, choices=DEFER_BLOCK_RULES),
 }
 
 
@@ -101,6 +106,8 @@ class Config:
     # Prefills of up to this many tokens run through CUDA graphs captured per token count
     # (engine/prefill_graphs.py): launched in one call instead of ~400 kernel launches; 0: eager.
     prefill_graph_tokens: int = 4096
+    # How overlapped scheduling makes sure the next step cannot preempt (DEFER_BLOCK_RULES).
+    defer_block_rule: str = "needed"
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:

@@ -276,15 +276,32 @@ class Scheduler:
         """Whether the next step may be scheduled before this batch's token values are known.
 
         True for a decode batch whose tokens cannot end a sequence early (no EOS to watch for),
-        with at least one free block per running sequence (so the next schedule cannot preempt).
-        Then the values only matter for block hashes, which wait in the block manager until
-        ``resolve``; everything the next schedule decides depends on counts alone.
+        when the next schedule cannot preempt: the free blocks cover every block its decodes can
+        claim (``defer_block_rule`` "needed"; "per_running": at least one free block per running
+        sequence, the rule of older traces). Then the values only matter for block hashes, which
+        wait in the block manager until ``resolve``; everything the next schedule decides depends
+        on counts alone.
         """
         if batch.kind != "decode":
             return False
         if self.eos >= 0 and not all(seq.ignore_eos for seq in batch.sampled_seqs):
             return False
-        return len(self.block_manager.free_block_ids) >= len(self.running)
+        free = len(self.block_manager.free_block_ids)
+        if free >= len(self.running):
+            return True
+        if self.config.defer_block_rule == "per_running":
+            return False
+        return free >= self._blocks_next_decodes_claim(batch)
+
+    def _blocks_next_decodes_claim(self, batch: ScheduledBatch) -> int:
+        """Running sequences whose next decode token starts a new block (a sequence of
+        ``batch`` holds one token more by then): each claims one free block, at most."""
+        sampled = {seq.seq_id for seq in batch.sampled_seqs}
+        capacity = self.block_size
+        return sum(
+            seq.num_tokens + (seq.seq_id in sampled) > len(seq.block_table) * capacity
+            for seq in self.running
+        )
 
     def schedule_needs_tokens(self) -> bool:
         """Whether the next schedule could read the prefix cache after appending decode tokens

@@ -31,8 +31,10 @@ def config_from_header(header: dict[str, Any], **overrides: Any) -> Config:
     recorded = dict(recorded)
     # Recorded before the field existed: that engine never overlapped steps.
     recorded.setdefault("async_scheduling", False)
-    # ... nor ran a prefill through a CUDA graph.
+    # ... nor ran a prefill through a CUDA graph; and deferred a decode only with one free block
+    # per running sequence.
     recorded.setdefault("prefill_graph_tokens", 0)
+    recorded.setdefault("defer_block_rule", "per_running")
     known = set(Config.field_names())
     unknown = sorted(set(recorded) - known)
     if unknown:

@@ -18,7 +18,7 @@ from scheduler_observer import run_workload
 from scripted_engine import decision_columns
 from strategies import RequestSpec, Workload, scaled, workloads
 
-from engine.config import Config
+from engine.config import DEFER_BLOCK_RULES, Config
 from engine.engine_core import EngineCore
 from engine.executor import NullExecutor
 from engine.sampling_params import SamplingParams
@@ -74,15 +74,18 @@ def _check_same(workload: Workload) -> dict[str, dict[str, list]]:
 
 
 @settings(max_examples=scaled(0.5))
-@given(workload=workloads(), roomy=st.booleans())
-@example(workload=REUSE[0], roomy=False)
-@example(workload=REUSE[1], roomy=False)
+@given(workload=workloads(), roomy=st.booleans(), rule=st.sampled_from(DEFER_BLOCK_RULES))
+@example(workload=REUSE[0], roomy=False, rule="needed")
+@example(workload=REUSE[1], roomy=False, rule="needed")
 def test_overlapped_runs_decide_and_record_like_sequential_runs(
-    workload: Workload, roomy: bool
+    workload: Workload, roomy: bool, rule: str
 ) -> None:
-    """Generated workloads (EOS, aborts, arrivals, preemption, both policies): the overlapped
-    run's events equal the sequential run's, and they replay identically."""
-    tables = _check_same(_roomy(workload) if roomy else workload)
+    """Generated workloads (EOS, aborts, arrivals, preemption, both policies, both deferral
+    rules): the overlapped run's events equal the sequential run's, and they replay
+    identically."""
+    workload = _roomy(workload) if roomy else workload
+    workload = Workload(workload.config.replace(defer_block_rule=rule), workload.requests)
+    tables = _check_same(workload)
     flags = tables["model_step"]["overlapped"]
     event("some steps overlapped" if any(flags) else "no step overlapped")
 
@@ -130,3 +133,25 @@ def test_async_scheduling_off_records_no_overlap() -> None:
     a, b = _decisions(on.sink.tables), _decisions(off.sink.tables)
     a["model_step"].pop("overlapped"), b["model_step"].pop("overlapped")
     assert a == b
+
+
+def _tight_workload(rule: str) -> Workload:
+    """Four 10-token prompts decoding 20 tokens each in 6 blocks of 16: after admission fewer
+    blocks are free than sequences run, and each sequence crosses into a second block once."""
+    config = Config(kvcache_block_size=16, num_kvcache_blocks=6, max_model_len=64,
+                    max_num_batched_tokens=256, max_num_seqs=4, defer_block_rule=rule)
+    requests = tuple(RequestSpec(0, tuple(range(2 + i, 12 + i)), 20, True, (3,) * 20)
+                     for i in range(4))
+    return Workload(config, requests)
+
+
+def test_the_needed_rule_defers_while_free_blocks_cover_the_next_claims() -> None:
+    """With fewer free blocks than running sequences, "needed" still overlaps the decode steps
+    in which no sequence starts a block (and stays exact: same events as sequential, preemption
+    included); "per_running" overlaps only once sequences have finished or been preempted."""
+    overlapped = {}
+    for rule in DEFER_BLOCK_RULES:
+        tables = _check_same(_tight_workload(rule))
+        assert tables["preempted"]["seq_id"], "the pool must force a preemption"
+        overlapped[rule] = sum(tables["model_step"]["overlapped"])
+    assert overlapped["needed"] >= overlapped["per_running"] + 10, overlapped

@@ -221,6 +221,9 @@ class LaunchedStep:
         self._launched = StepOutput(token_ids=[], padded_batch_size=padded, graph_used=graph_used)
         self._output: StepOutput | None = None
 
+    def launch_wait_s(self) -> float:
+        return 0.0  # launching queued the work; ``result`` waits
+
     def launched_output(self) -> StepOutput:
         return self._launched
 

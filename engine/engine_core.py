@@ -194,7 +194,9 @@ class EngineCore:
             flight = None
         launched = self.clock()
         handle = self.executor.launch(batch, flight.handle if flight is not None else None)
-        host_s += self.clock() - launched
+        # A step computed inside launch (an eager or graph prefill) waited there for its tokens:
+        # that is device time, not host work.
+        host_s += self.clock() - launched - handle.launch_wait_s()
         if flight is not None:
             self._resolve(flight)
         if defer:

@@ -20,6 +20,11 @@ class PendingStep(Protocol):
         """Wait for the step; its tokens and measurements (``wait_s``: time spent waiting)."""
         ...
 
+    def launch_wait_s(self) -> float:
+        """Seconds ``launch`` itself spent waiting for the device: a step computed synchronously
+        waited there for its tokens (its ``wait_s``); a step in flight waits in ``result``."""
+        ...
+
 
 class Executor(Protocol):
     """Runs one scheduled batch and returns the sampled tokens (the real model, a trace, a sim).
@@ -55,6 +60,9 @@ class DoneStep:
 
     def result(self) -> StepOutput:
         return self.output
+
+    def launch_wait_s(self) -> float:
+        return self.output.wait_s
 
 
 class NullExecutor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Sequence as SequenceABC
@@ -49,6 +50,12 @@ def _run_header(config: Config, executor: Any) -> dict[str, Any]:
     }
 
 
+# Engines this process has started: a first one pays one-off kernel compilation in its first
+# steps (variants the start-up did not reach), later ones find them compiled. A fact about the
+# process, recorded in each trace header (``engine_starts_before``).
+_PROCESS_ENGINE_STARTS = itertools.count()
+
+
 class LLMEngine:
     """Loads a Qwen3 checkpoint and serves batches of prompts, recording every decision.
 
@@ -77,6 +84,7 @@ class LLMEngine:
         self.config = config
         self.trace_dir = trace_dir
         header = _run_header(config, self.runner)
+        header["engine_starts_before"] = next(_PROCESS_ENGINE_STARTS)
         if config.calibration_repeats:
             from engine.calibration import calibrate
 

@@ -126,7 +126,7 @@ def fidelity(traces: list[str]) -> list[dict[str, Any]]:
     from replay.metrics import compute, relative_error
     from replay.recorded import from_trace
     from replay.replayer import config_from_header
-    from replay.simulate import load_source, run_variant
+    from replay.simulate import cold_start_of, load_source, run_variant
     from tracing.reader import read_trace
 
     events = {path: from_trace(read_trace(path)) for path in traces}
@@ -144,7 +144,8 @@ def fidelity(traces: list[str]) -> list[dict[str, Any]]:
             config = config_from_header(events[target].header).to_dict()
             overrides = {k: v for k, v in config.items()
                          if workloads[source].config.to_dict()[k] != v}
-            predicted = run_variant(workloads[source], overrides, models[source], target)
+            predicted = run_variant(workloads[source], overrides, models[source], target,
+                                    cold_start=cold_start_of(events[target].header))
             measured = compute(events[target]).summary
             row: dict[str, Any] = {"source": source, "target": target, "status": predicted.status}
             if predicted.ok and predicted.events is not None:

@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--out", required=True, help="trace directory to write")
     run.add_argument("--num-seqs", type=int, default=None, help="use only the first N requests")
+    run.add_argument("--warm-up", type=int, default=0, metavar="N",
+                     help="untraced runs of the workload first, so the traced run starts warm")
     _add_config_overrides(run)
 
     verify = sub.add_parser("verify", help="replay a trace and check every decision matches")
@@ -86,7 +88,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from replay.commands import run_command
 
     return run_command(args.model, args.workload, args.out, args.num_seqs,
-                       parse_overrides(args.overrides))
+                       parse_overrides(args.overrides), warm_up=args.warm_up)
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:

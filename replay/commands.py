@@ -30,8 +30,12 @@ def run_command(
     out: str,
     num_seqs: int | None,
     overrides: dict[str, Any],
+    warm_up: int = 0,
 ) -> int:
-    """Run ``workload`` ('bench' or a JSONL path) on ``model``, recording into ``out``."""
+    """Run ``workload`` ('bench' or a JSONL path) on ``model``, recording into ``out``.
+
+    ``warm_up``: untraced runs of the same workload first, in this process, so the recorded run
+    starts warm (no one-off kernel compilation in its first steps), as ``replayllm bench`` does."""
     from engine import LLM
     from replay.live import run_workload
     from tracing.inspect import describe
@@ -42,7 +46,15 @@ def run_command(
         if num_seqs < 1:
             raise InvalidRequestError(f"--num-seqs must be >= 1, got {num_seqs}")
         requests = requests[:num_seqs]
+    if warm_up < 0:
+        raise InvalidRequestError(f"--warm-up must be >= 0, got {warm_up}")
     prepare_trace_dir(out)
+    for _ in range(warm_up):
+        warm = LLM(model, record_events=False, **overrides)
+        try:
+            run_workload(warm, requests)
+        finally:
+            warm.close()
     llm = LLM(model, trace_dir=out, **overrides)
     try:
         run_workload(llm, requests)

@@ -63,6 +63,8 @@ class SimExecutor:
     """Answers each batch with recorded tokens by sequence position, advancing a simulated clock.
 
     ``cost`` None: times are not predicted (the clock stays put; every duration is 0).
+    ``one_off_costs``: charge the source's one-off first-step costs (kernel compilation in a
+    fresh process) once, as a run that starts cold pays them; False: a warm start.
     ``use_graphs``: decodes pad to the cost model's CUDA-graph sizes, as the source run did, and
     so do prefills, among the source's captured token counts up to ``prefill_graph_tokens``
     (the target config's ``min(prefill_graph_tokens, max_num_batched_tokens)``; 0: none).
@@ -76,6 +78,7 @@ class SimExecutor:
         use_graphs: bool = False,
         eos: int = -1,
         prefill_graph_tokens: int = 0,
+        one_off_costs: bool = True,
     ) -> None:
         self.num_kvcache_blocks = num_kvcache_blocks
         self.clock = clock
@@ -92,10 +95,11 @@ class SimExecutor:
                              if self._prefill_sizes else None)
         self._prefill_max_seqs = cost.prefill_graph_max_seqs if cost is not None else 0
         # One-off costs of the first step of a class (JIT compilation) in the source run.
-        self._warmup = dict(cost.warmup_s) if cost is not None else {}
+        self._warmup = dict(cost.warmup_s) if cost is not None and one_off_costs else {}
         overlap = cost.overlap if cost is not None else None
         self._host = overlap.host_timer() if overlap is not None else None
-        self._host_warmup = dict(overlap.host_warmup_s) if overlap is not None else {}
+        self._host_warmup = (dict(overlap.host_warmup_s)
+                             if overlap is not None and one_off_costs else {})
         self.steps = 0
         self.overlapped_steps = 0  # batches the engine launched overlapped
 

@@ -226,9 +226,13 @@ def run_variant(
     cost: CostModel | None,
     name: str = "",
     keep_events: bool = True,
+    cold_start: bool | None = None,
 ) -> SimResult:
     """Simulate ``workload`` under its Config with ``overrides``; never raises for a variant
-    that cannot run (status says why)."""
+    that cannot run (status says why).
+
+    ``cold_start``: whether the run starts in a fresh process and pays the source's one-off
+    first-step costs (kernel compilation); None: as the source did (``cold_start_of``)."""
     began = time.perf_counter()
     name = name or format_overrides(overrides)
     timed = cost is not None
@@ -242,7 +246,8 @@ def run_variant(
     clock = SimClock(0.0)
     use_graphs = not config.enforce_eager
     executor = SimExecutor(config.num_kvcache_blocks, clock, cost, use_graphs, eos=config.eos,
-                           prefill_graph_tokens=prefill_graph_limit(config))
+                           prefill_graph_tokens=prefill_graph_limit(config),
+                           one_off_costs=cold_start is not False)
     header = {k: v for k, v in workload.header.items() if k not in ("executor", "config")}
     header["simulated_from"] = workload.name
     core = EngineCore(config, executor, header=header, clock=clock)
@@ -285,6 +290,14 @@ def simulate(
     result = run_variant(workload, dict(overrides or {}), cost, name, keep_events)
     result.notes = notes + result.notes
     return result
+
+
+def cold_start_of(header: dict[str, Any]) -> bool | None:
+    """Whether a recording started in a fresh process (its first steps may compile kernels); None:
+    its header predates ``engine_starts_before``. A prediction compared with that recording
+    should start the same way."""
+    starts = header.get("engine_starts_before")
+    return None if starts is None else int(starts) == 0
 
 
 def format_overrides(overrides: dict[str, Any]) -> str:

@@ -25,6 +25,7 @@ from replay.metrics import compute, has_timings
 from replay.simulate import (
     SimResult,
     SimWorkload,
+    cold_start_of,
     format_overrides,
     load_source,
     load_timing,
@@ -227,7 +228,11 @@ def _compare(args: argparse.Namespace, workload: SimWorkload, cost: CostModel | 
     overrides = {k: v for k, v in target.items() if base.get(k) != v}
     shown = {k: v for k, v in overrides.items() if k not in COSMETIC_FIELDS}
     print(f"predicting {args.compare} ({format_overrides(shown)}) from {workload.name}")
-    result = run_variant(workload, overrides, cost, name="predicted")
+    cold = cold_start_of(other.header)
+    if cold is not None and cost is not None and cost.warmup_s:
+        print(f"note: {args.compare} started {'cold' if cold else 'warm'}: the source's one-off "
+              f"first-step costs are {'charged' if cold else 'left out'}")
+    result = run_variant(workload, overrides, cost, name="predicted", cold_start=cold)
     for note in result.notes:
         print(f"note: {note}")
     if not result.ok:

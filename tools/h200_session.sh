@@ -38,8 +38,9 @@ if has gemm; then
     tail -30 "$OUT/gemm.log"
 fi
 if has constrained; then
+    # --warm-up 1: recorded warm, like the reference (bench records after a warm-up run).
     python3 -m replay.cli run --model "$MODEL" --workload bench --out /tmp/traces/h200-constrained \
-        --set max_num_seqs=64 --set num_kvcache_blocks=300 2>&1 | tail -6 | tee "$OUT/constrained.log"
+        --warm-up 1 --set max_num_seqs=64 --set num_kvcache_blocks=300 2>&1 | tail -6 | tee "$OUT/constrained.log"
 fi
 if has bench || has hf; then
     HF_FLAG=--no-transformers; has hf && HF_FLAG=

@@ -51,3 +51,6 @@ def test_calibration_is_recorded_and_leaves_the_run_unchanged(tmp_path: Path) ->
     assert [r["prefill_tokens"] for r in rows if r["kind"] == "prefill"] == [1, 16, 128, 512]
     assert all(r["interval_s"] > 0 and r["repeats"] == 2 for r in rows)
     assert verify(tmp_path / "t").identical
+    # The second engine of the process starts warm, and its header says so.
+    first = read_trace(tmp_path / "t").header["engine_starts_before"]
+    assert plain_llm.core.header["engine_starts_before"] == first + 1

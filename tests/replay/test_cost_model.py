@@ -165,6 +165,27 @@ def test_a_one_off_slow_first_step_is_charged_once_not_spread_over_all_steps() -
     assert result.metrics["ttft_mean_s"] == pytest.approx(measured["ttft_mean_s"], rel=0.05)
 
 
+def test_a_warm_start_leaves_the_one_off_out_and_compare_follows_the_target_header() -> None:
+    """The one-off is a property of a fresh process, not of the configuration: a prediction for a
+    run that starts warm leaves it out (exactly the charge less), one for a cold run or one whose
+    start is unknown (a header before ``engine_starts_before``) pays it once."""
+    from replay.simulate import cold_start_of, load_source, run_variant
+
+    compile_s = 2.0
+    law = StepLaw(first_step_s=compile_s)
+    a = record_workload(Config(num_kvcache_blocks=400, max_num_seqs=64),
+                        reference_workload(num_seqs=64), law, seed=1)
+    model, source = CostModel.fit(a), load_source(a)
+    overrides = {"max_num_seqs": 48}
+    cold, warm, unknown = (run_variant(source, overrides, model, cold_start=flag).metrics
+                           for flag in (True, False, None))
+    assert cold["makespan_s"] == pytest.approx(unknown["makespan_s"])
+    assert cold["makespan_s"] - warm["makespan_s"] == pytest.approx(compile_s, rel=0.01)
+    assert cold_start_of({"engine_starts_before": 0}) is True
+    assert cold_start_of({"engine_starts_before": 2}) is False
+    assert cold_start_of({}) is None
+
+
 # --- physics: launch floors, extrapolation, warm-up, coverage ------------------------------------
 @dataclass(frozen=True)
 class FlooredLaw(StepLaw):

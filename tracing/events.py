@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pyarrow as pa
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Versions this release reads. Version 1 lacks model_step.overlapped and model_step.host_s,
 # version 2 model_step.padded_tokens; the reader fills them with ADDED_COLUMN_DEFAULTS (a
-# version-1 run never overlapped its steps; no version-2 run padded a prefill).
-READABLE_SCHEMA_VERSIONS = (1, 2, 3)
+# version-1 run never overlapped its steps; no version-2 run padded a prefill). Version 4 changed
+# what host_s holds for a step computed inside the executor's launch (docs/trace-format.md).
+READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4)
 # model_step.padded_tokens of a step that computed its own tokens (no CUDA-graph prefill).
 NOT_PADDED = 0
 

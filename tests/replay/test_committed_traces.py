@@ -27,3 +27,17 @@ def test_committed_trace_verifies(trace_dir: Path) -> None:
     result = verify(trace_dir)
     assert result.identical, result.report()
     assert result.num_events == trace.num_events
+
+
+def test_the_reference_decides_the_same_under_todays_deferral_rule() -> None:
+    """traces/h200-reference was recorded before ``defer_block_rule`` existed (its header replays
+    with "per_running"). Its pool never ran short, so today's default ("needed") makes exactly
+    its decisions, overlapped flags included: it stands for a run of today's engine."""
+    from replay.decisions import compare_decisions
+    from replay.recorded import from_trace
+    from replay.replayer import replay
+
+    recorded = from_trace(read_trace(TRACES / "h200-reference"))
+    assert "defer_block_rule" not in recorded.header["config"]
+    run = replay(recorded, defer_block_rule="needed")
+    assert compare_decisions(recorded, run.replayed) is None

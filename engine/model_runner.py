@@ -23,6 +23,7 @@ import torch
 from engine import cuda_runner, tp
 from engine.attention_metadata import AttentionMetadata, build_attention_metadata
 from engine.batch import ScheduledBatch, StepOutput
+from engine.batch_checks import check_batch
 from engine.config import AUTO_SIZED_BLOCKS, Config
 from engine.cuda_graphs import NO_SOURCE, DecodeBuffers, DecodeGraphs
 from engine.errors import ConfigError
@@ -32,6 +33,7 @@ from engine.layers.parallel import SINGLE_PROCESS
 from engine.layers.sampler import Sampler
 from engine.loader import build_model
 from engine.prefill_graphs import PrefillGraphs
+from engine.runner_info import describe_runner
 from engine.sequence import PENDING_TOKEN
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -195,35 +197,6 @@ class ModelRunner:
             layer.bind_kv_cache(self.kv_cache[0, i], self.kv_cache[1, i])
 
     # --- one step ---------------------------------------------------------------------------------
-    def _check_batch(self, batch: ScheduledBatch) -> None:
-        """Scheduler bugs must fail loudly here, not read or write someone else's KV."""
-        n = len(batch.seqs)
-        if len(batch.num_new_tokens) != n or len(batch.context_lens) != n:
-            raise ValueError("num_new_tokens and context_lens need one entry per sequence")
-        if batch.sample is not None and len(batch.sample) != n:
-            raise ValueError("sample needs one entry per sequence")
-        for seq, new, ctx in zip(batch.seqs, batch.num_new_tokens, batch.context_lens):
-            if not 1 <= new <= ctx <= len(seq.token_ids):
-                raise ValueError(
-                    f"seq {seq.seq_id}: need 1 <= num_new_tokens ({new}) <= context_len ({ctx}) "
-                    f"<= tokens ({len(seq.token_ids)})"
-                )
-            if ctx > self.spec.max_position_embeddings:
-                raise ValueError(
-                    f"seq {seq.seq_id}: context {ctx} exceeds the model's "
-                    f"max_position_embeddings ({self.spec.max_position_embeddings})"
-                )
-            needed = seq.block_table[: (ctx + self.block_size - 1) // self.block_size]
-            if len(needed) * self.block_size < ctx:
-                raise ValueError(
-                    f"seq {seq.seq_id}: block table of {len(seq.block_table)} blocks cannot hold "
-                    f"{ctx} tokens of block size {self.block_size}"
-                )
-            if needed and not (0 <= min(needed) and max(needed) < self.num_kvcache_blocks):
-                raise ValueError(
-                    f"seq {seq.seq_id}: block id outside [0, {self.num_kvcache_blocks}) in {needed}"
-                )
-
     def prepare(
         self, payload: tp.StepPayload
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
@@ -266,7 +239,8 @@ class ModelRunner:
         if batch.is_decode and self.buffers is not None and self.dist is None:
             return self._launch_decode(batch, previous if pending else None)
         values = _token_values(previous) if pending and previous is not None else None
-        self._check_batch(batch)
+        check_batch(batch, self.spec.max_position_embeddings, self.block_size,
+                    self.num_kvcache_blocks)
         decode = batch.is_decode and self.buffers is not None
         payload = tp.payload_from_batch(batch, decode=decode, pending_values=values)
         if self.dist is not None:
@@ -433,41 +407,7 @@ class ModelRunner:
     # --- description and shutdown -----------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         """What the trace header records: where and how the model runs, and its architecture."""
-        spec = self.spec
-        info: dict[str, Any] = {
-            "executor": "model_runner",
-            "device": str(self.device),
-            "device_name": (
-                torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
-            ),
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "attention_backend": self.attention_backend.name,
-            "tensor_parallel_size": self.group.world_size,
-            "block_size": self.block_size,
-            "num_kvcache_blocks": self.num_kvcache_blocks,
-            "kv_cache_bytes": self.num_kvcache_blocks * self.kv_block_bytes,
-            "eos_token_id": self.eos_token_id,
-            "model": {
-                "architecture": type(self.model).__name__,
-                "path": str(self.model_dir),
-                "num_layers": spec.num_hidden_layers,
-                "num_heads": spec.num_attention_heads,
-                "num_kv_heads": spec.num_key_value_heads,
-                "head_dim": spec.head_dim,
-                "hidden_size": spec.hidden_size,
-                "intermediate_size": spec.intermediate_size,
-                "vocab_size": spec.vocab_size,
-                "max_position_embeddings": spec.max_position_embeddings,
-                "rope_theta": spec.rope_theta,
-                "tie_word_embeddings": spec.tie_word_embeddings,
-                "num_params": sum(p.numel() for p in self.model.parameters()),
-                "checkpoint_dtype": spec.torch_dtype,
-                "dtype": str(self.dtype).removeprefix("torch."),
-            },
-        }
-        if self.device.type == "cuda":
-            info.update(cuda_runner.describe_cuda(self))
-        return info
+        return describe_runner(self)
 
     def close(self) -> None:
         """Release the KV cache, graphs and TP workers (idempotent)."""

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from engine.attention_metadata import AttentionMetadata
+from engine.graph_capture import CapturedGraphs
 
 SMALL_GRAPH_SIZES = (1, 2, 4, 8)
 GRAPH_SIZE_STEP = 16
@@ -271,20 +272,18 @@ class DecodeBuffers:
 ModelFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
 
 
-class DecodeGraphs:
+class DecodeGraphs(CapturedGraphs):
     """One CUDA graph per padded batch size, all replaying over :class:`DecodeBuffers`."""
 
     def __init__(
         self, buffers: DecodeBuffers, hidden_size: int, dtype: torch.dtype, max_context: int
     ) -> None:
-        self.buffers = buffers
-        self.max_context = max_context
-        self.sizes = graph_batch_sizes(buffers.max_batch)
-        self.outputs = torch.zeros(
+        outputs = torch.zeros(
             buffers.max_batch, hidden_size, dtype=dtype, device=buffers.dev_i64.device
         )
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.pool: Any = None
+        super().__init__(graph_batch_sizes(buffers.max_batch), outputs)
+        self.buffers = buffers
+        self.max_context = max_context
 
     def padded_size(self, batch: int) -> int | None:
         """The smallest captured size that holds ``batch`` rows (None: too big, run eager)."""
@@ -295,27 +294,13 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def capture(self, model: ModelFn) -> None:
-        """Capture from the largest size down, so the first graph sizes the shared pool."""
+        """Capture every batch size over the staged buffers (all rows padding: no KV touched)."""
         buffers = self.buffers
-        buffers.stage([], [], [], [], [], buffers.max_batch)  # every row padding: no KV is touched
-        for size in reversed(self.sizes):
+        buffers.stage([], [], [], [], [], buffers.max_batch)
+
+        def forward_of(size: int) -> Callable[[], torch.Tensor]:
             metadata = buffers.metadata(size, self.max_context)
             ids, positions = buffers.input_ids[:size], buffers.positions[:size]
-            # Warm-up outside the graph: Triton compiles and autotunes here, not in capture.
-            self.outputs[:size] = model(ids, positions, metadata)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, self.pool):
-                self.outputs[:size] = model(ids, positions, metadata)
-            if self.pool is None:
-                self.pool = graph.pool()
-            self.graphs[size] = graph
-        torch.cuda.synchronize()
+            return lambda: model(ids, positions, metadata)
 
-    def replay(self, size: int) -> torch.Tensor:
-        """Run the graph of ``size`` over the staged buffers; hidden states ``[size, hidden]``."""
-        self.graphs[size].replay()
-        return self.outputs[:size]
-
-    def release(self) -> None:
-        self.graphs.clear()
-        self.pool = None
+        self.capture_all(forward_of)

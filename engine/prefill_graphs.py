@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from engine.attention_metadata import AttentionMetadata
+from engine.graph_capture import CapturedGraphs
 from engine.prefill_sizes import MAX_GRAPH_PREFILL_SEQS, padded_prefill_tokens
 
 __all__ = ["PrefillGraphs", "stage_prefill"]
@@ -88,7 +89,7 @@ def stage_prefill(
 ModelFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
 
 
-class PrefillGraphs:
+class PrefillGraphs(CapturedGraphs):
     """Persistent prefill inputs and one CUDA graph per captured token count."""
 
     def __init__(
@@ -124,9 +125,8 @@ class PrefillGraphs:
         self.dev_i32 = torch.zeros_like(self.host_i32, device=device)
         self.dev_temps = torch.zeros_like(self.host_temps, device=device)
         self.dev_i64[ROW_SLOTS] = PAD_SLOT
-        self.outputs = torch.zeros(max_tokens, hidden_size, dtype=dtype, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.pool: Any = None
+        super().__init__(self.sizes, torch.zeros(max_tokens, hidden_size, dtype=dtype,
+                                                 device=device))
 
     def padded_size(self, tokens: int, num_seqs: int) -> int:
         """The captured token count for this prefill; 0: it runs eager."""
@@ -182,29 +182,15 @@ class PrefillGraphs:
 
     @torch.inference_mode()
     def capture(self, model: ModelFn) -> None:
-        """Capture from the largest count down, so the first graph sizes the shared pool."""
-        self.stage([], [], [], [], self.sizes[-1])  # every row padding: no KV is touched
-        for size in reversed(self.sizes):
+        """Capture every token count over the staged buffers (all rows padding: no KV touched)."""
+        self.stage([], [], [], [], self.sizes[-1])
+
+        def forward_of(size: int) -> Callable[[], torch.Tensor]:
             metadata = self.metadata(size)
             ids, positions = self.dev_i64[ROW_IDS, :size], self.dev_i64[ROW_POSITIONS, :size]
-            # Warm-up outside the graph: Triton compiles here, not in capture.
-            self.outputs[:size] = model(ids, positions, metadata)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, self.pool):
-                self.outputs[:size] = model(ids, positions, metadata)
-            if self.pool is None:
-                self.pool = graph.pool()
-            self.graphs[size] = graph
-        torch.cuda.synchronize()
+            return lambda: model(ids, positions, metadata)
 
-    def replay(self, size: int) -> torch.Tensor:
-        """Run the graph of ``size`` over the staged inputs; hidden states ``[size, hidden]``."""
-        self.graphs[size].replay()
-        return self.outputs[:size]
-
-    def release(self) -> None:
-        self.graphs.clear()
-        self.pool = None
+        self.capture_all(forward_of)
 
     def describe(self) -> dict[str, Any]:
         return {"prefill_graph_tokens": list(self.sizes), "prefill_graph_max_seqs": self.max_seqs}

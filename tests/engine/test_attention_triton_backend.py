@@ -8,19 +8,12 @@ in Triton's interpreter on CPU; skipped without triton.
 from __future__ import annotations
 
 import torch
-from triton_env import DEVICE, load_kernel_modules
+from triton_env import DEVICE, load_attention_backend_module, tiny_model_with_cache
 
-(attention_triton,) = load_kernel_modules("engine.layers.attention_triton")
-load_kernel_modules(
-    "engine.layers.triton_kv_store",
-    "engine.layers.triton_paged_attention",
-    "engine.layers.triton_prefill_attention",
-)
+attention_triton = load_attention_backend_module()
 
 from engine.attention_metadata import build_attention_metadata  # noqa: E402
-from engine.checkpoint import default_model_dir  # noqa: E402
 from engine.layers.attention_torch import TorchAttentionBackend  # noqa: E402
-from engine.loader import build_model  # noqa: E402
 
 BLOCK_SIZE = 8
 NUM_BLOCKS = 24
@@ -29,14 +22,7 @@ REL_TOL = 1e-4
 
 def run_steps(backend: object) -> list[torch.Tensor]:
     device = torch.device(DEVICE)
-    model = build_model(default_model_dir(), backend, device, torch.float32)
-    layers = model.attention_layers
-    cache = torch.zeros(
-        2, len(layers), NUM_BLOCKS, BLOCK_SIZE, layers[0].num_kv_heads, model.spec.head_dim,
-        device=device,
-    )  # fmt: skip
-    for i, layer in enumerate(layers):
-        layer.bind_kv_cache(cache[0, i], cache[1, i])
+    model, _ = tiny_model_with_cache(backend, BLOCK_SIZE, NUM_BLOCKS)
     gen = torch.Generator().manual_seed(0)
     prompt_a = torch.randint(0, 150000, (20,), generator=gen).tolist()
     prompt_b = torch.randint(0, 150000, (13,), generator=gen).tolist()

@@ -11,18 +11,11 @@ on CUDA, in Triton's interpreter on CPU; skipped without triton.
 from __future__ import annotations
 
 import torch
-from triton_env import DEVICE, load_kernel_modules
+from triton_env import DEVICE, load_attention_backend_module, tiny_model_with_cache
 
-(attention_triton,) = load_kernel_modules("engine.layers.attention_triton")
-load_kernel_modules(
-    "engine.layers.triton_kv_store",
-    "engine.layers.triton_paged_attention",
-    "engine.layers.triton_prefill_attention",
-)
+attention_triton = load_attention_backend_module()
 
 from engine.attention_metadata import build_attention_metadata  # noqa: E402
-from engine.checkpoint import default_model_dir  # noqa: E402
-from engine.loader import build_model  # noqa: E402
 from engine.prefill_graphs import PrefillGraphs  # noqa: E402
 from engine.prefill_sizes import prefill_graph_sizes  # noqa: E402
 
@@ -32,20 +25,6 @@ TABLE_WIDTH = 6
 REL_TOL = 1e-4
 
 
-def _model_and_cache() -> tuple[torch.nn.Module, torch.Tensor]:
-    device = torch.device(DEVICE)
-    model = build_model(default_model_dir(), attention_triton.TritonAttentionBackend(), device,
-                        torch.float32)
-    layers = model.attention_layers
-    cache = torch.zeros(
-        2, len(layers), NUM_BLOCKS, BLOCK_SIZE, layers[0].num_kv_heads, model.spec.head_dim,
-        device=device,
-    )  # fmt: skip
-    for i, layer in enumerate(layers):
-        layer.bind_kv_cache(cache[0, i], cache[1, i])
-    return model, cache
-
-
 def test_padded_graph_buffers_match_the_eager_prefill() -> None:
     gen = torch.Generator().manual_seed(1)
     prompt_a = torch.randint(0, 150000, (20,), generator=gen).tolist()
@@ -53,7 +32,8 @@ def test_padded_graph_buffers_match_the_eager_prefill() -> None:
     tables = [[5, 2, 9], [1, 7]]
     results = []
     for padded in (False, True):
-        model, cache = _model_and_cache()
+        model, cache = tiny_model_with_cache(attention_triton.TritonAttentionBackend(),
+                                             BLOCK_SIZE, NUM_BLOCKS)
         with torch.no_grad():
             # Sequence a's first 16 tokens are cached (a prefix hit): written by an eager step.
             positions, md = build_attention_metadata([16], [16], [tables[0]], BLOCK_SIZE, 1,

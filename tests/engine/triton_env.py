@@ -49,3 +49,33 @@ def load_kernel_modules(*names: str) -> list[ModuleType]:
         # Another test may have imported them before the interpreter switch: decorate again.
         modules = [importlib.reload(module) for module in modules]
     return modules
+
+
+def load_attention_backend_module() -> ModuleType:
+    """``engine.layers.attention_triton`` with every kernel module it calls, ready to build."""
+    (module,) = load_kernel_modules("engine.layers.attention_triton")
+    load_kernel_modules(
+        "engine.layers.triton_kv_store",
+        "engine.layers.triton_paged_attention",
+        "engine.layers.triton_prefill_attention",
+    )
+    return module
+
+
+def tiny_model_with_cache(backend: object, block_size: int, num_blocks: int
+                          ) -> tuple[torch.nn.Module, torch.Tensor]:
+    """The embedded tiny model in float32 on ``DEVICE`` with ``backend``, and a zeroed KV cache
+    ``[2, layers, num_blocks, block_size, kv_heads, head_dim]`` bound to its attention layers."""
+    from engine.checkpoint import default_model_dir
+    from engine.loader import build_model
+
+    device = torch.device(DEVICE)
+    model = build_model(default_model_dir(), backend, device, torch.float32)
+    layers = model.attention_layers
+    cache = torch.zeros(
+        2, len(layers), num_blocks, block_size, layers[0].num_kv_heads, model.spec.head_dim,
+        device=device,
+    )  # fmt: skip
+    for i, layer in enumerate(layers):
+        layer.bind_kv_cache(cache[0, i], cache[1, i])
+    return model, cache

@@ -116,8 +116,9 @@ COLD_CONSTRAINED = (
     "reference after a warm-up run (replayllm bench, 14:15 UTC); the constrained run's first "
     "prefill and first decode paid ~0.12 s of one-off first-step costs (117 and 41 ms, against "
     "~40 and ~3.5 ms for their successors; kernel compilation, presumably), against a mean TTFT "
-    "of 0.19 s in the reference run. Neither header records the process state (engine_starts_before came later), so the "
-    "simulator charges the source's one-offs as the source paid them."
+    "of 0.19 s in the reference run. Neither header records the process state "
+    "(engine_starts_before came later), so the simulator charges the source's one-offs as the "
+    "source paid them."
 )
 MISSES = {
     (FROM_REFERENCE, "ttft_mean_s"): (

@@ -92,13 +92,12 @@ def source_prefill_graphs(events: RecordedEvents) -> tuple[list[int], int]:
     seen = _graph_prefills(events)
     if not seen:
         return [], 0
-    module = prefill_sizes
     config = events.header.get("config") or {}
     limit = min(int(config.get("prefill_graph_tokens", 0)),
                 int(config.get("max_num_batched_tokens", 0)))
-    engine_sizes = module.prefill_graph_sizes(limit)
-    max_seqs = module.MAX_GRAPH_PREFILL_SEQS
-    if all(module.padded_prefill_tokens(engine_sizes, tokens, seqs, max_seqs) == padded
+    engine_sizes = prefill_sizes.prefill_graph_sizes(limit)
+    max_seqs = prefill_sizes.MAX_GRAPH_PREFILL_SEQS
+    if all(prefill_sizes.padded_prefill_tokens(engine_sizes, tokens, seqs, max_seqs) == padded
            for tokens, seqs, padded in seen):
         return engine_sizes, max_seqs
     return sorted({padded for _, _, padded in seen}), max_seqs

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine import prefill_sizes
 from engine.batch import ScheduledBatch, StepOutput
 from engine.engine_core import batch_features
+from engine.prefill_sizes import padded_prefill_tokens
 from replay.cost_fit import EAGER_CLASSES
 from replay.cost_graphs import restricted_sizes
 from replay.cost_model import MIN_STEP_S, CostModel
@@ -89,10 +89,8 @@ class SimExecutor:
         self._timer = cost.step_timer(with_floor=True) if cost is not None else None
         self._graphs = use_graphs and cost is not None and cost.has_graphs
         self._padded: dict[int, int] = {}
-        self._prefill_sizes = restricted_sizes(cost.prefill_graph_sizes, prefill_graph_tokens) if (
-            use_graphs and cost is not None) else []
-        self._pad_prefill = (prefill_sizes.padded_prefill_tokens
-                             if self._prefill_sizes else None)
+        self._prefill_sizes = (restricted_sizes(cost.prefill_graph_sizes, prefill_graph_tokens)
+                               if use_graphs and cost is not None else [])
         self._prefill_max_seqs = cost.prefill_graph_max_seqs if cost is not None else 0
         # One-off costs of the first step of a class (JIT compilation) in the source run.
         self._warmup = dict(cost.warmup_s) if cost is not None and one_off_costs else {}
@@ -139,9 +137,9 @@ class SimExecutor:
                 size = self._padded[num_seqs] = self.cost.padded_size(num_seqs)  # type: ignore[union-attr]
             if size:
                 padded, graph = size, True
-        elif self._pad_prefill is not None and batch.kind == "prefill":
-            padded_tokens = self._pad_prefill(self._prefill_sizes, prefill_tokens, num_seqs,
-                                              self._prefill_max_seqs)
+        elif self._prefill_sizes and batch.kind == "prefill":
+            padded_tokens = padded_prefill_tokens(self._prefill_sizes, prefill_tokens, num_seqs,
+                                                  self._prefill_max_seqs)
             graph = padded_tokens > 0
         kind = batch.kind
         if kind == "decode":

@@ -169,9 +169,9 @@ class LawExecutor(NullExecutor):
         """The captured count a prefill step pads to, as the engine decides (0: eager)."""
         if not self.prefill_sizes or batch.kind != "prefill":
             return 0
-        module = prefill_sizes
-        return module.padded_prefill_tokens(self.prefill_sizes, batch_features(batch)[0],
-                                            len(batch.seqs), module.MAX_GRAPH_PREFILL_SEQS)
+        return prefill_sizes.padded_prefill_tokens(self.prefill_sizes, batch_features(batch)[0],
+                                                   len(batch.seqs),
+                                                   prefill_sizes.MAX_GRAPH_PREFILL_SEQS)
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"executor": "law", "device": "synthetic"}

@@ -23,11 +23,10 @@ import torch
 
 from engine.attention_metadata import build_attention_metadata
 from engine.batch import StepOutput
-from engine.config import Config
 from engine.cuda_graphs import DecodeBuffers, DecodeGraphs
 from engine.errors import ConfigError
 from engine.prefill_graphs import PrefillGraphs
-from engine.prefill_sizes import prefill_graph_sizes
+from engine.prefill_sizes import prefill_graph_limit, prefill_graph_sizes
 
 if TYPE_CHECKING:
     from engine.model_runner import ModelRunner
@@ -108,11 +107,6 @@ def planned_prefill_graph_sizes(runner: ModelRunner) -> list[int]:
     if not getattr(runner.attention_backend, "supports_prefill_graphs", False):
         return []
     return prefill_graph_sizes(prefill_graph_limit(runner.config))
-
-
-def prefill_graph_limit(config: Config) -> int:
-    """The largest prefill a graph may take: the setting, within the token budget."""
-    return min(config.prefill_graph_tokens, config.max_num_batched_tokens)
 
 
 def set_up_cuda(runner: ModelRunner) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from engine.config import Config
+
 MIN_GRAPH_TOKENS = 16
 FINE_GRAPH_TOKENS = 1024
 COARSE_GRAPH_STEP = 512
@@ -42,3 +44,11 @@ def padded_prefill_tokens(sizes: Sequence[int], tokens: int, num_seqs: int,
         if size >= tokens:
             return size
     return 0
+
+
+def prefill_graph_limit(config: Config) -> int:
+    """The largest prefill ``config`` lets a CUDA graph take: ``prefill_graph_tokens`` within
+    the token budget (the engine captures none above either); 0 under ``enforce_eager``."""
+    if config.enforce_eager:
+        return 0
+    return min(config.prefill_graph_tokens, config.max_num_batched_tokens)

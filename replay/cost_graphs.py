@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from engine import prefill_sizes
-from engine.config import Config
 from replay.recorded import RecordedEvents
 
 # Nano-vLLM's CUDA-graph batch sizes: 1, 2, 4, 8, then every 16 up to 512; larger runs eager.
@@ -101,14 +100,6 @@ def source_prefill_graphs(events: RecordedEvents) -> tuple[list[int], int]:
            for tokens, seqs, padded in seen):
         return engine_sizes, max_seqs
     return sorted({padded for _, _, padded in seen}), max_seqs
-
-
-def prefill_graph_limit(config: Config) -> int:
-    """The most tokens a prefill under ``config`` may have to run through a CUDA graph (the
-    engine captures none above its token budget; 0: prefill graphs off)."""
-    if config.enforce_eager:
-        return 0
-    return min(config.prefill_graph_tokens, config.max_num_batched_tokens)
 
 
 def restricted_sizes(sizes: Sequence[int], limit: int) -> list[int]:

@@ -29,7 +29,7 @@ from engine.config import Config
 from engine.engine_core import EngineCore, batch_features
 from engine.executor import NullExecutor
 from engine.sampling_params import SamplingParams
-from replay.cost_graphs import NANO_GRAPH_MAX, prefill_graph_limit
+from replay.cost_graphs import NANO_GRAPH_MAX
 from replay.recorded import RecordedEvents, from_columns
 from replay.sim_executor import SimClock
 from replay.workloads import Request
@@ -205,8 +205,8 @@ def record_workload(
         executor: Any = NullExecutor(config.num_kvcache_blocks, seed=seed)
     else:
         sizes = []
-        if prefill_graphs and prefill_graph_limit(config):
-            sizes = prefill_sizes.prefill_graph_sizes(prefill_graph_limit(config))
+        if prefill_graphs and prefill_sizes.prefill_graph_limit(config):
+            sizes = prefill_sizes.prefill_graph_sizes(prefill_sizes.prefill_graph_limit(config))
         executor = LawExecutor(config.num_kvcache_blocks, clock, law, seed,
                                graphs=not config.enforce_eager, host=host,
                                overlap=config.async_scheduling, prefill_graph_sizes=sizes)

@@ -25,8 +25,8 @@ import numpy as np
 from engine.config import AUTO_SIZED_BLOCKS, Config
 from engine.engine_core import EngineCore
 from engine.errors import ConfigError
+from engine.prefill_sizes import prefill_graph_limit
 from engine.sequence import Sequence
-from replay.cost_graphs import prefill_graph_limit
 from replay.cost_model import CostModel
 from replay.metrics import compute
 from replay.recorded import RecordedEvents, from_columns, from_trace

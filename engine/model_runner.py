@@ -280,6 +280,8 @@ class ModelRunner:
     def _run(self, payload: tp.StepPayload) -> StepOutput:
         """Forward (every rank) and sampling (rank 0) of one step from its payload."""
         num_seqs = len(payload.seq_ids)
+        if not payload.decode and self.buffers is not None:
+            self.buffers.invalidate()  # block tables may have been rebuilt (preemption)
         padded_tokens = self._prefill_graph_size(payload)
         if self.timer is not None and not padded_tokens:
             self.timer.begin()
@@ -299,8 +301,6 @@ class ModelRunner:
             )
             hidden, padded, graph_used = self._forward_staged(num_seqs, size, payload.context_lens)
         else:
-            if self.buffers is not None:
-                self.buffers.invalidate()  # block tables may have been rebuilt (preemption)
             ids, positions, metadata = self.prepare(payload)
             hidden, padded, graph_used = self.model(ids, positions, metadata), num_seqs, False
         if not payload.sample_rows:
@@ -337,8 +337,6 @@ class ModelRunner:
     def _replay_prefill(self, payload: tp.StepPayload, padded_tokens: int) -> torch.Tensor:
         """Stage a prefill into the graph buffers and replay; hidden states of every row."""
         assert self.prefill_graphs is not None and self.timer is not None
-        if self.buffers is not None:
-            self.buffers.invalidate()  # block tables may have been rebuilt (preemption)
         self.prefill_graphs.stage(payload.input_ids, payload.query_lens, payload.context_lens,
                                   payload.block_tables, padded_tokens, payload.sample_rows,
                                   payload.temperatures)

@@ -104,11 +104,11 @@ class PrefillGraphs(CapturedGraphs):
     ) -> None:
         if not sizes:
             raise ValueError("PrefillGraphs needs at least one token count to capture")
-        self.sizes = sorted(sizes)
+        max_tokens = max(sizes)
+        super().__init__(sizes, torch.zeros(max_tokens, hidden_size, dtype=dtype, device=device))
         self.max_seqs = max_seqs
         self.block_size = block_size
         self.table_width = table_width
-        max_tokens = self.sizes[-1]
         if max_seqs > max_tokens:
             raise ValueError(f"{max_seqs} sequences cannot fit the largest graph's {max_tokens} "
                              "tokens")
@@ -125,8 +125,6 @@ class PrefillGraphs(CapturedGraphs):
         self.dev_i32 = torch.zeros_like(self.host_i32, device=device)
         self.dev_temps = torch.zeros_like(self.host_temps, device=device)
         self.dev_i64[ROW_SLOTS] = PAD_SLOT
-        super().__init__(self.sizes, torch.zeros(max_tokens, hidden_size, dtype=dtype,
-                                                 device=device))
 
     def padded_size(self, tokens: int, num_seqs: int) -> int:
         """The captured token count for this prefill; 0: it runs eager."""

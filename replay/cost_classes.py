@@ -103,6 +103,19 @@ def warmup_window(x: np.ndarray, y: np.ndarray, classes: np.ndarray) -> int:
     return int(rows[conforming[0]]) if len(conforming) else 0
 
 
+def one_off_excess(first_predicted: float, first_measured: float, others_predicted: np.ndarray,
+                   others_measured: np.ndarray) -> float | None:
+    """The seconds a class's first step took beyond the fit of the class's other steps, when
+    that makes it a one-off (over ``WARMUP_OUTLIER`` typical residuals and over
+    ``WARMUP_MIN_FRACTION`` of a typical step); None when it is an ordinary step."""
+    typical = float(np.median(np.abs(others_predicted - others_measured)))
+    extra = float(first_measured - first_predicted)
+    if extra > max(WARMUP_OUTLIER * typical,
+                   WARMUP_MIN_FRACTION * float(np.median(others_measured))):
+        return extra
+    return None
+
+
 def warmup_steps(
     x: np.ndarray, y: np.ndarray, classes: np.ndarray, window: np.ndarray
 ) -> tuple[np.ndarray, dict[str, float]]:
@@ -124,9 +137,9 @@ def warmup_steps(
         fit = result[0] if result is not None else pooled
         if fit is None or len(rows) == 0:
             continue
-        typical = float(np.median(np.abs(fit.predict(x[rows]) - y[rows])))
-        extra = float(y[first] - fit.predict(x[first : first + 1])[0])
-        if extra > max(WARMUP_OUTLIER * typical, WARMUP_MIN_FRACTION * float(np.median(y[rows]))):
+        extra = one_off_excess(float(fit.predict(x[first : first + 1])[0]), float(y[first]),
+                               fit.predict(x[rows]), y[rows])
+        if extra is not None:
             warm[first] = True
             excess[str(name)] = extra
     return warm, excess

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from replay.cost_classes import NAME_WIDTH, STEP_CLASSES
+from replay.cost_classes import NAME_WIDTH, STEP_CLASSES, one_off_excess
 from replay.cost_fit import (
     EAGER_CLASSES,
     FEATURES,
@@ -67,10 +67,6 @@ HOST_MEASURED_S = 1e-6
 # A class's offset for a mode is measured on at least this many of its steps (else derived).
 MIN_OFFSET_STEPS = 8
 TRIM = 0.01  # offsets: the mean of residuals between these quantiles (a stray stall ignored)
-# A class's first step is a host warm-up one-off when its host time exceeds the fit of the
-# others by this many typical residuals and by this fraction of a typical step's host time.
-WARMUP_OUTLIER = 20.0
-WARMUP_MIN_FRACTION = 0.5
 
 
 def has_host_times(events: Any) -> bool:
@@ -155,10 +151,10 @@ class OverlapModel:
             others = (classes == name) & ~firsts
             if not others.any():
                 continue
-            typical = float(np.median(np.abs(predicted[others] - host[others])))
-            extra = float(host[row] - predicted[row])
-            if extra > max(WARMUP_OUTLIER * typical,
-                           WARMUP_MIN_FRACTION * float(np.median(host[others]))):
+            # The same one-off rule as a first step's device time (cost_classes.warmup_steps).
+            extra = one_off_excess(float(predicted[row]), float(host[row]), predicted[others],
+                                   host[others])
+            if extra is not None:
                 model.host_warmup_s[name] = extra
         model._fit_offsets(classes, overlapped,
                            interval - combine(device, host, overlapped, classes=classes),

@@ -29,6 +29,9 @@ class ScheduledBatch:
     # back); set by EngineCore. Decided from scheduler state alone, so replay and simulation
     # reproduce it; a simulator charges such a step max(device, host) time instead of the sum.
     overlapped: bool = False
+    # Run without CUDA graphs whatever the batch: the start-up calibration times what a step
+    # costs eagerly (what a configuration without graphs pays); the scheduler never sets it.
+    eager: bool = False
 
     def __len__(self) -> int:
         return len(self.seqs)

@@ -6,11 +6,14 @@ prefill, which a run under a tighter configuration (recomputing after preemption
 one, and a run whose prefills are all small never shows a full token budget's. Timing a ladder
 of prefill sizes (1 token to 16k, the larger ones as many prompts) and a few decode batches
 once, before the first request, and recording them in the trace header makes those costs
-identifiable.
+identifiable. Where the runner captured CUDA graphs, the steps a graph runs are timed once more
+with graphs off (``ScheduledBatch.eager``), so a what-if without graphs (``enforce_eager``,
+``prefill_graph_tokens=0``) is priced from eager steps of the same sizes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Collection
@@ -60,13 +63,29 @@ def _prefill_lengths(tokens: int, config: Config) -> list[int]:
     return [per_prompt] * full + ([rest] if rest else [])
 
 
-def calibration_batches(config: Config, graph_prefill_tokens: Collection[int] = ()
-                        ) -> list[ScheduledBatch]:
+def calibration_batches(config: Config, graph_prefill_tokens: Collection[int] = (),
+                        decode_graphs: bool = False) -> list[ScheduledBatch]:
     """The synthetic steps that fit this configuration's pool, budget and model length.
 
     ``graph_prefill_tokens``: the token counts the executor captured prefill CUDA graphs for;
     a prompt of each is timed too, so a run whose own prefills never used one (all of them
-    larger) still shows what a graph prefill costs at every padded size."""
+    larger) still shows what a graph prefill costs at every padded size. The ladder's prefills
+    up to the largest of them, and with ``decode_graphs`` (the executor captured decode graphs)
+    the decodes, follow once more as eager steps."""
+    batches = _graph_or_eager_batches(config, graph_prefill_tokens)
+    largest_graph_prefill = max(graph_prefill_tokens, default=0)
+    eager = [
+        batch for batch in batches
+        if (batch.kind == "prefill" and batch.num_batched_tokens in PREFILL_TOKENS
+            and batch.num_batched_tokens <= largest_graph_prefill)
+        or (batch.kind == "decode" and decode_graphs)
+    ]
+    return batches + [dataclasses.replace(batch, eager=True) for batch in eager]
+
+
+def _graph_or_eager_batches(config: Config, graph_prefill_tokens: Collection[int]
+                            ) -> list[ScheduledBatch]:
+    """The ladder and the captured prefill sizes, each run as the executor would run it."""
     block_size, num_blocks = config.kvcache_block_size, config.num_kvcache_blocks
     batches = []
     for tokens in sorted(set(PREFILL_TOKENS) | set(graph_prefill_tokens)):
@@ -105,8 +124,10 @@ def calibrate(executor: Executor, config: Config, repeats: int) -> list[dict[str
     The KV blocks written are free and unindexed, so the run never reads them.
     """
     rows = []
-    graph_sizes = executor.describe().get("prefill_graph_tokens", [])
-    for batch in calibration_batches(config, graph_sizes):
+    description = executor.describe()
+    batches = calibration_batches(config, description.get("prefill_graph_tokens", []),
+                                  bool(description.get("graph_batch_sizes")))
+    for batch in batches:
         walls, durations, waits = [], [], []
         output = None
         for attempt in range(repeats + 1):

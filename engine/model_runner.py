@@ -256,7 +256,7 @@ class ModelRunner:
         assert self.buffers is not None and self.tokens is not None
         seqs = batch.seqs
         num_seqs = len(seqs)
-        size = self._graph_size(num_seqs)
+        size = self._graph_size(num_seqs, batch.eager)
         # Pending input tokens: read on the device from a step still in flight, else on the host.
         on_device = previous if isinstance(previous, cuda_runner.LaunchedStep) else None
         sources = _sources(seqs, on_device) if on_device is not None else None
@@ -290,7 +290,7 @@ class ModelRunner:
             padded, graph_used = num_seqs, True
         elif payload.decode:
             assert self.buffers is not None
-            size = self._graph_size(num_seqs)
+            size = self._graph_size(num_seqs, payload.eager)
             self.buffers.stage(
                 payload.seq_ids,
                 payload.input_ids,
@@ -330,7 +330,9 @@ class ModelRunner:
     def _prefill_graph_size(self, payload: tp.StepPayload) -> int:
         """The captured token count this step's prefill pads to; 0: not a graph prefill."""
         graphs = self.prefill_graphs
-        if graphs is None or payload.decode or payload.num_prefill_seqs != len(payload.seq_ids):
+        if graphs is None or payload.eager or payload.decode:
+            return 0
+        if payload.num_prefill_seqs != len(payload.seq_ids):  # a mixed step runs eager
             return 0
         return graphs.padded_size(len(payload.input_ids), len(payload.seq_ids))
 
@@ -343,8 +345,10 @@ class ModelRunner:
         self.timer.begin()
         return self.prefill_graphs.replay(padded_tokens)
 
-    def _graph_size(self, num_seqs: int) -> int | None:
-        return self.graphs.padded_size(num_seqs) if self.graphs is not None else None
+    def _graph_size(self, num_seqs: int, eager: bool = False) -> int | None:
+        if eager or self.graphs is None:
+            return None
+        return self.graphs.padded_size(num_seqs)
 
     def _forward_staged(
         self, num_seqs: int, size: int | None, context_lens: list[int]

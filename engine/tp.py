@@ -48,6 +48,7 @@ class StepPayload:
     num_prefill_seqs: int
     sample_rows: list[int]
     temperatures: list[float]
+    eager: bool = False  # no CUDA graph, whatever the batch (ScheduledBatch.eager)
 
 
 def payload_from_batch(
@@ -89,6 +90,7 @@ def payload_from_batch(
         num_prefill_seqs=batch.num_prefill_seqs,
         sample_rows=rows,
         temperatures=temps,
+        eager=batch.eager,
     )
 
 

@@ -33,8 +33,21 @@ def test_captured_prefill_graph_sizes_join_the_ladder() -> None:
     """Each captured prefill token count is timed as one prompt (where the pool holds it), once
     even where it is on the ladder already."""
     batches = calibration_batches(Config(**SETTINGS), [16, 32, 64, 1024])
-    tokens = [b.num_batched_tokens for b in batches if b.kind == "prefill"]
+    tokens = [b.num_batched_tokens for b in batches if b.kind == "prefill" and not b.eager]
     assert tokens == sorted({t for t in (*PREFILL_TOKENS, 16, 32, 64) if t <= 640})
+
+
+def test_steps_a_graph_runs_are_timed_eagerly_too() -> None:
+    """With graphs captured, each ladder prefill up to the largest captured size and each decode
+    follow once more flagged ``eager`` (what a configuration without graphs pays); a captured
+    size off the ladder and a prefill above every captured size are timed once."""
+    batches = calibration_batches(Config(**SETTINGS), [16, 32, 128], decode_graphs=True)
+    eager = [(b.kind, b.num_batched_tokens) for b in batches if b.eager]
+    # (the pool holds one 256-token decode sequence, not 16)
+    assert eager == [("prefill", 1), ("prefill", 16), ("prefill", 128), ("decode", 1)]
+    timed = [(b.kind, b.num_batched_tokens) for b in batches if not b.eager]
+    assert set(eager) < set(timed) and ("prefill", 32) in timed and ("prefill", 512) in timed
+    assert not any(b.eager for b in calibration_batches(Config(**SETTINGS)))
 
 
 def test_calibration_is_recorded_and_leaves_the_run_unchanged(tmp_path: Path) -> None:

@@ -253,3 +253,23 @@ def test_bfloat16_top1_agreement_on_a_confident_checkpoint(
     assert result["top1_vs_hf_fp32"] >= BF16_TOP1_MIN
     assert result["mean_err"] < BF16_LOGIT_REL_ERR_MEAN
     assert result["max_err"] < BF16_LOGIT_REL_ERR_MAX
+
+
+def test_calibration_times_graph_steps_eagerly_too(model_dir: Path) -> None:
+    """The runner honours ``ScheduledBatch.eager``: each calibration step a graph runs is timed a
+    second time without one (``graph_used`` false), so the header prices both ways."""
+    from engine import LLM
+
+    llm = LLM(str(model_dir), record_events=False, calibration_repeats=1, **BASE_CONFIG)
+    rows = llm.core.header["calibration"]
+    llm.close()
+
+    def shape(row: dict[str, Any]) -> tuple[str, int, int]:
+        return row["kind"], row["prefill_tokens"], row["decode_seqs"]
+
+    graph = [shape(r) for r in rows if r["graph_used"]]
+    eager = [shape(r) for r in rows if not r["graph_used"]]
+    assert set(eager) <= set(graph)
+    assert {("prefill", t, 0) for t in (1, 16, 128, 512, 2048)} <= set(eager)
+    assert {("decode", 0, n) for n in (1, 16)} <= set(eager)
+    assert all(r["duration_s"] > 0 for r in rows)

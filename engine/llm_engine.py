@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import time
@@ -98,24 +99,28 @@ class LLMEngine:
             record_events=record_events,
         )
         self.vocab_size = self.runner.vocab_size
+        # A full collection walks every tracked object, and start-up leaves ~10^6 of them (torch,
+        # triton, the model): one such walk landing in a step stalls it by tens of ms. Frozen,
+        # they are skipped until close() (vLLM freezes its start-up objects too).
+        gc.collect()
+        gc.freeze()
 
     # --- requests ---------------------------------------------------------------------------------
     def _token_ids(self, prompt: Prompt) -> tuple[list[int], str | None]:
         """Tokenize; return (token ids, rejection reason) without raising on a bad prompt."""
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt, add_special_tokens=False), None
-        if not isinstance(prompt, SequenceABC) or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt
-        ):
+        if not isinstance(prompt, SequenceABC) or not _all_int(prompt):
             raise InvalidRequestError(
                 f"a prompt must be a str or a list of int token ids, got {type(prompt).__name__}"
             )
-        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
-        if bad:
-            return list(prompt), (
-                f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
-            )
-        return list(prompt), None
+        token_ids = list(prompt)
+        # min/max run in C: a per-token Python check cost ~60 us per 560-token prompt, which
+        # delayed the first step of a 256-request batch by ~17 ms (docs/gpu-notes.md, session 4).
+        if token_ids and (min(token_ids) < 0 or max(token_ids) >= self.vocab_size):
+            bad = next(t for t in token_ids if not 0 <= t < self.vocab_size)
+            return token_ids, f"token id {bad} is outside the vocabulary [0, {self.vocab_size})"
+        return token_ids, None
 
     def add_request(
         self, prompt: Prompt, params: SamplingParams, arrival_s: float | None = None
@@ -203,6 +208,7 @@ class LLMEngine:
         """Finish the trace (summary, last segment) and release the model."""
         summary = self.core.close()
         self.runner.close()
+        gc.unfreeze()
         return summary
 
     def __enter__(self) -> LLMEngine:
@@ -214,3 +220,10 @@ class LLMEngine:
 
 class LLM(LLMEngine):
     """``LLM(model_path, trace_dir=None, **config)``: the Nano-vLLM-style entry point."""
+
+
+def _all_int(values: SequenceABC) -> bool:
+    """Every value an int and none a bool (the common all-``int`` case checked in C)."""
+    if set(map(type, values)) <= {int}:
+        return True
+    return all(isinstance(t, int) and not isinstance(t, bool) for t in values)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import itertools
 import logging
 import time
@@ -99,11 +98,6 @@ class LLMEngine:
             record_events=record_events,
         )
         self.vocab_size = self.runner.vocab_size
-        # A full collection walks every tracked object, and start-up leaves ~10^6 of them (torch,
-        # triton, the model): one such walk landing in a step stalls it by tens of ms. Frozen,
-        # they are skipped until close() (vLLM freezes its start-up objects too).
-        gc.collect()
-        gc.freeze()
 
     # --- requests ---------------------------------------------------------------------------------
     def _token_ids(self, prompt: Prompt) -> tuple[list[int], str | None]:
@@ -208,7 +202,6 @@ class LLMEngine:
         """Finish the trace (summary, last segment) and release the model."""
         summary = self.core.close()
         self.runner.close()
-        gc.unfreeze()
         return summary
 
     def __enter__(self) -> LLMEngine:

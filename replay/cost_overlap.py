@@ -23,11 +23,13 @@ The offsets are what the rule misses systematically, measured on the source: per
 the (1%-trimmed) mean of ``interval - rule(duration_s, host_s)`` over its steps of that mode
 (measured times, so a warm-up step, slow in both, tells as much as any). Physically, a sequential
 step pays a sync latency (the device finishing, the host noticing). Where a class has too few
-steps of a mode, its sequential offset comes from the header's start-up calibration steps of its
-class that record the time the executor waited for the device (``wait_s``:
-``calibration_residuals``), else it is the sync latency of the other sequential steps (or of the
-calibration steps). A class with too few overlapped steps takes the offset of all overlapped
-steps (0 where there are none). The model says which offsets it could not measure.
+steps of a mode for a mean but a few besides its first (which may pay one-off costs), their
+median: the run's own overhead around a step, which no calibration step shows. With fewer still,
+its sequential offset comes from the header's start-up calibration steps of its class that
+record the time the executor waited for the device (``wait_s``: ``calibration_residuals``),
+else it is the sync latency of the other sequential steps (or of the calibration steps). A
+class with too few overlapped steps takes the offset of all overlapped steps (0 where there are
+none). The model says which offsets it could not measure.
 
 A run that overlaps another fraction of its steps than the source (another config, or async
 scheduling off) is thus priced by its own launch decisions, which the engine takes from scheduler
@@ -66,6 +68,10 @@ MODES = ("sequential", "overlapped")
 HOST_MEASURED_S = 1e-6
 # A class's offset for a mode is measured on at least this many of its steps (else derived).
 MIN_OFFSET_STEPS = 8
+# Fewer steps of a class and mode than MIN_OFFSET_STEPS, but this many besides the class's first
+# (which may pay one-off costs): their median, still the run's own overhead around a step, which
+# the start-up calibration (an executor call alone) does not see.
+FEW_OFFSET_STEPS = 3
 TRIM = 0.01  # offsets: the mean of residuals between these quantiles (a stray stall ignored)
 
 
@@ -158,11 +164,12 @@ class OverlapModel:
                 model.host_warmup_s[name] = extra
         model._fit_offsets(classes, overlapped,
                            interval - combine(device, host, overlapped, classes=classes),
-                           calibration)
+                           calibration, firsts)
         return model
 
     def _fit_offsets(self, classes: np.ndarray, overlapped: np.ndarray, residual: np.ndarray,
-                     calibration: tuple[np.ndarray, np.ndarray] | None) -> None:
+                     calibration: tuple[np.ndarray, np.ndarray] | None,
+                     firsts: np.ndarray) -> None:
         cal_classes, cal_residual = calibration if calibration is not None else (
             np.zeros(0, dtype=str), np.zeros(0))
 
@@ -179,8 +186,12 @@ class OverlapModel:
             for name in STEP_CLASSES:
                 rows = rows_of_mode & (classes == name)
                 cal = cal_classes == name
+                later = rows & ~firsts
                 if rows.sum() >= MIN_OFFSET_STEPS:
                     value, how = _typical(residual[rows]), f"measured on {int(rows.sum())} steps"
+                elif later.sum() >= FEW_OFFSET_STEPS:
+                    value = float(np.median(residual[later]))
+                    how = f"median of {int(later.sum())} steps (the class's first left out)"
                 elif mode == "sequential" and cal.any():
                     value = float(np.median(cal_residual[cal]))
                     how = f"measured on {int(cal.sum())} calibration steps"

@@ -29,15 +29,16 @@ def test_committed_trace_verifies(trace_dir: Path) -> None:
     assert result.num_events == trace.num_events
 
 
-def test_the_reference_decides_the_same_under_todays_deferral_rule() -> None:
-    """traces/h200-reference was recorded before ``defer_block_rule`` existed (its header replays
-    with "per_running"). Its pool never ran short, so today's default ("needed") makes exactly
-    its decisions, overlapped flags included: it stands for a run of today's engine."""
-    from replay.decisions import compare_decisions
-    from replay.recorded import from_trace
-    from replay.replayer import replay
+@pytest.mark.parametrize("name", ["h200-reference", "h200-constrained"])
+def test_the_h200_ground_truth_was_recorded_warm_by_todays_engine(name: str) -> None:
+    """The two H200 traces the simulator's time fidelity is measured on were both recorded after
+    a warm-up run in their process (no one-off compilation in either: like with like), under
+    today's default deferral rule and with the start-up calibration's eager rows."""
+    from engine.config import Config
 
-    recorded = from_trace(read_trace(TRACES / "h200-reference"))
-    assert "defer_block_rule" not in recorded.header["config"]
-    run = replay(recorded, defer_block_rule="needed")
-    assert compare_decisions(recorded, run.replayed) is None
+    header = read_trace(TRACES / name).header
+    assert header["engine_starts_before"] >= 1
+    assert header["config"]["defer_block_rule"] == Config().defer_block_rule
+    eager = {row["prefill_tokens"] for row in header["calibration"]
+             if row["kind"] == "prefill" and not row["graph_used"]}
+    assert {1, 16, 128, 512, 2048} <= eager

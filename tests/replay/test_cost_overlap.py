@@ -364,3 +364,28 @@ def test_a_source_that_overlapped_nearly_every_step_learns_the_rest_from_its_cal
     result = predict(monkeypatch, source, reference, constrained, model)
     assert result.metrics["makespan_s"] == pytest.approx(measured["makespan_s"], rel=0.01)
     assert result.metrics["ttft_mean_s"] == pytest.approx(measured["ttft_mean_s"], rel=0.05)
+
+
+@pytest.mark.parametrize("later_steps,expected_ms,how", [
+    (3, 1.9, "median of 3 steps"),  # the run's own overhead, its first step's stall left out
+    (2, 0.04, "measured on 1 calibration steps"),  # too few: the start-up calibration's
+])
+def test_a_class_with_few_steps_takes_its_offset_from_them_not_the_calibration(
+    later_steps: int, expected_ms: float, how: str
+) -> None:
+    """A constrained run has only a handful of sequential eager prefills (its first steps). Their
+    residual over the rule (~1.9 ms of scheduling and recording around the executor call) is the
+    run's own; a calibration step, an executor call alone, misses it. With fewer than
+    FEW_OFFSET_STEPS of them besides the first, the calibration's figure stands."""
+    from replay.cost_overlap import OverlapModel
+
+    prefill_ms = [10.3, 1.5, 1.9, 1.9][: 1 + later_steps]
+    classes = np.array(["prefill"] * len(prefill_ms) + ["decode_graph"] * 20)
+    residual = np.array(prefill_ms + [-0.3] * 20) / 1e3
+    firsts = np.zeros(len(classes), dtype=bool)
+    firsts[[0, len(prefill_ms)]] = True
+    model = OverlapModel(host={})
+    model._fit_offsets(classes, np.zeros(len(classes), dtype=bool), residual,
+                       (np.array(["prefill"]), np.array([0.04e-3])), firsts)
+    assert model.offset("sequential", "prefill") == pytest.approx(expected_ms / 1e3)
+    assert model.offset_source["sequential"]["prefill"].startswith(how)

@@ -109,37 +109,16 @@ NEEDS_H200 = pytest.mark.skipif(
     reason="needs the committed H200 traces (traces/h200-reference, traces/h200-constrained)")
 
 # Where a target is still missed: the figures measured (python -m replay.bench_whatif --fidelity
-# traces/h200-reference traces/h200-constrained) and why. Each is a strict xfail: a fix that meets
-# the target turns it into a failure, so the mark cannot outlive the miss.
-COLD_CONSTRAINED = (
-    "the constrained trace was recorded in a fresh process (replayllm run, 14:26 UTC), the "
-    "reference after a warm-up run (replayllm bench, 14:15 UTC); the constrained run's first "
-    "prefill and first decode paid ~0.12 s of one-off first-step costs (117 and 41 ms, against "
-    "~40 and ~3.5 ms for their successors; kernel compilation, presumably), against a mean TTFT "
-    "of 0.19 s in the reference run. Neither header records the process state "
-    "(engine_starts_before came later), so the simulator charges the source's one-offs as the "
-    "source paid them."
-)
-MISSES = {
-    (FROM_REFERENCE, "ttft_mean_s"): (
-        "measured -5.53% (throughput +2.58%, makespan -2.52%, p50 TPOT -1.79%): the prediction "
-        "trails the recording by 0.12 s from its fifth step on, ~all of it the recording's "
-        "cold-start one-offs, which the warm reference cannot show: " + COLD_CONSTRAINED
-    ),
-    (FROM_CONSTRAINED, "ttft_mean_s"): (
-        "measured +28.92% (throughput -1.27%, makespan +1.28%, p50 TPOT +3.22%): the constrained "
-        "trace's first prefill took 55 ms beyond its fit, charged once to the prediction of a "
-        "reference whose first steps (all ~16k-token prefills: its TTFT) paid none; with the "
-        "charge left out, -0.67%: " + COLD_CONSTRAINED
-    ),
-}
+# traces/h200-reference traces/h200-constrained) and why, as strict xfails (a fix that meets the
+# target turns one into a failure, so the mark cannot outlive the miss). None since session 4.
+MISSES: dict[tuple[tuple[str, str], str], str] = {}
 # The absolute errors achieved (%), per direction. The regression test allows
 # REGRESSION_MARGIN_PCT on top.
 ACHIEVED_PCT = {
-    FROM_REFERENCE: {"throughput_tok_s": 2.58, "makespan_s": 2.52, "ttft_mean_s": 5.53,
-                     "tpot_p50_s": 1.79},
-    FROM_CONSTRAINED: {"throughput_tok_s": 1.27, "makespan_s": 1.28, "ttft_mean_s": 28.92,
-                       "tpot_p50_s": 3.22},
+    FROM_REFERENCE: {"throughput_tok_s": 0.09, "makespan_s": 0.09, "ttft_mean_s": 0.61,
+                     "tpot_p50_s": 0.12},
+    FROM_CONSTRAINED: {"throughput_tok_s": 1.04, "makespan_s": 1.05, "ttft_mean_s": 1.39,
+                       "tpot_p50_s": 4.94},
 }
 REGRESSION_MARGIN_PCT = 0.5
 

@@ -11,7 +11,8 @@
   ``qwen3-0.6b-confident``, the same architecture with a trained model's logit margins;
 each with CUDA graphs on and off (on: decodes and prefills, the prefills padded to a captured
 token count), with prefix-cache hits and with preemption, decode steps overlapped (async
-scheduling). Needs a CUDA GPU (the weights are made, not downloaded).
+scheduling); and the start-up calibration times each step a graph runs a second time without one
+(``ScheduledBatch.eager``). Needs a CUDA GPU (the weights are made, not downloaded).
 """
 
 from __future__ import annotations

@@ -55,13 +55,10 @@ def run_engine(
     """One fresh engine, one timed ``generate`` of every request."""
     import torch
 
-    from engine import LLM, SamplingParams
+    from engine import LLM
 
     prompts = [list(r.prompt) for r in requests]
-    params = [
-        SamplingParams(temperature=r.temperature, max_tokens=r.max_tokens, ignore_eos=r.ignore_eos)
-        for r in requests
-    ]
+    params = [r.sampling_params() for r in requests]
     began = time.perf_counter()
     llm = LLM(
         str(model_dir),

@@ -7,7 +7,6 @@ import time
 from tqdm.auto import tqdm
 
 from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from replay.workloads import Request
 
@@ -30,13 +29,8 @@ def run_workload(llm: LLMEngine, requests: list[Request], use_tqdm: bool = True)
         while cursor < len(order) and requests[order[cursor]].arrival_s <= now:
             index = order[cursor]
             request = requests[index]
-            params = SamplingParams(
-                temperature=request.temperature,
-                max_tokens=request.max_tokens,
-                ignore_eos=request.ignore_eos,
-            )
             seqs[index] = llm.add_request(
-                request.prompt, params, arrival_s=start + request.arrival_s
+                request.prompt, request.sampling_params(), arrival_s=start + request.arrival_s
             )
             if llm.rejection(seqs[index]) is not None:
                 bar.update(1)

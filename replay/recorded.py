@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.sampling_params import SamplingParams
 from tracing.events import EVENT_KINDS, all_columns
 
 LIST_COLUMNS = frozenset({"prompt_token_ids"})
@@ -27,6 +28,15 @@ class RecordedEvents:
 
     def column(self, kind: str, name: str) -> Any:
         return self.tables[kind][name]
+
+    def request_params(self, row: int) -> SamplingParams:
+        """The sampling settings of the ``row``-th recorded request (``request_added``)."""
+        added = self.tables["request_added"]
+        return SamplingParams(
+            temperature=float(added["temperature"][row]),
+            max_tokens=int(added["max_tokens"][row]),
+            ignore_eos=bool(added["ignore_eos"][row]),
+        )
 
     def num_rows(self, kind: str) -> int:
         return len(self.tables[kind]["event_id"])

@@ -106,11 +106,7 @@ def replay(recorded: RecordedEvents, **overrides: Any) -> ReplayRun:
                     core.abort(item.seq_id)
                 continue
             row = request_rows[item.seq_id]
-            params = SamplingParams(
-                temperature=float(added["temperature"][row]),
-                max_tokens=int(added["max_tokens"][row]),
-                ignore_eos=bool(added["ignore_eos"][row]),
-            )
+            params = recorded.request_params(row)
             core.add_request(
                 added["prompt_token_ids"][row],
                 params,

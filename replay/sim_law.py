@@ -28,7 +28,6 @@ from engine.batch import ScheduledBatch, StepOutput
 from engine.config import Config
 from engine.engine_core import EngineCore, batch_features
 from engine.executor import NullExecutor
-from engine.sampling_params import SamplingParams
 from replay.cost_graphs import NANO_GRAPH_MAX
 from replay.recorded import RecordedEvents, from_columns
 from replay.sim_executor import SimClock
@@ -223,8 +222,7 @@ def record_workload(
         # Arrivals by the law clock, as replay.live does on a real one.
         while cursor < len(order) and requests[order[cursor]].arrival_s <= clock.now:
             r = requests[order[cursor]]
-            core.add_request(list(r.prompt), SamplingParams(r.temperature, r.max_tokens,
-                                                            r.ignore_eos), arrival_s=r.arrival_s)
+            core.add_request(list(r.prompt), r.sampling_params(), arrival_s=r.arrival_s)
             cursor += 1
         if core.step() is None:
             if cursor >= len(order):

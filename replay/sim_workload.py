@@ -79,11 +79,7 @@ def workload_from_recorded(events: RecordedEvents, name: str = "trace") -> SimWo
     requests: list[SimRequest] = []
     index_of: dict[int, int] = {}
     for row, seq_id in enumerate(np.asarray(added["seq_id"]).tolist()):
-        params = SamplingParams(
-            temperature=float(added["temperature"][row]),
-            max_tokens=int(added["max_tokens"][row]),
-            ignore_eos=bool(added["ignore_eos"][row]),
-        )
+        params = events.request_params(row)
         prompt = list(added["prompt_token_ids"][row])
         precheck = None
         rejected = reasons.get(seq_id) == "rejected"
@@ -120,8 +116,8 @@ def workload_from_requests(requests: list[Request], config: Config, name: str) -
                 f"{name}: request {number} has a text prompt; the simulator needs token ids "
                 "(prompt_token_ids)"
             )
-        params = SamplingParams(request.temperature, request.max_tokens, request.ignore_eos)
-        out.append(SimRequest(list(request.prompt), params, request.arrival_s, 0))
+        out.append(SimRequest(list(request.prompt), request.sampling_params(), request.arrival_s,
+                              0))
     header = {"config": config.to_dict(), "workload": name}
     return SimWorkload(name, config, header, out, start_s=0.0)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from engine.sampling_params import SamplingParams
+
 REFERENCE_NUM_SEQS = 256
 REFERENCE_SEED = 0
 REFERENCE_PROMPT_LEN = (100, 1024)
@@ -23,6 +25,11 @@ class Request:
     temperature: float = REFERENCE_TEMPERATURE
     ignore_eos: bool = True
     arrival_s: float = 0.0
+
+    def sampling_params(self) -> SamplingParams:
+        """The engine's sampling settings for this request."""
+        return SamplingParams(temperature=self.temperature, max_tokens=self.max_tokens,
+                              ignore_eos=self.ignore_eos)
 
 
 def reference_workload(num_seqs: int = REFERENCE_NUM_SEQS) -> list[Request]:

@@ -38,7 +38,7 @@ def prefill_stats(tables: dict) -> dict:
 
 
 def run(model: str, mode: str, work: Path) -> dict:
-    from engine import LLM, SamplingParams
+    from engine import LLM
     from replay.workloads import reference_workload
 
     trace = None if mode == "memory" else str(work / mode)
@@ -46,7 +46,7 @@ def run(model: str, mode: str, work: Path) -> dict:
     calibration = [(r["prefill_tokens"], round(1e3 * r["duration_s"], 2))
                    for r in llm.core.header.get("calibration", []) if r["kind"] == "prefill"]
     requests = reference_workload()
-    params = [SamplingParams(r.temperature, r.max_tokens, r.ignore_eos) for r in requests]
+    params = [r.sampling_params() for r in requests]
     if mode == "gc-frozen":
         gc.collect()
         gc.freeze()

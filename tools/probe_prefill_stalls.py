@@ -49,7 +49,7 @@ def _segments() -> int:
 
 
 def run(model: str, trace: Path | None) -> dict[str, Any]:
-    from engine import LLM, SamplingParams
+    from engine import LLM
     from replay.workloads import reference_workload
 
     llm = LLM(model, trace_dir=str(trace) if trace else None)
@@ -82,8 +82,7 @@ def run(model: str, trace: Path | None) -> dict[str, Any]:
 
     llm.runner.launch = observed_launch
     requests = reference_workload()
-    params = [SamplingParams(temperature=r.temperature, max_tokens=r.max_tokens,
-                             ignore_eos=r.ignore_eos) for r in requests]
+    params = [r.sampling_params() for r in requests]
     gc.callbacks.append(on_collect)
     began = time.perf_counter()
     llm.generate([r.prompt for r in requests], params, use_tqdm=False)

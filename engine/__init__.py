@@ -16,7 +16,7 @@ __all__ = ["LLM", "LLMEngine", "Config", "SamplingParams"]
 
 def __getattr__(name: str) -> Any:
     if name in ("LLM", "LLMEngine"):
-        from engine import llm_engine
+        from engine import llm as llm_engine
 
         return getattr(llm_engine, name)
     raise AttributeError(f"module 'engine' has no attribute {name!r}")

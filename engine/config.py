@@ -104,7 +104,7 @@ class Config:
     # decision (engine/engine_core.py). Decisions and events are those of the sequential loop.
     async_scheduling: bool = True
     # Prefills of up to this many tokens run through CUDA graphs captured per token count
-    # (engine/prefill_graphs.py): launched in one call instead of ~400 kernel launches; 0: eager.
+    # (engine/runner/prefill_graphs.py): launched in one call instead of ~400 kernel launches; 0: eager.
     prefill_graph_tokens: int = 4096
     # How overlapped scheduling makes sure the next step cannot preempt (DEFER_BLOCK_RULES).
     defer_block_rule: str = "needed"

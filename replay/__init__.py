@@ -13,7 +13,7 @@ __all__ = ["simulate", "verify"]
 
 def __getattr__(name: str) -> Any:
     if name == "simulate":
-        from replay.simulate import simulate
+        from replay.whatif.simulate import simulate
 
         return simulate
     if name == "verify":

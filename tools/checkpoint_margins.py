@@ -40,7 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.checkpoint import (  # noqa: E402
+from engine.model.checkpoint import (  # noqa: E402
     EOS_TOKEN_ID,
     ModelPreset,
     get_preset,

@@ -13,7 +13,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
     --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 MODEL=$REPLAYLLM_CACHE/models/qwen3-0.6b
-python3 -c "from engine.checkpoint import make_model; make_model('qwen3-0.6b', '$MODEL')" || exit 1
+python3 -c "from engine.model.checkpoint import make_model; make_model('qwen3-0.6b', '$MODEL')" || exit 1
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 if has ktests; then  # the Triton kernels, compiled
     timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider -rs -x \
@@ -29,28 +29,28 @@ if has tests; then  # the runner against transformers
     grep -E "^bf16|passed|failed|^FAILED|Error" "$OUT/pytest.log" | head -30
 fi
 if has kernels; then
-    python3 -m replay.bench_kernels --only sampler --out /tmp/kernels > "$OUT/kernels.log" 2>&1
+    python3 -m benchmarks.kernels --only sampler --out /tmp/kernels > "$OUT/kernels.log" 2>&1
     tail -20 "$OUT/kernels.log"
     [ -d /tmp/kernels ] && tar czf "$OUT/kernels.tgz" -C /tmp kernels
 fi
 if has gemm; then
-    python3 -m replay.bench_gemm --out /tmp/gemm > "$OUT/gemm.log" 2>&1
+    python3 -m benchmarks.gemm --out /tmp/gemm > "$OUT/gemm.log" 2>&1
     tail -30 "$OUT/gemm.log"
 fi
 if has constrained; then
     # --warm-up 1: recorded warm, like the reference (bench records after a warm-up run).
-    python3 -m replay.cli run --model "$MODEL" --workload bench --out /tmp/traces/h200-constrained \
+    python3 -m replay.cli.main run --model "$MODEL" --workload bench --out /tmp/traces/h200-constrained \
         --warm-up 1 --set max_num_seqs=64 --set num_kvcache_blocks=300 2>&1 | tail -6 | tee "$OUT/constrained.log"
 fi
 if has bench || has hf; then
     HF_FLAG=--no-transformers; has hf && HF_FLAG=
     SEQ_FLAG=; [ "${COMPARE:-0}" = 1 ] && SEQ_FLAG=--compare-sequential
-    python3 -m replay.bench_engine --model-dir "$MODEL" --repeat "${REPEAT:-2}" $HF_FLAG $SEQ_FLAG \
+    python3 -m benchmarks.engine --model-dir "$MODEL" --repeat "${REPEAT:-2}" $HF_FLAG $SEQ_FLAG \
         --json "$OUT/bench.json" --trace-out /tmp/traces/h200-reference 2>&1 \
         | grep -v fix_mistral_regex | tee "$OUT/bench.log"
 fi
 if has profile; then
-    python3 -m replay.profile_engine --model "$MODEL" --out /tmp/profile > "$OUT/profile.log" 2>&1
+    python3 -m benchmarks.profile_engine --model "$MODEL" --out /tmp/profile > "$OUT/profile.log" 2>&1
     tail -12 "$OUT/profile.log"
 fi
 [ -d /tmp/traces ] && tar czf "$OUT/traces.tgz" -C /tmp traces

@@ -39,7 +39,7 @@ def prefill_stats(tables: dict) -> dict:
 
 def run(model: str, mode: str, work: Path) -> dict:
     from engine import LLM
-    from replay.workloads import reference_workload
+    from replay.workloads.builtin import reference_workload
 
     trace = None if mode == "memory" else str(work / mode)
     llm = LLM(model, trace_dir=trace, **CONSTRAINED)

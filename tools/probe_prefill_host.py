@@ -51,7 +51,7 @@ def _parquet_writer(stop: threading.Event) -> None:
 def _phases(runner, batch) -> dict[str, float]:
     import torch
 
-    from engine import tp
+    from engine.runner import tp
 
     torch.cuda.synchronize()
     t0 = time.perf_counter()

@@ -50,7 +50,7 @@ def _segments() -> int:
 
 def run(model: str, trace: Path | None) -> dict[str, Any]:
     from engine import LLM
-    from replay.workloads import reference_workload
+    from replay.workloads.builtin import reference_workload
 
     llm = LLM(model, trace_dir=str(trace) if trace else None)
     functions = _jit_functions()

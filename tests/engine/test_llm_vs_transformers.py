@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.checkpoint import default_model_dir
+from engine.model.checkpoint import default_model_dir
 
 transformers = pytest.importorskip("transformers")
 

@@ -19,11 +19,11 @@ from engine.batch import ScheduledBatch, StepOutput
 from engine.config import Config
 from engine.engine_core import EngineCore
 from engine.sampling_params import SamplingParams
-from replay.bench_whatif import StepLaw, record_workload
 from replay.metrics import compute, relative_error
 from replay.recorded import RecordedEvents, from_columns, from_trace
-from replay.sim_executor import SimClock
-from replay.workloads import Request, reference_workload
+from replay.whatif.sim_executor import SimClock
+from replay.whatif.synthetic import StepLaw, record_workload
+from replay.workloads.builtin import Request, reference_workload
 from tracing.sink import MemorySink
 
 FIRST_STEP_S = 1.0

@@ -167,7 +167,7 @@ def test_record_and_verify_in_processes_with_different_hash_seeds(tmp_path: Path
     subprocess.run([sys.executable, "-c", RECORD_SCRIPT, str(trace)], check=True, env=env)
     env["PYTHONHASHSEED"] = "2"
     proc = subprocess.run(
-        [sys.executable, "-m", "replay.cli", "verify", str(trace)],
+        [sys.executable, "-m", "replay.cli.main", "verify", str(trace)],
         env=env, capture_output=True, text=True, check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

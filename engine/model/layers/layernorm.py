@@ -1,0 +1,43 @@
+"""RMSNorm, optionally fused with the residual add that precedes it."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.model.layers.cuda_kernels import fused_kernels
+
+
+class RMSNorm(nn.Module):
+    """``weight * x / sqrt(mean(x^2) + eps)``, statistics in float32.
+
+    ``forward(x, residual)`` first forms ``residual = x + residual`` (in the activation dtype, as
+    Hugging Face does, so bf16 results round the same way), normalizes it and returns
+    ``(normalized, residual)`` for the next block.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        variance = xf.pow(2).mean(-1, keepdim=True)
+        return self.weight * (xf * torch.rsqrt(variance + self.eps)).to(dtype)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        kernels = fused_kernels(x)
+        if kernels is not None:  # CUDA: one launch instead of ~8 (same rounding points)
+            return kernels.rms_norm(x, self.weight, self.eps, residual)
+        if residual is None:
+            return self._norm(x)
+        residual = x + residual
+        return self._norm(residual), residual
+
+    def extra_repr(self) -> str:
+        return f"{self.hidden_size}, eps={self.eps}"

@@ -1,0 +1,337 @@
+"""Qwen3 (dense) for causal LM, built from the engine's tensor-parallel layers.
+
+Parameter names follow the Hugging Face checkpoint except for the fused projections, which
+``packed_modules_mapping`` tells the loader about (q/k/v -> qkv_proj, gate/up -> gate_up_proj).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.errors import ModelLoadError
+from engine.model.attention_metadata import AttentionMetadata
+from engine.model.layers.activation import SiluAndMul
+from engine.model.layers.attention import Attention, AttentionBackend
+from engine.model.layers.cuda_kernels import fused_kernels
+from engine.model.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
+from engine.model.layers.layernorm import RMSNorm
+from engine.model.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
+from engine.model.layers.parallel import SINGLE_PROCESS, ParallelGroup
+from engine.model.layers.rotary_embedding import RotaryEmbedding
+
+# Hugging Face's defaults for fields a Qwen3 config.json may omit.
+HF_DEFAULT_MAX_POSITIONS = 32768
+HF_DEFAULT_RMS_EPS = 1e-6
+HF_DEFAULT_ROPE_THETA = 10000.0
+
+
+@dataclass(frozen=True)
+class Qwen3Spec:
+    """The architecture hyper-parameters the engine uses, read from ``config.json``."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int = HF_DEFAULT_MAX_POSITIONS
+    rms_norm_eps: float = HF_DEFAULT_RMS_EPS
+    rope_theta: float = HF_DEFAULT_ROPE_THETA
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    torch_dtype: str | None = None
+    eos_token_id: int | None = None
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict[str, Any], source: str = "config.json") -> Qwen3Spec:
+        """Validate a Hugging Face Qwen3 config dict; errors name ``source`` and the field."""
+
+        def integer(name: str, default: int | None = None) -> int:
+            value = cfg.get(name)
+            if value is None:  # absent or null: transformers' default
+                value = default
+            if value is None:
+                raise ModelLoadError(f"{source}: required field {name!r} is missing")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ModelLoadError(f"{source}: {name} must be a positive integer, got {value!r}")
+            return value
+
+        def number(name: str, value: object) -> float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ModelLoadError(f"{source}: {name} must be a positive number, got {value!r}")
+            return float(value)
+
+        def unsupported(what: str) -> ModelLoadError:
+            return ModelLoadError(f"{source}: {what} is not supported by the Qwen3 model")
+
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise unsupported(f"hidden_act {cfg.get('hidden_act')!r}")
+        if cfg.get("use_sliding_window", False):
+            raise unsupported("use_sliding_window=true")
+        # transformers 5 writes rope_parameters; 4.x checkpoints have rope_theta (+ rope_scaling).
+        rope_settings = [cfg[k] for k in ("rope_parameters", "rope_scaling") if cfg.get(k)]
+        for rope in rope_settings:
+            if not isinstance(rope, dict):
+                raise unsupported(f"rope settings {rope!r}")
+            rope_type = rope.get("rope_type", rope.get("type", "default"))
+            if rope_type != "default":
+                raise unsupported(f"rope type {rope_type!r}")
+        rope_theta = next(
+            (r["rope_theta"] for r in rope_settings if "rope_theta" in r),
+            cfg.get("rope_theta", HF_DEFAULT_ROPE_THETA),
+        )
+
+        heads = integer("num_attention_heads")
+        hidden = integer("hidden_size")
+        eos = cfg.get("eos_token_id")
+        if isinstance(eos, list):  # several stop ids: the engine stops on the first one
+            eos = eos[0] if eos else None
+        return cls(
+            vocab_size=integer("vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=integer("intermediate_size"),
+            num_hidden_layers=integer("num_hidden_layers"),
+            num_attention_heads=heads,
+            num_key_value_heads=integer("num_key_value_heads", heads),
+            head_dim=integer("head_dim", hidden // heads),
+            max_position_embeddings=integer("max_position_embeddings", HF_DEFAULT_MAX_POSITIONS),
+            rms_norm_eps=number("rms_norm_eps", cfg.get("rms_norm_eps", HF_DEFAULT_RMS_EPS)),
+            rope_theta=number("rope_theta", rope_theta),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            torch_dtype=cfg.get("torch_dtype", cfg.get("dtype")),
+            eos_token_id=eos if isinstance(eos, int) else None,
+        )
+
+
+class Qwen3Attention(nn.Module):
+    """Self-attention with per-head RMSNorm on q and k (Qwen3's QK-norm) before RoPE."""
+
+    def __init__(
+        self,
+        spec: Qwen3Spec,
+        group: ParallelGroup,
+        backend: AttentionBackend,
+        rotary_emb: RotaryEmbedding,
+    ) -> None:
+        super().__init__()
+        self.head_dim = spec.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            spec.hidden_size,
+            spec.head_dim,
+            spec.num_attention_heads,
+            spec.num_key_value_heads,
+            bias=spec.attention_bias,
+            group=group,
+        )
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.o_proj = RowParallelLinear(
+            spec.num_attention_heads * spec.head_dim,
+            spec.hidden_size,
+            bias=spec.attention_bias,
+            group=group,
+        )
+        self.rotary_emb = rotary_emb
+        self.attn = Attention(
+            self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, backend
+        )
+        self.q_norm = RMSNorm(spec.head_dim, eps=spec.rms_norm_eps)
+        self.k_norm = RMSNorm(spec.head_dim, eps=spec.rms_norm_eps)
+
+    def forward(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden_states)
+        kernels = fused_kernels(qkv)
+        if kernels is not None:  # CUDA: q/k norms and RoPE in one launch, ~30 fewer kernels
+            # ... and, where the backend allows, the KV-cache store too (one launch fewer).
+            q, k, v, stored = self._norm_rope_store(kernels, qkv, positions, metadata)
+            o = self.attn(q, k, v, metadata, kv_stored=stored)
+            return self.o_proj(o.flatten(1))
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = self.q_norm(q.reshape(-1, self.num_heads, self.head_dim))
+        k = self.k_norm(k.reshape(-1, self.num_kv_heads, self.head_dim))
+        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary_emb(positions, q, k)
+        o = self.attn(q, k, v, metadata)
+        return self.o_proj(o.flatten(1))
+
+    def _norm_rope_store(
+        self,
+        kernels: ModuleType,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+        """q, k, v from ``qk_norm_rope``, and whether it also stored K/V in the cache."""
+        args = (
+            qkv,
+            self.q_norm.weight,
+            self.k_norm.weight,
+            self.rotary_emb.cos_cache,
+            self.rotary_emb.sin_cache,
+            positions,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.q_norm.eps,
+        )
+        target = self.attn.fused_kv_store_target()
+        if target is not None and _FUSED_STORE["usable"]:
+            caches = {"k_cache": target[0], "v_cache": target[1]}
+            if _FUSED_STORE["checked"]:
+                return (
+                    *kernels.qk_norm_rope(*args, **caches, slot_mapping=metadata.slot_mapping),
+                    True,
+                )
+            try:  # the first call compiles the fused variant (outside any CUDA-graph capture)
+                q, k, v = kernels.qk_norm_rope(*args, **caches, slot_mapping=metadata.slot_mapping)
+            except Exception as exc:  # noqa: BLE001 - fall back to the separate store_kv launch
+                _FUSED_STORE["usable"] = False
+                warnings.warn(
+                    f"fused KV store unavailable ({type(exc).__name__}: {exc}); "
+                    "storing K/V with store_kv instead",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            else:
+                _FUSED_STORE["checked"] = True
+                return q, k, v, True
+        q, k, v = kernels.qk_norm_rope(*args)
+        return q, k, v, False
+
+
+# Process-wide: did the fused qk_norm_rope + KV store compile (first use checks once; a failure
+# turns it off for the process, with a warning, rather than failing the run).
+_FUSED_STORE = {"checked": False, "usable": True}
+
+
+class Qwen3MLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))`` with gate and up fused."""
+
+    def __init__(self, spec: Qwen3Spec, group: ParallelGroup) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(
+            spec.hidden_size, [spec.intermediate_size] * 2, bias=False, group=group
+        )
+        self.down_proj = RowParallelLinear(
+            spec.intermediate_size, spec.hidden_size, bias=False, group=group
+        )
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class Qwen3DecoderLayer(nn.Module):
+    def __init__(
+        self,
+        spec: Qwen3Spec,
+        group: ParallelGroup,
+        backend: AttentionBackend,
+        rotary_emb: RotaryEmbedding,
+    ) -> None:
+        super().__init__()
+        self.self_attn = Qwen3Attention(spec, group, backend, rotary_emb)
+        self.mlp = Qwen3MLP(spec, group)
+        self.input_layernorm = RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        residual: torch.Tensor | None,
+        metadata: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states, metadata)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class Qwen3Model(nn.Module):
+    def __init__(
+        self, spec: Qwen3Spec, group: ParallelGroup, backend: AttentionBackend
+    ) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, group)
+        # One cos/sin table for all layers (it depends only on the config).
+        rotary_emb = RotaryEmbedding(
+            spec.head_dim, spec.head_dim, spec.max_position_embeddings, spec.rope_theta
+        )
+        self.layers = nn.ModuleList(
+            Qwen3DecoderLayer(spec, group, backend, rotary_emb)
+            for _ in range(spec.num_hidden_layers)
+        )
+        self.norm = RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        hidden_states = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden_states, residual = layer(positions, hidden_states, residual, metadata)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class Qwen3ForCausalLM(nn.Module):
+    """``forward`` gives final hidden states for every new token; ``compute_logits`` maps the
+    rows the caller picked (the sampled positions) to vocabulary logits."""
+
+    spec_class = Qwen3Spec
+    # checkpoint module name -> (engine module name, shard id for its weight_loader)
+    packed_modules_mapping: dict[str, tuple[str, str | int]] = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(
+        self,
+        spec: Qwen3Spec,
+        backend: AttentionBackend,
+        group: ParallelGroup = SINGLE_PROCESS,
+    ) -> None:
+        super().__init__()
+        self.spec = spec
+        self.group = group
+        self.model = Qwen3Model(spec, group, backend)
+        self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size, group=group)
+        if spec.tie_word_embeddings:
+            self.lm_head.tie_to(self.model.embed_tokens)
+
+    @property
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn.attn for layer in self.model.layers]
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, attn_metadata)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden_states)

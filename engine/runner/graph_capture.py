@@ -1,0 +1,47 @@
+"""CUDA graphs captured per size over fixed input buffers, sharing one memory pool.
+
+Used for decode batches (``engine/runner/decode_graphs.py``) and prefill token counts
+(``engine/runner/prefill_graphs.py``): the caller stages inputs into buffers whose addresses never
+change, then replays the graph of the padded size; hidden states land in ``outputs[:size]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+
+class CapturedGraphs:
+    """One CUDA graph per size; ``outputs`` ``[max size, hidden]`` receives every graph's rows."""
+
+    def __init__(self, sizes: Sequence[int], outputs: torch.Tensor) -> None:
+        self.sizes = sorted(sizes)
+        self.outputs = outputs
+        self.graphs: dict[int, Any] = {}
+        self.pool: Any = None
+
+    def capture_all(self, forward_of: Callable[[int], Callable[[], torch.Tensor]]) -> None:
+        """Capture ``forward_of(size)()`` for every size, largest first (so the first graph sizes
+        the shared pool), each after one eager run of the same call (Triton compiles there, not
+        during capture)."""
+        for size in reversed(self.sizes):
+            forward = forward_of(size)
+            self.outputs[:size] = forward()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, self.pool):
+                self.outputs[:size] = forward()
+            if self.pool is None:
+                self.pool = graph.pool()
+            self.graphs[size] = graph
+        torch.cuda.synchronize()
+
+    def replay(self, size: int) -> torch.Tensor:
+        """Run the graph of ``size`` over the staged inputs; hidden states ``[size, hidden]``."""
+        self.graphs[size].replay()
+        return self.outputs[:size]
+
+    def release(self) -> None:
+        self.graphs.clear()
+        self.pool = None

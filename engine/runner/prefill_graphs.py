@@ -1,0 +1,194 @@
+"""Small prefills on CUDA: CUDA graphs captured per padded token count.
+
+An eager prefill of Qwen3-0.6B launches ~400 kernels from Python; below ~4k tokens the device
+finishes each before the host has launched the next, so the step takes the host's launch time
+(~11 ms on the H200 alone, 20-60 ms while another thread of the process wants the interpreter:
+tools/probe_prefill_host.py). A recompute after preemption, or a lone late prompt, pays that on
+every prefill. Here such a prefill is padded to the next captured token count and replayed from
+a graph captured once at start-up: one launch, its time set by the device.
+
+Which token counts are captured, and which prefills pad to which: ``engine/graph_sizes.py``.
+
+Inputs live in fixed buffers: rows past the batch's tokens are padding (token 0, position 0,
+slot -1: the fused KV store skips them), sequences past the batch have no query tokens
+(``cu_seqlens_q`` repeats the total), so the attention kernel's programs for them exit at once.
+Attention always reads keys through the block table (``AttentionMetadata.paged_prefill``): the
+batch is unknown at capture, and the fused kernel has stored the new keys before attention runs.
+
+The rows sampled and their temperatures are staged with the inputs (pinned, copied without
+blocking): a copy from pageable memory after the replay would wait for the whole graph, and the
+logits and sampling launches would then start on an idle device.
+
+Staging is synchronous with respect to the previous prefill: a prefill step is never launched
+ahead of its predecessor's results (only decodes overlap), and its own tokens are read back
+before the next step stages, so one pinned host buffer suffices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.graph_sizes import MAX_GRAPH_PREFILL_SEQS, padded_prefill_tokens
+from engine.model.attention_metadata import AttentionMetadata
+from engine.runner.graph_capture import CapturedGraphs
+
+__all__ = ["PrefillGraphs", "stage_prefill"]
+
+PAD_SLOT = -1
+# Rows of the int64 staging block: token ids, positions, cache slots, and the rows sampled.
+ROW_IDS, ROW_POSITIONS, ROW_SLOTS, ROW_SAMPLE = 0, 1, 2, 3
+STAGED_ROWS = 4
+
+
+def stage_prefill(
+    i64: np.ndarray,
+    i32: np.ndarray,
+    tables: np.ndarray,
+    input_ids: Sequence[int],
+    query_lens: Sequence[int],
+    context_lens: Sequence[int],
+    block_tables: Sequence[Sequence[int]],
+    block_size: int,
+    padded_tokens: int,
+    max_seqs: int,
+) -> None:
+    """Fill the host staging arrays for one prefill (numpy, in place).
+
+    ``i64`` ``[3, max_tokens]``: token ids, positions, cache slots (rows ``ROW_*``); ``i32``:
+    ``cu_seqlens_q`` ``[max_seqs + 1]`` then ``context_lens`` ``[max_seqs]``; ``tables``
+    ``[max_seqs, width]`` (only each sequence's own blocks are written: the kernels never read
+    past them). Rows ``[tokens, padded_tokens)`` become padding.
+    """
+    num_seqs = len(query_lens)
+    q = np.asarray(query_lens, dtype=np.int64)
+    ctx = np.asarray(context_lens, dtype=np.int64)
+    total = int(q.sum())
+    cu = np.zeros(num_seqs + 1, dtype=np.int64)
+    np.cumsum(q, out=cu[1:])
+    seq_of_token = np.repeat(np.arange(num_seqs), q)
+    positions = np.arange(total) - (cu[:-1] - (ctx - q))[seq_of_token]
+    for s, table in enumerate(block_tables):
+        tables[s, : len(table)] = table
+    blocks = tables[seq_of_token, positions // block_size].astype(np.int64)
+    i64[ROW_IDS, :total] = input_ids
+    i64[ROW_POSITIONS, :total] = positions
+    i64[ROW_SLOTS, :total] = blocks * block_size + positions % block_size
+    i64[ROW_IDS, total:padded_tokens] = 0
+    i64[ROW_POSITIONS, total:padded_tokens] = 0
+    i64[ROW_SLOTS, total:padded_tokens] = PAD_SLOT
+    i32[: num_seqs + 1] = cu
+    i32[num_seqs + 1 : max_seqs + 1] = total
+    i32[max_seqs + 1 : max_seqs + 1 + num_seqs] = ctx
+    i32[max_seqs + 1 + num_seqs : 2 * max_seqs + 1] = 0
+
+
+ModelFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
+
+
+class PrefillGraphs(CapturedGraphs):
+    """Persistent prefill inputs and one CUDA graph per captured token count."""
+
+    def __init__(
+        self,
+        sizes: list[int],
+        table_width: int,
+        block_size: int,
+        hidden_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        max_seqs: int = MAX_GRAPH_PREFILL_SEQS,
+    ) -> None:
+        if not sizes:
+            raise ValueError("PrefillGraphs needs at least one token count to capture")
+        max_tokens = max(sizes)
+        super().__init__(sizes, torch.zeros(max_tokens, hidden_size, dtype=dtype, device=device))
+        self.max_seqs = max_seqs
+        self.block_size = block_size
+        self.table_width = table_width
+        if max_seqs > max_tokens:
+            raise ValueError(f"{max_seqs} sequences cannot fit the largest graph's {max_tokens} "
+                             "tokens")
+        pin = device.type == "cuda"
+        self.host_i64 = torch.zeros(STAGED_ROWS, max_tokens, dtype=torch.int64, pin_memory=pin)
+        self.host_temps = torch.zeros(max_seqs, dtype=torch.float32, pin_memory=pin)
+        ints = 2 * max_seqs + 1 + max_seqs * table_width
+        self.host_i32 = torch.zeros(ints, dtype=torch.int32, pin_memory=pin)
+        self._np_i64 = self.host_i64.numpy()
+        self._np_i32 = self.host_i32[: 2 * max_seqs + 1].numpy()
+        self._np_tables = self.host_i32[2 * max_seqs + 1 :].view(max_seqs, table_width).numpy()
+        self._np_i64[ROW_SLOTS] = PAD_SLOT
+        self.dev_i64 = torch.zeros_like(self.host_i64, device=device)
+        self.dev_i32 = torch.zeros_like(self.host_i32, device=device)
+        self.dev_temps = torch.zeros_like(self.host_temps, device=device)
+        self.dev_i64[ROW_SLOTS] = PAD_SLOT
+
+    def padded_size(self, tokens: int, num_seqs: int) -> int:
+        """The captured token count for this prefill; 0: it runs eager."""
+        return padded_prefill_tokens(self.sizes, tokens, num_seqs, self.max_seqs)
+
+    def stage(
+        self,
+        input_ids: Sequence[int],
+        query_lens: Sequence[int],
+        context_lens: Sequence[int],
+        block_tables: Sequence[Sequence[int]],
+        padded_tokens: int,
+        sample_rows: Sequence[int] = (),
+        temperatures: Sequence[float] = (),
+    ) -> None:
+        """Write one prefill's inputs (and the rows it samples, with their temperatures) to the
+        host buffers and copy them to the device."""
+        if len(sample_rows) != len(temperatures) or len(sample_rows) > self.max_seqs:
+            raise ValueError("one temperature per sampled row, at most one row per sequence")
+        stage_prefill(self._np_i64, self._np_i32, self._np_tables, input_ids, query_lens,
+                      context_lens, block_tables, self.block_size, padded_tokens, self.max_seqs)
+        self._np_i64[ROW_SAMPLE, : len(sample_rows)] = sample_rows
+        self.host_temps.numpy()[: len(temperatures)] = temperatures
+        self.dev_i64.copy_(self.host_i64, non_blocking=True)
+        self.dev_i32.copy_(self.host_i32, non_blocking=True)
+        self.dev_temps.copy_(self.host_temps, non_blocking=True)
+
+    def sampled(self, hidden: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The hidden states of the ``rows`` staged sample rows, and their temperatures."""
+        return hidden.index_select(0, self.dev_i64[ROW_SAMPLE, :rows]), self.dev_temps[:rows]
+
+    def metadata(self, padded_tokens: int) -> AttentionMetadata:
+        """Metadata over the staged buffers (views: stable addresses for capture and replay)."""
+        s = self.max_seqs
+        cu = self.dev_i32[: s + 1]
+        return AttentionMetadata(
+            num_prefill_seqs=s,
+            num_prefill_tokens=padded_tokens,
+            num_decode_seqs=0,
+            block_size=self.block_size,
+            slot_mapping=self.dev_i64[ROW_SLOTS, :padded_tokens],
+            cu_seqlens_q=cu,
+            cu_seqlens_k=cu,  # unused by the paged prefill kernel
+            context_lens=self.dev_i32[s + 1 : 2 * s + 1],
+            block_tables=self.dev_i32[2 * s + 1 :].view(s, self.table_width),
+            max_seqlen_q=padded_tokens,
+            max_seqlen_k=padded_tokens,
+            max_decode_seqlen_k=0,
+            query_lens_host=(0,) * s,
+            context_lens_host=(0,) * s,
+            paged_prefill=True,
+        )
+
+    @torch.inference_mode()
+    def capture(self, model: ModelFn) -> None:
+        """Capture every token count over the staged buffers (all rows padding: no KV touched)."""
+        self.stage([], [], [], [], self.sizes[-1])
+
+        def forward_of(size: int) -> Callable[[], torch.Tensor]:
+            metadata = self.metadata(size)
+            ids, positions = self.dev_i64[ROW_IDS, :size], self.dev_i64[ROW_POSITIONS, :size]
+            return lambda: model(ids, positions, metadata)
+
+        self.capture_all(forward_of)
+
+    def describe(self) -> dict[str, Any]:
+        return {"prefill_graph_tokens": list(self.sizes), "prefill_graph_max_seqs": self.max_seqs}

@@ -1,0 +1,172 @@
+"""The ``replayllm`` command line. Every error is one line on stderr and a non-zero exit."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from engine.errors import ReplayLLMError
+from tracing.errors import TraceError
+
+EXIT_DIVERGED = 1
+EXIT_USER_ERROR = 2
+
+
+def _add_config_overrides(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Config field, e.g. --set num_kvcache_blocks=400 (repeatable)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="replayllm",
+        description="An event-sourced LLM inference engine: record, verify, replay, simulate.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = sub.add_parser("demo", help="record a small run on the embedded tiny model and verify")
+    demo.add_argument("--out", default="out/demo-trace", help="trace directory to write")
+
+    run = sub.add_parser("run", help="run a workload on a model and record a trace")
+    run.add_argument("--model", default=None, help="checkpoint directory (default: tiny model)")
+    run.add_argument(
+        "--workload", default="bench", help="'bench' (the reference workload) or a JSONL file"
+    )
+    run.add_argument("--out", required=True, help="trace directory to write")
+    run.add_argument("--num-seqs", type=int, default=None, help="use only the first N requests")
+    run.add_argument("--warm-up", type=int, default=0, metavar="N",
+                     help="untraced runs of the workload first, so the traced run starts warm")
+    _add_config_overrides(run)
+
+    verify = sub.add_parser("verify", help="replay a trace and check every decision matches")
+    verify.add_argument("trace", help="trace directory")
+
+    inspect = sub.add_parser("inspect", help="summarise a trace in a few lines")
+    inspect.add_argument("trace", help="trace directory")
+
+    export = sub.add_parser("export", help="export a trace for a viewer")
+    export.add_argument("trace", help="trace directory")
+    export.add_argument("--format", choices=["perfetto"], default="perfetto")
+    export.add_argument("--out", default=None, help="output file (default: TRACE/trace.json)")
+
+    make_model = sub.add_parser("make-model", help="write a random-weight Qwen3 checkpoint")
+    make_model.add_argument(
+        # engine.model.checkpoint.PRESETS, named here: importing it would import torch for --help
+        "--preset", choices=["tiny", "qwen3-0.6b", "qwen3-0.6b-confident"], default="tiny"
+    )
+    make_model.add_argument("--out", required=True, help="directory to write")
+    make_model.add_argument("--seed", type=int, default=0)
+
+    from replay.cli import whatif as whatif_cli
+
+    whatif_cli.add_parser(sub)
+
+    bench = sub.add_parser("bench", help="benchmarks (scheduler on CPU; engine on a GPU)")
+    bench.add_argument(
+        "suite", nargs="?", choices=["scheduler", "engine", "whatif"], default="engine"
+    )
+    bench.add_argument("--json", default=None, help="also write the results here as JSON")
+    bench.add_argument("--repeat", type=int, default=3, help="timed repetitions (median kept)")
+    return parser
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from replay.cli.demo import run_demo
+
+    return run_demo(args.out)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from engine.config import parse_overrides
+    from replay.cli.run import run_command
+
+    return run_command(args.model, args.workload, args.out, args.num_seqs,
+                       parse_overrides(args.overrides), warm_up=args.warm_up)
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from replay.verify import verify
+
+    result = verify(args.trace)
+    print(result.report())
+    return 0 if result.identical else EXIT_DIVERGED
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from tracing.inspect import describe
+    from tracing.reader import read_trace
+
+    print(describe(read_trace(args.trace)))
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    import os
+
+    from tracing.export import export_perfetto
+    from tracing.reader import read_trace
+
+    out = args.out or os.path.join(args.trace, "trace.json")
+    export_perfetto(read_trace(args.trace), out)
+    print(f"wrote {out} (open it in https://ui.perfetto.dev or chrome://tracing)")
+    return 0
+
+
+def _cmd_make_model(args: argparse.Namespace) -> int:
+    from engine.model.checkpoint import make_model
+
+    path = make_model(args.preset, args.out, seed=args.seed)
+    print(f"wrote {args.preset} checkpoint to {path}")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.suite == "scheduler":
+        from benchmarks.scheduler import main as bench_main
+    elif args.suite == "whatif":
+        from benchmarks.whatif import main as bench_main
+    else:
+        from benchmarks.engine import main as bench_main
+    return bench_main(json_path=args.json, repeat=args.repeat)
+
+
+def _cmd_whatif(args: argparse.Namespace) -> int:
+    from replay.cli import whatif as whatif_cli
+
+    return whatif_cli.run(args)
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "demo": _cmd_demo,
+    "run": _cmd_run,
+    "verify": _cmd_verify,
+    "inspect": _cmd_inspect,
+    "export": _cmd_export,
+    "make-model": _cmd_make_model,
+    "bench": _cmd_bench,
+    "whatif": _cmd_whatif,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``replayllm`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (ReplayLLMError, TraceError) as exc:
+        print(f"replayllm {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print(f"replayllm {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

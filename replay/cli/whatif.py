@@ -1,0 +1,335 @@
+"""``replayllm whatif``: predict a workload's run under other settings, and check predictions.
+
+    replayllm whatif TRACE --set max_num_seqs=64 --set policy=chunked
+    replayllm whatif TRACE --grid num_kvcache_blocks=300,600,900 --grid max_num_seqs=64,256
+    replayllm whatif TRACE --compare OTHER_TRACE       # predicted vs measured, decisions too
+    replayllm whatif --workload bench --timing-from TRACE --set num_kvcache_blocks=800
+
+The lead wires it into ``replay.cli.main`` with ``add_parser(subparsers)`` and ``run(args)``;
+``python -m replay.cli.whatif ...`` runs it alone. Every user error is a ``ReplayLLMError``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+from typing import Any
+
+from engine.config import AUTO_SIZED_BLOCKS, Config, parse_override
+from engine.config import parse_overrides as config_parse_overrides
+from engine.errors import ConfigError, ReplayLLMError
+from replay.metrics import compute, has_timings
+from replay.whatif.cost.model import CostModel
+from replay.whatif.simulate import (
+    SimResult,
+    SimWorkload,
+    cold_start_of,
+    format_overrides,
+    load_source,
+    load_timing,
+    run_variant,
+    simulate_many,
+    workload_from_requests,
+)
+
+DEFAULT_OUT = "out/whatif"
+EXIT_USER_ERROR = 2
+# Config fields that describe the machine or the recording, not the schedule: left out of the
+# "predicting ... under" line of --compare (they are still applied).
+COSMETIC_FIELDS = frozenset({"model", "trace_flush_steps", "trace_flush_seconds", "device"})
+
+
+class WhatifError(ReplayLLMError):
+    """Bad whatif arguments."""
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``whatif`` subcommand to ``replayllm``'s subparsers."""
+    p = subparsers.add_parser(
+        "whatif",
+        help="predict a recorded workload's run under other settings",
+        description="Re-run a trace's workload through the engine's own scheduler under other "
+        "settings, with step times from a model fitted on the trace's measured steps.",
+    )
+    p.add_argument("trace", nargs="?", help="trace directory whose workload is re-run")
+    p.add_argument("--workload", help="instead of a trace: 'bench' or a JSONL workload file")
+    p.add_argument("--num-seqs", type=int, help="with --workload: only the first N requests")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Config field for every variant, e.g. --set max_num_seqs=64")
+    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="one variant per value (several --grid: every combination)")
+    p.add_argument("--compare", metavar="OTHER_TRACE",
+                   help="predict OTHER_TRACE's configuration and compare with its recording")
+    p.add_argument("--timing-from", metavar="TRACE|MODEL.json",
+                   help="fit step times on this trace (or load a saved model) instead")
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
+    p.add_argument("--jobs", type=int, default=None, help="parallel processes (default: cores)")
+    p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
+    return p
+
+
+# --- arguments ----------------------------------------------------------------------------------
+def parse_value(key: str, text: str) -> Any:
+    """A typed, range-checked Config value; errors name the field and what it accepts."""
+    value = parse_override(key, text.strip())
+    try:
+        # The field's own rule, checked on a base where no cross-field rule can object.
+        Config(policy="chunked").replace(**{key: value})
+    except ConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    return value
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    return config_parse_overrides(items, parse_value)
+
+
+def parse_grid(items: list[str]) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        values = [v for v in text.split(",") if v.strip()]
+        if not sep or not values:
+            raise WhatifError(f"--grid expects KEY=V1,V2,..., got {item!r}")
+        out[key.strip()] = [parse_value(key.strip(), v) for v in values]
+    return out
+
+
+def build_variants(
+    overrides: dict[str, Any], grid: dict[str, list[Any]]
+) -> list[tuple[str, dict[str, Any]]]:
+    """(name, overrides) per variant: the --set values, crossed with every grid combination."""
+    if not grid:
+        return [(format_overrides(overrides), overrides)]
+    keys = list(grid)
+    variants = []
+    for combo in itertools.product(*(grid[k] for k in keys)):
+        point = dict(zip(keys, combo))
+        variants.append((format_overrides(point), {**overrides, **point}))
+    return variants
+
+
+# --- sources ------------------------------------------------------------------------------------
+def _load_timing_trace(path: str) -> tuple[CostModel, Config | None]:
+    """A step-time model from a trace or a saved model, and the trace's Config (if a trace)."""
+    if Path(path).suffix == ".json":
+        return CostModel.load(path), None
+    from replay.recorded import from_trace
+    from replay.replayer import config_from_header
+    from tracing.reader import read_trace
+
+    events = from_trace(read_trace(path))
+    return CostModel.fit(events, source=path), config_from_header(events.header)
+
+
+def _load(args: argparse.Namespace) -> tuple[SimWorkload, CostModel | None, list[str]]:
+    timing_config: Config | None = None
+    cost: CostModel | None = None
+    if args.timing_from:
+        cost, timing_config = _load_timing_trace(args.timing_from)
+    if args.trace is not None:
+        workload = load_source(args.trace)
+        if cost is None:
+            cost, notes = load_timing("auto", workload)
+            return workload, cost, notes
+        return workload, cost, []
+    from replay.workloads.builtin import load_workload, reference_workload
+
+    requests = reference_workload() if args.workload == "bench" else load_workload(args.workload)
+    if args.num_seqs is not None:
+        if args.num_seqs < 1:
+            raise WhatifError(f"--num-seqs must be >= 1, got {args.num_seqs}")
+        requests = requests[: args.num_seqs]
+    base = timing_config or Config()
+    workload = workload_from_requests(requests, base, name=args.workload)
+    notes = []
+    if cost is None:
+        notes.append("no step-time model (--timing-from TRACE): decisions only, no times")
+        if any(r.arrival_s > 0 for r in requests):
+            notes.append("without times, arrivals cannot be honoured: every request joins at once")
+    return workload, cost, notes
+
+
+# --- commands -----------------------------------------------------------------------------------
+def _row(label: str, source: str, result: Any, status: str = "ok", **extra: Any) -> dict:
+    return {
+        "label": label,
+        "source": source,
+        "status": status,
+        "metrics": dict(result.summary) if result is not None else {},
+        "steps": getattr(result, "steps", None),
+        "requests": getattr(result, "requests", None),
+        **extra,
+    }
+
+
+def _sim_row(result: SimResult, source: str = "predicted") -> dict:
+    return _row(result.name, source, result if result.ok else None, result.status,
+                overrides=result.overrides, notes=result.notes)
+
+
+def _finish(args: argparse.Namespace, rows: list[dict], cost: CostModel | None,
+            plotter: Any, extra: dict | None = None) -> None:
+    from replay.whatif.report import write_outputs
+
+    written = write_outputs(args.out, rows, extra)
+    if cost is not None:
+        cost.save(Path(args.out) / "cost_model.json")
+        written.append(Path(args.out) / "cost_model.json")
+    if plotter is not None:
+        from replay.whatif.plots import PlotRun, PlotsUnavailable
+
+        runs = [PlotRun(r["label"], r["metrics"], r["steps"], r["requests"])
+                for r in rows if r["status"] == "ok"]
+        try:
+            written += plotter.write(args.out, runs)
+        except PlotsUnavailable as exc:
+            print(f"plots skipped: {exc}")
+    print(f"wrote {', '.join(p.name for p in written)} to {args.out}")
+
+
+def _plotter(args: argparse.Namespace) -> Any:
+    if args.no_plots:
+        return None
+    from replay.whatif.plots import PlotWorker
+
+    return PlotWorker()
+
+
+def _check_same_workload(workload: SimWorkload, other: Any, other_name: str) -> None:
+    import numpy as np
+
+    added = other.tables["request_added"]
+    ours = [(len(r.prompt), r.params.max_tokens) for r in workload.requests]
+    theirs = list(zip(np.asarray(added["prompt_len"]).tolist(),
+                      np.asarray(added["max_tokens"]).tolist()))
+    if ours != theirs:
+        raise WhatifError(
+            f"{other_name} ran another workload than {workload.name} ({len(theirs)} vs "
+            f"{len(ours)} requests, or other prompt lengths / max_tokens); --compare needs the "
+            "same requests"
+        )
+
+
+def _compare(args: argparse.Namespace, workload: SimWorkload, cost: CostModel | None,
+             plotter: Any) -> int:
+    from replay.decisions import compare_decisions, describe_divergence
+    from replay.recorded import from_trace
+    from replay.replayer import config_from_header
+    from replay.whatif.report import comparison_rows, comparison_table
+    from tracing.reader import read_trace
+
+    other = from_trace(read_trace(args.compare))
+    _check_same_workload(workload, other, args.compare)
+    target = config_from_header(other.header).to_dict()
+    base = workload.config.to_dict()
+    overrides = {k: v for k, v in target.items() if base.get(k) != v}
+    shown = {k: v for k, v in overrides.items() if k not in COSMETIC_FIELDS}
+    print(f"predicting {args.compare} ({format_overrides(shown)}) from {workload.name}")
+    cold = cold_start_of(other.header)
+    if cold is not None and cost is not None and cost.warmup_s:
+        print(f"note: {args.compare} started {'cold' if cold else 'warm'}: the source's one-off "
+              f"first-step costs are {'charged' if cold else 'left out'}")
+    result = run_variant(workload, overrides, cost, name="predicted", cold_start=cold)
+    for note in result.notes:
+        print(f"note: {note}")
+    if not result.ok:
+        print(f"predicted: {result.status}")
+        return 1
+    measured = compute(other, timed=has_timings(other))
+    if cost is None or not has_timings(other):
+        print("times are not compared: " + ("no step-time model" if cost is None
+                                             else f"{args.compare} has no measured step times"))
+    rows = comparison_rows(result.metrics, measured.summary)
+    print(comparison_table(rows))
+    assert result.events is not None
+    print("decision streams: " + describe_divergence(compare_decisions(other, result.events)))
+    import pandas as pd
+
+    table_rows = [_row("measured", "recorded", measured), _sim_row(result)]
+    _finish(args, table_rows, cost, plotter, {"compare": pd.DataFrame(rows)})
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``whatif`` from parsed arguments; returns the exit status."""
+    if (args.trace is None) == (args.workload is None):
+        raise WhatifError("give a TRACE or --workload bench|FILE (exactly one)")
+    overrides, grid = parse_overrides(args.overrides), parse_grid(args.grid)
+    if args.compare and (overrides or grid or args.workload):
+        raise WhatifError("--compare predicts OTHER_TRACE's own configuration from TRACE; "
+                          "drop --set, --grid and --workload")
+    if args.jobs is not None and args.jobs < 1:
+        raise WhatifError(f"--jobs must be >= 1, got {args.jobs}")
+    plotter = _plotter(args)
+    try:
+        return _whatif(args, overrides, grid, plotter)
+    finally:
+        if plotter is not None:
+            plotter.close()
+
+
+def _whatif(args: argparse.Namespace, overrides: dict[str, Any], grid: dict[str, list[Any]],
+            plotter: Any) -> int:
+    workload, cost, notes = _load(args)
+    for note in notes:
+        print(f"note: {note}")
+    if cost is not None:
+        print(cost.describe())
+    if args.compare:
+        return _compare(args, workload, cost, plotter)
+    variants = build_variants(overrides, grid)
+    if workload.config.num_kvcache_blocks == AUTO_SIZED_BLOCKS and not all(
+        "num_kvcache_blocks" in v for _, v in variants
+    ):
+        raise WhatifError("the KV pool size is unknown without a trace: --set "
+                          "num_kvcache_blocks=N (or --timing-from a trace, whose pool is used)")
+    results = _run_variants(workload, variants, cost, args.jobs)
+    rows = []
+    if workload.recorded is not None:
+        rows.append(_row("recorded", "recorded", compute(workload.recorded)))
+    rows += [_sim_row(r) for r in results]
+    for r in results:
+        for note in r.notes:
+            print(f"note ({r.name}): {note}")
+    from replay.whatif.report import variants_table
+
+    print(variants_table(rows))
+    _finish(args, rows, cost, plotter)
+    return 0
+
+
+def _run_variants(workload: SimWorkload, variants: list, cost: CostModel | None,
+                  jobs: int | None) -> list[SimResult]:
+    if len(variants) == 1:
+        name, overrides = variants[0]
+        return [run_variant(workload, overrides, cost, name, keep_events=False)]
+    from tqdm.auto import tqdm
+
+    with tqdm(total=len(variants), desc="whatif", dynamic_ncols=True, file=sys.stderr) as bar:
+        return simulate_many(workload, variants, cost, jobs, progress=lambda: bar.update(1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m replay.cli.whatif``: the whatif command on its own."""
+    parser = argparse.ArgumentParser(prog="replayllm")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["whatif", *(sys.argv[1:] if argv is None else argv)])
+    errors: tuple[type[BaseException], ...] = (ReplayLLMError,)
+    try:
+        from tracing.errors import TraceError
+
+        errors = (ReplayLLMError, TraceError)
+    except ImportError:  # tracing is always shipped; guards partial installs
+        pass
+    try:
+        return run(args)
+    except errors as exc:
+        print(f"replayllm whatif: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

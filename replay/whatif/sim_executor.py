@@ -1,0 +1,190 @@
+"""The simulated executor: recorded tokens by position, step times from the cost model.
+
+Under another configuration the steps are different, so tokens cannot be looked up by step (as
+``TraceExecutor`` does for replay). Each sequence instead gets, at every sampling, the recorded
+token at its own next completion position: the k-th token it ever sampled in the recording. A
+sequence preempted and recomputed keeps its tokens, so each position is sampled exactly once here
+too. A sequence asking for more tokens than were recorded (an incomplete trace, a workload file)
+gets deterministic synthetic tokens, never EOS.
+
+Time: each step advances a ``SimClock`` by the cost model's predicted step time, and
+``EngineCore(clock=...)`` reads it, so ``model_step.wall_time_s`` holds simulated time. A model
+in overlap mode (``CostModel.overlap``) predicts a step's device time and host time apart; the
+clock advances by ``max(device, host)`` for a batch the engine launched overlapped
+(``ScheduledBatch.overlapped``) or launched eagerly (the device runs its kernels while the host
+launches them), by ``device + host`` for a sequential CUDA-graph decode (plus the model's offset
+for the step's class and mode). The step reports the device time as its duration, and the
+rest of the interval beyond its host work as time waited for the device (so the engine records
+the predicted host time as ``host_s``). In interval mode the whole interval is the step's
+duration.
+
+CUDA graphs: with graphs on (not ``enforce_eager``), a decode pads to the source's captured batch
+sizes, and a prefill step of few enough prompts to the smallest of the source's captured prefill
+token counts that holds it (``engine.runner.prefill_graphs.padded_prefill_tokens``), among those the
+target config captures (``prefill_graph_tokens``: at most its ``prefill_graph_tokens`` and token
+budget): class ``prefill_graph``, priced on the padded tokens, not launch-bound. Any other
+prefill runs eager (class ``prefill``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.batch import ScheduledBatch, StepOutput
+from engine.engine_core import batch_features
+from engine.graph_sizes import padded_prefill_tokens
+from replay.whatif.cost.fit import EAGER_CLASSES
+from replay.whatif.cost.graphs import restricted_sizes
+from replay.whatif.cost.model import MIN_STEP_S, CostModel
+
+# Synthetic tokens: a fixed affine walk over a small id range (any id below every vocab size).
+SYNTHETIC_RANGE = 10000
+SYNTHETIC_STRIDE = 7919
+
+
+def _linear(intercept: float, coef: tuple[float, ...], features: tuple[int, ...]) -> float:
+    """``intercept + coef . features`` in plain floats (numpy per step would cost more)."""
+    return intercept + sum(c * x for c, x in zip(coef, features))
+
+
+class SimClock:
+    """A clock that moves only when told: ``clock()`` reads it, the executor advances it."""
+
+    __slots__ = ("now",)
+
+    def __init__(self, start: float = 0.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class SimExecutor:
+    """Answers each batch with recorded tokens by sequence position, advancing a simulated clock.
+
+    ``cost`` None: times are not predicted (the clock stays put; every duration is 0).
+    ``one_off_costs``: charge the source's one-off first-step costs (kernel compilation in a
+    fresh process) once, as a run that starts cold pays them; False: a warm start.
+    ``use_graphs``: decodes pad to the cost model's CUDA-graph sizes, as the source run did, and
+    so do prefills, among the source's captured token counts up to ``prefill_graph_tokens``
+    (the target config's ``min(prefill_graph_tokens, max_num_batched_tokens)``; 0: none).
+    """
+
+    def __init__(
+        self,
+        num_kvcache_blocks: int,
+        clock: SimClock,
+        cost: CostModel | None = None,
+        use_graphs: bool = False,
+        eos: int = -1,
+        prefill_graph_tokens: int = 0,
+        one_off_costs: bool = True,
+    ) -> None:
+        self.num_kvcache_blocks = num_kvcache_blocks
+        self.clock = clock
+        self.cost = cost
+        self.eos = eos
+        self.tokens: list[list[int]] = []  # index: the simulated engine's seq_id
+        self.synthesized = 0
+        self._timer = cost.step_timer(with_floor=True) if cost is not None else None
+        self._graphs = use_graphs and cost is not None and cost.has_graphs
+        self._padded: dict[int, int] = {}
+        self._prefill_sizes = (restricted_sizes(cost.prefill_graph_sizes, prefill_graph_tokens)
+                               if use_graphs and cost is not None else [])
+        self._prefill_max_seqs = cost.prefill_graph_max_seqs if cost is not None else 0
+        # One-off costs of the first step of a class (JIT compilation) in the source run.
+        self._warmup = dict(cost.warmup_s) if cost is not None and one_off_costs else {}
+        overlap = cost.overlap if cost is not None else None
+        self._host = overlap.host_timer() if overlap is not None else None
+        self._host_warmup = (dict(overlap.host_warmup_s)
+                             if overlap is not None and one_off_costs else {})
+        self.steps = 0
+        self.overlapped_steps = 0  # batches the engine launched overlapped
+
+    def bind(self, seq_id: int, tokens: list[int] | None) -> None:
+        """Give sequence ``seq_id`` (ids are handed out in order) its recorded completion."""
+        if seq_id != len(self.tokens):
+            raise RuntimeError(f"sequence ids must be bound in order: got {seq_id}")
+        self.tokens.append(tokens if tokens is not None else [])
+
+    def _token(self, seq_id: int, position: int) -> int:
+        recorded = self.tokens[seq_id]
+        return recorded[position] if position < len(recorded) else self._synthetic(seq_id, position)
+
+    def _synthetic(self, seq_id: int, position: int) -> int:
+        self.synthesized += 1
+        token = (seq_id * SYNTHETIC_STRIDE + position) % SYNTHETIC_RANGE
+        return token + 1 if token == self.eos else token
+
+    def execute(self, batch: ScheduledBatch) -> StepOutput:
+        tokens = self.tokens
+        try:
+            # Fast path: every sampled position was recorded (positions are never negative).
+            out = [tokens[s.seq_id][s.num_tokens - s.num_prompt_tokens] for s in batch.sampled_seqs]
+        except IndexError:
+            out = [self._token(s.seq_id, s.num_tokens - s.num_prompt_tokens)
+                   for s in batch.sampled_seqs]
+        num_seqs = len(batch.seqs)
+        self.steps += 1
+        self.overlapped_steps += batch.overlapped
+        if self._timer is None:
+            return StepOutput(token_ids=out, duration_s=0.0, padded_batch_size=num_seqs)
+        prefill_tokens, work, decode_seqs, context = batch_features(batch)
+        padded, graph, padded_tokens = num_seqs, False, 0
+        if self._graphs and batch.kind == "decode":
+            size = self._padded.get(num_seqs)
+            if size is None:
+                size = self._padded[num_seqs] = self.cost.padded_size(num_seqs)  # type: ignore[union-attr]
+            if size:
+                padded, graph = size, True
+        elif self._prefill_sizes and batch.kind == "prefill":
+            padded_tokens = padded_prefill_tokens(self._prefill_sizes, prefill_tokens, num_seqs,
+                                                  self._prefill_max_seqs)
+            graph = padded_tokens > 0
+        kind = batch.kind
+        if kind == "decode":
+            kind = "decode_graph" if graph else "decode_eager"
+        elif graph:
+            kind = "prefill_graph"
+        intercept, c, floor = self._timer[kind]
+        # In cost_fit.FEATURES order; plain floats: this runs once per step.
+        features = (num_seqs, prefill_tokens, work, decode_seqs, context, padded,
+                    padded_tokens or prefill_tokens + decode_seqs)
+        seconds = max(_linear(intercept, c, features), floor, MIN_STEP_S)
+        if self._warmup:
+            seconds += self._warmup.pop(kind, 0.0)
+        if self._host is None:
+            self.clock.now += seconds
+            return StepOutput(token_ids=out, duration_s=seconds, padded_batch_size=padded,
+                              graph_used=graph, wait_s=seconds, padded_tokens=padded_tokens)
+        intercept, c, sequential_s, overlapped_s = self._host[kind]
+        host = max(_linear(intercept, c, features), 0.0)
+        if self._host_warmup:
+            host += self._host_warmup.pop(kind, 0.0)
+        if batch.overlapped:
+            interval = max(seconds, host) + overlapped_s
+        elif kind in EAGER_CLASSES:  # the device runs the kernels while the host launches them
+            interval = max(seconds, host) + sequential_s
+        else:
+            interval = seconds + host + sequential_s
+        interval = max(interval, MIN_STEP_S)
+        self.clock.now += interval
+        return StepOutput(token_ids=out, duration_s=seconds, padded_batch_size=padded,
+                          graph_used=graph, wait_s=max(interval - host, 0.0),
+                          padded_tokens=padded_tokens)
+
+    def describe(self) -> dict[str, Any]:
+        out = {
+            "executor": "sim",
+            "device": "none",
+            "timed": self._timer is not None,
+            "cost_model": self.cost.source if self.cost is not None else None,
+            "cost_mode": self.cost.mode if self.cost is not None else None,
+        }
+        if self._prefill_sizes:  # as a real executor that captured prefill graphs says
+            out.update(prefill_graph_tokens=list(self._prefill_sizes),
+                       prefill_graph_max_seqs=self._prefill_max_seqs)
+        return out
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,357 @@
+"""What-if simulation: re-run a recorded workload under another Config, predicting its times.
+
+``simulate(source, overrides, timing=...)`` takes the source's requests (prompts, sampling
+settings, arrival times) and, per request, the tokens it sampled, and drives them through the
+engine's own ``EngineCore`` / ``Scheduler`` / ``BlockManager`` under the overridden Config. The
+executor is ``SimExecutor``: recorded tokens by sequence position, a clock advanced by the
+step-time model. Nothing here decides anything the scheduler decides.
+
+Arrivals: with a step-time model, a request joins once the simulated clock passes its arrival
+time (as ``replay.cli.live`` does on a real clock); the clock starts when the source's first step
+began (after every request it had added before it). Without one there is no clock, and a request
+joins at the step the recording added it (or at once, when the engine would otherwise idle).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from engine.config import AUTO_SIZED_BLOCKS, Config
+from engine.engine_core import EngineCore
+from engine.errors import ConfigError
+from engine.graph_sizes import prefill_graph_limit
+from engine.sequence import Sequence
+from replay.metrics import compute
+from replay.recorded import RecordedEvents, from_columns, from_trace
+from replay.whatif.cost.model import CostModel
+from replay.whatif.sim_executor import SimClock, SimExecutor
+from replay.whatif.source import (
+    SimRequest,
+    SimWorkload,
+    load_source,
+    workload_from_recorded,
+    workload_from_requests,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = [
+    "SimRequest",
+    "SimResult",
+    "SimWorkload",
+    "load_source",
+    "load_timing",
+    "run_variant",
+    "simulate",
+    "simulate_many",
+    "workload_from_recorded",
+    "workload_from_requests",
+]
+
+CANNOT_RUN = "cannot run"
+# Config fields that change neither a scheduling decision nor the simulated executor: an
+# override of one is reported, not silently taken as a prediction.
+UNSIMULATED_FIELDS = (
+    "gpu_memory_utilization",
+    "tensor_parallel_size",
+    "kv_cache_bytes",
+    "dtype",
+    "attention_backend",
+)
+OK = "ok"
+
+
+@dataclass
+class SimResult:
+    """One variant's prediction: its status, metrics and (if kept) its event stream."""
+
+    name: str
+    overrides: dict[str, Any]
+    status: str
+    timed: bool = False
+    metrics: dict[str, float] = field(default_factory=dict)
+    requests: pd.DataFrame | None = None
+    steps: pd.DataFrame | None = None
+    events: RecordedEvents | None = None
+    notes: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    @property
+    def summary(self) -> dict[str, float]:
+        """The metrics (same name as ``RunMetrics.summary``, so plots take either)."""
+        return self.metrics
+
+
+def load_timing(timing: Any, workload: SimWorkload) -> tuple[CostModel | None, list[str]]:
+    """The step-time model: a CostModel, a saved model (.json), a trace to fit, ``"auto"``
+    (fit from the source when it has measured times) or None (no times)."""
+    if timing is None or timing is False:
+        return None, []
+    if isinstance(timing, CostModel):
+        return timing, []
+    if timing == "auto":
+        if workload.timed_source:
+            assert workload.recorded is not None
+            return CostModel.fit(workload.recorded, source=workload.name), []
+        return None, [
+            f"{workload.name} has no measured step times: decisions only; "
+            "pass --timing-from TRACE to predict times"
+        ]
+    path = Path(timing)
+    if path.suffix == ".json":
+        return CostModel.load(path), []
+    from tracing.reader import read_trace
+
+    return CostModel.fit(from_trace(read_trace(path)), source=str(path)), []
+
+
+# --- one variant --------------------------------------------------------------------------------
+def _admission_problems(core: EngineCore, workload: SimWorkload) -> str | None:
+    """Why the variant cannot serve a request the source served (None: it can serve all)."""
+    bad = [
+        (i, error)
+        for i, r in enumerate(workload.requests)
+        if not r.rejected_in_source
+        and (error := core.scheduler.admission_error(Sequence(i, r.prompt, r.params)))
+    ]
+    if not bad:
+        return None
+    index, error = bad[0]
+    return (
+        f"{CANNOT_RUN}: {len(bad)} of {len(workload.requests)} requests can never be scheduled "
+        f"(request {index}: {error})"
+    )
+
+
+def _drive(core: EngineCore, executor: SimExecutor, workload: SimWorkload, timed: bool) -> None:
+    """Feed requests and aborts at their times (or steps) and step until everything is done."""
+    clock = executor.clock
+    requests = workload.requests
+    keys = [r.arrival_s if timed else r.step for r in requests]
+    order = sorted(range(len(requests)), key=lambda i: (keys[i], i))
+    aborts = sorted((a[0] if timed else a[1], a[2]) for a in workload.aborts)
+    seq_of: dict[int, int] = {}
+    next_add = next_abort = 0
+    floor = -np.inf  # untimed: inputs due up to here join even if the step index lags behind
+    if timed:
+        clock.now = workload.start_s
+    while True:
+        now = clock.now if timed else max(core.step_index, floor)
+        while next_add < len(order) and keys[order[next_add]] <= now:
+            index = order[next_add]
+            request = requests[index]
+            seq = core.add_request(request.prompt, request.params, arrival_s=request.arrival_s,
+                                   error=request.precheck_error)
+            executor.bind(seq.seq_id, request.tokens)
+            seq_of[index] = seq.seq_id
+            next_add += 1
+        while next_abort < len(aborts) and aborts[next_abort][0] <= now:
+            target = seq_of.get(aborts[next_abort][1])
+            if target is not None:
+                core.abort(target)
+            next_abort += 1
+        if core.step() is not None:
+            continue
+        if next_add >= len(order):
+            break
+        # Idle until the next arrival.
+        due = keys[order[next_add]]
+        if timed:
+            clock.now = max(clock.now, due)
+        else:
+            floor = due
+
+
+def _prefill_graph_notes(source: Config, config: Config, cost: CostModel) -> list[str]:
+    """Where the variant's prefill graphs differ from what the timing source can price."""
+    limit = prefill_graph_limit(config)
+    sizes = cost.prefill_graph_sizes
+    notes = []
+    # (Only where asked for: a source run on a CPU, say, had the setting but captured nothing.)
+    asked = config.prefill_graph_tokens != source.prefill_graph_tokens
+    if limit and not sizes and asked:
+        notes.append(f"prefill_graph_tokens={config.prefill_graph_tokens}: the timing source "
+                     "captured no prefill CUDA graphs (their sizes and times are unknown): "
+                     "every prefill is simulated eager")
+    elif sizes and limit > sizes[-1]:
+        notes.append(f"prefills of up to {limit:,} tokens may run through CUDA graphs here, the "
+                     f"timing source captured them up to {sizes[-1]:,}: larger ones are "
+                     "simulated eager")
+    # (A variant's graph prefills priced without a fit of their own: coverage_warnings says so.)
+    return notes
+
+
+def _notes(source: Config, config: Config, cost: CostModel | None,
+           executor: SimExecutor) -> list[str]:
+    notes = []
+    if executor.synthesized:
+        notes.append(f"{executor.synthesized} sampled tokens are synthetic (not in the source)")
+    if cost is not None and cost.overlap is None and executor.overlapped_steps:
+        notes.append(f"{executor.overlapped_steps} of {executor.steps} steps were launched "
+                     "overlapped, but the timing source records no host time (interval mode): "
+                     "each is charged a whole interval as the source's steps took, whatever "
+                     "overlap saves")
+    if cost is not None and config.enforce_eager and "decode_eager" not in cost.fits:
+        notes.append("the timing source has no eager decodes: predicted from graph decodes")
+    changed = [k for k in UNSIMULATED_FIELDS if getattr(source, k) != getattr(config, k)]
+    if changed:
+        notes.append(f"{', '.join(changed)}: not simulated (no effect on scheduling; step times "
+                     "are the timing source's); the KV pool is num_kvcache_blocks")
+    if cost is not None:
+        notes += _prefill_graph_notes(source, config, cost)
+    if config.kvcache_block_size != source.kvcache_block_size and (
+        config.num_kvcache_blocks == source.num_kvcache_blocks
+    ):
+        tokens = config.num_kvcache_blocks * config.kvcache_block_size
+        before = source.num_kvcache_blocks * source.kvcache_block_size
+        notes.append(f"kvcache_block_size changed with num_kvcache_blocks kept: the pool holds "
+                     f"{tokens} tokens, not {before}")
+    return notes
+
+
+def run_variant(
+    workload: SimWorkload,
+    overrides: dict[str, Any],
+    cost: CostModel | None,
+    name: str = "",
+    keep_events: bool = True,
+    cold_start: bool | None = None,
+) -> SimResult:
+    """Simulate ``workload`` under its Config with ``overrides``; never raises for a variant
+    that cannot run (status says why).
+
+    ``cold_start``: whether the run starts in a fresh process and pays the source's one-off
+    first-step costs (kernel compilation); None: as the source did (``cold_start_of``)."""
+    began = time.perf_counter()
+    name = name or format_overrides(overrides)
+    timed = cost is not None
+    try:
+        config = workload.config.replace(**overrides)
+    except ConfigError as exc:
+        return SimResult(name, overrides, f"{CANNOT_RUN}: {exc}", timed)
+    if config.num_kvcache_blocks == AUTO_SIZED_BLOCKS:
+        return SimResult(name, overrides, f"{CANNOT_RUN}: the KV pool size is unknown "
+                         "(num_kvcache_blocks=-1); set num_kvcache_blocks", timed)
+    clock = SimClock(0.0)
+    use_graphs = not config.enforce_eager
+    executor = SimExecutor(config.num_kvcache_blocks, clock, cost, use_graphs, eos=config.eos,
+                           prefill_graph_tokens=prefill_graph_limit(config),
+                           one_off_costs=cold_start is not False)
+    header = {k: v for k, v in workload.header.items() if k not in ("executor", "config")}
+    header["simulated_from"] = workload.name
+    core = EngineCore(config, executor, header=header, clock=clock)
+    problem = _admission_problems(core, workload)
+    if problem is not None:
+        return SimResult(name, overrides, problem, timed)
+    _drive(core, executor, workload, timed)
+    core.close()
+    if keep_events:
+        events = from_columns(core.header, core.events.tables)
+    else:
+        # Metrics read only a few columns: leave the rest as the engine's lists, unconverted.
+        events = RecordedEvents(core.header, core.events.tables, core.step_index - 1)
+    run = compute(events, timed=timed)
+    notes = _notes(workload.config, config, cost, executor)
+    if cost is not None:
+        notes += cost.coverage_warnings(events)  # where this variant leaves the source's range
+    return SimResult(
+        name, overrides, OK, timed, run.summary, run.requests, run.steps,
+        events if keep_events else None, notes, time.perf_counter() - began,
+    )
+
+
+def simulate(
+    source: Any,
+    overrides: dict[str, Any] | None = None,
+    timing: Any = "auto",
+    name: str = "",
+    keep_events: bool = True,
+) -> SimResult:
+    """Predict the source's run under its Config with ``overrides``.
+
+    ``source``: a trace directory, a trace from ``read_trace``, ``RecordedEvents`` or a
+    ``SimWorkload``. ``timing``: ``"auto"`` (fit a step-time model from the source when it has
+    measured times), a ``CostModel``, a saved model (``.json``), another trace to fit, or None.
+    ``keep_events``: keep the simulated event stream in ``result.events`` (for comparisons).
+    """
+    workload = load_source(source)
+    cost, notes = load_timing(timing, workload)
+    result = run_variant(workload, dict(overrides or {}), cost, name, keep_events)
+    result.notes = notes + result.notes
+    return result
+
+
+def cold_start_of(header: dict[str, Any]) -> bool | None:
+    """Whether a recording started in a fresh process (its first steps may compile kernels); None:
+    its header predates ``engine_starts_before``. A prediction compared with that recording
+    should start the same way."""
+    starts = header.get("engine_starts_before")
+    return None if starts is None else int(starts) == 0
+
+
+def format_overrides(overrides: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in overrides.items()) or "as recorded"
+
+
+# --- many variants ------------------------------------------------------------------------------
+_SHARED: dict[str, Any] = {}
+
+
+def _worker(item: tuple[str, dict[str, Any]]) -> SimResult:
+    name, overrides = item
+    return run_variant(_SHARED["workload"], overrides, _SHARED["cost"], name, keep_events=False)
+
+
+def simulate_many(
+    workload: SimWorkload,
+    variants: list[tuple[str, dict[str, Any]]],
+    cost: CostModel | None,
+    jobs: int | None = None,
+    progress: Any = None,
+) -> list[SimResult]:
+    """Run ``(name, overrides)`` variants, in parallel processes across cores when there are
+    several. Results keep the input order; event streams are not kept (only metrics)."""
+    jobs = min(jobs or os.cpu_count() or 1, len(variants))
+    if jobs <= 1:
+        results = []
+        for name, overrides in variants:
+            results.append(run_variant(workload, overrides, cost, name, keep_events=False))
+            if progress is not None:
+                progress()
+        return results
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    # Workers inherit the workload by fork (no pickling of a 100k-token workload per task).
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else None)
+    _SHARED.update(workload=workload, cost=cost)
+    out: list[SimResult | None] = [None] * len(variants)
+    try:
+        with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker,
+                                 initargs=(None if context.get_start_method() == "fork"
+                                           else (workload, cost),)) as pool:
+            futures = {pool.submit(_worker, item): i for i, item in enumerate(variants)}
+            for future in as_completed(futures):
+                out[futures[future]] = future.result()
+                if progress is not None:
+                    progress()
+    finally:
+        _SHARED.clear()
+    return [r for r in out if r is not None]
+
+
+def _init_worker(shared: tuple[SimWorkload, CostModel | None] | None) -> None:
+    if shared is not None:
+        _SHARED.update(workload=shared[0], cost=shared[1])

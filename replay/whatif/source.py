@@ -1,0 +1,137 @@
+"""What a what-if simulation re-runs: a source's requests, their tokens, arrivals and aborts.
+
+A source is a recording (a trace directory, a trace from ``read_trace``, ``RecordedEvents``) or a
+workload without one (``replay.workloads.builtin``, synthetic tokens). ``load_source`` takes any of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.config import Config
+from engine.errors import ReplayLLMError
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+from replay.metrics import has_timings
+from replay.recorded import RecordedEvents, from_trace
+from replay.replayer import PRECHECK_REJECTION, config_from_header
+from replay.workloads.builtin import Request
+from tracing.events import NullEventBuffer
+
+
+@dataclass
+class SimRequest:
+    """One request to re-run, with the completion tokens the source sampled for it (if any)."""
+
+    prompt: list[int]
+    params: SamplingParams
+    arrival_s: float
+    step: int  # the step before which the source added it (0 for a workload file)
+    tokens: list[int] | None = None
+    precheck_error: str | None = None  # rejected before the scheduler in the source
+    rejected_in_source: bool = False
+
+
+@dataclass
+class SimWorkload:
+    """What a simulation re-runs: the source's Config, header and requests."""
+
+    name: str
+    config: Config
+    header: dict[str, Any]
+    requests: list[SimRequest]
+    aborts: list[tuple[float, int, int]] = field(default_factory=list)  # (time, step, request)
+    start_s: float = 0.0
+    recorded: RecordedEvents | None = None
+
+    @property
+    def timed_source(self) -> bool:
+        return self.recorded is not None and has_timings(self.recorded)
+
+
+def _tokens_by_seq(events: RecordedEvents) -> dict[int, list[int]]:
+    ts = events.tables["token_sampled"]
+    seq = np.asarray(ts["seq_id"], dtype=np.int64)
+    if not len(seq):
+        return {}
+    order = np.argsort(seq, kind="stable")  # stable: each sequence's tokens stay in event order
+    tokens = np.asarray(ts["token_id"], dtype=np.int64)[order]
+    unique, starts = np.unique(seq[order], return_index=True)
+    bounds = np.append(starts, len(seq))
+    return {
+        int(s): tokens[bounds[i] : bounds[i + 1]].tolist() for i, s in enumerate(unique.tolist())
+    }
+
+
+def workload_from_recorded(events: RecordedEvents, name: str = "trace") -> SimWorkload:
+    """The workload of a recording: its requests, their tokens, arrivals and aborts."""
+    config = config_from_header(events.header)
+    added, finished = events.tables["request_added"], events.tables["request_finished"]
+    reasons = dict(zip(np.asarray(finished["seq_id"]).tolist(),
+                       np.asarray(finished["reason"]).tolist()))
+    tokens = _tokens_by_seq(events)
+    probe = Scheduler(config, config.num_kvcache_blocks, NullEventBuffer())
+    requests: list[SimRequest] = []
+    index_of: dict[int, int] = {}
+    for row, seq_id in enumerate(np.asarray(added["seq_id"]).tolist()):
+        params = events.request_params(row)
+        prompt = list(added["prompt_token_ids"][row])
+        precheck = None
+        rejected = reasons.get(seq_id) == "rejected"
+        # Rejected although the scheduler would take it: a pre-scheduler check (bad token).
+        if rejected and probe.admission_error(Sequence(seq_id, prompt, params)) is None:
+            precheck = PRECHECK_REJECTION
+        index_of[seq_id] = len(requests)
+        requests.append(SimRequest(prompt, params, float(added["arrival_s"][row]),
+                                   int(added["step"][row]), tokens.get(seq_id), precheck,
+                                   rejected))
+    ms = events.tables["model_step"]
+    steps = np.asarray(ms["step"], dtype=np.int64)
+    ends = np.asarray(ms["wall_time_s"], dtype=float)
+    first_step = int(steps[0]) if len(steps) else 0
+    starting = [r.arrival_s for r in requests if r.step <= first_step]
+    start = max(starting) if starting else 0.0
+    aborts = []
+    for seq_id, step, reason in zip(np.asarray(finished["seq_id"]).tolist(),
+                                    np.asarray(finished["step"]).tolist(),
+                                    np.asarray(finished["reason"]).tolist()):
+        if reason == "aborted" and seq_id in index_of:
+            before = np.searchsorted(steps, step) - 1  # the abort came after the previous step
+            aborts.append((float(ends[before]) if before >= 0 else start, int(step),
+                           index_of[seq_id]))
+    return SimWorkload(name, config, dict(events.header), requests, aborts, start, events)
+
+
+def workload_from_requests(requests: list[Request], config: Config, name: str) -> SimWorkload:
+    """A workload (``replay.workloads.builtin``) with no recording: tokens are synthetic."""
+    out = []
+    for number, request in enumerate(requests):
+        if isinstance(request.prompt, str):
+            raise ReplayLLMError(
+                f"{name}: request {number} has a text prompt; the simulator needs token ids "
+                "(prompt_token_ids)"
+            )
+        out.append(SimRequest(list(request.prompt), request.sampling_params(), request.arrival_s,
+                              0))
+    header = {"config": config.to_dict(), "workload": name}
+    return SimWorkload(name, config, header, out, start_s=0.0)
+
+
+def load_source(source: Any) -> SimWorkload:
+    """A SimWorkload from a trace path, an opened trace, recorded events or a SimWorkload."""
+    if isinstance(source, SimWorkload):
+        return source
+    if isinstance(source, RecordedEvents):
+        return workload_from_recorded(source)
+    if isinstance(source, (str, Path)):
+        from tracing.reader import read_trace
+
+        return workload_from_recorded(from_trace(read_trace(source)), name=str(source))
+    if hasattr(source, "table") and hasattr(source, "header"):
+        return workload_from_recorded(from_trace(source), name=str(getattr(source, "path", "")))
+    raise TypeError(f"cannot simulate from a {type(source).__name__}")

@@ -1,0 +1,190 @@
+"""The KV-cache store fused into qk_norm_rope: the same cache bytes as qk_norm_rope + store_kv.
+
+Runs compiled on CUDA, else in Triton's interpreter (tiny shapes); skipped without triton. The
+layer tests run one Qwen3 attention layer with the Triton backend, fused and not, and compare.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from triton_env import DEVICE, load_kernel_modules
+
+(fused, kv_store, attention_triton) = load_kernel_modules(
+    "engine.model.kernels.fused",
+    "engine.model.kernels.kv_store",
+    "engine.model.layers.attention_triton",
+)
+load_kernel_modules(
+    "engine.model.kernels.paged_attention", "engine.model.kernels.prefill_attention"
+)
+
+from engine.model.attention_metadata import build_attention_metadata  # noqa: E402
+from engine.model.layers import attention as attention_mod  # noqa: E402
+from engine.model.layers.attention_torch import TorchAttentionBackend  # noqa: E402
+from engine.model.layers.parallel import SINGLE_PROCESS  # noqa: E402
+from engine.model.layers.rotary_embedding import RotaryEmbedding  # noqa: E402
+from engine.model.registry import qwen3  # noqa: E402
+
+
+def rope_inputs(
+    gen: torch.Generator, tokens: int, num_heads: int, num_kv_heads: int, head_dim: int
+) -> tuple[torch.Tensor, ...]:
+    rope = RotaryEmbedding(head_dim, head_dim, 64, 10000.0)
+    qkv = torch.randn(tokens, (num_heads + 2 * num_kv_heads) * head_dim, generator=gen)
+    q_w = 1 + 0.1 * torch.randn(head_dim, generator=gen)
+    k_w = 1 + 0.1 * torch.randn(head_dim, generator=gen)
+    positions = torch.randint(0, 64, (tokens,), generator=gen)
+    return qkv, q_w, k_w, rope.cos_cache, rope.sin_cache, positions
+
+
+F32, BF16 = torch.float32, torch.bfloat16
+
+
+# (3, 1, 24): head halves padded to a power of two; (F32, BF16): the store converts.
+@pytest.mark.parametrize(
+    "num_heads,num_kv_heads,head_dim,act_dtype,cache_dtype",
+    [(4, 2, 16, F32, F32), (4, 2, 16, BF16, BF16), (4, 2, 16, F32, BF16), (3, 1, 24, F32, F32)],
+)
+def test_fused_store_writes_what_store_kv_writes(
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    act_dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+) -> None:
+    gen = torch.Generator().manual_seed(num_heads * 10 + head_dim)
+    tokens, num_blocks, block_size = 7, 5, 4
+    qkv, q_w, k_w, cos, sin, positions = rope_inputs(gen, tokens, num_heads, num_kv_heads, head_dim)
+    qkv, q_w, k_w = qkv.to(act_dtype), q_w.to(act_dtype), k_w.to(act_dtype)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:tokens]
+    slots[[1, 4]] = -1  # padding tokens of a CUDA-graph batch: nothing is written
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    caches = [torch.full(shape, float("nan"), dtype=cache_dtype).to(DEVICE) for _ in range(4)]
+    args = [t.to(DEVICE) for t in (qkv, q_w, k_w, cos, sin, positions)]
+    meta = (num_heads, num_kv_heads, head_dim, 1e-6)
+    slots = slots.to(DEVICE)
+    q1, k1, v1 = fused.qk_norm_rope(
+        *args, *meta, k_cache=caches[0], v_cache=caches[1], slot_mapping=slots
+    )
+    q2, k2, v2 = fused.qk_norm_rope(*args, *meta)
+    kv_store.store_kv(k2, v2, caches[2], caches[3], slots)
+    assert torch.equal(q1, q2) and torch.equal(k1, k2) and torch.equal(v1, v2)
+    for ours, ref in ((caches[0], caches[2]), (caches[1], caches[3])):
+        torch.testing.assert_close(ours, ref, rtol=0, atol=0, equal_nan=True)
+    flat = caches[0].view(-1, num_kv_heads, head_dim).cpu()
+    written = torch.zeros(flat.shape[0], dtype=torch.bool)
+    written[slots[slots >= 0].cpu()] = True
+    assert not torch.isnan(flat[written]).any()
+    assert torch.isnan(flat[~written]).all()  # padding rows and unused slots untouched
+
+
+def test_fused_store_rejects_mismatched_caches() -> None:
+    gen = torch.Generator().manual_seed(1)
+    args = [t.to(DEVICE) for t in rope_inputs(gen, 3, 2, 1, 8)]
+    cache = torch.zeros(2, 4, 2, 8, device=DEVICE)  # 2 kv heads, the model has 1
+    with pytest.raises(ValueError):
+        fused.qk_norm_rope(
+            *args, 2, 1, 8, 1e-6, k_cache=cache, v_cache=cache,
+            slot_mapping=torch.zeros(3, dtype=torch.int64, device=DEVICE),
+        )  # fmt: skip
+
+
+# --- the attention layer -----------------------------------------------------------------------
+
+SPEC = qwen3.Qwen3Spec(
+    vocab_size=64,
+    hidden_size=64,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+)
+BLOCK_SIZE = 4
+
+
+class CountingTritonBackend(attention_triton.TritonAttentionBackend):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stores = 0
+
+    def store_kv(self, *args: torch.Tensor) -> None:  # type: ignore[override]
+        self.stores += 1
+        super().store_kv(*args)
+
+
+def run_layer(
+    monkeypatch: pytest.MonkeyPatch, fuse: bool, backend: object, fused_module: object = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One mixed step (a prefill after a prefix hit, a fresh prefill, a decode) through one
+    attention layer, the fused kernels forced on (they are CUDA-only in the engine)."""
+    monkeypatch.setattr(qwen3, "fused_kernels", lambda x: fused_module or fused)
+    torch.manual_seed(0)
+    rope = RotaryEmbedding(SPEC.head_dim, SPEC.head_dim, 128, 10000.0)
+    layer = qwen3.Qwen3Attention(SPEC, SINGLE_PROCESS, backend, rope)  # type: ignore[arg-type]
+    for p in layer.parameters():
+        p.data = 0.2 * torch.randn(p.shape)
+    layer.attn.fuse_kv_store = fuse
+    layer = layer.to(DEVICE)
+    cache = torch.zeros(2, 10, BLOCK_SIZE, SPEC.num_key_value_heads, SPEC.head_dim, device=DEVICE)
+    cache[:, :2] = torch.randn(2, 2, BLOCK_SIZE, SPEC.num_key_value_heads, SPEC.head_dim)
+    layer.attn.bind_kv_cache(cache[0], cache[1])
+    # seq 0: 3 new tokens after 8 cached (blocks 0, 1); seq 1: fresh 5; seq 2: decode at 6.
+    positions, md = build_attention_metadata(
+        [3, 5, 1], [11, 5, 6], [[0, 1, 2], [3, 4], [5, 6]], BLOCK_SIZE, 2, DEVICE
+    )
+    hidden = torch.randn(9, SPEC.hidden_size).to(DEVICE)
+    with torch.no_grad():
+        out = layer(positions, hidden, md)
+    return out.cpu(), cache.cpu()
+
+
+def test_layer_with_fused_store_matches_separate_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(qwen3._FUSED_STORE, "checked", False)
+    monkeypatch.setitem(qwen3._FUSED_STORE, "usable", True)
+    fused_backend, plain_backend = CountingTritonBackend(), CountingTritonBackend()
+    out_fused, cache_fused = run_layer(monkeypatch, True, fused_backend)
+    out_plain, cache_plain = run_layer(monkeypatch, False, plain_backend)
+    assert fused_backend.stores == 0 and plain_backend.stores == 1
+    assert qwen3._FUSED_STORE["checked"]
+    assert torch.equal(cache_fused, cache_plain)
+    assert torch.equal(out_fused, out_plain)
+
+
+def test_layer_falls_back_when_the_fused_store_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(qwen3._FUSED_STORE, "checked", False)
+    monkeypatch.setitem(qwen3._FUSED_STORE, "usable", True)
+
+    class Broken:
+        @staticmethod
+        def qk_norm_rope(*args: object, **kwargs: object) -> object:
+            if kwargs:
+                raise RuntimeError("no such kernel")
+            return fused.qk_norm_rope(*args)
+
+    backend = CountingTritonBackend()
+    with pytest.warns(RuntimeWarning, match="fused KV store unavailable"):
+        out, cache = run_layer(monkeypatch, True, backend, Broken)
+    assert backend.stores == 1 and not qwen3._FUSED_STORE["usable"]
+    ref_out, ref_cache = run_layer(monkeypatch, False, CountingTritonBackend())
+    assert torch.equal(cache, ref_cache) and torch.equal(out, ref_out)
+
+
+def test_only_backends_that_allow_it_fuse(monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = torch.zeros(3, 4, 2, 8)
+    torch_layer = attention_mod.Attention(4, 8, 1.0, 2, TorchAttentionBackend(), fuse_kv_store=True)
+    torch_layer.bind_kv_cache(cache, cache)
+    assert torch_layer.fused_kv_store_target() is None  # the PyTorch backend stores itself
+    triton_layer = attention_mod.Attention(
+        4, 8, 1.0, 2, attention_triton.TritonAttentionBackend(), fuse_kv_store=True
+    )
+    assert triton_layer.fused_kv_store_target() is None  # no cache bound (a profiling run)
+    triton_layer.bind_kv_cache(cache, cache)
+    assert triton_layer.fused_kv_store_target() is not None
+    triton_layer.fuse_kv_store = False
+    assert triton_layer.fused_kv_store_target() is None
+    monkeypatch.setenv(attention_mod.FUSED_KV_STORE_ENV, "0")
+    assert not attention_mod.Attention(4, 8, 1.0, 2, TorchAttentionBackend()).fuse_kv_store
+    monkeypatch.delenv(attention_mod.FUSED_KV_STORE_ENV)
+    assert attention_mod.Attention(4, 8, 1.0, 2, TorchAttentionBackend()).fuse_kv_store

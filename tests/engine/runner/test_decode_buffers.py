@@ -1,0 +1,81 @@
+"""Decode staging buffers (the CUDA-graph inputs), checked on CPU against the plain formulas."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from engine.model.attention_metadata import build_attention_metadata
+from engine.runner.decode_graphs import PAD_SLOT, DecodeBuffers, graph_batch_sizes
+
+BLOCK_SIZE = 4
+WIDTH = 8  # 32 tokens: the longest context below reaches 26
+
+
+def stage(buffers: DecodeBuffers, seqs: list[dict], padded: int) -> None:
+    buffers.stage(
+        [s["id"] for s in seqs],
+        [s["last"] for s in seqs],
+        [s["ctx"] for s in seqs],
+        [s["table"] for s in seqs],
+        [s["temp"] for s in seqs],
+        padded,
+    )
+
+
+def check(buffers: DecodeBuffers, seqs: list[dict], padded: int) -> None:
+    n = len(seqs)
+    positions, md = build_attention_metadata(
+        [1] * n, [s["ctx"] for s in seqs], [s["table"] for s in seqs], BLOCK_SIZE, 0
+    )
+    assert torch.equal(buffers.input_ids[:n], torch.tensor([s["last"] for s in seqs]))
+    assert torch.equal(buffers.positions[:n], positions)
+    assert torch.equal(buffers.slot_mapping[:n], md.slot_mapping)
+    assert torch.equal(buffers.context_lens[:n], md.context_lens)
+    for i, s in enumerate(seqs):
+        table = buffers.block_tables[i, : len(s["table"])]
+        assert table.tolist() == s["table"]
+    assert torch.equal(buffers.temperatures[:n], torch.tensor([s["temp"] for s in seqs]))
+    assert (buffers.slot_mapping[n:padded] == PAD_SLOT).all()
+    assert (buffers.context_lens[n:padded] == 0).all()
+
+
+def test_graph_batch_sizes_follow_nano_vllm() -> None:
+    assert graph_batch_sizes(512)[:6] == [1, 2, 4, 8, 16, 32]
+    assert graph_batch_sizes(512)[-1] == 512 and len(graph_batch_sizes(512)) == 36
+    assert graph_batch_sizes(20) == [1, 2, 4, 8, 16]
+
+
+def test_stage_rows_tables_and_padding_over_many_steps() -> None:
+    rng = random.Random(0)
+    buffers = DecodeBuffers(16, WIDTH, BLOCK_SIZE, torch.device("cpu"))
+    free = list(range(100))
+    rng.shuffle(free)
+    seqs = []
+    for seq_id in range(10):
+        ctx = rng.randint(1, 12)
+        blocks = (ctx + BLOCK_SIZE - 1) // BLOCK_SIZE
+        seqs.append(
+            {"id": seq_id, "ctx": ctx, "last": rng.randrange(1000), "temp": 0.5,
+             "table": [free.pop() for _ in range(blocks)]}
+        )  # fmt: skip
+    for step in range(14):
+        padded = 16 if len(seqs) > 8 else 8
+        stage(buffers, seqs, padded)
+        check(buffers, seqs, padded)
+        # Decode: every sequence grows by one token, appending a block when it needs one.
+        for s in seqs:
+            s["ctx"] += 1
+            s["last"] = rng.randrange(1000)
+            if s["ctx"] > len(s["table"]) * BLOCK_SIZE:
+                s["table"].append(free.pop())
+        if step == 4:
+            seqs.pop(3)  # a sequence finished: later rows shift up
+        if step == 8:
+            seqs.reverse()
+        if step == 10:
+            # Preempted and re-prefilled: same id, same length, new blocks. The runner
+            # invalidates after any prefill step; the next stage must rewrite the row.
+            seqs[0]["table"] = [free.pop() for _ in seqs[0]["table"]]
+            buffers.invalidate()

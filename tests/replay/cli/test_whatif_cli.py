@@ -1,0 +1,158 @@
+"""``replayllm whatif`` end to end (in-process, through ``replay.cli.whatif.main``).
+
+What these tests prove: a variant, a grid (with a variant that cannot run shown as such in its
+row), ``--compare`` (predicted vs measured with relative errors, decision streams identical),
+``--workload bench --timing-from``, Parquet and PNG outputs; and bad input gets one clear line
+and exit status 2: an unknown key lists the valid keys, a bad value names the field and range,
+a trace without timings says it cannot predict times.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from engine.config import Config
+from replay.cli.whatif import main
+from replay.whatif.synthetic import StepLaw, record_workload
+from replay.workloads.builtin import Request, reference_workload
+
+CONFIG_A = Config(num_kvcache_blocks=60, kvcache_block_size=32, max_num_seqs=16)
+CONFIG_B = Config(num_kvcache_blocks=30, kvcache_block_size=32, max_num_seqs=8)
+NUM_SEQS = 16
+PROMPT_TOKENS = 300
+OUTPUT_TOKENS = 120
+
+
+def short_workload():
+    """The reference workload's first requests, shortened so each trace takes ~100 steps."""
+    return [Request(r.prompt[:PROMPT_TOKENS], min(r.max_tokens, OUTPUT_TOKENS))
+            for r in reference_workload(num_seqs=NUM_SEQS)]
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("whatif")
+    requests = short_workload()
+    out = {}
+    for name, config, law in (("a", CONFIG_A, StepLaw()), ("b", CONFIG_B, StepLaw()),
+                              ("cpu", CONFIG_A, None)):
+        out[name] = str(root / name)
+        record_workload(config, requests, law, trace_dir=out[name], seed=len(out))
+    return out
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_one_variant_prints_a_table_and_writes_parquet_and_plots(traces, tmp_path, capsys):
+    out = tmp_path / "out"
+    code, stdout, _ = run_cli(capsys, traces["a"], "--set", "max_num_seqs=4", "--out", str(out))
+    assert code == 0
+    assert "held-out MAPE" in stdout  # the step-time model reports its error
+    assert "recorded" in stdout and "max_num_seqs=4" in stdout
+    summary = pd.read_parquet(out / "summary.parquet")
+    assert summary["variant"].tolist() == ["recorded", "max_num_seqs=4"]
+    assert (summary["status"] == "ok").all() and summary["makespan_s"].notna().all()
+    assert set(pd.read_parquet(out / "steps.parquet")["variant"]) == set(summary["variant"])
+    assert (out / "cost_model.json").exists()
+    pytest.importorskip("matplotlib")
+    for name in ("kv_blocks.png", "batch_size.png", "latency_cdf.png", "variants.png"):
+        assert (out / name).stat().st_size > 0, name
+
+
+def test_grid_reports_a_variant_that_cannot_run_in_its_row(traces, tmp_path, capsys):
+    out = tmp_path / "grid"
+    code, stdout, _ = run_cli(capsys, traces["a"], "--grid", "num_kvcache_blocks=4,30,60",
+                              "--grid", "max_num_seqs=4,16", "--out", str(out), "--no-plots")
+    assert code == 0
+    rows = [line for line in stdout.splitlines() if line.startswith("num_kvcache_blocks=")]
+    assert len(rows) == 6
+    cannot = [line for line in rows if "cannot run:" in line]
+    assert len(cannot) == 2 and all("num_kvcache_blocks=4 " in line for line in cannot)
+    assert "whole pool has 4" in cannot[0]
+    summary = pd.read_parquet(out / "summary.parquet")
+    assert summary["status"].str.startswith("cannot run").sum() == 2
+
+
+def test_compare_prints_predicted_against_measured(traces, tmp_path, capsys):
+    code, stdout, _ = run_cli(capsys, traces["a"], "--compare", traces["b"],
+                              "--out", str(tmp_path / "cmp"), "--no-plots")
+    assert code == 0
+    assert "max_num_seqs=8" in stdout and "num_kvcache_blocks=30" in stdout
+    assert "decision streams: identical" in stdout
+    table = pd.read_parquet(tmp_path / "cmp" / "compare.parquet").set_index("metric")
+    assert abs(table.loc["makespan_s", "rel_error"]) < 0.03
+    assert table.loc["preemptions", "rel_error"] == 0
+
+
+def test_workload_without_a_trace_borrows_a_timing_model(traces, tmp_path, capsys):
+    code, stdout, _ = run_cli(capsys, "--workload", "bench", "--num-seqs", "4",
+                              "--timing-from", traces["a"], "--out", str(tmp_path / "w"),
+                              "--no-plots")
+    assert code == 0 and "as recorded" in stdout
+    summary = pd.read_parquet(tmp_path / "w" / "summary.parquet")
+    assert summary["makespan_s"].notna().all()
+
+
+def test_untimed_trace_says_it_cannot_predict_times(traces, tmp_path, capsys):
+    code, stdout, _ = run_cli(capsys, traces["cpu"], "--set", "max_num_seqs=4",
+                              "--out", str(tmp_path / "u"), "--no-plots")
+    assert code == 0
+    assert "no measured step times" in stdout and "--timing-from" in stdout
+    assert "n/a" in stdout
+    code, stdout, _ = run_cli(capsys, traces["cpu"], "--timing-from", traces["a"],
+                              "--out", str(tmp_path / "u2"), "--no-plots")
+    assert code == 0 and "n/a" not in stdout.split("variant", 1)[1].splitlines()[2]
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--set", "max_num_seq=4"], "valid keys: model, max_num_batched_tokens, max_num_seqs"),
+        (["--set", "max_num_seqs=0"], "max_num_seqs must be int in [1, 2147483647], got 0"),
+        (["--set", "max_num_seqs=many"], "max_num_seqs must be int"),
+        (["--set", "policy=fastest"], "policy must be one of 'prefill_first', 'chunked'"),
+        (["--grid", "num_kvcache_blocks="], "--grid expects KEY=V1,V2"),
+        (["--grid", "gpu_memory_utilization=0.5,2"], "gpu_memory_utilization must be float in"),
+        (["--set", "max_num_seqs"], "--set expects KEY=VALUE"),
+    ],
+)
+def test_bad_input_is_one_clear_line(traces, capsys, argv, expected):
+    code, stdout, stderr = run_cli(capsys, traces["a"], *argv, "--no-plots")
+    assert code == 2
+    assert stderr.count("\n") == 1 and expected in stderr
+    assert "Traceback" not in stderr
+
+
+def test_missing_trace_and_missing_pool_size_are_clear(capsys, tmp_path):
+    code, _, stderr = run_cli(capsys, str(tmp_path / "nope"), "--no-plots")
+    assert code == 2 and "no such trace directory" in stderr
+    code, _, stderr = run_cli(capsys, "--workload", "bench", "--no-plots")
+    assert code == 2 and "num_kvcache_blocks" in stderr
+    code, _, stderr = run_cli(capsys, "--no-plots")
+    assert code == 2 and "give a TRACE or --workload" in stderr
+
+
+def test_a_table_of_only_variants_that_cannot_run_still_prints() -> None:
+    from replay.whatif.report import variants_table
+
+    text = variants_table([{"label": "num_kvcache_blocks=1", "status": "cannot run: too small",
+                            "metrics": {}}])
+    assert text.splitlines()[1] == "num_kvcache_blocks=1  cannot run: too small"
+
+
+def test_fidelity_table_predicts_each_trace_from_the_other(traces) -> None:
+    """The function behind the H200 fidelity test and docs table, on two law-timed traces."""
+    from replay.whatif.fidelity import FIDELITY_TARGETS, fidelity, fidelity_markdown
+
+    rows = fidelity([traces["a"], traces["b"]])
+    assert [(r["source"], r["target"]) for r in rows] == [(traces["a"], traces["b"]),
+                                                          (traces["b"], traces["a"])]
+    for r in rows:
+        assert r["decisions_identical"]
+        assert all(abs(r[m]) <= limit for m, limit in FIDELITY_TARGETS.items()), r
+    assert fidelity_markdown(rows).count("identical") == 2

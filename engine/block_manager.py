@@ -13,7 +13,8 @@ import numpy as np
 import xxhash
 
 from engine.sequence import PENDING_TOKEN, Sequence
-from tracing.events import NO_HASH, EventBuffer
+from tracing.events import EventBuffer
+from tracing.schema import NO_HASH
 
 _UINT64_SPAN = 1 << 64
 _INT64_MAX = (1 << 63) - 1

@@ -1,10 +1,16 @@
-"""Which prefills run through CUDA graphs, padded to which token count (no torch: the what-if
-simulator applies the same rule on any machine).
+"""Which steps run through CUDA graphs, padded to which size: the one rule, torch-free.
 
-Captured token counts: powers of two from ``MIN_GRAPH_TOKENS`` to ``FINE_GRAPH_TOKENS``, then
-every ``COARSE_GRAPH_STEP`` up to ``Config.prefill_graph_tokens`` (and the token budget), so
+The runner captures graphs by these rules (``engine/runner``) and the what-if simulator pads its
+steps by the same ones on any machine (``replay/whatif``).
+
+Decodes: graphs for batch sizes 1, 2, 4, 8, then every ``GRAPH_SIZE_STEP`` up to
+``min(max_num_seqs, MAX_GRAPH_BATCH)`` (Nano-vLLM's choice); a decode pads to the smallest
+captured size that holds it, and a larger one runs eager.
+
+Prefills: token counts that are powers of two from ``MIN_GRAPH_TOKENS`` to ``FINE_GRAPH_TOKENS``,
+then every ``COARSE_GRAPH_STEP`` up to ``Config.prefill_graph_tokens`` (and the token budget), so
 padding wastes at most half of a small prefill and a quarter of a large one. Each graph takes up
-to ``MAX_GRAPH_PREFILL_SEQS`` sequences (``engine/runner/prefill_graphs.py`` captures and replays them).
+to ``MAX_GRAPH_PREFILL_SEQS`` sequences.
 """
 
 from __future__ import annotations
@@ -13,10 +19,30 @@ from collections.abc import Sequence
 
 from engine.config import Config
 
+SMALL_GRAPH_SIZES = (1, 2, 4, 8)
+GRAPH_SIZE_STEP = 16
+MAX_GRAPH_BATCH = 512  # the largest decode batch captured in a CUDA graph (Nano-vLLM's)
+
 MIN_GRAPH_TOKENS = 16
 FINE_GRAPH_TOKENS = 1024
 COARSE_GRAPH_STEP = 512
 MAX_GRAPH_PREFILL_SEQS = 16
+
+
+def decode_graph_sizes(max_batch: int = MAX_GRAPH_BATCH) -> list[int]:
+    """The decode batch sizes captured for batches of up to ``max_batch`` sequences."""
+    max_batch = min(max_batch, MAX_GRAPH_BATCH)
+    sizes = [s for s in SMALL_GRAPH_SIZES if s <= max_batch]
+    sizes += list(range(GRAPH_SIZE_STEP, max_batch + 1, GRAPH_SIZE_STEP))
+    return sizes
+
+
+def padded_decode_size(sizes: Sequence[int], batch: int) -> int:
+    """The smallest of ``sizes`` (ascending) that holds ``batch`` rows; 0: none, it runs eager."""
+    for size in sizes:
+        if size >= batch:
+            return size
+    return 0
 
 
 def prefill_graph_sizes(limit: int) -> list[int]:
@@ -40,10 +66,7 @@ def padded_prefill_tokens(sizes: Sequence[int], tokens: int, num_seqs: int,
     to; 0: it runs eager (too many tokens or sequences)."""
     if num_seqs > max_seqs or num_seqs < 1:
         return 0
-    for size in sizes:
-        if size >= tokens:
-            return size
-    return 0
+    return padded_decode_size(sizes, tokens)
 
 
 def prefill_graph_limit(config: Config) -> int:

@@ -17,7 +17,8 @@ from engine.batch import ScheduledBatch
 from engine.block_manager import BlockManager, signed64
 from engine.config import Config
 from engine.sequence import PENDING_TOKEN, Sequence, SequenceStatus
-from tracing.events import NO_HASH, NO_SEQ, EventBuffer
+from tracing.events import EventBuffer
+from tracing.schema import NO_HASH, NO_SEQ
 
 
 def output_hash(token_ids: list[int]) -> int:

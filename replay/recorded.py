@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from engine.sampling_params import SamplingParams
-from tracing.events import EVENT_KINDS, all_columns
+from tracing.schema import EVENT_KINDS, all_columns
 
 LIST_COLUMNS = frozenset({"prompt_token_ids"})
 

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from engine.config import Config
-from engine.engine_core import EngineCore
+from engine.drive import drive
+from engine.engine_core import EngineCore, StepResult
 from engine.errors import ReplayLLMError
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
@@ -85,41 +86,55 @@ class ReplayRun:
     stopped_early: str | None
 
 
+class _RecordedInputs:
+    """The recording's requests and aborts, each due at the step it was recorded before."""
+
+    def __init__(self, recorded: RecordedEvents) -> None:
+        self.recorded = recorded
+        self.inputs, self.reasons = _inputs(recorded)
+        added = recorded.tables["request_added"]
+        self.request_rows = {int(sid): i for i, sid in enumerate(added["seq_id"])}
+        self.cursor = 0
+
+    def feed(self, core: EngineCore, now: float) -> None:
+        inputs, added = self.inputs, self.recorded.tables["request_added"]
+        while self.cursor < len(inputs) and inputs[self.cursor].step <= now:
+            item = inputs[self.cursor]
+            self.cursor += 1
+            if item.action == "abort":
+                if item.seq_id in core.sequences:
+                    core.abort(item.seq_id)
+                continue
+            row = self.request_rows[item.seq_id]
+            params = self.recorded.request_params(row)
+            prompt = added["prompt_token_ids"][row]
+            core.add_request(prompt, params, arrival_s=float(added["arrival_s"][row]),
+                             error=_precheck(core, item.seq_id, prompt, params, self.reasons))
+
+    def next_due(self) -> float | None:
+        return self.inputs[self.cursor].step if self.cursor < len(self.inputs) else None
+
+    def on_result(self, result: StepResult, now: float) -> None:
+        pass
+
+
 def replay(recorded: RecordedEvents, **overrides: Any) -> ReplayRun:
     """Feed the recording's requests, aborts and sampled tokens through a fresh EngineCore."""
     config = config_from_header(recorded.header, **overrides)
     executor = TraceExecutor(recorded, config.num_kvcache_blocks)
     sink = MemorySink()
     core = EngineCore(config, executor, sink=sink, header=recorded.header)
-    inputs, reasons = _inputs(recorded)
-    added = recorded.tables["request_added"]
-    request_rows = {int(sid): i for i, sid in enumerate(added["seq_id"])}
-    cursor = 0
+    floor = [0]  # inputs due at a later step while the engine idles join at once
+
+    def wait_until(due: float) -> None:
+        floor[0] = int(due)
+
     stopped: str | None = None
-    while True:
-        step = core.step_index
-        while cursor < len(inputs) and inputs[cursor].step <= step:
-            item = inputs[cursor]
-            cursor += 1
-            if item.action == "abort":
-                if item.seq_id in core.sequences:
-                    core.abort(item.seq_id)
-                continue
-            row = request_rows[item.seq_id]
-            params = recorded.request_params(row)
-            core.add_request(
-                added["prompt_token_ids"][row],
-                params,
-                arrival_s=float(added["arrival_s"][row]),
-                error=_precheck(core, item.seq_id, added["prompt_token_ids"][row], params, reasons),
-            )
-        try:
-            result = core.step()
-        except ReplayDiverged as exc:
-            stopped = str(exc)
-            break
-        if result is None and cursor >= len(inputs):
-            break
+    try:
+        drive(core, _RecordedInputs(recorded), lambda: max(core.step_index, floor[0]),
+              wait_until)
+    except ReplayDiverged as exc:
+        stopped = str(exc)
     steps = core.step_index
     core.close()
     replayed = from_columns(recorded.header, sink.tables)

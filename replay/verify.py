@@ -15,7 +15,7 @@ from replay.recorded import (
     keep_rows,
 )
 from replay.replayer import replay
-from tracing.events import EVENT_KINDS, MEASURED_COLUMNS, all_columns
+from tracing.schema import EVENT_KINDS, MEASURED_COLUMNS, all_columns
 
 CONTEXT_EVENTS = 6
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tracing.errors import TraceError
-from tracing.events import SCHEMA_VERSION, EventBuffer
+from tracing.events import EventBuffer
+from tracing.schema import SCHEMA_VERSION
 from tracing.sink import EventSink, MemorySink
 
 if TYPE_CHECKING:

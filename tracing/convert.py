@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracing.errors import TraceError
-from tracing.events import arrow_schema, column_types
+from tracing.schema import arrow_schema, column_types
 
 _NUMPY_DTYPES = {
     "int64": np.int64,

@@ -7,3 +7,9 @@ engine errors catch ``(ReplayLLMError, TraceError)``.
 
 class TraceError(Exception):
     """A trace cannot be written or read. The message is one line and names the file at fault."""
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type name when it has none)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

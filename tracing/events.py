@@ -1,179 +1,12 @@
-"""The event schema and the columnar buffer the engine writes events into.
+"""The columnar buffer the engine writes events into (the schema: ``tracing/schema.py``).
 
-Every event is a row in the table of its kind. All tables share two leading columns: ``event_id``
-(global, increasing in emission order, so the tables interleave back into one stream) and ``step``.
 Rows are appended column by column into plain Python lists; nothing allocates a Python object per
 event, which keeps recording cheap at hundreds of sequences per step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    import pyarrow as pa
-
-SCHEMA_VERSION = 4
-# Versions this release reads. Version 1 lacks model_step.overlapped and model_step.host_s,
-# version 2 model_step.padded_tokens; the reader fills them with ADDED_COLUMN_DEFAULTS (a
-# version-1 run never overlapped its steps; no version-2 run padded a prefill). Version 4 changed
-# what host_s holds for a step computed inside the executor's launch (docs/trace-format.md).
-READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4)
-# model_step.padded_tokens of a step that computed its own tokens (no CUDA-graph prefill).
-NOT_PADDED = 0
-
-# Sentinel for "no hash" / "no sequence" in integer columns.
-NO_HASH = -1
-NO_SEQ = -1
-
-# Column name -> logical type. Types are pyarrow type names; ``list<int32>`` is a list column.
-COMMON_COLUMNS: dict[str, str] = {"event_id": "int64", "step": "int32"}
-
-EVENT_COLUMNS: dict[str, dict[str, str]] = {
-    "request_added": {
-        "seq_id": "int64",
-        "arrival_s": "float64",
-        "prompt_len": "int32",
-        "prompt_token_ids": "list<int32>",
-        "temperature": "float32",
-        "max_tokens": "int32",
-        "ignore_eos": "bool",
-    },
-    "batch_scheduled": {
-        "kind": "string",
-        "num_seqs": "int32",
-        "num_batched_tokens": "int32",
-        "num_waiting": "int32",
-        "num_running": "int32",
-        "free_blocks": "int32",
-    },
-    "seq_scheduled": {
-        "seq_id": "int64",
-        "num_new_tokens": "int32",
-        "num_cached_tokens": "int32",
-        "context_len": "int32",
-    },
-    "block_allocated": {
-        "seq_id": "int64",
-        "block_id": "int32",
-        "logical_index": "int32",
-        "refcount": "int32",
-        "free_blocks": "int32",
-    },
-    "block_hit": {
-        "seq_id": "int64",
-        "block_id": "int32",
-        "logical_index": "int32",
-        "hash": "int64",
-        "refcount": "int32",
-        "free_blocks": "int32",
-    },
-    "block_hashed": {
-        "seq_id": "int64",
-        "block_id": "int32",
-        "logical_index": "int32",
-        "hash": "int64",
-        "parent_hash": "int64",
-    },
-    "block_freed": {
-        "seq_id": "int64",
-        "block_id": "int32",
-        "logical_index": "int32",
-        "refcount": "int32",
-        "free_blocks": "int32",
-    },
-    "preempted": {
-        "seq_id": "int64",
-        "blocks_released": "int32",
-        "for_seq_id": "int64",
-        "num_tokens": "int32",
-    },
-    "model_step": {
-        "kind": "string",
-        "duration_s": "float64",
-        "num_seqs": "int32",
-        "prefill_tokens": "int32",
-        "prefill_attn_work": "int64",
-        "decode_seqs": "int32",
-        "decode_context_tokens": "int64",
-        "padded_batch_size": "int32",
-        "graph_used": "bool",
-        "wall_time_s": "float64",
-        "overlapped": "bool",
-        "host_s": "float64",
-        "padded_tokens": "int32",
-    },
-    "token_sampled": {
-        "seq_id": "int64",
-        "token_id": "int32",
-    },
-    "request_finished": {
-        "seq_id": "int64",
-        "reason": "string",
-        "num_completion_tokens": "int32",
-        "output_hash": "int64",
-    },
-}
-
-EVENT_KINDS: tuple[str, ...] = tuple(EVENT_COLUMNS)
-
-# Columns that hold measurements rather than decisions: replay never compares them.
-MEASURED_COLUMNS: dict[str, frozenset[str]] = {
-    "request_added": frozenset({"arrival_s"}),
-    "model_step": frozenset({"duration_s", "wall_time_s", "host_s"}),
-}
-
-# Columns added after schema version 1, with the value an older trace implies.
-ADDED_COLUMN_DEFAULTS: dict[str, dict[str, object]] = {
-    "model_step": {"overlapped": False, "host_s": float("nan"),
-                   "padded_tokens": NOT_PADDED},
-}
-
-BATCH_KINDS = ("prefill", "decode", "mixed")
-FINISH_REASONS = ("eos", "length", "stop", "aborted", "rejected")
-
-
-def all_columns(kind: str) -> list[str]:
-    """Every column of an event kind's table, in order."""
-    return [*COMMON_COLUMNS, *EVENT_COLUMNS[kind]]
-
-
-def column_types(kind: str) -> dict[str, str]:
-    """Column name -> logical type name for every column of an event kind's table, in order."""
-    return {**COMMON_COLUMNS, **EVENT_COLUMNS[kind]}
-
-
-_ARROW_SCHEMAS: dict[str, Any] = {}
-
-
-def arrow_schema(kind: str) -> pa.Schema:
-    """The pyarrow schema of an event kind's table (the types of ``EVENT_COLUMNS``).
-
-    pyarrow is imported here, not at module level, so the engine's hot import path stays light.
-    """
-    schema = _ARROW_SCHEMAS.get(kind)
-    if schema is None:
-        import pyarrow as pa
-
-        def to_arrow(type_name: str) -> pa.DataType:
-            if type_name.startswith("list<") and type_name.endswith(">"):
-                return pa.list_(to_arrow(type_name[len("list<") : -1]))
-            return pa.type_for_alias(type_name)
-
-        schema = pa.schema([(name, to_arrow(t)) for name, t in column_types(kind).items()])
-        _ARROW_SCHEMAS[kind] = schema
-    return schema
-
-
-@dataclass
-class _Table:
-    """The column lists of one event kind."""
-
-    columns: dict[str, list]
-
-    def __len__(self) -> int:
-        return len(self.columns["event_id"])
+from tracing.schema import EVENT_KINDS, NOT_PADDED, all_columns
 
 
 class EventBuffer:
@@ -219,6 +52,12 @@ class EventBuffer:
         return out
 
     # --- emission -------------------------------------------------------------------------------
+    def _id(self, table: dict[str, list]) -> None:
+        """Give the row being appended to ``table`` the next event id and the current step."""
+        table["event_id"].append(self.next_event_id)
+        self.next_event_id += 1
+        table["step"].append(self.step)
+
     def _ids(self, table: dict[str, list], n: int) -> None:
         first = self.next_event_id
         self.next_event_id = first + n
@@ -235,7 +74,7 @@ class EventBuffer:
         ignore_eos: bool,
     ) -> None:
         t = self._ra
-        self._ids(t, 1)
+        self._id(t)
         t["seq_id"].append(seq_id)
         t["arrival_s"].append(arrival_s)
         t["prompt_len"].append(len(prompt_token_ids))
@@ -258,7 +97,7 @@ class EventBuffer:
     ) -> None:
         """One ``batch_scheduled`` row followed by one ``seq_scheduled`` row per sequence."""
         b = self._bs
-        self._ids(b, 1)
+        self._id(b)
         b["kind"].append(kind)
         b["num_seqs"].append(len(seq_ids))
         b["num_batched_tokens"].append(num_batched_tokens)
@@ -276,9 +115,7 @@ class EventBuffer:
         self, seq_id: int, block_id: int, logical_index: int, refcount: int, free_blocks: int
     ) -> None:
         t = self._ba
-        t["event_id"].append(self.next_event_id)
-        self.next_event_id += 1
-        t["step"].append(self.step)
+        self._id(t)
         t["seq_id"].append(seq_id)
         t["block_id"].append(block_id)
         t["logical_index"].append(logical_index)
@@ -295,9 +132,7 @@ class EventBuffer:
         free_blocks: int,
     ) -> None:
         t = self._bh
-        t["event_id"].append(self.next_event_id)
-        self.next_event_id += 1
-        t["step"].append(self.step)
+        self._id(t)
         t["seq_id"].append(seq_id)
         t["block_id"].append(block_id)
         t["logical_index"].append(logical_index)
@@ -311,9 +146,7 @@ class EventBuffer:
         """Append a block entering the prefix cache; returns its row (``patch_block_hash``)."""
         t = self._bx
         row = len(t["event_id"])
-        t["event_id"].append(self.next_event_id)
-        self.next_event_id += 1
-        t["step"].append(self.step)
+        self._id(t)
         t["seq_id"].append(seq_id)
         t["block_id"].append(block_id)
         t["logical_index"].append(logical_index)
@@ -342,7 +175,7 @@ class EventBuffer:
         self, seq_id: int, blocks_released: int, for_seq_id: int, num_tokens: int
     ) -> None:
         t = self._pe
-        self._ids(t, 1)
+        self._id(t)
         t["seq_id"].append(seq_id)
         t["blocks_released"].append(blocks_released)
         t["for_seq_id"].append(for_seq_id)
@@ -367,7 +200,7 @@ class EventBuffer:
         """Append a model step; returns its row (see ``patch_model_step``)."""
         t = self._ms
         row = len(t["event_id"])
-        self._ids(t, 1)
+        self._id(t)
         t["kind"].append(kind)
         t["duration_s"].append(duration_s)
         t["num_seqs"].append(num_seqs)
@@ -398,7 +231,7 @@ class EventBuffer:
         """Append a finished request; returns its row (see ``patch_output_hash``)."""
         t = self._rf
         row = len(t["event_id"])
-        self._ids(t, 1)
+        self._id(t)
         t["seq_id"].append(seq_id)
         t["reason"].append(reason)
         t["num_completion_tokens"].append(num_completion_tokens)

@@ -18,15 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracing.convert import column_to_python
-from tracing.errors import TraceError
-from tracing.events import (
-    ADDED_COLUMN_DEFAULTS,
-    EVENT_KINDS,
-    READABLE_SCHEMA_VERSIONS,
-    SCHEMA_VERSION,
-    arrow_schema,
-    column_types,
-)
+from tracing.errors import TraceError, one_line
 from tracing.layout import (
     COMMITS_DIR,
     HEADER_FILE,
@@ -34,6 +26,14 @@ from tracing.layout import (
     marker_file,
     marker_index,
     tmp_path,
+)
+from tracing.schema import (
+    ADDED_COLUMN_DEFAULTS,
+    EVENT_KINDS,
+    READABLE_SCHEMA_VERSIONS,
+    SCHEMA_VERSION,
+    arrow_schema,
+    column_types,
 )
 
 if TYPE_CHECKING:
@@ -67,16 +67,12 @@ class Segment:
     files: tuple[SegmentFile, ...]
 
 
-def _one_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
-
 
 def _load_json(path: Path, what: str) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise TraceError(f"{path}: cannot read {what} ({exc.strerror or _one_line(exc)})") from None
+        raise TraceError(f"{path}: cannot read {what} ({exc.strerror or one_line(exc)})") from None
     except UnicodeDecodeError:
         raise TraceError(f"{path}: {what} is not UTF-8 text") from None
     try:
@@ -253,7 +249,7 @@ def _open_parquet(f: SegmentFile) -> pq.ParquetFile:
         raise TraceError(f"{f.path}: missing, but its segment is committed") from None
     except _PARQUET_ERRORS as exc:
         raise TraceError(
-            f"{path}: not a readable Parquet file, truncated or corrupted ({_one_line(exc)})"
+            f"{path}: not a readable Parquet file, truncated or corrupted ({one_line(exc)})"
         ) from None
 
 
@@ -293,7 +289,7 @@ def _read_file(f: SegmentFile) -> pa.Table:
     try:
         table = pf.read()
     except _PARQUET_ERRORS as exc:
-        raise TraceError(f"{f.path}: cannot read Parquet data ({_one_line(exc)})") from None
+        raise TraceError(f"{f.path}: cannot read Parquet data ({one_line(exc)})") from None
     return _with_added_columns(f.kind, table)
 
 

@@ -25,13 +25,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracing.convert import columns_to_table
-from tracing.errors import TraceError
-from tracing.events import (
-    EVENT_KINDS,
-    SCHEMA_VERSION,
-    EventBuffer,
-    column_types,
-)
+from tracing.errors import TraceError, one_line
+from tracing.events import EventBuffer
 from tracing.layout import (
     COMMITS_DIR,
     HEADER_FILE,
@@ -42,6 +37,7 @@ from tracing.layout import (
     tmp_path,
     write_json_atomic,
 )
+from tracing.schema import EVENT_KINDS, SCHEMA_VERSION, column_types
 
 DEFAULT_FLUSH_STEPS = 64
 # Steps whose events are converted to Arrow together: per-call overhead dominates a single
@@ -289,7 +285,7 @@ class ParquetRecorder:
             except (pa.ArrowException, OverflowError, TypeError, ValueError, AttributeError) as exc:
                 self._failed = TraceError(
                     f"{self.trace_dir / segment_file(kind, self.num_segments)}: cannot convert "
-                    f"events ({type(exc).__name__}: {_one_line(exc)})"
+                    f"events ({type(exc).__name__}: {one_line(exc)})"
                 )
                 raise self._failed from None
         self.convert_s += time.perf_counter() - began
@@ -326,7 +322,7 @@ class ParquetRecorder:
         except Exception as exc:  # the engine's thread expects TraceError only
             self._failed = TraceError(
                 f"{self.trace_dir}: segment {segment.index} failed "
-                f"({type(exc).__name__}: {_one_line(exc)})"
+                f"({type(exc).__name__}: {one_line(exc)})"
             )
             raise self._failed from exc
 
@@ -407,7 +403,7 @@ class ParquetRecorder:
                 os.close(fd)
             return data.size
         except (OSError, pa.ArrowException, ValueError) as exc:
-            raise TraceError(f"{final}: cannot write segment ({_one_line(exc)})") from None
+            raise TraceError(f"{final}: cannot write segment ({one_line(exc)})") from None
 
 
 @dataclass(frozen=True)
@@ -419,8 +415,3 @@ class _Segment:
     tables: dict[str, pa.Table]
     first_event_id: int | None
     last_event_id: int | None
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from tracing.events import EVENT_KINDS, EventBuffer, all_columns
+from tracing.events import EventBuffer
+from tracing.schema import EVENT_KINDS, all_columns
 
 
 class EventSink(Protocol):

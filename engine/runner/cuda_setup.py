@@ -23,7 +23,7 @@ import torch
 
 from engine.batch import StepOutput
 from engine.errors import ConfigError
-from engine.graph_sizes import prefill_graph_limit, prefill_graph_sizes
+from engine.graph_sizes import MAX_GRAPH_BATCH, prefill_graph_limit, prefill_graph_sizes
 from engine.model.attention_metadata import build_attention_metadata
 from engine.runner.decode_graphs import DecodeBuffers, DecodeGraphs
 from engine.runner.prefill_graphs import PrefillGraphs
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 CUDA_GRAPH_RESERVE_BYTES = 256 << 20
 # Query tokens of the dummy prefill that compiles the paged-prefill kernel before serving.
 PRECOMPILE_QUERY_TOKENS = 3
-MAX_GRAPH_BATCH = 512  # the largest decode batch captured in a CUDA graph (Nano-vLLM's)
 
 
 def _dummy_tables(num_seqs: int, tokens: int, block_size: int) -> list[list[int]]:

@@ -2,7 +2,7 @@
 
 Decode inputs live in fixed buffers for the runner's lifetime: pinned host arrays filled with
 numpy, copied to the device in three small transfers per step, and read by graphs captured once
-for batch sizes 1, 2, 4, 8, 16, 32, ... (Nano-vLLM's set) that share one memory pool. Row ``i``
+for the batch sizes of ``engine.graph_sizes.decode_graph_sizes`` that share one memory pool. Row ``i``
 of every buffer is the ``i``-th decode sequence; rows past the batch are padding (context 0,
 slot -1: attention outputs zeros and nothing is stored).
 
@@ -21,24 +21,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.graph_sizes import decode_graph_sizes, padded_decode_size
 from engine.model.attention_metadata import AttentionMetadata
 from engine.runner.graph_capture import CapturedGraphs
 
-SMALL_GRAPH_SIZES = (1, 2, 4, 8)
-GRAPH_SIZE_STEP = 16
 PAD_SLOT = -1
 # Rows of the int64 staging block: token ids, positions, cache slots, and for a token still being
 # sampled by the previous (overlapped) step, its row in that step's output.
 ROW_IDS, ROW_POSITIONS, ROW_SLOTS, ROW_SOURCE = 0, 1, 2, 3
 NO_SOURCE = -1
 HOST_STAGES = 2
-
-
-def graph_batch_sizes(max_batch: int) -> list[int]:
-    """1, 2, 4, 8, then every 16 up to ``max_batch`` (Nano-vLLM's choice)."""
-    sizes = [s for s in SMALL_GRAPH_SIZES if s <= max_batch]
-    sizes += list(range(GRAPH_SIZE_STEP, max_batch + 1, GRAPH_SIZE_STEP))
-    return sizes
 
 
 class _HostStage:
@@ -281,16 +273,13 @@ class DecodeGraphs(CapturedGraphs):
         outputs = torch.zeros(
             buffers.max_batch, hidden_size, dtype=dtype, device=buffers.dev_i64.device
         )
-        super().__init__(graph_batch_sizes(buffers.max_batch), outputs)
+        super().__init__(decode_graph_sizes(buffers.max_batch), outputs)
         self.buffers = buffers
         self.max_context = max_context
 
     def padded_size(self, batch: int) -> int | None:
         """The smallest captured size that holds ``batch`` rows (None: too big, run eager)."""
-        for size in self.sizes:
-            if size >= batch:
-                return size
-        return None
+        return padded_decode_size(self.sizes, batch) or None
 
     @torch.inference_mode()
     def capture(self, model: ModelFn) -> None:

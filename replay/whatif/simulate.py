@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine.config import AUTO_SIZED_BLOCKS, Config
-from engine.engine_core import EngineCore
+from engine.drive import drive
+from engine.engine_core import EngineCore, StepResult
 from engine.errors import ConfigError
 from engine.graph_sizes import prefill_graph_limit
 from engine.sequence import Sequence
@@ -134,43 +135,67 @@ def _admission_problems(core: EngineCore, workload: SimWorkload) -> str | None:
     )
 
 
-def _drive(core: EngineCore, executor: SimExecutor, workload: SimWorkload, timed: bool) -> None:
-    """Feed requests and aborts at their times (or steps) and step until everything is done."""
-    clock = executor.clock
-    requests = workload.requests
-    keys = [r.arrival_s if timed else r.step for r in requests]
-    order = sorted(range(len(requests)), key=lambda i: (keys[i], i))
-    aborts = sorted((a[0] if timed else a[1], a[2]) for a in workload.aborts)
-    seq_of: dict[int, int] = {}
-    next_add = next_abort = 0
-    floor = -np.inf  # untimed: inputs due up to here join even if the step index lags behind
-    if timed:
-        clock.now = workload.start_s
-    while True:
-        now = clock.now if timed else max(core.step_index, floor)
-        while next_add < len(order) and keys[order[next_add]] <= now:
-            index = order[next_add]
+class _WorkloadInputs:
+    """A workload's requests and aborts, due at their times (timed) or recorded steps."""
+
+    def __init__(self, executor: SimExecutor, workload: SimWorkload, timed: bool) -> None:
+        self.executor = executor
+        self.requests = workload.requests
+        self.keys = [r.arrival_s if timed else r.step for r in self.requests]
+        self.order = sorted(range(len(self.requests)), key=lambda i: (self.keys[i], i))
+        self.aborts = sorted((a[0] if timed else a[1], a[2]) for a in workload.aborts)
+        self.seq_of: dict[int, int] = {}
+        self.next_add = self.next_abort = 0
+
+    def feed(self, core: EngineCore, now: float) -> None:
+        order, keys, requests = self.order, self.keys, self.requests
+        while self.next_add < len(order) and keys[order[self.next_add]] <= now:
+            index = order[self.next_add]
             request = requests[index]
             seq = core.add_request(request.prompt, request.params, arrival_s=request.arrival_s,
                                    error=request.precheck_error)
-            executor.bind(seq.seq_id, request.tokens)
-            seq_of[index] = seq.seq_id
-            next_add += 1
-        while next_abort < len(aborts) and aborts[next_abort][0] <= now:
-            target = seq_of.get(aborts[next_abort][1])
+            self.executor.bind(seq.seq_id, request.tokens)
+            self.seq_of[index] = seq.seq_id
+            self.next_add += 1
+        aborts = self.aborts
+        while self.next_abort < len(aborts) and aborts[self.next_abort][0] <= now:
+            target = self.seq_of.get(aborts[self.next_abort][1])
             if target is not None:
                 core.abort(target)
-            next_abort += 1
-        if core.step() is not None:
-            continue
-        if next_add >= len(order):
-            break
-        # Idle until the next arrival.
-        due = keys[order[next_add]]
+            self.next_abort += 1
+
+    def next_due(self) -> float | None:
+        """The next arrival (an abort still due after the last arrival has nothing to stop)."""
+        if self.next_add >= len(self.order):
+            return None
+        return self.keys[self.order[self.next_add]]
+
+    def on_result(self, result: StepResult, now: float) -> None:
+        pass
+
+
+def _run_workload(core: EngineCore, executor: SimExecutor, workload: SimWorkload,
+                  timed: bool) -> None:
+    """Feed requests and aborts at their times (or steps) and step until everything is done.
+
+    Timed: the simulated clock starts at the source's start and jumps to the next arrival when
+    the engine idles. Untimed: inputs join at the step the source added them, or at once when
+    the engine would otherwise idle."""
+    clock = executor.clock
+    floor = [-np.inf]  # untimed: inputs due up to here join even if the step index lags behind
+    if timed:
+        clock.now = workload.start_s
+
+    def now() -> float:
+        return clock.now if timed else max(core.step_index, floor[0])
+
+    def wait_until(due: float) -> None:
         if timed:
             clock.now = max(clock.now, due)
         else:
-            floor = due
+            floor[0] = due
+
+    drive(core, _WorkloadInputs(executor, workload, timed), now, wait_until)
 
 
 def _prefill_graph_notes(source: Config, config: Config, cost: CostModel) -> list[str]:
@@ -254,7 +279,7 @@ def run_variant(
     problem = _admission_problems(core, workload)
     if problem is not None:
         return SimResult(name, overrides, problem, timed)
-    _drive(core, executor, workload, timed)
+    _run_workload(core, executor, workload, timed)
     core.close()
     if keep_events:
         events = from_columns(core.header, core.events.tables)

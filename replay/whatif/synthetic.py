@@ -23,13 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from engine import graph_sizes as prefill_sizes
+from engine import graph_sizes
 from engine.batch import ScheduledBatch, StepOutput
 from engine.config import Config
 from engine.engine_core import EngineCore, batch_features
 from engine.executor import NullExecutor
 from replay.recorded import RecordedEvents, from_columns
-from replay.whatif.cost.graphs import NANO_GRAPH_MAX
 from replay.whatif.sim_executor import SimClock
 from replay.workloads.builtin import Request
 
@@ -110,14 +109,13 @@ class HostLaw:
         return enabled and previous is not None and previous.is_decode and batch.is_decode
 
 
+DEFAULT_DECODE_GRAPH_SIZES = graph_sizes.decode_graph_sizes()
+
+
 def nano_padded(batch_size: int) -> int:
-    """Nano-vLLM's CUDA-graph batch for a decode of ``batch_size`` (0: too large, eager)."""
-    if batch_size > NANO_GRAPH_MAX:
-        return 0
-    for size in (1, 2, 4, 8):
-        if batch_size <= size:
-            return size
-    return -(-batch_size // 16) * 16
+    """The CUDA-graph batch a decode of ``batch_size`` pads to under the engine's default sizes
+    (0: too large, eager)."""
+    return graph_sizes.padded_decode_size(DEFAULT_DECODE_GRAPH_SIZES, batch_size)
 
 
 class LawExecutor(NullExecutor):
@@ -168,15 +166,15 @@ class LawExecutor(NullExecutor):
         """The captured count a prefill step pads to, as the engine decides (0: eager)."""
         if not self.prefill_sizes or batch.kind != "prefill":
             return 0
-        return prefill_sizes.padded_prefill_tokens(self.prefill_sizes, batch_features(batch)[0],
+        return graph_sizes.padded_prefill_tokens(self.prefill_sizes, batch_features(batch)[0],
                                                    len(batch.seqs),
-                                                   prefill_sizes.MAX_GRAPH_PREFILL_SEQS)
+                                                   graph_sizes.MAX_GRAPH_PREFILL_SEQS)
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"executor": "law", "device": "synthetic"}
         if self.prefill_sizes:  # as the model runner describes its captured prefill graphs
             out.update(prefill_graph_tokens=list(self.prefill_sizes),
-                       prefill_graph_max_seqs=prefill_sizes.MAX_GRAPH_PREFILL_SEQS)
+                       prefill_graph_max_seqs=graph_sizes.MAX_GRAPH_PREFILL_SEQS)
         return out
 
 
@@ -204,8 +202,8 @@ def record_workload(
         executor: Any = NullExecutor(config.num_kvcache_blocks, seed=seed)
     else:
         sizes = []
-        if prefill_graphs and prefill_sizes.prefill_graph_limit(config):
-            sizes = prefill_sizes.prefill_graph_sizes(prefill_sizes.prefill_graph_limit(config))
+        if prefill_graphs and graph_sizes.prefill_graph_limit(config):
+            sizes = graph_sizes.prefill_graph_sizes(graph_sizes.prefill_graph_limit(config))
         executor = LawExecutor(config.num_kvcache_blocks, clock, law, seed,
                                graphs=not config.enforce_eager, host=host,
                                overlap=config.async_scheduling, prefill_graph_sizes=sizes)

@@ -20,7 +20,7 @@ from strategies import (
 from engine.engine_core import EngineCore
 from engine.sampling_params import SamplingParams
 from engine.sequence import SequenceStatus
-from tracing.events import NO_SEQ
+from tracing.schema import NO_SEQ
 from tracing.sink import MemorySink
 
 

@@ -25,7 +25,7 @@ from engine.config import Config
 from engine.engine_core import EngineCore
 from engine.executor import DoneStep
 from engine.sequence import PENDING_TOKEN, Sequence
-from tracing.events import MEASURED_COLUMNS, NO_HASH
+from tracing.schema import MEASURED_COLUMNS, NO_HASH
 
 
 class PropertyViolations(AssertionError):

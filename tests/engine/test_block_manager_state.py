@@ -60,7 +60,8 @@ import engine.block_manager as bm_module
 from engine.block_manager import BlockManager
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
-from tracing.events import NO_HASH, EventBuffer
+from tracing.events import EventBuffer
+from tracing.schema import NO_HASH
 
 BM_TOKENS = st.integers(0, 3)
 PARAMS = SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True)

@@ -23,7 +23,7 @@ from engine.engine_core import EngineCore
 from engine.executor import NullExecutor
 from engine.sampling_params import SamplingParams
 from replay.verify import verify_events
-from tracing.events import EVENT_KINDS
+from tracing.schema import EVENT_KINDS
 from tracing.sink import MemorySink
 
 

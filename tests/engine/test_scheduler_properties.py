@@ -56,7 +56,7 @@ from strategies import (
 )
 
 from engine.config import Config
-from tracing.events import EVENT_KINDS
+from tracing.schema import EVENT_KINDS
 
 
 # --- workloads that certainly preempt (so the preemption properties are never vacuous) -----------

@@ -12,8 +12,8 @@ from engine.config import Config
 from engine.engine_core import EngineCore
 from engine.executor import NullExecutor
 from engine.sampling_params import SamplingParams
-from tracing.events import EVENT_KINDS, column_types
 from tracing.recorder import ParquetRecorder
+from tracing.schema import EVENT_KINDS, column_types
 from tracing.sink import MemorySink
 
 CLOCK_TICK_S = 0.001

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tracing.events import EVENT_KINDS
 from tracing.reader import read_trace
+from tracing.schema import EVENT_KINDS
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "traces" / "cpu-tiny-demo"

@@ -16,8 +16,8 @@ import pytest
 from _trace_helpers import record, reference_like
 
 from tracing import TraceError, layout, read_trace
-from tracing.events import EVENT_KINDS
 from tracing.layout import COMMITS_DIR
+from tracing.schema import EVENT_KINDS
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent

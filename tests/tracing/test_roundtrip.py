@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tracing import SCHEMA_VERSION, ParquetRecorder, TraceError, read_trace
-from tracing.events import EVENT_KINDS, arrow_schema
+from tracing.schema import EVENT_KINDS, arrow_schema
 
 
 def test_reference_like_round_trip(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """How the source run padded steps for CUDA graphs, which a simulation of another config repeats.
 
-Decodes: padded to a captured batch size (Nano-vLLM's 1, 2, 4, 8, then every 16 up to 512);
-larger batches run eager. ``observed_graph_sizes`` reads the sizes off the source's steps.
+Decodes: padded to a captured batch size (``engine.graph_sizes.decode_graph_sizes``); larger
+batches run eager. ``observed_graph_sizes`` reads the sizes off the source's steps.
 
 Prefills (trace schema 3): a prefill step of up to ``MAX_GRAPH_PREFILL_SEQS`` prompts and at
 most the largest captured token count is padded to the smallest captured count that holds it
@@ -21,13 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from engine import graph_sizes as prefill_sizes
+from engine import graph_sizes
 from replay.recorded import RecordedEvents
 
-# Nano-vLLM's CUDA-graph batch sizes: 1, 2, 4, 8, then every 16 up to 512; larger runs eager.
-NANO_GRAPH_SMALL = (1, 2, 4, 8)
-NANO_GRAPH_STRIDE = 16
-NANO_GRAPH_MAX = 512
 # Header keys of the executor's description when it captured prefill graphs.
 HEADER_SIZES = "prefill_graph_tokens"
 HEADER_MAX_SEQS = "prefill_graph_max_seqs"
@@ -44,9 +40,7 @@ def observed_graph_sizes(events: RecordedEvents) -> list[int]:
         return []
     seqs = np.asarray(ms["num_seqs"], dtype=np.int64)[graph]
     padded = np.asarray(ms["padded_batch_size"], dtype=np.int64)[graph]
-    nano = np.asarray(
-        [*NANO_GRAPH_SMALL, *range(NANO_GRAPH_STRIDE, NANO_GRAPH_MAX + 1, NANO_GRAPH_STRIDE)]
-    )
+    nano = np.asarray(graph_sizes.decode_graph_sizes())
     expected = nano[np.minimum(np.searchsorted(nano, seqs), len(nano) - 1)]
     if (expected == padded).all():
         return nano.tolist()
@@ -86,7 +80,7 @@ def source_prefill_graphs(events: RecordedEvents) -> tuple[list[int], int]:
         sizes = sorted(int(s) for s in executor[HEADER_SIZES])
         max_seqs = executor.get(HEADER_MAX_SEQS)
         if max_seqs is None:
-            max_seqs = prefill_sizes.MAX_GRAPH_PREFILL_SEQS
+            max_seqs = graph_sizes.MAX_GRAPH_PREFILL_SEQS
         return sizes, int(max_seqs)
     seen = _graph_prefills(events)
     if not seen:
@@ -94,9 +88,9 @@ def source_prefill_graphs(events: RecordedEvents) -> tuple[list[int], int]:
     config = events.header.get("config") or {}
     limit = min(int(config.get("prefill_graph_tokens", 0)),
                 int(config.get("max_num_batched_tokens", 0)))
-    engine_sizes = prefill_sizes.prefill_graph_sizes(limit)
-    max_seqs = prefill_sizes.MAX_GRAPH_PREFILL_SEQS
-    if all(prefill_sizes.padded_prefill_tokens(engine_sizes, tokens, seqs, max_seqs) == padded
+    engine_sizes = graph_sizes.prefill_graph_sizes(limit)
+    max_seqs = graph_sizes.MAX_GRAPH_PREFILL_SEQS
+    if all(graph_sizes.padded_prefill_tokens(engine_sizes, tokens, seqs, max_seqs) == padded
            for tokens, seqs, padded in seen):
         return engine_sizes, max_seqs
     return sorted({padded for _, _, padded in seen}), max_seqs

@@ -20,7 +20,7 @@ import numpy as np
 
 from replay.recorded import RecordedEvents
 from replay.whatif.cost.fit import FEATURES
-from tracing.events import NOT_PADDED
+from tracing.schema import NOT_PADDED
 
 PADDED_TOKENS = "padded_tokens"
 # The recorded features; PADDED_TOKENS is derived from them and its own column.

@@ -6,8 +6,9 @@ import random
 
 import torch
 
+from engine.graph_sizes import decode_graph_sizes as graph_batch_sizes
 from engine.model.attention_metadata import build_attention_metadata
-from engine.runner.decode_graphs import PAD_SLOT, DecodeBuffers, graph_batch_sizes
+from engine.runner.decode_graphs import PAD_SLOT, DecodeBuffers
 
 BLOCK_SIZE = 4
 WIDTH = 8  # 32 tokens: the longest context below reaches 26

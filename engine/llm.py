@@ -36,16 +36,14 @@ def _make_sink(trace_dir: str | None, config: Config) -> Any:
 
 
 def _run_header(config: Config, executor: Any) -> dict[str, Any]:
-    from tracing.header import git_commit, package_versions, start_time
+    from tracing.header import provenance
 
     described = executor.describe()
     return {
         "model": described.get("model", {}),
         "device": described.get("device", "unknown"),
         "attention_backend": described.get("attention_backend"),
-        "versions": package_versions(),
-        "git_commit": git_commit(),
-        "start_time": start_time(),
+        **provenance(),
         "model_path": config.model,
     }
 

@@ -1,12 +1,15 @@
 """Re-driving traces: ``verify`` (replay == record) and ``simulate`` (what-if under another Config).
 
-``from replay import verify, simulate``. Both load lazily, so ``replayllm verify`` never pays for
-the simulator's imports (pandas, plotting).
+``from replay import verify, simulate`` gives the two functions. ``simulate`` loads on first use,
+so ``replayllm verify`` never pays for the simulator's imports.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+# Bound after the submodule import, so the name is the function, not the module.
+from replay.verify import verify
 
 __all__ = ["simulate", "verify"]
 
@@ -16,8 +19,4 @@ def __getattr__(name: str) -> Any:
         from replay.whatif.simulate import simulate
 
         return simulate
-    if name == "verify":
-        from replay.verify import verify
-
-        return verify
     raise AttributeError(f"module 'replay' has no attribute {name!r}")

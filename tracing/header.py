@@ -1,16 +1,13 @@
 """Helpers that fill the environment part of a trace header (``run.json``).
 
 The engine builds the header (config, model, block size, ...) and passes it to the sink's
-``open``; these helpers supply what describes the machine and the code::
-
-    header = {**base_header(device), "config": config.to_dict(), "model": ..., ...}
+``open``; ``provenance()`` supplies what describes the code and the moment.
 """
 
 from __future__ import annotations
 
 import platform
 import subprocess
-import sys
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -79,30 +76,7 @@ def start_time() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def device_name(device: str | None = None) -> str:
-    """A human name of the device the run uses: the GPU's name on CUDA, else the CPU's.
-
-    ``device`` is the engine's resolved device ("cuda", "cuda:1", "cpu"); None means "cpu" unless
-    torch is already imported and sees a GPU. torch is never imported here just to ask.
-    """
-    torch = sys.modules.get("torch")
-    wants_cuda = device.startswith("cuda") if device else False
-    if torch is not None and (wants_cuda or device is None):
-        try:
-            if torch.cuda.is_available():
-                index = int(device.split(":")[1]) if device and ":" in device else 0
-                return f"cuda: {torch.cuda.get_device_name(index)}"
-        except Exception:  # a header field must never fail a run
-            pass
-    cpu = platform.processor() or platform.machine() or "unknown"
-    return f"cpu: {cpu}"
-
-
-def base_header(device: str | None = None) -> dict[str, Any]:
-    """``versions``, ``device``, ``git_commit`` and ``start_time`` for a header."""
-    return {
-        "versions": package_versions(),
-        "device": device_name(device),
-        "git_commit": git_commit(),
-        "start_time": start_time(),
-    }
+def provenance() -> dict[str, Any]:
+    """``versions``, ``git_commit`` and ``start_time``: the part of a header that describes the
+    code and the moment, not the engine."""
+    return {"versions": package_versions(), "git_commit": git_commit(), "start_time": start_time()}

@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks (scheduler on CPU; engine on a GPU)")
     bench.add_argument(
-        "suite", nargs="?", choices=["scheduler", "engine", "whatif"], default="engine"
+        "suite", nargs="?", choices=["scheduler", "engine", "whatif"], default="engine",
+        help="scheduler (CPU), engine (a CUDA GPU), whatif (CPU); run from a source checkout"
     )
     bench.add_argument("--json", default=None, help="also write the results here as JSON")
     bench.add_argument("--repeat", type=int, default=3, help="timed repetitions (median kept)")
@@ -128,13 +129,20 @@ def _cmd_make_model(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    if args.suite == "scheduler":
-        from benchmarks.scheduler import main as bench_main
-    elif args.suite == "whatif":
-        from benchmarks.whatif import main as bench_main
-    else:
-        from benchmarks.engine import main as bench_main
-    return bench_main(json_path=args.json, repeat=args.repeat)
+    import importlib
+    import os
+
+    # The benchmarks live in the source checkout (benchmarks/), not in the installed package.
+    if os.path.isfile(os.path.join("benchmarks", "__init__.py")) and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        suite = importlib.import_module(f"benchmarks.{args.suite}")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("benchmarks", f"benchmarks.{args.suite}"):
+            raise
+        raise ReplayLLMError("the benchmarks are not installed: run replayllm bench from the "
+                             "root of a source checkout") from None
+    return suite.main(json_path=args.json, repeat=args.repeat)
 
 
 def _cmd_whatif(args: argparse.Namespace) -> int:

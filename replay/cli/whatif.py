@@ -215,9 +215,9 @@ def _check_same_workload(workload: SimWorkload, other: Any, other_name: str) -> 
 
 def _compare(args: argparse.Namespace, workload: SimWorkload, cost: CostModel | None,
              plotter: Any) -> int:
-    from replay.decisions import compare_decisions, describe_divergence
     from replay.recorded import from_trace
     from replay.replayer import config_from_header
+    from replay.verify import compare_decisions, describe_divergence
     from replay.whatif.report import comparison_rows, comparison_table
     from tracing.reader import read_trace
 

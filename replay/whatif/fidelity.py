@@ -23,10 +23,10 @@ FIDELITY_TARGETS = {
 def fidelity(traces: list[str]) -> list[dict[str, Any]]:
     """Predict every trace from every other one of the same workload: per ordered pair, the
     relative error of each ``FIDELITY_TARGETS`` metric and whether decisions are identical."""
-    from replay.decisions import compare_decisions
     from replay.metrics import compute, relative_error
     from replay.recorded import from_trace
     from replay.replayer import config_from_header
+    from replay.verify import compare_decisions
     from replay.whatif.simulate import cold_start_of, load_source, run_variant
     from tracing.reader import read_trace
 

@@ -12,7 +12,7 @@ from _trace_helpers import Req, Workload, in_memory, record, reference_like
 
 from tracing import read_trace
 from tracing.export import export_perfetto
-from tracing.header import base_header, git_commit, package_versions, start_time
+from tracing.header import git_commit, package_versions, provenance, start_time
 from tracing.inspect import describe, prefix_cache_hit_rate
 
 
@@ -108,4 +108,4 @@ def test_header_helpers(tmp_path: Path) -> None:
     commit = git_commit()
     assert commit is None or re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", commit)
     assert git_commit(tmp_path) is None  # outside a repository: None, never an exception
-    assert set(base_header()) == {"versions", "device", "git_commit", "start_time"}
+    assert set(provenance()) == {"versions", "git_commit", "start_time"}

@@ -28,9 +28,9 @@ import pytest
 
 from engine.config import Config
 from engine.graph_sizes import MAX_GRAPH_PREFILL_SEQS, padded_prefill_tokens, prefill_graph_sizes
-from replay.decisions import compare_decisions
 from replay.metrics import compute
 from replay.recorded import RecordedEvents
+from replay.verify import compare_decisions
 from replay.whatif.cost.model import FEATURES, CostModel, feature_matrix, step_intervals
 from replay.whatif.cost.steps import calibration_features
 from replay.whatif.simulate import simulate

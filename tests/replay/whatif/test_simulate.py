@@ -25,10 +25,9 @@ from engine.config import Config
 from engine.engine_core import EngineCore
 from engine.executor import NullExecutor
 from engine.sampling_params import SamplingParams
-from replay.decisions import EXECUTOR_COLUMNS, blank_columns, compare_decisions
 from replay.metrics import compute
 from replay.recorded import RecordedEvents, from_columns
-from replay.verify import compare
+from replay.verify import EXECUTOR_COLUMNS, blank_columns, compare, compare_decisions
 from replay.whatif.cost.model import CostModel
 from replay.whatif.simulate import (
     SimWorkload,

@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from replay.decisions import compare_decisions
 from replay.metrics import has_timings
 from replay.recorded import RecordedEvents, from_trace
+from replay.verify import compare_decisions
 from replay.whatif.fidelity import FIDELITY_TARGETS, fidelity
 from replay.whatif.simulate import simulate
 

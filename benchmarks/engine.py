@@ -169,6 +169,53 @@ def run_transformers(model_dir: Path, requests: list[Any]) -> dict[str, Any]:
     }
 
 
+def run_transformers_apart(model_dir: Path, num_seqs: int | None) -> dict[str, Any]:
+    """The transformers peer in a process of its own, before any engine holds GPU memory, so
+    each side has the whole GPU (run in this process after the engine, the peer's CUDA-graph
+    warm-up ran out of memory)."""
+    import subprocess
+
+    with tempfile.TemporaryDirectory(prefix="replayllm-peer-") as work:
+        out = Path(work) / "peer.json"
+        command = [sys.executable, "-m", "benchmarks.engine", "--peer-only", "--model-dir",
+                   str(model_dir), "--json", str(out)]
+        if num_seqs:
+            command += ["--num-seqs", str(num_seqs)]
+        proc = subprocess.run(command, capture_output=True, text=True, check=False)
+        if proc.returncode != 0 or not out.is_file():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            raise RuntimeError(f"peer process exited {proc.returncode}: {' | '.join(tail)}")
+        return json.loads(out.read_text())
+
+
+def long_prefill(model_dir: Path, tokens: int) -> dict[str, Any]:
+    """One prefill step of a fresh ``tokens``-token prompt (after an untimed warm-up prompt):
+    its GPU time and TFLOP/s (2 x params x tokens for the GEMMs, plus causal attention counted
+    once)."""
+    import random
+
+    from engine import LLM, SamplingParams
+
+    rng = random.Random(0)
+    prompt = [rng.randint(0, 10000) for _ in range(tokens)]
+    llm = LLM(str(model_dir), record_events=True, max_model_len=tokens + 8,
+              max_num_batched_tokens=tokens + 8, max_num_seqs=1, calibration_repeats=0)
+    try:
+        warm = [rng.randint(10001, 20000) for _ in range(min(tokens, 1024))]
+        llm.generate([warm], SamplingParams(max_tokens=1), use_tqdm=False)
+        llm.generate([prompt], SamplingParams(max_tokens=1), use_tqdm=False)
+        steps = llm.core.events.tables["model_step"]
+        seconds = steps["duration_s"][-1]
+        computed = steps["prefill_tokens"][-1]
+    finally:
+        llm.close()
+    layers, heads, head_dim = 28, 16, 128
+    attention = 2 * 2 * layers * heads * head_dim * computed * (tokens - computed / 2)
+    flops = 2 * QWEN3_06B_WEIGHT_BYTES / 2 * computed + attention
+    return {"prompt_tokens": tokens, "computed_tokens": int(computed),
+            "seconds": float(seconds), "tflop_s": flops / seconds / 1e12}
+
+
 def main(
     json_path: str | None = None,
     repeat: int = 3,
@@ -180,6 +227,8 @@ def main(
     overrides: dict[str, Any] | None = None,
     compare_sequential: bool = False,
     warmup: int = 1,
+    variants: list[str] | None = None,
+    long_prefill_tokens: int = 0,
 ) -> int:
     """Run the benchmark; print a table; write JSON to ``json_path``. Returns an exit code."""
     import torch
@@ -196,6 +245,12 @@ def main(
     model_path = ensure_model(Path(model_dir) if model_dir else cache_root() / "models" / PRESET)
     requests = _requests(num_seqs)
     overrides = overrides or {}
+    peer: dict[str, Any] = {}
+    if with_transformers:
+        try:
+            peer = {"transformers": run_transformers_apart(model_path, num_seqs)}
+        except Exception as exc:  # the peer is someone else's code: report, don't lose the run
+            peer = {"transformers_error": f"{type(exc).__name__}: {exc}"}
     work = Path(tempfile.mkdtemp(prefix="replayllm-bench-"))
     runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": [], "warmup": []}
     # The process's first engine runs 1-5% slower than later ones (measured on the H200:
@@ -240,18 +295,32 @@ def main(
         sequential_tok_s = statistics.median(r["tok_s"] for r in runs["sequential"])
         result["engine_on_sequential_tok_s"] = sequential_tok_s
         result["overlap_gain"] = on / sequential_tok_s - 1
-    _write(json_path, result)  # the engine's figures survive a failure of the peer below
-    if with_transformers:
-        try:
-            hf = run_transformers(model_path, requests)
-        except Exception as exc:  # the peer is someone else's code: report, don't lose the run
-            result["transformers_error"] = f"{type(exc).__name__}: {exc}"
-        else:
-            result["transformers"] = hf
-            result["speedup_vs_transformers"] = on / hf["tok_s"]
+    result.update(peer)
+    if "transformers" in result:
+        result["speedup_vs_transformers"] = on / result["transformers"]["tok_s"]
+    _write(json_path, result)
+    result["variants"] = {}
+    for spec in variants or []:
+        variant = {**overrides, **_variant_overrides(spec)}
+        tok_s = [run_engine(model_path, requests, work / f"{spec}-{i}", variant)["tok_s"]
+                 for i in range(max(1, repeat))]
+        result["variants"][spec] = {"overrides": variant, "tok_s": statistics.median(tok_s),
+                                    "vs_default": statistics.median(tok_s) / on - 1}
+        _write(json_path, result)
+    if long_prefill_tokens:
+        result["long_prefill"] = long_prefill(model_path, long_prefill_tokens)
     print_table(result)
     _write(json_path, result)
     return 0
+
+
+def _variant_overrides(spec: str) -> dict[str, Any]:
+    """``chunked`` or ``chunked-2048`` (the token budget) as Config overrides."""
+    name, _, budget = spec.partition("-")
+    out: dict[str, Any] = {"policy": name}
+    if budget:
+        out["max_num_batched_tokens"] = int(budget)
+    return out
 
 
 def _write(json_path: str | None, result: dict[str, Any]) -> None:
@@ -290,6 +359,13 @@ def print_table(result: dict[str, Any]) -> None:
             f"{bw['median_tb_s']:.2f} TB/s ({bw['fraction_of_ceiling']:.0%} of "
             f"{HBM_CEILING_TB_S} TB/s)"
         )
+    for spec, variant in result.get("variants", {}).items():
+        print(f"{'replayllm, tracing on, ' + spec:<34} {variant['tok_s']:>10,.0f}  "
+              f"{variant['vs_default']:+.1%} vs the default policy")
+    if "long_prefill" in result:
+        lp = result["long_prefill"]
+        print(f"prefill of {lp['computed_tokens']:,} tokens ({lp['prompt_tokens']:,}-token prompt, "
+              f"the rest cached): {lp['seconds'] * 1e3:.1f} ms, {lp['tflop_s']:.0f} TFLOP/s")
     used, total = first_on["gpu_used_bytes"], first_on["gpu_total_bytes"]
     print(
         f"GPU memory: {used / 2**30:.1f} GiB used of {total / 2**30:.1f} GiB "
@@ -307,6 +383,12 @@ def _cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-seqs", type=int, default=None)
     parser.add_argument("--set", action="append", default=[], help="config override k=v")
     parser.add_argument("--warmup", type=int, default=1, help="untimed engine runs first")
+    parser.add_argument("--peer-only", action="store_true",
+                        help="run only the transformers peer (what the benchmark runs apart)")
+    parser.add_argument("--variants", default="",
+                        help="comma-separated policies to time too, e.g. chunked,chunked-2048")
+    parser.add_argument("--long-prefill", type=int, default=0, metavar="TOKENS",
+                        help="also time one prefill step of a TOKENS-token prompt")
     parser.add_argument(
         "--compare-sequential",
         action="store_true",
@@ -315,6 +397,11 @@ def _cli(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from engine.config import parse_override
 
+    if args.peer_only:
+        model_path = ensure_model(Path(args.model_dir))
+        hf = run_transformers(model_path, _requests(args.num_seqs))
+        _write(args.json, hf)
+        return 0
     overrides = {}
     for item in args.set:
         key, _, text = item.partition("=")
@@ -329,6 +416,8 @@ def _cli(argv: list[str] | None = None) -> int:
         overrides=overrides,
         compare_sequential=args.compare_sequential,
         warmup=args.warmup,
+        variants=[v for v in args.variants.split(",") if v],
+        long_prefill_tokens=args.long_prefill,
     )
 
 

@@ -94,7 +94,7 @@ def _save_digest(result: Any, path: str) -> None:
     events = blank_columns(result.events, ignored_columns())
     with open(path, "wb") as handle:
         pickle.dump({"metrics": result.metrics, "tables": {
-            k: {c: np.asarray(v) for c, v in cols.items()} for k, cols in events.tables.items()
+            k: {c: list(v) for c, v in cols.items()} for k, cols in events.tables.items()
         }}, handle)
 
 

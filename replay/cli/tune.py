@@ -51,6 +51,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=None, help="parallel processes (default: cores)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     p.add_argument("--no-plots", action="store_true", help="write no PNG plot")
+    p.add_argument("--report", metavar="FILE.html",
+                   help="also write one self-contained HTML page (tables and plot inline)")
     return p
 
 
@@ -87,13 +89,26 @@ def run(args: argparse.Namespace) -> int:
     base = result.baseline
     print(f"as recorded: {'meets' if base.meets else 'misses'} {slo_text}")
     best = result.best
+    lines = [tune_report.describe_search(result), tune_report.table(result),
+             f"as recorded: {'meets' if base.meets else 'misses'} {slo_text}"]
     if best is None:
-        print(f"no configuration searched meets {slo_text}")
-        return 1
-    print(f"best: {best.name} (goodput {best.goodput_req_s:.2f} req/s)")
-    for line in result.set_lines() or ["(the source's own settings)"]:
+        lines.append(f"no configuration searched meets {slo_text}")
+    else:
+        lines.append(f"best: {best.name} (goodput {best.goodput_req_s:.2f} req/s)")
+        lines += result.set_lines() or ["(the source's own settings)"]
+    for line in lines[3:]:
         print(line)
-    return 0
+    if args.report:
+        import pandas as pd
+
+        from replay.whatif.html_report import write_report
+
+        frame = pd.DataFrame(tune_report.rows(result))
+        plots = [p for p in written if p.suffix == ".png"]
+        page = write_report(args.report, "replayllm tune", lines, [("configurations", frame)],
+                            plots)
+        print(f"wrote {page}")
+    return 0 if best is not None else 1
 
 
 def main(argv: list[str] | None = None) -> int:

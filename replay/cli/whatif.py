@@ -65,7 +65,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--timing-from", metavar="TRACE|MODEL.json",
                    help="fit step times on this trace (or load a saved model) instead")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
-XX, action="store_true", help="write no PNG plots")
+    p.add_argument("--jobs", type=int, default=None, help="parallel processes (default: cores)")
+    p.add_argument("--executor", choices=EXECUTORS, default="process",
+                   help="where a grid's variants run: local processes, or Ray (RAY_ADDRESS, "
+                   "or a local Ray when unset); the results are the same")
+    p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
+    p.add_argument("--report", metavar="FILE.html",
+                   help="also write one self-contained HTML page (tables and plots inline)")
     return p
 
 
@@ -187,6 +193,18 @@ def _finish(args: argparse.Namespace, rows: list[dict], cost: CostModel | None,
         except PlotsUnavailable as exc:
             print(f"plots skipped: {exc}")
     print(f"wrote {', '.join(p.name for p in written)} to {args.out}")
+    if getattr(args, "report", None):
+        import pandas as pd
+
+        from replay.whatif.html_report import write_report
+        from replay.whatif.report import variants_table
+
+        tables = [("summary", pd.read_parquet(Path(args.out) / "summary.parquet"))]
+        tables += [(name, frame) for name, frame in (extra or {}).items()]
+        plots = [p for p in written if p.suffix == ".png"]
+        page = write_report(args.report, "replayllm whatif", [variants_table(rows)], tables,
+                            plots)
+        print(f"wrote {page}")
 
 
 def _plotter(args: argparse.Namespace) -> Any:

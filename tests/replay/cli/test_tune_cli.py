@@ -25,7 +25,7 @@ def test_tune_cli_reports_best_set_lines_front_and_plot(tmp_path, capsys):
     text = capsys.readouterr().out
     assert status == 0, text
     assert "as recorded: misses ttft_p99<=0.5s, tpot_p50<=0.0055s" in text
-    assert text.rstrip().endswith("--set max_num_seqs=128")
+    assert "\n--set max_num_seqs=128\n" in text
     table = pd.read_parquet(out / "tune.parquet")
     assert list(table["configuration"]) == ["as recorded", "max_num_seqs=128",
                                             "max_num_seqs=256"]

@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     from replay.cli import whatif as whatif_cli
 
     whatif_cli.add_parser(sub)
+    from replay.cli import tune as tune_cli
+
+    tune_cli.add_parser(sub)
 
     bench = sub.add_parser("bench", help="benchmarks (scheduler on CPU; engine on a GPU)")
     bench.add_argument(
@@ -151,6 +154,12 @@ def _cmd_whatif(args: argparse.Namespace) -> int:
     return whatif_cli.run(args)
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from replay.cli import tune as tune_cli
+
+    return tune_cli.run(args)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "demo": _cmd_demo,
     "run": _cmd_run,
@@ -160,6 +169,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "make-model": _cmd_make_model,
     "bench": _cmd_bench,
     "whatif": _cmd_whatif,
+    "tune": _cmd_tune,
 }
 
 

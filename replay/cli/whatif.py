@@ -22,6 +22,7 @@ from engine.config import parse_overrides as config_parse_overrides
 from engine.errors import ConfigError, ReplayLLMError
 from replay.metrics import compute, has_timings
 from replay.whatif.cost.model import CostModel
+from replay.whatif.executors import EXECUTORS
 from replay.whatif.simulate import (
     SimResult,
     SimWorkload,
@@ -30,7 +31,6 @@ from replay.whatif.simulate import (
     load_source,
     load_timing,
     run_variant,
-    simulate_many,
     workload_from_requests,
 )
 
@@ -66,7 +66,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="fit step times on this trace (or load a saved model) instead")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     p.add_argument("--jobs", type=int, default=None, help="parallel processes (default: cores)")
+    p.add_argument("--executor", choices=EXECUTORS, default="process",
+                   help="where a grid's variants run: local processes, or Ray (RAY_ADDRESS, "
+                   "or a local Ray when unset); the results are the same")
     p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
+    p.add_argument("--report", metavar="FILE.html",
+                   help="also write one self-contained HTML page (tables and plots inline)")
     return p
 
 
@@ -188,6 +193,18 @@ def _finish(args: argparse.Namespace, rows: list[dict], cost: CostModel | None,
         except PlotsUnavailable as exc:
             print(f"plots skipped: {exc}")
     print(f"wrote {', '.join(p.name for p in written)} to {args.out}")
+    if getattr(args, "report", None):
+        import pandas as pd
+
+        from replay.whatif.html_report import write_report
+        from replay.whatif.report import variants_table
+
+        tables = [("summary", pd.read_parquet(Path(args.out) / "summary.parquet"))]
+        tables += [(name, frame) for name, frame in (extra or {}).items()]
+        plots = [p for p in written if p.suffix == ".png"]
+        page = write_report(args.report, "replayllm whatif", [variants_table(rows)], tables,
+                            plots)
+        print(f"wrote {page}")
 
 
 def _plotter(args: argparse.Namespace) -> Any:
@@ -286,7 +303,7 @@ def _whatif(args: argparse.Namespace, overrides: dict[str, Any], grid: dict[str,
     ):
         raise WhatifError("the KV pool size is unknown without a trace: --set "
                           "num_kvcache_blocks=N (or --timing-from a trace, whose pool is used)")
-    results = _run_variants(workload, variants, cost, args.jobs)
+    results = _run_variants(workload, variants, cost, args.jobs, args.executor)
     rows = []
     if workload.recorded is not None:
         rows.append(_row("recorded", "recorded", compute(workload.recorded)))
@@ -302,14 +319,17 @@ def _whatif(args: argparse.Namespace, overrides: dict[str, Any], grid: dict[str,
 
 
 def _run_variants(workload: SimWorkload, variants: list, cost: CostModel | None,
-                  jobs: int | None) -> list[SimResult]:
+                  jobs: int | None, executor: str = "process") -> list[SimResult]:
     if len(variants) == 1:
         name, overrides = variants[0]
         return [run_variant(workload, overrides, cost, name, keep_events=False)]
     from tqdm.auto import tqdm
 
+    from replay.whatif.executors import variant_runner
+
     with tqdm(total=len(variants), desc="whatif", dynamic_ncols=True, file=sys.stderr) as bar:
-        return simulate_many(workload, variants, cost, jobs, progress=lambda: bar.update(1))
+        return variant_runner(executor, cost, jobs, progress=lambda: bar.update(1))(
+            workload, variants)
 
 
 def main(argv: list[str] | None = None) -> int:

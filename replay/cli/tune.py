@@ -1,0 +1,122 @@
+"""``replayllm tune``: search the configuration space for the highest goodput meeting SLOs.
+
+    replayllm tune traces/h200-reference --slo ttft_p99=0.5 --slo tpot_p50=0.0055
+    replayllm tune --workload FILE --timing-from TRACE --slo ttft_p99=1 --space max_num_seqs=64,128
+
+The lead wires it into ``replay.cli.main`` with ``add_parser(subparsers)`` and ``run(args)``.
+Every user error is a ``ReplayLLMError``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from engine.config import AUTO_SIZED_BLOCKS
+from replay.cli.whatif import WhatifError, _load, parse_grid
+from replay.whatif.executors import EXECUTORS, variant_runner
+from replay.whatif.tune import DEFAULT_BUDGET, DEFAULT_ETA, default_space, parse_slo, tune
+
+DEFAULT_OUT = "out/tune"
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``tune`` subcommand to ``replayllm``'s subparsers."""
+    p = subparsers.add_parser(
+        "tune",
+        help="search settings for the highest goodput that meets latency SLOs",
+        description="Simulate configurations of a trace's (or a workload's) requests and report "
+        "the highest goodput meeting every --slo, the Pareto front and the best --set lines.",
+    )
+    p.add_argument("trace", nargs="?", help="trace directory whose workload is re-run")
+    p.add_argument("--workload", help="instead of a trace: 'bench' or a JSONL workload file")
+    p.add_argument("--num-seqs", type=int, help="with --workload: only the first N requests")
+    p.add_argument("--timing-from", metavar="TRACE|MODEL.json",
+                   help="fit step times on this trace (or load a saved model) instead")
+    p.add_argument("--slo", action="append", default=[], metavar="METRIC=SECONDS",
+                   help="an upper bound, e.g. --slo ttft_p99=0.5 --slo tpot_p50=0.02")
+    p.add_argument("--space", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="values searched for a Config field (default: a space around the "
+                   "source's settings over max_num_seqs, max_num_batched_tokens, "
+                   "num_kvcache_blocks, policy, enable_prefix_caching)")
+    p.add_argument("--budget", type=int, default=DEFAULT_BUDGET,
+                   help="most configurations run on the whole workload; a larger space is "
+                   f"narrowed by successive halving on request subsets (default {DEFAULT_BUDGET})")
+    p.add_argument("--eta", type=int, default=DEFAULT_ETA,
+                   help=f"successive halving keeps 1/eta per rung (default {DEFAULT_ETA})")
+    p.add_argument("--executor", choices=EXECUTORS, default="process",
+                   help="where variants run: local processes, or Ray (RAY_ADDRESS or local)")
+    p.add_argument("--jobs", type=int, default=None, help="parallel processes (default: cores)")
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
+    p.add_argument("--no-plots", action="store_true", help="write no PNG plot")
+    p.add_argument("--report", metavar="FILE.html",
+                   help="also write one self-contained HTML page (tables and plot inline)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``tune`` from parsed arguments; returns the exit status (0, or 1: nothing meets)."""
+    if (args.trace is None) == (args.workload is None):
+        raise WhatifError("give a TRACE or --workload bench|FILE (exactly one)")
+    if args.jobs is not None and args.jobs < 1:
+        raise WhatifError(f"--jobs must be >= 1, got {args.jobs}")
+    slos = [parse_slo(s) for s in args.slo]
+    space = parse_grid(args.space)
+    workload, cost, notes = _load(args)
+    for note in notes:
+        print(f"note: {note}")
+    if cost is None:
+        raise WhatifError("tune needs step times: a trace with measured steps, or --timing-from")
+    if workload.config.num_kvcache_blocks == AUTO_SIZED_BLOCKS and (
+        "num_kvcache_blocks" not in space
+    ):
+        raise WhatifError("the KV pool size is unknown without a trace: --space "
+                          "num_kvcache_blocks=N,... (or --timing-from a trace)")
+    space = {**default_space(workload), **space} if not space else space
+    runner = variant_runner(args.executor, cost, args.jobs)
+    result = tune(workload, slos, space, runner, budget=args.budget, eta=args.eta)
+    from replay.whatif import tune_report
+
+    print(tune_report.describe_search(result))
+    print(tune_report.table(result))
+    written = tune_report.write_outputs(result, args.out)
+    if not args.no_plots:
+        written.append(tune_report.write_pareto_plot(result, Path(args.out) / "pareto.png"))
+    print(f"wrote {', '.join(p.name for p in written)} to {args.out}")
+    slo_text = ", ".join(str(s) for s in slos)
+    base = result.baseline
+    print(f"as recorded: {'meets' if base.meets else 'misses'} {slo_text}")
+    best = result.best
+    lines = [tune_report.describe_search(result), tune_report.table(result),
+             f"as recorded: {'meets' if base.meets else 'misses'} {slo_text}"]
+    if best is None:
+        lines.append(f"no configuration searched meets {slo_text}")
+    else:
+        lines.append(f"best: {best.name} (goodput {best.goodput_req_s:.2f} req/s)")
+        lines += result.set_lines() or ["(the source's own settings)"]
+    for line in lines[3:]:
+        print(line)
+    if args.report:
+        import pandas as pd
+
+        from replay.whatif.html_report import write_report
+
+        frame = pd.DataFrame(tune_report.rows(result))
+        plots = [p for p in written if p.suffix == ".png"]
+        page = write_report(args.report, "replayllm tune", lines, [("configurations", frame)],
+                            plots)
+        print(f"wrote {page}")
+    return 0 if best is not None else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m replay.cli.tune``: the tune command on its own."""
+    from replay.cli.main import main as replayllm
+
+    return replayllm(["tune", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

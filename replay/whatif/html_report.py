@@ -1,0 +1,42 @@
+"""One self-contained HTML page of a whatif or tune run: tables and plots inline (PNG as
+base64 data URIs), no script, no stylesheet or font from the network."""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1200px}"
+         "table{border-collapse:collapse;font-size:13px;margin-bottom:1.5em}"
+         "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+         "td:first-child,th:first-child{text-align:left}img{max-width:100%}"
+         "pre{background:#f4f4f4;padding:.6em}")
+
+
+def write_report(path: str | Path, title: str, lines: list[str],
+                 tables: list[tuple[str, pd.DataFrame]], plots: list[Path]) -> Path:
+    """Write the page: ``lines`` as preformatted text, each table, each PNG plot (one
+    ``<img class="plot">`` per file, so a reader can count them)."""
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
+             f"</title><style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>"]
+    if lines:
+        parts.append("<pre>" + html.escape("\n".join(lines)) + "</pre>")
+    for caption, frame in tables:
+        parts.append(f"<h2>{html.escape(caption)}</h2>")
+        parts.append(frame.to_html(index=False, na_rep="n/a", float_format=lambda v: f"{v:.4g}",
+                                   border=0))
+    for plot in plots:
+        data = base64.b64encode(Path(plot).read_bytes()).decode("ascii")
+        name = html.escape(Path(plot).stem)
+        parts.append(f"<h2>{name}</h2><img class='plot' alt='{name}' "
+                     f"src='data:image/png;base64,{data}'>")
+    parts.append("</body></html>")
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(parts), encoding="utf-8")
+    return out

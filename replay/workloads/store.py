@@ -34,7 +34,7 @@ def is_parquet(path: str | Path) -> bool:
 
 
 def _check_version(meta: dict[str, Any], where: str) -> None:
-    version = meta.get(FORMAT_NAME)
+    version = meta.get(FORMAT_NAME, READABLE_VERSIONS[0])  # no header: a hand-written file
     if version not in READABLE_VERSIONS:
         raise WorkloadFormatError(f"{where}: workload format version {version!r}; this reader "
                                   f"reads {', '.join(map(str, READABLE_VERSIONS))}")
@@ -87,7 +87,7 @@ def _parquet_file(path: str | Path) -> Any:
 
 def _read_parquet(path: str | Path, ignore_unknown: bool) -> Iterator[Request]:
     parquet = _parquet_file(path)
-    meta = _parquet_meta(parquet)
+    meta = _parquet_meta(parquet, path)
     _check_version(meta, str(path))
     order = ConversationOrder()
     row = 0
@@ -103,14 +103,17 @@ def _read_parquet(path: str | Path, ignore_unknown: bool) -> Iterator[Request]:
             yield request
 
 
-def _parquet_meta(parquet: Any) -> dict[str, Any]:
+def _parquet_meta(parquet: Any, path: str | Path) -> dict[str, Any]:
     raw = (parquet.schema_arrow.metadata or {}).get(FORMAT_NAME.encode())
     if raw is None:
         return {}
     try:
-        return json.loads(raw)
+        meta = json.loads(raw)
     except json.JSONDecodeError:
-        return {}
+        meta = None
+    if not isinstance(meta, dict):
+        raise WorkloadFormatError(f"{path}: its {FORMAT_NAME} metadata is not a JSON object")
+    return meta
 
 
 def read_workload(path: str | Path, ignore_unknown_fields: bool = False) -> Iterator[Request]:
@@ -124,7 +127,7 @@ def read_workload(path: str | Path, ignore_unknown_fields: bool = False) -> Iter
 def read_metadata(path: str | Path) -> dict[str, Any]:
     """A workload file's metadata (the JSONL header line, the Parquet key-value metadata)."""
     if is_parquet(path):
-        return _parquet_meta(_parquet_file(path))
+        return _parquet_meta(_parquet_file(path), path)
     try:
         with open(path, encoding="utf-8") as handle:
             first = handle.readline()

@@ -45,7 +45,7 @@ def test_import_mooncake_and_describe_its_reuse(tmp_path: Path, capsys) -> None:
     capsys.readouterr()
     assert main(["workload", "describe", str(full), "--block-size", "512"]) == 0
     text = capsys.readouterr().out
-    assert "prefix reuse @512      65.0%" in text and f"requests {len(rows):>18,}" in text
+    assert "prefix reuse @512      65.0%" in text and f"{'requests':<22} {len(rows):,}\n" in text
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys) -> None:

@@ -100,29 +100,28 @@ class Generator:
         number = 0
         for times in spec.arrivals.times(spec.num_requests, rng):
             n = len(times)
-            prompt = self.draws["prompt_len"].sample(rng, n)
-            output = self.draws["output_len"].sample(rng, n)
-            turns = self.draws["turns"].sample(rng, n)
-            picks = rng.choice(len(systems), n, p=popularity) if systems else None
-            later = int(turns.sum() - n)
-            user = self.draws["user_len"].sample(rng, later)
-            later_output = self.draws["output_len"].sample(rng, later)
-            think = np.maximum(spec.think_time_s.sample(rng, later), 0.0)
+            prompt = self.draws["prompt_len"].sample(rng, n).tolist()
+            output = self.draws["output_len"].sample(rng, n).tolist()
+            turns = self.draws["turns"].sample(rng, n).tolist()
+            picks = rng.choice(len(systems), n, p=popularity).tolist() if systems else None
+            later = sum(turns) - n
+            user = self.draws["user_len"].sample(rng, later).tolist()
+            later_output = self.draws["output_len"].sample(rng, later).tolist()
+            think = np.maximum(spec.think_time_s.sample(rng, later), 0.0).tolist()
+            arrival = times.tolist()
             cursor = 0
             for i in range(n):
                 ids = systems[picks[i]] if picks is not None else ()
-                length = len(ids) * block + int(prompt[i])
                 conversation = str(self.counts.conversations) if turns[i] > 1 else None
                 number += 1
-                yield self._request(PromptRecipe(ids, block, length, self._salt(number)),
-                                    int(output[i]), arrival_s=float(times[i]),
-                                    conversation_id=conversation)
-                for turn in range(1, int(turns[i])):
+                yield self._request(PromptRecipe(ids, block, len(ids) * block + prompt[i],
+                                                 self._salt(number)),
+                                    output[i], arrival[i], conversation)
+                for turn in range(1, turns[i]):
                     number += 1
                     yield self._request(
-                        PromptRecipe((), block, int(user[cursor]), self._salt(number)),
-                        int(later_output[cursor]), conversation_id=conversation, turn=turn,
-                        think_time_s=float(think[cursor]))
+                        PromptRecipe((), block, user[cursor], self._salt(number)),
+                        later_output[cursor], 0.0, conversation, turn, think[cursor])
                     cursor += 1
                 self.counts.conversations += 1
         self.counts.clipped = {name: d.clipped_low + d.clipped_high
@@ -132,7 +131,9 @@ class Generator:
     def _salt(self, number: int) -> int:
         return self.spec.seed * SALT_STRIDE + number
 
-    def _request(self, prompt: PromptRecipe, max_tokens: int, **extra: object) -> Request:
+    def _request(self, prompt: PromptRecipe, max_tokens: int, arrival_s: float,
+                 conversation_id: str | None, turn: int = 0, think_time_s: float = 0.0,
+                 ) -> Request:
         self.counts.requests += 1
         return Request(prompt, max_tokens, self.spec.temperature, self.spec.ignore_eos,
-                       **extra)  # type: ignore[arg-type]
+                       arrival_s, conversation_id, turn, think_time_s)

@@ -92,9 +92,13 @@ def _read_parquet(path: str | Path, ignore_unknown: bool) -> Iterator[Request]:
     order = ConversationOrder()
     row = 0
     for batch in parquet.iter_batches(batch_size=ROW_GROUP):
-        columns = batch.to_pydict()
-        names = list(columns)
-        for values in zip(*columns.values()):
+        # Columns null in the whole batch (a file of recipes has no prompt_token_ids) are left
+        # out: a missing field and a null one read the same.
+        present = [i for i, column in enumerate(batch.columns)
+                   if column.null_count < len(column)]
+        names = [batch.schema.names[i] for i in present]
+        columns = [batch.column(i).to_pylist() for i in present]
+        for values in zip(*columns):
             row += 1
             where = f"{path}:row {row}"
             item = {k: v for k, v in zip(names, values) if v is not None}

@@ -37,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a workload on a model and record a trace")
     run.add_argument("--model", default=None, help="checkpoint directory (default: tiny model)")
     run.add_argument(
-        "--workload", default="bench", help="'bench' (the reference workload) or a JSONL file"
+        "--workload", default="bench",
+        help="'bench' (the reference workload) or a workload file (JSONL or Parquet, "
+        "docs/workloads.md)"
     )
     run.add_argument("--out", required=True, help="trace directory to write")
     run.add_argument("--num-seqs", type=int, default=None, help="use only the first N requests")

@@ -8,53 +8,53 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from engine.drive import drive
-from engine.engine_core import EngineCore, StepResult
+from engine.engine_core import StepResult
 from engine.llm import LLMEngine
 from engine.sequence import Sequence
 from replay.workloads.builtin import Request
+from replay.workloads.inputs import WorkloadInputs
 
 IDLE_POLL_S = 0.001
 
 
-class _ArrivingRequests:
-    """Workload requests, each due ``arrival_s`` seconds after the run starts."""
+class _CountingInputs(WorkloadInputs):
+    """The workload's inputs, counting finished requests on the progress bar."""
 
-    def __init__(self, llm: LLMEngine, requests: list[Request], start: float, bar: Any) -> None:
-        self.llm, self.requests, self.start, self.bar = llm, requests, start, bar
-        self.order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_s, i))
-        self.seqs: list[Sequence | None] = [None] * len(requests)
-        self.cursor = 0
-
-    def feed(self, core: EngineCore, now: float) -> None:
-        order, requests = self.order, self.requests
-        while self.cursor < len(order) and requests[order[self.cursor]].arrival_s <= now:
-            index = order[self.cursor]
-            request = requests[index]
-            seq = self.llm.add_request(request.prompt, request.sampling_params(),
-                                       arrival_s=self.start + request.arrival_s)
-            self.seqs[index] = seq
-            if self.llm.rejection(seq) is not None:
-                self.bar.update(1)
-            self.cursor += 1
-
-    def next_due(self) -> float | None:
-        if self.cursor >= len(self.order):
-            return None
-        return self.requests[self.order[self.cursor]].arrival_s
+    def __init__(self, *args: Any, bar: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.bar = bar
 
     def on_result(self, result: StepResult, now: float) -> None:
+        super().on_result(result, now)
         self.bar.update(len(result.finished))
 
 
-def run_workload(llm: LLMEngine, requests: list[Request], use_tqdm: bool = True) -> list[Sequence]:
-    """Submit each request once the run's clock passes its ``arrival_s``; step until all finish.
+def _encoder(llm: LLMEngine) -> Any:
+    def encode(text: str) -> list[int]:
+        return llm.tokenizer.encode(text, add_special_tokens=False)
 
-    Returns the sequences in workload order. All-zero arrivals make an offline batch.
+    return encode
+
+
+def run_workload(llm: LLMEngine, requests: list[Request], use_tqdm: bool = True) -> list[Sequence]:
+    """Submit each request once the run's clock passes its ``arrival_s`` (a conversation's later
+    turn: its think time after the previous turn finished, ``WorkloadInputs``); step until all
+    finish.
+
+    Returns the sequences in workload order (a turn never sent, its previous turn rejected, is
+    left out). All-zero arrivals make an offline batch.
     """
     core = llm.core
     start = core.now()
     bar = tqdm(total=len(requests), desc="run", disable=not use_tqdm, dynamic_ncols=True)
-    inputs = _ArrivingRequests(llm, requests, start, bar)
+
+    def submit(index: int, prompt: list[int] | str, due: float) -> Sequence:
+        seq = llm.add_request(prompt, requests[index].sampling_params(), arrival_s=start + due)
+        if llm.rejection(seq) is not None:
+            bar.update(1)
+        return seq
+
+    inputs = _CountingInputs(requests, submit, encode=_encoder(llm), bar=bar)
 
     def now() -> float:
         return core.now() - start
@@ -63,5 +63,6 @@ def run_workload(llm: LLMEngine, requests: list[Request], use_tqdm: bool = True)
         time.sleep(min(max(due - now(), 0.0), IDLE_POLL_S * 100))
 
     drive(core, inputs, now, wait_until)
+    bar.update(inputs.skipped_turns)
     bar.close()
     return [seq for seq in inputs.seqs if seq is not None]

@@ -37,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a workload on a model and record a trace")
     run.add_argument("--model", default=None, help="checkpoint directory (default: tiny model)")
     run.add_argument(
-        "--workload", default="bench", help="'bench' (the reference workload) or a JSONL file"
+        "--workload", default="bench",
+        help="'bench' (the reference workload) or a workload file (JSONL or Parquet, "
+        "docs/workloads.md)"
     )
     run.add_argument("--out", required=True, help="trace directory to write")
     run.add_argument("--num-seqs", type=int, default=None, help="use only the first N requests")
@@ -70,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     from replay.cli import tune as tune_cli
 
     tune_cli.add_parser(sub)
+
+    from replay.cli import workload as workload_cli
+
+    workload_cli.add_parser(sub)
 
     bench = sub.add_parser("bench", help="benchmarks (scheduler on CPU; engine on a GPU)")
     bench.add_argument(
@@ -160,6 +166,12 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     return tune_cli.run(args)
 
 
+def _cmd_workload(args: argparse.Namespace) -> int:
+    from replay.cli import workload as workload_cli
+
+    return workload_cli.run(args)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "demo": _cmd_demo,
     "run": _cmd_run,
@@ -170,6 +182,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "bench": _cmd_bench,
     "whatif": _cmd_whatif,
     "tune": _cmd_tune,
+    "workload": _cmd_workload,
 }
 
 

@@ -54,7 +54,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "settings, with step times from a model fitted on the trace's measured steps.",
     )
     p.add_argument("trace", nargs="?", help="trace directory whose workload is re-run")
-    p.add_argument("--workload", help="instead of a trace: 'bench' or a JSONL workload file")
+    p.add_argument("--workload",
+                   help="instead of a trace: 'bench' or a workload file (JSONL or Parquet)")
     p.add_argument("--num-seqs", type=int, help="with --workload: only the first N requests")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="a Config field for every variant, e.g. --set max_num_seqs=64")

@@ -39,6 +39,7 @@ from replay.whatif.source import (
     workload_from_recorded,
     workload_from_requests,
 )
+from replay.workloads.inputs import WorkloadInputs
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -195,7 +196,24 @@ def _run_workload(core: EngineCore, executor: SimExecutor, workload: SimWorkload
         else:
             floor[0] = due
 
-    drive(core, _WorkloadInputs(executor, workload, timed), now, wait_until)
+    inputs = (_WorkloadInputs(executor, workload, timed) if workload.workload is None
+              else _workload_file_inputs(core, executor, workload, timed))
+    drive(core, inputs, now, wait_until)
+
+
+def _workload_file_inputs(core: EngineCore, executor: SimExecutor, workload: SimWorkload,
+                          timed: bool) -> WorkloadInputs:
+    """A workload's requests (no recording) through ``WorkloadInputs``, as a live run feeds
+    them: a conversation's later turn goes out once its simulated previous turn finished."""
+    requests = workload.requests
+
+    def submit(index: int, prompt: list[int] | str, due: float) -> Sequence:
+        seq = core.add_request(prompt, requests[index].params, arrival_s=due)  # type: ignore
+        executor.bind(seq.seq_id, requests[index].tokens)
+        return seq
+
+    assert workload.workload is not None
+    return WorkloadInputs(workload.workload, submit, timed)
 
 
 def _prefill_graph_notes(source: Config, config: Config, cost: CostModel) -> list[str]:

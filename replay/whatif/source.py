@@ -1,7 +1,7 @@
 """What a what-if simulation re-runs: a source's requests, their tokens, arrivals and aborts.
 
 A source is a recording (a trace directory, a trace from ``read_trace``, ``RecordedEvents``) or a
-workload without one (``replay.workloads.builtin``, synthetic tokens). ``load_source`` takes any of them.
+workload without one (``replay.workloads``, synthetic tokens). ``load_source`` takes any of them.
 """
 
 from __future__ import annotations
@@ -48,6 +48,9 @@ class SimWorkload:
     aborts: list[tuple[float, int, int]] = field(default_factory=list)  # (time, step, request)
     start_s: float = 0.0
     recorded: RecordedEvents | None = None
+    # A workload's own requests (no recording): fed through ``WorkloadInputs``, which sends a
+    # conversation's later turn once the simulated previous turn finished.
+    workload: list[Request] | None = None
 
     @property
     def timed_source(self) -> bool:
@@ -108,18 +111,20 @@ def workload_from_recorded(events: RecordedEvents, name: str = "trace") -> SimWo
 
 
 def workload_from_requests(requests: list[Request], config: Config, name: str) -> SimWorkload:
-    """A workload (``replay.workloads.builtin``) with no recording: tokens are synthetic."""
+    """A workload (``replay.workloads``) with no recording: tokens are synthetic (set a
+    request's ``tokens`` to give it the answer a live run sampled). A later conversation turn's
+    prompt here is its new tokens only: the rest comes from the simulated previous turn."""
     out = []
     for number, request in enumerate(requests):
-        if isinstance(request.prompt, str):
+        prompt = request.prompt_token_ids()
+        if isinstance(prompt, str):
             raise ReplayLLMError(
                 f"{name}: request {number} has a text prompt; the simulator needs token ids "
                 "(prompt_token_ids)"
             )
-        out.append(SimRequest(list(request.prompt), request.sampling_params(), request.arrival_s,
-                              0))
+        out.append(SimRequest(list(prompt), request.sampling_params(), request.arrival_s, 0))
     header = {"config": config.to_dict(), "workload": name}
-    return SimWorkload(name, config, header, out, start_s=0.0)
+    return SimWorkload(name, config, header, out, start_s=0.0, workload=list(requests))
 
 
 def load_source(source: Any) -> SimWorkload:

@@ -1,4 +1,4 @@
-"""Workload generators: the reference "nano bench" workload and small demo workloads."""
+"""The workload request model, the reference "nano bench" workload and small demo workloads."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import random
 from dataclasses import dataclass
 
 from engine.sampling_params import SamplingParams
+from replay.workloads.recipe import PromptRecipe
 
 REFERENCE_NUM_SEQS = 256
 REFERENCE_SEED = 0
@@ -17,14 +18,40 @@ REFERENCE_TEMPERATURE = 0.6
 
 @dataclass(frozen=True)
 class Request:
-    """One request of a workload: the prompt (token ids, or text to tokenize), sampling settings
-    and arrival time (seconds from the start of the run)."""
+    """One request of a workload (docs/workloads.md, field by field).
 
-    prompt: list[int] | str
+    ``prompt``: token ids, text (tokenized by the engine that runs it) or a ``PromptRecipe``.
+    ``arrival_s``: seconds from the start of the run (first turns only). A later turn of a
+    conversation (``conversation_id`` set, ``turn`` >= 1) is sent ``think_time_s`` after the
+    previous turn finished, its prompt the previous prompt, the previous answer and this
+    ``prompt`` (the new user tokens). ``priority`` is carried for the scheduler.
+    """
+
+    prompt: list[int] | str | PromptRecipe
     max_tokens: int
     temperature: float = REFERENCE_TEMPERATURE
     ignore_eos: bool = True
     arrival_s: float = 0.0
+    conversation_id: str | None = None
+    turn: int = 0
+    think_time_s: float = 0.0
+    priority: int = 0
+
+    @property
+    def follows_previous_turn(self) -> bool:
+        """Whether this request waits for the previous turn of its conversation."""
+        return self.conversation_id is not None and self.turn > 0
+
+    @property
+    def prompt_len(self) -> int | None:
+        """Prompt tokens (None for text, whose length the tokenizer decides)."""
+        return None if isinstance(self.prompt, str) else len(self.prompt)
+
+    def prompt_token_ids(self) -> list[int] | str:
+        """The prompt as the engine takes it: token ids (a recipe materialised) or text."""
+        if isinstance(self.prompt, PromptRecipe):
+            return self.prompt.token_ids()
+        return self.prompt
 
     def sampling_params(self) -> SamplingParams:
         """The engine's sampling settings for this request."""
@@ -47,42 +74,14 @@ def reference_workload(num_seqs: int = REFERENCE_NUM_SEQS) -> list[Request]:
     return [Request(p, m) for p, m in zip(prompts, max_tokens)]
 
 
-def load_workload(path: str) -> list[Request]:
-    """Read a JSONL workload: one request per line.
+def load_workload(path: str, ignore_unknown_fields: bool = False) -> list[Request]:
+    """Read a workload file (JSONL or Parquet, docs/workloads.md) whole, for a run.
 
-    Fields: ``prompt_token_ids`` (list of ints) or ``prompt`` (text, tokenized by the engine
-    that runs it), ``max_tokens``, and optionally ``temperature``, ``ignore_eos``, ``arrival_s``.
+    Raises ``WorkloadFormatError`` (an ``InvalidRequestError``) naming the file, line and field.
     """
-    import json
+    from replay.workloads.store import read_workload
 
-    from engine.errors import InvalidRequestError
-
-    requests: list[Request] = []
-    try:
-        with open(path, encoding="utf-8") as handle:
-            lines = handle.readlines()
-    except OSError as exc:
-        raise InvalidRequestError(f"cannot read workload {path}: {exc.strerror}") from None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-            prompt = item.get("prompt_token_ids")
-            if prompt is None:
-                prompt = str(item["prompt"])
-            requests.append(
-                Request(
-                    prompt=prompt,
-                    max_tokens=int(item["max_tokens"]),
-                    temperature=float(item.get("temperature", REFERENCE_TEMPERATURE)),
-                    ignore_eos=bool(item.get("ignore_eos", False)),
-                    arrival_s=float(item.get("arrival_s", 0.0)),
-                )
-            )
-        except (ValueError, KeyError, TypeError) as exc:
-            raise InvalidRequestError(f"{path}:{number}: bad workload line ({exc})") from None
-    return requests
+    return list(read_workload(path, ignore_unknown_fields=ignore_unknown_fields))
 
 
 DEMO_BLOCK_SIZE = 16

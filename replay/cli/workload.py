@@ -1,0 +1,174 @@
+"""``replayllm workload generate|import|describe``: make, bring in and summarise workloads."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from engine.config import Config
+from engine.errors import InvalidRequestError
+from replay.workloads.arrivals import PROCESSES, ArrivalProcess
+from replay.workloads.distributions import parse
+from replay.workloads.imports import FORMATS, OVER_LENGTH
+
+DISTRIBUTIONS = "fixed:V, uniform:LO,HI, normal:MEAN,STD, lognormal:MEAN,SIGMA, zipf:A,MAX, " \
+    "exponential:MEAN or empirical:FILE"
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``workload`` and its three subcommands to ``replayllm``'s subparsers."""
+    p = subparsers.add_parser("workload", help="generate, import or describe a workload file",
+                              description="Workload files (docs/workloads.md): JSONL or Parquet.")
+    sub = p.add_subparsers(dest="workload_command", required=True, metavar="SUBCOMMAND")
+
+    gen = sub.add_parser("generate", help="a synthetic workload: arrivals, lengths, prefixes, "
+                         "conversations")
+    gen.add_argument("--out", required=True, help="file to write (.jsonl or .parquet)")
+    gen.add_argument("--num-requests", type=int, required=True,
+                     help="first turns to generate (each conversation adds its later turns)")
+    gen.add_argument("--arrivals", choices=PROCESSES, default="poisson")
+    gen.add_argument("--rate", type=float, default=None, help="requests/s (default: all at 0)")
+    gen.add_argument("--burstiness", type=float, default=1.0,
+                     help="gamma shape, as vllm bench serve (1: Poisson, <1 burstier)")
+    gen.add_argument("--schedule", help="with --arrivals schedule: one arrival time (s) a line")
+    gen.add_argument("--prompt-len", default="fixed:256", help=f"new tokens of a first turn: "
+                     f"{DISTRIBUTIONS}")
+    gen.add_argument("--output-len", default="fixed:128", help="max_tokens, same forms")
+    gen.add_argument("--system-prompts", type=int, default=0,
+                     help="N shared system prompts before the first turn's own tokens")
+    gen.add_argument("--system-prompt-len", default="fixed:512", help="their lengths")
+    gen.add_argument("--popularity", type=float, default=1.0,
+                     help="Zipf exponent over system prompt ranks (0: uniform)")
+    gen.add_argument("--turns", default="fixed:1", help="turns per conversation")
+    gen.add_argument("--think-time", default="fixed:0", help="seconds between an answer and "
+                     "the next turn")
+    gen.add_argument("--user-len", default=None, help="new tokens of a later turn (default: "
+                     "--prompt-len)")
+    gen.add_argument("--temperature", type=float, default=0.6)
+    gen.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                     help="let a request stop at EOS before its max_tokens")
+    gen.add_argument("--hash-block-size", type=int, default=16,
+                     help="tokens per named block of a system prompt")
+    gen.add_argument("--seed", type=int, default=0)
+
+    imp = sub.add_parser("import", help="a public trace or a workload file as a workload file")
+    imp.add_argument("source", help="trace file")
+    imp.add_argument("--format", required=True, choices=FORMATS)
+    imp.add_argument("--out", required=True, help="file to write (.jsonl or .parquet)")
+    imp.add_argument("--start", type=float, default=0.0, help="window start (s of the trace)")
+    imp.add_argument("--end", type=float, default=math.inf, help="window end (s of the trace)")
+    imp.add_argument("--limit", type=int, default=None, help="keep at most N first turns")
+    imp.add_argument("--time-scale", type=float, default=1.0,
+                     help="multiply arrival times (0.5: the same trace twice as fast)")
+    imp.add_argument("--max-prompt-len", type=int, default=None)
+    imp.add_argument("--over-length", choices=OVER_LENGTH, default="drop",
+                     help="what to do with a prompt over --max-prompt-len (each one counted)")
+    imp.add_argument("--block-size", type=int, default=512,
+                     help="mooncake: tokens per hash_ids entry (Mooncake 512, Bailian 16)")
+    imp.add_argument("--rate", type=float, default=None,
+                     help="sharegpt: conversations/s, Poisson (default: all at 0)")
+    imp.add_argument("--model", default=None, help="sharegpt: tokenizer directory (default: "
+                     "the tiny model's Qwen vocabulary)")
+    imp.add_argument("--temperature", type=float, default=0.6)
+    imp.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false")
+    imp.add_argument("--seed", type=int, default=0, help="salt of the synthesized tokens")
+    imp.add_argument("--ignore-unknown-fields", action="store_true",
+                     help="read past fields this version does not know (else an error)")
+
+    desc = sub.add_parser("describe", help="requests, span, rate, lengths, prefix reuse, plots")
+    desc.add_argument("workload", help="workload file (.jsonl or .parquet)")
+    desc.add_argument("--block-size", type=int, default=Config().kvcache_block_size,
+                      help="block size of the prefix-reuse figure (default: the engine's)")
+    desc.add_argument("--plots", default=None, metavar="PNG", help="write the plots here")
+    desc.add_argument("--ignore-unknown-fields", action="store_true")
+    return p
+
+
+def _progress(items: Any, desc: str, total: int | None = None) -> Any:
+    return tqdm(items, desc=desc, total=total, unit=" req", dynamic_ncols=True,
+                mininterval=0.5)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from replay.workloads.generate import GenerateSpec, Generator
+    from replay.workloads.store import WorkloadWriter
+
+    spec = GenerateSpec(
+        num_requests=args.num_requests,
+        arrivals=ArrivalProcess(args.arrivals, args.rate, args.burstiness, args.schedule),
+        prompt_len=parse(args.prompt_len, "--prompt-len"),
+        output_len=parse(args.output_len, "--output-len"),
+        system_prompts=args.system_prompts,
+        system_prompt_len=parse(args.system_prompt_len, "--system-prompt-len"),
+        popularity=args.popularity,
+        turns=parse(args.turns, "--turns"),
+        think_time_s=parse(args.think_time, "--think-time"),
+        user_len=parse(args.user_len, "--user-len") if args.user_len else None,
+        temperature=args.temperature, ignore_eos=args.ignore_eos,
+        hash_block_size=args.hash_block_size, seed=args.seed,
+    )
+    generator = Generator(spec)
+    writer = WorkloadWriter(args.out)
+    writer.write_all(_progress(generator, "generate"))
+    counts = generator.counts
+    writer.close({"generated": {"command": _command(args), "requests": counts.requests,
+                                "conversations": counts.conversations,
+                                "clipped": counts.clipped}})
+    clipped = ", ".join(f"{n:,} {what} values clipped into range"
+                        for what, n in counts.clipped.items())
+    print(f"wrote {counts.requests:,} requests ({counts.conversations:,} conversations) to "
+          f"{args.out}" + (f"; {clipped}" if clipped else ""))
+    return 0
+
+
+def _command(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: v for k, v in vars(args).items() if k not in ("command", "workload_command")
+            and not (isinstance(v, float) and math.isinf(v))}
+
+
+def _import(args: argparse.Namespace) -> int:
+    from replay.workloads.imports import ImportCounts, ImportOptions, import_workload
+    from replay.workloads.store import WorkloadWriter
+
+    if Path(args.out).resolve() == Path(args.source).resolve():
+        raise InvalidRequestError("--out must not be the source file")
+    options = ImportOptions(
+        start_s=args.start, end_s=args.end, limit=args.limit, time_scale=args.time_scale,
+        max_prompt_len=args.max_prompt_len, over_length=args.over_length, seed=args.seed,
+        block_size=args.block_size, temperature=args.temperature, ignore_eos=args.ignore_eos,
+        ignore_unknown_fields=args.ignore_unknown_fields, model=args.model, rate=args.rate,
+    )
+    counts = ImportCounts()
+    writer = WorkloadWriter(args.out)
+    writer.write_all(_progress(import_workload(args.source, args.format, options, counts),
+                               "import"))
+    writer.close({"imported": {"source": str(args.source), "format": args.format,
+                               "command": _command(args), **counts.to_dict()}})
+    print(f"wrote {counts.kept:,} requests to {args.out}: {counts.describe()}")
+    return 0
+
+
+def _describe(args: argparse.Namespace) -> int:
+    from replay.workloads.describe import summarize, table
+    from replay.workloads.store import read_workload
+
+    if args.block_size < 1:
+        raise InvalidRequestError(f"--block-size must be >= 1, got {args.block_size}")
+    summary = summarize(_progress(read_workload(args.workload, args.ignore_unknown_fields),
+                                  "describe"), args.block_size)
+    print(table(summary))
+    if args.plots:
+        from replay.workloads.plots import plot_summary
+
+        print(f"plots: {plot_summary(summary, args.plots, title=str(args.workload))}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``replayllm workload SUBCOMMAND``."""
+    return {"generate": _generate, "import": _import, "describe": _describe}[
+        args.workload_command](args)

@@ -1,0 +1,90 @@
+"""Arrival processes of generated workloads, with the peers' semantics.
+
+``gamma`` is ``vllm bench serve --burstiness`` (and NVIDIA AIPerf's ``--arrival-smoothness``):
+inter-arrival times are Gamma with shape ``burstiness`` and scale ``1 / (rate * burstiness)``, so
+their mean is ``1 / rate`` and their coefficient of variation ``1 / sqrt(burstiness)``;
+burstiness 1 is Poisson (exponential gaps), below 1 burstier, above 1 more regular. ``constant``
+spaces arrivals ``1 / rate`` apart; ``schedule`` reads one arrival time (seconds) a line. The
+first request arrives at 0 and each later one a gap after the previous one, as in vLLM; no rate
+(``rate`` None or infinite) sends everything at 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine.errors import InvalidRequestError
+
+PROCESSES = ("constant", "poisson", "gamma", "schedule")
+CHUNK = 65536
+
+
+@dataclass(frozen=True)
+class ArrivalProcess:
+    """How first turns arrive: ``kind`` (PROCESSES), ``rate`` (requests/s), ``burstiness``
+    (the Gamma shape; Poisson is 1), ``schedule`` (a file of arrival times)."""
+
+    kind: str = "poisson"
+    rate: float | None = None
+    burstiness: float = 1.0
+    schedule: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in PROCESSES:
+            raise InvalidRequestError(f"arrivals: unknown process {self.kind!r}; one of "
+                                      f"{', '.join(PROCESSES)}")
+        if self.rate is not None and not (self.rate > 0):
+            raise InvalidRequestError(f"--rate must be > 0, got {self.rate}")
+        if not (math.isfinite(self.burstiness) and self.burstiness > 0):
+            raise InvalidRequestError(f"--burstiness must be > 0, got {self.burstiness}")
+        if self.kind == "schedule" and not self.schedule:
+            raise InvalidRequestError("arrivals 'schedule' needs --schedule FILE")
+
+    @property
+    def shape(self) -> float:
+        return {"poisson": 1.0, "gamma": self.burstiness}.get(self.kind, math.inf)
+
+    def times(self, n: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+        """``n`` arrival times (seconds), in chunks, non-decreasing."""
+        if self.kind == "schedule":
+            yield from _schedule(self.schedule or "", n)
+            return
+        start = 0.0
+        for first in range(0, n, CHUNK):
+            size = min(CHUNK, n - first)
+            if self.rate is None or math.isinf(self.rate):
+                yield np.zeros(size)
+                continue
+            if self.kind == "constant":
+                gaps = np.full(size, 1.0 / self.rate)
+            else:
+                gaps = rng.gamma(self.shape, 1.0 / (self.rate * self.shape), size)
+            if first == 0:
+                gaps[0] = 0.0  # the first request goes at once
+            times = start + np.cumsum(gaps)
+            start = float(times[-1])
+            yield times
+
+
+def _schedule(path: str, n: int) -> Iterator[np.ndarray]:
+    try:
+        words = Path(path).read_text(encoding="utf-8").split()
+    except OSError as exc:
+        raise InvalidRequestError(f"--schedule: cannot read {path}: {exc.strerror}") from None
+    times = []
+    for number, word in enumerate(words, 1):
+        try:
+            value = float(word)
+        except ValueError:
+            raise InvalidRequestError(f"{path}:{number}: not a time: {word!r}") from None
+        if not math.isfinite(value) or value < 0:
+            raise InvalidRequestError(f"{path}:{number}: a time must be finite and >= 0")
+        times.append(value)
+    if len(times) < n:
+        raise InvalidRequestError(f"{path}: {len(times)} arrival times for {n} requests")
+    yield np.asarray(times[:n])

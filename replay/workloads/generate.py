@@ -1,0 +1,139 @@
+"""``replayllm workload generate``: synthetic workloads from an arrival process and distributions.
+
+A generated request's prompt is a recipe (``replay.workloads.recipe``): an optional shared
+system prompt (one of ``system_prompts``, picked by a Zipf popularity over their ranks; its
+blocks named by ids, so every request that picks it shares its tokens) and then tokens of its
+own. With more than one turn a conversation's later turns add new user tokens to the previous
+prompt and answer (``replay.workloads.inputs``). Generation streams in chunks: any number of
+requests in bounded memory. The same spec and seed give the same workload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.errors import InvalidRequestError
+from replay.workloads.arrivals import ArrivalProcess
+from replay.workloads.builtin import REFERENCE_TEMPERATURE, Request
+from replay.workloads.distributions import Distribution, IntDraws, parse
+from replay.workloads.fields import MAX_TOKENS_LIMIT
+from replay.workloads.recipe import PromptRecipe
+
+SALT_STRIDE = 1 << 40  # salts: seed * SALT_STRIDE + request number + 1 (unique per request)
+SYSTEM_ID_STRIDE = 1 << 32  # system prompt s names blocks s * SYSTEM_ID_STRIDE + k
+
+
+@dataclass
+class GenerateSpec:
+    """What to generate (docs/workloads.md, "Generating"). Lengths are token counts."""
+
+    num_requests: int
+    arrivals: ArrivalProcess = field(default_factory=ArrivalProcess)
+    prompt_len: Distribution = field(default_factory=lambda: parse("fixed:256"))
+    output_len: Distribution = field(default_factory=lambda: parse("fixed:128"))
+    system_prompts: int = 0
+    system_prompt_len: Distribution = field(default_factory=lambda: parse("fixed:512"))
+    popularity: float = 1.0  # Zipf exponent over system prompts' ranks (0: uniform)
+    turns: Distribution = field(default_factory=lambda: parse("fixed:1"))
+    think_time_s: Distribution = field(default_factory=lambda: parse("fixed:0"))
+    user_len: Distribution | None = None  # later turns' new tokens (None: prompt_len)
+    temperature: float = REFERENCE_TEMPERATURE
+    ignore_eos: bool = True
+    hash_block_size: int = 16
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_requests < 1:
+            raise InvalidRequestError(f"--num-requests must be >= 1, got {self.num_requests}")
+        if self.system_prompts < 0 or self.popularity < 0:
+            raise InvalidRequestError("--system-prompts and --popularity must be >= 0")
+        if not 1 <= self.hash_block_size <= MAX_TOKENS_LIMIT:
+            raise InvalidRequestError(f"--hash-block-size must be >= 1, got "
+                                      f"{self.hash_block_size}")
+        if not 0 <= self.seed < 1 << 20:
+            raise InvalidRequestError(f"--seed must be in [0, {1 << 20}), got {self.seed}")
+
+
+@dataclass
+class GenerateCounts:
+    """What generation clipped (every clipped value counted, by distribution)."""
+
+    requests: int = 0
+    conversations: int = 0
+    clipped: dict[str, int] = field(default_factory=dict)
+
+
+class Generator:
+    """Streams a GenerateSpec's requests; ``counts`` is complete once the stream is."""
+
+    def __init__(self, spec: GenerateSpec) -> None:
+        self.spec = spec
+        self.counts = GenerateCounts()
+        self.draws = {
+            "prompt_len": IntDraws(spec.prompt_len, MAX_TOKENS_LIMIT),
+            "output_len": IntDraws(spec.output_len, MAX_TOKENS_LIMIT),
+            "turns": IntDraws(spec.turns, 1 << 16),
+            "user_len": IntDraws(spec.user_len or spec.prompt_len, MAX_TOKENS_LIMIT),
+            "system_prompt_len": IntDraws(spec.system_prompt_len, MAX_TOKENS_LIMIT),
+        }
+
+    def _system_prompts(self, rng: np.random.Generator) -> tuple[list[tuple[int, ...]],
+                                                                 np.ndarray]:
+        spec = self.spec
+        if not spec.system_prompts:
+            return [], np.zeros(0)
+        block = spec.hash_block_size
+        lengths = self.draws["system_prompt_len"].sample(rng, spec.system_prompts)
+        blocks = [-(-int(n) // block) for n in lengths]  # whole blocks: the user part follows
+        ids = [tuple(s * SYSTEM_ID_STRIDE + k for k in range(b)) for s, b in enumerate(blocks)]
+        weights = np.arange(1, spec.system_prompts + 1, dtype=float) ** -spec.popularity
+        return ids, weights / weights.sum()
+
+    def __iter__(self) -> Iterator[Request]:
+        spec = self.spec
+        rng = np.random.default_rng(spec.seed)
+        systems, popularity = self._system_prompts(rng)
+        block = spec.hash_block_size
+        number = 0
+        for times in spec.arrivals.times(spec.num_requests, rng):
+            n = len(times)
+            prompt = self.draws["prompt_len"].sample(rng, n).tolist()
+            output = self.draws["output_len"].sample(rng, n).tolist()
+            turns = self.draws["turns"].sample(rng, n).tolist()
+            picks = rng.choice(len(systems), n, p=popularity).tolist() if systems else None
+            later = sum(turns) - n
+            user = self.draws["user_len"].sample(rng, later).tolist()
+            later_output = self.draws["output_len"].sample(rng, later).tolist()
+            think = np.maximum(spec.think_time_s.sample(rng, later), 0.0).tolist()
+            arrival = times.tolist()
+            cursor = 0
+            for i in range(n):
+                ids = systems[picks[i]] if picks is not None else ()
+                conversation = str(self.counts.conversations) if turns[i] > 1 else None
+                number += 1
+                yield self._request(PromptRecipe(ids, block, len(ids) * block + prompt[i],
+                                                 self._salt(number)),
+                                    output[i], arrival[i], conversation)
+                for turn in range(1, turns[i]):
+                    number += 1
+                    yield self._request(
+                        PromptRecipe((), block, user[cursor], self._salt(number)),
+                        later_output[cursor], 0.0, conversation, turn, think[cursor])
+                    cursor += 1
+                self.counts.conversations += 1
+        self.counts.clipped = {name: d.clipped_low + d.clipped_high
+                               for name, d in self.draws.items()
+                               if d.clipped_low + d.clipped_high}
+
+    def _salt(self, number: int) -> int:
+        return self.spec.seed * SALT_STRIDE + number
+
+    def _request(self, prompt: PromptRecipe, max_tokens: int, arrival_s: float,
+                 conversation_id: str | None, turn: int = 0, think_time_s: float = 0.0,
+                 ) -> Request:
+        self.counts.requests += 1
+        return Request(prompt, max_tokens, self.spec.temperature, self.spec.ignore_eos,
+                       arrival_s, conversation_id, turn, think_time_s)

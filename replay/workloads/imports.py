@@ -1,0 +1,204 @@
+"""``replayllm workload import``: public traces and this project's files as workload requests.
+
+Formats (docs/workloads.md, "Importing"): ``azure`` (Azure LLM inference 2023 and 2024 CSV),
+``burstgpt`` (v1 and v1.2 CSV), ``mooncake`` (JSONL with ``hash_ids``), ``sharegpt`` (JSON
+conversations, tokenized with the Qwen vocabulary) and ``replayllm`` (this project's JSONL or
+Parquet). ``ImportOptions`` selects a time window and a number of requests, scales time and
+clips or drops long prompts; ``ImportCounts`` counts every request read and every one dropped
+or changed, by reason, so nothing is lost silently.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from engine.errors import InvalidRequestError
+from replay.workloads.builtin import REFERENCE_TEMPERATURE, Request
+from replay.workloads.fields import MAX_TOKENS_LIMIT, WorkloadFormatError
+from replay.workloads.recipe import PromptRecipe
+
+FORMATS = ("azure", "burstgpt", "mooncake", "sharegpt", "replayllm")
+OVER_LENGTH = ("drop", "clip")
+SALT_STRIDE = 1 << 40
+
+
+@dataclass(frozen=True)
+class ImportOptions:
+    """What to keep and how: the window is in the trace's seconds (from its first request),
+    before ``time_scale``; kept arrivals are rebased to the window start, then scaled."""
+
+    start_s: float = 0.0
+    end_s: float = math.inf
+    limit: int | None = None
+    time_scale: float = 1.0  # arrival times are multiplied by it (0.5: twice as fast)
+    max_prompt_len: int | None = None
+    over_length: str = "drop"  # "drop" or "clip" prompts over max_prompt_len
+    seed: int = 0
+    block_size: int = 512  # mooncake: tokens per hash_ids entry
+    temperature: float = REFERENCE_TEMPERATURE
+    ignore_eos: bool = True  # a trace's output lengths are only honoured with ignore_eos
+    ignore_unknown_fields: bool = False
+    model: str | None = None  # sharegpt: tokenizer directory (None: the tiny model's)
+    rate: float | None = None  # sharegpt: conversations per second (None: all at 0)
+
+    def __post_init__(self) -> None:
+        if not (self.start_s >= 0 and self.end_s > self.start_s):
+            raise InvalidRequestError(f"the time window must have 0 <= start < end, got "
+                                      f"[{self.start_s}, {self.end_s})")
+        if self.limit is not None and self.limit < 1:
+            raise InvalidRequestError(f"--limit must be >= 1, got {self.limit}")
+        if not (math.isfinite(self.time_scale) and self.time_scale >= 0):
+            raise InvalidRequestError(f"--time-scale must be finite and >= 0, got "
+                                      f"{self.time_scale}")
+        if self.max_prompt_len is not None and not 1 <= self.max_prompt_len <= MAX_TOKENS_LIMIT:
+            raise InvalidRequestError(f"--max-prompt-len must be in [1, {MAX_TOKENS_LIMIT}]")
+        if self.over_length not in OVER_LENGTH:
+            raise InvalidRequestError(f"--over-length must be drop or clip, got "
+                                      f"{self.over_length!r}")
+        if not 1 <= self.block_size <= MAX_TOKENS_LIMIT:
+            raise InvalidRequestError(f"--block-size must be >= 1, got {self.block_size}")
+        if not 0 <= self.seed < 1 << 20:
+            raise InvalidRequestError(f"--seed must be in [0, {1 << 20})")
+
+
+@dataclass
+class ImportCounts:
+    """Every request read, kept, dropped (by reason) or changed (by what)."""
+
+    read: int = 0
+    kept: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    changed: dict[str, int] = field(default_factory=dict)
+
+    def drop(self, reason: str, n: int = 1) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + n
+
+    def change(self, what: str) -> None:
+        self.changed[what] = self.changed.get(what, 0) + 1
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        parts = [f"read {self.read:,}", f"kept {self.kept:,}"]
+        parts += [f"dropped {n:,} ({why})" for why, n in sorted(self.dropped.items())]
+        parts += [f"{what}: {n:,}" for what, n in sorted(self.changed.items())]
+        return ", ".join(parts)
+
+
+def _lengths_rows(rows: Iterator[tuple[int, float, int, int]], path: str | Path,
+                  options: ImportOptions) -> Iterator[tuple[float, Request]]:
+    """CSV rows as (trace seconds, request) with prompts unique to each row."""
+    for line, seconds, prompt_len, output_len in rows:
+        if seconds < 0:
+            raise WorkloadFormatError(f"{path}:{line}: arrives {-seconds:.3f} s before the "
+                                      "first row (rows out of time order)")
+        yield seconds, _request(PromptRecipe((), 1, prompt_len, options.seed * SALT_STRIDE + line),
+                                output_len, options)
+
+
+def _request(prompt: PromptRecipe | list[int], output_len: int, options: ImportOptions,
+             **extra: object) -> Request:
+    return Request(prompt, output_len, options.temperature, options.ignore_eos,
+                   **extra)  # type: ignore[arg-type]
+
+
+def source(path: str | Path, fmt: str, options: ImportOptions) -> Iterator[tuple[float | None,
+                                                                              Request]]:
+    """(trace seconds or None for a later turn, request) of a file, in file order; a request's
+    ``max_tokens`` may be 0 here (the trace generated nothing) and is fixed by ``select``."""
+    if fmt == "azure":
+        from replay.workloads.csv_sources import azure_rows
+
+        return _lengths_rows(azure_rows(path), path, options)
+    if fmt == "burstgpt":
+        from replay.workloads.csv_sources import burstgpt_rows
+
+        return _lengths_rows(burstgpt_rows(path), path, options)
+    if fmt == "mooncake":
+        from replay.workloads.json_sources import mooncake_requests
+
+        return mooncake_requests(path, options)
+    if fmt == "sharegpt":
+        from replay.workloads.json_sources import sharegpt_requests
+
+        return sharegpt_requests(path, options)
+    if fmt == "replayllm":
+        from replay.workloads.store import read_workload
+
+        return ((None if r.follows_previous_turn else r.arrival_s, r)
+                for r in read_workload(path, options.ignore_unknown_fields))
+    raise InvalidRequestError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+
+
+def _fit_length(request: Request, options: ImportOptions, counts: ImportCounts) -> Request | None:
+    limit = options.max_prompt_len
+    length = request.prompt_len
+    if limit is None or length is None or length <= limit:
+        return request
+    if options.over_length == "drop":
+        counts.drop(f"prompt over {limit} tokens")
+        return None
+    counts.change(f"prompt clipped to {limit} tokens")
+    prompt = request.prompt
+    clipped = prompt.clipped(limit) if isinstance(prompt, PromptRecipe) else prompt[:limit]
+    return _replace(request, prompt=clipped)
+
+
+def _replace(request: Request, **changes: object) -> Request:
+    from dataclasses import replace
+
+    return replace(request, **changes)  # type: ignore[arg-type]
+
+
+def select(pairs: Iterator[tuple[float | None, Request]], options: ImportOptions,
+           counts: ImportCounts) -> Iterator[Request]:
+    """Apply the options to ``source``'s pairs, counting every request in ``counts``.
+
+    A later turn follows its conversation's first turn: out of the window or dropped with it."""
+    kept_conversations: set[str] = set()
+    first_turns = 0
+    for seconds, request in pairs:
+        counts.read += 1
+        conversation = request.conversation_id
+        if request.follows_previous_turn:
+            if conversation not in kept_conversations:
+                counts.drop("later turn of a conversation not kept")
+                continue
+        else:
+            assert seconds is not None
+            if not options.start_s <= seconds < options.end_s:
+                counts.drop("outside the time window")
+                continue
+            if options.limit is not None and first_turns >= options.limit:
+                counts.drop(f"beyond --limit {options.limit}")
+                continue
+            request = _replace(request, arrival_s=(seconds - options.start_s) * options.time_scale)
+        if not request.prompt_len and request.prompt_len is not None:
+            counts.drop("empty prompt")
+            kept_conversations.discard(conversation)  # type: ignore[arg-type]
+            continue
+        fitted = _fit_length(request, options, counts)
+        if fitted is None:
+            kept_conversations.discard(conversation)  # type: ignore[arg-type]
+            continue
+        if fitted.max_tokens < 1:
+            counts.change("output length 0 raised to 1")
+            fitted = _replace(fitted, max_tokens=1)
+        if fitted.max_tokens > MAX_TOKENS_LIMIT:
+            counts.change(f"output length clipped to {MAX_TOKENS_LIMIT}")
+            fitted = _replace(fitted, max_tokens=MAX_TOKENS_LIMIT)
+        if conversation is not None:
+            kept_conversations.add(conversation)
+        first_turns += not fitted.follows_previous_turn
+        counts.kept += 1
+        yield fitted
+
+
+def import_workload(path: str | Path, fmt: str, options: ImportOptions,
+                    counts: ImportCounts) -> Iterator[Request]:
+    """The requests ``options`` keep from ``path`` in format ``fmt``, streaming."""
+    return select(source(path, fmt, options), options, counts)

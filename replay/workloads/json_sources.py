@@ -1,0 +1,148 @@
+"""JSON traces as workload requests: Mooncake JSONL (``hash_ids``) and ShareGPT conversations.
+
+Mooncake (FAST'25; also read by AIPerf, GuideLLM, SGLang's bench and Dynamo): one object a
+line, ``timestamp`` (ms from the start), ``input_length``, ``output_length`` and ``hash_ids``
+(one id per ``block_size`` tokens of the prompt; equal ids, equal contents). Each becomes a
+recipe (``replay.workloads.recipe``) whose tokens are equal exactly where the ids are, at any
+engine block size. ShareGPT: a JSON array (or JSONL) of ``{"id", "conversations": [{"from",
+"value"}, ...]}``; each human message and the answer after it is a turn, the text tokenized
+with the Qwen vocabulary and the answer's length its ``max_tokens`` (conversation ids are
+``ID#INDEX``: ShareGPT files repeat ids).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from replay.workloads.builtin import Request
+from replay.workloads.fields import INT64_MAX, MAX_TOKENS_LIMIT, WorkloadFormatError
+from replay.workloads.imports import SALT_STRIDE, ImportOptions, _request
+from replay.workloads.recipe import PromptRecipe
+
+MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+HUMAN, ASSISTANT, SYSTEM = ("human", "user"), ("gpt", "assistant", "chatgpt", "bing", "bard"), \
+    ("system",)
+
+
+def _lines(path: str | Path) -> Iterator[tuple[int, Any]]:
+    try:
+        handle = open(path, encoding="utf-8")
+    except OSError as exc:
+        raise WorkloadFormatError(f"cannot read {path}: {exc.strerror}") from None
+    with handle:
+        try:
+            for number, line in enumerate(handle, 1):
+                if line.strip():
+                    try:
+                        yield number, json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise WorkloadFormatError(f"{path}:{number}: not JSON ({exc.msg}, "
+                                                  f"column {exc.colno})") from None
+        except UnicodeDecodeError as exc:
+            raise WorkloadFormatError(f"{path}: not UTF-8 text ({exc.reason})") from None
+
+
+def _int(item: dict[str, Any], key: str, where: str, low: int, high: int) -> int:
+    value = item.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise WorkloadFormatError(f"{where}: field {key!r}: expected an integer in [{low}, "
+                                  f"{high}], got {value!r}")
+    return value
+
+
+def mooncake_requests(path: str | Path, options: ImportOptions) -> Iterator[tuple[float, Request]]:
+    """(seconds, request) per line of a Mooncake-format JSONL file."""
+    block = options.block_size
+    for number, item in _lines(path):
+        where = f"{path}:{number}"
+        if not isinstance(item, dict):
+            raise WorkloadFormatError(f"{where}: expected a JSON object")
+        unknown = [k for k in item if k not in MOONCAKE_FIELDS]
+        if unknown and not options.ignore_unknown_fields:
+            raise WorkloadFormatError(f"{where}: field {unknown[0]!r}: unknown field "
+                                      "(--ignore-unknown-fields reads past it)")
+        stamp = item.get("timestamp")
+        if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or \
+                not np.isfinite(stamp) or stamp < 0:
+            raise WorkloadFormatError(f"{where}: field 'timestamp': expected milliseconds >= 0,"
+                                      f" got {stamp!r}")
+        length = _int(item, "input_length", where, 0, MAX_TOKENS_LIMIT)
+        output = _int(item, "output_length", where, 0, MAX_TOKENS_LIMIT)
+        ids = item.get("hash_ids", [])
+        if not isinstance(ids, list) or not all(
+            isinstance(h, int) and not isinstance(h, bool) and 0 <= h <= INT64_MAX for h in ids
+        ):
+            raise WorkloadFormatError(f"{where}: field 'hash_ids': expected a list of integers "
+                                      ">= 0")
+        if len(ids) > -(-length // block):
+            raise WorkloadFormatError(
+                f"{where}: field 'hash_ids': {len(ids)} ids for {length} tokens at "
+                f"--block-size {block} (at most {-(-length // block)}): is the block size wrong?")
+        salt = options.seed * SALT_STRIDE + number
+        yield stamp / 1000.0, _request(PromptRecipe(tuple(ids), block, length, salt), output,
+                                       options)
+
+
+def _conversations(path: str | Path) -> Iterator[tuple[str, Any]]:
+    """(where, entry) of a ShareGPT JSON array or JSONL file."""
+    if str(path).endswith(".jsonl"):
+        for number, item in _lines(path):
+            yield f"{path}:{number}", item
+        return
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except OSError as exc:
+        raise WorkloadFormatError(f"cannot read {path}: {exc.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise WorkloadFormatError(f"{path}: not a JSON file ({exc})") from None
+    if not isinstance(data, list):
+        raise WorkloadFormatError(f"{path}: expected a JSON array of conversations")
+    for number, item in enumerate(data):
+        yield f"{path}: conversation {number}", item
+
+
+def sharegpt_requests(path: str | Path, options: ImportOptions) -> Iterator[tuple[float | None,
+                                                                                Request]]:
+    """(seconds or None for a later turn, request) per turn of each conversation."""
+    from engine.model.checkpoint import default_model_dir
+    from engine.model.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(options.model or default_model_dir())
+    rng = np.random.default_rng(options.seed)
+    start = 0.0
+    for index, (where, entry) in enumerate(_conversations(path)):
+        messages = entry.get("conversations") if isinstance(entry, dict) else None
+        if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("from"), str)
+            and isinstance(m.get("value"), str) for m in messages
+        ):
+            raise WorkloadFormatError(f"{where}: field 'conversations': expected a list of "
+                                      "{\"from\": str, \"value\": str}")
+        conversation = f"{entry.get('id', '')}#{index}"  # ShareGPT files repeat some ids
+        if options.rate is not None and index:
+            start += float(rng.exponential(1.0 / options.rate))
+        pending: list[int] = []
+        turn = 0
+        for message in messages:
+            role = message["from"].lower()
+            tokens = tokenizer.encode(message["value"], add_special_tokens=False)
+            if role in HUMAN or role in SYSTEM:
+                pending += tokens
+                continue
+            if role not in ASSISTANT:
+                raise WorkloadFormatError(f"{where}: field 'from': unknown role {role!r}")
+            if not pending:
+                continue  # an answer with no question before it: nothing to send
+            extra: dict[str, Any] = {"conversation_id": conversation, "turn": turn}
+            yield (start if turn == 0 else None), _request(pending, len(tokens), options,
+                                                           **extra)
+            pending, turn = [], turn + 1
+        if pending:  # a last question with no answer: sent, its output length 0 (counted)
+            yield (start if turn == 0 else None), _request(
+                pending, 0, options, conversation_id=conversation, turn=turn)

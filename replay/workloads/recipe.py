@@ -1,0 +1,97 @@
+"""Prompt recipes: a prompt described by prefix-block ids and a length instead of its tokens.
+
+A recipe's tokens follow one rule, so a recipe is as good as its tokens for prefix caching:
+token ``j`` of a prompt lies in recipe block ``k = j // block_size``; where the recipe names an id
+for that block (``hash_ids[k]``), the token depends only on ``(hash_ids[k], j % block_size)``, so
+equal ids give identical token blocks in any prompt; past the named blocks it depends only on
+``(salt, j)``, unique to the request when its salt is. Whatever block size the engine runs with,
+its blocks then share contents exactly where the recipe's ids say (Mooncake's ``hash_ids`` are
+chained like prefix hashes: equal ids mean equal prefixes, hence equal engine-block hashes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# Every recipe token lies in [0, RECIPE_TOKEN_RANGE): below the vocabulary of every model here
+# (the engine checks the vocabulary; the reference workload draws from the same range).
+RECIPE_TOKEN_RANGE = 10000
+_NAMED, _TAIL = np.uint64(0x5851F42D4C957F2D), np.uint64(0x14057B7EF767814F)
+_POSITION = np.uint64(0x9E3779B97F4A7C15)
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, elementwise on uint64 (wrapping arithmetic)."""
+    x = (x ^ (x >> np.uint64(30))) * _M1
+    x = (x ^ (x >> np.uint64(27))) * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+_MASK = (1 << 64) - 1
+_POSITION_INT, _M1_INT, _M2_INT = int(_POSITION), int(_M1), int(_M2)
+
+
+def _mix_int(x: int) -> int:
+    """``_mix`` on one plain int."""
+    x = ((x ^ (x >> 30)) * _M1_INT) & _MASK
+    x = ((x ^ (x >> 27)) * _M2_INT) & _MASK
+    return x ^ (x >> 31)
+
+
+@dataclass(frozen=True)
+class PromptRecipe:
+    """A prompt of ``length`` tokens: blocks named by ``hash_ids`` of ``block_size`` tokens
+    each, then tokens unique to ``salt``."""
+
+    hash_ids: tuple[int, ...]
+    block_size: int
+    length: int
+    salt: int = 0
+
+    def __len__(self) -> int:
+        return self.length
+
+    def clipped(self, length: int) -> PromptRecipe:
+        """The first ``length`` tokens (the same tokens as this recipe's first ``length``)."""
+        if length >= self.length:
+            return self
+        keep = -(-length // self.block_size)
+        return PromptRecipe(self.hash_ids[:keep], self.block_size, length, self.salt)
+
+    def token_ids(self) -> list[int]:
+        """The prompt's token ids (the module rule)."""
+        return self.tokens().tolist()
+
+    def tokens(self) -> np.ndarray:
+        """The prompt's token ids as an int32 array."""
+        with np.errstate(over="ignore"):
+            positions = np.arange(self.length, dtype=np.uint64)
+            named = min(len(self.hash_ids) * self.block_size, self.length)
+            ids = np.repeat(np.asarray(self.hash_ids, dtype=np.int64).astype(np.uint64),
+                            self.block_size)[:named]
+            offsets = positions[:named] % np.uint64(self.block_size)
+            head = _mix((ids * _POSITION + offsets) ^ _NAMED)
+            salt = np.uint64(self.salt & 0xFFFFFFFFFFFFFFFF)
+            tail = _mix(((positions[named:] + salt * _POSITION) * _POSITION) ^ _TAIL ^ salt)
+            out = np.concatenate([head, tail]) % np.uint64(RECIPE_TOKEN_RANGE)
+        return out.astype(np.int32)
+
+    def block_keys(self, block_size: int) -> np.ndarray:
+        """One key per full block of ``block_size`` tokens, equal exactly where the chained
+        contents (the block and every token before it) are: by the module rule they are fixed by
+        the ids of the recipe blocks up to the block's end, the salt once it reaches past them,
+        and where it ends. (Two prompts' blocks share a key iff their engine hashes agree.)"""
+        ends = np.arange(block_size, self.length + 1, block_size, dtype=np.int64)
+        chained = [0]  # chained[k]: of ids[:k] (plain ints: a scalar numpy op costs more)
+        for h in self.hash_ids:
+            chained.append(_mix_int((chained[-1] * _POSITION_INT ^ h) & _MASK))
+        chain = np.asarray(chained, dtype=np.uint64)
+        with np.errstate(over="ignore"):
+            named = min(len(self.hash_ids) * self.block_size, self.length)
+            covering = np.minimum((ends - 1) // self.block_size + 1, len(self.hash_ids))
+            salt = np.uint64(self.salt & 0xFFFFFFFFFFFFFFFF)
+            tail = np.where(ends > named, _mix(np.asarray([salt ^ _TAIL]))[0], np.uint64(0))
+            return _mix(chain[covering] ^ (ends.astype(np.uint64) * _POSITION) ^ tail)

@@ -1,0 +1,230 @@
+"""Workload files on disk: JSONL (hand-written) and Parquet (large), read and written streaming.
+
+``read_workload(path)`` yields one validated ``Request`` at a time (``replay.workloads.fields``);
+``WorkloadWriter`` writes them one at a time (Parquet in row groups). A file's metadata (format
+version, how it was made, what an import dropped) is the JSONL header line or the Parquet
+key-value metadata under ``replayllm_workload``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from replay.workloads.builtin import Request
+from replay.workloads.fields import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    READABLE_VERSIONS,
+    ConversationOrder,
+    WorkloadFormatError,
+    record_from_request,
+    request_from_record,
+)
+
+PARQUET_SUFFIXES = (".parquet", ".pq")
+ROW_GROUP = 65536
+
+
+def is_parquet(path: str | Path) -> bool:
+    return str(path).lower().endswith(PARQUET_SUFFIXES)
+
+
+def _check_version(meta: dict[str, Any], where: str) -> None:
+    version = meta.get(FORMAT_NAME, READABLE_VERSIONS[0])  # no header: a hand-written file
+    if version not in READABLE_VERSIONS:
+        raise WorkloadFormatError(f"{where}: workload format version {version!r}; this reader "
+                                  f"reads {', '.join(map(str, READABLE_VERSIONS))}")
+
+
+def _open_error(path: str | Path, exc: OSError) -> WorkloadFormatError:
+    return WorkloadFormatError(f"cannot read workload {path}: {exc.strerror or exc}")
+
+
+def _read_jsonl(path: str | Path, ignore_unknown: bool) -> Iterator[Request]:
+    order = ConversationOrder()
+    try:
+        handle = open(path, encoding="utf-8")
+    except OSError as exc:
+        raise _open_error(path, exc) from None
+    with handle:
+        try:
+            for number, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{number}"
+                try:
+                    item = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise WorkloadFormatError(f"{where}: not JSON ({exc.msg}, column {exc.colno})"
+                                              ) from None
+                if isinstance(item, dict) and FORMAT_NAME in item:
+                    if number != 1:
+                        raise WorkloadFormatError(f"{where}: a header line may only be line 1")
+                    _check_version(item, where)
+                    continue
+                request = request_from_record(item, where, ignore_unknown)
+                order.check(request, where)
+                yield request
+        except UnicodeDecodeError as exc:
+            raise WorkloadFormatError(f"{path}: not UTF-8 text ({exc.reason})") from None
+
+
+def _parquet_file(path: str | Path) -> Any:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path)
+    except OSError as exc:
+        raise _open_error(path, exc) from None
+    except pa.ArrowInvalid as exc:
+        raise WorkloadFormatError(f"{path}: not a Parquet file ({exc})") from None
+
+
+def _read_parquet(path: str | Path, ignore_unknown: bool) -> Iterator[Request]:
+    parquet = _parquet_file(path)
+    meta = _parquet_meta(parquet, path)
+    _check_version(meta, str(path))
+    order = ConversationOrder()
+    row = 0
+    for batch in parquet.iter_batches(batch_size=ROW_GROUP):
+        # Columns null in the whole batch (a file of recipes has no prompt_token_ids) are left
+        # out: a missing field and a null one read the same.
+        present = [i for i, column in enumerate(batch.columns)
+                   if column.null_count < len(column)]
+        names = [batch.schema.names[i] for i in present]
+        columns = [batch.column(i).to_pylist() for i in present]
+        for values in zip(*columns):
+            row += 1
+            where = f"{path}:row {row}"
+            item = {k: v for k, v in zip(names, values) if v is not None}
+            request = request_from_record(item, where, ignore_unknown)
+            order.check(request, where)
+            yield request
+
+
+def _parquet_meta(parquet: Any, path: str | Path) -> dict[str, Any]:
+    raw = (parquet.schema_arrow.metadata or {}).get(FORMAT_NAME.encode())
+    if raw is None:
+        return {}
+    try:
+        meta = json.loads(raw)
+    except json.JSONDecodeError:
+        meta = None
+    if not isinstance(meta, dict):
+        raise WorkloadFormatError(f"{path}: its {FORMAT_NAME} metadata is not a JSON object")
+    return meta
+
+
+def read_workload(path: str | Path, ignore_unknown_fields: bool = False) -> Iterator[Request]:
+    """Yield the requests of a workload file (JSONL or Parquet by suffix), validated, in file
+    order. Unknown fields are an error unless ``ignore_unknown_fields``."""
+    if is_parquet(path):
+        return _read_parquet(path, ignore_unknown_fields)
+    return _read_jsonl(path, ignore_unknown_fields)
+
+
+def read_metadata(path: str | Path) -> dict[str, Any]:
+    """A workload file's metadata (the JSONL header line, the Parquet key-value metadata)."""
+    if is_parquet(path):
+        return _parquet_meta(_parquet_file(path), path)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            first = handle.readline()
+    except OSError as exc:
+        raise _open_error(path, exc) from None
+    try:
+        item = json.loads(first)
+    except json.JSONDecodeError:
+        return {}
+    return item if isinstance(item, dict) and FORMAT_NAME in item else {}
+
+
+def _parquet_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema([
+        ("prompt_token_ids", pa.list_(pa.int32())), ("prompt", pa.string()),
+        ("hash_ids", pa.list_(pa.int64())), ("hash_block_size", pa.int32()),
+        ("prompt_len", pa.int32()), ("salt", pa.int64()), ("max_tokens", pa.int32()),
+        ("temperature", pa.float64()), ("ignore_eos", pa.bool_()), ("arrival_s", pa.float64()),
+        ("conversation_id", pa.string()), ("turn", pa.int32()), ("think_time_s", pa.float64()),
+        ("priority", pa.int32()),
+    ])
+
+
+class WorkloadWriter:
+    """Writes requests to ``path`` (Parquet or JSONL by suffix) one at a time.
+
+    ``meta`` goes in the header, with what ``close(meta)`` adds (an import's counts, known only
+    at the end): rows go to ``PATH.partial`` first, and ``close`` writes the file whole."""
+
+    def __init__(self, path: str | Path, meta: dict[str, Any] | None = None) -> None:
+        self.path = Path(path)
+        self.meta = {FORMAT_NAME: FORMAT_VERSION, **(meta or {})}
+        self.count = 0
+        self._rows: list[dict[str, Any]] = []
+        self._parquet = is_parquet(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._handle = (None if self._parquet
+                            else open(self._tmp_path(), "w", encoding="utf-8"))
+        except OSError as exc:
+            raise WorkloadFormatError(f"cannot write {path}: {exc.strerror or exc}") from None
+        self._writer: Any = None
+
+    def write(self, request: Request) -> None:
+        record = record_from_request(request)
+        self.count += 1
+        if self._handle is not None:
+            self._handle.write(json.dumps(record, separators=(",", ":")) + "\n")
+            return
+        self._rows.append(record)
+        if len(self._rows) >= ROW_GROUP:
+            self._flush()
+
+    def write_all(self, requests: Iterable[Request]) -> int:
+        for request in requests:
+            self.write(request)
+        return self.count
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        schema = _parquet_schema()
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self._tmp_path(), schema, compression="zstd")
+        self._writer.write_table(pa.Table.from_pylist(self._rows, schema=schema))
+        self._rows = []
+
+    def _tmp_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".partial")
+
+    def close(self, meta: dict[str, Any] | None = None) -> None:
+        """Finish the file; for Parquet, ``meta`` joins the metadata (an import's counts)."""
+        self.meta.update(meta or {})
+        if self._handle is not None:
+            self._handle.close()
+            with open(self.path, "w", encoding="utf-8") as out, \
+                    open(self._tmp_path(), encoding="utf-8") as rows:
+                out.write(json.dumps(self.meta) + "\n")
+                shutil.copyfileobj(rows, out, 1 << 20)
+            self._tmp_path().unlink()
+            return
+        import pyarrow.parquet as pq
+
+        if self._rows or self._writer is None:
+            self._flush()
+        self._writer.close()
+        # Metadata known only at the end: the row groups are rewritten under the final schema.
+        table = pq.ParquetFile(self._tmp_path())
+        schema = table.schema_arrow.with_metadata({FORMAT_NAME: json.dumps(self.meta)})
+        with pq.ParquetWriter(self.path, schema, compression="zstd") as final:
+            for group in range(table.num_row_groups):
+                final.write_table(table.read_row_group(group).cast(schema))
+        self._tmp_path().unlink()

@@ -34,13 +34,19 @@ import torch
 
 from engine.graph_sizes import MAX_GRAPH_PREFILL_SEQS, padded_prefill_tokens
 from engine.model.attention_metadata import AttentionMetadata
-from engine.runner.graph_capture import CapturedGraphs
+from engine.runner.graph_capture import (
+    PAD_SLOT,
+    ROW_IDS,
+    ROW_POSITIONS,
+    ROW_SLOTS,
+    CapturedGraphs,
+    ModelFn,
+)
 
 __all__ = ["PrefillGraphs", "stage_prefill"]
 
-PAD_SLOT = -1
-# Rows of the int64 staging block: token ids, positions, cache slots, and the rows sampled.
-ROW_IDS, ROW_POSITIONS, ROW_SLOTS, ROW_SAMPLE = 0, 1, 2, 3
+# The int64 staging block's fourth row: the rows sampled.
+ROW_SAMPLE = 3
 STAGED_ROWS = 4
 
 
@@ -84,9 +90,6 @@ def stage_prefill(
     i32[num_seqs + 1 : max_seqs + 1] = total
     i32[max_seqs + 1 : max_seqs + 1 + num_seqs] = ctx
     i32[max_seqs + 1 + num_seqs : 2 * max_seqs + 1] = 0
-
-
-ModelFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
 
 
 class PrefillGraphs(CapturedGraphs):

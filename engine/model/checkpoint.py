@@ -13,12 +13,13 @@ Norm weights are ``1 + noise`` so a misloaded norm cannot go unnoticed. Vocabula
 tokenizer (151669..151935) are zero, as padding rows are, so they are never the greedy choice.
 
 That is enough for the float32 ``tiny`` preset, not for bf16 at depth: with all-random weights
-the logits are near-Gaussian over 151,936 rows, so the top-1/top-2 gap is ~3% of the top logit
-(median), about what bf16 rounding (of activations through 28 layers, and of the logits
-themselves) moves it by, and bf16 and float32 greedy tokens differ at ~11% of positions, in
-transformers as in the engine. A trained model is confident: its top-1 logit stands far above
-the rest. No rescaling of random weights gets there without degenerating (a gap made by the
-current token's own embedding is a model that repeats its input), so the
+the logits are near-Gaussian over 151,936 rows, so the top-1/top-2 gap is about what bf16
+rounding (of activations through 28 layers, and of the logits themselves) moves it by, and bf16
+and float32 greedy tokens often differ, in transformers as in the engine (figures:
+docs/gpu-notes.md, "Where the numbers in the code went"). A trained model is confident: its
+top-1 logit stands far above the rest. No rescaling of random weights gets there without
+degenerating (a gap made by the current token's own embedding is a model that repeats its
+input), so the
 ``qwen3-0.6b-confident`` preset sets two knobs (``tools/checkpoint_margins.py`` measures them):
 
 * ``scaled_residual_init``: o_proj and down_proj std times ``1/sqrt(2 * num_layers)``
@@ -131,8 +132,8 @@ PRESETS: dict[str, ModelPreset] = {
     ),
 }
 # The same architecture with logit margins like a trained model's (module docstring): what a
-# bf16 top-1 agreement measures an implementation with. tools/checkpoint_margins.py: bf16 vs
-# float32 agreement 89.8% on qwen3-0.6b (near-tied random logits), 100% on this one. Its argmax
+# bf16 top-1 agreement measures an implementation with (tools/checkpoint_margins.py measures
+# the bf16/float32 agreement of both presets: docs/gpu-notes.md). Its argmax
 # is set by the embedding, layer 0 and the head, so the all-random preset stays the one
 # benchmarks and logit-error checks of every layer use.
 PRESETS["qwen3-0.6b-confident"] = dataclasses.replace(

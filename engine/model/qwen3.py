@@ -181,7 +181,7 @@ class Qwen3Attention(nn.Module):
     ) -> torch.Tensor:
         qkv = self.qkv_proj(hidden_states)
         kernels = self.kernels.module
-        if kernels is not None:  # CUDA: q/k norms and RoPE in one launch instead of dozens
+        if kernels is not None:  # CUDA: q/k norms and RoPE in one launch
             # ... and, where the backend allows, the KV-cache store too (one launch fewer).
             q, k, v, stored = self._norm_rope_store(kernels, qkv, positions, metadata)
             o = self.attn(q, k, v, metadata, kv_stored=stored)

@@ -1,11 +1,11 @@
 """Small prefills on CUDA: CUDA graphs captured per padded token count.
 
-An eager prefill of Qwen3-0.6B launches ~400 kernels from Python; below ~4k tokens the device
+An eager prefill launches every kernel of every layer from Python; for small prefills the device
 finishes each before the host has launched the next, so the step takes the host's launch time
-(~11 ms on the H200 alone, 20-60 ms while another thread of the process wants the interpreter:
-tools/probe_prefill_host.py). A recompute after preemption, or a lone late prompt, pays that on
-every prefill. Here such a prefill is padded to the next captured token count and replayed from
-a graph captured once at start-up: one launch, its time set by the device.
+(figures: docs/gpu-notes.md, "Where the numbers in the code went"). A recompute after
+preemption, or a lone late prompt, pays that on every prefill. Here such a prefill is padded to
+the next captured token count and replayed from a graph captured once at start-up: one launch,
+its time set by the device.
 
 Which token counts are captured, and which prefills pad to which: ``engine/graph_sizes.py``.
 

@@ -17,15 +17,17 @@ python3 -c "from engine.model.checkpoint import make_model; make_model('qwen3-0.
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 if has ktests; then  # the Triton kernels, compiled
     timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider -rs -x \
-        tests/engine/test_triton_kernels.py tests/engine/test_triton_fused.py \
-        tests/engine/test_triton_fused_kv_store.py tests/engine/test_attention_triton_backend.py \
-        tests/engine/test_triton_sampler.py tests/engine/test_prefill_graphs_model.py \
+        tests/engine/model/test_triton_kernels.py tests/engine/model/test_triton_fused.py \
+        tests/engine/model/test_triton_fused_kv_store.py \
+        tests/engine/model/test_attention_triton_backend.py \
+        tests/engine/model/test_triton_sampler.py tests/benchmarks/test_sampler_variants.py \
+        tests/engine/runner/test_prefill_graphs_model.py \
         > "$OUT/ktests.log" 2>&1
     tail -5 "$OUT/ktests.log"
 fi
 if has tests; then  # the runner against transformers
     timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider -rs -s \
-        tests/engine/test_gpu_runner.py > "$OUT/pytest.log" 2>&1
+        tests/engine/runner/test_gpu_runner.py > "$OUT/pytest.log" 2>&1
     grep -E "^bf16|passed|failed|^FAILED|Error" "$OUT/pytest.log" | head -30
 fi
 if has kernels; then

@@ -24,17 +24,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 256
-DTYPE = torch.bfloat16
+from benchmarks.gpu_timing import BLOCK_SIZE, DTYPE, HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, bench_ms
+
 COPY_BYTES = 2 << 30
 BF16_TOLERANCE = 1e-2  # relative error of bf16-operand attention against a float32 reference
 REF_MEAN_CONTEXT = 850  # the reference workload's mean decode context, about
-
-
-def bench_ms(fn: Any, warmup_ms: int = 25, rep_ms: int = 100) -> float:
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
 def copy_ceiling() -> dict[str, float]:
@@ -277,22 +271,6 @@ def run_prefill(num_seqs: int, q_len: int, cached: int) -> list[dict[str, Any]]:
     return rows
 
 
-def time_call(fn: Any) -> dict[str, float]:
-    """GPU time per call: CUDA graph replay (no launch overhead) and eager (``do_bench``)."""
-    import triton.testing
-
-    res: dict[str, float] = {}
-    try:
-        res["us_graph"] = 1e3 * float(
-            triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median")
-        )
-    except Exception as exc:  # noqa: BLE001 - report and fall back to eager timing
-        res["graph_error"] = f"{type(exc).__name__}: {exc}"[:200]  # type: ignore[assignment]
-        torch.cuda.synchronize()
-    res["us_eager"] = 1e3 * bench_ms(fn)
-    return res
-
-
 def reference_decode_lens(batch: int, rng: random.Random) -> list[int]:
     """Contexts spread like the reference workload's mid-run decode batch (mean ~850)."""
     return [rng.randint(100, 1024) + rng.randint(0, 600) for _ in range(batch)]
@@ -329,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{props.name}: copy ceiling {result['copy_tb_s']:.2f} TB/s", flush=True)
     sampler_ok = True
     if args.only in ("all", "sampler"):
-        from benchmarks.sampler import run_sampler_section  # it imports this module
+        from benchmarks.sampler import run_sampler_section
 
         names = [n for n in args.sampler_variants.split(",") if n] or None
         sampler_ok = run_sampler_section(out_dir, names, args.quick)
@@ -349,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.quick:
             rows += run_prefill(8, 512, 512)
     if args.only in ("all", "store"):
-        from benchmarks.store import run_store  # it imports this module
+        from benchmarks.store import run_store
 
         rows += run_store()
     result["rows"] = rows

@@ -1,10 +1,12 @@
-"""Check and time every variant of the GPU sampler (``engine.model.kernels.sampler``) on CUDA.
+"""Check and time every variant of the GPU sampler (``benchmarks.sampler_variants``) on CUDA.
 
 ``python -m benchmarks.sampler --out DIR`` (or ``python -m benchmarks.kernels --only
 sampler``) probes the Gumbel noise of the largest uniforms, then for each variant checks greedy
 equality with ``argmax``, determinism and its token distribution (chi-square), and times it at
 1, 64 and 256 rows of 151,936 bf16 logits against PyTorch baselines. ``sampler.json`` is
-rewritten after each variant, so a crash keeps what was measured before it.
+rewritten after each variant, so a crash keeps what was measured before it. It also checks
+that the engine's sampler (``engine.model.kernels.sampler``) draws the tokens of the variant it
+is named after.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.kernels import time_call
+from benchmarks.gpu_timing import time_call
 
 SAMPLER_DEVICE = "cuda"
 SAMPLER_VOCAB = 151936
@@ -72,7 +74,7 @@ def sampler_inputs(rows: int, kind: str, gen: torch.Generator) -> torch.Tensor:
 def sampler_checks(name: str, gen: torch.Generator) -> dict[str, Any]:
     """Greedy rows == argmax (bf16 ties: the first), same seed -> same tokens, and the token
     frequencies of two distributions (small vocabulary; full vocabulary, sparse support)."""
-    from engine.model.kernels.sampler import SAMPLER_VARIANTS, sample_tokens
+    from benchmarks.sampler_variants import SAMPLER_VARIANTS, sample_tokens
 
     variant = SAMPLER_VARIANTS[name]
     out: dict[str, Any] = {}
@@ -124,10 +126,27 @@ def sampler_checks(name: str, gen: torch.Generator) -> dict[str, Any]:
     return out
 
 
+def engine_check(gen: torch.Generator) -> dict[str, Any]:
+    """The engine's kernel against its variant here: the same tokens, greedy and sampled."""
+    from benchmarks.sampler_variants import DEFAULT_SAMPLER_VARIANT, sample_tokens
+    from engine.model.kernels.sampler import sample_tokens as engine_sample
+
+    out: dict[str, Any] = {"variant": DEFAULT_SAMPLER_VARIANT}
+    for rows in SAMPLER_ROWS:
+        logits = sampler_inputs(rows, "randn", gen)
+        temps = torch.full((rows,), SAMPLER_TEMP, device=SAMPLER_DEVICE)
+        temps[::2] = 0.0  # greedy rows among the sampled ones
+        mine = engine_sample(logits, temps, 12345)
+        theirs = sample_tokens(logits, temps, 12345, variant=DEFAULT_SAMPLER_VARIANT)
+        out[str(rows)] = bool(torch.equal(mine, theirs))
+    out["ok"] = all(out[str(rows)] for rows in SAMPLER_ROWS)
+    return out
+
+
 def gumbel_tail_probe() -> dict[str, Any]:
     """Is the noise finite and accurate for the largest uniforms the kernels draw? (The hardware
     log2 is approximate: -log2(u) for u = 1 - 2**-24 is 8.6e-8, about its absolute error.)"""
-    from engine.model.kernels.sampler import PROBE_MODES, gumbel_probe
+    from benchmarks.sampler_variants import PROBE_MODES, gumbel_probe
 
     k = torch.arange(1, 1 << 14, device=SAMPLER_DEVICE, dtype=torch.float64)
     ref_u = 1 - k * 2.0**-24  # the reference kernel's top uniforms (tl.rand4x)
@@ -156,7 +175,7 @@ def gumbel_tail_probe() -> dict[str, Any]:
 
 def run_sampler(out_dir: Path, names: list[str] | None, quick: bool) -> list[dict[str, Any]]:
     """Check then time each sampler variant; ``sampler.json`` is rewritten after each one."""
-    from engine.model.kernels.sampler import (
+    from benchmarks.sampler_variants import (
         DEFAULT_SAMPLER_VARIANT,
         SAMPLER_VARIANTS,
         sample_tokens,
@@ -172,6 +191,7 @@ def run_sampler(out_dir: Path, names: list[str] | None, quick: bool) -> list[dic
         "temperature": SAMPLER_TEMP,
         "engine_default": DEFAULT_SAMPLER_VARIANT,
         "gumbel_tail": gumbel_tail_probe(),
+        "engine": engine_check(gen),
         "variants": {},
         "rows": [],
     }
@@ -257,7 +277,8 @@ def run_sampler(out_dir: Path, names: list[str] | None, quick: bool) -> list[dic
     result["fastest_ok_sampler"] = best
     path.write_text(json.dumps(result, indent=1))
     failed = [n for n, c in result["variants"].items() if not c.get("ok")]
-    print(f"sampler: fastest passing variant per rows {json.dumps(best)}; failed: {failed}")
+    print(f"sampler: fastest passing variant per rows {json.dumps(best)}; failed: {failed}; "
+          f"engine kernel matches {DEFAULT_SAMPLER_VARIANT}: {result['engine']['ok']}")
     return rows_out
 
 
@@ -284,9 +305,8 @@ def run_sampler_section(out_dir: Path, names: list[str] | None, quick: bool) -> 
     """:func:`run_sampler`, then whether every variant passed its checks and ran."""
     rows = run_sampler(out_dir, names, quick)
     result = json.loads((out_dir / "sampler.json").read_text())
-    return all(v.get("ok") for v in result["variants"].values()) and not any(
-        "error" in row for row in rows
-    )
+    variants_ok = all(v.get("ok") for v in result["variants"].values())
+    return variants_ok and result["engine"]["ok"] and not any("error" in row for row in rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.kernels import (
+from benchmarks.gpu_timing import (
     BLOCK_SIZE,
     DTYPE,
     HEAD_DIM,

@@ -16,6 +16,8 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
 # what the next step's decodes can claim; "per_running": one free block per running sequence
 # (the rule of traces recorded before schema 3).
 DEFER_BLOCK_RULES = ("needed", "per_running")
+# torch.backends.cuda.preferred_blas_library for the projections; "default" leaves torch's choice.
+BLAS_LIBRARIES = ("default", "cublas", "cublaslt")
 AUTO_SIZED_BLOCKS = -1
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * 1024 * 1024
 
@@ -67,6 +69,9 @@ FIELD_RULES: dict[str, _Rule] = {
     "async_scheduling": _Rule(bool),
     "prefill_graph_tokens": _Rule(int, 0, _INT_MAX),
     "defer_block_rule": _Rule(str, choices=DEFER_BLOCK_RULES),
+    "fused_kernels": _Rule(bool),
+    "fused_kv_store": _Rule(bool),
+    "blas_library": _Rule(str, choices=BLAS_LIBRARIES),
 }
 
 
@@ -104,10 +109,18 @@ class Config:
     # decision (engine/engine_core.py). Decisions and events are those of the sequential loop.
     async_scheduling: bool = True
     # Prefills of up to this many tokens run through CUDA graphs captured per token count
-    # (engine/runner/prefill_graphs.py): launched in one call instead of ~400 kernel launches; 0: eager.
+    # (engine/runner/prefill_graphs.py): launched in one call, not one per kernel; 0: eager.
     prefill_graph_tokens: int = 4096
     # How overlapped scheduling makes sure the next step cannot preempt (DEFER_BLOCK_RULES).
     defer_block_rule: str = "needed"
+    # CUDA only: fused Triton kernels for RMSNorm, QK-norm + RoPE and SwiGLU (engine/model/kernels/
+    # fused.py); False runs the PyTorch code of each layer (A/B comparisons of numerics or speed).
+    fused_kernels: bool = True
+    # CUDA only: the fused QK-norm + RoPE kernel also writes K/V into the cache where the attention
+    # backend allows it, instead of a separate store_kv launch.
+    fused_kv_store: bool = True
+    # CUDA only: the BLAS library of the projections (BLAS_LIBRARIES; benchmarks/gemm.py compares).
+    blas_library: str = "default"
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:

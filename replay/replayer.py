@@ -110,6 +110,10 @@ def config_from_header(header: dict[str, Any], **overrides: Any) -> Config:
     # per running sequence.
     recorded.setdefault("prefill_graph_tokens", 0)
     recorded.setdefault("defer_block_rule", "per_running")
+    # Kernel and BLAS choices were environment variables then; their defaults are these.
+    recorded.setdefault("fused_kernels", True)
+    recorded.setdefault("fused_kv_store", True)
+    recorded.setdefault("blas_library", "default")
     known = set(Config.field_names())
     unknown = sorted(set(recorded) - known)
     if unknown:

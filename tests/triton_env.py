@@ -52,7 +52,7 @@ def load_kernel_modules(*names: str) -> list[ModuleType]:
 
 
 def load_attention_backend_module() -> ModuleType:
-    """``engine.model.layers.attention_triton`` with every kernel module it calls, ready to build."""
+    """``engine.model.layers.attention_triton`` with every kernel module it calls, ready."""
     (module,) = load_kernel_modules("engine.model.layers.attention_triton")
     load_kernel_modules(
         "engine.model.kernels.kv_store",

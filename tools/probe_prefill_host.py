@@ -51,18 +51,18 @@ def _parquet_writer(stop: threading.Event) -> None:
 def _phases(runner, batch) -> dict[str, float]:
     import torch
 
-    from engine.runner import tp
+    from engine.runner.step_inputs import eager_inputs, payload_from_batch
 
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    payload = tp.payload_from_batch(batch, decode=False)
-    ids, positions, metadata = runner.prepare(payload)
+    payload = payload_from_batch(batch, decode=False)
+    ids, positions, metadata = eager_inputs(payload, runner.block_size, runner.device)
     t1 = time.perf_counter()
     hidden = runner.model(ids, positions, metadata)
     t2 = time.perf_counter()
     index = torch.tensor(payload.sample_rows, dtype=torch.int64).to(runner.device)
     logits = runner.model.compute_logits(hidden.index_select(0, index))
-    tokens = runner.sample(logits, runner._temperatures(payload))
+    tokens = runner.cuda.sample(logits, runner.cuda.upload(payload.temperatures, torch.float32))
     t3 = time.perf_counter()
     tokens.tolist()
     t4 = time.perf_counter()

@@ -13,30 +13,21 @@ Norm weights are ``1 + noise`` so a misloaded norm cannot go unnoticed. Vocabula
 tokenizer (151669..151935) are zero, as padding rows are, so they are never the greedy choice.
 
 That is enough for the float32 ``tiny`` preset, not for bf16 at depth: with all-random weights
-the logits are near-Gaussian over 151,936 rows, so the top-1/top-2 gap is ~3% of the top logit
-(median), about what bf16 rounding (of activations through 28 layers, and of the logits
-themselves) moves it by, and bf16 and float32 greedy tokens differ at ~11% of positions, in
-transformers as in the engine. A trained model is confident: its top-1 logit stands far above
-the rest. No rescaling of random weights gets there without degenerating (a gap made by the
-current token's own embedding is a model that repeats its input), so the
+the logits are near-Gaussian over 151,936 rows, so the top-1/top-2 gap is about what bf16
+rounding (of activations through 28 layers, and of the logits themselves) moves it by, and bf16
+and float32 greedy tokens often differ, in transformers as in the engine (figures:
+docs/gpu-notes.md, "Where the numbers in the code went"). A trained model is confident: its
+top-1 logit stands far above the rest. No rescaling of random weights gets there without
+degenerating (a gap made by the current token's own embedding is a model that repeats its
+input), so the
 ``qwen3-0.6b-confident`` preset sets two knobs (``tools/checkpoint_margins.py`` measures them):
 
 * ``scaled_residual_init``: o_proj and down_proj std times ``1/sqrt(2 * num_layers)``
   (GPT-2/Megatron scaled init), so the 2L random residual branches add O(1) to the stream
   together instead of each one dominating it (and the circuit below).
 * ``skip_bigram_gain``: plants one circuit, a confident skip-bigram "language": the greedy next
-  token is ``sigma(previous token)`` for a fixed random permutation ``sigma`` of the vocabulary.
-  Each used embedding row is ``[a_k | b_k] + mu * u``: ``b_k`` (second half) is token k's own
-  random code, ``a_k`` (first half) is its predecessor's, ``a_sigma(k) = b_k``, and ``u`` is one
-  +-1 direction shared by all rows (trained embeddings share a mean direction too). Layer 0's
-  attention is a previous-token head: q and k read only ``u``, so after q_norm/k_norm they are
-  fixed vectors whose RoPE score (12 highest frequencies) is highest at offset 1, by ~20, for
-  every offset below max_position_embeddings; v/o copy the previous token's code ``b`` into the
-  first half with this gain. The final norm weight is negated on the second half, so the tied
-  head reads ``a_k . first half - b_k . second half``: the copied code puts ``sigma(prev)`` far
-  above every other row, while the current token's own embedding scores itself ~0 (the model
-  does not repeat its input). Every other weight stays random: all layers move the logits, but
-  the argmax is set by layer 0 and the head. ``successor_permutation`` returns ``sigma``.
+  token is ``sigma(previous token)`` for a fixed random permutation ``sigma`` of the vocabulary
+  (``engine/model/confident.py`` says how; ``successor_permutation`` returns ``sigma``).
 
 Base-model convention: eos is ``<|endoftext|>`` (151643), as in Qwen3 base checkpoints; chat
 checkpoints use ``<|im_end|>`` (151645).
@@ -59,9 +50,15 @@ import torch
 from safetensors.torch import save_file
 
 from engine.errors import ConfigError, ModelLoadError
+from engine.model.confident import (
+    USED_VOCAB,
+    circuit_generator,
+    plant_skip_bigram_embedding,
+    skip_bigram_attention,
+    successor_permutation,
+)
 from engine.model.tokenizer import (
     ENDOFTEXT,
-    NUM_QWEN3_SPECIAL_TOKENS,
     QWEN3_SPECIAL_START_ID,
     build_qwen3_tokenizer_json,
     qwen3_tokenizer_config,
@@ -71,7 +68,6 @@ from engine.model.tokenizer import (
 QWEN3_VOCAB_SIZE = 151936  # embedding rows of every Qwen3 checkpoint (padded past the tokenizer)
 EOS_TOKEN_ID = QWEN3_SPECIAL_START_ID  # <|endoftext|>
 BOS_TOKEN_ID = QWEN3_SPECIAL_START_ID
-USED_VOCAB = QWEN3_SPECIAL_START_ID + NUM_QWEN3_SPECIAL_TOKENS
 # Bump when presets or the weight generator change: cached default models are keyed by it.
 FORMAT_VERSION = 2
 CACHE_ENV = "REPLAYLLM_CACHE"
@@ -79,6 +75,7 @@ DEFAULT_PRESET = "tiny"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PROVENANCE_FILE = "replayllm.json"
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+__all__ = ["USED_VOCAB", "ModelPreset", "make_model", "random_weights", "successor_permutation"]
 
 
 @dataclass(frozen=True)
@@ -105,10 +102,10 @@ class ModelPreset:
     norm_jitter: float = 0.1  # norm weights = 1 + jitter * N(0, 1)
     # o_proj/down_proj std also times 1/sqrt(2 * num_layers) (GPT-2/Megatron scaled init): deep
     # bf16 stacks then add O(1) to the residual stream in total instead of amplifying rounding
-    # noise through every layer, and the planted circuit below stays on top.
+    # noise through every layer, and the planted circuit stays on top.
     scaled_residual_init: bool = False
-    # > 0 plants the skip-bigram circuit (module docstring) with this copy gain relative to the
-    # embedding: top-1 margins as wide as a trained model's, so bf16 and float32 agree on the
+    # > 0 plants the skip-bigram circuit (engine/model/confident.py) with this copy gain relative
+    # to the embedding: top-1 margins as wide as a trained model's, so bf16 and float32 agree on the
     # greedy token. 0 keeps every weight random (tiny: float32, 4 layers, margins suffice).
     skip_bigram_gain: float = 0.0
 
@@ -135,21 +132,13 @@ PRESETS: dict[str, ModelPreset] = {
     ),
 }
 # The same architecture with logit margins like a trained model's (module docstring): what a
-# bf16 top-1 agreement measures an implementation with. tools/checkpoint_margins.py: bf16 vs
-# float32 agreement 89.8% on qwen3-0.6b (near-tied random logits), 100% on this one. Its argmax
+# bf16 top-1 agreement measures an implementation with (tools/checkpoint_margins.py measures
+# the bf16/float32 agreement of both presets: docs/gpu-notes.md). Its argmax
 # is set by the embedding, layer 0 and the head, so the all-random preset stays the one
 # benchmarks and logit-error checks of every layer use.
 PRESETS["qwen3-0.6b-confident"] = dataclasses.replace(
     PRESETS["qwen3-0.6b"], scaled_residual_init=True, skip_bigram_gain=3.0
 )
-
-# The skip-bigram circuit (module docstring). Its draws come from a generator of their own so
-# successor_permutation() can redraw sigma without drawing the whole model.
-_CIRCUIT_SEED_OFFSET = 0x5B16
-_SHARED_DIRECTION = 0.25  # mu: u . x is ~8 std above 0 for every token, so q and k never flip
-_PREV_TOKEN_ROPE_PAIRS = 12  # the highest frequencies: previous position wins up to 40960
-_PREV_TOKEN_QK_NORM = 4.0  # layer-0 q_norm/k_norm weight: previous offset ~20 logits ahead
-
 
 def get_preset(name: str) -> ModelPreset:
     if name not in PRESETS:
@@ -209,8 +198,8 @@ def random_weights(preset: ModelPreset, seed: int = 0) -> dict[str, torch.Tensor
 
     embed = torch.randn((p.vocab_size, p.hidden_size), generator=gen) * p.embedding_std
     embed[USED_VOCAB:] = 0.0
-    circuit = _circuit_generator(seed) if p.skip_bigram_gain else None
-    shared = _plant_skip_bigram_embedding(p, embed, circuit) if circuit is not None else None
+    circuit = circuit_generator(seed) if p.skip_bigram_gain else None
+    shared = plant_skip_bigram_embedding(p, embed, circuit) if circuit is not None else None
     tensors = {"model.embed_tokens.weight": embed.to(dtype)}
     del embed
     q_out = p.num_attention_heads * p.head_dim
@@ -236,82 +225,11 @@ def random_weights(preset: ModelPreset, seed: int = 0) -> dict[str, torch.Tensor
     if circuit is not None and shared is not None:
         # Layer 0's drawn attention weights are replaced (drawing them keeps every other tensor
         # identical to the same preset without the circuit).
-        tensors.update(_skip_bigram_attention(p, shared, circuit, dtype))
+        tensors.update(skip_bigram_attention(p, shared, circuit, dtype))
         sign = torch.ones(p.hidden_size)
         sign[p.hidden_size // 2 :] = -1.0
         tensors["model.norm.weight"] = (tensors["model.norm.weight"].float() * sign).to(dtype)
     return tensors
-
-
-def _circuit_generator(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed + _CIRCUIT_SEED_OFFSET)
-
-
-def successor_permutation(seed: int = 0) -> torch.Tensor:
-    """``sigma`` of the skip-bigram circuit: ``sigma[k]`` is the token planted to follow ``k``
-    with one token in between (index = used-vocabulary id)."""
-    return torch.randperm(USED_VOCAB, generator=_circuit_generator(seed))
-
-
-def _plant_skip_bigram_embedding(
-    p: ModelPreset, embed: torch.Tensor, gen: torch.Generator
-) -> torch.Tensor:
-    """Used rows become ``[a_k | b_k] + mu * u`` with ``a_sigma(k) = b_k``; returns ``u``."""
-    half = p.hidden_size // 2
-    if half % p.head_dim or p.num_key_value_heads * p.head_dim < half:
-        raise ConfigError("skip_bigram_gain needs half the hidden size to fill whole kv heads")
-    sigma = torch.randperm(USED_VOCAB, generator=gen)  # == successor_permutation(seed)
-    u = torch.randint(0, 2, (p.hidden_size,), generator=gen).float() * 2.0 - 1.0
-    used = embed[:USED_VOCAB]
-    used[sigma, :half] = used[:, half:]
-    used += _SHARED_DIRECTION * u
-    return u
-
-
-def _skip_bigram_attention(
-    p: ModelPreset, u: torch.Tensor, gen: torch.Generator, dtype: torch.dtype
-) -> dict[str, torch.Tensor]:
-    """Layer 0's attention as a previous-token head copying codes ``b`` into the first half."""
-    hd, heads, kv_heads = p.head_dim, p.num_attention_heads, p.num_key_value_heads
-    half = p.hidden_size // 2
-    # q and k read only u, so after q_norm/k_norm every token's q is the fixed Q and its k the
-    # fixed K. RoPE pair j turns (Q_j, K_j) = (e^{-i theta_j}, 1) into a score
-    # cos((delta - 1) theta_j): largest at delta = 1 summed over the highest frequencies.
-    theta = p.rope_theta ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
-    pairs = torch.arange(_PREV_TOKEN_ROPE_PAIRS)
-    q = torch.zeros(hd, dtype=torch.float64)
-    k = torch.zeros(hd, dtype=torch.float64)
-    q[pairs], q[pairs + hd // 2] = torch.cos(theta[pairs]), -torch.sin(theta[pairs])
-    k[pairs] = 1.0
-    read_u = u.double() / p.hidden_size
-    # v: kv head h carries code block h % blocks; o: every q head writes its kv head's block to
-    # the same block of the first half, the heads sharing a block splitting the gain.
-    blocks = half // hd
-    v = torch.zeros(kv_heads * hd, p.hidden_size)
-    o = torch.zeros(p.hidden_size, heads * hd)
-    block_of_head = [(h // (heads // kv_heads)) % blocks for h in range(heads)]
-    eye = torch.eye(hd)
-    for h in range(kv_heads):
-        b = h % blocks
-        v[h * hd : (h + 1) * hd, half + b * hd : half + (b + 1) * hd] = eye
-    for h, b in enumerate(block_of_head):
-        o[b * hd : (b + 1) * hd, h * hd : (h + 1) * hd] = (
-            eye * p.skip_bigram_gain / block_of_head.count(b)
-        )
-
-    def qk_norm() -> torch.Tensor:
-        jitter = 1.0 + torch.randn(hd, generator=gen) * p.norm_jitter
-        return (_PREV_TOKEN_QK_NORM * jitter).to(dtype)
-
-    pre = "model.layers.0.self_attn."
-    return {
-        pre + "q_proj.weight": torch.outer(q.repeat(heads), read_u).to(dtype),
-        pre + "k_proj.weight": torch.outer(k.repeat(kv_heads), read_u).to(dtype),
-        pre + "v_proj.weight": v.to(dtype),
-        pre + "o_proj.weight": o.to(dtype),
-        pre + "q_norm.weight": qk_norm(),
-        pre + "k_norm.weight": qk_norm(),
-    }
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ from torch import nn
 
 from engine.errors import ModelLoadError
 from engine.model.layers.attention import AttentionBackend
+from engine.model.layers.cuda_kernels import FusedKernels, load_fused_kernels
 from engine.model.layers.linear import default_weight_loader
 from engine.model.layers.parallel import SINGLE_PROCESS, ParallelGroup
 from engine.model.registry import get_model_class, resolve_architecture
@@ -174,8 +175,15 @@ def build_model(
     device: torch.device,
     dtype: torch.dtype,
     group: ParallelGroup = SINGLE_PROCESS,
+    kernels: FusedKernels | None = None,
 ) -> nn.Module:
-    """Instantiate the checkpoint's architecture on ``device`` in ``dtype`` and load weights."""
+    """Instantiate the checkpoint's architecture on ``device`` in ``dtype`` and load weights.
+
+    ``kernels``: the fused kernels its layers use; None: the defaults for ``device`` (the fused
+    Triton kernels and KV store on CUDA, the PyTorch code elsewhere).
+    """
+    if kernels is None:
+        kernels = load_fused_kernels(device)
     path = check_model_dir(model_dir)
     hf_config = read_hf_config(path)
     model_cls = get_model_class(resolve_architecture(hf_config, str(path / CONFIG_FILE)))
@@ -184,7 +192,7 @@ def build_model(
     torch.set_default_dtype(dtype)  # parameters are created in the serving dtype directly
     try:
         with torch.device(device):
-            model = model_cls(spec, backend, group)
+            model = model_cls(spec, backend, group, kernels)
     finally:
         torch.set_default_dtype(previous)
     load_weights(model, path)

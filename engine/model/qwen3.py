@@ -6,7 +6,6 @@ Parameter names follow the Hugging Face checkpoint except for the fused projecti
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -18,7 +17,7 @@ from engine.errors import ModelLoadError
 from engine.model.attention_metadata import AttentionMetadata
 from engine.model.layers.activation import SiluAndMul
 from engine.model.layers.attention import Attention, AttentionBackend
-from engine.model.layers.cuda_kernels import fused_kernels
+from engine.model.layers.cuda_kernels import FusedKernels
 from engine.model.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from engine.model.layers.layernorm import RMSNorm
 from engine.model.layers.linear import (
@@ -115,6 +114,22 @@ class Qwen3Spec:
             eos_token_id=eos if isinstance(eos, int) else None,
         )
 
+    def describe(self) -> dict[str, Any]:
+        """The architecture as the trace header's ``model`` entry records it."""
+        return {
+            "num_layers": self.num_hidden_layers,
+            "num_heads": self.num_attention_heads,
+            "num_kv_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rope_theta": self.rope_theta,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "checkpoint_dtype": self.torch_dtype,
+        }
+
 
 class Qwen3Attention(nn.Module):
     """Self-attention with per-head RMSNorm on q and k (Qwen3's QK-norm) before RoPE."""
@@ -125,8 +140,10 @@ class Qwen3Attention(nn.Module):
         group: ParallelGroup,
         backend: AttentionBackend,
         rotary_emb: RotaryEmbedding,
+        kernels: FusedKernels | None = None,
     ) -> None:
         super().__init__()
+        self.kernels = kernels if kernels is not None else FusedKernels()
         self.head_dim = spec.head_dim
         self.qkv_proj = QKVParallelLinear(
             spec.hidden_size,
@@ -148,8 +165,14 @@ class Qwen3Attention(nn.Module):
         )
         self.rotary_emb = rotary_emb
         self.attn = Attention(
-            self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, backend
+            self.num_heads,
+            self.head_dim,
+            self.head_dim**-0.5,
+            self.num_kv_heads,
+            backend,
+            fuse_kv_store=self.kernels.kv_store,
         )
+        # Qwen3's q/k norms run inside qk_norm_rope when fused: their own forward is PyTorch.
         self.q_norm = RMSNorm(spec.head_dim, eps=spec.rms_norm_eps)
         self.k_norm = RMSNorm(spec.head_dim, eps=spec.rms_norm_eps)
 
@@ -157,8 +180,8 @@ class Qwen3Attention(nn.Module):
         self, positions: torch.Tensor, hidden_states: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
         qkv = self.qkv_proj(hidden_states)
-        kernels = fused_kernels(qkv)
-        if kernels is not None:  # CUDA: q/k norms and RoPE in one launch, ~30 fewer kernels
+        kernels = self.kernels.module
+        if kernels is not None:  # CUDA: q/k norms and RoPE in one launch
             # ... and, where the backend allows, the KV-cache store too (one launch fewer).
             q, k, v, stored = self._norm_rope_store(kernels, qkv, positions, metadata)
             o = self.attn(q, k, v, metadata, kv_stored=stored)
@@ -192,9 +215,10 @@ class Qwen3Attention(nn.Module):
             self.q_norm.eps,
         )
         target = self.attn.fused_kv_store_target()
-        if target is not None and _FUSED_STORE["usable"]:
+        state = self.kernels
+        if target is not None and state.store_usable:
             caches = {"k_cache": target[0], "v_cache": target[1]}
-            if _FUSED_STORE["checked"]:
+            if state.store_checked:
                 return (
                     *kernels.qk_norm_rope(*args, **caches, slot_mapping=metadata.slot_mapping),
                     True,
@@ -202,29 +226,20 @@ class Qwen3Attention(nn.Module):
             try:  # the first call compiles the fused variant (outside any CUDA-graph capture)
                 q, k, v = kernels.qk_norm_rope(*args, **caches, slot_mapping=metadata.slot_mapping)
             except Exception as exc:  # noqa: BLE001 - fall back to the separate store_kv launch
-                _FUSED_STORE["usable"] = False
-                warnings.warn(
-                    f"fused KV store unavailable ({type(exc).__name__}: {exc}); "
-                    "storing K/V with store_kv instead",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+                state.store_failed(exc)
             else:
-                _FUSED_STORE["checked"] = True
+                state.store_checked = True
                 return q, k, v, True
         q, k, v = kernels.qk_norm_rope(*args)
         return q, k, v, False
 
 
-# Process-wide: did the fused qk_norm_rope + KV store compile (first use checks once; a failure
-# turns it off for the process, with a warning, rather than failing the run).
-_FUSED_STORE = {"checked": False, "usable": True}
-
-
 class Qwen3MLP(nn.Module):
     """SwiGLU: ``down(silu(gate(x)) * up(x))`` with gate and up fused."""
 
-    def __init__(self, spec: Qwen3Spec, group: ParallelGroup) -> None:
+    def __init__(
+        self, spec: Qwen3Spec, group: ParallelGroup, kernels: FusedKernels | None = None
+    ) -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(
             spec.hidden_size, [spec.intermediate_size] * 2, bias=False, group=group
@@ -232,7 +247,7 @@ class Qwen3MLP(nn.Module):
         self.down_proj = RowParallelLinear(
             spec.intermediate_size, spec.hidden_size, bias=False, group=group
         )
-        self.act_fn = SiluAndMul()
+        self.act_fn = SiluAndMul(kernels.module if kernels is not None else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
@@ -245,12 +260,14 @@ class Qwen3DecoderLayer(nn.Module):
         group: ParallelGroup,
         backend: AttentionBackend,
         rotary_emb: RotaryEmbedding,
+        kernels: FusedKernels | None = None,
     ) -> None:
         super().__init__()
-        self.self_attn = Qwen3Attention(spec, group, backend, rotary_emb)
-        self.mlp = Qwen3MLP(spec, group)
-        self.input_layernorm = RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        fused = kernels.module if kernels is not None else None
+        self.self_attn = Qwen3Attention(spec, group, backend, rotary_emb, kernels)
+        self.mlp = Qwen3MLP(spec, group, kernels)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, fused)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, fused)
 
     def forward(
         self,
@@ -271,7 +288,11 @@ class Qwen3DecoderLayer(nn.Module):
 
 class Qwen3Model(nn.Module):
     def __init__(
-        self, spec: Qwen3Spec, group: ParallelGroup, backend: AttentionBackend
+        self,
+        spec: Qwen3Spec,
+        group: ParallelGroup,
+        backend: AttentionBackend,
+        kernels: FusedKernels | None = None,
     ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, group)
@@ -280,10 +301,11 @@ class Qwen3Model(nn.Module):
             spec.head_dim, spec.head_dim, spec.max_position_embeddings, spec.rope_theta
         )
         self.layers = nn.ModuleList(
-            Qwen3DecoderLayer(spec, group, backend, rotary_emb)
+            Qwen3DecoderLayer(spec, group, backend, rotary_emb, kernels)
             for _ in range(spec.num_hidden_layers)
         )
-        self.norm = RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        fused = kernels.module if kernels is not None else None
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, fused)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata
@@ -298,7 +320,11 @@ class Qwen3Model(nn.Module):
 
 class Qwen3ForCausalLM(nn.Module):
     """``forward`` gives final hidden states for every new token; ``compute_logits`` maps the
-    rows the caller picked (the sampled positions) to vocabulary logits."""
+    rows the caller picked (the sampled positions) to vocabulary logits.
+
+    ``kernels``: the fused CUDA kernels its layers use (one state for the whole model); None:
+    the PyTorch code of every layer.
+    """
 
     spec_class = Qwen3Spec
     # checkpoint module name -> (engine module name, shard id for its weight_loader)
@@ -315,11 +341,13 @@ class Qwen3ForCausalLM(nn.Module):
         spec: Qwen3Spec,
         backend: AttentionBackend,
         group: ParallelGroup = SINGLE_PROCESS,
+        kernels: FusedKernels | None = None,
     ) -> None:
         super().__init__()
         self.spec = spec
         self.group = group
-        self.model = Qwen3Model(spec, group, backend)
+        self.kernels = kernels if kernels is not None else FusedKernels()
+        self.model = Qwen3Model(spec, group, backend, self.kernels)
         self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size, group=group)
         if spec.tie_word_embeddings:
             self.lm_head.tie_to(self.model.embed_tokens)

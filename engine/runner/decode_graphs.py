@@ -2,9 +2,9 @@
 
 Decode inputs live in fixed buffers for the runner's lifetime: pinned host arrays filled with
 numpy, copied to the device in three small transfers per step, and read by graphs captured once
-for the batch sizes of ``engine.graph_sizes.decode_graph_sizes`` that share one memory pool. Row ``i``
-of every buffer is the ``i``-th decode sequence; rows past the batch are padding (context 0,
-slot -1: attention outputs zeros and nothing is stored).
+for the batch sizes of ``engine.graph_sizes.decode_graph_sizes`` that share one memory pool.
+Row ``i`` of every buffer is the ``i``-th decode sequence; rows past the batch are padding
+(context 0, slot -1: attention outputs zeros and nothing is stored).
 
 The block-table buffer is ``[max_batch, ceil(max_model_len / block_size)]``, fixed width so the
 graphs never see another shape. Rows are updated incrementally: a sequence that stays in the
@@ -23,12 +23,18 @@ import torch
 
 from engine.graph_sizes import decode_graph_sizes, padded_decode_size
 from engine.model.attention_metadata import AttentionMetadata
-from engine.runner.graph_capture import CapturedGraphs
+from engine.runner.graph_capture import (
+    PAD_SLOT,
+    ROW_IDS,
+    ROW_POSITIONS,
+    ROW_SLOTS,
+    CapturedGraphs,
+    ModelFn,
+)
 
-PAD_SLOT = -1
-# Rows of the int64 staging block: token ids, positions, cache slots, and for a token still being
-# sampled by the previous (overlapped) step, its row in that step's output.
-ROW_IDS, ROW_POSITIONS, ROW_SLOTS, ROW_SOURCE = 0, 1, 2, 3
+# The int64 staging block's fourth row: for a token still being sampled by the previous
+# (overlapped) step, its row in that step's output.
+ROW_SOURCE = 3
 NO_SOURCE = -1
 HOST_STAGES = 2
 
@@ -55,6 +61,14 @@ class DecodeBuffers:
 
     Two host staging sets alternate: with overlapped steps the next step is staged while the
     previous step's host-to-device copy may still be queued, so it must not reuse its arrays.
+
+    Two ways in, one per caller, sharing :meth:`_fill` (tables, slots, and the checks that the
+    block table fits the buffer and holds the context): :meth:`stage` takes a ``StepPayload``'s
+    lists, which is all a tensor-parallel rank has (rank 0 ran ``check_batch`` before it
+    broadcast them); :meth:`stage_sequences` reads the scheduler's sequences directly on one
+    GPU, the hot path, where building lists and running ``check_batch`` per sequence would add
+    host time to every decode step; it checks, vectorised, what ``check_batch`` would have
+    caught for a decode (context == tokens, table holds it, block ids in the pool).
     """
 
     def __init__(
@@ -259,9 +273,6 @@ class DecodeBuffers:
             query_lens_host=(1,) * batch,
             context_lens_host=context_lens_host or (max_context,) * batch,
         )
-
-
-ModelFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
 
 
 class DecodeGraphs(CapturedGraphs):

@@ -3,6 +3,7 @@
 Used for decode batches (``engine/runner/decode_graphs.py``) and prefill token counts
 (``engine/runner/prefill_graphs.py``): the caller stages inputs into buffers whose addresses never
 change, then replays the graph of the padded size; hidden states land in ``outputs[:size]``.
+Both stage their int64 inputs as rows of one block (``ROW_*``); padding rows get ``PAD_SLOT``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+from engine.model.attention_metadata import AttentionMetadata
+
+# A padding row's cache slot: the KV store skips it, so padding never writes the cache.
+PAD_SLOT = -1
+# Rows of the int64 staging block both graph kinds share: token ids, positions, cache slots
+# (each kind adds its own rows after these).
+ROW_IDS, ROW_POSITIONS, ROW_SLOTS = 0, 1, 2
+# The forward a graph captures: model(input_ids, positions, metadata) -> hidden states.
+ModelFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
 
 
 class CapturedGraphs:

@@ -5,15 +5,18 @@ asked for, reading earlier KV through the sequence's block table, and samples on
 sequence that samples. The KV cache is one tensor ``[2, layers, blocks, block_size, kv_heads,
 head_dim]``; each attention layer gets views of its K and V planes.
 
-On CUDA (``engine/runner/cuda_setup.py``): the pool is sized after a warm-up at maximum load, every
-Triton kernel is compiled before the first step, decode-only steps run through persistent input
-buffers and CUDA graphs (``engine/runner/decode_graphs.py``), tokens are sampled on the GPU in one pass,
-and each step's GPU time comes from CUDA events. With ``tensor_parallel_size > 1`` this runner
-is rank 0: it starts the other ranks (``engine/runner/tp.py``) and broadcasts each step's inputs.
+On CUDA the pool is sized after a warm-up at maximum load and every Triton kernel is compiled
+before the first step (``engine/runner/cuda_setup.py``); then a ``CudaStepper``
+(``engine/runner/cuda_step.py``) runs the steps: decode-only steps through persistent input
+buffers and CUDA graphs, tokens sampled on the GPU in one pass, each step's GPU time from CUDA
+events. On CPU the runner runs the model eagerly and samples with ``Sampler``. With
+``tensor_parallel_size > 1`` this runner is rank 0: it starts the other ranks
+(``engine/runner/tp.py``, each running :func:`worker_main`) and broadcasts each step's inputs.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -24,23 +27,24 @@ from engine.batch import ScheduledBatch, StepOutput
 from engine.config import AUTO_SIZED_BLOCKS, Config
 from engine.errors import ConfigError
 from engine.executor import DoneStep, PendingStep
-from engine.model.attention_metadata import AttentionMetadata, build_attention_metadata
 from engine.model.layers.attention import get_attention_backend
+from engine.model.layers.cuda_kernels import load_fused_kernels
 from engine.model.layers.parallel import SINGLE_PROCESS
 from engine.model.layers.sampler import Sampler
 from engine.model.loader import build_model
-from engine.runner import cuda_setup as cuda_runner
-from engine.runner import tp
-from engine.runner.decode_graphs import NO_SOURCE, DecodeBuffers, DecodeGraphs
-from engine.runner.prefill_graphs import PrefillGraphs
-from engine.runner.runner_info import describe_runner
-from engine.runner.step_inputs import check_batch
+from engine.runner import cuda_setup, tp
+from engine.runner.cuda_step import CudaStepper, sample_on_gpu, sampling_seed
+from engine.runner.step_inputs import (
+    StepPayload,
+    check_batch,
+    eager_inputs,
+    payload_from_batch,
+    token_values,
+)
 from engine.sequence import PENDING_TOKEN
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 KV_PLANES = 2  # K and V
-SEED_STRIDE = 1_000_003  # mixes the configured seed and the step number into a sampling seed
-SEED_MODULUS = 2**31 - 1
 
 
 def _resolve_device(name: str) -> torch.device:
@@ -57,33 +61,15 @@ def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
-def _token_values(previous: PendingStep) -> dict[int, int]:
-    """seq_id -> token sampled by ``previous`` (waits for it)."""
-    output = previous.result()
-    seq_ids = getattr(previous, "seq_ids", None)
-    if seq_ids is None:
-        raise ValueError("the previous step does not say which sequences it sampled")
-    return dict(zip(seq_ids, output.token_ids))
-
-
-def _sources(seqs: list, previous: cuda_runner.LaunchedStep) -> list[int]:
-    """Per sequence, the row of ``previous``'s output holding its pending input token."""
-    out = []
-    for seq in seqs:
-        if seq.last_token == PENDING_TOKEN:
-            row = previous.row_of.get(seq.seq_id)
-            if row is None:
-                raise ValueError(f"seq {seq.seq_id}: pending token not sampled by the last step")
-            out.append(row)
-        else:
-            out.append(NO_SOURCE)
-    return out
+def rank_device(device: torch.device, rank: int) -> torch.device:
+    """The device of tensor-parallel rank ``rank``: GPU ``rank`` on CUDA, else ``device``."""
+    return torch.device("cuda", rank) if device.type == "cuda" else device
 
 
 class ModelRunner:
     """Executor over a real model (see ``engine/batch.py`` for the step contract).
 
-    ``rank``/``store_dir`` are for tensor-parallel workers, which ``engine.runner.tp`` starts.
+    ``rank``/``store_dir`` are for tensor-parallel workers, which :func:`worker_main` builds.
     """
 
     def __init__(
@@ -107,13 +93,8 @@ class ModelRunner:
         self.block_size = config.kvcache_block_size
         self.attention_backend = get_attention_backend(config.attention_backend, self.device)
         self.dist: tp.Distributed | None = None
-        self.buffers: DecodeBuffers | None = None
-        self.graphs: DecodeGraphs | None = None
-        self.prefill_graphs: PrefillGraphs | None = None
-        self.timer: cuda_runner.StepTimer | None = None
-        self.tokens: cuda_runner.TokenBuffers | None = None
+        self.cuda: CudaStepper | None = None
         self.kv_cache: torch.Tensor | None = None
-        self.num_steps = 0
         world = config.tensor_parallel_size
         if world > 1:
             tp.check_divisible(self.model_dir, world)
@@ -123,9 +104,9 @@ class ModelRunner:
                         f"tensor_parallel_size {world} needs {world} GPUs, "
                         f"{torch.cuda.device_count()} visible"
                     )
-                self.device = torch.device("cuda", rank)
+                self.device = rank_device(self.device, rank)
             if rank == 0:
-                self.dist = tp.start(config, self.device)
+                self.dist = tp.start(config, self.device, worker_main)
             else:
                 assert store_dir is not None, "a TP worker needs the rendezvous store"
                 self.dist = tp.join(rank, world, store_dir, self.device)
@@ -134,9 +115,11 @@ class ModelRunner:
                 self.device = torch.device("cuda", torch.cuda.current_device())
             torch.cuda.set_device(self.device)
         self.group = self.dist.group if self.dist else SINGLE_PROCESS
+        self.kernels = load_fused_kernels(self.device, config.fused_kernels, config.fused_kv_store)
         self.model = build_model(
-            self.model_dir, self.attention_backend, self.device, self.dtype, self.group
-        )
+            self.model_dir, self.attention_backend, self.device, self.dtype, self.group,
+            self.kernels,
+        )  # fmt: skip
         self.spec = self.model.spec
         self.vocab_size: int = self.spec.vocab_size
         self.eos_token_id: int = (
@@ -147,13 +130,17 @@ class ModelRunner:
         self.num_kv_heads = self.model.attention_layers[0].num_kv_heads
         self.sampler = Sampler(config.seed, self.device)
         if self.device.type == "cuda":
-            blocks = cuda_runner.warm_up_and_size(self)
+            blocks = self._warm_up_and_size()
         else:
             blocks = self._kv_block_count()
         self.num_kvcache_blocks: int = tp.agree_min(blocks, self.dist) if self.dist else blocks
         self._allocate_kv_cache()
         if self.device.type == "cuda":
-            cuda_runner.set_up_cuda(self)
+            self.cuda = cuda_setup.build_stepper(
+                self.model, config, self.spec.max_position_embeddings, self.spec.hidden_size,
+                self.device, self.dtype, self.block_size, self.num_kvcache_blocks,
+                self.attention_backend, self.num_kv_heads, rank, self.fused_kernels,
+            )  # fmt: skip
 
     # --- set-up -----------------------------------------------------------------------------------
     @property
@@ -165,10 +152,19 @@ class ModelRunner:
 
     @property
     def fused_kernels(self) -> bool:
-        from engine.model.layers.cuda_kernels import fused_kernels
+        """Whether the model's layers run the fused Triton kernels (CUDA only)."""
+        return self.kernels.module is not None
 
-        probe = torch.empty(0, device=self.device)
-        return fused_kernels(probe) is not None
+    def _warm_up_and_size(self) -> int:
+        """CUDA: KV blocks that fit after a maximum-load step (sampled as step 0 would be)."""
+        seed = sampling_seed(self.config.seed, 0)
+        graph_sizes = cuda_setup.planned_prefill_graph_sizes(self.config, self.attention_backend)
+        return cuda_setup.warm_up_and_size(
+            self.model, self.model.compute_logits,
+            lambda logits, temps: sample_on_gpu(logits, temps, seed),
+            self.config, self.spec.max_position_embeddings, self.device, self.block_size,
+            self.kv_block_bytes, max(graph_sizes, default=0),
+        )  # fmt: skip
 
     def _kv_block_count(self) -> int:
         if self.config.num_kvcache_blocks != AUTO_SIZED_BLOCKS:
@@ -198,21 +194,6 @@ class ModelRunner:
             layer.bind_kv_cache(self.kv_cache[0, i], self.kv_cache[1, i])
 
     # --- one step ---------------------------------------------------------------------------------
-    def prepare(
-        self, payload: tp.StepPayload
-    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """Flat input ids, positions and attention metadata of a general (eager) step."""
-        positions, metadata = build_attention_metadata(
-            payload.query_lens,
-            payload.context_lens,
-            payload.block_tables,
-            self.block_size,
-            payload.num_prefill_seqs,
-            self.device,
-        )
-        ids = torch.tensor(payload.input_ids, dtype=torch.int64).to(self.device)
-        return ids, positions, metadata
-
     @property
     def supports_overlap(self) -> bool:
         """``launch`` may run ahead of the host (one process; TP steps stay in lock-step)."""
@@ -237,13 +218,13 @@ class ModelRunner:
         pending = any(seq.last_token == PENDING_TOKEN for seq in batch.sampled_seqs)
         if pending and previous is None:
             raise ValueError("a sequence's last token is pending but no previous step was given")
-        if batch.is_decode and self.buffers is not None and self.dist is None:
-            return self._launch_decode(batch, previous if pending else None)
-        values = _token_values(previous) if pending and previous is not None else None
+        if batch.is_decode and self.cuda is not None and self.dist is None:
+            return self.cuda.launch_decode(batch, previous if pending else None)
+        values = token_values(previous) if pending and previous is not None else None
         check_batch(batch, self.spec.max_position_embeddings, self.block_size,
                     self.num_kvcache_blocks)
-        decode = batch.is_decode and self.buffers is not None
-        payload = tp.payload_from_batch(batch, decode=decode, pending_values=values)
+        decode = batch.is_decode and self.cuda is not None
+        payload = payload_from_batch(batch, decode=decode, pending_values=values)
         if self.dist is not None:
             tp.broadcast_payload(payload, self.dist)
         began = time.perf_counter()
@@ -252,153 +233,21 @@ class ModelRunner:
             output.duration_s = time.perf_counter() - began
         return DoneStep(output, [seq.seq_id for seq in batch.sampled_seqs])
 
-    def _launch_decode(self, batch: ScheduledBatch, previous: PendingStep | None) -> PendingStep:
-        """A decode-only step on one GPU, staged straight from the sequences."""
-        assert self.buffers is not None and self.tokens is not None
-        seqs = batch.seqs
-        num_seqs = len(seqs)
-        size = self._graph_size(num_seqs, batch.eager)
-        # Pending input tokens: read on the device from a step still in flight, else on the host.
-        on_device = previous if isinstance(previous, cuda_runner.LaunchedStep) else None
-        sources = _sources(seqs, on_device) if on_device is not None else None
-        values = _token_values(previous) if previous is not None and on_device is None else None
-        self.buffers.stage_sequences(
-            seqs, batch.context_lens, size or num_seqs, self.num_kvcache_blocks, sources, values
-        )
-        if on_device is not None:
-            self.buffers.take_sources(num_seqs, on_device.tokens)
-        host_tokens, timer = self.tokens.next(num_seqs)
-        timer.begin()
-        hidden, padded, graph_used = self._forward_staged(num_seqs, size, batch.context_lens)
-        logits = self.model.compute_logits(hidden)
-        self.num_steps += 1
-        tokens = self.sample(logits, self.buffers.temperatures[:num_seqs])
-        timer.finish()
-        return cuda_runner.LaunchedStep(
-            [seq.seq_id for seq in seqs], tokens, host_tokens, timer, padded, graph_used
-        )
-
-    def _run(self, payload: tp.StepPayload) -> StepOutput:
+    def _run(self, payload: StepPayload) -> StepOutput:
         """Forward (every rank) and sampling (rank 0) of one step from its payload."""
+        if self.cuda is not None:
+            return self.cuda.run(payload)
         num_seqs = len(payload.seq_ids)
-        if not payload.decode and self.buffers is not None:
-            self.buffers.invalidate()  # block tables may have been rebuilt (preemption)
-        padded_tokens = self._prefill_graph_size(payload)
-        if self.timer is not None and not padded_tokens:
-            self.timer.begin()
-        if padded_tokens:
-            hidden = self._replay_prefill(payload, padded_tokens)
-            padded, graph_used = num_seqs, True
-        elif payload.decode:
-            assert self.buffers is not None
-            size = self._graph_size(num_seqs, payload.eager)
-            self.buffers.stage(
-                payload.seq_ids,
-                payload.input_ids,
-                payload.context_lens,
-                payload.block_tables,
-                payload.temperatures,
-                size or num_seqs,
-            )
-            hidden, padded, graph_used = self._forward_staged(num_seqs, size, payload.context_lens)
-        else:
-            ids, positions, metadata = self.prepare(payload)
-            hidden, padded, graph_used = self.model(ids, positions, metadata), num_seqs, False
+        ids, positions, metadata = eager_inputs(payload, self.block_size, self.device)
+        hidden = self.model(ids, positions, metadata)
         if not payload.sample_rows:
-            self.num_steps += 1
-            return StepOutput(token_ids=[], padded_batch_size=padded, graph_used=graph_used,
-                              padded_tokens=padded_tokens)
-        if padded_tokens:
-            assert self.prefill_graphs is not None
-            selected, temps = self.prefill_graphs.sampled(hidden, len(payload.sample_rows))
-            output = self._sample_and_finish(selected, temps, padded, graph_used)
-            output.padded_tokens = padded_tokens
-            return output
-        if payload.decode and len(payload.sample_rows) == num_seqs:
-            selected = hidden
-        else:
-            selected = hidden.index_select(0, self._upload(payload.sample_rows, torch.int64))
-        if self.device.type == "cuda":
-            temps = self._temperatures(payload)
-            return self._sample_and_finish(selected, temps, padded, graph_used)
-        logits = self.model.compute_logits(selected)
-        self.num_steps += 1
+            return StepOutput(token_ids=[], padded_batch_size=num_seqs)
+        rows = torch.tensor(payload.sample_rows, dtype=torch.int64)
+        logits = self.model.compute_logits(hidden.index_select(0, rows))
         if self.rank != 0:
-            return StepOutput(token_ids=[], padded_batch_size=padded, graph_used=graph_used)
+            return StepOutput(token_ids=[], padded_batch_size=num_seqs)
         tokens = self.sampler(logits, payload.temperatures)
-        return StepOutput(tokens.tolist(), padded_batch_size=padded, graph_used=graph_used)
-
-    def _prefill_graph_size(self, payload: tp.StepPayload) -> int:
-        """The captured token count this step's prefill pads to; 0: not a graph prefill."""
-        graphs = self.prefill_graphs
-        if graphs is None or payload.eager or payload.decode:
-            return 0
-        if payload.num_prefill_seqs != len(payload.seq_ids):  # a mixed step runs eager
-            return 0
-        return graphs.padded_size(len(payload.input_ids), len(payload.seq_ids))
-
-    def _replay_prefill(self, payload: tp.StepPayload, padded_tokens: int) -> torch.Tensor:
-        """Stage a prefill into the graph buffers and replay; hidden states of every row."""
-        assert self.prefill_graphs is not None and self.timer is not None
-        self.prefill_graphs.stage(payload.input_ids, payload.query_lens, payload.context_lens,
-                                  payload.block_tables, padded_tokens, payload.sample_rows,
-                                  payload.temperatures)
-        self.timer.begin()
-        return self.prefill_graphs.replay(padded_tokens)
-
-    def _graph_size(self, num_seqs: int, eager: bool = False) -> int | None:
-        if eager or self.graphs is None:
-            return None
-        return self.graphs.padded_size(num_seqs)
-
-    def _forward_staged(
-        self, num_seqs: int, size: int | None, context_lens: list[int]
-    ) -> tuple[torch.Tensor, int, bool]:
-        """Hidden states of a staged decode step: a graph replay, or eager when none fits."""
-        assert self.buffers is not None
-        if size is not None and self.graphs is not None:
-            return self.graphs.replay(size)[:num_seqs], size, True
-        metadata = self.buffers.metadata(num_seqs, max(context_lens), tuple(context_lens))
-        ids = self.buffers.input_ids[:num_seqs]
-        return self.model(ids, self.buffers.positions[:num_seqs], metadata), num_seqs, False
-
-    def _sample_and_finish(
-        self, hidden: torch.Tensor, temperatures: torch.Tensor, padded: int, graph_used: bool
-    ) -> StepOutput:
-        """CUDA: logits, GPU sampling, the one host sync, the step's GPU time."""
-        logits = self.model.compute_logits(hidden)
-        self.num_steps += 1
-        if self.rank != 0:
-            return StepOutput(token_ids=[], padded_batch_size=padded, graph_used=graph_used)
-        tokens = self.sample(logits, temperatures)
-        assert self.timer is not None
-        self.timer.finish()
-        began = time.perf_counter()
-        token_ids = tokens.tolist()  # the step's one synchronisation
-        waited = time.perf_counter() - began
-        return StepOutput(token_ids, self.timer.seconds(), padded, graph_used, waited)
-
-    def _temperatures(self, payload: tp.StepPayload) -> torch.Tensor:
-        if payload.decode and len(payload.sample_rows) == len(payload.seq_ids):
-            assert self.buffers is not None
-            return self.buffers.temperatures[: len(payload.seq_ids)]  # staged with the inputs
-        return self._upload(payload.temperatures, torch.float32)
-
-    def _upload(self, values: list, dtype: torch.dtype) -> torch.Tensor:
-        """A small host list on the device. On CUDA through pinned memory without blocking: a
-        copy from pageable memory waits for the stream, so after a forward the host would sit
-        idle until the device finished it, then leave the device idle while it launched on."""
-        tensor = torch.tensor(values, dtype=dtype)
-        if self.device.type != "cuda":
-            return tensor
-        return tensor.pin_memory().to(self.device, non_blocking=True)
-
-    def sample(self, logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
-        """GPU sampling (one pass over the logits); the seed moves with every step."""
-        from engine.model.kernels.sampler import sample_tokens
-
-        seed = (self.config.seed * SEED_STRIDE + self.num_steps) % SEED_MODULUS
-        return sample_tokens(logits, temperatures, seed)
+        return StepOutput(tokens.tolist(), padded_batch_size=num_seqs)
 
     def worker_loop(self) -> None:
         """A TP worker: run every step rank 0 broadcasts until it sends ``None``."""
@@ -410,7 +259,32 @@ class ModelRunner:
     # --- description and shutdown -----------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         """What the trace header records: where and how the model runs, and its architecture."""
-        return describe_runner(self)
+        dtype = str(self.dtype).removeprefix("torch.")
+        cuda = self.device.type == "cuda"
+        world = self.group.world_size
+        info: dict[str, Any] = {
+            "executor": "model_runner",
+            "device": str(self.device),
+            "device_name": torch.cuda.get_device_name(self.device) if cuda else "cpu",
+            "dtype": dtype,
+            "attention_backend": self.attention_backend.name,
+            "tensor_parallel_size": world,
+            "block_size": self.block_size,
+            "num_kvcache_blocks": self.num_kvcache_blocks,
+            "kv_cache_bytes": self.num_kvcache_blocks * self.kv_block_bytes,
+            "eos_token_id": self.eos_token_id,
+            "model": {
+                "architecture": type(self.model).__name__,
+                "path": str(self.model_dir),
+                **self.spec.describe(),
+                "num_params": sum(p.numel() for p in self.model.parameters()),
+                "dtype": dtype,
+            },
+        }
+        if world > 1:
+            info["rank_devices"] = [str(rank_device(self.device, r)) for r in range(world)]
+        info.update(self.cuda.describe() if self.cuda is not None else {"sampler": "torch"})
+        return info
 
     def close(self) -> None:
         """Release the KV cache, graphs and TP workers (idempotent)."""
@@ -419,14 +293,20 @@ class ModelRunner:
         if self.dist is not None and self.rank == 0:
             tp.shutdown(self.dist)
         self.dist = None
-        if self.graphs is not None:
-            self.graphs.release()
-            self.graphs = None
-        if self.prefill_graphs is not None:
-            self.prefill_graphs.release()
-            self.prefill_graphs = None
+        if self.cuda is not None:
+            self.cuda.release()
         for layer in self.model.attention_layers:
             layer.bind_kv_cache(None, None)
         self.kv_cache = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def worker_main(config: Config, rank: int, store_dir: str) -> None:
+    """A TP worker process's whole life: build its shard, then run every step rank 0 broadcasts."""
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.tensor_parallel_size))
+    runner = ModelRunner(config, rank=rank, store_dir=store_dir)
+    try:
+        runner.worker_loop()
+    finally:
+        runner.close()

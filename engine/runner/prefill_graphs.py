@@ -1,11 +1,11 @@
 """Small prefills on CUDA: CUDA graphs captured per padded token count.
 
-An eager prefill of Qwen3-0.6B launches ~400 kernels from Python; below ~4k tokens the device
+An eager prefill launches every kernel of every layer from Python; for small prefills the device
 finishes each before the host has launched the next, so the step takes the host's launch time
-(~11 ms on the H200 alone, 20-60 ms while another thread of the process wants the interpreter:
-tools/probe_prefill_host.py). A recompute after preemption, or a lone late prompt, pays that on
-every prefill. Here such a prefill is padded to the next captured token count and replayed from
-a graph captured once at start-up: one launch, its time set by the device.
+(figures: docs/gpu-notes.md, "Where the numbers in the code went"). A recompute after
+preemption, or a lone late prompt, pays that on every prefill. Here such a prefill is padded to
+the next captured token count and replayed from a graph captured once at start-up: one launch,
+its time set by the device.
 
 Which token counts are captured, and which prefills pad to which: ``engine/graph_sizes.py``.
 
@@ -34,13 +34,19 @@ import torch
 
 from engine.graph_sizes import MAX_GRAPH_PREFILL_SEQS, padded_prefill_tokens
 from engine.model.attention_metadata import AttentionMetadata
-from engine.runner.graph_capture import CapturedGraphs
+from engine.runner.graph_capture import (
+    PAD_SLOT,
+    ROW_IDS,
+    ROW_POSITIONS,
+    ROW_SLOTS,
+    CapturedGraphs,
+    ModelFn,
+)
 
 __all__ = ["PrefillGraphs", "stage_prefill"]
 
-PAD_SLOT = -1
-# Rows of the int64 staging block: token ids, positions, cache slots, and the rows sampled.
-ROW_IDS, ROW_POSITIONS, ROW_SLOTS, ROW_SAMPLE = 0, 1, 2, 3
+# The int64 staging block's fourth row: the rows sampled.
+ROW_SAMPLE = 3
 STAGED_ROWS = 4
 
 
@@ -84,9 +90,6 @@ def stage_prefill(
     i32[num_seqs + 1 : max_seqs + 1] = total
     i32[max_seqs + 1 : max_seqs + 1 + num_seqs] = ctx
     i32[max_seqs + 1 + num_seqs : 2 * max_seqs + 1] = 0
-
-
-ModelFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
 
 
 class PrefillGraphs(CapturedGraphs):

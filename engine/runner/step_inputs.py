@@ -1,13 +1,125 @@
-"""Checks of a scheduled batch before the model runner touches the KV cache."""
+"""One step's inputs as plain lists (``StepPayload``), and the checks of a scheduled batch.
+
+A payload is what every rank needs to run a step: rank 0 builds it from the scheduler's batch
+and, under tensor parallelism, broadcasts it (it is small and picklable); the eager path and the
+CUDA-graph prefill read it too. Only the single-GPU decode stages straight from the sequences
+(``DecodeBuffers.stage_sequences``), without a payload.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
+
 from engine.batch import ScheduledBatch
+from engine.executor import PendingStep
+from engine.model.attention_metadata import AttentionMetadata, build_attention_metadata
+from engine.sequence import PENDING_TOKEN
+
+
+@dataclass
+class StepPayload:
+    """One step's inputs, identical on every rank (``payload_from_batch``)."""
+
+    decode: bool  # True: a decode-only batch (the graph path)
+    seq_ids: list[int]
+    input_ids: list[int]
+    query_lens: list[int]
+    context_lens: list[int]
+    block_tables: list[list[int]]
+    num_prefill_seqs: int
+    sample_rows: list[int]
+    temperatures: list[float]
+    eager: bool = False  # no CUDA graph, whatever the batch (ScheduledBatch.eager)
+
+
+def payload_from_batch(
+    batch: ScheduledBatch, decode: bool, pending_values: dict[int, int] | None = None
+) -> StepPayload:
+    """The step's inputs as plain lists: what every rank needs to run it.
+
+    ``decode``: a decode-only batch that will run through the staged (graph) path.
+    ``pending_values``: seq_id -> value of a last token still pending in ``seq.token_ids``.
+    """
+    seqs, ctx = batch.seqs, batch.context_lens
+    if decode:  # one query token per sequence: its last token
+        input_ids = [seq.token_ids[c - 1] for seq, c in zip(seqs, ctx)]
+    else:
+        input_ids = []
+        for seq, new, c in zip(seqs, batch.num_new_tokens, ctx):
+            input_ids.extend(seq.token_ids[c - new : c])
+    if pending_values:
+        # Only the last token of a sequence can be pending, and only in a decode row.
+        offset = 0
+        for seq, new in zip(seqs, batch.num_new_tokens):
+            offset += 1 if decode else new
+            if seq.seq_id in pending_values and input_ids[offset - 1] == PENDING_TOKEN:
+                input_ids[offset - 1] = pending_values[seq.seq_id]
+    sample = batch.sample
+    last = _last_rows(batch.num_new_tokens)
+    if sample is None:
+        rows = list(range(len(seqs))) if decode else last
+    else:
+        rows = [last[i] for i in range(len(seqs)) if sample[i]]
+    temps = [s.temperature for i, s in enumerate(seqs) if sample is None or sample[i]]
+    return StepPayload(
+        decode=decode,
+        seq_ids=[seq.seq_id for seq in seqs],
+        input_ids=input_ids,
+        query_lens=batch.num_new_tokens,
+        context_lens=ctx,
+        block_tables=[seq.block_table for seq in seqs],
+        num_prefill_seqs=batch.num_prefill_seqs,
+        sample_rows=rows,
+        temperatures=temps,
+        eager=batch.eager,
+    )
+
+
+def _last_rows(query_lens: list[int]) -> list[int]:
+    """Row of each sequence's last new token in the flat batch."""
+    rows, offset = [], 0
+    for n in query_lens:
+        offset += n
+        rows.append(offset - 1)
+    return rows
+
+
+def eager_inputs(
+    payload: StepPayload, block_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """Flat input ids, positions and attention metadata of a general (eager) step."""
+    positions, metadata = build_attention_metadata(
+        payload.query_lens,
+        payload.context_lens,
+        payload.block_tables,
+        block_size,
+        payload.num_prefill_seqs,
+        device,
+    )
+    ids = torch.tensor(payload.input_ids, dtype=torch.int64).to(device)
+    return ids, positions, metadata
+
+
+def token_values(previous: PendingStep) -> dict[int, int]:
+    """seq_id -> token sampled by ``previous`` (waits for it)."""
+    output = previous.result()
+    seq_ids = getattr(previous, "seq_ids", None)
+    if seq_ids is None:
+        raise ValueError("the previous step does not say which sequences it sampled")
+    return dict(zip(seq_ids, output.token_ids))
 
 
 def check_batch(batch: ScheduledBatch, max_position_embeddings: int, block_size: int,
                 num_kvcache_blocks: int) -> None:
-    """Scheduler bugs must fail loudly here, not read or write someone else's KV."""
+    """Scheduler bugs must fail loudly here, not read or write someone else's KV.
+
+    Every step that builds a payload is checked here. The single-GPU decode skips this check:
+    it stages straight from the sequences and checks, vectorised, what a decode can get wrong
+    (``DecodeBuffers.stage_sequences``), since this per-sequence loop would add host time to
+    every decode step.
+    """
     n = len(batch.seqs)
     if len(batch.num_new_tokens) != n or len(batch.context_lens) != n:
         raise ValueError("num_new_tokens and context_lens need one entry per sequence")

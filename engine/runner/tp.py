@@ -1,20 +1,21 @@
-"""Tensor parallelism across processes: rank 0 schedules, every rank runs its shard of the model.
+"""The tensor-parallel process group: rank 0 schedules, every rank runs its shard of the model.
 
-Rank 0 (the engine's own process) starts ``tensor_parallel_size - 1`` worker processes (spawn).
-All ranks join one ``torch.distributed`` group (NCCL on GPUs, gloo on CPU) through a
-``FileStore`` in a fresh temporary directory: no port and no shared-memory name is fixed, so
-several engines can run side by side. Each step rank 0 broadcasts the step's prepared inputs
-(a small picklable :class:`StepPayload`) over a gloo group, then every rank runs the forward;
-the model's own collectives (all-reduce after row-parallel layers, all-gather of the logits)
-keep the shards in step, and rank 0 alone samples. A ``None`` payload tells workers to exit.
+Rank 0 (the engine's own process) starts ``tensor_parallel_size - 1`` worker processes (spawn)
+running the function it is given (``engine.runner.model_runner.worker_main``). All ranks join
+one ``torch.distributed`` group (NCCL on GPUs, gloo on CPU) through a ``FileStore`` in a fresh
+temporary directory: no port and no shared-memory name is fixed, so several engines can run side
+by side. Each step rank 0 broadcasts the step's inputs (a small picklable ``StepPayload``) over
+a gloo group, then every rank runs the forward; the model's own collectives (all-reduce after
+row-parallel layers, all-gather of the logits) keep the shards in step, and rank 0 alone
+samples. A ``None`` payload tells workers to exit.
 """
 
 from __future__ import annotations
 
 import multiprocessing
-import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -23,84 +24,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from engine.batch import ScheduledBatch
 from engine.config import Config
 from engine.errors import ConfigError
 from engine.model.layers.parallel import ParallelGroup
-from engine.sequence import PENDING_TOKEN
+from engine.runner.step_inputs import StepPayload
 
 STORE_FILE = "store"
 # How long a rank waits for the others at start-up (model loading included) or for a step.
 RENDEZVOUS_TIMEOUT = timedelta(minutes=10)
 WORKER_JOIN_TIMEOUT_S = 30.0
-
-
-@dataclass
-class StepPayload:
-    """One step's inputs, identical on every rank (see ``ModelRunner._payload``)."""
-
-    decode: bool  # True: a decode-only batch (the graph path)
-    seq_ids: list[int]
-    input_ids: list[int]
-    query_lens: list[int]
-    context_lens: list[int]
-    block_tables: list[list[int]]
-    num_prefill_seqs: int
-    sample_rows: list[int]
-    temperatures: list[float]
-    eager: bool = False  # no CUDA graph, whatever the batch (ScheduledBatch.eager)
-
-
-def payload_from_batch(
-    batch: ScheduledBatch, decode: bool, pending_values: dict[int, int] | None = None
-) -> StepPayload:
-    """The step's inputs as plain lists: what every rank needs to run it.
-
-    ``decode``: a decode-only batch that will run through the staged (graph) path.
-    ``pending_values``: seq_id -> value of a last token still pending in ``seq.token_ids``.
-    """
-    seqs, ctx = batch.seqs, batch.context_lens
-    if decode:  # one query token per sequence: its last token
-        input_ids = [seq.token_ids[c - 1] for seq, c in zip(seqs, ctx)]
-    else:
-        input_ids = []
-        for seq, new, c in zip(seqs, batch.num_new_tokens, ctx):
-            input_ids.extend(seq.token_ids[c - new : c])
-    if pending_values:
-        # Only the last token of a sequence can be pending, and only in a decode row.
-        offset = 0
-        for seq, new in zip(seqs, batch.num_new_tokens):
-            offset += 1 if decode else new
-            if seq.seq_id in pending_values and input_ids[offset - 1] == PENDING_TOKEN:
-                input_ids[offset - 1] = pending_values[seq.seq_id]
-    sample = batch.sample
-    last = _last_rows(batch.num_new_tokens)
-    if sample is None:
-        rows = list(range(len(seqs))) if decode else last
-    else:
-        rows = [last[i] for i in range(len(seqs)) if sample[i]]
-    temps = [s.temperature for i, s in enumerate(seqs) if sample is None or sample[i]]
-    return StepPayload(
-        decode=decode,
-        seq_ids=[seq.seq_id for seq in seqs],
-        input_ids=input_ids,
-        query_lens=batch.num_new_tokens,
-        context_lens=ctx,
-        block_tables=[seq.block_table for seq in seqs],
-        num_prefill_seqs=batch.num_prefill_seqs,
-        sample_rows=rows,
-        temperatures=temps,
-        eager=batch.eager,
-    )
-
-
-def _last_rows(query_lens: list[int]) -> list[int]:
-    """Row of each sequence's last new token in the flat batch."""
-    rows, offset = [], 0
-    for n in query_lens:
-        offset += n
-        rows.append(offset - 1)
-    return rows
 
 
 @dataclass
@@ -135,8 +67,13 @@ def _backend(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def start(config: Config, device: torch.device) -> Distributed:
-    """On rank 0: start the workers and join the group with them."""
+# A worker process's whole life: target(config, rank, store_dir) builds its shard and runs steps.
+WorkerMain = Callable[[Config, int, str], None]
+
+
+def start(config: Config, device: torch.device, target: WorkerMain) -> Distributed:
+    """On rank 0: start ``tensor_parallel_size - 1`` processes running ``target`` (a module-level
+    function: spawn pickles it by name) and join the group with them."""
     world = config.tensor_parallel_size
     store_dir = tempfile.mkdtemp(prefix="replayllm-tp-")
     context = multiprocessing.get_context("spawn")
@@ -144,7 +81,7 @@ def start(config: Config, device: torch.device) -> Distributed:
     for rank in range(1, world):
         # Daemonic: if rank 0 dies, its workers die with it instead of waiting on a broadcast.
         proc = context.Process(
-            target=worker_main,
+            target=target,
             args=(config, rank, store_dir),
             name=f"replayllm-tp{rank}",
             daemon=True,
@@ -195,15 +132,3 @@ def shutdown(state: Distributed) -> None:
         dist.destroy_process_group()
     if state.store_dir:
         shutil.rmtree(state.store_dir, ignore_errors=True)
-
-
-def worker_main(config: Config, rank: int, store_dir: str) -> None:
-    """A worker's whole life: build its shard, then run every step rank 0 broadcasts."""
-    from engine.runner.model_runner import ModelRunner
-
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.tensor_parallel_size))
-    runner = ModelRunner(config, rank=rank, store_dir=store_dir)
-    try:
-        runner.worker_loop()
-    finally:
-        runner.close()

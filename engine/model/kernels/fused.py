@@ -1,8 +1,9 @@
 """Fused elementwise kernels for the CUDA path (Triton): one launch where PyTorch needs many.
 
-A decode step of Qwen3-0.6B in eager PyTorch is ~1,500 kernels (each RMSNorm is ~8, RoPE ~7 per
-tensor), almost all of them tiny: inside a CUDA graph each still costs ~2 us, ~3 ms per step,
-as much as the step's real work. These kernels cut a layer to ~10 launches:
+In eager PyTorch each RMSNorm and each RoPE is several tiny kernels; inside a CUDA graph each
+launch still costs time, which for a decode step adds up to as much as the step's real work
+(figures: docs/gpu-notes.md, "Where the numbers in the code went"). These kernels cut a layer to
+a handful of launches:
 
 - ``rms_norm``: optional residual add, then RMSNorm (one program per row);
 - ``qk_norm_rope``: Qwen3's per-head RMSNorm of q and k followed by rotary embedding, reading

@@ -10,7 +10,6 @@ anywhere; CUDA backends (Triton, flash-attn) register themselves with
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -20,10 +19,6 @@ from torch import nn
 
 from engine.errors import ConfigError
 from engine.model.attention_metadata import AttentionMetadata
-
-# "0" turns off the fused KV store (K/V written by the model's qk_norm_rope kernel instead of a
-# separate store_kv launch) where a backend supports it; read when a layer is built.
-FUSED_KV_STORE_ENV = "REPLAYLLM_FUSED_KV_STORE"
 
 
 class AttentionBackend(Protocol):
@@ -125,10 +120,6 @@ def _ensure_builtin_backends() -> None:
         )
 
 
-def fused_kv_store_default() -> bool:
-    return os.environ.get(FUSED_KV_STORE_ENV, "1") != "0"
-
-
 class Attention(nn.Module):
     """Paged-KV attention of one layer: store new K/V, then attend through the backend.
 
@@ -149,7 +140,7 @@ class Attention(nn.Module):
         scale: float,
         num_kv_heads: int,
         backend: AttentionBackend,
-        fuse_kv_store: bool | None = None,
+        fuse_kv_store: bool = True,
     ) -> None:
         super().__init__()
         if num_heads % num_kv_heads != 0:
@@ -161,7 +152,7 @@ class Attention(nn.Module):
         self.scale = scale
         self.num_kv_heads = num_kv_heads
         self.backend = backend
-        self.fuse_kv_store = fused_kv_store_default() if fuse_kv_store is None else fuse_kv_store
+        self.fuse_kv_store = fuse_kv_store
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
 

@@ -1,7 +1,7 @@
 """Attention through flash-attn 2 (``flash_attn_varlen_func`` / ``flash_attn_with_kvcache``).
 
-Used when the ``flash_attn`` package imports (it is not installed on the project's H200, so this
-path is written against flash-attn's documented API and untested there). flash-attn reads paged
+Used when the ``flash_attn`` package imports. This path is written against flash-attn's
+documented API and has not run on the project's GPU (docs/gpu-notes.md). flash-attn reads paged
 KV only with pages whose size is a multiple of 256 tokens; other block sizes are refused at
 selection time. K/V are stored with the Triton kernel (flash-attn has no store of its own).
 """

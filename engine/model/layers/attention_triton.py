@@ -4,8 +4,7 @@
   model's ``qk_norm_rope`` kernel already wrote them: ``supports_fused_kv_store``);
 - prefill: varlen causal attention; keys come from the fresh K/V when no prefill sequence has
   cached context (faster: no page lookups), else through the block table from the cache;
-- decode: flash-decoding over pages read in place, measured at 94% of the H200's copy bandwidth
-  at 256 sequences x 850 tokens (docs/gpu-notes.md).
+- decode: flash-decoding over pages read in place (its bandwidth: docs/gpu-notes.md).
 
 The decode path depends on nothing the host must compute per step (the split count is a
 function of the batch size only), so it can be captured in a CUDA graph.

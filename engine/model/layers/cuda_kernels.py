@@ -1,31 +1,54 @@
-"""Whether a layer may use the fused Triton kernels: only for CUDA tensors, and only with triton.
+"""Which fused Triton kernels a model's layers use: state of one model, chosen when it is built.
 
-Layers ask :func:`fused_kernels` with their input; ``None`` means "use the PyTorch code", which
-is always the path on CPU. ``REPLAYLLM_FUSED_KERNELS=0`` turns the fused kernels off on CUDA too
-(for A/B comparisons of numerics or speed).
+Layers ask their :class:`FusedKernels` for ``module``; ``None`` means "use the PyTorch code",
+which is always the path on CPU. ``Config.fused_kernels = False`` turns the fused kernels off on
+CUDA too, ``Config.fused_kv_store = False`` only the KV store inside ``qk_norm_rope``.
 """
 
 from __future__ import annotations
 
-import os
+import warnings
+from dataclasses import dataclass
 from types import ModuleType
 
 import torch
 
-ENV_SWITCH = "REPLAYLLM_FUSED_KERNELS"
-_state: dict[str, ModuleType | None] = {}
+
+@dataclass
+class FusedKernels:
+    """The fused kernels of one model, shared by all its layers.
+
+    ``module``: ``engine.model.kernels.fused``, or None (every layer runs its PyTorch code).
+    ``kv_store``: ``qk_norm_rope`` may also write K/V to the cache (where the backend allows).
+    The first fused store compiles that variant (``store_checked``); if it fails, the store is
+    turned off for this model (``store_usable``), with a warning, rather than failing the run.
+    """
+
+    module: ModuleType | None = None
+    kv_store: bool = True
+    store_checked: bool = False
+    store_usable: bool = True
+
+    def store_failed(self, exc: Exception) -> None:
+        """The fused store could not compile: warn once and store K/V with ``store_kv``."""
+        self.store_usable = False
+        warnings.warn(
+            f"fused KV store unavailable ({type(exc).__name__}: {exc}); "
+            "storing K/V with store_kv instead",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
-def fused_kernels(x: torch.Tensor) -> ModuleType | None:
-    """The ``engine.model.kernels.fused`` module when ``x`` is on CUDA and it can run, else None."""
-    if not x.is_cuda:
-        return None
-    if "module" not in _state:
-        module: ModuleType | None = None
-        if os.environ.get(ENV_SWITCH, "1") != "0":
-            try:
-                from engine.model.kernels import fused as module
-            except ImportError:  # no triton: the PyTorch code serves
-                module = None
-        _state["module"] = module
-    return _state["module"]
+def load_fused_kernels(
+    device: torch.device | str, enabled: bool = True, kv_store: bool = True
+) -> FusedKernels:
+    """The fused kernels a model on ``device`` uses: the Triton module on CUDA when ``enabled``
+    and triton imports, else none (the PyTorch code serves)."""
+    module: ModuleType | None = None
+    if enabled and torch.device(device).type == "cuda":
+        try:
+            from engine.model.kernels import fused as module
+        except ImportError:  # no triton: the PyTorch code serves
+            module = None
+    return FusedKernels(module, kv_store)

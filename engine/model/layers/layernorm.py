@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 from torch import nn
-
-from engine.model.layers.cuda_kernels import fused_kernels
 
 
 class RMSNorm(nn.Module):
@@ -13,13 +13,17 @@ class RMSNorm(nn.Module):
 
     ``forward(x, residual)`` first forms ``residual = x + residual`` (in the activation dtype, as
     Hugging Face does, so bf16 results round the same way), normalizes it and returns
-    ``(normalized, residual)`` for the next block.
+    ``(normalized, residual)`` for the next block. ``fused``: the fused kernels module
+    (``FusedKernels.module``), or None for the PyTorch code.
     """
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+    def __init__(
+        self, hidden_size: int, eps: float = 1e-6, fused: ModuleType | None = None
+    ) -> None:
         super().__init__()
         self.hidden_size = hidden_size
         self.eps = eps
+        self.fused = fused
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
@@ -31,9 +35,8 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        kernels = fused_kernels(x)
-        if kernels is not None:  # CUDA: one launch instead of ~8 (same rounding points)
-            return kernels.rms_norm(x, self.weight, self.eps, residual)
+        if self.fused is not None:  # CUDA: one launch instead of several (same rounding points)
+            return self.fused.rms_norm(x, self.weight, self.eps, residual)
         if residual is None:
             return self._norm(x)
         residual = x + residual

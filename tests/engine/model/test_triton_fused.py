@@ -11,12 +11,7 @@ import pytest
 import torch
 from triton_env import DEVICE, HAS_CUDA, load_kernel_modules
 
-(fused, _, _, sampler) = load_kernel_modules(
-    "engine.model.kernels.fused",
-    "engine.model.kernels.sampler_noise",
-    "engine.model.kernels.sampler_kernels",
-    "engine.model.kernels.sampler",
-)
+(fused, sampler) = load_kernel_modules("engine.model.kernels.fused", "engine.model.kernels.sampler")
 
 from engine.model.layers.activation import SiluAndMul  # noqa: E402
 from engine.model.layers.layernorm import RMSNorm  # noqa: E402

@@ -19,12 +19,13 @@ load_kernel_modules(
     "engine.model.kernels.paged_attention", "engine.model.kernels.prefill_attention"
 )
 
+from engine.model import qwen3  # noqa: E402
 from engine.model.attention_metadata import build_attention_metadata  # noqa: E402
 from engine.model.layers import attention as attention_mod  # noqa: E402
 from engine.model.layers.attention_torch import TorchAttentionBackend  # noqa: E402
+from engine.model.layers.cuda_kernels import FusedKernels  # noqa: E402
 from engine.model.layers.parallel import SINGLE_PROCESS  # noqa: E402
 from engine.model.layers.rotary_embedding import RotaryEmbedding  # noqa: E402
-from engine.model.registry import qwen3  # noqa: E402
 
 
 def rope_inputs(
@@ -115,17 +116,19 @@ class CountingTritonBackend(attention_triton.TritonAttentionBackend):
 
 
 def run_layer(
-    monkeypatch: pytest.MonkeyPatch, fuse: bool, backend: object, fused_module: object = None
+    fuse: bool, backend: object, kernels: FusedKernels | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One mixed step (a prefill after a prefix hit, a fresh prefill, a decode) through one
-    attention layer, the fused kernels forced on (they are CUDA-only in the engine)."""
-    monkeypatch.setattr(qwen3, "fused_kernels", lambda x: fused_module or fused)
+    attention layer, the fused kernels given to it whatever the device (on CPU, the interpreter's;
+    the engine loads them on CUDA only)."""
+    if kernels is None:
+        kernels = FusedKernels(fused, kv_store=fuse)
     torch.manual_seed(0)
     rope = RotaryEmbedding(SPEC.head_dim, SPEC.head_dim, 128, 10000.0)
-    layer = qwen3.Qwen3Attention(SPEC, SINGLE_PROCESS, backend, rope)  # type: ignore[arg-type]
+    layer = qwen3.Qwen3Attention(SPEC, SINGLE_PROCESS, backend, rope, kernels)  # type: ignore[arg-type]
     for p in layer.parameters():
         p.data = 0.2 * torch.randn(p.shape)
-    layer.attn.fuse_kv_store = fuse
+    assert layer.attn.fuse_kv_store == kernels.kv_store
     layer = layer.to(DEVICE)
     cache = torch.zeros(2, 10, BLOCK_SIZE, SPEC.num_key_value_heads, SPEC.head_dim, device=DEVICE)
     cache[:, :2] = torch.randn(2, 2, BLOCK_SIZE, SPEC.num_key_value_heads, SPEC.head_dim)
@@ -140,22 +143,18 @@ def run_layer(
     return out.cpu(), cache.cpu()
 
 
-def test_layer_with_fused_store_matches_separate_store(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(qwen3._FUSED_STORE, "checked", False)
-    monkeypatch.setitem(qwen3._FUSED_STORE, "usable", True)
+def test_layer_with_fused_store_matches_separate_store() -> None:
     fused_backend, plain_backend = CountingTritonBackend(), CountingTritonBackend()
-    out_fused, cache_fused = run_layer(monkeypatch, True, fused_backend)
-    out_plain, cache_plain = run_layer(monkeypatch, False, plain_backend)
+    kernels = FusedKernels(fused, kv_store=True)
+    out_fused, cache_fused = run_layer(True, fused_backend, kernels)
+    out_plain, cache_plain = run_layer(False, plain_backend)
     assert fused_backend.stores == 0 and plain_backend.stores == 1
-    assert qwen3._FUSED_STORE["checked"]
+    assert kernels.store_checked and kernels.store_usable
     assert torch.equal(cache_fused, cache_plain)
     assert torch.equal(out_fused, out_plain)
 
 
-def test_layer_falls_back_when_the_fused_store_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(qwen3._FUSED_STORE, "checked", False)
-    monkeypatch.setitem(qwen3._FUSED_STORE, "usable", True)
-
+def test_layer_falls_back_when_the_fused_store_fails() -> None:
     class Broken:
         @staticmethod
         def qk_norm_rope(*args: object, **kwargs: object) -> object:
@@ -164,14 +163,15 @@ def test_layer_falls_back_when_the_fused_store_fails(monkeypatch: pytest.MonkeyP
             return fused.qk_norm_rope(*args)
 
     backend = CountingTritonBackend()
+    kernels = FusedKernels(Broken, kv_store=True)  # type: ignore[arg-type]
     with pytest.warns(RuntimeWarning, match="fused KV store unavailable"):
-        out, cache = run_layer(monkeypatch, True, backend, Broken)
-    assert backend.stores == 1 and not qwen3._FUSED_STORE["usable"]
-    ref_out, ref_cache = run_layer(monkeypatch, False, CountingTritonBackend())
+        out, cache = run_layer(True, backend, kernels)
+    assert backend.stores == 1 and not kernels.store_usable and not kernels.store_checked
+    ref_out, ref_cache = run_layer(False, CountingTritonBackend())
     assert torch.equal(cache, ref_cache) and torch.equal(out, ref_out)
 
 
-def test_only_backends_that_allow_it_fuse(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_backends_that_allow_it_fuse() -> None:
     cache = torch.zeros(3, 4, 2, 8)
     torch_layer = attention_mod.Attention(4, 8, 1.0, 2, TorchAttentionBackend(), fuse_kv_store=True)
     torch_layer.bind_kv_cache(cache, cache)
@@ -184,7 +184,4 @@ def test_only_backends_that_allow_it_fuse(monkeypatch: pytest.MonkeyPatch) -> No
     assert triton_layer.fused_kv_store_target() is not None
     triton_layer.fuse_kv_store = False
     assert triton_layer.fused_kv_store_target() is None
-    monkeypatch.setenv(attention_mod.FUSED_KV_STORE_ENV, "0")
-    assert not attention_mod.Attention(4, 8, 1.0, 2, TorchAttentionBackend()).fuse_kv_store
-    monkeypatch.delenv(attention_mod.FUSED_KV_STORE_ENV)
     assert attention_mod.Attention(4, 8, 1.0, 2, TorchAttentionBackend()).fuse_kv_store

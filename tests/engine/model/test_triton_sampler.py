@@ -1,10 +1,11 @@
-"""The sampler's variants (engine/model/kernels/sampler.py): Gumbel-max, exact and seeded.
+"""The engine's GPU sampler (engine/model/kernels/sampler.py): Gumbel-max, exact and seeded.
 
 Runs compiled on CUDA, else in Triton's interpreter (tiny shapes); skipped without triton. The
-tiles variants are checked in two steps that together give the distribution: (1) the kernel's
-token is exactly ``argmax(logits * log2(e) / T + noise)`` for the noise the variant draws
-(exposed by ``tiles_noise``), and (2) that noise is base-2 Gumbel (Kolmogorov-Smirnov) and its
-argmax over many rows gives ``softmax(logits / T)`` frequencies (chi-square).
+kernel is checked in two steps that together give the distribution: (1) its token is exactly
+``argmax(logits * log2(e) / T + noise)`` for the noise it draws (exposed by ``sampler_noise``),
+and (2) that noise is base-2 Gumbel (Kolmogorov-Smirnov) and its argmax over many rows gives
+``softmax(logits / T)`` frequencies (chi-square). The variants it was chosen from are tested in
+tests/benchmarks/test_sampler_variants.py.
 """
 
 from __future__ import annotations
@@ -15,27 +16,9 @@ import pytest
 import torch
 from triton_env import DEVICE, HAS_CUDA, load_kernel_modules
 
-# Reloaded in import order: the entry module picks up the reloaded kernels.
-(_, _, sampler) = load_kernel_modules(
-    "engine.model.kernels.sampler_noise",
-    "engine.model.kernels.sampler_kernels",
-    "engine.model.kernels.sampler",
-)
+(sampler,) = load_kernel_modules("engine.model.kernels.sampler")
 
 LOG2E = 1.4426950408889634
-# Tiles variants whose sampling code differs (noise functions differ only inside _tile_noise,
-# which the noise tests cover for every kind; block width, warps and the split policy are
-# overridden by the tests, so other variants run the same code as tiles-p7 here).
-TILES_SAMPLERS = [
-    "tiles-p7",
-    "tiles-hash1",
-    "tiles-p7-torchfin",
-    "tiles-p7-prune",
-    "tiles-p7-rowloop",
-    "tiles-p7-atomic",
-]
-# One variant per distinct noise function (block width, warps, splits and finish do not change it).
-NOISES = ["tiles-p10", "tiles-p7", "tiles-hash1", "tiles-hash2"]  # (tail: see the probe test)
 
 
 def expected_tokens(logits: torch.Tensor, temps: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
@@ -47,51 +30,45 @@ def expected_tokens(logits: torch.Tensor, temps: torch.Tensor, noise: torch.Tens
     return scores.argmax(-1)  # the first maximum: lowest column on ties
 
 
-@pytest.mark.parametrize("name", TILES_SAMPLERS)
-def test_tiles_variant_is_gumbel_max_of_its_noise(name: str) -> None:
-    gen = torch.Generator().manual_seed(len(name))
-    rows, vocab, block_v = 3, 120, 32  # 4 tiles: 2 splits of 2 tiles (rowloop: 1 split)
+@pytest.mark.parametrize("splits", [2, 1])  # 2: finished by the second kernel; 1: direct
+def test_tokens_are_the_gumbel_max_of_its_noise(splits: int) -> None:
+    gen = torch.Generator().manual_seed(splits)
+    rows, vocab, block_v = 3, 120, 32  # 4 tiles: 2 splits of 2 tiles, or 1 split of 4
     # Small integers: many exact ties, which greedy rows must break toward the lowest column.
     logits = torch.randint(-3, 4, (rows, vocab), generator=gen).float()
-    # Row 2: the first tile of each split holds a large logit; split 0's second tile holds a
-    # close one (its noise is needed), the other tiles cannot win (prune skips their noise).
     logits[2, 10], logits[2, 40], logits[2, 70] = 40.0, 39.0, 38.0
     temps = torch.tensor([0.0, 0.6, 1.7])
-    splits = None if sampler.SAMPLER_VARIANTS[name].splits else 2
     tokens = sampler.sample_tokens(
-        logits.to(DEVICE), temps.to(DEVICE), 11, block_v, variant=name, splits=splits
+        logits.to(DEVICE), temps.to(DEVICE), 11, block_v, splits=splits
     ).cpu()
     assert tokens.dtype == torch.int64
     if HAS_CUDA:  # compiled: FMA contraction may move a score by an ulp; check greedy rows only
         assert tokens[0] == logits[0].argmax()
     else:
-        noise = sampler.tiles_noise(rows, vocab, 11, name, block_v, DEVICE).cpu()
+        noise = sampler.sampler_noise(rows, vocab, 11, block_v, DEVICE).cpu()
         assert torch.equal(tokens, expected_tokens(logits, temps, noise))
 
 
-@pytest.mark.parametrize("name", ["ref", "tiles-p7"])
-def test_sampler_is_deterministic_per_seed(name: str) -> None:
+def test_sampler_is_deterministic_per_seed() -> None:
     logits = torch.randn(3, 32, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     temps = torch.full((3,), 2.0, device=DEVICE)
-    draws = [sampler.sample_tokens(logits, temps, s, 32, variant=name) for s in (5, 5, 6)]
+    draws = [sampler.sample_tokens(logits, temps, s, 32) for s in (5, 5, 6)]
     assert torch.equal(draws[0], draws[1])
     assert not torch.equal(draws[0], draws[2])
 
 
-@pytest.mark.parametrize("name", ["ref", "chunk-p7", "chunk-floor", "tiles-floor", "tiles-p7"])
-def test_greedy_rows_take_the_first_argmax(name: str) -> None:
+def test_greedy_rows_take_the_first_argmax() -> None:
     gen = torch.Generator().manual_seed(3)
     logits = torch.randint(-2, 3, (3, 80), generator=gen).float()
     logits[1, 70] = 9.0  # a lone maximum in the last, partial tile
     temps = torch.zeros(3)
-    tokens = sampler.sample_tokens(logits.to(DEVICE), temps.to(DEVICE), 1, 32, variant=name)
+    tokens = sampler.sample_tokens(logits.to(DEVICE), temps.to(DEVICE), 1, 32)
     assert torch.equal(tokens.cpu(), logits.argmax(-1))
 
 
-@pytest.mark.parametrize("name", NOISES)
-def test_noise_is_gumbel_and_its_argmax_draws_from_softmax(name: str) -> None:
+def test_noise_is_gumbel_and_its_argmax_draws_from_softmax() -> None:
     rows, vocab, temp = 2048, 32, 0.6  # vocab = block_v: all four Philox words are used
-    noise = sampler.tiles_noise(rows, vocab, 7, name, 32, DEVICE).cpu()
+    noise = sampler.sampler_noise(rows, vocab, 7, 32, DEVICE).cpu()
     assert torch.isfinite(noise).all()
     # P(G <= g) = exp(-ln2 * 2**-g) for G = -log2(-log2 U): Kolmogorov-Smirnov.
     values = noise.double().flatten().sort().values
@@ -113,13 +90,12 @@ def test_noise_is_gumbel_and_its_argmax_draws_from_softmax(name: str) -> None:
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 65, f"chi-square {chi2:.1f} (31 degrees of freedom: P(> 65) ~ 3e-4)"
     # Seeded: the same seed gives the same noise, another seed other noise.
-    assert torch.equal(noise, sampler.tiles_noise(rows, vocab, 7, name, 32, DEVICE).cpu())
-    other = sampler.tiles_noise(rows, vocab, 8, name, 32, DEVICE).cpu()
+    assert torch.equal(noise, sampler.sampler_noise(rows, vocab, 7, 32, DEVICE).cpu())
+    other = sampler.sampler_noise(rows, vocab, 8, 32, DEVICE).cpu()
     assert (noise != other).float().mean() > 0.99
 
 
-@pytest.mark.parametrize("name", ["ref", "tiles-p7-atomic"])
-def test_extreme_logits_give_valid_ids(name: str) -> None:
+def test_extreme_logits_give_valid_ids() -> None:
     vocab = 64
     logits = torch.randn(5, vocab, generator=torch.Generator().manual_seed(4))
     logits[0] = float("-inf")
@@ -130,7 +106,7 @@ def test_extreme_logits_give_valid_ids(name: str) -> None:
     logits[4] = -3e38
     temps = torch.tensor([0.6, 0.6, 0.6, 1.0, 0.01])
     with np_errstate_ignored():
-        tokens = sampler.sample_tokens(logits.to(DEVICE), temps.to(DEVICE), 3, 32, variant=name)
+        tokens = sampler.sample_tokens(logits.to(DEVICE), temps.to(DEVICE), 3, 32)
     tokens = tokens.cpu()
     assert ((tokens >= 0) & (tokens < vocab)).all(), tokens
     assert tokens[0] == 50 and tokens[2] == 17 and tokens[3] == 40
@@ -142,18 +118,6 @@ def np_errstate_ignored():  # the interpreter computes with numpy: inf * x warns
     return np.errstate(over="ignore", invalid="ignore")
 
 
-def test_gumbel_transform_is_accurate_near_one() -> None:
-    """The tail series keeps -log2(-log2 u) accurate for u up to 1 - 2**-24."""
-    k = torch.arange(0, 2**12, dtype=torch.float64)
-    near_one = 1 - (2 * k + 1) * 2.0**-24  # the largest uniforms the tiles kernels draw
-    u = torch.cat([near_one, torch.linspace(2.0**-24, 1 - 2.0**-10, 512, dtype=torch.float64)])
-    exact = -torch.log2(-torch.log2(u))
-    res = sampler.gumbel_probe(u.float().to(DEVICE), "tiles").cpu()
-    err = (res.cpu().double() - exact).abs().max()
-    assert err < 1e-4, f"max abs error {err:.2e}"
-    assert torch.isfinite(res).all()
-
-
 def test_split_plan_covers_the_vocab() -> None:
     for rows in (1, 3, 64, 256, 1000):
         for block_v in (64, 4096):
@@ -163,21 +127,19 @@ def test_split_plan_covers_the_vocab() -> None:
     assert sampler.split_plan(256, 151936, 4096, 1024, splits=1) == (1, 38 * 4096)
 
 
-def test_engine_default_is_a_sampler() -> None:
-    assert sampler.SAMPLER_VARIANTS[sampler.DEFAULT_SAMPLER_VARIANT].is_sampler
-    with pytest.raises(ValueError):
-        sampler.resolve_variant("no-such-variant")
+def test_negative_seeds_are_refused() -> None:
+    with pytest.raises(ValueError, match="non-negative"):
+        sampler.seed_halves(-1)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("name", list(sampler.SAMPLER_VARIANTS))
-def test_variants_qwen3_vocab_bf16(name: str) -> None:
+def test_qwen3_vocab_bf16() -> None:
     gen = torch.Generator().manual_seed(9)
     logits = torch.randn(64, 151936, generator=gen).bfloat16().cuda()
-    tokens = sampler.sample_tokens(logits, torch.zeros(64, device="cuda"), 0, variant=name)
+    tokens = sampler.sample_tokens(logits, torch.zeros(64, device="cuda"), 0)
     assert torch.equal(tokens, logits.float().argmax(-1))
     temps = torch.full((64,), 0.6, device="cuda")
-    sampled = sampler.sample_tokens(logits, temps, 5, variant=name)
+    sampled = sampler.sample_tokens(logits, temps, 5)
     assert ((sampled >= 0) & (sampled < 151936)).all()
-    assert torch.equal(sampled, sampler.sample_tokens(logits, temps, 5, variant=name))
+    assert torch.equal(sampled, sampler.sample_tokens(logits, temps, 5))

@@ -8,7 +8,8 @@ import torch
 
 from engine.graph_sizes import decode_graph_sizes as graph_batch_sizes
 from engine.model.attention_metadata import build_attention_metadata
-from engine.runner.decode_graphs import PAD_SLOT, DecodeBuffers
+from engine.runner.decode_graphs import DecodeBuffers
+from engine.runner.graph_capture import PAD_SLOT
 
 BLOCK_SIZE = 4
 WIDTH = 8  # 32 tokens: the longest context below reaches 26

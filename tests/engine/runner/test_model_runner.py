@@ -77,6 +77,10 @@ def test_describe_and_identity(model_dir: str) -> None:
     assert (model["num_layers"], model["num_heads"], model["num_kv_heads"]) == (4, 4, 2)
     assert (model["head_dim"], model["hidden_size"], model["vocab_size"]) == (32, 64, 151936)
     assert model["num_params"] > 151936 * 64  # tied head counted once
+    assert model["checkpoint_dtype"] == "float32" and model["dtype"] == "float32"
+    assert info["sampler"] == "torch"  # the CPU sampler; on CUDA the GPU kernel's variant
+    assert "rank_devices" not in info and "cuda_graphs" not in info  # one rank, no CUDA
+    assert runner.cuda is None and not runner.fused_kernels
     assert runner.vocab_size == 151936 and runner.eos_token_id == 151643
     assert make_runner(model_dir, eos=151645).eos_token_id == 151645
 

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from engine.graph_sizes import MAX_GRAPH_PREFILL_SEQS, padded_prefill_tokens, prefill_graph_sizes
 from engine.model.attention_metadata import build_attention_metadata
-from engine.runner.prefill_graphs import PAD_SLOT, ROW_IDS, ROW_POSITIONS, ROW_SLOTS, PrefillGraphs
+from engine.runner.graph_capture import PAD_SLOT, ROW_IDS, ROW_POSITIONS, ROW_SLOTS
+from engine.runner.prefill_graphs import PrefillGraphs
 
 BLOCK_SIZE = 16
 TABLE_WIDTH = 8

@@ -32,7 +32,9 @@ def generate(tp_size: int) -> list[list[int]]:
     ]
     llm = LLM(str(default_model_dir()), tensor_parallel_size=tp_size, **CONFIG)
     try:
-        assert llm.runner.describe()["tensor_parallel_size"] == tp_size
+        info = llm.runner.describe()
+        assert info["tensor_parallel_size"] == tp_size
+        assert info.get("rank_devices", ["cpu"]) == ["cpu"] * tp_size
         return [out["token_ids"] for out in llm.generate(PROMPTS, params, use_tqdm=False)]
     finally:
         llm.close()

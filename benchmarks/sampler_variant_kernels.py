@@ -1,26 +1,107 @@
-"""The GPU sampler's Triton kernels: each writes the Gumbel-max token, or partial bests, of rows.
+"""Triton kernels of the sampler variants the engine does not use (the experiment of
+:mod:`benchmarks.sampler_variants`).
 
 - ``_sample_chunk_kernel``: the reference structure, a 2-D grid of (row, chunk) programs, each
   writing the best (score, column) of its chunk (Philox noise from ``tl.rand4x``);
-- ``_sample_tiles_kernel``: a grid of (row, split) programs, each looping over tiles of its span
-  with a per-lane running best; finished (``FINISH_*``) by PyTorch, by ``_finish_kernel``, by
-  the last program of each row, or directly when a row has one split.
+- ``_sample_tiles_kernel``: the engine's structure (``engine.model.kernels.sampler``) with every
+  option: Philox or hash noise, pruning, and a finish by PyTorch, by ``_finish_kernel``, by the
+  last program of each row (atomic), or direct when a row has one split;
+- ``_noise_kernel`` and ``gumbel_probe``: hooks that expose the noise (tests and benchmarks).
 
-The noise comes from :mod:`engine.model.kernels.sampler_noise`; the host side (variants, grids,
-buffers) is :mod:`engine.model.kernels.sampler`.
+The jit helpers shared with the engine's kernel are imported by name from it: a kernel reads
+globals (jit helpers, ``tl.constexpr``) from its own module.
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-# Imported by name: a kernel reads globals (jit helpers, tl.constexpr) from its own module.
-from engine.model.kernels.sampler_noise import LOG2E, MIN_UNIFORM, _tile_noise
+from engine.model.kernels.sampler import (
+    INT32_MAX,
+    INTERPRETING,
+    LOG2E,
+    _best_of,
+    _gumbel2,
+    _keep_best,
+    _philox_noise,
+    _scores,
+    _uniform,
+)
 
+# u is drawn in [0, 1); keep -log(u) finite and positive so -log(-log(u)) never produces NaN.
+MIN_UNIFORM = tl.constexpr(1e-20)
 # Largest noise -log2(MIN_EXPONENTIAL) = 25, plus a margin for the approximate log2.
 MAX_NOISE = tl.constexpr(25.01)
-INT32_MAX = tl.constexpr(2147483647)
+# Hash constants, all below 2**31 so that they stay 32-bit in uint32 arithmetic.
+HASH_ROW = tl.constexpr(0x2545F491)
+HASH_KEY2 = tl.constexpr(0x6A09E667)
+
+# The NOISE constexpr of the tiles kernels.
+NOISE_NONE = 0
+NOISE_PHILOX = 1
+NOISE_HASH = 2
+# The FINISH constexpr of the tiles kernel.
+FINISH_TORCH = 0
+FINISH_KERNEL = 1
+FINISH_ATOMIC = 2
+FINISH_DIRECT = 3  # one split per row: the program writes the token
+
+
+@triton.jit
+def _mix32(x):
+    """lowbias32 (C. Wellons' hash prospector): a well-mixing bijection of uint32."""
+    x ^= x >> 16
+    x *= 0x21F0AAAD
+    x ^= x >> 15
+    x *= 0x735A2D97
+    x ^= x >> 15
+    return x
+
+
+@triton.jit
+def _tile_noise(
+    seed_lo,
+    seed_hi,
+    row,
+    group,
+    cols0,
+    quarter,
+    NOISE: tl.constexpr,
+    ROUNDS: tl.constexpr,
+    TAIL: tl.constexpr,
+    FAST_LOG: tl.constexpr,
+):
+    """Noise of the four quarters ``cols0 + i * quarter`` of a tile (shape of ``cols0``).
+
+    Philox: the engine's noise. Hash: one word per column from (seed, row, column). ``row`` may
+    be a scalar or a tensor that broadcasts against ``cols0``.
+    """
+    if NOISE == 1:
+        n0, n1, n2, n3 = _philox_noise(seed_lo, seed_hi, row, group, ROUNDS, TAIL, FAST_LOG)
+    else:
+        k0 = seed_lo.to(tl.uint32)
+        k1 = seed_hi.to(tl.uint32)
+        # Row key: bijective in the row for a given seed; the second key makes two rows whose
+        # first keys differ by less than the vocabulary size still draw unrelated words.
+        key1 = _mix32(_mix32(row.to(tl.uint32) * HASH_ROW + k1) ^ k0)
+        r0 = _mix32(cols0.to(tl.uint32) + key1)
+        r1 = _mix32((cols0 + quarter).to(tl.uint32) + key1)
+        r2 = _mix32((cols0 + 2 * quarter).to(tl.uint32) + key1)
+        r3 = _mix32((cols0 + 3 * quarter).to(tl.uint32) + key1)
+        if ROUNDS >= 2:
+            key2 = _mix32(key1 + HASH_KEY2)
+            r0 = _mix32(r0 ^ key2)
+            r1 = _mix32(r1 ^ key2)
+            r2 = _mix32(r2 ^ key2)
+            r3 = _mix32(r3 ^ key2)
+        n0 = _gumbel2(_uniform(r0), TAIL, FAST_LOG)
+        n1 = _gumbel2(_uniform(r1), TAIL, FAST_LOG)
+        n2 = _gumbel2(_uniform(r2), TAIL, FAST_LOG)
+        n3 = _gumbel2(_uniform(r3), TAIL, FAST_LOG)
+    return n0, n1, n2, n3
+
 
 # --- the reference kernel ----------------------------------------------------------------------
 
@@ -93,33 +174,7 @@ def _sample_chunk_kernel(
     tl.store(best_idx_ptr + out, idx)
 
 
-# --- the tiles kernels: sampling ---------------------------------------------------------------
-
-FINISH_TORCH = 0
-FINISH_KERNEL = 1
-FINISH_ATOMIC = 2
-FINISH_DIRECT = 3  # one split per row: the program writes the token
-
-
-@triton.jit
-def _scores(row_ptr, cols, vocab, scale):
-    ok = cols < vocab
-    x = tl.load(row_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    return tl.where(ok, x * scale, float("-inf"))
-
-
-@triton.jit
-def _keep_best(best, best_col, score, cols):
-    """Per lane: a strictly better score replaces the best (so the earliest column wins ties)."""
-    take = score > best
-    return tl.where(take, score, best), tl.where(take, cols, best_col)
-
-
-@triton.jit
-def _best_of(values, cols):
-    """(max, lowest column holding it) of a vector."""
-    top = tl.max(values, 0)
-    return top, tl.min(tl.where(values == top, cols, INT32_MAX), 0)
+# --- the tiles kernel with every option ---------------------------------------------------------
 
 
 @triton.jit(do_not_specialize=["seed_lo", "seed_hi"])
@@ -221,14 +276,71 @@ def _sample_tiles_kernel(
             tl.store(count_ptr + row, 0, mask=last)  # ready for the next call
 
 
+# --- hooks that expose the noise ----------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["seed_lo", "seed_hi"])
+def _noise_kernel(
+    out_ptr,
+    seed_lo,
+    seed_hi,
+    num_rows,
+    vocab,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    NOISE: tl.constexpr,
+    ROUNDS: tl.constexpr,
+    TAIL: tl.constexpr,
+    FAST_LOG: tl.constexpr,
+):
+    """Test hook: the noise a tiles kernel adds to each (row, column), ``[rows, vocab]``."""
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)[:, None]
+    t = tl.program_id(1) * BLOCK_V
+    quarter: tl.constexpr = BLOCK_V // 4
+    lanes = tl.arange(0, quarter)[None, :]
+    cols0 = t + lanes
+    group = t // 4 + lanes + rows * 0  # full [BLOCK_ROWS, quarter]: Philox words stay 2-D
+    n0, n1, n2, n3 = _tile_noise(
+        seed_lo, seed_hi, rows, group, cols0, quarter, NOISE, ROUNDS, TAIL, FAST_LOG
+    )
+    base = out_ptr + rows.to(tl.int64) * vocab
+    row_ok = rows < num_rows
+    tl.store(base + cols0, n0, mask=row_ok & (cols0 < vocab))
+    tl.store(base + cols0 + quarter, n1, mask=row_ok & (cols0 + quarter < vocab))
+    tl.store(base + cols0 + 2 * quarter, n2, mask=row_ok & (cols0 + 2 * quarter < vocab))
+    tl.store(base + cols0 + 3 * quarter, n3, mask=row_ok & (cols0 + 3 * quarter < vocab))
+
+
+PROBE_MODES = {"ref": 0, "tiles": 1, "tiles-notail": 2, "tiles-fastlog": 3, "log2": 4}
+
+
 @triton.jit
-def _finish_kernel(part_val_ptr, part_idx_ptr, out_ptr, num_splits, SPLITS_PAD: tl.constexpr):
-    """Token of each row from its splits' (best score, column): the lowest column on ties."""
-    row = tl.program_id(0)
-    offs = tl.arange(0, SPLITS_PAD)
-    ok = offs < num_splits
-    base = row * num_splits + offs
-    vals = tl.load(part_val_ptr + base, mask=ok, other=float("-inf"))
-    idxs = tl.load(part_idx_ptr + base, mask=ok, other=INT32_MAX)
-    _, win = _best_of(vals, idxs)
-    tl.store(out_ptr + row, win.to(tl.int64))
+def _gumbel_probe_kernel(u_ptr, out_ptr, n, BLOCK: tl.constexpr, MODE: tl.constexpr):
+    """Diagnostics: the noise each formula gives for chosen uniforms (``PROBE_MODES``)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    u = tl.load(u_ptr + offs, mask=ok, other=0.5)
+    if MODE == 0:  # the reference kernel's formula
+        g = -tl.log2(-tl.log2(tl.maximum(u, MIN_UNIFORM)))
+    elif MODE == 1:
+        g = _gumbel2(u, True, False)
+    elif MODE == 2:
+        g = _gumbel2(u, False, False)
+    elif MODE == 3:
+        g = _gumbel2(u, True, True)
+    else:  # the raw exponential -log2(u): is it ever <= 0 below 1?
+        g = -tl.log2(u)
+    tl.store(out_ptr + offs, g, mask=ok)
+
+
+def gumbel_probe(u: torch.Tensor, mode: str) -> torch.Tensor:
+    """float32 noise of float32 uniforms ``u`` by formula ``mode`` (tests and benchmarks)."""
+    code = PROBE_MODES[mode]
+    if code == 3 and INTERPRETING:
+        raise ValueError("fast_log2f needs a compiled kernel")
+    u = u.float().contiguous()
+    out = torch.empty_like(u)
+    block = 1024
+    grid = (triton.cdiv(u.numel(), block),)
+    _gumbel_probe_kernel[grid](u, out, u.numel(), BLOCK=block, MODE=code)
+    return out

@@ -28,7 +28,7 @@ from typing import Any
 from engine.batch import ScheduledBatch, StepOutput
 from engine.engine_core import batch_features
 from engine.graph_sizes import padded_decode_size, padded_prefill_tokens
-from replay.whatif.cost.features import StepFeatures, captured_within, computed_tokens, step_class
+from replay.whatif.cost.features import StepFeatures, computed_tokens, step_class
 from replay.whatif.cost.model import CostModel
 
 # Synthetic tokens: a fixed affine walk over a small id range (any id below every vocab size).
@@ -77,8 +77,9 @@ class SimExecutor:
         self.synthesized = 0
         self._graph_sizes = cost.graph_sizes if cost is not None and use_graphs else []
         self._padded: dict[int, int] = {}
-        self._prefill_sizes = (captured_within(cost.prefill_graph_sizes, prefill_graph_tokens)
-                               if use_graphs and cost is not None else [])
+        # The source's captured prefill token counts that the target config captures too.
+        self._prefill_sizes = ([size for size in cost.prefill_graph_sizes
+                                if size <= prefill_graph_tokens] if use_graphs and cost else [])
         self._prefill_max_seqs = cost.prefill_graph_max_seqs if cost is not None else 0
         # Classes that ran a step: the first of each pays the source's one-off costs (JIT
         # compilation) where the run starts cold.

@@ -22,7 +22,6 @@ from replay.whatif.cost.features import (
     FEATURES,
     GRAPH_FROM_EAGER,
     MODES,
-    NAME_WIDTH,
     POOLED,
     STEP_CLASSES,
 )
@@ -31,6 +30,7 @@ from replay.whatif.cost.fit import LinearFit
 # "Well outside" the source's range: below half its smallest or above twice its largest size.
 OUT_OF_RANGE_FACTOR = 2.0
 UNITS = {"prefill_tokens": "tokens", "num_seqs": "sequences", "padded_tokens": "padded tokens"}
+NAME_WIDTH = max(len(name) for name in CLASSES)  # reports align a column of class names
 
 
 def class_coverage(name: str, x: np.ndarray, steady: np.ndarray, fit: LinearFit,
@@ -128,17 +128,17 @@ def caveats(model: Any) -> list[str]:
     return coverage_caveats(model.coverage, model.window_steps) + overlap + graphs
 
 
-def target_warnings(coverage: dict[str, dict[str, Any]], fitted: set[str], window: int,
-                    x: np.ndarray, classes: np.ndarray, related: dict[str, str]) -> list[str]:
-    """Where the target's steps lie well outside the source's range for their class
-    (``related``: class -> what a class without a fit is predicted from, in words)."""
+def target_warnings(model: Any, x: np.ndarray, classes: np.ndarray) -> list[str]:
+    """Where a target's steps (``x``, ``classes``) lie well outside the range of a
+    ``CostModel``'s source for their class."""
     lines = []
+    window = model.window_steps
     for name in sorted(set(np.unique(classes).astype(str))):
         rows = classes == name
         count = int(rows.sum())
-        cov = coverage.get(name)
-        if name not in fitted or cov is None:
-            source = related.get(name) or "a related class's fit"
+        cov = model.coverage.get(name)
+        if name not in model.fits or name == POOLED or cov is None:
+            source = model.fallback(name) or "a related class's fit"
             lines.append(f"{count} {name} steps: the source has none of its own; predicted from "
                          f"{source}")
             continue

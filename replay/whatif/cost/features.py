@@ -1,18 +1,11 @@
-"""What the step-time model is fitted on: each step's features, class and measured times.
+"""What the step-time model prices: each step's features and class, and the form of a class's time.
 
-Every feature but ``padded_tokens`` is a ``model_step`` column (and a calibration row key).
-``padded_tokens`` is the tokens the forward computed: the column of that name where a CUDA-graph
-prefill padded its tokens (nonzero), else the step's own tokens, prefill tokens plus decode rows.
-A trace recorded before the column existed reads 0 there (``tracing.schema``), a calibration row
-before the key existed lacks it: both computed their own tokens.
-
-``steps_of`` reads a trace into ``Steps``: its own steps, then the header's start-up calibration
-steps (engine/calibration.py), which show costs the run never did (a small prefill's launch floor).
-
-CUDA graphs (the rule: ``engine.graph_sizes``): a simulation pads its steps as the source's engine
-did. ``observed_graph_sizes`` reads the decode batch sizes off the source's steps;
-``source_prefill_graphs`` the prefill token counts from its header (``executor``), else from the
-padded counts of its graph prefills.
+``CLASSES`` says how each step class is fitted and, where the source ran none of it, which fits
+price it (``class_fit``). ``steps_of`` reads a trace into ``Steps``: its own steps, then its
+header's start-up calibration steps (engine/calibration.py), which show costs the run never did (a
+small prefill's launch floor). A simulation pads its steps for CUDA graphs as the source's engine
+did (the rule: ``engine.graph_sizes``; the sizes: ``observed_graph_sizes``,
+``source_prefill_graphs``).
 """
 
 from __future__ import annotations
@@ -37,7 +30,7 @@ class StepFeatures(NamedTuple):
     decode_seqs: float
     decode_context_tokens: float
     padded_batch_size: float
-    # Derived (``computed_tokens``); last, so that the other features keep their positions.
+    # The tokens the forward computed (``computed_tokens``): not a column of older traces, so last.
     padded_tokens: float
 
 
@@ -48,22 +41,22 @@ RECORDED_FEATURES = FEATURES[:-1]
 
 @dataclass(frozen=True)
 class ClassSpec:
-    """A step class: how it is fitted, and what prices it where the source ran none of it."""
+    """A step class. ``eager``: no CUDA graph runs it, so it has a launch-bound floor, and its
+    kernels run while the host still launches later ones. ``size_feature``: what it is
+    extrapolated along (a knee on it separates floor and compute). ``feature_sets``: candidate
+    linear feature sets, simplest first. ``fallbacks``, ``host_fallbacks``: whose device and host
+    fits price it where the source ran none of it, the first fitted."""
 
     name: str
-    # Runs without a CUDA graph: an eager forward has a launch-bound floor, and its kernels run on
-    # the device while the host still launches later ones (the overlap rule's max).
     eager: bool
-    # The size it is extrapolated along (its knee separates floor and compute regimes).
     size_feature: str
-    feature_sets: tuple[tuple[str, ...], ...]  # candidate linear feature sets, simplest first
-    fallbacks: tuple[str, ...] = ()  # device fit without its own: the first of these fitted
-    host_fallbacks: tuple[str, ...] = ()  # host fit without its own: likewise
+    feature_sets: tuple[tuple[str, ...], ...]
+    fallbacks: tuple[str, ...] = ()
+    host_fallbacks: tuple[str, ...] = ()
 
 
-# The fit over every step, whatever its class: a class without a related fit's last resort.
-POOLED = "pooled"
-# What a class without a fit of its own may be priced by instead (``model.resolve``).
+POOLED = "pooled"  # the fit over every step: a class without a related fit's last resort
+# What a class without a fit of its own may be priced by instead (``resolve``).
 COMPOSITE = "composite"  # a mixed step: the prefill fit plus the decode slopes
 GRAPH_FROM_EAGER = "graph_from_eager"  # a graph prefill: the eager prefill fit's compute part
 MODES = ("sequential", "overlapped")  # how a step was launched (``model_step.overlapped``)
@@ -96,7 +89,6 @@ CLASSES: dict[str, ClassSpec] = {spec.name: spec for spec in (
 )}
 STEP_CLASSES = tuple(name for name in CLASSES if name != POOLED)
 EAGER_CLASSES = frozenset(name for name, spec in CLASSES.items() if spec.eager)
-NAME_WIDTH = max(len(name) for name in CLASSES)  # reports align a column of class names
 
 
 def step_class(kind: Any, graph_used: Any) -> Any:
@@ -113,28 +105,122 @@ def step_class(kind: Any, graph_used: Any) -> Any:
 
 
 def computed_tokens(padded: float, prefill_tokens: float, decode_seqs: float) -> float:
-    """The ``padded_tokens`` feature: the recorded padded count where there is one, else the
-    step's own tokens."""
+    """The ``padded_tokens`` feature: the recorded padded count of a CUDA-graph prefill, else the
+    step's own tokens (a trace before the column reads 0, a calibration row before it lacks it)."""
     return padded if padded != NOT_PADDED else prefill_tokens + decode_seqs
 
 
 def first_of_class(classes: np.ndarray) -> np.ndarray:
-    """A mask of each class's first step."""
+    """A mask of each class's first step (one that may pay one-off costs)."""
     mask = np.zeros(len(classes), dtype=bool)
     for name in np.unique(classes):
         mask[np.flatnonzero(classes == name)[0]] = True
     return mask
 
 
+# --- the time of a class as a function of its features -----------------------------------------
+MIN_STEP_S = 1e-6  # a step always takes some time (a fit may extrapolate to <= 0)
+
+
+@dataclass
+class LinearFit:
+    """time = max(floor, intercept + coef . features) (coef over ``FEATURES``, zero for unused
+    ones; floor 0: a plain linear fit)."""
+
+    intercept: float
+    coef: tuple[float, ...]
+    features: tuple[str, ...]
+    samples: int
+    floor: float = 0.0
+
+    def linear(self, x: np.ndarray) -> np.ndarray:
+        return self.intercept + x @ np.asarray(self.coef)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return np.maximum(self.linear(x), max(self.floor, MIN_STEP_S))
+
+    def linear_at(self, features: Sequence[float]) -> float:
+        """``linear`` of one step in plain floats (numpy per step would cost the simulator more)."""
+        return self.intercept + sum(c * v for c, v in zip(self.coef, features))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"intercept": self.intercept, "coef": dict(zip(FEATURES, self.coef)),
+                "features": list(self.features), "samples": self.samples, "floor": self.floor}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LinearFit:
+        return cls(float(data["intercept"]), tuple(float(data["coef"][n]) for n in FEATURES),
+                   tuple(data["features"]), int(data["samples"]), float(data["floor"]))
+
+
+def graph_prefill_from_eager(fit: LinearFit) -> LinearFit | None:
+    """A CUDA-graph prefill priced from an eager prefill fit: its compute part (one graph launch:
+    no launch floor), the per-token slope charged on the padded tokens its GEMMs compute. None:
+    the fit has no per-token slope (a floor alone says nothing about compute)."""
+    at = FEATURES.index
+    per_token = fit.coef[at("prefill_tokens")]
+    if per_token <= 0:
+        return None
+    coef = list(fit.coef)
+    coef[at("padded_tokens")] += per_token
+    coef[at("prefill_tokens")] = 0.0
+    features = tuple(dict.fromkeys(
+        "padded_tokens" if name == "prefill_tokens" else name for name in fit.features))
+    return LinearFit(fit.intercept, tuple(coef), features, 0)
+
+
+def composite_mixed(fits: Mapping[str, LinearFit]) -> LinearFit:
+    """A mixed step as its prefill part (the prefill fit) plus its decode part (the decode
+    slopes), the prefill fit's intercept and floor (it runs eagerly). Prefill sequences are
+    ``num_seqs - decode_seqs``: the per-sequence slope moves onto ``num_seqs`` and back."""
+    prefill = fits["prefill"]
+    decode = fits.get("decode_eager") or fits.get("decode_graph")
+    coef = list(prefill.coef)
+    if decode is not None:
+        at = FEATURES.index
+        # A mixed step runs eager: a graph fit's padding slope is paid per real sequence.
+        per_decode_seq = decode.coef[at("decode_seqs")] + decode.coef[at("padded_batch_size")]
+        coef[at("decode_seqs")] = per_decode_seq - prefill.coef[at("num_seqs")]
+        coef[at("decode_context_tokens")] = decode.coef[at("decode_context_tokens")]
+    return LinearFit(prefill.intercept, tuple(coef), prefill.features, 0, prefill.floor)
+
+
+def resolve(fits: Mapping[str, LinearFit], cls_name: str) -> str:
+    """The fit a class uses: its own, else ``COMPOSITE`` (mixed), ``GRAPH_FROM_EAGER`` (a graph
+    prefill, where the eager prefill fit has a compute slope) or a related class's."""
+    if cls_name in fits:
+        return cls_name
+    if cls_name == "mixed" and "prefill" in fits:
+        return COMPOSITE
+    if cls_name == "prefill_graph" and "prefill" in fits and graph_prefill_from_eager(
+            fits["prefill"]) is not None:
+        return GRAPH_FROM_EAGER
+    for other in CLASSES[cls_name].fallbacks:
+        if other in fits:
+            return other
+    return next(iter(fits))
+
+
+def class_fit(fits: Mapping[str, LinearFit], cls_name: str) -> LinearFit:
+    """The fit ``resolve`` picks for a class, combined where it says so."""
+    key = resolve(fits, cls_name)
+    if key == COMPOSITE:
+        return composite_mixed(fits)
+    if key == GRAPH_FROM_EAGER:
+        graph = graph_prefill_from_eager(fits["prefill"])
+        assert graph is not None  # resolve checked
+        return graph
+    return fits[key]
+
+
 @dataclass
 class Steps:
-    """Steps to fit, one row each: a trace's own steps, then its calibration steps."""
+    """Steps to fit, one row each: a trace's own steps, then its calibration steps. ``time``: what
+    the class fits are of, the device time where the trace measured host time, else the interval
+    (a calibration step's: its executor call plus the run's typical engine work around a step)."""
 
     x: np.ndarray  # (steps x len(FEATURES)) features
     classes: np.ndarray
-    # What the class fits are of: the device time where the trace measured host time (overlap
-    # mode), else the interval (for a calibration step, its executor call plus the run's
-    # typical engine overhead around a step).
     time: np.ndarray
     host: np.ndarray  # the engine's own CPU work (NaN: not measured)
     interval: np.ndarray  # wall seconds it added to the run (a calibration step: its call's)
@@ -172,42 +258,38 @@ def step_intervals(events: RecordedEvents) -> np.ndarray:
     return interval
 
 
+def _feature_matrix(columns: Mapping[str, Any], n: int) -> np.ndarray:
+    """(n x len(FEATURES)) floats from the recorded feature columns."""
+    values = {name: np.asarray(columns[name], dtype=float) for name in RECORDED_FEATURES}
+    padded = columns.get(PADDED_TOKENS)
+    padded = np.full(n, float(NOT_PADDED)) if padded is None else np.asarray(padded, dtype=float)
+    values[PADDED_TOKENS] = np.array(
+        [computed_tokens(*row) for row in zip(padded.tolist(), values["prefill_tokens"].tolist(),
+                                               values["decode_seqs"].tolist())], dtype=float)
+    return np.column_stack([values[name] for name in FEATURES]).reshape(n, len(FEATURES))
+
+
 def feature_matrix(events: RecordedEvents) -> tuple[np.ndarray, np.ndarray]:
     """(n_steps x len(FEATURES)) float matrix, and the class name of each step."""
     ms = events.tables["model_step"]
     kinds = np.asarray(ms["kind"]).astype(str)
-    columns = {name: np.asarray(ms[name], dtype=float) for name in RECORDED_FEATURES}
-    padded = ms.get(PADDED_TOKENS)
-    padded = np.full(len(kinds), float(NOT_PADDED)) if padded is None else np.asarray(
-        padded, dtype=float)
-    columns[PADDED_TOKENS] = np.array(
-        [computed_tokens(*row) for row in zip(padded.tolist(), columns["prefill_tokens"].tolist(),
-                                               columns["decode_seqs"].tolist())], dtype=float)
-    x = np.column_stack([columns[name] for name in FEATURES])
     classes = step_class(kinds, np.asarray(ms["graph_used"], dtype=bool))
-    return x.reshape(len(kinds), len(FEATURES)), classes
+    return _feature_matrix(ms, len(kinds)), classes
 
 
 def calibration_features(rows: list[Mapping[str, Any]]) -> np.ndarray:
-    """(rows x len(FEATURES)) features of header calibration rows (a row without the
-    ``padded_tokens`` key computed its own tokens)."""
-    out = np.zeros((len(rows), len(FEATURES)))
-    for i, row in enumerate(rows):
-        values = {name: float(row[name]) for name in RECORDED_FEATURES}
-        values[PADDED_TOKENS] = float(computed_tokens(
-            row.get(PADDED_TOKENS, NOT_PADDED), values["prefill_tokens"], values["decode_seqs"]))
-        out[i] = [values[name] for name in FEATURES]
-    return out
+    """(rows x len(FEATURES)) features of header calibration rows."""
+    columns: dict[str, Any] = {name: [row[name] for row in rows] for name in RECORDED_FEATURES}
+    columns[PADDED_TOKENS] = [row.get(PADDED_TOKENS, NOT_PADDED) for row in rows]
+    return _feature_matrix(columns, len(rows))
 
 
-# A trace whose typical step has less host time than this did not measure it (zeros, rounding).
-HOST_MEASURED_S = 1e-6
+HOST_MEASURED_S = 1e-6  # a real step's host work takes microseconds at least
 
 
 def has_host_times(events: RecordedEvents) -> bool:
-    """Whether the trace measured each step's host work (schema 2 and a real measurement: a
-    version-1 trace reads NaN; a recorder that measured nothing wrote zeros, or rounding noise:
-    a real step's host work takes microseconds at least)."""
+    """Whether the trace measured each step's host work (a version-1 trace reads NaN; a recorder
+    that measured nothing wrote zeros, or rounding noise)."""
     ms = events.tables["model_step"]
     if "host_s" not in ms:
         return False
@@ -217,13 +299,10 @@ def has_host_times(events: RecordedEvents) -> bool:
 
 
 def steps_of(events: RecordedEvents) -> Steps:
-    """The trace's steps and its header's calibration steps (``Steps``).
-
-    A calibration row's ``interval_s`` times the executor call alone, its ``wait_s`` (where
-    recorded) the part spent waiting for the device, so ``interval_s - wait_s`` is its host
-    work. Fitted on intervals (no host time measured), a row is charged the median over the
-    run's steps of the engine's own work around a step (scheduling, post-processing,
-    recording), which a real step pays too."""
+    """The trace's steps and its header's calibration steps. A calibration row's ``interval_s``
+    times the executor call alone, less its ``wait_s`` (for the device): its host work. Fitted on
+    intervals, a row is charged the median over the run's steps of the engine's own work around
+    a step (scheduling, post-processing, recording), which a real step pays too."""
     ms = events.tables["model_step"]
     x, classes = feature_matrix(events)
     n = len(classes)
@@ -245,21 +324,16 @@ def steps_of(events: RecordedEvents) -> Steps:
         overhead = interval - duration
         extra = float(np.median(np.clip(overhead, 0.0, None))) if len(overhead) else 0.0
         time = np.array([float(row["interval_s"]) + extra for row in rows])
-    waited = [row.get("wait_s") for row in rows]
-    cal_host = np.array([np.nan if wait is None else float(row["interval_s"]) - float(wait)
-                         for row, wait in zip(rows, waited)])
+    cal_host = np.array([np.nan if row.get("wait_s") is None
+                         else float(row["interval_s"]) - float(row["wait_s"]) for row in rows])
     k = len(rows)
-    return own.concat(Steps(
-        calibration_features(rows),
-        np.array([step_class(row["kind"], bool(row["graph_used"])) for row in rows]),
-        time, cal_host, called, np.zeros(k, dtype=bool), np.ones(k, dtype=bool),
-        np.zeros(k, dtype=bool)))
+    classes = np.array([step_class(row["kind"], bool(row["graph_used"])) for row in rows])
+    return own.concat(Steps(calibration_features(rows), classes, time, cal_host, called,
+                            np.zeros(k, dtype=bool), np.ones(k, dtype=bool),
+                            np.zeros(k, dtype=bool)))
 
 
 # --- CUDA graphs of the source ------------------------------------------------------------------
-# Header keys of the executor's description when it captured prefill graphs.
-HEADER_SIZES = "prefill_graph_tokens"
-HEADER_MAX_SEQS = "prefill_graph_max_seqs"
 
 
 def observed_graph_sizes(events: RecordedEvents) -> list[int]:
@@ -284,9 +358,7 @@ def _graph_prefills(events: RecordedEvents) -> list[tuple[int, int, int]]:
     steps and its header's calibration steps."""
     ms = events.tables["model_step"]
     kinds = np.asarray(ms["kind"]).astype(str)
-    padded = ms.get(PADDED_TOKENS)
-    padded = np.zeros(len(kinds), dtype=np.int64) if padded is None else np.asarray(
-        padded, dtype=np.int64)
+    padded = np.asarray(ms.get(PADDED_TOKENS, np.zeros(len(kinds))), dtype=np.int64)
     rows = np.flatnonzero((kinds == "prefill") & np.asarray(ms["graph_used"], dtype=bool)
                           & (padded > 0))
     tokens = np.asarray(ms["prefill_tokens"], dtype=np.int64)
@@ -308,12 +380,11 @@ def source_prefill_graphs(events: RecordedEvents) -> tuple[list[int], int]:
     engine's sizes for the source's config where every one was padded as those say, else only
     the counts seen (a prefill above them is taken to run eager)."""
     executor = events.header.get("executor") or {}
-    if executor.get(HEADER_SIZES):
-        sizes = sorted(int(s) for s in executor[HEADER_SIZES])
-        max_seqs = executor.get(HEADER_MAX_SEQS)
-        if max_seqs is None:
-            max_seqs = graph_sizes.MAX_GRAPH_PREFILL_SEQS
-        return sizes, int(max_seqs)
+    max_seqs = graph_sizes.MAX_GRAPH_PREFILL_SEQS
+    if executor.get("prefill_graph_tokens"):  # as the runner describes its prefill graphs
+        sizes = sorted(int(s) for s in executor["prefill_graph_tokens"])
+        described = executor.get("prefill_graph_max_seqs")
+        return sizes, int(max_seqs if described is None else described)
     seen = _graph_prefills(events)
     if not seen:
         return [], 0
@@ -321,14 +392,7 @@ def source_prefill_graphs(events: RecordedEvents) -> tuple[list[int], int]:
     limit = min(int(config.get("prefill_graph_tokens", 0)),
                 int(config.get("max_num_batched_tokens", 0)))
     engine_sizes = graph_sizes.prefill_graph_sizes(limit)
-    max_seqs = graph_sizes.MAX_GRAPH_PREFILL_SEQS
     if all(graph_sizes.padded_prefill_tokens(engine_sizes, tokens, seqs, max_seqs) == padded
            for tokens, seqs, padded in seen):
         return engine_sizes, max_seqs
     return sorted({padded for _, _, padded in seen}), max_seqs
-
-
-def captured_within(sizes: Sequence[int], limit: int) -> list[int]:
-    """The source's captured prefill token counts a config whose ``prefill_graph_limit`` is
-    ``limit`` captures too (the engine captures none above it)."""
-    return [size for size in sizes if size <= limit]

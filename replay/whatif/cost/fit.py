@@ -1,30 +1,22 @@
-"""Fitting the step-time model: per-class device-time fits, host-time fits, held-out errors.
+"""Fitting the step-time model: per-class fits chosen by held-out error, warm-up, host time.
 
-The physics the candidates follow:
-- a step's time is linear in the work it does (weights read once per step: a constant; KV bytes
-  read: ``decode_context_tokens``; per-sequence and per-token compute) when the GPU is the bound;
-- a step that runs *eagerly* (``ClassSpec.eager``) has a launch-bound floor: below some size, it
-  takes as long as launching its kernels takes, whatever its work. So an eager class is also
-  fitted as ``max(floor, linear)``, the floor being the median of the steps below a knee (chosen
-  by in-sample error), the linear part fitted above it;
-- a CUDA-graph prefill computes its prompt tokens padded to a captured token count, so its time
-  follows ``padded_tokens``, and one graph launch has no launch floor.
+Each class's candidates (``ClassSpec.feature_sets``, simplest first) are linear in its features,
+since a step's time is linear in its work when the GPU is the bound (weights read once per step: a
+constant; KV read: ``decode_context_tokens``; per-sequence and per-token compute); an eager class
+(``ClassSpec.eager``) also tries ``max(floor, linear)``, its launch-bound floor being the median of
+the steps below a knee. The candidate with the lowest held-out error wins, the simpler on a tie:
+a richer model must earn its parameters on steps it did not see. A CUDA-graph class is scored by
+extrapolation where it spans enough sizes (a per-sequence slope measured on small batches is what
+extrapolates worst), an eager one on every ``HOLDOUT_EVERY``-th step (along its size it changes
+regime: floor, then compute).
 
-Which candidate a class uses is decided by held-out error, the simpler on a tie: a richer model
-must earn its parameters on steps it did not see. A CUDA-graph class is scored by extrapolation
-where it spans enough sizes (fitted up to half its largest, scored above: a per-sequence slope
-measured on small batches is what extrapolates worst); an eager class on every
-``HOLDOUT_EVERY``-th step, since along its size it changes regime (floor, then compute).
-
-Warm-up: a first step of a class far slower than the others predict (a JIT compilation) is a
-one-off, kept out of the fit and charged once per simulated run (``warmup_steps``). The run's
-first steps, up to the first step of its most frequent class that the class's fit explains, form
-a warm-up *window* (``warmup_window``): a class's steps there are left out of its fit where later
-steps cover the same range, and bound the cost from above where none do (``bound_by_window``).
-
-Host time (``fit_host``): one fit over all classes of a constant per class plus per-sequence and
-per-prompt-token costs shared by every class (the same bookkeeping per sequence whatever the step,
-so a slope shown by decodes also prices a mixed step the source never ran).
+Warm-up: a class's first step far slower than the others predict (a JIT compilation) is a one-off,
+kept out and charged once per simulated run (``warmup_steps``). The run's first steps, up to the
+first of its most frequent class that the class's fit explains, form a warm-up window
+(``warmup_window``): left out of a fit where later steps cover their range, an upper bound where
+none do (``bound_by_window``). Host time (``fit_host``): a constant per class plus per-sequence
+and per-token costs shared by every class (the same bookkeeping whatever the step, so a slope
+shown by decodes also prices a mixed step the source never ran).
 """
 
 from __future__ import annotations
@@ -39,8 +31,10 @@ from replay.whatif.cost.features import (
     CLASSES,
     EAGER_CLASSES,
     FEATURES,
+    MIN_STEP_S,
     POOLED,
     STEP_CLASSES,
+    LinearFit,
     Steps,
     first_of_class,
 )
@@ -53,8 +47,6 @@ HOLDOUT_EVERY = 5
 FLOOR_MIN_RANGE = 2.0
 # Knees tried between a floor and its compute regime: these quantiles of the class's size.
 KNEE_QUANTILES = tuple(q / 10 for q in range(1, 10))
-# Predictions never go below this (a step always takes some time; a fit may extrapolate to <= 0).
-MIN_STEP_S = 1e-6
 # The first step of a class is a warm-up outlier when it exceeds the fit of the others by more
 # than this many typical (median absolute) residuals, and by this fraction of a typical step.
 WARMUP_OUTLIER = 20.0
@@ -65,38 +57,6 @@ WINDOW_SIGMA = 5.0
 # Host work grows with the sequences handled (block tables, sampling bookkeeping, events) and
 # the prompt tokens staged: the shared slopes tried, simplest first.
 HOST_FEATURE_SETS: tuple[tuple[str, ...], ...] = ((), ("num_seqs",), ("num_seqs", "prefill_tokens"))
-
-
-@dataclass
-class LinearFit:
-    """time = max(floor, intercept + coef . features) (coef over ``FEATURES``, zero for unused
-    ones; floor 0: a plain linear fit)."""
-
-    intercept: float
-    coef: tuple[float, ...]
-    features: tuple[str, ...]
-    samples: int
-    floor: float = 0.0
-
-    def linear(self, x: np.ndarray) -> np.ndarray:
-        return self.intercept + x @ np.asarray(self.coef)
-
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        return np.maximum(self.linear(x), max(self.floor, MIN_STEP_S))
-
-    def linear_at(self, features: Sequence[float]) -> float:
-        """``intercept + coef . features`` for one step, in plain floats (numpy per step would
-        cost the simulator more)."""
-        return self.intercept + sum(c * v for c, v in zip(self.coef, features))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"intercept": self.intercept, "coef": dict(zip(FEATURES, self.coef)),
-                "features": list(self.features), "samples": self.samples, "floor": self.floor}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LinearFit:
-        return cls(float(data["intercept"]), tuple(float(data["coef"][n]) for n in FEATURES),
-                   tuple(data["features"]), int(data["samples"]), float(data["floor"]))
 
 
 def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray, names: Sequence[str], constants: np.ndarray,
@@ -169,11 +129,11 @@ def errors(predicted: np.ndarray, actual: np.ndarray) -> dict[str, float]:
     }
 
 
-def robust_sigma(residuals: np.ndarray) -> float:
-    """1.4826 x the median absolute deviation: the standard deviation of normal noise."""
-    if len(residuals) == 0:
-        return 0.0
-    return float(1.4826 * np.median(np.abs(residuals - np.median(residuals))))
+def class_errors(predicted: np.ndarray, actual: np.ndarray,
+                 classes: np.ndarray) -> dict[str, dict[str, float]]:
+    """``errors`` of each step class present."""
+    return {name: errors(predicted[classes == name], actual[classes == name])
+            for name in STEP_CLASSES if (classes == name).any()}
 
 
 # --- one class: candidates chosen by held-out error ----------------------------------------------
@@ -351,8 +311,10 @@ def warmup_window(steps: Steps) -> int:
     if fit is None:
         return 0
     residual = y[rows] - fit.predict(x[rows])
-    # (A relative tolerance too: noise-free data have a robust sigma of 0.)
-    limit = np.maximum(WINDOW_SIGMA * robust_sigma(residual), 1e-9 * y[rows])
+    # 1.4826 x the median absolute deviation: the standard deviation of normal noise (a relative
+    # tolerance too: noise-free data have a sigma of 0).
+    sigma = float(1.4826 * np.median(np.abs(residual - np.median(residual))))
+    limit = np.maximum(WINDOW_SIGMA * sigma, 1e-9 * y[rows])
     conforming = np.flatnonzero(residual <= limit)
     return int(rows[conforming[0]]) if len(conforming) else 0
 

@@ -1,37 +1,22 @@
 """The step-time model: how long one engine step takes, from the batch features it records.
 
-``CostModel.fit`` fits each step class (``features.CLASSES``) on a trace's steps and start-up
-calibration steps (``fit``). ``CostModel.predict`` prices one step: ``StepTime(device_s, host_s,
-interval_s)``, the interval being the wall time the step adds to a run (what a makespan is the sum
-of), through the one rule for how device and host time combine (``interval``).
-
-Two modes, by what the trace measured:
-- *interval* mode (no ``host_s``: a version-1 trace): each class's fit is of the interval itself
-  (host time 0).
-- *overlap* mode (each step's host work ``host_s`` and whether it was launched while the previous
-  step ran, ``overlapped``): the class fits are of device time, ``OverlapModel`` fits host time
-  and the offsets the rule misses systematically, per class and launch mode. So a target that
-  overlaps another fraction of its steps than the source is priced by its own launch decisions,
-  which the engine takes from scheduler state alone and a simulation reproduces
-  (``ScheduledBatch.overlapped``).
-
-Offsets, measured on the source's steps as ``interval - rule(duration_s, host_s)``: per class and
-mode, the (1%-trimmed) mean over at least ``MIN_OFFSET_STEPS`` steps; else the median of at least
-``FEW_OFFSET_STEPS`` besides its first (which may pay one-off costs: the run's own overhead around
-a step, which no calibration step shows); else (sequential) from the calibration steps of its
-class that record the time the executor waited for the device (``wait_s``), else the sync latency
-of the other sequential steps; (overlapped) the offset of all overlapped steps (0: none).
-
-A class the source never ran is priced from related fits (``ClassSpec.fallbacks``; a mixed step
-from the prefill fit plus the decode slopes, a graph prefill from the eager prefill fit's compute
-part) and ``explain`` says so. Every fit reports its error on held-out steps (``fit.holdout_mask``).
-``save``/``load`` keep a model as JSON for ``--timing-from``.
+``CostModel.fit`` fits each step class on a trace's steps and calibration steps (``fit``);
+``CostModel.predict`` prices one step as a ``StepTime(device_s, host_s, interval_s)``, the interval
+being the wall time it adds to a run, by the one rule for how device and host time combine
+(``interval``). Two modes, by what the trace measured:
+- *interval* mode (no ``host_s``: a version-1 trace): the class fits are of the interval itself.
+- *overlap* mode (each step's host work ``host_s``, and ``overlapped``: launched while the
+  previous step ran): the class fits are of device time; ``OverlapModel`` fits host time and the
+  offsets the rule misses systematically, per class and launch mode. So a target that overlaps
+  another fraction of its steps than the source is priced by its own launch decisions, which the
+  engine takes from scheduler state alone and a simulation reproduces.
+Every fit reports its error on held-out steps; ``save``/``load`` keep a model as JSON.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -41,36 +26,9 @@ import numpy as np
 from engine.errors import ReplayLLMError
 from replay.metrics import has_timings
 from replay.recorded import RecordedEvents
-from replay.whatif.cost import explain
-from replay.whatif.cost.features import (
-    CLASSES,
-    COMPOSITE,
-    EAGER_CLASSES,
-    FEATURES,
-    GRAPH_FROM_EAGER,
-    MODES,
-    POOLED,
-    STEP_CLASSES,
-    Steps,
-    feature_matrix,
-    first_of_class,
-    has_host_times,
-    observed_graph_sizes,
-    source_prefill_graphs,
-    steps_of,
-)
-from replay.whatif.cost.fit import (
-    MIN_STEP_S,
-    LinearFit,
-    errors,
-    fit_all,
-    fit_host,
-    holdout_mask,
-    host_times,
-    one_off_excess,
-    warmup_steps,
-    warmup_window,
-)
+from replay.whatif.cost import explain, features
+from replay.whatif.cost import fit as fitting
+from replay.whatif.cost.features import MIN_STEP_S, MODES, STEP_CLASSES, LinearFit, Steps
 
 MODEL_VERSION = 5  # 5: no linear stand-ins for floored fits ("surrogates")
 # A class's offset for a mode is measured on at least this many of its steps (else derived).
@@ -105,64 +63,11 @@ def intervals(device: np.ndarray, host: np.ndarray, overlapped: np.ndarray, clas
               offsets: np.ndarray | float = 0.0) -> np.ndarray:
     """``interval`` of each step (an eager class is parallel when sequential too)."""
     parallel = np.asarray(overlapped, dtype=bool) | np.isin(np.asarray(classes).astype(str),
-                                                            list(EAGER_CLASSES))
+                                                            list(features.EAGER_CLASSES))
     offsets = np.broadcast_to(np.asarray(offsets, dtype=float), parallel.shape)
     return np.array([interval(*row) for row in zip(
         np.asarray(device, dtype=float).tolist(), np.asarray(host, dtype=float).tolist(),
         parallel.tolist(), offsets.tolist())], dtype=float)
-
-
-# --- a class the source has no fit for ------------------------------------------------------------
-
-
-def graph_prefill_from_eager(fit: LinearFit) -> LinearFit | None:
-    """A CUDA-graph prefill priced from an eager prefill fit: its compute part (no launch floor:
-    one graph launch) with the per-token slope charged on the padded tokens, which the graph's
-    GEMMs compute; attention and per-sequence slopes stay on the real work. None: the fit has no
-    per-token slope (a floor alone says nothing about compute)."""
-    at = FEATURES.index
-    per_token = fit.coef[at("prefill_tokens")]
-    if per_token <= 0:
-        return None
-    coef = list(fit.coef)
-    coef[at("padded_tokens")] += per_token
-    coef[at("prefill_tokens")] = 0.0
-    features = tuple(dict.fromkeys(
-        "padded_tokens" if name == "prefill_tokens" else name for name in fit.features))
-    return LinearFit(fit.intercept, tuple(coef), features, 0)
-
-
-def composite_mixed(fits: Mapping[str, LinearFit]) -> LinearFit:
-    """A mixed step as its prefill part (the prefill fit, over the prefill sequences) plus its
-    decode part (the decode slopes, over the decode sequences), one intercept and the prefill
-    fit's floor (a mixed step runs eagerly). Prefill sequences are ``num_seqs - decode_seqs``, so
-    the prefill fit's per-sequence slope moves onto ``num_seqs`` and back from ``decode_seqs``."""
-    prefill = fits["prefill"]
-    decode = fits.get("decode_eager") or fits.get("decode_graph")
-    coef = list(prefill.coef)
-    if decode is not None:
-        at = FEATURES.index
-        # A mixed step runs eager: a graph fit's padding slope is paid per real sequence.
-        per_decode_seq = decode.coef[at("decode_seqs")] + decode.coef[at("padded_batch_size")]
-        coef[at("decode_seqs")] = per_decode_seq - prefill.coef[at("num_seqs")]
-        coef[at("decode_context_tokens")] = decode.coef[at("decode_context_tokens")]
-    return LinearFit(prefill.intercept, tuple(coef), prefill.features, 0, prefill.floor)
-
-
-def resolve(fits: Mapping[str, LinearFit], cls_name: str) -> str:
-    """The fit a class uses: its own, else ``COMPOSITE`` (mixed), ``GRAPH_FROM_EAGER`` (a graph
-    prefill, where the eager prefill fit has a compute slope) or a related class's."""
-    if cls_name in fits:
-        return cls_name
-    if cls_name == "mixed" and "prefill" in fits:
-        return COMPOSITE
-    if cls_name == "prefill_graph" and "prefill" in fits and graph_prefill_from_eager(
-            fits["prefill"]) is not None:
-        return GRAPH_FROM_EAGER
-    for other in CLASSES[cls_name].fallbacks:
-        if other in fits:
-            return other
-    return next(iter(fits))
 
 
 def _trimmed_mean(residuals: np.ndarray) -> float:
@@ -191,8 +96,8 @@ class OverlapModel:
         that record their wait for the device (so their host time), fitted with the run's steps
         (sizes the run never took) and measuring offsets the run cannot. Each class's first step
         is left out of the host fit and, if far above it, charged once per run."""
-        firsts = first_of_class(run.classes)
-        fits, selection = fit_host(run.rows(~firsts).concat(calibration))
+        firsts = features.first_of_class(run.classes)
+        fits, selection = fitting.fit_host(run.rows(~firsts).concat(calibration))
         model = cls(fits, selection=selection)
         predicted = model.host_times(run.x, run.classes)
         for row in np.flatnonzero(firsts):
@@ -201,7 +106,7 @@ class OverlapModel:
             if not others.any():
                 continue
             # The same one-off rule as a first step's device time (fit.warmup_steps).
-            extra = one_off_excess(float(predicted[row]), float(run.host[row]),
+            extra = fitting.one_off_excess(float(predicted[row]), float(run.host[row]),
                                    predicted[others], run.host[others])
             if extra is not None:
                 model.host_warmup_s[name] = extra
@@ -252,16 +157,16 @@ class OverlapModel:
         (``ClassSpec.host_fallbacks``), whose slopes are the shared ones anyway."""
         if cls_name in self.host:
             return self.host[cls_name]
-        for other in CLASSES[cls_name].host_fallbacks:
+        for other in features.CLASSES[cls_name].host_fallbacks:
             if other in self.host:
                 return self.host[other]
         if not self.host:
-            return LinearFit(0.0, (0.0,) * len(FEATURES), (), 0)
+            return LinearFit(0.0, (0.0,) * len(features.FEATURES), (), 0)
         return self.host[next(n for n in (*STEP_CLASSES, *self.host) if n in self.host)]
 
     def host_times(self, x: np.ndarray, classes: np.ndarray) -> np.ndarray:
         fits = {str(name): self.host_fit(str(name)) for name in np.unique(classes)}
-        return host_times(fits, x, classes)
+        return fitting.host_times(fits, x, classes)
 
     def offset(self, mode: str, cls_name: str) -> float:
         return self.offsets.get(mode, {}).get(cls_name, 0.0)
@@ -328,18 +233,18 @@ class CostModel:
         name = source or "the trace"
         if not has_timings(events):
             raise CostModelError(f"{name} has no measured step times (recorded without a model)")
-        steps = steps_of(events)
+        steps = features.steps_of(events)
         own = steps.rows(~steps.is_calibration)
-        leading = warmup_window(own)
+        leading = fitting.warmup_window(own)
         own.window = np.arange(len(own)) < leading
-        warm, warmup_s = warmup_steps(own)
+        warm, warmup_s = fitting.warmup_steps(own)
         calibration = steps.rows(steps.is_calibration)
         fitted = own.rows(~warm).concat(calibration)
-        fits, reports = fit_all(fitted)
+        fits, reports = fitting.fit_all(fitted)
         if not fits:
             raise CostModelError(f"{name} has too few steps to fit a model")
-        prefill_sizes, prefill_max_seqs = source_prefill_graphs(events)
-        model = cls(fits, source=source, graph_sizes=observed_graph_sizes(events),
+        prefill_sizes, prefill_max_seqs = features.source_prefill_graphs(events)
+        model = cls(fits, source=source, graph_sizes=features.observed_graph_sizes(events),
                     warmup_s=warmup_s, selection=reports, window_steps=leading,
                     prefill_graph_sizes=prefill_sizes, prefill_graph_max_seqs=prefill_max_seqs)
         for cls_name, report in reports.items():
@@ -347,7 +252,7 @@ class CostModel:
             model.coverage[cls_name] = explain.class_coverage(
                 cls_name, fitted.x[mask], ~fitted.window[mask], fits[cls_name], report)
         model.heldout = _device_heldout(fitted)
-        if has_host_times(events):
+        if features.has_host_times(events):
             run = own.rows(~warm)
             timed = calibration.rows(np.isfinite(calibration.host))
             model.overlap = OverlapModel.fit(run, timed)
@@ -360,15 +265,8 @@ class CostModel:
         return "interval" if self.overlap is None else "overlap"
 
     def device_fit(self, cls_name: str) -> LinearFit:
-        """The fit a class's ``fits`` time comes from: its own, else a related one (``resolve``)."""
-        key = resolve(self.fits, cls_name)
-        if key == COMPOSITE:
-            return composite_mixed(self.fits)
-        if key == GRAPH_FROM_EAGER:
-            graph = graph_prefill_from_eager(self.fits["prefill"])
-            assert graph is not None  # resolve checked
-            return graph
-        return self.fits[key]
+        """The fit a class is priced by: its own, else related ones (``features.class_fit``)."""
+        return features.class_fit(self.fits, cls_name)
 
     def fitted_times(self, x: np.ndarray, classes: np.ndarray) -> np.ndarray:
         """What the class fits predict for each step: intervals (interval mode) or device times
@@ -379,19 +277,19 @@ class CostModel:
             out[mask] = self.device_fit(str(name)).predict(x[mask])
         return out
 
-    def predict(self, features: Sequence[float], cls_name: str, overlapped: bool = False,
+    def predict(self, step: Sequence[float], cls_name: str, overlapped: bool = False,
                 first: bool = False) -> StepTime:
-        """One step's times: ``features`` in ``FEATURES`` order (``features.StepFeatures``),
+        """One step's times: ``step``, its features (``features.StepFeatures``),
         its class, whether it was launched overlapped, and whether it is the run's first of its
         class (which pays the source's one-off costs). Plain floats: the simulator calls this
         once per step."""
         times = self._times.get(cls_name) or self._class_times(cls_name)
-        device = max(times.device.linear_at(features), times.device.floor, MIN_STEP_S)
+        device = max(times.device.linear_at(step), times.device.floor, MIN_STEP_S)
         if first:
             device += times.warmup_s
         if times.host is None:
             return StepTime(device, 0.0, device)
-        host = max(times.host.linear_at(features), 0.0)
+        host = max(times.host.linear_at(step), 0.0)
         if first:
             host += times.host_warmup_s
         offset = times.overlapped_s if overlapped else times.sequential_s
@@ -401,7 +299,7 @@ class CostModel:
         overlap = self.overlap
         times = _ClassTimes(
             self.device_fit(cls_name), overlap.host_fit(cls_name) if overlap else None,
-            cls_name in EAGER_CLASSES,
+            cls_name in features.EAGER_CLASSES,
             overlap.offset("sequential", cls_name) if overlap else 0.0,
             overlap.offset("overlapped", cls_name) if overlap else 0.0,
             self.warmup_s.get(cls_name, 0.0),
@@ -412,7 +310,7 @@ class CostModel:
     # --- words (``explain``) ----------------------------------------------------------------------
     def fallback(self, cls_name: str) -> str:
         """What a class the source has no fit for is priced from, in words ("": its own)."""
-        return explain.fallback_words(cls_name, resolve(self.fits, cls_name))
+        return explain.fallback_words(cls_name, features.resolve(self.fits, cls_name))
 
     def caveats(self) -> list[str]:
         """What the source trace cannot identify, one line each."""
@@ -421,10 +319,7 @@ class CostModel:
     def coverage_warnings(self, target: RecordedEvents) -> list[str]:
         """Where ``target``'s steps (a simulation's or a recording's) lie well outside the range
         of the source's steps for their class: a prediction there may be off, and why."""
-        x, classes = feature_matrix(target)
-        related = {str(name): self.fallback(str(name)) for name in np.unique(classes)}
-        return explain.target_warnings(self.coverage, set(self.fits) - {POOLED},
-                                       self.window_steps, x, classes, related)
+        return explain.target_warnings(self, *features.feature_matrix(target))
 
     def describe(self, target: RecordedEvents | None = None) -> str:
         """What was fitted on what, the held-out error, what the source cannot identify and
@@ -465,32 +360,27 @@ class CostModel:
 def _device_heldout(fitted: Steps) -> dict[str, Any]:
     """The class fits refitted without the held-out steps (``holdout_mask``), their error on
     those steps, per class and over all."""
-    test = holdout_mask(fitted.classes)
+    test = fitting.holdout_mask(fitted.classes)
     if not test.any():
         return {}
-    train_fits, _ = fit_all(fitted.rows(~test))
+    train_fits, _ = fitting.fit_all(fitted.rows(~test))
     if not train_fits:
         return {}
     predicted = CostModel(train_fits).fitted_times(fitted.x[test], fitted.classes[test])
     actual = fitted.time[test]
-    report: dict[str, Any] = {}
-    for name in STEP_CLASSES:
-        mask = fitted.classes[test] == name
-        if mask.any():
-            report[name] = errors(predicted[mask], actual[mask])
-    report["all"] = errors(predicted, actual)
-    return report
+    return {**fitting.class_errors(predicted, actual, fitted.classes[test]),
+            "all": fitting.errors(predicted, actual)}
 
 
 def _overlap_heldout(run: Steps, timed: Steps, calibration: Steps) -> dict[str, Any]:
     """Held-out errors of the host fits and of the predicted intervals: the held-out steps of
     the run (``holdout_mask``) predicted as the simulator does, from device fits (on the other
     steps and every calibration step), host fits and offsets refitted without them."""
-    test = holdout_mask(run.classes)
+    test = fitting.holdout_mask(run.classes)
     train = ~test
     if not (test.any() and train.any()):
         return {}
-    device_fits, _ = fit_all(run.rows(train).concat(calibration))
+    device_fits, _ = fitting.fit_all(run.rows(train).concat(calibration))
     if not device_fits:
         return {}
     model = OverlapModel.fit(run.rows(train), timed)
@@ -498,14 +388,11 @@ def _overlap_heldout(run: Steps, timed: Steps, calibration: Steps) -> dict[str, 
     host_pred = model.host_times(x, classes)
     device_pred = CostModel(device_fits).fitted_times(x, classes)
     predicted = model.intervals(device_pred, host_pred, overlapped, classes)
-    report: dict[str, Any] = {"host": {}, "interval": {}}
-    for name in STEP_CLASSES:
-        mask = classes == name
-        if mask.any():
-            report["host"][name] = errors(host_pred[mask], run.host[test][mask])
+    report: dict[str, Any] = {"host": fitting.class_errors(host_pred, run.host[test], classes),
+                              "interval": {}}
     for mode, flag in zip(MODES, (False, True)):
         mask = overlapped == flag
         if mask.any():
-            report["interval"][mode] = errors(predicted[mask], run.interval[test][mask])
-    report["interval"]["all"] = errors(predicted, run.interval[test])
+            report["interval"][mode] = fitting.errors(predicted[mask], run.interval[test][mask])
+    report["interval"]["all"] = fitting.errors(predicted, run.interval[test])
     return report

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from operator import mul
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -95,8 +96,9 @@ def step_class(kind: Any, graph_used: Any) -> Any:
     """The cost class of a step: its batch kind, split by whether a CUDA graph ran it. Given
     arrays (a step each), an array of classes."""
     if not isinstance(kind, str):
-        return np.array([step_class(str(k), bool(g)) for k, g in zip(kind, graph_used)],
-                        dtype=str)
+        pairs = list(zip(np.asarray(kind).astype(str).tolist(), np.asarray(graph_used).tolist()))
+        named = {pair: step_class(pair[0], bool(pair[1])) for pair in set(pairs)}
+        return np.array([named[pair] for pair in pairs], dtype=str)
     if kind == "decode":
         return "decode_graph" if graph_used else "decode_eager"
     if kind == "prefill" and graph_used:
@@ -141,7 +143,7 @@ class LinearFit:
 
     def linear_at(self, features: Sequence[float]) -> float:
         """``linear`` of one step in plain floats (numpy per step would cost the simulator more)."""
-        return self.intercept + sum(c * v for c, v in zip(self.coef, features))
+        return self.intercept + sum(map(mul, self.coef, features))
 
     def to_dict(self) -> dict[str, Any]:
         return {"intercept": self.intercept, "coef": dict(zip(FEATURES, self.coef)),

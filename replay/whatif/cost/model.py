@@ -41,7 +41,7 @@ class CostModelError(ReplayLLMError):
     """A step-time model cannot be fitted or loaded."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StepTime:
     """A step's predicted device time, host time (the engine's own CPU work; 0 in interval mode)
     and the interval it adds to the run."""

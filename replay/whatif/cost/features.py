@@ -314,8 +314,9 @@ def steps_of(events: RecordedEvents) -> Steps:
     host = np.asarray(ms["host_s"], dtype=float) if measured_host else np.full(n, np.nan)
     overlapped = (np.asarray(ms["overlapped"], dtype=bool) if "overlapped" in ms
                   else np.zeros(n, dtype=bool))
-    own = Steps(x, classes, duration if measured_host else interval, host, interval, overlapped,
-                np.zeros(n, dtype=bool), np.zeros(n, dtype=bool))
+    no = np.zeros(n, dtype=bool)
+    own = Steps(x=x, classes=classes, time=duration if measured_host else interval, host=host,
+                interval=interval, overlapped=overlapped, is_calibration=no, window=no.copy())
     rows = events.header.get("calibration") or []
     if not rows:
         return own
@@ -325,19 +326,17 @@ def steps_of(events: RecordedEvents) -> Steps:
     else:
         overhead = interval - duration
         extra = float(np.median(np.clip(overhead, 0.0, None))) if len(overhead) else 0.0
-        time = np.array([float(row["interval_s"]) + extra for row in rows])
+        time = called + extra
     cal_host = np.array([np.nan if row.get("wait_s") is None
                          else float(row["interval_s"]) - float(row["wait_s"]) for row in rows])
-    k = len(rows)
-    classes = np.array([step_class(row["kind"], bool(row["graph_used"])) for row in rows])
-    return own.concat(Steps(calibration_features(rows), classes, time, cal_host, called,
-                            np.zeros(k, dtype=bool), np.ones(k, dtype=bool),
-                            np.zeros(k, dtype=bool)))
+    no = np.zeros(len(rows), dtype=bool)
+    classes = step_class([row["kind"] for row in rows], [row["graph_used"] for row in rows])
+    return own.concat(Steps(x=calibration_features(rows), classes=classes, time=time,
+                            host=cal_host, interval=called, overlapped=no, is_calibration=~no,
+                            window=no.copy()))
 
 
 # --- CUDA graphs of the source ------------------------------------------------------------------
-
-
 def observed_graph_sizes(events: RecordedEvents) -> list[int]:
     """The graph batch sizes the source run padded decodes to: the engine's if they agree with
     every observed (batch, padded) pair, else the sizes seen (a batch above them runs eager)."""

@@ -39,14 +39,12 @@ from replay.whatif.cost.features import (
     first_of_class,
 )
 
-# A class is fitted with k parameters only when it has this many samples per parameter.
-SAMPLES_PER_PARAM = 4
+SAMPLES_PER_PARAM = 4  # a class is fitted with k parameters only on at least 4k steps
 HOLDOUT_EVERY = 5
 # A floor is a size range over which time does not grow: only a class whose steps span at least
 # this factor in size can show one (below it, floor candidates are not fitted).
 FLOOR_MIN_RANGE = 2.0
-# Knees tried between a floor and its compute regime: these quantiles of the class's size.
-KNEE_QUANTILES = tuple(q / 10 for q in range(1, 10))
+KNEE_QUANTILES = tuple(q / 10 for q in range(1, 10))  # of a class's size: knees tried
 # The first step of a class is a warm-up outlier when it exceeds the fit of the others by more
 # than this many typical (median absolute) residuals, and by this fraction of a typical step.
 WARMUP_OUTLIER = 20.0
@@ -61,12 +59,12 @@ HOST_FEATURE_SETS: tuple[tuple[str, ...], ...] = ((), ("num_seqs",), ("num_seqs"
 
 def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray, names: Sequence[str], constants: np.ndarray,
                        keep_constant_positive: bool) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Least squares of ``y`` on the ``constants`` columns plus the ``names`` features, with
-    non-negative slopes: a feature whose slope comes out negative (noise, or collinearity with
-    another) is dropped and the rest refitted, so extrapolating to larger batches never predicts
-    *less* time for more work. ``keep_constant_positive``: a negative constant (a step with no
-    work taking negative time: the features barely vary, so it is not identified) is dropped and
-    the rest refitted through the origin. Returns the constants, slopes and features kept."""
+    """Least squares of ``y`` on the ``constants`` columns and the ``names`` features, with
+    non-negative slopes: a feature whose slope comes out negative (noise, collinearity) is dropped
+    and the rest refitted, so extrapolating never predicts *less* time for more work.
+    ``keep_constant_positive``: a negative constant (no work taking negative time: the features
+    barely vary) is dropped too, the rest refitted through the origin. Returns the constants,
+    slopes and features kept."""
     active = list(names)
     while True:
         cols = [FEATURES.index(n) for n in active]
@@ -146,8 +144,7 @@ class Candidate:
 
     @property
     def params(self) -> int:
-        """Fitted parameters: a floor, and an intercept plus a slope per feature for the linear
-        part (a floor-only candidate has no linear part)."""
+        """A floor, and an intercept plus a slope per feature for a linear part (if any)."""
         linear = len(self.features) + 1 if self.features or not self.floor else 0
         return linear + int(self.floor)
 

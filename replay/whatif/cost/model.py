@@ -30,10 +30,9 @@ from replay.whatif.cost import explain, features
 from replay.whatif.cost import fit as fitting
 from replay.whatif.cost.features import MIN_STEP_S, MODES, STEP_CLASSES, LinearFit, Steps
 
-MODEL_VERSION = 5  # 5: no linear stand-ins for floored fits ("surrogates")
-# A class's offset for a mode is measured on at least this many of its steps (else derived).
-MIN_OFFSET_STEPS = 8
-FEW_OFFSET_STEPS = 3  # fewer: their median, besides the class's first step
+MODEL_VERSION = 5  # of the saved JSON (``to_dict``); a file of another version is refused
+MIN_OFFSET_STEPS = 8  # an offset measured on fewer steps of its class and mode is derived
+FEW_OFFSET_STEPS = 3
 TRIM = 0.01  # offsets: the mean of residuals between these quantiles (a stray stall ignored)
 
 
@@ -77,8 +76,8 @@ def _trimmed_mean(residuals: np.ndarray) -> float:
 
 @dataclass
 class OverlapModel:
-    """Overlap mode's host-time fits per class and the interval rule's offsets per mode and
-    class (module docstring)."""
+    """Overlap mode's host-time fits per class and the interval rule's offsets per launch mode
+    and class."""
 
     host: dict[str, LinearFit]
     # Mode -> class -> seconds added to the rule; and how each was obtained, for reporting.
@@ -92,10 +91,9 @@ class OverlapModel:
 
     @classmethod
     def fit(cls, run: Steps, calibration: Steps) -> OverlapModel:
-        """``run``: the run's steps (``time``: device time); ``calibration``: calibration steps
-        that record their wait for the device (so their host time), fitted with the run's steps
-        (sizes the run never took) and measuring offsets the run cannot. Each class's first step
-        is left out of the host fit and, if far above it, charged once per run."""
+        """``run``: the run's steps (``time``: device time); ``calibration``: the calibration steps
+        that record their wait for the device (so their host time: sizes the run never took).
+        A class's first step is left out of the host fit and, far above it, charged once."""
         firsts = features.first_of_class(run.classes)
         fits, selection = fitting.fit_host(run.rows(~firsts).concat(calibration))
         model = cls(fits, selection=selection)
@@ -107,18 +105,23 @@ class OverlapModel:
                 continue
             # The same one-off rule as a first step's device time (fit.warmup_steps).
             extra = fitting.one_off_excess(float(predicted[row]), float(run.host[row]),
-                                   predicted[others], run.host[others])
+                                           predicted[others], run.host[others])
             if extra is not None:
                 model.host_warmup_s[name] = extra
+        model._fit_offsets(run, calibration)
+        return model
+
+    def _fit_offsets(self, run: Steps, calibration: Steps) -> None:
+        """Per class and mode, what the rule misses (``interval - rule(device, host)``): the
+        trimmed mean over ``MIN_OFFSET_STEPS`` or more steps; else the median of
+        ``FEW_OFFSET_STEPS`` or more besides its first (the run's own overhead around a step,
+        which no calibration step shows); else, sequential, its calibration steps' or the other
+        sequential steps' sync latency; overlapped, all overlapped steps' (0: too few)."""
         residual = run.interval - intervals(run.time, run.host, run.overlapped, run.classes)
         cal_residual = calibration.interval - intervals(
             calibration.time, calibration.host, calibration.overlapped, calibration.classes)
-        model._fit_offsets(run.classes, run.overlapped, residual, firsts, calibration.classes,
-                           cal_residual)
-        return model
-
-    def _fit_offsets(self, classes: np.ndarray, overlapped: np.ndarray, residual: np.ndarray,
-                     firsts: np.ndarray, cal_classes: np.ndarray, cal_residual: np.ndarray) -> None:
+        classes, overlapped, cal_classes = run.classes, run.overlapped, calibration.classes
+        firsts = features.first_of_class(classes)
         sequential = ~overlapped
         if sequential.sum() >= MIN_OFFSET_STEPS:
             self.sync_s = _trimmed_mean(residual[sequential])
@@ -193,12 +196,12 @@ class _ClassTimes:
     """What ``CostModel.predict`` prices one class by (resolved once per class)."""
 
     device: LinearFit
-    host: LinearFit | None  # None: interval mode
     parallel: bool  # eager: max(device, host) when sequential too
-    sequential_s: float
-    overlapped_s: float
     warmup_s: float
-    host_warmup_s: float
+    host: LinearFit | None = None  # None: interval mode
+    sequential_s: float = 0.0
+    overlapped_s: float = 0.0
+    host_warmup_s: float = 0.0
 
 
 @dataclass
@@ -296,14 +299,15 @@ class CostModel:
         return StepTime(device, host, interval(device, host, overlapped or times.parallel, offset))
 
     def _class_times(self, cls_name: str) -> _ClassTimes:
-        overlap = self.overlap
-        times = _ClassTimes(
-            self.device_fit(cls_name), overlap.host_fit(cls_name) if overlap else None,
-            cls_name in features.EAGER_CLASSES,
-            overlap.offset("sequential", cls_name) if overlap else 0.0,
-            overlap.offset("overlapped", cls_name) if overlap else 0.0,
-            self.warmup_s.get(cls_name, 0.0),
-            overlap.host_warmup_s.get(cls_name, 0.0) if overlap else 0.0)
+        times = _ClassTimes(self.device_fit(cls_name), cls_name in features.EAGER_CLASSES,
+                            self.warmup_s.get(cls_name, 0.0))
+        if self.overlap is not None:
+            overlap = self.overlap
+            times = _ClassTimes(
+                times.device, times.parallel, times.warmup_s, host=overlap.host_fit(cls_name),
+                sequential_s=overlap.offset("sequential", cls_name),
+                overlapped_s=overlap.offset("overlapped", cls_name),
+                host_warmup_s=overlap.host_warmup_s.get(cls_name, 0.0))
         self._times[cls_name] = times
         return times
 
@@ -317,13 +321,12 @@ class CostModel:
         return explain.caveats(self)
 
     def coverage_warnings(self, target: RecordedEvents) -> list[str]:
-        """Where ``target``'s steps (a simulation's or a recording's) lie well outside the range
-        of the source's steps for their class: a prediction there may be off, and why."""
+        """Where ``target``'s steps (a simulation's or a recording's) lie well outside the
+        source's range for their class, so that a prediction there may be off; and why."""
         return explain.target_warnings(self, *features.feature_matrix(target))
 
     def describe(self, target: RecordedEvents | None = None) -> str:
-        """What was fitted on what, the held-out error, what the source cannot identify and
-        (given a ``target`` event stream) where the target lies outside it."""
+        """The model in a few lines (``explain.describe``)."""
         return explain.describe(self, target)
 
     # --- storage --------------------------------------------------------------------------------
@@ -346,8 +349,7 @@ class CostModel:
                 raise CostModelError(
                     f"{path}: cost model version {data.get('version')!r}, expected {MODEL_VERSION}"
                 )
-            data.pop("version")
-            data.pop("target")
+            del data["version"], data["target"]
             fits = {name: LinearFit.from_dict(f) for name, f in data.pop("fits").items()}
             overlap = data.pop("overlap")
             return cls(fits, overlap=OverlapModel.from_dict(overlap) if overlap else None, **data)
@@ -358,8 +360,7 @@ class CostModel:
 
 
 def _device_heldout(fitted: Steps) -> dict[str, Any]:
-    """The class fits refitted without the held-out steps (``holdout_mask``), their error on
-    those steps, per class and over all."""
+    """The error on the held-out steps of the class fits refitted without them."""
     test = fitting.holdout_mask(fitted.classes)
     if not test.any():
         return {}
@@ -373,9 +374,8 @@ def _device_heldout(fitted: Steps) -> dict[str, Any]:
 
 
 def _overlap_heldout(run: Steps, timed: Steps, calibration: Steps) -> dict[str, Any]:
-    """Held-out errors of the host fits and of the predicted intervals: the held-out steps of
-    the run (``holdout_mask``) predicted as the simulator does, from device fits (on the other
-    steps and every calibration step), host fits and offsets refitted without them."""
+    """Held-out errors of the host fits and intervals: the run's held-out steps priced as the
+    simulator does, by device fits, host fits and offsets refitted without them."""
     test = fitting.holdout_mask(run.classes)
     train = ~test
     if not (test.any() and train.any()):

@@ -37,7 +37,13 @@ from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from replay.metrics import compute
 from replay.recorded import RecordedEvents
-from replay.whatif.cost.features import FEATURES, feature_matrix, step_intervals
+from replay.whatif.cost.features import (
+    FEATURES,
+    MIN_STEP_S,
+    Steps,
+    feature_matrix,
+    step_intervals,
+)
 from replay.whatif.cost.fit import LinearFit
 from replay.whatif.cost.model import CostModel, OverlapModel
 from replay.whatif.sim_executor import SimClock, SimExecutor
@@ -374,10 +380,17 @@ def test_a_class_with_few_steps_takes_its_offset_from_them_not_the_calibration(
     prefill_ms = [10.3, 1.5, 1.9, 1.9][: 1 + later_steps]
     classes = np.array(["prefill"] * len(prefill_ms) + ["decode_graph"] * 20)
     residual = np.array(prefill_ms + [-0.3] * 20) / 1e3
-    firsts = np.zeros(len(classes), dtype=bool)
-    firsts[[0, len(prefill_ms)]] = True
+
+    def sequential_steps(classes: np.ndarray, residual: np.ndarray) -> Steps:
+        """Sequential steps without device or host time whose intervals exceed the rule's
+        (its least step time) by ``residual``."""
+        n, no = len(classes), np.zeros(len(classes), dtype=bool)
+        return Steps(x=np.zeros((n, len(FEATURES))), classes=classes, time=np.zeros(n),
+                     host=np.zeros(n), interval=residual + MIN_STEP_S, overlapped=no,
+                     is_calibration=no, window=no)
+
     model = OverlapModel(host={})
-    model._fit_offsets(classes, np.zeros(len(classes), dtype=bool), residual, firsts,
-                       np.array(["prefill"]), np.array([0.04e-3]))
+    model._fit_offsets(sequential_steps(classes, residual),
+                       sequential_steps(np.array(["prefill"]), np.array([0.04e-3])))
     assert model.offset("sequential", "prefill") == pytest.approx(expected_ms / 1e3)
     assert model.offset_source["sequential"]["prefill"].startswith(how)

@@ -7,23 +7,18 @@ sequence preempted and recomputed keeps its tokens, so each position is sampled 
 too. A sequence asking for more tokens than were recorded (an incomplete trace, a workload file)
 gets deterministic synthetic tokens, never EOS.
 
-Time: each step advances a ``SimClock`` by the cost model's predicted step time, and
-``EngineCore(clock=...)`` reads it, so ``model_step.wall_time_s`` holds simulated time. A model
-in overlap mode (``CostModel.overlap``) predicts a step's device time and host time apart; the
-clock advances by ``max(device, host)`` for a batch the engine launched overlapped
-(``ScheduledBatch.overlapped``) or launched eagerly (the device runs its kernels while the host
-launches them), by ``device + host`` for a sequential CUDA-graph decode (plus the model's offset
-for the step's class and mode). The step reports the device time as its duration, and the
-rest of the interval beyond its host work as time waited for the device (so the engine records
-the predicted host time as ``host_s``). In interval mode the whole interval is the step's
-duration.
+Time: each step advances a ``SimClock`` by the interval the cost model predicts for it
+(``CostModel.predict``: its device time, host time and how they combine, by whether the engine
+launched the batch overlapped, ``ScheduledBatch.overlapped``), and ``EngineCore(clock=...)`` reads
+it, so ``model_step.wall_time_s`` holds simulated time. The step reports the device time as its
+duration, and the rest of the interval beyond its host work as time waited for the device (so the
+engine records the predicted host time as ``host_s``; in interval mode the host time is 0).
 
 CUDA graphs: with graphs on (not ``enforce_eager``), a decode pads to the source's captured batch
 sizes, and a prefill step of few enough prompts to the smallest of the source's captured prefill
-token counts that holds it (``engine.runner.prefill_graphs.padded_prefill_tokens``), among those the
-target config captures (``prefill_graph_tokens``: at most its ``prefill_graph_tokens`` and token
-budget): class ``prefill_graph``, priced on the padded tokens, not launch-bound. Any other
-prefill runs eager (class ``prefill``).
+token counts that holds it (``engine.graph_sizes``), among those the target config captures
+(``prefill_graph_tokens``: its ``prefill_graph_limit``): class ``prefill_graph``, priced on the
+padded tokens. Any other prefill runs eager (class ``prefill``).
 """
 
 from __future__ import annotations
@@ -32,19 +27,13 @@ from typing import Any
 
 from engine.batch import ScheduledBatch, StepOutput
 from engine.engine_core import batch_features
-from engine.graph_sizes import padded_prefill_tokens
-from replay.whatif.cost.fit import EAGER_CLASSES
-from replay.whatif.cost.graphs import restricted_sizes
-from replay.whatif.cost.model import MIN_STEP_S, CostModel
+from engine.graph_sizes import padded_decode_size, padded_prefill_tokens
+from replay.whatif.cost.features import StepFeatures, computed_tokens, step_class
+from replay.whatif.cost.model import CostModel
 
 # Synthetic tokens: a fixed affine walk over a small id range (any id below every vocab size).
 SYNTHETIC_RANGE = 10000
 SYNTHETIC_STRIDE = 7919
-
-
-def _linear(intercept: float, coef: tuple[float, ...], features: tuple[int, ...]) -> float:
-    """``intercept + coef . features`` in plain floats (numpy per step would cost more)."""
-    return intercept + sum(c * x for c, x in zip(coef, features))
 
 
 class SimClock:
@@ -86,18 +75,16 @@ class SimExecutor:
         self.eos = eos
         self.tokens: list[list[int]] = []  # index: the simulated engine's seq_id
         self.synthesized = 0
-        self._timer = cost.step_timer(with_floor=True) if cost is not None else None
-        self._graphs = use_graphs and cost is not None and cost.has_graphs
+        self._graph_sizes = cost.graph_sizes if cost is not None and use_graphs else []
         self._padded: dict[int, int] = {}
-        self._prefill_sizes = (restricted_sizes(cost.prefill_graph_sizes, prefill_graph_tokens)
-                               if use_graphs and cost is not None else [])
+        # The source's captured prefill token counts that the target config captures too.
+        self._prefill_sizes = ([size for size in cost.prefill_graph_sizes
+                                if size <= prefill_graph_tokens] if use_graphs and cost else [])
         self._prefill_max_seqs = cost.prefill_graph_max_seqs if cost is not None else 0
-        # One-off costs of the first step of a class (JIT compilation) in the source run.
-        self._warmup = dict(cost.warmup_s) if cost is not None and one_off_costs else {}
-        overlap = cost.overlap if cost is not None else None
-        self._host = overlap.host_timer() if overlap is not None else None
-        self._host_warmup = (dict(overlap.host_warmup_s)
-                             if overlap is not None and one_off_costs else {})
+        # Classes that ran a step: the first of each pays the source's one-off costs (JIT
+        # compilation) where the run starts cold.
+        self._seen_classes: set[str] = set()
+        self._one_off_costs = one_off_costs
         self.steps = 0
         self.overlapped_steps = 0  # batches the engine launched overlapped
 
@@ -127,57 +114,40 @@ class SimExecutor:
         num_seqs = len(batch.seqs)
         self.steps += 1
         self.overlapped_steps += batch.overlapped
-        if self._timer is None:
+        cost = self.cost
+        if cost is None:
             return StepOutput(token_ids=out, duration_s=0.0, padded_batch_size=num_seqs)
         prefill_tokens, work, decode_seqs, context = batch_features(batch)
         padded, graph, padded_tokens = num_seqs, False, 0
-        if self._graphs and batch.kind == "decode":
+        if self._graph_sizes and batch.kind == "decode":
             size = self._padded.get(num_seqs)
             if size is None:
-                size = self._padded[num_seqs] = self.cost.padded_size(num_seqs)  # type: ignore[union-attr]
+                size = self._padded[num_seqs] = padded_decode_size(self._graph_sizes, num_seqs)
             if size:
                 padded, graph = size, True
         elif self._prefill_sizes and batch.kind == "prefill":
             padded_tokens = padded_prefill_tokens(self._prefill_sizes, prefill_tokens, num_seqs,
                                                   self._prefill_max_seqs)
             graph = padded_tokens > 0
-        kind = batch.kind
-        if kind == "decode":
-            kind = "decode_graph" if graph else "decode_eager"
-        elif graph:
-            kind = "prefill_graph"
-        intercept, c, floor = self._timer[kind]
-        # In cost_fit.FEATURES order; plain floats: this runs once per step.
-        features = (num_seqs, prefill_tokens, work, decode_seqs, context, padded,
-                    padded_tokens or prefill_tokens + decode_seqs)
-        seconds = max(_linear(intercept, c, features), floor, MIN_STEP_S)
-        if self._warmup:
-            seconds += self._warmup.pop(kind, 0.0)
-        if self._host is None:
-            self.clock.now += seconds
-            return StepOutput(token_ids=out, duration_s=seconds, padded_batch_size=padded,
-                              graph_used=graph, wait_s=seconds, padded_tokens=padded_tokens)
-        intercept, c, sequential_s, overlapped_s = self._host[kind]
-        host = max(_linear(intercept, c, features), 0.0)
-        if self._host_warmup:
-            host += self._host_warmup.pop(kind, 0.0)
-        if batch.overlapped:
-            interval = max(seconds, host) + overlapped_s
-        elif kind in EAGER_CLASSES:  # the device runs the kernels while the host launches them
-            interval = max(seconds, host) + sequential_s
-        else:
-            interval = seconds + host + sequential_s
-        interval = max(interval, MIN_STEP_S)
-        self.clock.now += interval
-        return StepOutput(token_ids=out, duration_s=seconds, padded_batch_size=padded,
-                          graph_used=graph, wait_s=max(interval - host, 0.0),
+        cls = step_class(batch.kind, graph)
+        first = self._one_off_costs and cls not in self._seen_classes
+        if first:
+            self._seen_classes.add(cls)
+        features = StepFeatures(
+            num_seqs=num_seqs, prefill_tokens=prefill_tokens, prefill_attn_work=work,
+            decode_seqs=decode_seqs, decode_context_tokens=context, padded_batch_size=padded,
+            padded_tokens=computed_tokens(padded_tokens, prefill_tokens, decode_seqs))
+        time = cost.predict(features, cls, batch.overlapped, first)
+        self.clock.now += time.interval_s
+        return StepOutput(token_ids=out, duration_s=time.device_s, padded_batch_size=padded,
+                          graph_used=graph, wait_s=max(time.interval_s - time.host_s, 0.0),
                           padded_tokens=padded_tokens)
 
     def describe(self) -> dict[str, Any]:
         out = {
             "executor": "sim",
             "device": "none",
-            "timed": self._timer is not None,
+            "timed": self.cost is not None,
             "cost_model": self.cost.source if self.cost is not None else None,
             "cost_mode": self.cost.mode if self.cost is not None else None,
         }

@@ -5,8 +5,8 @@ tokens and step times from a ``StepLaw`` (H200-like magnitudes, noise, a periodi
 on a simulated clock. The tests use it to check time fidelity without GPU traces: a trace under
 config A predicts config B's recorded times. With a ``HostLaw`` the recording is a version-2
 trace: each step's host work (``host_s``), whether it was launched overlapped, and its interval
-by the overlap rule (``replay.whatif.cost.overlap``), from which a simulation must recover another
-config's times when that config overlaps another fraction of its steps.
+by the cost model's overlap rule (``replay.whatif.cost.model.interval``), from which a simulation
+must recover another config's times when that config overlaps another fraction of its steps.
 
 With ``prefill_graphs`` a prefill step runs as a CUDA-graph prefill where the engine would
 (``engine.runner.prefill_graphs``: few enough prompts, tokens within the config's captured counts):
@@ -29,6 +29,7 @@ from engine.config import Config
 from engine.engine_core import EngineCore, batch_features
 from engine.executor import NullExecutor
 from replay.recorded import RecordedEvents, from_columns
+from replay.whatif.cost.model import interval
 from replay.whatif.sim_executor import SimClock
 from replay.workloads.builtin import Request
 
@@ -97,11 +98,8 @@ class HostLaw:
         return seconds + (self.launch_s if eager else 0.0)
 
     def interval(self, device: float, host: float, overlapped: bool, eager: bool) -> float:
-        if overlapped:
-            return max(device, host)
-        if eager:
-            return max(device, host) + self.sync_s
-        return device + host + self.sync_s
+        """The cost model's rule (``interval``), with a sync latency for a sequential step."""
+        return interval(device, host, overlapped or eager, 0.0 if overlapped else self.sync_s)
 
     @staticmethod
     def overlaps(previous: ScheduledBatch | None, batch: ScheduledBatch, enabled: bool) -> bool:

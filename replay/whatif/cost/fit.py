@@ -1,163 +1,140 @@
-"""Fitting one step class of the step-time model: candidates, chosen by held-out error.
+"""Fitting the step-time model: per-class fits chosen by held-out error, warm-up, host time.
 
-The physics the candidates follow:
-- a step's time is linear in the work it does (weights read once per step: a constant; KV bytes
-  read: ``decode_context_tokens``; per-sequence and per-token compute) when the GPU is the bound;
-- a step that runs *eagerly* (no CUDA graph: eager prefill, mixed and eager-decode steps) has a
-  launch-bound floor: below some size, it takes as long as launching its kernels takes, whatever
-  its work. So an eager class is also fitted as ``max(floor, linear)``, the floor being the median
-  of the steps below a knee (chosen by in-sample error), the linear part fitted above it;
-- a CUDA-graph prefill (``prefill_graph``) computes its prompt tokens padded to a captured token
-  count: its GEMMs run every padded row, so its time follows ``padded_tokens`` (plus attention
-  over the real tokens and per-sequence sampling), and one graph launch has no launch floor.
+Each class's candidates (``ClassSpec.feature_sets``, simplest first) are linear in its features,
+since a step's time is linear in its work when the GPU is the bound (weights read once per step: a
+constant; KV read: ``decode_context_tokens``; per-sequence and per-token compute); an eager class
+(``ClassSpec.eager``) also tries ``max(floor, linear)``, its launch-bound floor being the median of
+the steps below a knee. The candidate with the lowest held-out error wins, the simpler on a tie:
+a richer model must earn its parameters on steps it did not see. A CUDA-graph class is scored by
+extrapolation where it spans enough sizes (a per-sequence slope measured on small batches is what
+extrapolates worst), an eager one on every ``HOLDOUT_EVERY``-th step (along its size it changes
+regime: floor, then compute).
 
-Which candidate a class uses is decided by held-out error. A CUDA-graph decode class is scored
-by extrapolation where it spans enough batch sizes: fitted on the steps up to half its largest
-batch, scored on the larger ones (another config runs other batch sizes; a per-sequence slope
-measured on small batches is what extrapolates worst). An eager class is scored on every
-``HOLDOUT_EVERY``-th step: along its size it changes regime (floor, then compute), which a lower
-half on the floor could not show. The candidate with the lowest held-out error wins, the simpler
-one on a tie: a richer model must earn its parameters on steps it did not see.
+Warm-up: a class's first step far slower than the others predict (a JIT compilation) is a one-off,
+kept out and charged once per simulated run (``warmup_steps``). The run's first steps, up to the
+first of its most frequent class that the class's fit explains, form a warm-up window
+(``warmup_window``): left out of a fit where later steps cover their range, an upper bound where
+none do (``bound_by_window``). Host time (``fit_host``): a constant per class plus per-sequence
+and per-token costs shared by every class (the same bookkeeping whatever the step, so a slope
+shown by decodes also prices a mixed step the source never ran).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-# Fixed order of the features in every coefficient vector.
-FEATURES = (
-    "num_seqs",
-    "prefill_tokens",
-    "prefill_attn_work",
-    "decode_seqs",
-    "decode_context_tokens",
-    "padded_batch_size",
-    # Tokens the forward computed: a CUDA-graph prefill's captured size, else the step's own
-    # (prefill tokens + decode rows). Derived (``cost_steps``); appended last so that the other
-    # features keep their positions.
-    "padded_tokens",
+from replay.whatif.cost.features import (
+    CLASSES,
+    EAGER_CLASSES,
+    FEATURES,
+    MIN_STEP_S,
+    POOLED,
+    STEP_CLASSES,
+    LinearFit,
+    Steps,
+    first_of_class,
 )
-# Candidate feature sets per class, simplest first.
-FEATURE_SETS: dict[str, tuple[tuple[str, ...], ...]] = {
-    "prefill": (
-        ("prefill_tokens",),
-        ("prefill_tokens", "prefill_attn_work"),
-        ("prefill_tokens", "prefill_attn_work", "num_seqs"),
-    ),
-    "prefill_graph": (
-        ("padded_tokens",),
-        ("padded_tokens", "prefill_attn_work"),
-        ("padded_tokens", "num_seqs"),
-        ("padded_tokens", "prefill_attn_work", "num_seqs"),
-    ),
-    "decode_graph": (
-        ("decode_context_tokens",),
-        ("padded_batch_size", "decode_context_tokens"),
-        ("decode_seqs", "decode_context_tokens"),
-        ("padded_batch_size", "decode_seqs", "decode_context_tokens"),
-    ),
-    "decode_eager": (("decode_context_tokens",), ("decode_seqs", "decode_context_tokens")),
-    "mixed": (
-        ("prefill_tokens", "decode_context_tokens"),
-        ("prefill_tokens", "prefill_attn_work", "decode_seqs", "decode_context_tokens"),
-    ),
-    "pooled": (
-        (),
-        ("prefill_tokens", "decode_context_tokens"),
-        ("prefill_tokens", "prefill_attn_work", "decode_seqs", "decode_context_tokens"),
-    ),
-}
-# Classes that run without a CUDA graph: each eager forward has a launch-bound floor.
-EAGER_CLASSES = frozenset({"prefill", "mixed", "decode_eager"})
-# The size a class is extrapolated along (and whose knee separates floor and compute regimes).
-SIZE_FEATURE = {
-    "prefill": "prefill_tokens",
-    "prefill_graph": "padded_tokens",
-    "mixed": "prefill_tokens",
-    "decode_graph": "num_seqs",
-    "decode_eager": "num_seqs",
-    "pooled": "num_seqs",
-}
-# A class is fitted with k parameters only when it has this many samples per parameter.
-SAMPLES_PER_PARAM = 4
+
+SAMPLES_PER_PARAM = 4  # a class is fitted with k parameters only on at least 4k steps
 HOLDOUT_EVERY = 5
 # A floor is a size range over which time does not grow: only a class whose steps span at least
 # this factor in size can show one (below it, floor candidates are not fitted).
 FLOOR_MIN_RANGE = 2.0
-# Knees tried between a floor and its compute regime: these quantiles of the class's size.
-KNEE_QUANTILES = tuple(q / 10 for q in range(1, 10))
-# Predictions never go below this (a step always takes some time; a fit may extrapolate to <= 0).
-MIN_STEP_S = 1e-6
+KNEE_QUANTILES = tuple(q / 10 for q in range(1, 10))  # of a class's size: knees tried
+# The first step of a class is a warm-up outlier when it exceeds the fit of the others by more
+# than this many typical (median absolute) residuals, and by this fraction of a typical step.
+WARMUP_OUTLIER = 20.0
+WARMUP_MIN_FRACTION = 0.5
+# The warm-up window ends at the first step of the run's most frequent class whose residual is
+# within this many robust standard deviations of its class fit (5: a "far" outlier).
+WINDOW_SIGMA = 5.0
+# Host work grows with the sequences handled (block tables, sampling bookkeeping, events) and
+# the prompt tokens staged: the shared slopes tried, simplest first.
+HOST_FEATURE_SETS: tuple[tuple[str, ...], ...] = ((), ("num_seqs",), ("num_seqs", "prefill_tokens"))
 
 
-@dataclass
-class LinearFit:
-    """time = max(floor, intercept + coef . features) (coef over ``FEATURES``, zero for unused
-    ones; floor 0: a plain linear fit)."""
-
-    intercept: float
-    coef: tuple[float, ...]
-    features: tuple[str, ...]
-    samples: int
-    floor: float = 0.0
-
-    def linear(self, x: np.ndarray) -> np.ndarray:
-        return self.intercept + x @ np.asarray(self.coef)
-
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        return np.maximum(self.linear(x), max(self.floor, MIN_STEP_S))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "intercept": self.intercept,
-            "coef": dict(zip(FEATURES, self.coef)),
-            "features": list(self.features),
-            "samples": self.samples,
-            "floor": self.floor,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LinearFit:
-        return cls(
-            float(data["intercept"]),
-            tuple(float(data["coef"].get(name, 0.0)) for name in FEATURES),
-            tuple(data["features"]),
-            int(data["samples"]),
-            float(data.get("floor", 0.0)),
-        )
-
-
-def fit_linear(x: np.ndarray, y: np.ndarray, names: tuple[str, ...],
-               origin: bool = False) -> LinearFit:
-    """Least squares with non-negative slopes: a feature whose slope comes out negative (noise,
-    or collinearity with another) is dropped and the rest refitted, so extrapolating to larger
-    batches than the trace saw never predicts *less* time for more work. A negative intercept
-    (a step with no work taking negative time: the features barely vary, so the intercept is not
-    identified) is refitted through the origin, as is everything with ``origin``."""
+def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray, names: Sequence[str], constants: np.ndarray,
+                       keep_constant_positive: bool) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Least squares of ``y`` on the ``constants`` columns and the ``names`` features, with
+    non-negative slopes: a feature whose slope comes out negative (noise, collinearity) is dropped
+    and the rest refitted, so extrapolating never predicts *less* time for more work.
+    ``keep_constant_positive``: a negative constant (no work taking negative time: the features
+    barely vary) is dropped too, the rest refitted through the origin. Returns the constants,
+    slopes and features kept."""
     active = list(names)
     while True:
         cols = [FEATURES.index(n) for n in active]
-        if origin and not cols:
-            origin = False  # nothing to scale: the mean
+        if not cols and constants.shape[1] == 0:
+            constants = np.ones((len(y), 1))  # nothing to scale: the mean
         scale = np.maximum(np.abs(x[:, cols]).max(axis=0), 1.0) if cols else np.ones(0)
-        parts = [x[:, cols] / scale] if origin else [np.ones((len(y), 1)), x[:, cols] / scale]
-        solution = np.linalg.lstsq(np.column_stack(parts), y, rcond=None)[0]
-        intercept = 0.0 if origin else float(solution[0])
-        slopes = solution[0 if origin else 1 :] / scale
+        k = constants.shape[1]
+        solution = np.linalg.lstsq(np.column_stack([constants, x[:, cols] / scale]), y,
+                                   rcond=None)[0]
+        slopes = solution[k:] / scale
         if (slopes < 0).any():
             active.pop(int(np.argmin(slopes)))
-        elif intercept < 0:
-            origin = True
+        elif keep_constant_positive and k and solution[0] < 0:
+            constants = constants[:, :0]
         else:
-            break
+            return solution[:k], slopes, active
+
+
+def _coef(active: list[str], slopes: np.ndarray) -> tuple[float, ...]:
     coef = np.zeros(len(FEATURES))
     coef[[FEATURES.index(n) for n in active]] = slopes
-    return LinearFit(intercept, tuple(coef.tolist()), tuple(active), len(y))
+    return tuple(coef.tolist())
 
 
+def fit_linear(x: np.ndarray, y: np.ndarray, names: tuple[str, ...]) -> LinearFit:
+    """Least squares with non-negative slopes and intercept (``_nonnegative_lstsq``)."""
+    constant, slopes, active = _nonnegative_lstsq(x, y, names, np.ones((len(y), 1)), True)
+    intercept = float(constant[0]) if len(constant) else 0.0
+    return LinearFit(intercept, _coef(active, slopes), tuple(active), len(y))
+
+
+def fit_grouped(x: np.ndarray, y: np.ndarray, classes: np.ndarray,
+                names: tuple[str, ...]) -> dict[str, LinearFit]:
+    """Least squares of a constant per class (never negative) plus slopes shared by all classes
+    (non-negative: ``_nonnegative_lstsq``)."""
+    present = sorted(set(classes.astype(str)))
+    dummies = (classes.astype(str)[:, None] == np.array(present)[None, :]).astype(float)
+    constants, slopes, active = _nonnegative_lstsq(x, y, names, dummies, False)
+    coef = _coef(active, slopes)
+    return {name: LinearFit(max(float(constants[i]), 0.0), coef, tuple(active),
+                            int(dummies[:, i].sum()))
+            for i, name in enumerate(present)}
+
+
+def holdout_mask(classes: np.ndarray) -> np.ndarray:
+    """The held-out steps: every HOLDOUT_EVERY-th step of each class."""
+    test = np.zeros(len(classes), dtype=bool)
+    for name in np.unique(classes):
+        test[np.flatnonzero(classes == name)[HOLDOUT_EVERY - 1 :: HOLDOUT_EVERY]] = True
+    return test
+
+
+def errors(predicted: np.ndarray, actual: np.ndarray) -> dict[str, float]:
+    """Count, mean absolute percentage error and error of the sum (%)."""
+    safe = np.maximum(np.abs(actual), MIN_STEP_S)
+    return {
+        "n": int(len(actual)),
+        "mape_pct": float(100 * np.mean(np.abs(predicted - actual) / safe)),
+        "sum_error_pct": float(100 * (predicted.sum() - actual.sum()) / max(actual.sum(), 1e-12)),
+    }
+
+
+def class_errors(predicted: np.ndarray, actual: np.ndarray,
+                 classes: np.ndarray) -> dict[str, dict[str, float]]:
+    """``errors`` of each step class present."""
+    return {name: errors(predicted[classes == name], actual[classes == name])
+            for name in STEP_CLASSES if (classes == name).any()}
+
+
+# --- one class: candidates chosen by held-out error ----------------------------------------------
 @dataclass(frozen=True)
 class Candidate:
     """One model form for a class: linear in ``features``, or ``max(floor, that)``."""
@@ -167,8 +144,7 @@ class Candidate:
 
     @property
     def params(self) -> int:
-        """Fitted parameters: a floor, and an intercept plus a slope per feature for the linear
-        part (a floor-only candidate has no linear part)."""
+        """A floor, and an intercept plus a slope per feature for a linear part (if any)."""
         linear = len(self.features) + 1 if self.features or not self.floor else 0
         return linear + int(self.floor)
 
@@ -179,12 +155,12 @@ class Candidate:
         return "floor only" if not self.features else f"max(floor, {feats})"
 
 
-def candidates(name: str, eager: bool | None = None) -> list[Candidate]:
+def candidates(name: str, eager: bool) -> list[Candidate]:
     """Simplest first (fewest parameters; a linear form before a floor of the same size)."""
-    eager = name in EAGER_CLASSES if eager is None else eager
-    out = [Candidate(f) for f in FEATURE_SETS[name]]
+    sets = CLASSES[name].feature_sets
+    out = [Candidate(f) for f in sets]
     if eager:
-        out += [Candidate((), True)] + [Candidate(f, True) for f in FEATURE_SETS[name]]
+        out += [Candidate((), True)] + [Candidate(f, True) for f in sets]
     return sorted(out, key=lambda c: (c.params, c.floor))
 
 
@@ -220,20 +196,16 @@ def holdout_split(s: np.ndarray, extrapolate: bool = True) -> tuple[np.ndarray, 
     need = SAMPLES_PER_PARAM * HOLDOUT_EVERY
     if test.sum() >= need and (~test).sum() >= need:
         return test, "extrapolation"
-    test = np.zeros(len(s), dtype=bool)
-    test[HOLDOUT_EVERY - 1 :: HOLDOUT_EVERY] = True
-    return test, "interpolation"
+    return holdout_mask(np.zeros(len(s))), "interpolation"
 
 
-def select(name: str, x: np.ndarray, y: np.ndarray,
-           eager: bool | None = None) -> tuple[LinearFit | None, dict[str, Any]]:
+def select(name: str, x: np.ndarray, y: np.ndarray) -> tuple[LinearFit | None, dict[str, Any]]:
     """The class's fit: each candidate scored on held-out steps, the best (the simpler on a tie)
     refitted on all steps. Also the scores (held-out MAPE %), for reporting."""
-    size = FEATURES.index(SIZE_FEATURE[name])
+    size = FEATURES.index(CLASSES[name].size_feature)
     s = x[:, size]
-    if eager is None:
-        eager = name in EAGER_CLASSES and len(s) > 0 and s.max() >= FLOOR_MIN_RANGE * max(
-            s.min(), 1.0)
+    eager = name in EAGER_CLASSES and len(s) > 0 and s.max() >= FLOOR_MIN_RANGE * max(
+        s.min(), 1.0)
     options = [c for c in candidates(name, eager) if len(y) >= SAMPLES_PER_PARAM * c.params]
     if not options or len(y) == 0:
         return None, {}
@@ -250,9 +222,9 @@ def select(name: str, x: np.ndarray, y: np.ndarray,
     if scores:
         # Rounded so that float noise between equivalent fits does not beat the simpler one.
         chosen = min(scores, key=lambda s: round(s[1], 9))[0]
-    else:  # too few steps to hold any out: the richest candidate that fits
-        chosen = [c for c in options if not c.floor][-1] if any(
-            not c.floor for c in options) else options[-1]
+    else:  # too few steps to hold any out: the linear candidate with the most features
+        linear = [c for c in options if not c.floor]
+        chosen = linear[-1] if linear else options[-1]
     report = {
         "holdout": kind,
         "candidates": {c.label(): round(100 * m, 3) for c, m in scores},
@@ -261,45 +233,165 @@ def select(name: str, x: np.ndarray, y: np.ndarray,
     return fit_candidate(chosen, x, y, size), report
 
 
-def envelope(fit: LinearFit, name: str, x_window: np.ndarray, y_window: np.ndarray,
-             steady_max: float) -> LinearFit | None:
+def widest_fit(name: str, x: np.ndarray, y: np.ndarray) -> LinearFit | None:
+    """The linear fit on the most features the data supports (the pooled fit; quick checks)."""
+    for names in sorted(CLASSES[name].feature_sets, key=len, reverse=True):
+        if len(y) >= SAMPLES_PER_PARAM * (len(names) + 1):
+            return fit_linear(x, y, names)
+    return None
+
+
+def bound_by_window(fit: LinearFit, name: str, x_window: np.ndarray, y_window: np.ndarray,
+                    steady_max: float) -> LinearFit | None:
     """A floor-only fit, extended beyond the steady steps' largest size by the warm-up-window
     steps larger than that: warm-up only adds time, so each bounds the cost from above, and
     the tightest bound (the least time per unit of size among them) is the compute slope.
     None: no window step lies beyond the steady range (or the fit is not floor-only)."""
     if fit.features or fit.floor <= 0:
         return None
-    size = FEATURES.index(SIZE_FEATURE[name])
+    size_feature = CLASSES[name].size_feature
+    size = FEATURES.index(size_feature)
     s = x_window[:, size]
     beyond = s > steady_max
     if not beyond.any():
         return None
-    slope = float(np.min(y_window[beyond] / s[beyond]))
     coef = np.zeros(len(FEATURES))
-    coef[size] = slope
-    return LinearFit(0.0, tuple(coef.tolist()), (SIZE_FEATURE[name],), fit.samples, fit.floor)
+    coef[size] = float(np.min(y_window[beyond] / s[beyond]))
+    return LinearFit(0.0, tuple(coef.tolist()), (size_feature,), fit.samples, fit.floor)
 
 
-def surrogate(fit: LinearFit, x: np.ndarray) -> LinearFit:
-    """A plain linear fit to a floored fit's predictions over the source's steps, for a caller
-    that cannot apply a floor: close to the floored fit over the source's range."""
-    if fit.floor <= 0 or len(x) == 0:
-        return fit
-    names = fit.features or ()
-    return fit_linear(x, fit.predict(x), names)
+# --- every class, with the run's warm-up kept out -------------------------------------------------
+def fit_class(name: str, x: np.ndarray, y: np.ndarray,
+              window: np.ndarray) -> tuple[LinearFit, dict[str, Any]] | None:
+    """One class's fit on its steps outside the warm-up window (on all of them where too few
+    lie outside), extended by the window's steps beyond the steady range (``bound_by_window``)."""
+    steady = ~window
+    enough = steady.sum() >= SAMPLES_PER_PARAM * 2
+    use = steady if enough else np.ones(len(y), dtype=bool)
+    fit, report = select(name, x[use], y[use])
+    if fit is None:
+        return None
+    bounded = None
+    if enough and window.any():
+        size = FEATURES.index(CLASSES[name].size_feature)
+        bounded = bound_by_window(fit, name, x[window], y[window], float(x[steady, size].max()))
+    report["window_bound"] = bounded is not None
+    return bounded or fit, report
 
 
-def robust_sigma(residuals: np.ndarray) -> float:
-    """1.4826 x the median absolute deviation: the standard deviation of normal noise."""
-    if len(residuals) == 0:
-        return 0.0
-    return float(1.4826 * np.median(np.abs(residuals - np.median(residuals))))
+def fit_all(steps: Steps) -> tuple[dict[str, LinearFit], dict[str, dict[str, Any]]]:
+    """Each class's fit of ``steps.time`` where it has enough steps, and the pooled fit; per
+    class also how its fit was chosen."""
+    fits: dict[str, LinearFit] = {}
+    reports: dict[str, dict[str, Any]] = {}
+    for name in STEP_CLASSES:
+        mask = steps.classes == name
+        result = (fit_class(name, steps.x[mask], steps.time[mask], steps.window[mask])
+                  if mask.any() else None)
+        if result is not None:
+            fits[name], reports[name] = result
+    pooled = widest_fit(POOLED, steps.x, steps.time)
+    if pooled is not None:
+        fits[POOLED] = pooled
+    return fits, reports
 
 
-def errors(predicted: np.ndarray, actual: np.ndarray) -> dict[str, float]:
-    safe = np.maximum(np.abs(actual), MIN_STEP_S)
-    return {
-        "n": int(len(actual)),
-        "mape_pct": float(100 * np.mean(np.abs(predicted - actual) / safe)),
-        "sum_error_pct": float(100 * (predicted.sum() - actual.sum()) / max(actual.sum(), 1e-12)),
-    }
+def warmup_window(steps: Steps) -> int:
+    """How many leading steps of the run form its warm-up window: those before the first step
+    of its most frequent class that the class's fit explains (within ``WINDOW_SIGMA``)."""
+    x, y, classes = steps.x, steps.time, steps.classes
+    if not len(y):
+        return 0
+    names, counts = np.unique(classes, return_counts=True)
+    rows = np.flatnonzero(classes == names[np.argmax(counts)])
+    fit = widest_fit(str(names[np.argmax(counts)]), x[rows], y[rows])
+    if fit is None:
+        return 0
+    residual = y[rows] - fit.predict(x[rows])
+    # 1.4826 x the median absolute deviation: the standard deviation of normal noise (a relative
+    # tolerance too: noise-free data have a sigma of 0).
+    sigma = float(1.4826 * np.median(np.abs(residual - np.median(residual))))
+    limit = np.maximum(WINDOW_SIGMA * sigma, 1e-9 * y[rows])
+    conforming = np.flatnonzero(residual <= limit)
+    return int(rows[conforming[0]]) if len(conforming) else 0
+
+
+def one_off_excess(first_predicted: float, first_measured: float, others_predicted: np.ndarray,
+                   others_measured: np.ndarray) -> float | None:
+    """The seconds a class's first step took beyond the fit of the class's other steps, when
+    that makes it a one-off (over ``WARMUP_OUTLIER`` typical residuals and over
+    ``WARMUP_MIN_FRACTION`` of a typical step); None when it is an ordinary step."""
+    typical = float(np.median(np.abs(others_predicted - others_measured)))
+    extra = float(first_measured - first_predicted)
+    if extra > max(WARMUP_OUTLIER * typical,
+                   WARMUP_MIN_FRACTION * float(np.median(others_measured))):
+        return extra
+    return None
+
+
+def warmup_steps(steps: Steps) -> tuple[np.ndarray, dict[str, float]]:
+    """The first step of a class that took far longer than the other steps predict (a one-off
+    such as JIT compilation): a mask of such steps and, per class, the excess seconds.
+
+    Each first step is checked against a fit of the other steps of its class, or of all other
+    steps where its class has too few for its own fit."""
+    x, y, classes = steps.x, steps.time, steps.classes
+    others = ~first_of_class(classes)
+    pooled = widest_fit(POOLED, x[others], y[others])
+    warm = np.zeros(len(y), dtype=bool)
+    excess: dict[str, float] = {}
+    for name in np.unique(classes).astype(str).tolist():
+        first = int(np.flatnonzero(classes == name)[0])
+        rows = np.flatnonzero((classes == name) & others)
+        result = fit_class(name, x[rows], y[rows], steps.window[rows]) if len(rows) else None
+        fit = result[0] if result is not None else pooled
+        if fit is None or len(rows) == 0:
+            continue
+        extra = one_off_excess(float(fit.predict(x[first : first + 1])[0]), float(y[first]),
+                               fit.predict(x[rows]), y[rows])
+        if extra is not None:
+            warm[first] = True
+            excess[name] = extra
+    return warm, excess
+
+
+# --- host time ----------------------------------------------------------------------------------
+def fit_host(steps: Steps) -> tuple[dict[str, LinearFit], dict[str, Any]]:
+    """The host-time fits per class (``fit_grouped`` of ``steps.host``) on the steps outside the
+    warm-up window (all of a class's steps where too few of its lie outside), the shared slopes
+    chosen by held-out error (``holdout_mask``); and the scores."""
+    use = ~steps.window
+    for name in np.unique(steps.classes):
+        rows = steps.classes == name
+        if (rows & use).sum() < 2 * SAMPLES_PER_PARAM:
+            use = use | rows
+    x, host, classes = steps.x[use], steps.host[use], steps.classes[use]
+    if not len(host):
+        return {}, {}
+    test = holdout_mask(classes)
+    groups = len(np.unique(classes))
+    options = [f for f in HOST_FEATURE_SETS if len(host) >= SAMPLES_PER_PARAM * (groups + len(f))]
+    options = options or [()]
+    scores: dict[tuple[str, ...], float] = {}
+    if test.any() and (~test).any():
+        for features in options:
+            fits = fit_grouped(x[~test], host[~test], classes[~test], features)
+            if set(np.unique(classes[test])) <= set(fits):
+                predicted = host_times(fits, x[test], classes[test])
+                ape = np.abs(predicted - host[test]) / np.maximum(host[test], MIN_STEP_S)
+                scores[features] = float(ape.mean())
+    chosen = min(scores, key=lambda f: round(scores[f], 9)) if scores else options[-1]
+    report = {"holdout": "interpolation",
+              "candidates": {", ".join(f) or "constant": round(100 * m, 3)
+                             for f, m in scores.items()},
+              "chosen": ", ".join(chosen) or "constant"}
+    return fit_grouped(x, host, classes, chosen), report
+
+
+def host_times(fits: dict[str, LinearFit], x: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    """Each step's host time by its class's fit (never negative)."""
+    out = np.zeros(len(x))
+    for name in np.unique(classes):
+        mask = classes == name
+        out[mask] = np.maximum(fits[str(name)].linear(x[mask]), 0.0)
+    return out

@@ -1,41 +1,23 @@
 """The step-time model: how long one engine step takes, from the batch features it records.
 
-Fitted separately per step class (eager prefill, prefill through a CUDA graph, decode with a CUDA
-graph, eager decode, mixed) on a trace's ``model_step`` rows (``replay.whatif.cost.fit``: linear
-candidates and, for eager classes, ``max(launch floor, linear)`` ones, chosen by held-out error).
-The target is the step's *interval*: the wall time from the end of the previous step (or the
-latest arrival, after an idle gap) to the end of this one. That is what a run's makespan is the
-sum of: device time plus the engine's own CPU work between steps (scheduling, input
-preparation, recording), which a device-only duration misses.
-
-Two modes, by what the trace measured:
-- *interval* mode (a version-1 trace: no ``host_s``): each class's fit is of the interval itself.
-- *overlap* mode (a version-2 trace, which records each step's host work ``host_s`` and whether
-  it was launched while the previous step ran, ``overlapped``): each class's fit is of the device
-  time (``duration_s``), a host-time model is fitted on ``host_s`` and a step's interval is
-  ``device + host`` for a sequential CUDA-graph step, ``max(device, host)`` for an eager or an
-  overlapped one, plus a per-mode offset fitted on the source (``replay.whatif.cost.overlap``). So a
-  target that overlaps another fraction of its steps than the source is priced by its own launch
-  decisions.
-
-Warm-up (``replay.whatif.cost.classes``): a first step of a class far slower than its class predicts is
-a one-off, charged once per simulated run; the run's first steps (its warm-up window) are left
-out of a class's fit where later steps cover their range, and bound it from above where none do.
-``replay.whatif.cost.coverage`` says what the source cannot identify and where a target lies outside it.
-
-CUDA graphs (``replay.whatif.cost.graphs``): the model keeps the decode batch sizes and prefill token
-counts the source captured, so a simulation pads its steps as the source's engine would. A class
-the source never ran is priced from related ones (``replay.whatif.cost.fallbacks``), and says so.
-
-Every fit also reports its error on held-out steps (every ``HOLDOUT_EVERY``-th step of a class,
-fitted on the others), so a prediction comes with how well the model explains steps it did not
-see. ``CostModel.save``/``load`` keep a fit as JSON for ``--timing-from``.
+``CostModel.fit`` fits each step class on a trace's steps and calibration steps (``fit``);
+``CostModel.predict`` prices one step as a ``StepTime(device_s, host_s, interval_s)``, the interval
+being the wall time it adds to a run, by the one rule for how device and host time combine
+(``interval``). Two modes, by what the trace measured:
+- *interval* mode (no ``host_s``: a version-1 trace): the class fits are of the interval itself.
+- *overlap* mode (each step's host work ``host_s``, and ``overlapped``: launched while the
+  previous step ran): the class fits are of device time; ``OverlapModel`` fits host time and the
+  offsets the rule misses systematically, per class and launch mode. So a target that overlaps
+  another fraction of its steps than the source is priced by its own launch decisions, which the
+  engine takes from scheduler state alone and a simulation reproduces.
+Every fit reports its error on held-out steps; ``save``/``load`` keep a model as JSON.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -44,67 +26,198 @@ import numpy as np
 from engine.errors import ReplayLLMError
 from replay.metrics import has_timings
 from replay.recorded import RecordedEvents
-from replay.whatif.cost.classes import (
-    NAME_WIDTH,
-    STEP_CLASSES,
-    fit_all,
-    warmup_steps,
-    warmup_window,
-)
-from replay.whatif.cost.coverage import class_coverage, source_caveats, target_warnings
-from replay.whatif.cost.fallbacks import fallback_words, related_fit
-from replay.whatif.cost.fit import (
-    FEATURES,
-    HOLDOUT_EVERY,
-    MIN_STEP_S,
-    LinearFit,
-    errors,
-    fit_linear,
-    surrogate,
-)
-from replay.whatif.cost.graphs import observed_graph_sizes, source_prefill_graphs
-from replay.whatif.cost.overlap import (
-    OverlapModel,
-    calibration_host_rows,
-    calibration_residuals,
-    evaluate,
-    has_host_times,
-    overlapped_flags,
-)
-from replay.whatif.cost.steps import feature_matrix, step_class, step_intervals, with_calibration
+from replay.whatif.cost import explain, features
+from replay.whatif.cost import fit as fitting
+from replay.whatif.cost.features import MIN_STEP_S, MODES, STEP_CLASSES, LinearFit, Steps
 
-__all__ = ["FEATURES", "MIN_STEP_S", "CostModel", "CostModelError", "LinearFit", "feature_matrix",
-           "fit_linear", "step_class", "step_intervals"]
-
-MODEL_VERSION = 4
-# Version 1: no floors, no coverage; version 2: no overlap mode; version 3: no prefill graphs
-# (nor the padded_tokens feature: its coefficient reads 0).
-READABLE_VERSIONS = (1, 2, 3, 4)
+MODEL_VERSION = 5  # of the saved JSON (``to_dict``); a file of another version is refused
+MIN_OFFSET_STEPS = 8  # an offset measured on fewer steps of its class and mode is derived
+FEW_OFFSET_STEPS = 3
+TRIM = 0.01  # offsets: the mean of residuals between these quantiles (a stray stall ignored)
 
 
 class CostModelError(ReplayLLMError):
     """A step-time model cannot be fitted or loaded."""
 
 
+@dataclass(slots=True)
+class StepTime:
+    """A step's predicted device time, host time (the engine's own CPU work; 0 in interval mode)
+    and the interval it adds to the run."""
+
+    device_s: float
+    host_s: float
+    interval_s: float
+
+
+def interval(device: float, host: float, parallel: bool, offset: float = 0.0) -> float:
+    """The wall time a step adds to a run, from its device and host time: ``max(device, host)``
+    for a ``parallel`` step (launched overlapped, its host work ran while the device was busy;
+    or eager, its kernels run while the host still launches later ones), ``device + host`` for
+    a sequential CUDA-graph step; plus ``offset``, and never below ``MIN_STEP_S``."""
+    return max((max(device, host) if parallel else device + host) + offset, MIN_STEP_S)
+
+
+def intervals(device: np.ndarray, host: np.ndarray, overlapped: np.ndarray, classes: np.ndarray,
+              offsets: np.ndarray | float = 0.0) -> np.ndarray:
+    """``interval`` of each step (an eager class is parallel when sequential too)."""
+    parallel = np.asarray(overlapped, dtype=bool) | np.isin(np.asarray(classes).astype(str),
+                                                            list(features.EAGER_CLASSES))
+    offsets = np.broadcast_to(np.asarray(offsets, dtype=float), parallel.shape)
+    return np.array([interval(*row) for row in zip(
+        np.asarray(device, dtype=float).tolist(), np.asarray(host, dtype=float).tolist(),
+        parallel.tolist(), offsets.tolist())], dtype=float)
+
+
+def _trimmed_mean(residuals: np.ndarray) -> float:
+    lo, hi = np.quantile(residuals, [TRIM, 1 - TRIM])
+    return float(residuals[(residuals >= lo) & (residuals <= hi)].mean())
+
+
+@dataclass
+class OverlapModel:
+    """Overlap mode's host-time fits per class and the interval rule's offsets per launch mode
+    and class."""
+
+    host: dict[str, LinearFit]
+    # Mode -> class -> seconds added to the rule; and how each was obtained, for reporting.
+    offsets: dict[str, dict[str, float]] = field(default_factory=dict)
+    offset_source: dict[str, dict[str, str]] = field(default_factory=dict)
+    sync_s: float = 0.0  # a sequential step's sync latency
+    source_steps: dict[str, int] = field(default_factory=dict)  # source steps per mode
+    host_warmup_s: dict[str, float] = field(default_factory=dict)  # as CostModel.warmup_s
+    selection: dict[str, Any] = field(default_factory=dict)
+    heldout: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def fit(cls, run: Steps, calibration: Steps) -> OverlapModel:
+        """``run``: the run's steps (``time``: device time); ``calibration``: the calibration steps
+        that record their wait for the device (so their host time: sizes the run never took).
+        A class's first step is left out of the host fit and, far above it, charged once."""
+        firsts = features.first_of_class(run.classes)
+        fits, selection = fitting.fit_host(run.rows(~firsts).concat(calibration))
+        model = cls(fits, selection=selection)
+        predicted = model.host_times(run.x, run.classes)
+        for row in np.flatnonzero(firsts):
+            name = str(run.classes[row])
+            others = (run.classes == name) & ~firsts
+            if not others.any():
+                continue
+            # The same one-off rule as a first step's device time (fit.warmup_steps).
+            extra = fitting.one_off_excess(float(predicted[row]), float(run.host[row]),
+                                           predicted[others], run.host[others])
+            if extra is not None:
+                model.host_warmup_s[name] = extra
+        model._fit_offsets(run, calibration)
+        return model
+
+    def _fit_offsets(self, run: Steps, calibration: Steps) -> None:
+        """Per class and mode, what the rule misses (``interval - rule(device, host)``): the
+        trimmed mean over ``MIN_OFFSET_STEPS`` or more steps; else the median of
+        ``FEW_OFFSET_STEPS`` or more besides its first (the run's own overhead around a step,
+        which no calibration step shows); else, sequential, its calibration steps' or the other
+        sequential steps' sync latency; overlapped, all overlapped steps' (0: too few)."""
+        residual = run.interval - intervals(run.time, run.host, run.overlapped, run.classes)
+        cal_residual = calibration.interval - intervals(
+            calibration.time, calibration.host, calibration.overlapped, calibration.classes)
+        classes, overlapped, cal_classes = run.classes, run.overlapped, calibration.classes
+        firsts = features.first_of_class(classes)
+        sequential = ~overlapped
+        if sequential.sum() >= MIN_OFFSET_STEPS:
+            self.sync_s = _trimmed_mean(residual[sequential])
+        elif len(cal_residual):
+            self.sync_s = float(np.median(cal_residual))
+        overall = (_trimmed_mean(residual[overlapped]) if overlapped.sum() >= MIN_OFFSET_STEPS
+                   else 0.0)
+        self.source_steps = {"sequential": int(sequential.sum()),
+                             "overlapped": int(overlapped.sum())}
+        for mode, rows_of_mode in zip(MODES, (sequential, overlapped)):
+            self.offsets[mode], self.offset_source[mode] = {}, {}
+            for name in STEP_CLASSES:
+                rows = rows_of_mode & (classes == name)
+                cal = cal_classes == name
+                later = rows & ~firsts
+                if rows.sum() >= MIN_OFFSET_STEPS:
+                    value = _trimmed_mean(residual[rows])
+                    how = f"measured on {int(rows.sum())} steps"
+                elif later.sum() >= FEW_OFFSET_STEPS:
+                    value = float(np.median(residual[later]))
+                    how = f"median of {int(later.sum())} steps (the class's first left out)"
+                elif mode == "sequential" and cal.any():
+                    value = float(np.median(cal_residual[cal]))
+                    how = f"measured on {int(cal.sum())} calibration steps"
+                elif mode == "sequential":
+                    value = self.sync_s
+                    how = "derived: the sync latency of the other sequential steps"
+                else:
+                    value = overall
+                    how = (f"all {int(overlapped.sum())} overlapped steps"
+                           if overlapped.sum() >= MIN_OFFSET_STEPS else "none: 0")
+                self.offsets[mode][name], self.offset_source[mode][name] = value, how
+
+    def host_fit(self, cls_name: str) -> LinearFit:
+        """A class's host fit; for a class the source did not run, a related class's
+        (``ClassSpec.host_fallbacks``), whose slopes are the shared ones anyway."""
+        if cls_name in self.host:
+            return self.host[cls_name]
+        for other in features.CLASSES[cls_name].host_fallbacks:
+            if other in self.host:
+                return self.host[other]
+        if not self.host:
+            return LinearFit(0.0, (0.0,) * len(features.FEATURES), (), 0)
+        return self.host[next(n for n in (*STEP_CLASSES, *self.host) if n in self.host)]
+
+    def host_times(self, x: np.ndarray, classes: np.ndarray) -> np.ndarray:
+        fits = {str(name): self.host_fit(str(name)) for name in np.unique(classes)}
+        return fitting.host_times(fits, x, classes)
+
+    def offset(self, mode: str, cls_name: str) -> float:
+        return self.offsets.get(mode, {}).get(cls_name, 0.0)
+
+    def intervals(self, device: np.ndarray, host: np.ndarray, overlapped: np.ndarray,
+                  classes: np.ndarray) -> np.ndarray:
+        offset = np.array([self.offset(MODES[int(flag)], str(name))
+                           for flag, name in zip(overlapped, classes)])
+        return intervals(device, host, overlapped, classes, offset)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["host"] = {name: fit.to_dict() for name, fit in self.host.items()}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OverlapModel:
+        host = {name: LinearFit.from_dict(fit) for name, fit in data["host"].items()}
+        return cls(**{**data, "host": host})
+
+
+@dataclass(frozen=True, slots=True)
+class _ClassTimes:
+    """What ``CostModel.predict`` prices one class by (resolved once per class)."""
+
+    device: LinearFit
+    parallel: bool  # eager: max(device, host) when sequential too
+    warmup_s: float
+    host: LinearFit | None = None  # None: interval mode
+    sequential_s: float = 0.0
+    overlapped_s: float = 0.0
+    host_warmup_s: float = 0.0
+
+
 @dataclass
 class CostModel:
     """Per-class fits plus how the source run padded decode batches and prefill tokens for CUDA
-    graphs.
-
-    ``overlap`` None: interval mode, ``fits`` are of step intervals. Else overlap mode: ``fits``
-    are of device time, and ``overlap`` holds the host-time fits and the rule's offsets.
-    """
+    graphs. ``overlap`` None: interval mode, ``fits`` are of step intervals; else overlap mode:
+    ``fits`` are of device time, ``overlap`` holds the host-time fits and the rule's offsets."""
 
     fits: dict[str, LinearFit]
     source: str = ""
     heldout: dict[str, Any] = field(default_factory=dict)
-    graph_sizes: list[int] = field(default_factory=list)  # empty: the source ran no graphs
-    # Class -> seconds the first step of that class took beyond the fit (JIT compilation,
-    # lazy allocation): charged once per run, kept out of the per-step fit.
+    graph_sizes: list[int] = field(default_factory=list)  # decode; empty: the source ran none
+    # Class -> seconds the first step of that class took beyond the fit (JIT compilation, lazy
+    # allocation): charged once per run, kept out of the per-step fit.
     warmup_s: dict[str, float] = field(default_factory=dict)
-    # Class -> plain linear stand-in for a floored fit (``step_timer()`` without floors).
-    surrogates: dict[str, LinearFit] = field(default_factory=dict)
-    # Class -> the range its fit rests on (``cost_coverage.class_coverage``), and the choice.
+    # Class -> the range its fit rests on (``explain.class_coverage``), and how it was chosen.
     coverage: dict[str, dict[str, Any]] = field(default_factory=dict)
     selection: dict[str, dict[str, Any]] = field(default_factory=dict)
     window_steps: int = 0
@@ -113,225 +226,117 @@ class CostModel:
     # sequences one graph prefill takes.
     prefill_graph_sizes: list[int] = field(default_factory=list)
     prefill_graph_max_seqs: int = 0
+    _times: dict[str, _ClassTimes] = field(default_factory=dict, init=False, repr=False,
+                                           compare=False)
 
     # --- fitting --------------------------------------------------------------------------------
     @classmethod
     def fit(cls, events: RecordedEvents, source: str = "") -> CostModel:
         """Fit from a recording with measured step times; held-out error in ``heldout``."""
+        name = source or "the trace"
         if not has_timings(events):
-            raise CostModelError(
-                f"{source or 'the trace'} has no measured step times (recorded without a model)"
-            )
-        x, classes = feature_matrix(events)
-        interval = step_intervals(events)
-        overlap = has_host_times(events)  # overlap mode: fit device time, and host time apart
-        ms = events.tables["model_step"]
-        y = np.asarray(ms["duration_s"], dtype=float) if overlap else interval
-        leading = warmup_window(x, y, classes)
-        window = np.arange(len(y)) < leading
-        warm, warmup_s = warmup_steps(x, y, classes, window)
-        keep = ~warm
-        x, y, classes, window = x[keep], y[keep], classes[keep], window[keep]
-        steps = len(y)  # the run's own steps; calibration rows follow them
-        x, y, classes, window = with_calibration(events, x, y, classes, window, device=overlap)
-        fits, reports = fit_all(x, y, classes, window)
+            raise CostModelError(f"{name} has no measured step times (recorded without a model)")
+        steps = features.steps_of(events)
+        own = steps.rows(~steps.is_calibration)
+        leading = fitting.warmup_window(own)
+        own.window = np.arange(len(own)) < leading
+        warm, warmup_s = fitting.warmup_steps(own)
+        calibration = steps.rows(steps.is_calibration)
+        fitted = own.rows(~warm).concat(calibration)
+        fits, reports = fitting.fit_all(fitted)
         if not fits:
-            raise CostModelError(f"{source or 'the trace'} has too few steps to fit a model")
-        prefill_sizes, prefill_max_seqs = source_prefill_graphs(events)
-        model = cls(fits, source=source, graph_sizes=observed_graph_sizes(events),
+            raise CostModelError(f"{name} has too few steps to fit a model")
+        prefill_sizes, prefill_max_seqs = features.source_prefill_graphs(events)
+        model = cls(fits, source=source, graph_sizes=features.observed_graph_sizes(events),
                     warmup_s=warmup_s, selection=reports, window_steps=leading,
                     prefill_graph_sizes=prefill_sizes, prefill_graph_max_seqs=prefill_max_seqs)
-        for name, report in reports.items():
-            mask = classes == name
-            model.coverage[name] = class_coverage(name, x[mask], ~window[mask], fits[name],
-                                                  report)
-            if fits[name].floor > 0:
-                model.surrogates[name] = surrogate(fits[name], x[mask])
-        model.heldout = model._evaluate(x, y, classes, window)
-        if overlap:
-            own = slice(0, steps)
-            data = (x[own], np.asarray(ms["host_s"], dtype=float)[keep], classes[own],
-                    window[own], overlapped_flags(events)[keep], interval[keep], y[own])
-            calibration = calibration_residuals(events.header.get("calibration") or [],
-                                                step_class)
-            host_rows = calibration_host_rows(events.header.get("calibration") or [], step_class)
-            model.overlap = OverlapModel.fit(*data, calibration, host_rows)
-            model.overlap.heldout = evaluate(*data, _device_trainer(x, y, classes, window,
-                                                                    steps), calibration, host_rows)
+        for cls_name, report in reports.items():
+            mask = fitted.classes == cls_name
+            model.coverage[cls_name] = explain.class_coverage(
+                cls_name, fitted.x[mask], ~fitted.window[mask], fits[cls_name], report)
+        model.heldout = _device_heldout(fitted)
+        if features.has_host_times(events):
+            run = own.rows(~warm)
+            timed = calibration.rows(np.isfinite(calibration.host))
+            model.overlap = OverlapModel.fit(run, timed)
+            model.overlap.heldout = _overlap_heldout(run, timed, calibration)
         return model
 
-    def _evaluate(self, x: np.ndarray, y: np.ndarray, classes: np.ndarray,
-                  window: np.ndarray) -> dict[str, Any]:
-        """Refit without every HOLDOUT_EVERY-th step of each class; error on those steps."""
-        test = np.zeros(len(y), dtype=bool)
-        for name in STEP_CLASSES:
-            rows = np.flatnonzero(classes == name)
-            test[rows[HOLDOUT_EVERY - 1 :: HOLDOUT_EVERY]] = True
-        if not test.any():
-            return {}
-        train_fits, _ = fit_all(x[~test], y[~test], classes[~test], window[~test])
-        if not train_fits:
-            return {}
-        trained = CostModel(train_fits, graph_sizes=[])
-        predicted = trained.predict_many(x[test], classes[test])
-        actual = y[test]
-        report: dict[str, Any] = {}
-        for name in STEP_CLASSES:
-            mask = classes[test] == name
-            if mask.any():
-                report[name] = errors(predicted[mask], actual[mask])
-        report["all"] = errors(predicted, actual)
-        return report
-
     # --- prediction -----------------------------------------------------------------------------
-    def fit_for(self, cls_name: str, with_floor: bool = True) -> LinearFit:
-        """The fit used for a class, falling back to related fits when it has no data
-        (``replay.whatif.cost.fallbacks``); ``with_floor=False``: a plain linear stand-in where that
-        fit has a floor."""
-        return related_fit(self.fits, self.surrogates, cls_name, with_floor)
-
-    def fallback(self, cls_name: str) -> str:
-        """What a class the source has no fit for is priced from, in words ("": its own)."""
-        return fallback_words(self.fits, cls_name)
-
-    def predict_many(self, x: np.ndarray, classes: np.ndarray) -> np.ndarray:
-        """What ``fits`` predict: intervals (interval mode) or device times (overlap mode)."""
-        out = np.empty(len(x))
-        for name in np.unique(classes):
-            mask = classes == name
-            out[mask] = self.fit_for(str(name)).predict(x[mask])
-        return out
-
     @property
     def mode(self) -> str:
         return "interval" if self.overlap is None else "overlap"
 
-    def predict_intervals(self, x: np.ndarray, classes: np.ndarray,
-                          overlapped: np.ndarray | None = None) -> np.ndarray:
-        """Each step's interval; in overlap mode by the rule, per step ``overlapped`` (default:
-        none). One-off warm-up costs are not included."""
-        fitted = self.predict_many(x, classes)
-        if self.overlap is None:
-            return fitted
-        flags = np.zeros(len(x), dtype=bool) if overlapped is None else np.asarray(overlapped,
-                                                                                   dtype=bool)
-        return self.overlap.intervals(fitted, self.overlap.predict_host(x, classes), flags,
-                                      classes)
+    def device_fit(self, cls_name: str) -> LinearFit:
+        """The fit a class is priced by: its own, else related ones (``features.class_fit``)."""
+        return features.class_fit(self.fits, cls_name)
 
-    def step_timer(self, with_floor: bool = False) -> dict[str, tuple[Any, ...]]:
-        """Class -> (intercept, coef) as plain floats: the simulator's per-step fast path, a
-        plain linear function (a floored fit's stand-in). ``with_floor``: (intercept, coef,
-        floor), the exact model: seconds = max(floor, intercept + coef . features)."""
-        out: dict[str, tuple[Any, ...]] = {}
-        for name in STEP_CLASSES:
-            fit = self.fit_for(name, with_floor)
-            out[name] = (fit.intercept, fit.coef, fit.floor) if with_floor else (
-                fit.intercept, fit.coef)
+    def fitted_times(self, x: np.ndarray, classes: np.ndarray) -> np.ndarray:
+        """What the class fits predict for each step: intervals (interval mode) or device times
+        (overlap mode); one-off first-step costs not included."""
+        out = np.empty(len(x))
+        for name in np.unique(classes):
+            mask = classes == name
+            out[mask] = self.device_fit(str(name)).predict(x[mask])
         return out
 
-    @property
-    def has_graphs(self) -> bool:
-        return bool(self.graph_sizes)
+    def predict(self, step: Sequence[float], cls_name: str, overlapped: bool = False,
+                first: bool = False) -> StepTime:
+        """One step's times: ``step``, its features (``features.StepFeatures``),
+        its class, whether it was launched overlapped, and whether it is the run's first of its
+        class (which pays the source's one-off costs). Plain floats: the simulator calls this
+        once per step."""
+        times = self._times.get(cls_name) or self._class_times(cls_name)
+        device = max(times.device.linear_at(step), times.device.floor, MIN_STEP_S)
+        if first:
+            device += times.warmup_s
+        if times.host is None:
+            return StepTime(device, 0.0, device)
+        host = max(times.host.linear_at(step), 0.0)
+        if first:
+            host += times.host_warmup_s
+        offset = times.overlapped_s if overlapped else times.sequential_s
+        return StepTime(device, host, interval(device, host, overlapped or times.parallel, offset))
 
-    @property
-    def has_prefill_graphs(self) -> bool:
-        return bool(self.prefill_graph_sizes)
+    def _class_times(self, cls_name: str) -> _ClassTimes:
+        times = _ClassTimes(self.device_fit(cls_name), cls_name in features.EAGER_CLASSES,
+                            self.warmup_s.get(cls_name, 0.0))
+        if self.overlap is not None:
+            overlap = self.overlap
+            times = _ClassTimes(
+                times.device, times.parallel, times.warmup_s, host=overlap.host_fit(cls_name),
+                sequential_s=overlap.offset("sequential", cls_name),
+                overlapped_s=overlap.offset("overlapped", cls_name),
+                host_warmup_s=overlap.host_warmup_s.get(cls_name, 0.0))
+        self._times[cls_name] = times
+        return times
 
-    def padded_size(self, batch_size: int) -> int:
-        """The CUDA-graph batch a decode of ``batch_size`` is padded to; 0: it runs eager."""
-        for size in self.graph_sizes:
-            if size >= batch_size:
-                return size
-        return 0
+    # --- words (``explain``) ----------------------------------------------------------------------
+    def fallback(self, cls_name: str) -> str:
+        """What a class the source has no fit for is priced from, in words ("": its own)."""
+        return explain.fallback_words(cls_name, features.resolve(self.fits, cls_name))
 
-    # --- caveats --------------------------------------------------------------------------------
     def caveats(self) -> list[str]:
-        """What the source trace cannot identify (``cost_coverage.source_caveats``)."""
-        overlap = self.overlap.caveats() if self.overlap is not None else []
-        graphs = []
-        if self.prefill_graph_sizes and "prefill_graph" not in self.fits:
-            graphs.append("prefill_graph: the source captured prefill CUDA graphs but no step "
-                          "it timed ran through one: a graph prefill is priced from "
-                          f"{self.fallback('prefill_graph')}")
-        return source_caveats(self.coverage, self.window_steps) + overlap + graphs
+        """What the source trace cannot identify, one line each."""
+        return explain.caveats(self)
 
     def coverage_warnings(self, target: RecordedEvents) -> list[str]:
-        """Where ``target``'s steps (a simulation's or a recording's) lie well outside the range
-        of the source's steps for their class: a prediction there may be off, and why."""
-        x, classes = feature_matrix(target)
-        related = {str(name): self.fallback(str(name)) for name in np.unique(classes)}
-        return target_warnings(self.coverage, set(self.fits) - {"pooled"}, self.window_steps,
-                               x, classes, related)
+        """Where ``target``'s steps (a simulation's or a recording's) lie well outside the
+        source's range for their class, so that a prediction there may be off; and why."""
+        return explain.target_warnings(self, *features.feature_matrix(target))
 
-    # --- reporting and storage ------------------------------------------------------------------
     def describe(self, target: RecordedEvents | None = None) -> str:
-        """A few lines: what was fitted on what, the held-out error, what the source cannot
-        identify and (given a ``target`` event stream) where the target lies outside it."""
-        mode = (
-            "interval mode: fitted on each step's wall interval; the trace records no host time"
-            if self.overlap is None else
-            "overlap mode: device time per class below, then host time and the overlap rule"
-        )
-        lines = [f"step-time model from {self.source or 'a trace'} ({mode}):"]
-        for name in (*STEP_CLASSES, "pooled"):
-            fit = self.fits.get(name)
-            if fit is None:
-                continue
-            err = self.heldout.get(name)
-            held = (
-                "fallback for a class without its own fit" if name == "pooled"
-                else "no held-out steps" if not err
-                else f"held-out MAPE {err['mape_pct']:.1f}% on {err['n']} steps, "
-                f"sum {err['sum_error_pct']:+.2f}%"
-            )
-            feats = ", ".join(fit.features) or "intercept only"
-            if fit.floor > 0:
-                feats = f"max({1e3 * fit.floor:.2f} ms floor, {feats})"
-            chosen = self.selection.get(name, {}).get("holdout")
-            how = f" (chosen by {chosen} held-out error)" if chosen else ""
-            lines.append(f"  {name:<{NAME_WIDTH}} {fit.samples:>6} steps  [{feats}]{how}  {held}")
-        total = self.heldout.get("all")
-        if total:
-            what = " (device time)" if self.overlap is not None else ""
-            lines.append(
-                f"  all held-out steps{what}: MAPE {total['mape_pct']:.1f}%, "
-                f"summed time {total['sum_error_pct']:+.2f}%"
-            )
-        if self.prefill_graph_sizes:
-            sizes = self.prefill_graph_sizes
-            lines.append(f"  prefill CUDA graphs: {len(sizes)} token counts, {sizes[0]:,} to "
-                         f"{sizes[-1]:,}, up to {self.prefill_graph_max_seqs} sequences each "
-                         "(a prefill within them is padded to the next and runs as prefill_graph)")
-        if self.overlap is not None:
-            lines += self.overlap.describe_lines()
-        for name, seconds in self.warmup_s.items():
-            lines.append(f"  warm-up: the first {name} step took {seconds:+.3f} s beyond the model "
-                         "(charged once per run)")
-        if self.window_steps:
-            lines.append(f"  warm-up window: the run's first {self.window_steps} steps (left out "
-                         "where later steps cover their range)")
-        lines += [f"  warning: {line}" for line in self.caveats()]
-        if target is not None:
-            lines += [f"  warning: {line}" for line in self.coverage_warnings(target)]
-        return "\n".join(lines)
+        """The model in a few lines (``explain.describe``)."""
+        return explain.describe(self, target)
 
+    # --- storage --------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "version": MODEL_VERSION,
-            "target": "interval" if self.overlap is None else "device+host",
-            "source": self.source,
-            "fits": {name: fit.to_dict() for name, fit in self.fits.items()},
-            "surrogates": {name: fit.to_dict() for name, fit in self.surrogates.items()},
-            "heldout": self.heldout,
-            "graph_sizes": self.graph_sizes,
-            "warmup_s": self.warmup_s,
-            "coverage": self.coverage,
-            "selection": self.selection,
-            "window_steps": self.window_steps,
-            "overlap": self.overlap.to_dict() if self.overlap is not None else None,
-            "prefill_graph_sizes": self.prefill_graph_sizes,
-            "prefill_graph_max_seqs": self.prefill_graph_max_seqs,
-        }
+        out: dict[str, Any] = {"version": MODEL_VERSION,
+                               "target": "interval" if self.overlap is None else "device+host"}
+        out.update({f.name: getattr(self, f.name) for f in fields(self) if f.init})
+        out["fits"] = {name: fit.to_dict() for name, fit in self.fits.items()}
+        out["overlap"] = self.overlap.to_dict() if self.overlap is not None else None
+        return out
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2), encoding="utf-8")
@@ -340,37 +345,54 @@ class CostModel:
     def load(cls, path: str | Path) -> CostModel:
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
-            if data.get("version") not in READABLE_VERSIONS:
+            if data.get("version") != MODEL_VERSION:
                 raise CostModelError(
                     f"{path}: cost model version {data.get('version')!r}, expected {MODEL_VERSION}"
                 )
-            fits = {name: LinearFit.from_dict(f) for name, f in data["fits"].items()}
-            surrogates = {name: LinearFit.from_dict(f)
-                          for name, f in data.get("surrogates", {}).items()}
-            return cls(fits, data.get("source", str(path)), data.get("heldout", {}),
-                       [int(s) for s in data.get("graph_sizes", [])],
-                       {k: float(v) for k, v in data.get("warmup_s", {}).items()},
-                       surrogates, data.get("coverage", {}), data.get("selection", {}),
-                       int(data.get("window_steps", 0)),
-                       OverlapModel.from_dict(data["overlap"]) if data.get("overlap") else None,
-                       [int(s) for s in data.get("prefill_graph_sizes", [])],
-                       int(data.get("prefill_graph_max_seqs", 0)))
+            del data["version"], data["target"]
+            fits = {name: LinearFit.from_dict(f) for name, f in data.pop("fits").items()}
+            overlap = data.pop("overlap")
+            return cls(fits, overlap=OverlapModel.from_dict(overlap) if overlap else None, **data)
         except OSError as exc:
             raise CostModelError(f"{path}: cannot read cost model ({exc.strerror})") from None
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CostModelError(f"{path}: not a cost model file ({exc})") from None
 
 
-def _device_trainer(x: np.ndarray, y: np.ndarray, classes: np.ndarray, window: np.ndarray,
-                    steps: int) -> Any:
-    """For ``cost_overlap.evaluate``: device fits on the run's steps a mask selects (of the
-    first ``steps`` rows) plus every calibration row, as a predictor (None: too few steps)."""
-    def train(mask: np.ndarray) -> Any:
-        use = np.concatenate([mask, np.ones(len(y) - steps, dtype=bool)])
-        fits, _ = fit_all(x[use], y[use], classes[use], window[use])
-        if not fits:
-            return None
-        trained = CostModel(fits)
-        return trained.predict_many
-    return train
+def _device_heldout(fitted: Steps) -> dict[str, Any]:
+    """The error on the held-out steps of the class fits refitted without them."""
+    test = fitting.holdout_mask(fitted.classes)
+    if not test.any():
+        return {}
+    train_fits, _ = fitting.fit_all(fitted.rows(~test))
+    if not train_fits:
+        return {}
+    predicted = CostModel(train_fits).fitted_times(fitted.x[test], fitted.classes[test])
+    actual = fitted.time[test]
+    return {**fitting.class_errors(predicted, actual, fitted.classes[test]),
+            "all": fitting.errors(predicted, actual)}
 
+
+def _overlap_heldout(run: Steps, timed: Steps, calibration: Steps) -> dict[str, Any]:
+    """Held-out errors of the host fits and intervals: the run's held-out steps priced as the
+    simulator does, by device fits, host fits and offsets refitted without them."""
+    test = fitting.holdout_mask(run.classes)
+    train = ~test
+    if not (test.any() and train.any()):
+        return {}
+    device_fits, _ = fitting.fit_all(run.rows(train).concat(calibration))
+    if not device_fits:
+        return {}
+    model = OverlapModel.fit(run.rows(train), timed)
+    x, classes, overlapped = run.x[test], run.classes[test], run.overlapped[test]
+    host_pred = model.host_times(x, classes)
+    device_pred = CostModel(device_fits).fitted_times(x, classes)
+    predicted = model.intervals(device_pred, host_pred, overlapped, classes)
+    report: dict[str, Any] = {"host": fitting.class_errors(host_pred, run.host[test], classes),
+                              "interval": {}}
+    for mode, flag in zip(MODES, (False, True)):
+        mask = overlapped == flag
+        if mask.any():
+            report["interval"][mode] = fitting.errors(predicted[mask], run.interval[test][mask])
+    report["interval"]["all"] = fitting.errors(predicted, run.interval[test])
+    return report

@@ -5,12 +5,12 @@ the per-context-token cost to 1e-6); with noise the held-out error is honest (ab
 not 0); idle gaps waiting for arrivals are not counted as step time; slopes and intercepts are
 never negative; CUDA-graph padding is learned from the trace; a mixed (chunked) step is predicted
 from prefill and decode fits when the source had none; a trace without timings is refused with a
-clear message; save/load round-trips (and reads version-1 files).
+clear message; save/load round-trips (and refuses another version's file).
 Physics: an eager launch floor, max(floor, linear), is recovered and chosen over a plain linear
 fit by held-out error; decode features are chosen by how they extrapolate to larger batches; a
 range seen only in the run's warm-up window is bounded by its fastest step, and the model says
 so; a source that cannot identify what a target needs (no step on the launch floor, batches far
-beyond its own) makes the model warn; the simulator's fast path gets the floors when it asks.
+beyond its own) makes the model warn; the simulator's per-step prediction applies the floors.
 """
 
 from __future__ import annotations
@@ -23,16 +23,11 @@ import pytest
 
 from engine.batch import ScheduledBatch
 from engine.config import Config
+from engine.graph_sizes import padded_decode_size
 from replay.metrics import compute
-from replay.whatif.cost.fit import select
-from replay.whatif.cost.model import (
-    FEATURES,
-    CostModel,
-    CostModelError,
-    feature_matrix,
-    fit_linear,
-    step_intervals,
-)
+from replay.whatif.cost.features import FEATURES, feature_matrix, step_intervals
+from replay.whatif.cost.fit import fit_linear, select
+from replay.whatif.cost.model import CostModel, CostModelError
 from replay.whatif.simulate import simulate
 from replay.whatif.synthetic import StepLaw, record_workload
 from replay.workloads.builtin import Request, reference_workload
@@ -100,10 +95,10 @@ def test_slopes_are_never_negative() -> None:
 
 
 def test_cuda_graph_padding_is_learned_from_the_trace(noise_free_trace) -> None:
-    model = CostModel.fit(noise_free_trace)
-    assert model.padded_size(1) == 1 and model.padded_size(3) == 4
-    assert model.padded_size(17) == 32 and model.padded_size(512) == 512
-    assert model.padded_size(513) == 0  # larger than any graph: eager
+    sizes = CostModel.fit(noise_free_trace).graph_sizes
+    assert padded_decode_size(sizes, 1) == 1 and padded_decode_size(sizes, 3) == 4
+    assert padded_decode_size(sizes, 17) == 32 and padded_decode_size(sizes, 512) == 512
+    assert padded_decode_size(sizes, 513) == 0  # larger than any graph: eager
 
 
 def test_mixed_steps_are_predicted_from_prefill_and_decode_fits(noise_free_trace) -> None:
@@ -114,7 +109,7 @@ def test_mixed_steps_are_predicted_from_prefill_and_decode_fits(noise_free_trace
     assert (classes == "mixed").sum() > 50
     model = CostModel.fit(noise_free_trace)
     assert "mixed" not in model.fits
-    predicted = model.predict_many(x, classes)
+    predicted = model.fitted_times(x, classes)
     mixed = classes == "mixed"
     actual = step_intervals(measured)
     assert predicted[mixed] == pytest.approx(actual[mixed], rel=1e-6)
@@ -135,7 +130,7 @@ def test_save_and_load_round_trip(noise_free_trace, tmp_path) -> None:
     model.save(path)
     loaded = CostModel.load(path)
     x, classes = feature_matrix(noise_free_trace)
-    assert loaded.predict_many(x, classes) == pytest.approx(model.predict_many(x, classes))
+    assert loaded.fitted_times(x, classes) == pytest.approx(model.fitted_times(x, classes))
     assert loaded.graph_sizes == model.graph_sizes and loaded.heldout == model.heldout
     assert loaded.coverage == model.coverage and loaded.window_steps == model.window_steps
     (tmp_path / "bad.json").write_text("{}")
@@ -236,7 +231,7 @@ def test_an_eager_launch_floor_is_recovered_and_chosen_by_held_out_error(floored
     other = record_workload(CONFIG, varied_requests(seed=1), FLOORED)
     x, classes = feature_matrix(other)
     prefill = classes == "prefill"
-    assert model.predict_many(x[prefill], classes[prefill]) == pytest.approx(
+    assert model.fitted_times(x[prefill], classes[prefill]) == pytest.approx(
         step_intervals(other)[prefill], rel=1e-6)
     assert "6.00 ms floor" in model.describe()
 
@@ -248,19 +243,15 @@ def test_a_noisy_floor_is_still_preferred_to_a_line() -> None:
     assert model.heldout["prefill"]["mape_pct"] < 3.0  # about the 3% noise
 
 
-def test_the_simulator_fast_path_gets_floors_when_it_asks_and_a_close_line_otherwise(
-    floored_trace,
-) -> None:
+def test_the_simulators_per_step_prediction_applies_the_floor(floored_trace) -> None:
     model = CostModel.fit(floored_trace)
     fit = model.fits["prefill"]
-    intercept, coef, floor = model.step_timer(with_floor=True)["prefill"]
-    assert (intercept, coef, floor) == (fit.intercept, fit.coef, fit.floor)
-    assert all(len(entry) == 2 for entry in model.step_timer().values())
     x, classes = feature_matrix(floored_trace)
     prefill = x[classes == "prefill"]
-    stand_in = model.fit_for("prefill", with_floor=False)
-    assert stand_in.floor == 0.0
-    assert stand_in.predict(prefill).sum() == pytest.approx(fit.predict(prefill).sum(), rel=0.01)
+    per_step = np.array([model.predict(row.tolist(), "prefill").device_s for row in prefill])
+    assert per_step == pytest.approx(fit.predict(prefill), rel=1e-12)
+    on_floor = fit.linear(prefill) < fit.floor
+    assert on_floor.any() and (per_step[on_floor] == fit.floor).all()
 
 
 def saturating_decodes(lo: int, hi: int, n: int, rng: np.random.Generator):
@@ -321,7 +312,7 @@ def test_a_range_seen_only_in_the_warm_up_window_is_bounded_by_its_fastest_step(
     y = step_intervals(trace)
     big = np.flatnonzero((classes == "prefill") & (x[:, FEATURES.index("prefill_tokens")] > 400))
     assert big.tolist() == [0, 1, 2]
-    predicted = model.predict_many(x[big], classes[big])
+    predicted = model.fitted_times(x[big], classes[big])
     assert (predicted <= y[big] * (1 + 1e-9)).all()  # warm-up only adds time: upper bounds
     assert predicted[1] == pytest.approx(y[1], rel=1e-9)  # the least slowed one, 16k tokens
     assert model.fits["prefill"].floor == pytest.approx(FLOOR_S, rel=1e-6)
@@ -356,28 +347,22 @@ def test_decode_batches_far_beyond_the_source_are_flagged() -> None:
                and "the source's largest had 16 sequences" in w for w in warnings)
 
 
-def test_a_version_1_model_file_still_loads(noise_free_trace, tmp_path) -> None:
-    model = CostModel.fit(noise_free_trace, source="t")
-    data = model.to_dict()
-    data["version"] = 1
-    for key in ("surrogates", "coverage", "selection", "window_steps"):
-        data.pop(key)
-    for fit in data["fits"].values():
-        fit.pop("floor")
-    path = tmp_path / "v1.json"
+def test_a_model_file_of_another_version_is_refused(noise_free_trace, tmp_path) -> None:
+    data = CostModel.fit(noise_free_trace, source="t").to_dict()
+    data["version"] = 4
+    path = tmp_path / "v4.json"
     path.write_text(json.dumps(data))
-    x, classes = feature_matrix(noise_free_trace)
-    assert CostModel.load(path).predict_many(x, classes) == pytest.approx(
-        model.predict_many(x, classes))
+    with pytest.raises(CostModelError, match="cost model version 4, expected 5"):
+        CostModel.load(path)
 
 
 def test_a_floored_model_round_trips(floored_trace, tmp_path) -> None:
     model = CostModel.fit(floored_trace, source="t")
     model.save(tmp_path / "model.json")
     loaded = CostModel.load(tmp_path / "model.json")
-    assert loaded.fits == model.fits and loaded.surrogates == model.surrogates
-    assert loaded.step_timer() == model.step_timer()
-    assert loaded.step_timer(with_floor=True) == model.step_timer(with_floor=True)
+    assert loaded.fits == model.fits
+    x, classes = feature_matrix(floored_trace)
+    assert (loaded.fitted_times(x, classes) == model.fitted_times(x, classes)).all()
 
 
 def test_a_header_calibration_identifies_a_floor_the_run_never_touched() -> None:
@@ -392,7 +377,7 @@ def test_a_header_calibration_identifies_a_floor_the_run_never_touched() -> None
     small[0, FEATURES.index("num_seqs")] = 1
     small[0, FEATURES.index("prefill_tokens")] = 100
     small[0, FEATURES.index("prefill_attn_work")] = 100 * 100
-    blind = CostModel.fit(trace).predict_many(small, np.array(["prefill"]))[0]
+    blind = CostModel.fit(trace).fitted_times(small, np.array(["prefill"]))[0]
     assert blind < 0.6 * FLOOR_S  # predicted from the compute slope: far below the floor
 
     rng = np.random.default_rng(0)
@@ -410,5 +395,5 @@ def test_a_header_calibration_identifies_a_floor_the_run_never_touched() -> None
     trace.header["calibration"] = rows
     informed = CostModel.fit(trace)
     assert informed.fits["prefill"].floor == pytest.approx(FLOOR_S, rel=1e-6)
-    predicted = informed.predict_many(small, np.array(["prefill"]))[0]
+    predicted = informed.fitted_times(small, np.array(["prefill"]))[0]
     assert predicted == pytest.approx(FLOOR_S, rel=1e-6)

@@ -14,7 +14,7 @@ its device and host work share):
 - the simulated executor charges max(device, host) to a batch flagged overlapped, device + host
   to any other, and reports them as the engine records them;
 - a version-1 trace (host_s NaN) or one whose host time was never measured (zeros) stays in
-  interval mode; save/load keeps the mode and reads version-2 files; describe names the mode.
+  interval mode; save/load keeps the mode; describe names the mode.
 
 The launch decisions are the synthetic rule's (``HostLaw.overlaps``) in both the recording and
 the simulation (``RuleSimExecutor``), so these tests do not depend on EngineCore's; the last test
@@ -23,12 +23,12 @@ takes EngineCore's own decisions, and is skipped while the engine makes none.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
 import pytest
+from _cost_helpers import predicted_intervals
 
 import replay.whatif.simulate as simulate_module
 from engine.batch import ScheduledBatch
@@ -37,9 +37,15 @@ from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from replay.metrics import compute
 from replay.recorded import RecordedEvents
-from replay.whatif.cost.fit import FEATURES, LinearFit
-from replay.whatif.cost.model import CostModel, feature_matrix, step_intervals
-from replay.whatif.cost.overlap import OverlapModel
+from replay.whatif.cost.features import (
+    FEATURES,
+    MIN_STEP_S,
+    Steps,
+    feature_matrix,
+    step_intervals,
+)
+from replay.whatif.cost.fit import LinearFit
+from replay.whatif.cost.model import CostModel, OverlapModel
 from replay.whatif.sim_executor import SimClock, SimExecutor
 from replay.whatif.simulate import SimResult, simulate
 from replay.whatif.synthetic import HostLaw, StepLaw, record_workload
@@ -121,7 +127,7 @@ def test_the_law_is_recovered_in_overlap_mode(recordings) -> None:
     x, classes = feature_matrix(trace)
     flags = np.asarray(trace.tables["model_step"]["overlapped"])
     steady = np.arange(len(classes)) >= model.window_steps
-    assert model.predict_intervals(x, classes, flags)[steady] == pytest.approx(
+    assert predicted_intervals(model, x, classes, flags)[steady] == pytest.approx(
         step_intervals(trace)[steady], rel=1e-6)
     text = model.describe()
     assert "overlap mode" in text and "host time per step" in text
@@ -272,17 +278,11 @@ def test_save_and_load_keep_the_overlap_model(recordings, monkeypatch, tmp_path)
     assert loaded.mode == "overlap" and loaded.overlap == model.overlap
     x, classes = feature_matrix(recordings["sequential"])
     flags = np.arange(len(x)) % 2 == 0
-    assert loaded.predict_intervals(x, classes, flags) == pytest.approx(
-        model.predict_intervals(x, classes, flags))
+    assert predicted_intervals(loaded, x, classes, flags) == pytest.approx(
+        predicted_intervals(model, x, classes, flags))
     first = predict(monkeypatch, recordings["overlapping"], OVERLAPPING, SEQUENTIAL, model)
     again = predict(monkeypatch, recordings["overlapping"], OVERLAPPING, SEQUENTIAL, loaded)
     assert again.metrics == first.metrics
-    # A version-2 file (before overlap mode) still loads, in interval mode.
-    data = CostModel.fit(_without_host_times(recordings["overlapping"])).to_dict()
-    data["version"] = 2
-    data.pop("overlap")
-    (tmp_path / "v2.json").write_text(json.dumps(data))
-    assert CostModel.load(tmp_path / "v2.json").mode == "interval"
 
 
 def test_a_source_without_overlapped_steps_says_what_it_cannot_measure(recordings) -> None:
@@ -377,15 +377,20 @@ def test_a_class_with_few_steps_takes_its_offset_from_them_not_the_calibration(
     residual over the rule (~1.9 ms of scheduling and recording around the executor call) is the
     run's own; a calibration step, an executor call alone, misses it. With fewer than
     FEW_OFFSET_STEPS of them besides the first, the calibration's figure stands."""
-    from replay.whatif.cost.overlap import OverlapModel
-
     prefill_ms = [10.3, 1.5, 1.9, 1.9][: 1 + later_steps]
     classes = np.array(["prefill"] * len(prefill_ms) + ["decode_graph"] * 20)
     residual = np.array(prefill_ms + [-0.3] * 20) / 1e3
-    firsts = np.zeros(len(classes), dtype=bool)
-    firsts[[0, len(prefill_ms)]] = True
+
+    def sequential_steps(classes: np.ndarray, residual: np.ndarray) -> Steps:
+        """Sequential steps without device or host time whose intervals exceed the rule's
+        (its least step time) by ``residual``."""
+        n, no = len(classes), np.zeros(len(classes), dtype=bool)
+        return Steps(x=np.zeros((n, len(FEATURES))), classes=classes, time=np.zeros(n),
+                     host=np.zeros(n), interval=residual + MIN_STEP_S, overlapped=no,
+                     is_calibration=no, window=no)
+
     model = OverlapModel(host={})
-    model._fit_offsets(classes, np.zeros(len(classes), dtype=bool), residual,
-                       (np.array(["prefill"]), np.array([0.04e-3])), firsts)
+    model._fit_offsets(sequential_steps(classes, residual),
+                       sequential_steps(np.array(["prefill"]), np.array([0.04e-3])))
     assert model.offset("sequential", "prefill") == pytest.approx(expected_ms / 1e3)
     assert model.offset_source["sequential"]["prefill"].startswith(how)

@@ -15,24 +15,28 @@ count, the per-token cost paid on every padded row, no eager launch time):
   from the padded counts the source recorded;
 - an older trace (no ``padded_tokens`` content, no prefill graphs in its header) fits and
   simulates exactly as before: no graph prefills, the same predictions with or without the
-  column; a version-3 model file still loads;
+  column;
 - the new model fields survive save/load.
 """
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
+from _cost_helpers import predicted_intervals
 
 from engine.config import Config
 from engine.graph_sizes import MAX_GRAPH_PREFILL_SEQS, padded_prefill_tokens, prefill_graph_sizes
 from replay.metrics import compute
 from replay.recorded import RecordedEvents
 from replay.verify import compare_decisions
-from replay.whatif.cost.model import FEATURES, CostModel, feature_matrix, step_intervals
-from replay.whatif.cost.steps import calibration_features
+from replay.whatif.cost.features import (
+    FEATURES,
+    calibration_features,
+    feature_matrix,
+    step_intervals,
+)
+from replay.whatif.cost.model import CostModel
 from replay.whatif.simulate import simulate
 from replay.whatif.synthetic import HostLaw, StepLaw, record_workload
 from replay.workloads.builtin import Request
@@ -102,7 +106,7 @@ def test_graph_prefills_get_a_class_fitted_on_padded_tokens(source, model) -> No
     row[:, FEATURES.index("prefill_tokens")] = 600
     row[:, FEATURES.index("prefill_attn_work")] = 600 * 601 // 2
     row[:, FEATURES.index("padded_tokens")] = (1024, 1536)
-    low, high = model.predict_many(row, np.array(["prefill_graph"] * 2))
+    low, high = model.fitted_times(row, np.array(["prefill_graph"] * 2))
     assert high - low == pytest.approx(512 * LAW.per_prefill_token_s, rel=1e-6)
     assert "prefill CUDA graphs: 13 token counts, 16 to 4,096" in model.describe()
 
@@ -124,7 +128,7 @@ def test_a_graph_prefill_is_priced_device_plus_host_not_launch_bound(source, mod
     graph = classes == "prefill_graph"
     overlapped = np.asarray(source.tables["model_step"]["overlapped"], dtype=bool)
     assert not overlapped[graph].any()  # a prefill is never launched overlapped
-    predicted = model.predict_intervals(x[graph], classes[graph], overlapped[graph])
+    predicted = predicted_intervals(model, x[graph], classes[graph], overlapped[graph])
     assert predicted == pytest.approx(step_intervals(source)[graph], rel=1e-6)
 
 
@@ -173,7 +177,7 @@ def test_graph_prefills_the_source_never_timed_are_priced_from_its_eager_prefill
     large = record_workload(CONFIG, requests(lo=4200, burst=0), LAW, host=HOST,
                             prefill_graphs=True)
     model = CostModel.fit(large, source="large-prompts")
-    assert "prefill_graph" not in model.fits and model.has_prefill_graphs
+    assert "prefill_graph" not in model.fits and model.prefill_graph_sizes
     assert any("no step it timed ran through one" in line for line in model.caveats())
     small = requests(hi=3000, seed=1, burst=0)  # one prompt a prefill, as in the source
     measured = record_workload(CONFIG, small, LAW, host=HOST, prefill_graphs=True)
@@ -221,8 +225,8 @@ def test_an_older_trace_fits_and_simulates_as_before(older) -> None:
     x, classes = feature_matrix(bare)
     assert (x[:, FEATURES.index("padded_tokens")] == x[:, FEATURES.index("prefill_tokens")]
             + x[:, FEATURES.index("decode_seqs")]).all()
-    assert CostModel.fit(bare).predict_many(x, classes) == pytest.approx(
-        model.predict_many(x, classes), rel=1e-12)
+    assert CostModel.fit(bare).fitted_times(x, classes) == pytest.approx(
+        model.fitted_times(x, classes), rel=1e-12)
     # The config allows prefill graphs, but the source captured none: all prefills stay eager.
     on = simulate(older, {}, timing=model)
     off = simulate(older, {"prefill_graph_tokens": 0}, timing=model)
@@ -242,22 +246,6 @@ def test_calibration_rows_without_padded_tokens_computed_their_own() -> None:
     assert x[:, FEATURES.index("padded_tokens")].tolist() == [100, 100, 128]
 
 
-def test_a_version_3_model_file_still_loads(older, tmp_path) -> None:
-    model = CostModel.fit(older, source="old")
-    data = model.to_dict()
-    data["version"] = 3
-    for key in ("prefill_graph_sizes", "prefill_graph_max_seqs"):
-        data.pop(key)
-    for fit in (*data["fits"].values(), *data["surrogates"].values()):
-        fit["coef"].pop("padded_tokens")
-    path = tmp_path / "v3.json"
-    path.write_text(json.dumps(data))
-    loaded = CostModel.load(path)
-    assert loaded.prefill_graph_sizes == [] and loaded.prefill_graph_max_seqs == 0
-    x, classes = feature_matrix(older)
-    assert loaded.predict_many(x, classes) == pytest.approx(model.predict_many(x, classes))
-
-
 # --- (d) save/load --------------------------------------------------------------------------------
 def test_the_prefill_graph_fields_round_trip(source, model, tmp_path) -> None:
     model.save(tmp_path / "model.json")
@@ -265,9 +253,8 @@ def test_the_prefill_graph_fields_round_trip(source, model, tmp_path) -> None:
     assert loaded.prefill_graph_sizes == model.prefill_graph_sizes
     assert loaded.prefill_graph_max_seqs == model.prefill_graph_max_seqs
     assert loaded.fits == model.fits
-    assert loaded.step_timer(with_floor=True) == model.step_timer(with_floor=True)
     x, classes = feature_matrix(source)
-    assert loaded.predict_intervals(x, classes) == pytest.approx(model.predict_intervals(x,
-                                                                                        classes))
+    assert predicted_intervals(loaded, x, classes) == pytest.approx(
+        predicted_intervals(model, x, classes))
     assert simulate(source, {}, timing=loaded).metrics == simulate(source, {},
                                                                     timing=model).metrics

@@ -1,0 +1,399 @@
+"""What the step-time model prices: each step's features and class, and the form of a class's time.
+
+``CLASSES`` says how each step class is fitted and, where the source ran none of it, which fits
+price it (``class_fit``). ``steps_of`` reads a trace into ``Steps``: its own steps, then its
+header's start-up calibration steps (engine/calibration.py), which show costs the run never did (a
+small prefill's launch floor). A simulation pads its steps for CUDA graphs as the source's engine
+did (the rule: ``engine.graph_sizes``; the sizes: ``observed_graph_sizes``,
+``source_prefill_graphs``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from operator import mul
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from engine import graph_sizes
+from replay.recorded import RecordedEvents
+from tracing.schema import NOT_PADDED
+
+
+class StepFeatures(NamedTuple):
+    """One step's batch features, in the order of every coefficient vector (``FEATURES``)."""
+
+    num_seqs: float
+    prefill_tokens: float
+    prefill_attn_work: float
+    decode_seqs: float
+    decode_context_tokens: float
+    padded_batch_size: float
+    # The tokens the forward computed (``computed_tokens``): not a column of older traces, so last.
+    padded_tokens: float
+
+
+FEATURES: tuple[str, ...] = StepFeatures._fields
+PADDED_TOKENS = "padded_tokens"
+RECORDED_FEATURES = FEATURES[:-1]
+
+
+@dataclass(frozen=True)
+class ClassSpec:
+    """A step class. ``eager``: no CUDA graph runs it, so it has a launch-bound floor, and its
+    kernels run while the host still launches later ones. ``size_feature``: what it is
+    extrapolated along (a knee on it separates floor and compute). ``feature_sets``: candidate
+    linear feature sets, simplest first. ``fallbacks``, ``host_fallbacks``: whose device and host
+    fits price it where the source ran none of it, the first fitted."""
+
+    name: str
+    eager: bool
+    size_feature: str
+    feature_sets: tuple[tuple[str, ...], ...]
+    fallbacks: tuple[str, ...] = ()
+    host_fallbacks: tuple[str, ...] = ()
+
+
+POOLED = "pooled"  # the fit over every step: a class without a related fit's last resort
+# What a class without a fit of its own may be priced by instead (``resolve``).
+COMPOSITE = "composite"  # a mixed step: the prefill fit plus the decode slopes
+GRAPH_FROM_EAGER = "graph_from_eager"  # a graph prefill: the eager prefill fit's compute part
+MODES = ("sequential", "overlapped")  # how a step was launched (``model_step.overlapped``)
+_MIXED_SETS = (("prefill_tokens", "decode_context_tokens"),
+               ("prefill_tokens", "prefill_attn_work", "decode_seqs", "decode_context_tokens"))
+CLASSES: dict[str, ClassSpec] = {spec.name: spec for spec in (
+    # An eager prefill. A graph prefill's fit has no launch floor (may be low): its last resort.
+    # Host work: an eager step's is its kernel launches, a mixed step's like a prefill's.
+    ClassSpec("prefill", True, "prefill_tokens",
+              (("prefill_tokens",), ("prefill_tokens", "prefill_attn_work"),
+               ("prefill_tokens", "prefill_attn_work", "num_seqs")),
+              ("mixed", "prefill_graph", POOLED), ("mixed",)),
+    # Replayed from a graph captured per padded token count (engine/runner/prefill_graphs.py):
+    # its GEMMs compute every padded row. An eager prefill fit without a compute slope (a floor
+    # only) is an upper bound. Host work: staging, one graph launch and sampling, as a decode's.
+    ClassSpec("prefill_graph", False, PADDED_TOKENS,
+              ((PADDED_TOKENS,), (PADDED_TOKENS, "prefill_attn_work"), (PADDED_TOKENS, "num_seqs"),
+               (PADDED_TOKENS, "prefill_attn_work", "num_seqs")),
+              ("prefill", "mixed", POOLED), ("decode_graph",)),
+    ClassSpec("decode_graph", False, "num_seqs",
+              (("decode_context_tokens",), ("padded_batch_size", "decode_context_tokens"),
+               ("decode_seqs", "decode_context_tokens"),
+               ("padded_batch_size", "decode_seqs", "decode_context_tokens")),
+              ("decode_eager", POOLED), ("prefill_graph", "decode_eager")),
+    ClassSpec("decode_eager", True, "num_seqs",
+              (("decode_context_tokens",), ("decode_seqs", "decode_context_tokens")),
+              ("decode_graph", POOLED), ("decode_graph",)),
+    ClassSpec("mixed", True, "prefill_tokens", _MIXED_SETS, (POOLED,), ("prefill",)),
+    ClassSpec(POOLED, False, "num_seqs", ((), *_MIXED_SETS)),
+)}
+STEP_CLASSES = tuple(name for name in CLASSES if name != POOLED)
+EAGER_CLASSES = frozenset(name for name, spec in CLASSES.items() if spec.eager)
+
+
+def step_class(kind: Any, graph_used: Any) -> Any:
+    """The cost class of a step: its batch kind, split by whether a CUDA graph ran it. Given
+    arrays (a step each), an array of classes."""
+    if not isinstance(kind, str):
+        pairs = list(zip(np.asarray(kind).astype(str).tolist(), np.asarray(graph_used).tolist()))
+        named = {pair: step_class(pair[0], bool(pair[1])) for pair in set(pairs)}
+        return np.array([named[pair] for pair in pairs], dtype=str)
+    if kind == "decode":
+        return "decode_graph" if graph_used else "decode_eager"
+    if kind == "prefill" and graph_used:
+        return "prefill_graph"
+    return kind
+
+
+def computed_tokens(padded: float, prefill_tokens: float, decode_seqs: float) -> float:
+    """The ``padded_tokens`` feature: the recorded padded count of a CUDA-graph prefill, else the
+    step's own tokens (a trace before the column reads 0, a calibration row before it lacks it)."""
+    return padded if padded != NOT_PADDED else prefill_tokens + decode_seqs
+
+
+def first_of_class(classes: np.ndarray) -> np.ndarray:
+    """A mask of each class's first step (one that may pay one-off costs)."""
+    mask = np.zeros(len(classes), dtype=bool)
+    for name in np.unique(classes):
+        mask[np.flatnonzero(classes == name)[0]] = True
+    return mask
+
+
+# --- the time of a class as a function of its features -----------------------------------------
+MIN_STEP_S = 1e-6  # a step always takes some time (a fit may extrapolate to <= 0)
+
+
+@dataclass
+class LinearFit:
+    """time = max(floor, intercept + coef . features) (coef over ``FEATURES``, zero for unused
+    ones; floor 0: a plain linear fit)."""
+
+    intercept: float
+    coef: tuple[float, ...]
+    features: tuple[str, ...]
+    samples: int
+    floor: float = 0.0
+
+    def linear(self, x: np.ndarray) -> np.ndarray:
+        return self.intercept + x @ np.asarray(self.coef)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return np.maximum(self.linear(x), max(self.floor, MIN_STEP_S))
+
+    def linear_at(self, features: Sequence[float]) -> float:
+        """``linear`` of one step in plain floats (numpy per step would cost the simulator more)."""
+        return self.intercept + sum(map(mul, self.coef, features))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"intercept": self.intercept, "coef": dict(zip(FEATURES, self.coef)),
+                "features": list(self.features), "samples": self.samples, "floor": self.floor}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LinearFit:
+        return cls(float(data["intercept"]), tuple(float(data["coef"][n]) for n in FEATURES),
+                   tuple(data["features"]), int(data["samples"]), float(data["floor"]))
+
+
+def graph_prefill_from_eager(fit: LinearFit) -> LinearFit | None:
+    """A CUDA-graph prefill priced from an eager prefill fit: its compute part (one graph launch:
+    no launch floor), the per-token slope charged on the padded tokens its GEMMs compute. None:
+    the fit has no per-token slope (a floor alone says nothing about compute)."""
+    at = FEATURES.index
+    per_token = fit.coef[at("prefill_tokens")]
+    if per_token <= 0:
+        return None
+    coef = list(fit.coef)
+    coef[at("padded_tokens")] += per_token
+    coef[at("prefill_tokens")] = 0.0
+    features = tuple(dict.fromkeys(
+        "padded_tokens" if name == "prefill_tokens" else name for name in fit.features))
+    return LinearFit(fit.intercept, tuple(coef), features, 0)
+
+
+def composite_mixed(fits: Mapping[str, LinearFit]) -> LinearFit:
+    """A mixed step as its prefill part (the prefill fit) plus its decode part (the decode
+    slopes), the prefill fit's intercept and floor (it runs eagerly). Prefill sequences are
+    ``num_seqs - decode_seqs``: the per-sequence slope moves onto ``num_seqs`` and back."""
+    prefill = fits["prefill"]
+    decode = fits.get("decode_eager") or fits.get("decode_graph")
+    coef = list(prefill.coef)
+    if decode is not None:
+        at = FEATURES.index
+        # A mixed step runs eager: a graph fit's padding slope is paid per real sequence.
+        per_decode_seq = decode.coef[at("decode_seqs")] + decode.coef[at("padded_batch_size")]
+        coef[at("decode_seqs")] = per_decode_seq - prefill.coef[at("num_seqs")]
+        coef[at("decode_context_tokens")] = decode.coef[at("decode_context_tokens")]
+    return LinearFit(prefill.intercept, tuple(coef), prefill.features, 0, prefill.floor)
+
+
+def resolve(fits: Mapping[str, LinearFit], cls_name: str) -> str:
+    """The fit a class uses: its own, else ``COMPOSITE`` (mixed), ``GRAPH_FROM_EAGER`` (a graph
+    prefill, where the eager prefill fit has a compute slope) or a related class's."""
+    if cls_name in fits:
+        return cls_name
+    if cls_name == "mixed" and "prefill" in fits:
+        return COMPOSITE
+    if cls_name == "prefill_graph" and "prefill" in fits and graph_prefill_from_eager(
+            fits["prefill"]) is not None:
+        return GRAPH_FROM_EAGER
+    for other in CLASSES[cls_name].fallbacks:
+        if other in fits:
+            return other
+    return next(iter(fits))
+
+
+def class_fit(fits: Mapping[str, LinearFit], cls_name: str) -> LinearFit:
+    """The fit ``resolve`` picks for a class, combined where it says so."""
+    key = resolve(fits, cls_name)
+    if key == COMPOSITE:
+        return composite_mixed(fits)
+    if key == GRAPH_FROM_EAGER:
+        graph = graph_prefill_from_eager(fits["prefill"])
+        assert graph is not None  # resolve checked
+        return graph
+    return fits[key]
+
+
+@dataclass
+class Steps:
+    """Steps to fit, one row each: a trace's own steps, then its calibration steps. ``time``: what
+    the class fits are of, the device time where the trace measured host time, else the interval
+    (a calibration step's: its executor call plus the run's typical engine work around a step)."""
+
+    x: np.ndarray  # (steps x len(FEATURES)) features
+    classes: np.ndarray
+    time: np.ndarray
+    host: np.ndarray  # the engine's own CPU work (NaN: not measured)
+    interval: np.ndarray  # wall seconds it added to the run (a calibration step: its call's)
+    overlapped: np.ndarray  # launched while the previous step ran
+    is_calibration: np.ndarray
+    window: np.ndarray  # in the run's warm-up window (``fit.warmup_window``)
+
+    def __len__(self) -> int:
+        return len(self.time)
+
+    def rows(self, mask: np.ndarray) -> Steps:
+        return Steps(*(getattr(self, f.name)[mask] for f in fields(self)))
+
+    def concat(self, other: Steps) -> Steps:
+        return Steps(*(np.concatenate([getattr(self, f.name), getattr(other, f.name)])
+                       for f in fields(self)))
+
+
+def step_intervals(events: RecordedEvents) -> np.ndarray:
+    """Wall seconds each step took, from the later of the previous step's end and the latest
+    arrival added before it (so an idle gap waiting for requests is not counted)."""
+    ms = events.tables["model_step"]
+    steps = np.asarray(ms["step"], dtype=np.int64)
+    end = np.asarray(ms["wall_time_s"], dtype=float)
+    latest = np.full(len(steps), -np.inf)
+    ra = events.tables["request_added"]
+    if len(steps) and len(ra["step"]):
+        rows = np.searchsorted(steps, np.asarray(ra["step"], dtype=np.int64))
+        ok = rows < len(steps)
+        np.maximum.at(latest, rows[ok], np.asarray(ra["arrival_s"], dtype=float)[ok])
+    previous = np.concatenate([[-np.inf], end[:-1]])
+    interval = end - np.maximum(previous, latest)
+    bad = ~np.isfinite(interval) | (interval <= 0)
+    interval[bad] = np.asarray(ms["duration_s"], dtype=float)[bad]
+    return interval
+
+
+def _feature_matrix(columns: Mapping[str, Any], n: int) -> np.ndarray:
+    """(n x len(FEATURES)) floats from the recorded feature columns."""
+    values = {name: np.asarray(columns[name], dtype=float) for name in RECORDED_FEATURES}
+    padded = columns.get(PADDED_TOKENS)
+    padded = np.full(n, float(NOT_PADDED)) if padded is None else np.asarray(padded, dtype=float)
+    values[PADDED_TOKENS] = np.array(
+        [computed_tokens(*row) for row in zip(padded.tolist(), values["prefill_tokens"].tolist(),
+                                               values["decode_seqs"].tolist())], dtype=float)
+    return np.column_stack([values[name] for name in FEATURES]).reshape(n, len(FEATURES))
+
+
+def feature_matrix(events: RecordedEvents) -> tuple[np.ndarray, np.ndarray]:
+    """(n_steps x len(FEATURES)) float matrix, and the class name of each step."""
+    ms = events.tables["model_step"]
+    kinds = np.asarray(ms["kind"]).astype(str)
+    classes = step_class(kinds, np.asarray(ms["graph_used"], dtype=bool))
+    return _feature_matrix(ms, len(kinds)), classes
+
+
+def calibration_features(rows: list[Mapping[str, Any]]) -> np.ndarray:
+    """(rows x len(FEATURES)) features of header calibration rows."""
+    columns: dict[str, Any] = {name: [row[name] for row in rows] for name in RECORDED_FEATURES}
+    columns[PADDED_TOKENS] = [row.get(PADDED_TOKENS, NOT_PADDED) for row in rows]
+    return _feature_matrix(columns, len(rows))
+
+
+HOST_MEASURED_S = 1e-6  # a real step's host work takes microseconds at least
+
+
+def has_host_times(events: RecordedEvents) -> bool:
+    """Whether the trace measured each step's host work (a version-1 trace reads NaN; a recorder
+    that measured nothing wrote zeros, or rounding noise)."""
+    ms = events.tables["model_step"]
+    if "host_s" not in ms:
+        return False
+    host = np.asarray(ms["host_s"], dtype=float)
+    return (len(host) > 0 and bool(np.isfinite(host).all())
+            and float(np.median(host)) > HOST_MEASURED_S)
+
+
+def steps_of(events: RecordedEvents) -> Steps:
+    """The trace's steps and its header's calibration steps. A calibration row's ``interval_s``
+    times the executor call alone, less its ``wait_s`` (for the device): its host work. Fitted on
+    intervals, a row is charged the median over the run's steps of the engine's own work around
+    a step (scheduling, post-processing, recording), which a real step pays too."""
+    ms = events.tables["model_step"]
+    x, classes = feature_matrix(events)
+    n = len(classes)
+    duration = np.asarray(ms["duration_s"], dtype=float)
+    interval = step_intervals(events)
+    measured_host = has_host_times(events)
+    host = np.asarray(ms["host_s"], dtype=float) if measured_host else np.full(n, np.nan)
+    overlapped = (np.asarray(ms["overlapped"], dtype=bool) if "overlapped" in ms
+                  else np.zeros(n, dtype=bool))
+    no = np.zeros(n, dtype=bool)
+    own = Steps(x=x, classes=classes, time=duration if measured_host else interval, host=host,
+                interval=interval, overlapped=overlapped, is_calibration=no, window=no.copy())
+    rows = events.header.get("calibration") or []
+    if not rows:
+        return own
+    called = np.array([float(row["interval_s"]) for row in rows])
+    if measured_host:
+        time = np.array([float(row.get("duration_s", row["interval_s"])) for row in rows])
+    else:
+        overhead = interval - duration
+        extra = float(np.median(np.clip(overhead, 0.0, None))) if len(overhead) else 0.0
+        time = called + extra
+    cal_host = np.array([np.nan if row.get("wait_s") is None
+                         else float(row["interval_s"]) - float(row["wait_s"]) for row in rows])
+    no = np.zeros(len(rows), dtype=bool)
+    classes = step_class([row["kind"] for row in rows], [row["graph_used"] for row in rows])
+    return own.concat(Steps(x=calibration_features(rows), classes=classes, time=time,
+                            host=cal_host, interval=called, overlapped=no, is_calibration=~no,
+                            window=no.copy()))
+
+
+# --- CUDA graphs of the source ------------------------------------------------------------------
+def observed_graph_sizes(events: RecordedEvents) -> list[int]:
+    """The graph batch sizes the source run padded decodes to: the engine's if they agree with
+    every observed (batch, padded) pair, else the sizes seen (a batch above them runs eager)."""
+    ms = events.tables["model_step"]
+    # Only decodes: a graph prefill's padded_batch_size is its own batch (it pads tokens).
+    graph = np.asarray(ms["graph_used"], dtype=bool) & (np.asarray(ms["kind"]).astype(str)
+                                                        == "decode")
+    if not graph.any():
+        return []
+    seqs = np.asarray(ms["num_seqs"], dtype=np.int64)[graph]
+    padded = np.asarray(ms["padded_batch_size"], dtype=np.int64)[graph]
+    engine = graph_sizes.decode_graph_sizes()
+    if all(graph_sizes.padded_decode_size(engine, int(s)) == p for s, p in zip(seqs, padded)):
+        return engine
+    return sorted(set(padded.tolist()))
+
+
+def _graph_prefills(events: RecordedEvents) -> list[tuple[int, int, int]]:
+    """(prompt tokens, sequences, padded tokens) of every graph prefill the source ran: its
+    steps and its header's calibration steps."""
+    ms = events.tables["model_step"]
+    kinds = np.asarray(ms["kind"]).astype(str)
+    padded = np.asarray(ms.get(PADDED_TOKENS, np.zeros(len(kinds))), dtype=np.int64)
+    rows = np.flatnonzero((kinds == "prefill") & np.asarray(ms["graph_used"], dtype=bool)
+                          & (padded > 0))
+    tokens = np.asarray(ms["prefill_tokens"], dtype=np.int64)
+    seqs = np.asarray(ms["num_seqs"], dtype=np.int64)
+    out = [(int(tokens[i]), int(seqs[i]), int(padded[i])) for i in rows]
+    calibration: list[Mapping[str, Any]] = events.header.get("calibration") or []
+    out += [(int(row["prefill_tokens"]), int(row["num_seqs"]), int(row[PADDED_TOKENS]))
+            for row in calibration
+            if row.get("kind") == "prefill" and row.get("graph_used")
+            and int(row.get(PADDED_TOKENS, 0)) > 0]
+    return out
+
+
+def source_prefill_graphs(events: RecordedEvents) -> tuple[list[int], int]:
+    """The token counts the source captured prefill graphs for (ascending) and the most
+    sequences one takes; ([], 0): it captured none (or recorded none: an older trace).
+
+    From the header where the executor described them. Else from the graph prefills it ran: the
+    engine's sizes for the source's config where every one was padded as those say, else only
+    the counts seen (a prefill above them is taken to run eager)."""
+    executor = events.header.get("executor") or {}
+    max_seqs = graph_sizes.MAX_GRAPH_PREFILL_SEQS
+    if executor.get("prefill_graph_tokens"):  # as the runner describes its prefill graphs
+        sizes = sorted(int(s) for s in executor["prefill_graph_tokens"])
+        described = executor.get("prefill_graph_max_seqs")
+        return sizes, int(max_seqs if described is None else described)
+    seen = _graph_prefills(events)
+    if not seen:
+        return [], 0
+    config = events.header.get("config") or {}
+    limit = min(int(config.get("prefill_graph_tokens", 0)),
+                int(config.get("max_num_batched_tokens", 0)))
+    engine_sizes = graph_sizes.prefill_graph_sizes(limit)
+    if all(graph_sizes.padded_prefill_tokens(engine_sizes, tokens, seqs, max_seqs) == padded
+           for tokens, seqs, padded in seen):
+        return engine_sizes, max_seqs
+    return sorted({padded for _, _, padded in seen}), max_seqs

@@ -73,9 +73,8 @@ def workload_path(directory: Path, family: str) -> Path:
 
 
 def _requests(directory: Path, family: str) -> list[Any]:
-    from replay.workloads.store import read_workload
-
     from replay.workloads.builtin import reference_workload
+    from replay.workloads.store import read_workload
 
     if family == "reference":
         return reference_workload()

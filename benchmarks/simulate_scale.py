@@ -89,7 +89,7 @@ def _save_digest(result: Any, path: str) -> None:
     """The printed metrics and the decision stream (token columns blanked), for before/after."""
     import pickle
 
-    from replay.decisions import blank_columns, ignored_columns
+    from replay.verify import blank_columns, ignored_columns
 
     events = blank_columns(result.events, ignored_columns())
     with open(path, "wb") as handle:

@@ -2,7 +2,7 @@
 # One device call on the H200: GPU tests against transformers, the engine benchmark (with
 # transformers' generate_batch as the peer), a decode profile and the two committed traces.
 # Usage (repository root, on the device): bash tools/h200_session.sh STAGES
-#   STAGES: comma-separated, any of ktests,tests,kernels,gemm,constrained,bench,hf,profile. Results go under
+#   STAGES (VARIANTS=chunked,chunked-2048 LONG_PREFILL=32768 for bench): comma-separated, any of ktests,tests,kernels,gemm,constrained,bench,hf,profile. Results go under
 #   $OUT. bench runs tracing off/on and, with COMPARE=1, tracing on without overlapped steps.
 set -u
 STAGES=${1:-tests,constrained}
@@ -48,6 +48,7 @@ if has bench || has hf; then
     HF_FLAG=--no-transformers; has hf && HF_FLAG=
     SEQ_FLAG=; [ "${COMPARE:-0}" = 1 ] && SEQ_FLAG=--compare-sequential
     python3 -m benchmarks.engine --model-dir "$MODEL" --repeat "${REPEAT:-2}" $HF_FLAG $SEQ_FLAG \
+        --variants "${VARIANTS:-}" --long-prefill "${LONG_PREFILL:-0}" \
         --json "$OUT/bench.json" --trace-out /tmp/traces/h200-reference 2>&1 \
         | grep -v fix_mistral_regex | tee "$OUT/bench.log"
 fi

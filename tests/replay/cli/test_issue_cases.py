@@ -150,10 +150,11 @@ def test_the_recorder_flushes_while_the_engine_is_idle(tmp_path: Path) -> None:
 
 
 def test_kill_9_while_idle_keeps_the_finished_request(tmp_path: Path) -> None:
-    """Case 4, a real process: requests at 0 s and 60 s, `trace_flush_seconds=0.2`, kill -9 once
-    the first has finished and the engine idles: the trace holds that request's finish."""
+    """Case 4, a real process: requests at 0 s and 600 s, `trace_flush_seconds=0.2`, kill -9
+    once the first has finished and the engine idles: the trace holds that request's finish.
+    (Before the idle flush nothing reached disk until the second arrival's step.)"""
     workload = write_jsonl(tmp_path / "w.jsonl", [TINY_REQUEST, {**TINY_REQUEST,
-                                                                 "arrival_s": 60.0}])
+                                                                 "arrival_s": 600.0}])
     trace = tmp_path / "t"
     proc = subprocess.Popen(
         [sys.executable, "-m", "replay.cli.main", "run", "--workload", str(workload), "--out",
@@ -161,7 +162,7 @@ def test_kill_9_while_idle_keeps_the_finished_request(tmp_path: Path) -> None:
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 150
+        deadline = time.monotonic() + 120
         finished = 0
         while finished == 0:
             assert proc.poll() is None, "the run ended early"

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from _cli import SAMPLE, message_lines, owned_trace, run_cli, snapshot
+from _cli import message_lines, owned_trace, run_cli, snapshot
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -111,9 +111,10 @@ def _corrupt(root: Path, trace: Path, action: tuple) -> None:
         (trace / "_commits" / f"seg-{action[1]:06d}.json").unlink(missing_ok=True)
     elif kind == "duplicate_segment":
         source = trace / "_commits" / f"seg-{action[1]:06d}.json"
-        count = len(list((trace / "_commits").glob("seg-*.json")))
+        taken = [int(p.stem[4:]) for p in (trace / "_commits").glob("seg-*.json")
+                 if p.stem[4:].isdigit()]
         if source.is_file():
-            shutil.copy(source, trace / "_commits" / f"seg-{count:06d}.json")
+            shutil.copy(source, trace / "_commits" / f"seg-{max(taken) + 1:06d}.json")
     elif kind == "symlink_file":
         path = files[action[1] % len(files)]
         path.unlink()

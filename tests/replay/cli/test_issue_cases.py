@@ -128,8 +128,8 @@ def test_the_recorder_flushes_while_the_engine_is_idle(tmp_path: Path) -> None:
     engine waits for a later arrival, with no further step."""
     from engine.config import Config
     from engine.engine_core import EngineCore
-    from engine.sampling_params import SamplingParams
     from engine.executor import NullExecutor
+    from engine.sampling_params import SamplingParams
     from tracing.recorder import ParquetRecorder
 
     config = Config(num_kvcache_blocks=8, kvcache_block_size=4, max_model_len=64,

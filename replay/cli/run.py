@@ -49,6 +49,9 @@ def _check_request(workload: str, index: int, request: Request) -> None:
     prompt = request.prompt
     if isinstance(prompt, str):
         return
+    if not isinstance(prompt, (list, tuple)):
+        raise InvalidRequestError(f"{where}: prompt_token_ids must be a list of token ids, "
+                                  f"got {type(prompt).__name__}")
     if not all(type(t) is int and 0 <= t <= INT32_MAX for t in prompt):
         bad = next(t for t in prompt if not (type(t) is int and 0 <= t <= INT32_MAX))
         raise InvalidRequestError(f"{where}: prompt_token_ids must hold integer token ids in "

@@ -23,6 +23,7 @@ from tracing.events import EventBuffer, NullEventBuffer
 from tracing.sink import EventSink
 
 INT32_MAX = 2**31 - 1
+INT32_MIN = -(2**31)
 
 
 @dataclass
@@ -56,9 +57,11 @@ def check_recordable(token_ids: list[int], params: SamplingParams) -> None:
     if len(token_ids) > INT32_MAX:
         raise InvalidRequestError(f"a prompt may hold at most {INT32_MAX} tokens")
     # min/max run in C: cheap next to the request's own scheduling.
-    if token_ids and (min(token_ids) < 0 or max(token_ids) > INT32_MAX):
-        bad = next(t for t in token_ids if not 0 <= t <= INT32_MAX)
-        raise InvalidRequestError(f"token id {bad} is outside [0, {INT32_MAX}]")
+    # A negative id or one past the vocabulary is recordable: such a request is rejected (and
+    # recorded); only a value no int32 column holds is refused here.
+    if token_ids and (min(token_ids) < INT32_MIN or max(token_ids) > INT32_MAX):
+        bad = next(t for t in token_ids if not INT32_MIN <= t <= INT32_MAX)
+        raise InvalidRequestError(f"token id {bad} does not fit a trace's int32 column")
 
 
 def batch_features(batch: ScheduledBatch) -> tuple[int, int, int, int]:

@@ -222,9 +222,11 @@ def test_the_engine_refuses_values_no_trace_column_holds() -> None:
 
     with pytest.raises(InvalidRequestError, match="token id"):
         check_recordable([1, 2**40], SamplingParams(max_tokens=1))
+    with pytest.raises(InvalidRequestError, match="token id"):
+        check_recordable([-(2**31) - 1], SamplingParams(max_tokens=1))
     with pytest.raises(InvalidRequestError, match="max_tokens"):
         check_recordable([1], SamplingParams(max_tokens=2**31))
-    check_recordable([0, 2**31 - 1], SamplingParams(max_tokens=2**31 - 1))
+    check_recordable([-(2**31), 2**31 - 1], SamplingParams(max_tokens=2**31 - 1))
 
 
 @pytest.mark.parametrize("setting,needle", [

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from tracing.outdir import TRACE, write_owner
 
 REPO = Path(__file__).resolve().parents[3]
 SAMPLE = REPO / "traces" / "cpu-tiny-demo"
+# A request the tiny model serves in a few steps.
+TINY_REQUEST = {"prompt_token_ids": [1, 2, 3], "max_tokens": 2, "temperature": 0.0}
 # A progress bar's redraws (tqdm): not lines of output.
 _PROGRESS = re.compile(r"(\d+/\d+ \[|it/s\]|s/it\]|^start-up)")
 
@@ -74,3 +77,21 @@ def snapshot(root: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
 def write_jsonl(path: Path, rows: list[object]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
+
+
+def one_error(err: str, *needles: str) -> str:
+    """The one message line on ``err`` (asserted to be one, no traceback, holding ``needles``)."""
+    lines = message_lines(err)
+    assert len(lines) == 1, lines
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def corrupt_copy(tmp_path: Path, edit: Callable[[Path], object]) -> Path:
+    """A copy of the sample trace at ``tmp_path / "t"``, changed by ``edit``."""
+    trace = tmp_path / "t"
+    shutil.copytree(SAMPLE, trace)
+    edit(trace)
+    return trace

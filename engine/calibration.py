@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from engine.batch import ScheduledBatch
@@ -113,8 +113,10 @@ def _graph_or_eager_batches(config: Config, graph_prefill_tokens: Collection[int
     return batches
 
 
-def calibrate(executor: Executor, config: Config, repeats: int) -> list[dict[str, Any]]:
-    """Time each synthetic step ``repeats`` times (after one untimed warm-up run).
+def calibrate(executor: Executor, config: Config, repeats: int,
+              progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+    """Time each synthetic step ``repeats`` times (after one untimed warm-up run);
+    ``progress(done, total)`` is told after each step shape.
 
     Returns one row per step shape: the ``model_step`` batch features, ``interval_s`` (median wall
     seconds of the whole ``execute`` call: what a step costs the run), ``duration_s`` (median of
@@ -127,7 +129,9 @@ def calibrate(executor: Executor, config: Config, repeats: int) -> list[dict[str
     description = executor.describe()
     batches = calibration_batches(config, description.get("prefill_graph_tokens", []),
                                   bool(description.get("graph_batch_sizes")))
-    for batch in batches:
+    for done, batch in enumerate(batches):
+        if progress is not None:
+            progress(done, len(batches))
         walls, durations, waits = [], [], []
         output = None
         for attempt in range(repeats + 1):

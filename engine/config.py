@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,10 @@ DEFER_BLOCK_RULES = ("needed", "per_running")
 # torch.backends.cuda.preferred_blas_library for the projections; "default" leaves torch's choice.
 BLAS_LIBRARIES = ("default", "cublas", "cublaslt")
 AUTO_SIZED_BLOCKS = -1
+# calibration_repeats = -1: time the start-up calibration GPU_CALIBRATION_REPEATS times on a GPU,
+# and skip it on the CPU (tens of seconds there, for a cost model that CPU runs rarely need).
+AUTO_CALIBRATION = -1
+GPU_CALIBRATION_REPEATS = 3
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * 1024 * 1024
 
 
@@ -65,7 +70,7 @@ FIELD_RULES: dict[str, _Rule] = {
     "eos": _Rule(int, -1, _INT_MAX),
     "trace_flush_steps": _Rule(int, 1, _INT_MAX),
     "trace_flush_seconds": _Rule(float, 0.0, None),
-    "calibration_repeats": _Rule(int, 0, 1000),
+    "calibration_repeats": _Rule(int, 0, 1000, allow=(AUTO_CALIBRATION,)),
     "async_scheduling": _Rule(bool),
     "prefill_graph_tokens": _Rule(int, 0, _INT_MAX),
     "defer_block_rule": _Rule(str, choices=DEFER_BLOCK_RULES),
@@ -103,8 +108,9 @@ class Config:
     eos: int = -1
     trace_flush_steps: int = 64
     trace_flush_seconds: float = 2.0
-    # Timed repetitions of each start-up calibration step (engine/calibration.py); 0: none.
-    calibration_repeats: int = 3
+    # Timed repetitions of each start-up calibration step (engine/calibration.py); 0: none;
+    # AUTO_CALIBRATION: GPU_CALIBRATION_REPEATS on a GPU, none on the CPU.
+    calibration_repeats: int = AUTO_CALIBRATION
     # Schedule step N+1 while step N runs on the device when N's tokens cannot change the
     # decision (engine/engine_core.py). Decisions and events are those of the sequential loop.
     async_scheduling: bool = True
@@ -167,6 +173,8 @@ def _check(name: str, value: Any, rule: _Rule) -> None:
     ok_type = isinstance(value, rule.kind) and not (rule.kind is not bool and is_bool)
     if not ok_type:
         raise ConfigError(f"{name} must be {rule.describe()}, got {value!r}")
+    if rule.kind is float and not math.isfinite(value):
+        raise ConfigError(f"{name} must be a finite {rule.describe()}, got {value!r}")
     if rule.choices is not None and value not in rule.choices:
         raise ConfigError(f"{name} must be {rule.describe()}, got {value!r}")
     if rule.low is not None and value < rule.low or rule.high is not None and value > rule.high:
@@ -188,6 +196,8 @@ def parse_overrides(items: list[str], parse: Any = None) -> dict[str, Any]:
 
 def parse_override(key: str, text: str) -> Any:
     """Turn ``--set key=text`` into a typed value for ``Config.replace`` (errors name the field)."""
+    if key == "model":
+        raise ConfigError("model is not a --set field: give the checkpoint directory with --model")
     if key not in Config.field_names():
         raise ConfigError(
             f"unknown config key {key!r}; valid keys: " + ", ".join(Config.field_names())

@@ -14,12 +14,16 @@ from typing import Any
 
 from engine.batch import ScheduledBatch, StepOutput
 from engine.config import AUTO_SIZED_BLOCKS, Config
+from engine.errors import InvalidRequestError
 from engine.executor import Executor, PendingStep
 from engine.sampling_params import SamplingParams
 from engine.scheduler import PendingTokens, Scheduler
 from engine.sequence import Sequence
 from tracing.events import EventBuffer, NullEventBuffer
 from tracing.sink import EventSink
+
+INT32_MAX = 2**31 - 1
+INT32_MIN = -(2**31)
 
 
 @dataclass
@@ -44,6 +48,20 @@ class _InFlight:
     step: int
     launched: float
     host_s: float
+
+
+def check_recordable(token_ids: list[int], params: SamplingParams) -> None:
+    """Raise ``InvalidRequestError`` for a request the trace's int32 columns cannot hold."""
+    if params.max_tokens > INT32_MAX:
+        raise InvalidRequestError(f"max_tokens must be <= {INT32_MAX}, got {params.max_tokens}")
+    if len(token_ids) > INT32_MAX:
+        raise InvalidRequestError(f"a prompt may hold at most {INT32_MAX} tokens")
+    # min/max run in C: cheap next to the request's own scheduling.
+    # A negative id or one past the vocabulary is recordable: such a request is rejected (and
+    # recorded); only a value no int32 column holds is refused here.
+    if token_ids and (min(token_ids) < INT32_MIN or max(token_ids) > INT32_MAX):
+        bad = next(t for t in token_ids if not INT32_MIN <= t <= INT32_MAX)
+        raise InvalidRequestError(f"token id {bad} does not fit a trace's int32 column")
 
 
 def batch_features(batch: ScheduledBatch) -> tuple[int, int, int, int]:
@@ -121,7 +139,12 @@ class EngineCore:
         arrival_s: float | None = None,
         error: str | None = None,
     ) -> Sequence:
-        """Queue a request; ``error`` (found by the caller, e.g. a bad token id) rejects it."""
+        """Queue a request; ``error`` (found by the caller, e.g. a bad token id) rejects it.
+
+        A value no trace column can hold (a token id or ``max_tokens`` beyond int32) raises
+        ``InvalidRequestError`` before anything is recorded: the recorder must never overflow.
+        The rejection reason is recorded in the request's ``request_finished.error``."""
+        check_recordable(token_ids, params)
         seq = Sequence(
             self.next_seq_id, token_ids, params, self.now() if arrival_s is None else arrival_s
         )
@@ -130,7 +153,14 @@ class EngineCore:
         reason = self.scheduler.add(seq, precheck_error=error)
         if reason is not None:
             self.rejections[seq.seq_id] = reason
+            self.events.patch_last_rejection(reason)
         return seq
+
+    def on_idle(self) -> None:
+        """The driver is about to wait for a later input: let the sink write what it holds
+        (``EventSink.on_idle``), so a crash while idle loses no more than its flush interval."""
+        if self.sink is not None and not self.closed:
+            self.sink.on_idle(self.events)
 
     def abort(self, seq_id: int) -> None:
         self.drain()  # the sequence's last token must have its value before it is finished

@@ -10,9 +10,9 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from engine.config import Config
+from engine.config import AUTO_CALIBRATION, GPU_CALIBRATION_REPEATS, Config
 from engine.engine_core import EngineCore, StepResult
-from engine.errors import InvalidRequestError
+from engine.errors import ConfigError, InvalidRequestError
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 Prompt = str | list[int]
 
 
-def _make_sink(trace_dir: str | None, config: Config) -> Any:
+def _make_sink(trace_dir: str | None, config: Config, force: bool, writer: str) -> Any:
     if trace_dir is None:
         from tracing.sink import MemorySink
 
@@ -32,7 +32,16 @@ def _make_sink(trace_dir: str | None, config: Config) -> Any:
         trace_dir,
         flush_steps=config.trace_flush_steps,
         flush_seconds=config.trace_flush_seconds,
+        overwrite=force,
+        command=writer,
     )
+
+
+def _calibration_repeats(config: Config, device: str) -> int:
+    """``config.calibration_repeats`` with ``AUTO_CALIBRATION`` resolved for ``device``."""
+    if config.calibration_repeats != AUTO_CALIBRATION:
+        return config.calibration_repeats
+    return GPU_CALIBRATION_REPEATS if str(device).startswith("cuda") else 0
 
 
 def _run_header(config: Config, executor: Any) -> dict[str, Any]:
@@ -66,35 +75,61 @@ class LLMEngine:
         model: str | None = None,
         trace_dir: str | None = None,
         record_events: bool = True,
+        force: bool = False,
+        trace_writer: str = "api",
         **config_kwargs: Any,
     ) -> None:
+        """``force``: replace a complete trace already in ``trace_dir`` (``--force`` on the
+        command line); an old trace is removed only once the model is loaded, and only one a
+        replayllm recorder wrote (``tracing.outdir``). ``trace_writer`` names the command in
+        the trace directory's owner record."""
         from engine.model.checkpoint import default_model_dir
         from engine.model.tokenizer import load_tokenizer
         from engine.runner.model_runner import ModelRunner
 
-        model_dir = str(model) if model is not None else str(default_model_dir())
-        config = Config(model=model_dir, **config_kwargs)
-        self.tokenizer = load_tokenizer(model_dir)
-        self.runner = ModelRunner(config)
-        config = config.replace(
-            num_kvcache_blocks=self.runner.num_kvcache_blocks, eos=self.runner.eos_token_id
-        )
-        self.config = config
-        self.trace_dir = trace_dir
-        header = _run_header(config, self.runner)
-        header["engine_starts_before"] = next(_PROCESS_ENGINE_STARTS)
-        if config.calibration_repeats:
-            from engine.calibration import calibrate
+        if "model" in config_kwargs:
+            raise ConfigError("model is LLM's first argument (--model on the command line), "
+                              "not a config keyword")
+        if trace_dir is not None:
+            from tracing.recorder import check_trace_dir
 
-            header["calibration"] = calibrate(self.runner, config, config.calibration_repeats)
-        self.sink = _make_sink(trace_dir, config) if record_events else None
-        self.core = EngineCore(
-            config,
-            self.runner,
-            sink=self.sink,
-            header=header,
-            record_events=record_events,
-        )
+            check_trace_dir(trace_dir, force)  # fail before the slow start-up, remove nothing
+        startup = StartupProgress()
+        try:
+            if model is None:
+                startup.phase("preparing the embedded tiny model")
+            model_dir = str(model) if model is not None else str(default_model_dir())
+            config = Config(model=model_dir, **config_kwargs)
+            startup.phase(f"loading tokenizer from {model_dir}")
+            self.tokenizer = load_tokenizer(model_dir)
+            startup.phase(f"loading model {model_dir}")
+            self.runner = ModelRunner(config)
+            header_device = self.runner.describe().get("device", "unknown")
+            config = config.replace(
+                num_kvcache_blocks=self.runner.num_kvcache_blocks, eos=self.runner.eos_token_id,
+                calibration_repeats=_calibration_repeats(config, header_device),
+            )
+            self.config = config
+            self.trace_dir = trace_dir
+            header = _run_header(config, self.runner)
+            header["engine_starts_before"] = next(_PROCESS_ENGINE_STARTS)
+            if config.calibration_repeats:
+                from engine.calibration import calibrate
+
+                header["calibration"] = calibrate(self.runner, config, config.calibration_repeats,
+                                                  progress=startup.counter)
+            startup.phase("opening the trace")
+            self.sink = (_make_sink(trace_dir, config, force, trace_writer)
+                         if record_events else None)
+            self.core = EngineCore(
+                config,
+                self.runner,
+                sink=self.sink,
+                header=header,
+                record_events=record_events,
+            )
+        finally:
+            startup.close()
         self.vocab_size = self.runner.vocab_size
 
     # --- requests ---------------------------------------------------------------------------------
@@ -207,6 +242,24 @@ class LLMEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class StartupProgress:
+    """One transient status line on stderr while the engine starts (loading, calibrating): a
+    start-up can take a while and says what it is doing; the line is erased when it is done."""
+
+    def __init__(self) -> None:
+        self.bar = tqdm(total=None, desc="start-up", bar_format="{desc} [{elapsed}]",
+                        leave=False, dynamic_ncols=True)
+
+    def phase(self, text: str) -> None:
+        self.bar.set_description_str(f"start-up: {text}")
+
+    def counter(self, done: int, total: int) -> None:
+        self.bar.set_description_str(f"start-up: calibrating step times ({done}/{total})")
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 class LLM(LLMEngine):

@@ -137,9 +137,12 @@ def _inputs(recorded: RecordedEvents) -> tuple[list[_Input], dict[int, str]]:
     """Requests and aborts in recorded order, and the recorded reason of each finished request."""
     added = recorded.tables["request_added"]
     finished = recorded.tables["request_finished"]
-    reasons = dict(
-        zip(np.asarray(finished["seq_id"]).tolist(), np.asarray(finished["reason"]).tolist())
-    )
+    errors = finished.get("error")
+    if errors is None:
+        errors = [""] * len(finished["seq_id"])
+    # seq id -> (finish reason, recorded rejection reason: "" before schema version 5)
+    reasons = dict(zip(np.asarray(finished["seq_id"]).tolist(),
+                       zip(np.asarray(finished["reason"]).tolist(), list(errors))))
     inputs = [
         _Input(int(eid), int(step), "add", int(sid))
         for eid, step, sid in zip(added["event_id"], added["step"], added["seq_id"])
@@ -224,11 +227,13 @@ def _precheck(
     seq_id: int,
     prompt: list[int],
     params: SamplingParams,
-    reasons: dict[int, str],
+    reasons: dict[int, tuple[str, str]],
 ) -> str | None:
-    """A rejection the recording made before the scheduler saw the request (e.g. a bad token)."""
-    if reasons.get(seq_id) != "rejected":
+    """A rejection the recording made before the scheduler saw the request (e.g. a bad token),
+    with its recorded reason where the trace stores one."""
+    reason, error = reasons.get(seq_id, ("", ""))
+    if reason != "rejected":
         return None
     # Only a request the scheduler itself would accept needs the recorded verdict passed in.
     probe = Sequence(seq_id, prompt, params)
-    return None if core.scheduler.admission_error(probe) else PRECHECK_REJECTION
+    return None if core.scheduler.admission_error(probe) else (error or PRECHECK_REJECTION)

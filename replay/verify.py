@@ -21,7 +21,7 @@ from replay.recorded import (
     keep_rows,
 )
 from replay.replayer import replay
-from tracing.schema import EVENT_KINDS, MEASURED_COLUMNS, all_columns
+from tracing.schema import COMPARED_SINCE, EVENT_KINDS, MEASURED_COLUMNS, all_columns
 
 CONTEXT_EVENTS = 6
 
@@ -97,7 +97,7 @@ def _first_mismatch(kind: str, rec: RecordedEvents, rep: RecordedEvents) -> tupl
     """Row index of the first differing row of one kind (or the shorter length), and columns."""
     n_rec, n_rep = rec.num_rows(kind), rep.num_rows(kind)
     common = min(n_rec, n_rep)
-    skip = MEASURED_COLUMNS.get(kind, frozenset())
+    skip = MEASURED_COLUMNS.get(kind, frozenset()) | _not_recorded(kind, rec.header)
     first = common
     for name in all_columns(kind):
         if name in skip:
@@ -119,6 +119,15 @@ def _first_mismatch(kind: str, rec: RecordedEvents, rep: RecordedEvents) -> tupl
             if name not in skip and _value(rec, kind, name, first) != _value(rep, kind, name, first)
         ]
     return first, differing
+
+
+def _not_recorded(kind: str, header: dict[str, Any]) -> frozenset[str]:
+    """Columns of ``kind`` the recording's schema version did not store (``COMPARED_SINCE``)."""
+    version = header.get("schema_version")
+    since = COMPARED_SINCE.get(kind, {})
+    if not isinstance(version, int):
+        return frozenset(since)
+    return frozenset(name for name, first in since.items() if version < first)
 
 
 def _value(events: RecordedEvents, kind: str, name: str, index: int) -> Any:

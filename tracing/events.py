@@ -236,6 +236,7 @@ class EventBuffer:
         t["reason"].append(reason)
         t["num_completion_tokens"].append(num_completion_tokens)
         t["output_hash"].append(output_hash)
+        t["error"].append("")
         return row
 
     # --- deferred values ------------------------------------------------------------------------
@@ -259,6 +260,10 @@ class EventBuffer:
     def patch_block_hash(self, row: int, block_hash: int) -> None:
         self._bx["hash"][row] = block_hash
 
+    def patch_last_rejection(self, error: str) -> None:
+        """Give the request just rejected (the last ``request_finished`` row) its reason."""
+        self._rf["error"][-1] = error
+
 
 class NullEventBuffer(EventBuffer):
     """Accepts every event and keeps none: the engine with recording switched off."""
@@ -280,3 +285,4 @@ class NullEventBuffer(EventBuffer):
     patch_tokens = _noop  # type: ignore[assignment]
     patch_output_hash = _noop  # type: ignore[assignment]
     patch_block_hash = _noop  # type: ignore[assignment]
+    patch_last_rejection = _noop  # type: ignore[assignment]

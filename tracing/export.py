@@ -21,9 +21,12 @@ from typing import Any
 import numpy as np
 
 from tracing.errors import TraceError
+from tracing.layout import EXPORT_FILE
+from tracing.outdir import FORCE_HINT, OutputDirError, describe_os_error, write_file_atomic
 from tracing.reader import Trace
 
 _US = 1e6
+_EXPORT_START = b'{"traceEvents":'
 _PID = 1
 _TID_STEPS = 1
 _TID_MODEL = 2
@@ -157,9 +160,15 @@ def _request_spans(trace: Trace, end_of: dict[int, float]) -> list[dict[str, Any
     return out
 
 
-def export_perfetto(trace: Trace, out_path: str | Path) -> Path:
-    """Write ``trace`` as Chrome trace-event JSON to ``out_path``; return the path written."""
+def export_perfetto(trace: Trace, out_path: str | Path, force: bool = False) -> Path:
+    """Write ``trace`` as Chrome trace-event JSON to ``out_path``; return the path written.
+
+    The file is written under a temporary name and renamed: a full disk leaves no partial file.
+    An existing file is replaced only if it is an earlier export, or with ``force``; a
+    directory, a symlink or a file inside the trace's own data never is.
+    """
     out = Path(out_path)
+    _check_export_path(trace, out, force)
     document = {
         "traceEvents": perfetto_events(trace),
         "displayTimeUnit": "ms",
@@ -169,8 +178,34 @@ def export_perfetto(trace: Trace, out_path: str | Path) -> Path:
             "last_step": trace.last_step,
         },
     }
+    data = json.dumps(document, separators=(",", ":")).encode("utf-8")
     try:
-        out.write_text(json.dumps(document, separators=(",", ":")), encoding="utf-8")
+        write_file_atomic(out, data)
     except OSError as exc:
-        raise TraceError(f"{out}: cannot write ({exc.strerror or exc})") from None
+        raise TraceError(f"{out}: cannot write ({describe_os_error(exc)}); "
+                         "nothing was left there") from None
     return out
+
+
+def _check_export_path(trace: Trace, out: Path, force: bool) -> None:
+    if out.is_symlink():
+        raise OutputDirError(f"{out}: is a symbolic link; give the file itself")
+    if out.exists() and not out.is_file():
+        raise OutputDirError(f"{out}: exists and is not a regular file")
+    try:
+        inside = out.resolve().parent.relative_to(trace.path.resolve())
+    except ValueError:
+        inside = None
+    if inside is not None and (inside.parts or out.name != EXPORT_FILE):
+        raise OutputDirError(f"{out}: inside the trace only {EXPORT_FILE} may be written")
+    if out.exists() and not force and not _is_export(out):
+        raise OutputDirError(f"{out}: exists and is not an earlier export; {FORCE_HINT}")
+
+
+def _is_export(path: Path) -> bool:
+    """Whether ``path`` starts as ``export_perfetto`` writes its files."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(_EXPORT_START)) == _EXPORT_START
+    except OSError:
+        return False

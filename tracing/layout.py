@@ -6,6 +6,8 @@
     TRACE/<kind>/seg-000003.parquet         one file per event kind per segment (kinds with rows)
     TRACE/_commits/seg-000003.json          commit marker: segment 3 exists once this file does
     TRACE/summary.json                      written by a clean close only
+    TRACE/.replayllm-output.json            who wrote the directory (tracing/outdir.py)
+    TRACE/.replayllm.lock                   held by the recording process until it closes
 
 Files in flight have a hidden temporary name (``.seg-000003.parquet.tmp``): pyarrow, pandas and
 duckdb's ``*.parquet`` globs all skip names that start with a dot or end in ``.tmp``.
@@ -18,11 +20,17 @@ import os
 from pathlib import Path
 from typing import Any
 
+from tracing.outdir import tmp_name, write_file_atomic
+from tracing.schema import EVENT_KINDS
+
 HEADER_FILE = "run.json"
 SUMMARY_FILE = "summary.json"
+# ``replayllm export``'s default output, kept inside the trace it describes.
+EXPORT_FILE = "trace.json"
 COMMITS_DIR = "_commits"
 SEGMENT_PREFIX = "seg-"
 SEGMENT_DIGITS = 6
+MAX_SEGMENT_DIGITS = 12
 PARQUET_SUFFIX = ".parquet"
 MARKER_SUFFIX = ".json"
 TMP_SUFFIX = ".tmp"
@@ -43,7 +51,17 @@ def marker_file(index: int) -> str:
 
 def tmp_path(final: Path) -> Path:
     """The hidden name a file is written under before it is renamed to ``final``."""
-    return final.with_name(f".{final.name}{TMP_SUFFIX}")
+    return tmp_name(final)
+
+
+def trace_entries() -> frozenset[str]:
+    """Names a trace directory's top level may hold: what a replayllm command may replace."""
+    return frozenset({HEADER_FILE, SUMMARY_FILE, COMMITS_DIR, EXPORT_FILE, *EVENT_KINDS})
+
+
+def trace_is_complete(root: Path) -> bool:
+    """Whether the trace at ``root`` was closed cleanly (its summary was written)."""
+    return (root / SUMMARY_FILE).is_file()
 
 
 def marker_index(name: str) -> int | None:
@@ -51,7 +69,11 @@ def marker_index(name: str) -> int | None:
     if not (name.startswith(SEGMENT_PREFIX) and name.endswith(MARKER_SUFFIX)):
         return None
     digits = name[len(SEGMENT_PREFIX) : -len(MARKER_SUFFIX)]
-    return int(digits) if digits.isdigit() else None
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= MAX_SEGMENT_DIGITS):
+        return None
+    index = int(digits)
+    # Only the name the recorder writes counts ("seg-3.json" and "seg-0000003.json" do not).
+    return index if name == f"{segment_stem(index)}{MARKER_SUFFIX}" else None
 
 
 def fsync_dir(path: Path) -> None:
@@ -70,14 +92,8 @@ def fsync_dir(path: Path) -> None:
 
 def write_json_atomic(path: Path, data: dict[str, Any], fsync: bool) -> None:
     """Write ``data`` to a temporary name, then rename: readers see the old file or the new one."""
-    tmp = tmp_path(path)
     text = json.dumps(data, indent=2, sort_keys=False, default=_json_default)
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text + "\n")
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_file_atomic(path, (text + "\n").encode("utf-8"), fsync)
     if fsync:
         fsync_dir(path.parent)
 

@@ -30,11 +30,10 @@ from tracing.layout import (
 from tracing.schema import (
     ADDED_COLUMN_DEFAULTS,
     EVENT_KINDS,
-    READABLE_SCHEMA_VERSIONS,
-    SCHEMA_VERSION,
     arrow_schema,
     column_types,
 )
+from tracing.validate import check_header, check_marker
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -65,7 +64,8 @@ class Segment:
     through_step: int
     num_events: int
     files: tuple[SegmentFile, ...]
-
+    first_event_id: int | None = None
+    last_event_id: int | None = None
 
 
 def _load_json(path: Path, what: str) -> dict[str, Any]:
@@ -84,18 +84,6 @@ def _load_json(path: Path, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise TraceError(f"{path}: {what} must be a JSON object, got {type(data).__name__}")
     return data
-
-
-def _check_header(path: Path, header: dict[str, Any]) -> None:
-    version = header.get("schema_version")
-    if version is None:
-        raise TraceError(f"{path}: no schema_version; not a replayllm trace header")
-    if version not in READABLE_SCHEMA_VERSIONS:
-        readable = ", ".join(str(v) for v in READABLE_SCHEMA_VERSIONS)
-        raise TraceError(
-            f"{path}: trace schema version {version!r}, but this replayllm reads versions "
-            f"{readable} (current {SCHEMA_VERSION}); use the replayllm release that recorded it"
-        )
 
 
 class Trace:
@@ -302,6 +290,10 @@ def _with_added_columns(kind: str, table: pa.Table) -> pa.Table:
     defaults = ADDED_COLUMN_DEFAULTS[kind]
     for name in missing:
         field = schema.field(name)
+        if pa.types.is_string(field.type):
+            column = _constant_strings(defaults[name], table.num_rows)
+            table = table.append_column(field, column)
+            continue
         # From raw buffers: pa.array and pa.scalar import pandas (a third of verify's time).
         values = np.full(table.num_rows, defaults[name], dtype=field.type.to_pandas_dtype())
         if pa.types.is_boolean(field.type):
@@ -313,40 +305,40 @@ def _with_added_columns(kind: str, table: pa.Table) -> pa.Table:
     return table.select(schema.names)
 
 
+def _constant_strings(value: str, rows: int) -> pa.Array:
+    """A string column holding ``value`` in every row, from raw buffers (no pandas)."""
+    data = value.encode("utf-8")
+    offsets = np.arange(rows + 1, dtype=np.int32) * len(data)
+    return pa.Array.from_buffers(pa.string(), rows,
+                                 [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data * rows)])
+
+
 def _parse_marker(root: Path, path: Path, index: int, data: dict[str, Any]) -> Segment:
-    files_field = data.get("files")
-    through = data.get("through_step")
-    if (
-        data.get("segment") != index
-        or not isinstance(files_field, dict)
-        or not isinstance(through, int)
-    ):
-        raise TraceError(f"{path}: malformed commit marker")
+    check_marker(path, index, data)
     files: list[SegmentFile] = []
-    for kind, entry in files_field.items():
-        if kind not in EVENT_KINDS:
-            raise TraceError(f"{path}: unknown event kind {kind!r}")
-        if (
-            not isinstance(entry, dict)
-            or not isinstance(entry.get("file"), str)
-            or not isinstance(entry.get("rows"), int)
-        ):
-            raise TraceError(f"{path}: malformed entry for {kind}")
+    for kind, entry in data["files"].items():
         final = root / entry["file"]
         file = SegmentFile(kind, index, final, entry["rows"])
         # The marker is written before the renames: a crash in between leaves the hidden name.
         if not file.located().exists():
             raise TraceError(f"{final}: missing, but committed by {path.name}")
+        if file.located().is_symlink():
+            raise TraceError(f"{final}: is a symbolic link, not a file the recorder wrote")
         files.append(file)
-    num_events = data.get("num_events", sum(f.rows for f in files))
-    return Segment(index, through, int(num_events), tuple(files))
+    num_events = sum(f.rows for f in files)
+    return Segment(index, data["through_step"], num_events, tuple(files),
+                   data.get("first_event_id"), data.get("last_event_id"))
 
 
 def _committed_segments(root: Path) -> list[Segment]:
     commits = root / COMMITS_DIR
     if not commits.is_dir():
         return []
-    indices = sorted(i for p in commits.iterdir() if (i := marker_index(p.name)) is not None)
+    try:
+        names = [p.name for p in commits.iterdir()]
+    except OSError as exc:
+        raise TraceError(f"{commits}: cannot list ({exc.strerror or one_line(exc)})") from None
+    indices = sorted(i for name in names if (i := marker_index(name)) is not None)
     segments: list[Segment] = []
     for expected, index in enumerate(indices):
         path = root / marker_file(index)
@@ -355,8 +347,23 @@ def _committed_segments(root: Path) -> list[Segment]:
                 f"{path}: segment {index} is committed but segment {expected} is not; "
                 "a commit marker was deleted"
             )
-        segments.append(_parse_marker(root, path, index, _load_json(path, "commit marker")))
+        segment = _parse_marker(root, path, index, _load_json(path, "commit marker"))
+        if segments:
+            _check_follows(path, segments[-1], segment)
+        segments.append(segment)
     return segments
+
+
+def _check_follows(path: Path, previous: Segment, segment: Segment) -> None:
+    """A segment's steps and event ids come after its predecessor's (a duplicated or reordered
+    segment is caught here)."""
+    if segment.through_step < previous.through_step:
+        raise TraceError(f"{path}: through_step {segment.through_step} is before segment "
+                         f"{previous.index}'s {previous.through_step}")
+    last = previous.last_event_id
+    if last is not None and segment.first_event_id is not None and segment.first_event_id <= last:
+        raise TraceError(f"{path}: event ids start at {segment.first_event_id}, but segment "
+                         f"{previous.index} ends at {last} (a duplicated segment?)")
 
 
 def read_trace(path: str | Path, validate: bool = True) -> Trace:
@@ -375,7 +382,7 @@ def read_trace(path: str | Path, validate: bool = True) -> Trace:
     if not header_path.is_file():
         raise TraceError(f"{root}: not a trace directory (no {HEADER_FILE})")
     header = _load_json(header_path, "trace header")
-    _check_header(header_path, header)
+    check_header(header_path, header)
     segments = _committed_segments(root)
     summary_path = root / SUMMARY_FILE
     summary = _load_json(summary_path, "trace summary") if summary_path.exists() else None

@@ -11,8 +11,8 @@ any moment leaves a readable prefix of whole segments. See docs/trace-format.md.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
 import time
 from collections import deque
 from collections.abc import Callable
@@ -35,7 +35,19 @@ from tracing.layout import (
     marker_file,
     segment_file,
     tmp_path,
+    trace_entries,
+    trace_is_complete,
     write_json_atomic,
+)
+from tracing.outdir import (
+    TRACE,
+    DirLock,
+    check_output_dir,
+    create_exclusive,
+    make_dir_nofollow,
+    replace_dir,
+    write_all,
+    write_owner,
 )
 from tracing.schema import EVENT_KINDS, SCHEMA_VERSION, column_types
 
@@ -51,7 +63,6 @@ MAX_PENDING_SEGMENTS = 4
 # concurrent fsyncs share journal commits (11 files sync in ~1/4 of the serial time on ext4).
 # Few, because each one also contends for the GIL for a little Python glue per file.
 IO_THREADS = 4
-FILE_MODE = 0o644
 COMPRESSION = "zstd"
 COMPRESSION_LEVEL = 1  # level 3 saves ~1% of the bytes for ~25% more encoding time
 INTEGER_ENCODING = "DELTA_BINARY_PACKED"
@@ -80,7 +91,10 @@ def _integer_encodings(kind: str) -> dict[str, str]:
 class ParquetRecorder:
     """Records the engine's events to a trace directory (an ``EventSink``).
 
-    ``trace_dir`` is created if needed; it must not already hold a trace unless ``overwrite``.
+    ``trace_dir`` is created if needed. A trace already there is replaced only if a replayllm
+    recorder wrote it, no process is recording it, and (when it is complete) ``overwrite``
+    (``tracing.outdir``); the directory stays locked until ``close``. ``command`` names the
+    writer in the directory's owner record.
     ``background=False`` writes segments on the calling thread (for measurement and debugging).
     ``fsync=True`` makes each commit durable against power loss, not only against a killed process.
     Errors of the writer thread surface as ``TraceError`` at the next ``on_step_end`` or ``close``.
@@ -95,6 +109,7 @@ class ParquetRecorder:
         background: bool = True,
         fsync: bool = True,
         overwrite: bool = False,
+        command: str = "api",
     ) -> None:
         if isinstance(flush_steps, bool) or not isinstance(flush_steps, int) or flush_steps < 1:
             raise ValueError(f"flush_steps must be an integer >= 1, got {flush_steps!r}")
@@ -106,6 +121,8 @@ class ParquetRecorder:
         self.background = background
         self.fsync = fsync
         self.overwrite = overwrite
+        self.command = command
+        self._lock: DirLock | None = None
         self.header: dict[str, Any] = {}
         self.counts: dict[str, int] = dict.fromkeys(EVENT_KINDS, 0)
         self.num_segments = 0
@@ -167,6 +184,20 @@ class ParquetRecorder:
             self._flush(buffer, buffer.step - 1)
         self.step_end_s += time.perf_counter() - began
 
+    def on_idle(self, buffer: EventBuffer) -> None:
+        """The engine waits for a later arrival: flush a segment if ``flush_seconds`` have gone
+        by since the last one, so a kill while idle loses at most that much of the events.
+
+        Every step before ``buffer.step`` is over; events since (arrivals) carry ``buffer.step``
+        and are written too, committed with the step they come before."""
+        if not self._opened or self._closed:
+            return
+        if time.monotonic() - self._last_flush < self.flush_seconds:
+            return
+        began = time.perf_counter()
+        self._flush(buffer, buffer.step - 1)
+        self.step_end_s += time.perf_counter() - began
+
     def close(self, buffer: EventBuffer, summary: dict[str, Any]) -> None:
         """Flush what is left, wait for the writer, then write ``summary.json``."""
         if not self._opened:
@@ -174,6 +205,13 @@ class ParquetRecorder:
         if self._closed:
             return
         self._closed = True
+        try:
+            self._close(buffer, summary)
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+
+    def _close(self, buffer: EventBuffer, summary: dict[str, Any]) -> None:
         began = time.perf_counter()
         # Events emitted after the last step (late requests, aborts) carry step == buffer.step.
         tail_steps = [cols["step"][-1] for cols in buffer.tables.values() if cols["step"]]
@@ -220,19 +258,19 @@ class ParquetRecorder:
 
     # --- internals --------------------------------------------------------------------------------
     def _prepare_dir(self) -> None:
+        """Claim the trace directory: replace an old trace only as ``tracing.outdir`` allows
+        (ours, not locked, complete only with ``overwrite``), then lock it until ``close``."""
         root = self.trace_dir
-        if root.exists() and not root.is_dir():
-            raise TraceError(f"{root}: exists and is not a directory")
-        if (root / HEADER_FILE).exists():
-            if not self.overwrite:
-                raise TraceError(f"{root}: already holds a trace (pass overwrite=True to replace)")
-            # Remove only what a trace consists of: never a user's other files.
-            for name in (HEADER_FILE, SUMMARY_FILE):
-                (root / name).unlink(missing_ok=True)
-            for name in (COMMITS_DIR, *EVENT_KINDS):
-                shutil.rmtree(root / name, ignore_errors=True)
+        if check_trace_dir(root, self.overwrite):
+            replace_dir(root)
         try:
-            (root / COMMITS_DIR).mkdir(parents=True, exist_ok=True)
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise TraceError(f"{root}: cannot create trace directory ({exc})") from None
+        self._lock = DirLock(root)
+        try:
+            write_owner(root, TRACE, self.command)
+            make_dir_nofollow(root / COMMITS_DIR)
         except OSError as exc:
             raise TraceError(f"{root}: cannot create trace directory ({exc})") from None
 
@@ -377,7 +415,7 @@ class ParquetRecorder:
         tmp = tmp_path(final)
         try:
             if kind not in self._made_dirs:
-                final.parent.mkdir(exist_ok=True)
+                make_dir_nofollow(final.parent)
                 self._made_dirs.add(kind)
             # Encode into memory, then one os.write: pyarrow encodes without the GIL, whereas a
             # Python file object would take the GIL for every page it writes, and a path costs
@@ -392,18 +430,25 @@ class ParquetRecorder:
                 column_encoding=_integer_encodings(kind),
             )
             data = encoded.getvalue()
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+            fd = create_exclusive(tmp)
             try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
+                write_all(fd, data)
                 if self.fsync:
                     os.fsync(fd)
             finally:
                 os.close(fd)
             return data.size
         except (OSError, pa.ArrowException, ValueError) as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
             raise TraceError(f"{final}: cannot write segment ({one_line(exc)})") from None
+
+
+def check_trace_dir(path: str | Path, overwrite: bool) -> bool:
+    """Raise ``TraceError`` unless a new trace may be recorded at ``path`` (nothing changes on
+    disk); True when an old trace is there to be replaced. Commands call it before loading a
+    model, so a bad ``--out`` fails at once; the recorder calls it again when it opens."""
+    return check_output_dir(Path(path), TRACE, overwrite, trace_entries(), trace_is_complete)
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pyarrow as pa
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Versions this release reads. Version 1 lacks model_step.overlapped and model_step.host_s,
 # version 2 model_step.padded_tokens; the reader fills them with ADDED_COLUMN_DEFAULTS (a
 # version-1 run never overlapped its steps; no version-2 run padded a prefill). Version 4 changed
 # what host_s holds for a step computed inside the executor's launch (docs/trace-format.md).
-READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4)
+# Version 5 added request_finished.error (why a request was rejected; "" before).
+READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4, 5)
 # model_step.padded_tokens of a step that computed its own tokens (no CUDA-graph prefill).
 NOT_PADDED = 0
 
@@ -111,6 +112,7 @@ EVENT_COLUMNS: dict[str, dict[str, str]] = {
         "reason": "string",
         "num_completion_tokens": "int32",
         "output_hash": "int64",
+        "error": "string",
     },
 }
 
@@ -126,7 +128,11 @@ MEASURED_COLUMNS: dict[str, frozenset[str]] = {
 ADDED_COLUMN_DEFAULTS: dict[str, dict[str, object]] = {
     "model_step": {"overlapped": False, "host_s": float("nan"),
                    "padded_tokens": NOT_PADDED},
+    "request_finished": {"error": ""},
 }
+# Added columns whose default is not what the engine would have recorded (an older trace's
+# rejections had reasons, just not stored): verify compares them only from this version on.
+COMPARED_SINCE: dict[str, dict[str, int]] = {"request_finished": {"error": 5}}
 
 FINISH_REASONS = ("eos", "length", "stop", "aborted", "rejected")
 

@@ -15,6 +15,11 @@ class EventSink(Protocol):
 
     def on_step_end(self, buffer: EventBuffer) -> None: ...
 
+    def on_idle(self, buffer: EventBuffer) -> None:
+        """The engine has no step to take until a later input: a sink may write what it holds
+        (the recorder flushes here on its time limit)."""
+        ...
+
     def close(self, buffer: EventBuffer, summary: dict[str, Any]) -> None: ...
 
 
@@ -32,6 +37,9 @@ class MemorySink:
         self.header = header
 
     def on_step_end(self, buffer: EventBuffer) -> None:
+        pass
+
+    def on_idle(self, buffer: EventBuffer) -> None:
         pass
 
     def snapshot(self, buffer: EventBuffer) -> dict[str, dict[str, list]]:

@@ -74,6 +74,8 @@ CACHE_ENV = "REPLAYLLM_CACHE"
 DEFAULT_PRESET = "tiny"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PROVENANCE_FILE = "replayllm.json"
+# Weight seeds: what torch.Generator.manual_seed takes, and Config.seed's range.
+MAX_SEED = 2**63 - 1
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 __all__ = ["USED_VOCAB", "ModelPreset", "make_model", "random_weights", "successor_permutation"]
 
@@ -236,14 +238,26 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def make_model(preset: str, out_dir: str | Path, seed: int = 0) -> Path:
+def make_model(preset: str, out_dir: str | Path, seed: int = 0, force: bool = False) -> Path:
     """Write a complete Hugging Face Qwen3 checkpoint for ``preset`` into ``out_dir``.
 
-    The same preset and seed give byte-identical files.
+    The same preset and seed give byte-identical files. The checkpoint is written into a
+    temporary sibling and renamed into place: a full disk or a crash leaves nothing under
+    ``out_dir``; an existing ``out_dir`` is replaced only if make-model wrote it and ``force``
+    (``tracing.outdir``). ``seed`` is an integer in ``[0, MAX_SEED]``.
     """
+    from tracing.outdir import CHECKPOINT, staged_dir
+
     spec = get_preset(preset)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"seed must be an integer in [0, {MAX_SEED}], got {seed!r}")
     out = Path(out_dir).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
+    with staged_dir(out, CHECKPOINT, "make-model", force) as stage:
+        _write_checkpoint(stage, preset, spec, seed)
+    return out
+
+
+def _write_checkpoint(out: Path, preset: str, spec: ModelPreset, seed: int) -> None:
     _write_json(out / "config.json", hf_config(spec))
     _write_json(
         out / "generation_config.json",
@@ -258,9 +272,13 @@ def make_model(preset: str, out_dir: str | Path, seed: int = 0) -> Path:
         {"preset": preset, "seed": seed, "format_version": FORMAT_VERSION, "spec": asdict(spec)},
     )
     weights = out / "model.safetensors"
-    save_file(random_weights(spec, seed), str(weights), metadata={"format": "pt"})
+    try:
+        save_file(random_weights(spec, seed), str(weights), metadata={"format": "pt"})
+    except OSError:
+        raise
+    except Exception as exc:  # safetensors reports a full disk as its own error type
+        raise OSError(f"cannot write {weights.name}: {str(exc).strip()[:200]}") from None
     weights.chmod(0o644)
-    return out
 
 
 def cache_root() -> Path:

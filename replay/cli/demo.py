@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-from replay.cli.run import prepare_trace_dir
 from replay.workloads.builtin import (
     DEMO_BLOCK_SIZE,
     DEMO_MAX_MODEL_LEN,
@@ -21,7 +20,21 @@ def _preview(text: str) -> str:
     return flat if len(flat) <= PREVIEW_CHARS else flat[: PREVIEW_CHARS - 3] + "..."
 
 
-def run_demo(trace_dir: str) -> int:
+DEMO_WRITER = "demo"
+
+
+def _replaces_own_demo(trace_dir: str) -> bool:
+    """Whether ``trace_dir`` holds a trace an earlier ``replayllm demo`` wrote: re-running the
+    demo replaces its own trace without ``--force`` (anything else is checked as ``run`` does)."""
+    from pathlib import Path
+
+    from tracing.outdir import read_owner
+
+    owner = read_owner(Path(trace_dir)) if Path(trace_dir).is_dir() else None
+    return owner is not None and owner.get("command") == DEMO_WRITER
+
+
+def run_demo(trace_dir: str, force: bool = False) -> int:
     """Make (or reuse) the tiny model, record a run that hits the prefix cache and preempts."""
     from engine import LLM
     from engine.model.checkpoint import default_model_dir
@@ -31,13 +44,17 @@ def run_demo(trace_dir: str) -> int:
     from tracing.reader import read_trace
 
     began = time.perf_counter()
+    from tracing.recorder import check_trace_dir
+
+    check_trace_dir(trace_dir, force or _replaces_own_demo(trace_dir))
     model_dir = default_model_dir()
     print(f"model: {model_dir} (tiny Qwen3 architecture, random weights, real Qwen vocabulary)")
-    prepare_trace_dir(trace_dir)
     requests = demo_workload()
     llm = LLM(
         str(model_dir),
         trace_dir=trace_dir,
+        force=force or _replaces_own_demo(trace_dir),
+        trace_writer=DEMO_WRITER,
         kvcache_block_size=DEMO_BLOCK_SIZE,
         num_kvcache_blocks=DEMO_NUM_BLOCKS,
         max_model_len=DEMO_MAX_MODEL_LEN,

@@ -60,6 +60,7 @@ def run_workload(llm: LLMEngine, requests: list[Request], use_tqdm: bool = True)
         return core.now() - start
 
     def wait_until(due: float) -> None:
+        core.on_idle()  # the recorder flushes on its time limit while nothing runs
         time.sleep(min(max(due - now(), 0.0), IDLE_POLL_S * 100))
 
     drive(core, inputs, now, wait_until)

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 
 from engine.errors import ReplayLLMError
-from tracing.errors import TraceError
+from tracing.errors import TraceError, one_line
 
 EXIT_DIVERGED = 1
 EXIT_USER_ERROR = 2
@@ -24,6 +24,10 @@ def _add_config_overrides(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_force(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--force", action="store_true", help=what)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="replayllm",
@@ -32,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser("demo", help="record a small run on the embedded tiny model and verify")
-    demo.add_argument("--out", default="out/demo-trace", help="trace directory to write")
+    demo.add_argument("--out", default="out/demo-trace",
+                      help="trace directory to write (an earlier demo's trace is replaced)")
+    _add_force(demo, "replace a complete trace another command recorded there")
 
     run = sub.add_parser("run", help="run a workload on a model and record a trace")
     run.add_argument("--model", default=None, help="checkpoint directory (default: tiny model)")
@@ -42,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         "docs/workloads.md)"
     )
     run.add_argument("--out", required=True, help="trace directory to write")
+    _add_force(run, "replace a complete trace recorded there earlier")
     run.add_argument("--num-seqs", type=int, default=None, help="use only the first N requests")
     run.add_argument("--warm-up", type=int, default=0, metavar="N",
                      help="untraced runs of the workload first, so the traced run starts warm")
@@ -57,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("trace", help="trace directory")
     export.add_argument("--format", choices=["perfetto"], default="perfetto")
     export.add_argument("--out", default=None, help="output file (default: TRACE/trace.json)")
+    _add_force(export, "replace a file that is not an earlier export")
 
     make_model = sub.add_parser("make-model", help="write a random-weight Qwen3 checkpoint")
     make_model.add_argument(
@@ -64,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--preset", choices=["tiny", "qwen3-0.6b", "qwen3-0.6b-confident"], default="tiny"
     )
     make_model.add_argument("--out", required=True, help="directory to write")
-    make_model.add_argument("--seed", type=int, default=0)
+    make_model.add_argument("--seed", type=int, default=0, help="weight seed, 0 to 2^63 - 1")
+    _add_force(make_model, "replace a checkpoint make-model wrote there earlier")
 
     from replay.cli import whatif as whatif_cli
 
@@ -90,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from replay.cli.demo import run_demo
 
-    return run_demo(args.out)
+    return run_demo(args.out, force=args.force)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -98,7 +107,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from replay.cli.run import run_command
 
     return run_command(args.model, args.workload, args.out, args.num_seqs,
-                       parse_overrides(args.overrides), warm_up=args.warm_up)
+                       parse_overrides(args.overrides), warm_up=args.warm_up, force=args.force)
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
@@ -124,7 +133,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from tracing.reader import read_trace
 
     out = args.out or os.path.join(args.trace, "trace.json")
-    export_perfetto(read_trace(args.trace), out)
+    export_perfetto(read_trace(args.trace), out, force=args.force)
     print(f"wrote {out} (open it in https://ui.perfetto.dev or chrome://tracing)")
     return 0
 
@@ -132,7 +141,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_make_model(args: argparse.Namespace) -> int:
     from engine.model.checkpoint import make_model
 
-    path = make_model(args.preset, args.out, seed=args.seed)
+    path = make_model(args.preset, args.out, seed=args.seed, force=args.force)
     print(f"wrote {args.preset} checkpoint to {path}")
     return 0
 
@@ -190,13 +199,31 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``replayllm`` console script."""
     args = build_parser().parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        status = COMMANDS[args.command](args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return status
     except (ReplayLLMError, TraceError) as exc:
-        print(f"replayllm {args.command}: error: {exc}", file=sys.stderr)
+        print(f"replayllm {args.command}: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except BrokenPipeError:
+        # `replayllm inspect T | head -1`: the reader has what it wanted.
+        _silence_stdout()
+        return 0
     except KeyboardInterrupt:
         print(f"replayllm {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush finds no broken pipe."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a file descriptor (captured in a test)
+        pass
 
 
 if __name__ == "__main__":

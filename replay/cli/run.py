@@ -2,26 +2,60 @@
 
 from __future__ import annotations
 
-import os
-import shutil
+import math
 from typing import Any
 
-from engine.errors import InvalidRequestError, ReplayLLMError
-from replay.workloads.builtin import load_workload, reference_workload
+from engine.errors import InvalidRequestError
+from replay.workloads.builtin import Request, load_workload, reference_workload
 
-TRACE_HEADER_FILE = "run.json"
+# The latest arrival a workload may ask for: a run waits for it on the wall clock, so a typo
+# (1e12) would wait for ever; a week is far past any recorded production trace.
+MAX_ARRIVAL_S = 7 * 24 * 3600.0
+INT32_MAX = 2**31 - 1
 
 
-def prepare_trace_dir(path: str) -> None:
-    """Make room for a new trace: replace an old trace there, never anything else."""
-    if not os.path.exists(path):
+def load_requests(workload: str, num_seqs: int | None) -> list[Request]:
+    """The requests of ``workload`` ('bench' or a JSONL file), the first ``num_seqs`` of them,
+    each checked so that no driver waits for ever and no trace column overflows.
+
+    Raises ``InvalidRequestError`` (one line, naming the file and the request) otherwise."""
+    if num_seqs is not None and num_seqs < 1:
+        raise InvalidRequestError(f"--num-seqs must be >= 1, got {num_seqs}")
+    if workload == "bench":
+        requests = reference_workload()
+    else:
+        try:
+            requests = load_workload(workload)
+        except (UnicodeDecodeError, AttributeError, OverflowError, RecursionError) as exc:
+            raise InvalidRequestError(f"{workload}: not a JSONL workload "
+                                      f"({type(exc).__name__})") from None
+    if num_seqs is not None:
+        requests = requests[:num_seqs]
+    for index, request in enumerate(requests):
+        _check_request(workload, index, request)
+    return requests
+
+
+def _check_request(workload: str, index: int, request: Request) -> None:
+    where = f"{workload}: request {index}"
+    arrival = request.arrival_s
+    if not (isinstance(arrival, (int, float)) and math.isfinite(arrival)
+            and 0 <= arrival <= MAX_ARRIVAL_S):
+        raise InvalidRequestError(f"{where}: arrival_s must be a finite number of seconds in "
+                                  f"[0, {MAX_ARRIVAL_S:.0f}], got {arrival!r}")
+    if not (isinstance(request.max_tokens, int) and 1 <= request.max_tokens <= INT32_MAX):
+        raise InvalidRequestError(f"{where}: max_tokens must be an integer in [1, {INT32_MAX}], "
+                                  f"got {request.max_tokens!r}")
+    prompt = request.prompt
+    if isinstance(prompt, str):
         return
-    if not os.path.isdir(path):
-        raise ReplayLLMError(f"{path} exists and is not a directory; choose another --out")
-    entries = os.listdir(path)
-    if entries and TRACE_HEADER_FILE not in entries:
-        raise ReplayLLMError(f"{path} exists and is not a trace; choose another --out")
-    shutil.rmtree(path)
+    if not isinstance(prompt, (list, tuple)):
+        raise InvalidRequestError(f"{where}: prompt_token_ids must be a list of token ids, "
+                                  f"got {type(prompt).__name__}")
+    if not all(type(t) is int and 0 <= t <= INT32_MAX for t in prompt):
+        bad = next(t for t in prompt if not (type(t) is int and 0 <= t <= INT32_MAX))
+        raise InvalidRequestError(f"{where}: prompt_token_ids must hold integer token ids in "
+                                  f"[0, {INT32_MAX}], got {bad!r}")
 
 
 def run_command(
@@ -31,31 +65,34 @@ def run_command(
     num_seqs: int | None,
     overrides: dict[str, Any],
     warm_up: int = 0,
+    force: bool = False,
 ) -> int:
     """Run ``workload`` ('bench' or a JSONL path) on ``model``, recording into ``out``.
 
+    Every input is checked before anything on disk changes: the workload, the config, ``out``
+    (``tracing.recorder.check_trace_dir``), then the model loads; an old trace at ``out`` is
+    replaced only when the recorder opens, after all of that.
     ``warm_up``: untraced runs of the same workload first, in this process, so the recorded run
     starts warm (no one-off kernel compilation in its first steps), as ``replayllm bench`` does."""
     from engine import LLM
+    from engine.config import Config
     from replay.cli.live import run_workload
     from tracing.inspect import describe
     from tracing.reader import read_trace
+    from tracing.recorder import check_trace_dir
 
-    requests = reference_workload() if workload == "bench" else load_workload(workload)
-    if num_seqs is not None:
-        if num_seqs < 1:
-            raise InvalidRequestError(f"--num-seqs must be >= 1, got {num_seqs}")
-        requests = requests[:num_seqs]
+    requests = load_requests(workload, num_seqs)
     if warm_up < 0:
         raise InvalidRequestError(f"--warm-up must be >= 0, got {warm_up}")
-    prepare_trace_dir(out)
+    Config(**overrides)  # the overrides' own rules, before the model loads
+    check_trace_dir(out, force)
     for _ in range(warm_up):
         warm = LLM(model, record_events=False, **overrides)
         try:
             run_workload(warm, requests)
         finally:
             warm.close()
-    llm = LLM(model, trace_dir=out, **overrides)
+    llm = LLM(model, trace_dir=out, force=force, trace_writer="run", **overrides)
     try:
         run_workload(llm, requests)
     finally:

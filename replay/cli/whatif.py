@@ -137,17 +137,17 @@ def _load(args: argparse.Namespace) -> tuple[SimWorkload, CostModel | None, list
         cost, timing_config = _load_timing_trace(args.timing_from)
     if args.trace is not None:
         workload = load_source(args.trace)
+        recorded = workload.recorded
+        if recorded is not None and not recorded.complete:
+            print(f"warning: {args.trace} is incomplete (the recording stopped; committed through "
+                  f"step {recorded.last_step}): its workload is only the requests it recorded")
         if cost is None:
             cost, notes = load_timing("auto", workload)
             return workload, cost, notes
         return workload, cost, []
-    from replay.workloads.builtin import load_workload, reference_workload
+    from replay.cli.run import load_requests
 
-    requests = reference_workload() if args.workload == "bench" else load_workload(args.workload)
-    if args.num_seqs is not None:
-        if args.num_seqs < 1:
-            raise WhatifError(f"--num-seqs must be >= 1, got {args.num_seqs}")
-        requests = requests[: args.num_seqs]
+    requests = load_requests(args.workload, args.num_seqs)
     base = timing_config or Config()
     workload = workload_from_requests(requests, base, name=args.workload)
     notes = []
@@ -178,21 +178,29 @@ def _sim_row(result: SimResult, source: str = "predicted") -> dict:
 
 def _finish(args: argparse.Namespace, rows: list[dict], cost: CostModel | None,
             plotter: Any, extra: dict | None = None) -> None:
+    """Write the outputs into a fresh directory renamed to ``--out`` once all are written
+    (``tracing.outdir.staged_dir``): an earlier whatif's files never stay beside them, and a
+    full disk leaves nothing half-written."""
     from replay.whatif.report import write_outputs
+    from tracing.outdir import WHATIF, staged_dir
 
-    written = write_outputs(args.out, rows, extra)
-    if cost is not None:
-        cost.save(Path(args.out) / "cost_model.json")
-        written.append(Path(args.out) / "cost_model.json")
-    if plotter is not None:
-        from replay.whatif.plots import PlotRun, PlotsUnavailable
+    notes = []
+    with staged_dir(args.out, WHATIF, "whatif", force=True) as stage:
+        written = write_outputs(stage, rows, extra)
+        if cost is not None:
+            cost.save(stage / "cost_model.json")
+            written.append(stage / "cost_model.json")
+        if plotter is not None:
+            from replay.whatif.plots import PlotRun, PlotsUnavailable
 
-        runs = [PlotRun(r["label"], r["metrics"], r["steps"], r["requests"])
-                for r in rows if r["status"] == "ok"]
-        try:
-            written += plotter.write(args.out, runs)
-        except PlotsUnavailable as exc:
-            print(f"plots skipped: {exc}")
+            runs = [PlotRun(r["label"], r["metrics"], r["steps"], r["requests"])
+                    for r in rows if r["status"] == "ok"]
+            try:
+                written += plotter.write(stage, runs)
+            except PlotsUnavailable as exc:
+                notes.append(f"plots skipped: {exc}")
+    for note in notes:
+        print(note)
     print(f"wrote {', '.join(p.name for p in written)} to {args.out}")
     if getattr(args, "report", None):
         import pandas as pd
@@ -316,6 +324,9 @@ def _whatif(args: argparse.Namespace, overrides: dict[str, Any], grid: dict[str,
 
     print(variants_table(rows))
     _finish(args, rows, cost, plotter)
+    if not any(r.ok for r in results):
+        statuses = "; ".join(f"{r.name}: {r.status}" for r in results)
+        raise WhatifError(f"no variant could run ({statuses})")
     return 0
 
 

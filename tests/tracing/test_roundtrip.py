@@ -176,15 +176,20 @@ def test_header_gets_schema_version_and_is_json(tmp_path: Path) -> None:
 
 
 def test_refuses_to_overwrite_a_trace(tmp_path: Path) -> None:
-    """Recording into an existing trace raises unless overwrite=True, which replaces it."""
+    """Recording into a complete trace raises unless overwrite=True; a trace directory that
+    also holds a user's file is never replaced (the file and the trace stay)."""
     workload = Workload([Req([1, 2, 3], 2)], num_blocks=8)
     record(workload, tmp_path / "t")
-    with pytest.raises(TraceError, match="already holds a trace"):
+    with pytest.raises(TraceError, match="already holds a complete trace.*--force"):
         ParquetRecorder(tmp_path / "t").open({})
     (tmp_path / "t" / "notes.txt").write_text("mine")
-    record(Workload([Req([7], 1)], num_blocks=8), tmp_path / "t", overwrite=True)
-    assert read_trace(tmp_path / "t").counts()["request_added"] == 1
+    with pytest.raises(TraceError, match="notes.txt"):
+        record(Workload([Req([7], 1)], num_blocks=8), tmp_path / "t", overwrite=True)
     assert (tmp_path / "t" / "notes.txt").read_text() == "mine"
+    assert read_trace(tmp_path / "t").counts()["request_added"] == 1
+    (tmp_path / "t" / "notes.txt").unlink()
+    record(Workload([Req([7], 1), Req([8], 1)], num_blocks=8), tmp_path / "t", overwrite=True)
+    assert read_trace(tmp_path / "t").counts()["request_added"] == 2
 
 
 @pytest.mark.parametrize("background", [True, False])
@@ -195,9 +200,15 @@ def test_write_failure_surfaces_and_leaves_a_readable_prefix(
     are never committed past it, so the trace still reads as the prefix before the failure."""
     workload = reference_like(8)
     recorder = ParquetRecorder(tmp_path / "t", flush_steps=2, fsync=False, background=background)
-    # A plain file where the kind's directory must go makes every write of that kind fail.
-    (tmp_path / "t").mkdir()
-    (tmp_path / "t" / "token_sampled").write_text("in the way")
+    # A plain file where the kind's directory must go (put there once the recorder has claimed
+    # the directory) makes every write of that kind fail.
+    opened = recorder.open
+
+    def open_then_block(header: dict) -> None:
+        opened(header)
+        (tmp_path / "t" / "token_sampled").write_text("in the way")
+
+    recorder.open = open_then_block  # type: ignore[method-assign]
     with pytest.raises(TraceError, match="token_sampled") as info:
         run_engine(workload, recorder)
     assert "\n" not in str(info.value)

@@ -1,0 +1,289 @@
+"""Output directories and files that replayllm writes, and the only ones it may replace.
+
+A command replaces an output only when it can prove a replayllm command wrote it: the directory
+holds ``OWNER_FILE`` (written when the output was made, naming its kind and, for a directory
+written whole, its files), nothing else, is not the working directory or one of its parents, and
+no process holds its ``LOCK_FILE``. A trace being recorded holds that lock until it is closed.
+A complete trace is replaced only with ``force``; a whatif report or a checkpoint is always
+written into a fresh temporary sibling and renamed into place, so a crash or a full disk
+never leaves a partial output under the final name.
+
+Every file is created under a hidden temporary name with ``O_EXCL | O_NOFOLLOW`` (a symlink
+planted there is never followed) and renamed over the final name (a rename replaces a planted
+link itself, not what it points to).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tracing.errors import TraceError, one_line
+
+OWNER_FILE = ".replayllm-output.json"
+LOCK_FILE = ".replayllm.lock"
+OWNER_MAGIC = "replayllm-output"
+FILE_MODE = 0o644
+# Kinds of output; a trace's own entries are listed by the caller (tracing.layout).
+TRACE, WHATIF, CHECKPOINT = "trace", "whatif", "checkpoint"
+FORCE_HINT = "pass --force (force=True to LLM in Python) to replace it"
+
+
+class OutputDirError(TraceError):
+    """An output path cannot be used or replaced; the message says why and what to do."""
+
+
+def describe_os_error(exc: OSError) -> str:
+    """``No space left on device`` and friends: the strerror, else the first line."""
+    return exc.strerror or one_line(exc)
+
+
+# --- files ----------------------------------------------------------------------------------------
+def tmp_name(final: Path) -> Path:
+    """The hidden name a file is written under before it is renamed to ``final``."""
+    return final.with_name(f".{final.name}.tmp")
+
+
+def create_exclusive(path: Path) -> int:
+    """A new file at ``path`` opened for writing: an old file (or a planted symlink) there is
+    unlinked first, and the open never follows a symlink."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+
+
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def write_file_atomic(path: Path, data: bytes, fsync: bool = False) -> None:
+    """Write ``data`` to ``path`` through a temporary name and a rename; on any error the
+    temporary file is removed and ``path`` is untouched (``OSError`` propagates)."""
+    tmp = tmp_name(path)
+    try:
+        fd = create_exclusive(tmp)
+        try:
+            write_all(fd, data)
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def make_dir_nofollow(path: Path) -> None:
+    """``mkdir -p`` for a directory inside an output, refusing a symlink planted in its place."""
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        pass
+    if path.is_symlink() or not path.is_dir():
+        raise OutputDirError(f"{path}: not a directory replayllm made (a symlink or a file "
+                             "was put there); refusing to write through it")
+
+
+# --- ownership ------------------------------------------------------------------------------------
+def read_owner(path: Path) -> dict[str, Any] | None:
+    """The owner record of output directory ``path``, or None if it has none (or a bad one)."""
+    owner = path / OWNER_FILE
+    if owner.is_symlink() or not owner.is_file():
+        return None
+    try:
+        data = json.loads(owner.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("magic") != OWNER_MAGIC:
+        return None
+    if not isinstance(data.get("kind"), str):
+        return None
+    return data
+
+
+def write_owner(path: Path, kind: str, command: str, files: list[str] | None = None) -> None:
+    record: dict[str, Any] = {"magic": OWNER_MAGIC, "kind": kind, "command": command}
+    if files is not None:
+        record["files"] = sorted(files)
+    write_file_atomic(path / OWNER_FILE, (json.dumps(record, indent=2) + "\n").encode())
+
+
+def _is_cwd_or_ancestor(path: Path) -> bool:
+    try:
+        here = Path.cwd().resolve()
+    except OSError:
+        return False
+    target = path.resolve()
+    return here == target or target in here.parents
+
+
+def _allowed_entries(owner: dict[str, Any], trace_entries: frozenset[str]) -> frozenset[str]:
+    if owner["kind"] == TRACE:
+        return trace_entries | {OWNER_FILE, LOCK_FILE}
+    files = owner.get("files")
+    names = files if isinstance(files, list) else []
+    return frozenset(str(n) for n in names) | {OWNER_FILE, LOCK_FILE}
+
+
+def check_output_dir(
+    path: Path, kind: str, force: bool, trace_entries: frozenset[str] = frozenset(),
+    complete: Any = None,
+) -> bool:
+    """Raise ``OutputDirError`` unless a new ``kind`` output may be written at ``path``.
+
+    Returns True when an older output of replayllm's is there and is to be replaced. ``complete``
+    (``path -> bool``) says whether an old trace is complete: only ``force`` replaces one that
+    is; for other kinds ``force`` is always needed. Nothing is changed on disk.
+    """
+    if path.is_symlink():
+        raise OutputDirError(f"{path}: is a symbolic link; give the directory itself")
+    if not path.exists():
+        return False
+    if not path.is_dir():
+        raise OutputDirError(f"{path}: exists and is not a directory; choose another output")
+    try:
+        entries = sorted(os.listdir(path))
+    except OSError as exc:
+        raise OutputDirError(f"{path}: cannot list ({describe_os_error(exc)})") from None
+    if not entries:
+        return False
+    if _is_cwd_or_ancestor(path):
+        raise OutputDirError(f"{path}: is the working directory or one of its parents; "
+                             "replayllm never replaces it")
+    owner = read_owner(path)
+    if owner is None:
+        raise OutputDirError(f"{path}: holds files replayllm did not write (no {OWNER_FILE}); "
+                             "choose another output or empty it yourself")
+    if owner["kind"] != kind:
+        raise OutputDirError(f"{path}: holds a replayllm {owner['kind']}, not a {kind}; "
+                             "choose another output")
+    foreign = [e for e in entries if e not in _allowed_entries(owner, trace_entries)]
+    if foreign:
+        raise OutputDirError(f"{path}: holds {foreign[0]!r}, which replayllm did not write; "
+                             "move it away or choose another output")
+    if kind == TRACE:
+        if holder := lock_holder(path):
+            raise OutputDirError(f"{path}: is being recorded by another process ({holder})")
+        if not force and complete is not None and complete(path):
+            raise OutputDirError(f"{path}: already holds a complete trace; {FORCE_HINT}")
+    elif not force:
+        raise OutputDirError(f"{path}: already holds a replayllm {kind}; {FORCE_HINT}")
+    return True
+
+
+def replace_dir(path: Path) -> None:
+    """Remove the old output at ``path`` (checked by ``check_output_dir``): renamed aside first,
+    so a failure half-way leaves either the old output whole or nothing under its name."""
+    aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+    try:
+        os.replace(path, aside / path.name)
+    except OSError as exc:
+        os.rmdir(aside)
+        raise OutputDirError(f"{path}: cannot replace ({describe_os_error(exc)}); "
+                             "nothing was removed") from None
+    _remove_aside(aside)
+
+
+def _remove_aside(aside: Path) -> None:
+    failed: list[str] = []
+    shutil.rmtree(aside, onerror=lambda _f, p, _e: failed.append(p))
+    if failed:
+        print(f"replayllm: warning: could not remove all of the old output moved to {aside}",
+              file=sys.stderr)
+
+
+# --- locks ----------------------------------------------------------------------------------------
+class DirLock:
+    """An exclusive lock on an output directory, held until ``release`` (or process exit)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        lock = path / LOCK_FILE
+        try:
+            self.fd: int | None = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
+        except OSError as exc:
+            raise OutputDirError(f"{lock}: cannot lock ({describe_os_error(exc)})") from None
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(self.fd)
+            self.fd = None
+            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise OutputDirError(f"{path}: is being recorded by another process "
+                                     f"({lock_holder(path) or 'lock held'})") from None
+            raise OutputDirError(f"{lock}: cannot lock ({describe_os_error(exc)})") from None
+        os.ftruncate(self.fd, 0)
+        os.write(self.fd, f"pid {os.getpid()}\n".encode())
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor drops the flock
+            self.fd = None
+
+
+def lock_holder(path: Path) -> str | None:
+    """Who holds ``path``'s lock (``"pid N"``), or None when nobody does."""
+    lock = path / LOCK_FILE
+    if lock.is_symlink() or not lock.is_file():
+        return None
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        try:
+            text = os.read(fd, 64).decode("ascii", "replace").strip()
+        except OSError:
+            text = ""
+        return text or "lock held"
+    finally:
+        os.close(fd)
+    return None
+
+
+# --- outputs written whole ------------------------------------------------------------------------
+@contextlib.contextmanager
+def staged_dir(path: str | Path, kind: str, command: str, force: bool) -> Iterator[Path]:
+    """Yield a fresh temporary sibling of ``path`` to write a whole output into; on success it
+    is renamed to ``path`` (an old output of the same kind replaced, as ``check_output_dir``
+    allows), on any error it is removed and ``path`` is untouched.
+
+    ``OSError`` while writing (a full disk) becomes one ``OutputDirError`` line.
+    """
+    final = Path(path).expanduser()
+    replacing = check_output_dir(final, kind, force)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    except OSError as exc:
+        raise OutputDirError(f"{final}: cannot create ({describe_os_error(exc)})") from None
+    try:
+        yield stage
+        write_owner(stage, kind, command, [p.name for p in stage.iterdir()])
+        if replacing:
+            replace_dir(final)
+        elif final.is_dir():
+            os.rmdir(final)  # an empty directory was there
+        os.rename(stage, final)
+    except OSError as exc:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise OutputDirError(f"{final}: cannot write ({describe_os_error(exc)}); "
+                             "nothing was left there") from None
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise

@@ -50,7 +50,7 @@ def poisson_chunks(num_requests: int, rate: float = RATE, seed: int = SEED):
 
 
 def _requests_as_list(num_requests: int) -> list:
-    from replay.workloads.builtin import Request
+    from replay.workloads.request import Request
 
     out = []
     for arrival, prompt_len, max_tokens, tokens in poisson_chunks(num_requests):

@@ -64,7 +64,8 @@ def run(repeat: int = 3) -> dict[str, Any]:
 
     workdir = tempfile.mkdtemp(prefix="replayllm-whatif-")
     trace = os.path.join(workdir, "trace")
-    command = [sys.executable, "-m", "replay.cli.whatif", trace, "--set", "max_num_seqs=128",
+    command = [sys.executable, "-m", "replay.cli.main", "whatif", trace,
+               "--set", "max_num_seqs=128",
                "--out", os.path.join(workdir, "out")]
 
     def grid() -> list:

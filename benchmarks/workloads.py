@@ -66,7 +66,8 @@ def _phase(name: str, n: int, work: Path) -> dict:
         count = writer.write_all(Generator(spec))
         writer.close()
     elif name == "import":
-        from replay.workloads.imports import ImportCounts, ImportOptions, import_workload
+        from replay.workloads.import_options import ImportCounts, ImportOptions
+        from replay.workloads.imports import import_workload
         from replay.workloads.store import WorkloadWriter
 
         out = work / "imported.parquet"

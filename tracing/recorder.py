@@ -11,18 +11,11 @@ any moment leaves a readable prefix of whole segments. See docs/trace-format.md.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
-from collections import deque
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from tracing.convert import columns_to_table
 from tracing.errors import TraceError, one_line
@@ -31,10 +24,7 @@ from tracing.layout import (
     COMMITS_DIR,
     HEADER_FILE,
     SUMMARY_FILE,
-    fsync_dir,
-    marker_file,
     segment_file,
-    tmp_path,
     trace_entries,
     trace_is_complete,
     write_json_atomic,
@@ -43,13 +33,12 @@ from tracing.outdir import (
     TRACE,
     DirLock,
     check_output_dir,
-    create_exclusive,
     make_dir_nofollow,
     replace_dir,
-    write_all,
     write_owner,
 )
 from tracing.schema import EVENT_KINDS, SCHEMA_VERSION, column_types
+from tracing.segment_writer import Segment, SegmentWriter
 
 DEFAULT_FLUSH_STEPS = 64
 # Steps whose events are converted to Arrow together: per-call overhead dominates a single
@@ -57,37 +46,6 @@ DEFAULT_FLUSH_STEPS = 64
 # 4-15 ms on the H200 host; 8 steps cost ~1-2 ms, inside one decode step's device time.
 STAGE_STEPS = 8
 DEFAULT_FLUSH_SECONDS = 2.0
-# Segments handed to the writer but not yet on disk; beyond this the engine waits (bounds memory).
-MAX_PENDING_SEGMENTS = 4
-# Threads writing one segment's files (one per kind) at once: each fsync waits on the disk and
-# concurrent fsyncs share journal commits (11 files sync in ~1/4 of the serial time on ext4).
-# Few, because each one also contends for the GIL for a little Python glue per file.
-IO_THREADS = 4
-COMPRESSION = "zstd"
-COMPRESSION_LEVEL = 1  # level 3 saves ~1% of the bytes for ~25% more encoding time
-INTEGER_ENCODING = "DELTA_BINARY_PACKED"
-_INTEGER_TYPES = frozenset({"int32", "int64"})
-_T = TypeVar("_T")
-
-
-def _string_columns(kind: str) -> list[str]:
-    return [name for name, t in column_types(kind).items() if t == "string"]
-
-
-def _integer_encodings(kind: str) -> dict[str, str]:
-    """Delta encoding for every integer column (a list's leaf included).
-
-    Ids, steps and counters barely change from row to row: delta + zstd stores the reference
-    trace in about a third of the bytes of plain + zstd, and writes it faster.
-    """
-    out = {}
-    for name, t in column_types(kind).items():
-        leaf = t[len("list<") : -1] if t.startswith("list<") else t
-        if leaf in _INTEGER_TYPES:
-            out[f"{name}.list.element" if leaf != t else name] = INTEGER_ENCODING
-    return out
-
-
 class ParquetRecorder:
     """Records the engine's events to a trace directory (an ``EventSink``).
 
@@ -127,26 +85,34 @@ class ParquetRecorder:
         self.counts: dict[str, int] = dict.fromkeys(EVENT_KINDS, 0)
         self.num_segments = 0
         self.last_step = -1
-        self.bytes_written = 0
         self.convert_s = 0.0  # lists -> Arrow, on the engine's thread (inside on_step_end/close)
-        self.write_s = 0.0  # Parquet encoding, writing, syncing and committing, on the writer
-        self.write_cpu_s = 0.0  # CPU time of the same (the rest of write_s is I/O and GIL waits)
         self.step_end_s = 0.0  # time the engine's thread spent inside on_step_end
         self.close_s = 0.0  # time close() took: the last flush plus waiting for the writer
         self._opened = False
         self._closed = False
         self._steps_since_flush = 0
         self._last_flush = time.monotonic()
-        self._pool: ThreadPoolExecutor | None = None  # commits segments, one at a time, in order
-        self._io_pool: ThreadPoolExecutor | None = None  # writes one segment's files in parallel
-        self._pending: deque[Future[None]] = deque()
-        self._made_dirs: set[str] = set()
-        self._failed: TraceError | None = None
+        self._writer: SegmentWriter | None = None
+        self._failed: TraceError | None = None  # a conversion failed on the engine's thread
         # Arrow tables of the events since the last segment, and their event id range.
         self._staged: dict[str, list[pa.Table]] = {kind: [] for kind in EVENT_KINDS}
         self._first_id: int | None = None
         self._last_id: int | None = None
         self._steps_since_stage = 0
+
+    # --- what the writer measured (zero before open) ---------------------------------------------
+    @property
+    def bytes_written(self) -> int:
+        return self._writer.bytes_written if self._writer is not None else 0
+
+    @property
+    def write_s(self) -> float:
+        """Parquet encoding, writing, syncing and committing, on the writer."""
+        return self._writer.write_s if self._writer is not None else 0.0
+
+    @property
+    def write_cpu_s(self) -> float:
+        return self._writer.write_cpu_s if self._writer is not None else 0.0
 
     # --- EventSink --------------------------------------------------------------------------------
     def open(self, header: dict[str, Any]) -> None:
@@ -160,9 +126,7 @@ class ParquetRecorder:
             write_json_atomic(self.trace_dir / HEADER_FILE, self.header, self.fsync)
         except OSError as exc:
             raise TraceError(f"{self.trace_dir / HEADER_FILE}: cannot write ({exc})") from None
-        if self.background:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trace-writer")
-            self._io_pool = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="trace-io")
+        self._writer = SegmentWriter(self.trace_dir, self.background, self.fsync)
         self._opened = True
         self._last_flush = time.monotonic()
 
@@ -219,13 +183,12 @@ class ParquetRecorder:
         # A zero-row file for each kind that never had rows keeps `pd.read_parquet("T/kind")`
         # (and duckdb's glob) working on every kind, returning an empty table with its columns.
         never_seen = [k for k in EVENT_KINDS if self.counts[k] == 0 and not buffer.counts()[k]]
+        assert self._writer is not None  # opened
         try:
             self._flush(buffer, through, schema_only=never_seen)
-            self._drain_pending(wait_all=True)
+            self._writer.drain(wait_all=True)
         finally:
-            for pool in (self._pool, self._io_pool):
-                if pool is not None:
-                    pool.shutdown(wait=True)
+            self._writer.shutdown()
         self.close_s = time.perf_counter() - began
         out = dict(summary)
         out.update(
@@ -279,9 +242,11 @@ class ParquetRecorder:
     ) -> None:
         self._steps_since_flush = 0
         self._last_flush = time.monotonic()
-        self._drain_pending(wait_all=False)
-        if self._failed is not None:
-            raise self._failed
+        writer = self._writer
+        assert writer is not None  # opened
+        writer.drain(wait_all=False)
+        if self._failed is not None or writer.failed is not None:
+            raise self._failed or writer.failed  # type: ignore[misc]
         self._stage(buffer.drain())
         if not any(self._staged.values()) and not schema_only:
             return
@@ -289,12 +254,7 @@ class ParquetRecorder:
         segment = self._segment(index, through_step, schema_only or [])
         self.num_segments += 1
         self.last_step = max(self.last_step, through_step)
-        if self._pool is None:
-            self._write_segment(segment)
-            return
-        self._pending.append(self._pool.submit(self._write_segment, segment))
-        if len(self._pending) > MAX_PENDING_SEGMENTS:
-            self._drain_pending(wait_all=False, wait_one=True)
+        writer.submit(segment)
 
     def _stage(self, tables: dict[str, dict[str, list]]) -> None:
         """Turn drained column lists into Arrow tables, on the engine's thread, and keep them
@@ -328,7 +288,7 @@ class ParquetRecorder:
                 raise self._failed from None
         self.convert_s += time.perf_counter() - began
 
-    def _segment(self, index: int, through_step: int, schema_only: list[str]) -> _Segment:
+    def _segment(self, index: int, through_step: int, schema_only: list[str]) -> Segment:
         """The staged tables as one segment (concatenated without copying), staging reset."""
         arrow: dict[str, pa.Table] = {}
         for kind in EVENT_KINDS:
@@ -337,112 +297,10 @@ class ParquetRecorder:
                 arrow[kind] = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
             elif kind in schema_only:
                 arrow[kind] = columns_to_table(kind, {c: [] for c in column_types(kind)})
-        segment = _Segment(index, through_step, arrow, self._first_id, self._last_id)
+        segment = Segment(index, through_step, arrow, self._first_id, self._last_id)
         self._staged = {kind: [] for kind in EVENT_KINDS}
         self._first_id = self._last_id = None
         return segment
-
-    def _drain_pending(self, wait_all: bool, wait_one: bool = False) -> None:
-        """Collect finished writes (re-raising their errors); wait for one or all if asked."""
-        while self._pending and (wait_all or wait_one or self._pending[0].done()):
-            self._pending.popleft().result()
-            wait_one = False
-
-    def _write_segment(self, segment: _Segment) -> None:
-        if self._failed is not None:
-            # Never commit past a failed segment: the trace stays a gap-free prefix.
-            raise self._failed
-        try:
-            self._write_segment_files(segment)
-        except TraceError as exc:
-            self._failed = exc
-            raise
-        except Exception as exc:  # the engine's thread expects TraceError only
-            self._failed = TraceError(
-                f"{self.trace_dir}: segment {segment.index} failed "
-                f"({type(exc).__name__}: {one_line(exc)})"
-            )
-            raise self._failed from exc
-
-    def _write_segment_files(self, segment: _Segment) -> None:
-        began = time.perf_counter()
-        began_cpu = time.thread_time()
-        root = self.trace_dir
-        index = segment.index
-        finals = {kind: root / segment_file(kind, index) for kind in segment.tables}
-        jobs = [(kind, table, finals[kind]) for kind, table in segment.tables.items()]
-        self.bytes_written += sum(self._map_io(self._write_file, jobs))
-        files = {
-            kind: {"file": segment_file(kind, index), "rows": table.num_rows}
-            for kind, table in segment.tables.items()
-        }
-        marker = {
-            "segment": index,
-            "through_step": segment.through_step,
-            "first_event_id": segment.first_event_id,
-            "last_event_id": segment.last_event_id,
-            "num_events": sum(f["rows"] for f in files.values()),
-            "files": files,
-        }
-        try:
-            if self.fsync:
-                self._map_io(fsync_dir, [(root / kind,) for kind in files])
-            # The commit point: from here on the reader sees the segment (under either name).
-            write_json_atomic(root / marker_file(index), marker, self.fsync)
-            for final in finals.values():
-                os.replace(tmp_path(final), final)
-        except OSError as exc:
-            raise TraceError(f"{root / marker_file(index)}: cannot commit ({exc})") from None
-        self.write_s += time.perf_counter() - began
-        self.write_cpu_s += time.thread_time() - began_cpu
-
-    def _map_io(self, fn: Callable[..., _T], jobs: list[tuple[Any, ...]]) -> list[_T]:
-        """``fn(*job)`` for every job, on the I/O threads where there are any, in job order."""
-        futures: list[Future[_T]] = []
-        if self._io_pool is not None:
-            try:
-                for job in jobs:
-                    futures.append(self._io_pool.submit(fn, *job))
-            except RuntimeError:
-                # The interpreter is exiting without close(): concurrent.futures takes no new
-                # work then, so the segments already handed over are finished on this thread.
-                pass
-        done = [f.result() for f in futures]
-        return done + [fn(*job) for job in jobs[len(futures) :]]
-
-    def _write_file(self, kind: str, table: pa.Table, final: Path) -> int:
-        """Write one kind's file of a segment under its temporary name; return its size."""
-        tmp = tmp_path(final)
-        try:
-            if kind not in self._made_dirs:
-                make_dir_nofollow(final.parent)
-                self._made_dirs.add(kind)
-            # Encode into memory, then one os.write: pyarrow encodes without the GIL, whereas a
-            # Python file object would take the GIL for every page it writes, and a path costs
-            # ~0.5 ms of GIL-held filesystem resolution per file.
-            encoded = pa.BufferOutputStream()
-            pq.write_table(
-                table.combine_chunks(),  # one chunk per step staged: one row group, big pages
-                encoded,
-                compression=COMPRESSION,
-                compression_level=COMPRESSION_LEVEL,
-                use_dictionary=_string_columns(kind) or False,
-                column_encoding=_integer_encodings(kind),
-            )
-            data = encoded.getvalue()
-            fd = create_exclusive(tmp)
-            try:
-                write_all(fd, data)
-                if self.fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            return data.size
-        except (OSError, pa.ArrowException, ValueError) as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise TraceError(f"{final}: cannot write segment ({one_line(exc)})") from None
-
 
 def check_trace_dir(path: str | Path, overwrite: bool) -> bool:
     """Raise ``TraceError`` unless a new trace may be recorded at ``path`` (nothing changes on
@@ -451,12 +309,3 @@ def check_trace_dir(path: str | Path, overwrite: bool) -> bool:
     return check_output_dir(Path(path), TRACE, overwrite, trace_entries(), trace_is_complete)
 
 
-@dataclass(frozen=True)
-class _Segment:
-    """One segment's events as Arrow tables, on its way to the writer."""
-
-    index: int
-    through_step: int
-    tables: dict[str, pa.Table]
-    first_event_id: int | None
-    last_event_id: int | None

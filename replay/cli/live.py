@@ -11,8 +11,8 @@ from engine.drive import drive
 from engine.engine_core import StepResult
 from engine.llm import LLMEngine
 from engine.sequence import Sequence
-from replay.workloads.builtin import Request
 from replay.workloads.inputs import WorkloadInputs
+from replay.workloads.request import Request
 
 IDLE_POLL_S = 0.001
 

@@ -3,14 +3,13 @@
     replayllm tune traces/h200-reference --slo ttft_p99=0.5 --slo tpot_p50=0.0055
     replayllm tune --workload FILE --timing-from TRACE --slo ttft_p99=1 --space max_num_seqs=64,128
 
-The lead wires it into ``replay.cli.main`` with ``add_parser(subparsers)`` and ``run(args)``.
+``replay.cli.main`` wires it in with ``add_parser(subparsers)`` and ``run(args)``.
 Every user error is a ``ReplayLLMError``.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -110,13 +109,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {page}")
     return 0 if best is not None else 1
 
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m replay.cli.tune``: the tune command on its own."""
-    from replay.cli.main import main as replayllm
-
-    return replayllm(["tune", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

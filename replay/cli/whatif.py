@@ -5,8 +5,8 @@
     replayllm whatif TRACE --compare OTHER_TRACE       # predicted vs measured, decisions too
     replayllm whatif --workload bench --timing-from TRACE --set num_kvcache_blocks=800
 
-The lead wires it into ``replay.cli.main`` with ``add_parser(subparsers)`` and ``run(args)``;
-``python -m replay.cli.whatif ...`` runs it alone. Every user error is a ``ReplayLLMError``.
+``replay.cli.main`` wires it in with ``add_parser(subparsers)`` and ``run(args)``. Every user
+error is a ``ReplayLLMError``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from replay.whatif.simulate import (
 )
 
 DEFAULT_OUT = "out/whatif"
-EXIT_USER_ERROR = 2
 # Config fields that describe the machine or the recording, not the schedule: left out of the
 # "predicting ... under" line of --compare (they are still applied).
 COSMETIC_FIELDS = frozenset({"model", "trace_flush_steps", "trace_flush_seconds", "device"})
@@ -343,25 +342,3 @@ def _run_variants(workload: SimWorkload, variants: list, cost: CostModel | None,
         return variant_runner(executor, cost, jobs, progress=lambda: bar.update(1))(
             workload, variants)
 
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m replay.cli.whatif``: the whatif command on its own."""
-    parser = argparse.ArgumentParser(prog="replayllm")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["whatif", *(sys.argv[1:] if argv is None else argv)])
-    errors: tuple[type[BaseException], ...] = (ReplayLLMError,)
-    try:
-        from tracing.errors import TraceError
-
-        errors = (ReplayLLMError, TraceError)
-    except ImportError:  # tracing is always shipped; guards partial installs
-        pass
-    try:
-        return run(args)
-    except errors as exc:
-        print(f"replayllm whatif: error: {exc}", file=sys.stderr)
-        return EXIT_USER_ERROR
-
-
-if __name__ == "__main__":
-    sys.exit(main())

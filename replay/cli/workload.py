@@ -13,7 +13,8 @@ from engine.config import Config
 from engine.errors import InvalidRequestError
 from replay.workloads.arrivals import PROCESSES, ArrivalProcess
 from replay.workloads.distributions import parse
-from replay.workloads.imports import FORMATS, OVER_LENGTH
+from replay.workloads.import_options import OVER_LENGTH
+from replay.workloads.imports import FORMATS
 
 DISTRIBUTIONS = "fixed:V, uniform:LO,HI, normal:MEAN,STD, lognormal:MEAN,SIGMA, zipf:A,MAX, " \
     "exponential:MEAN or empirical:FILE"
@@ -131,7 +132,8 @@ def _command(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from replay.workloads.imports import ImportCounts, ImportOptions, import_workload
+    from replay.workloads.import_options import ImportCounts, ImportOptions
+    from replay.workloads.imports import import_workload
     from replay.workloads.store import WorkloadWriter
 
     if Path(args.out).resolve() == Path(args.source).resolve():

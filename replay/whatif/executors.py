@@ -17,10 +17,6 @@ from replay.whatif.simulate import SimResult, SimWorkload, simulate_many
 EXECUTORS = ("process", "ray")
 
 
-class ExecutorUnavailable(ReplayLLMError):
-    """The executor asked for cannot run here (Ray not installed)."""
-
-
 def variant_runner(executor: str, cost: CostModel | None, jobs: int | None = None,
                    progress: Callable[[], None] | None = None
                    ) -> Callable[[SimWorkload, list[tuple[str, dict[str, Any]]]], list[SimResult]]:

@@ -12,16 +12,19 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from engine.errors import ReplayLLMError
 from replay.whatif.cost.model import CostModel
 from replay.whatif.simulate import SimResult, SimWorkload, run_variant
+
+
+class ExecutorUnavailable(ReplayLLMError):
+    """The executor asked for cannot run here (Ray not installed)."""
 
 
 def _ray() -> Any:
     try:
         import ray
     except ImportError:
-        from replay.whatif.executors import ExecutorUnavailable
-
         raise ExecutorUnavailable("--executor ray needs Ray: pip install 'replayllm[ray]'"
                                   ) from None
     if not ray.is_initialized():

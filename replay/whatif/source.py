@@ -20,7 +20,7 @@ from engine.sequence import Sequence
 from replay.metrics import has_timings
 from replay.recorded import RecordedEvents, from_trace
 from replay.replayer import PRECHECK_REJECTION, config_from_header
-from replay.workloads.builtin import Request
+from replay.workloads.request import Request
 from tracing.events import NullEventBuffer
 
 

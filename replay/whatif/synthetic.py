@@ -31,7 +31,7 @@ from engine.executor import NullExecutor
 from replay.recorded import RecordedEvents, from_columns
 from replay.whatif.cost.model import interval
 from replay.whatif.sim_executor import SimClock
-from replay.workloads.builtin import Request
+from replay.workloads.request import Request
 
 
 @dataclass(frozen=True)

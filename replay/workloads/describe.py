@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.block_manager import NO_HASH, chain_hash
-from replay.workloads.builtin import Request
 from replay.workloads.recipe import PromptRecipe
+from replay.workloads.request import Request
 
 RATE_BINS = 10
 QUANTILES = (0.5, 0.9, 0.99)

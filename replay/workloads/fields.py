@@ -12,8 +12,8 @@ import math
 from typing import Any
 
 from engine.errors import InvalidRequestError
-from replay.workloads.builtin import REFERENCE_TEMPERATURE, Request
 from replay.workloads.recipe import PromptRecipe
+from replay.workloads.request import REFERENCE_TEMPERATURE, Request
 
 FORMAT_NAME = "replayllm_workload"  # the JSONL header line's key and the Parquet metadata key
 FORMAT_VERSION = 1

@@ -17,10 +17,10 @@ import numpy as np
 
 from engine.errors import InvalidRequestError
 from replay.workloads.arrivals import ArrivalProcess
-from replay.workloads.builtin import REFERENCE_TEMPERATURE, Request
 from replay.workloads.distributions import Distribution, IntDraws, parse
 from replay.workloads.fields import MAX_TOKENS_LIMIT
 from replay.workloads.recipe import PromptRecipe
+from replay.workloads.request import REFERENCE_TEMPERATURE, Request
 
 SALT_STRIDE = 1 << 40  # salts: seed * SALT_STRIDE + request number + 1 (unique per request)
 SYSTEM_ID_STRIDE = 1 << 32  # system prompt s names blocks s * SYSTEM_ID_STRIDE + k

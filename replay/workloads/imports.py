@@ -10,85 +10,21 @@ or changed, by reason, so nothing is lost silently.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from engine.errors import InvalidRequestError
-from replay.workloads.builtin import REFERENCE_TEMPERATURE, Request
 from replay.workloads.fields import MAX_TOKENS_LIMIT, WorkloadFormatError
+from replay.workloads.import_options import (
+    SALT_STRIDE,
+    ImportCounts,
+    ImportOptions,
+    make_request,
+)
 from replay.workloads.recipe import PromptRecipe
+from replay.workloads.request import Request
 
 FORMATS = ("azure", "burstgpt", "mooncake", "sharegpt", "replayllm")
-OVER_LENGTH = ("drop", "clip")
-SALT_STRIDE = 1 << 40
-
-
-@dataclass(frozen=True)
-class ImportOptions:
-    """What to keep and how: the window is in the trace's seconds (from its first request),
-    before ``time_scale``; kept arrivals are rebased to the window start, then scaled."""
-
-    start_s: float = 0.0
-    end_s: float = math.inf
-    limit: int | None = None
-    time_scale: float = 1.0  # arrival times are multiplied by it (0.5: twice as fast)
-    max_prompt_len: int | None = None
-    over_length: str = "drop"  # "drop" or "clip" prompts over max_prompt_len
-    seed: int = 0
-    block_size: int = 512  # mooncake: tokens per hash_ids entry
-    temperature: float = REFERENCE_TEMPERATURE
-    ignore_eos: bool = True  # a trace's output lengths are only honoured with ignore_eos
-    ignore_unknown_fields: bool = False
-    model: str | None = None  # sharegpt: tokenizer directory (None: the tiny model's)
-    rate: float | None = None  # sharegpt: conversations per second (None: all at 0)
-
-    def __post_init__(self) -> None:
-        if not (self.start_s >= 0 and self.end_s > self.start_s):
-            raise InvalidRequestError(f"the time window must have 0 <= start < end, got "
-                                      f"[{self.start_s}, {self.end_s})")
-        if self.limit is not None and self.limit < 1:
-            raise InvalidRequestError(f"--limit must be >= 1, got {self.limit}")
-        if not (math.isfinite(self.time_scale) and self.time_scale >= 0):
-            raise InvalidRequestError(f"--time-scale must be finite and >= 0, got "
-                                      f"{self.time_scale}")
-        if self.max_prompt_len is not None and not 1 <= self.max_prompt_len <= MAX_TOKENS_LIMIT:
-            raise InvalidRequestError(f"--max-prompt-len must be in [1, {MAX_TOKENS_LIMIT}]")
-        if self.over_length not in OVER_LENGTH:
-            raise InvalidRequestError(f"--over-length must be drop or clip, got "
-                                      f"{self.over_length!r}")
-        if not 1 <= self.block_size <= MAX_TOKENS_LIMIT:
-            raise InvalidRequestError(f"--block-size must be >= 1, got {self.block_size}")
-        if not 0 <= self.seed < 1 << 20:
-            raise InvalidRequestError(f"--seed must be in [0, {1 << 20})")
-
-
-@dataclass
-class ImportCounts:
-    """Every request read, kept, dropped (by reason) or changed (by what)."""
-
-    read: int = 0
-    kept: int = 0
-    dropped: dict[str, int] = field(default_factory=dict)
-    changed: dict[str, int] = field(default_factory=dict)
-
-    def drop(self, reason: str, n: int = 1) -> None:
-        self.dropped[reason] = self.dropped.get(reason, 0) + n
-
-    def change(self, what: str) -> None:
-        self.changed[what] = self.changed.get(what, 0) + 1
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
-
-    def describe(self) -> str:
-        parts = [f"read {self.read:,}", f"kept {self.kept:,}"]
-        parts += [f"dropped {n:,} ({why})" for why, n in sorted(self.dropped.items())]
-        parts += [f"{what}: {n:,}" for what, n in sorted(self.changed.items())]
-        return ", ".join(parts)
-
-
 def _lengths_rows(rows: Iterator[tuple[int, float, int, int]], path: str | Path,
                   options: ImportOptions) -> Iterator[tuple[float, Request]]:
     """CSV rows as (trace seconds, request) with prompts unique to each row."""
@@ -96,14 +32,8 @@ def _lengths_rows(rows: Iterator[tuple[int, float, int, int]], path: str | Path,
         if seconds < 0:
             raise WorkloadFormatError(f"{path}:{line}: arrives {-seconds:.3f} s before the "
                                       "first row (rows out of time order)")
-        yield seconds, _request(PromptRecipe((), 1, prompt_len, options.seed * SALT_STRIDE + line),
+        yield seconds, make_request(PromptRecipe((), 1, prompt_len, options.seed * SALT_STRIDE + line),
                                 output_len, options)
-
-
-def _request(prompt: PromptRecipe | list[int], output_len: int, options: ImportOptions,
-             **extra: object) -> Request:
-    return Request(prompt, output_len, options.temperature, options.ignore_eos,
-                   **extra)  # type: ignore[arg-type]
 
 
 def source(path: str | Path, fmt: str, options: ImportOptions) -> Iterator[tuple[float | None,

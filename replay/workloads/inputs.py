@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from engine.engine_core import EngineCore, StepResult
 from engine.errors import InvalidRequestError
 from engine.sequence import Sequence as EngineSequence
-from replay.workloads.builtin import Request
+from replay.workloads.request import Request
 
 # submit(index of the request in the workload, its prompt, when it fell due) -> the sequence.
 Submit = Callable[[int, "list[int] | str", float], EngineSequence]

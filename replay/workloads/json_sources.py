@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from replay.workloads.builtin import Request
 from replay.workloads.fields import INT64_MAX, MAX_TOKENS_LIMIT, WorkloadFormatError
-from replay.workloads.imports import SALT_STRIDE, ImportOptions, _request
+from replay.workloads.import_options import SALT_STRIDE, ImportOptions, make_request
 from replay.workloads.recipe import PromptRecipe
+from replay.workloads.request import Request
 
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 HUMAN, ASSISTANT, SYSTEM = ("human", "user"), ("gpt", "assistant", "chatgpt", "bing", "bard"), \
@@ -84,7 +84,7 @@ def mooncake_requests(path: str | Path, options: ImportOptions) -> Iterator[tupl
                 f"{where}: field 'hash_ids': {len(ids)} ids for {length} tokens at "
                 f"--block-size {block} (at most {-(-length // block)}): is the block size wrong?")
         salt = options.seed * SALT_STRIDE + number
-        yield stamp / 1000.0, _request(PromptRecipe(tuple(ids), block, length, salt), output,
+        yield stamp / 1000.0, make_request(PromptRecipe(tuple(ids), block, length, salt), output,
                                        options)
 
 
@@ -140,9 +140,9 @@ def sharegpt_requests(path: str | Path, options: ImportOptions) -> Iterator[tupl
             if not pending:
                 continue  # an answer with no question before it: nothing to send
             extra: dict[str, Any] = {"conversation_id": conversation, "turn": turn}
-            yield (start if turn == 0 else None), _request(pending, len(tokens), options,
+            yield (start if turn == 0 else None), make_request(pending, len(tokens), options,
                                                            **extra)
             pending, turn = [], turn + 1
         if pending:  # a last question with no answer: sent, its output length 0 (counted)
-            yield (start if turn == 0 else None), _request(
+            yield (start if turn == 0 else None), make_request(
                 pending, 0, options, conversation_id=conversation, turn=turn)

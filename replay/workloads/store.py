@@ -14,7 +14,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from replay.workloads.builtin import Request
 from replay.workloads.fields import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -24,6 +23,7 @@ from replay.workloads.fields import (
     record_from_request,
     request_from_record,
 )
+from replay.workloads.request import Request
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 ROW_GROUP = 65536
@@ -228,3 +228,11 @@ class WorkloadWriter:
             for group in range(table.num_row_groups):
                 final.write_table(table.read_row_group(group).cast(schema))
         self._tmp_path().unlink()
+
+
+def load_workload(path: str, ignore_unknown_fields: bool = False) -> list[Request]:
+    """Read a workload file (JSONL or Parquet, docs/workloads.md) whole, for a run.
+
+    Raises ``WorkloadFormatError`` (an ``InvalidRequestError``) naming the file, line and field.
+    """
+    return list(read_workload(path, ignore_unknown_fields=ignore_unknown_fields))

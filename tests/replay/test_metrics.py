@@ -23,7 +23,8 @@ from replay.metrics import compute, relative_error
 from replay.recorded import RecordedEvents, from_columns, from_trace
 from replay.whatif.sim_executor import SimClock
 from replay.whatif.synthetic import StepLaw, record_workload
-from replay.workloads.builtin import Request, reference_workload
+from replay.workloads.builtin import reference_workload
+from replay.workloads.request import Request
 from tracing.sink import MemorySink
 
 FIRST_STEP_S = 1.0

@@ -1,4 +1,4 @@
-"""``replayllm whatif`` end to end (in-process, through ``replay.cli.whatif.main``).
+"""``replayllm whatif`` end to end (in-process, through ``replay.cli.main.main``).
 
 What these tests prove: a variant, a grid (with a variant that cannot run shown as such in its
 row), ``--compare`` (predicted vs measured with relative errors, decision streams identical),
@@ -13,9 +13,10 @@ import pandas as pd
 import pytest
 
 from engine.config import Config
-from replay.cli.whatif import main
+from replay.cli.main import main as replayllm
 from replay.whatif.synthetic import StepLaw, record_workload
-from replay.workloads.builtin import Request, reference_workload
+from replay.workloads.builtin import reference_workload
+from replay.workloads.request import Request
 
 CONFIG_A = Config(num_kvcache_blocks=60, kvcache_block_size=32, max_num_seqs=16)
 CONFIG_B = Config(num_kvcache_blocks=30, kvcache_block_size=32, max_num_seqs=8)
@@ -43,7 +44,7 @@ def traces(tmp_path_factory) -> dict[str, str]:
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
+    code = replayllm(["whatif", *argv])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 

@@ -30,7 +30,8 @@ from replay.whatif.cost.fit import fit_linear, select
 from replay.whatif.cost.model import CostModel, CostModelError
 from replay.whatif.simulate import simulate
 from replay.whatif.synthetic import StepLaw, record_workload
-from replay.workloads.builtin import Request, reference_workload
+from replay.workloads.builtin import reference_workload
+from replay.workloads.request import Request
 
 NOISE_FREE = StepLaw(noise=0.0, flush_every=0)
 CONFIG = Config(num_kvcache_blocks=600)

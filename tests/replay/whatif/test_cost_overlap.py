@@ -49,7 +49,7 @@ from replay.whatif.cost.model import CostModel, OverlapModel
 from replay.whatif.sim_executor import SimClock, SimExecutor
 from replay.whatif.simulate import SimResult, simulate
 from replay.whatif.synthetic import HostLaw, StepLaw, record_workload
-from replay.workloads.builtin import Request
+from replay.workloads.request import Request
 
 LAW = StepLaw(noise=0.0, flush_every=0)
 HOST = HostLaw()

@@ -17,7 +17,8 @@ import pytest
 from engine.config import Config
 from replay.cli.main import main
 from replay.whatif.synthetic import StepLaw, record_workload
-from replay.workloads.builtin import Request, reference_workload
+from replay.workloads.builtin import reference_workload
+from replay.workloads.request import Request
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -39,7 +39,7 @@ from replay.whatif.cost.features import (
 from replay.whatif.cost.model import CostModel
 from replay.whatif.simulate import simulate
 from replay.whatif.synthetic import HostLaw, StepLaw, record_workload
-from replay.workloads.builtin import Request
+from replay.workloads.request import Request
 
 LAW = StepLaw(noise=0.0, flush_every=0)
 # An eager step's launch time (host and device alike); a graph prefill does not pay it.

@@ -16,7 +16,8 @@ from replay.whatif.cost.model import CostModel
 from replay.whatif.executors import variant_runner
 from replay.whatif.simulate import load_source
 from replay.whatif.synthetic import StepLaw, record_workload
-from replay.workloads.builtin import Request, reference_workload
+from replay.workloads.builtin import reference_workload
+from replay.workloads.request import Request
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'replayllm[ray]')")
 

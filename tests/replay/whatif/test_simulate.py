@@ -38,7 +38,8 @@ from replay.whatif.simulate import (
     workload_from_requests,
 )
 from replay.whatif.synthetic import StepLaw, record_workload
-from replay.workloads.builtin import Request, reference_workload
+from replay.workloads.builtin import reference_workload
+from replay.workloads.request import Request
 from tracing.sink import MemorySink
 
 VOCAB = 500

@@ -14,9 +14,10 @@ from replay.cli.live import run_workload
 from replay.whatif.cost.model import CostModel
 from replay.whatif.simulate import run_variant, workload_from_requests
 from replay.whatif.synthetic import StepLaw, record_workload
-from replay.workloads.builtin import Request, reference_workload
+from replay.workloads.builtin import reference_workload
 from replay.workloads.distributions import parse
 from replay.workloads.generate import GenerateSpec, Generator
+from replay.workloads.request import Request
 
 BLOCK = 16
 SETTINGS = dict(kvcache_block_size=BLOCK, num_kvcache_blocks=256, max_model_len=1024,

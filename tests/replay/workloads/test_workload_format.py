@@ -12,10 +12,10 @@ import pytest
 
 from engine.block_manager import NO_HASH, chain_hash
 from engine.errors import InvalidRequestError
-from replay.workloads.builtin import Request, load_workload
 from replay.workloads.fields import WorkloadFormatError
 from replay.workloads.recipe import PromptRecipe
-from replay.workloads.store import WorkloadWriter, read_metadata, read_workload
+from replay.workloads.request import Request
+from replay.workloads.store import WorkloadWriter, load_workload, read_metadata, read_workload
 
 REQUESTS = [
     Request([1, 2, 3], 5, temperature=0.0, ignore_eos=False),

@@ -15,7 +15,8 @@ import pytest
 
 from replay.workloads.describe import summarize
 from replay.workloads.fields import WorkloadFormatError
-from replay.workloads.imports import ImportCounts, ImportOptions, import_workload
+from replay.workloads.import_options import ImportCounts, ImportOptions
+from replay.workloads.imports import import_workload
 from replay.workloads.recipe import PromptRecipe
 
 TRACES = Path(__file__).parents[3] / "traces/workloads"

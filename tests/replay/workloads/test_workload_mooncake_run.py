@@ -10,7 +10,8 @@ from pathlib import Path
 
 from engine import LLM
 from replay.cli.live import run_workload
-from replay.workloads.imports import ImportCounts, ImportOptions, import_workload
+from replay.workloads.import_options import ImportCounts, ImportOptions
+from replay.workloads.imports import import_workload
 
 MOONCAKE = Path(__file__).parents[3] / "traces/workloads/mooncake_synthetic_trace.jsonl"
 WINDOW = (315.0, 317.9)  # seconds: 8 prompts of 64+ tokens, 2 of them sharing a first block

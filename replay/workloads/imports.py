@@ -32,8 +32,8 @@ def _lengths_rows(rows: Iterator[tuple[int, float, int, int]], path: str | Path,
         if seconds < 0:
             raise WorkloadFormatError(f"{path}:{line}: arrives {-seconds:.3f} s before the "
                                       "first row (rows out of time order)")
-        yield seconds, make_request(PromptRecipe((), 1, prompt_len, options.seed * SALT_STRIDE + line),
-                                output_len, options)
+        recipe = PromptRecipe((), 1, prompt_len, options.seed * SALT_STRIDE + line)
+        yield seconds, make_request(recipe, output_len, options)
 
 
 def source(path: str | Path, fmt: str, options: ImportOptions) -> Iterator[tuple[float | None,

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One device call on the H200: record the what-if validation matrix (benchmarks/matrix.py) from
+# the workload files `python -m benchmarks.matrix prepare .matrix` wrote (carry .matrix), and
+# optionally a device profile. Usage (repository root, on the device):
+#   bash tools/h200_matrix.sh [CELL ...]        # no cells: every cell; PROFILE=1: the profile too
+# Traces come back as three .tgz files under $OUT (each file back is at most 16 MiB).
+set -u
+OUT=${OUT:-out/h200}
+mkdir -p "$OUT" /tmp/matrix
+export PYTHONUNBUFFERED=1 REPLAYLLM_CACHE=/tmp/replayllm-cache
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+MODEL=$REPLAYLLM_CACHE/models/qwen3-0.6b
+python3 -c "from engine.model.checkpoint import make_model; make_model('qwen3-0.6b', '$MODEL')" || exit 1
+ONLY=(); [ $# -gt 0 ] && ONLY=(--only "$@")
+python3 -m benchmarks.matrix record "$MODEL" .matrix /tmp/matrix "${ONLY[@]}" 2>&1 \
+    | grep -v fix_mistral_regex | tee "$OUT/matrix.log"
+if [ "${PROFILE:-0}" = 1 ]; then
+    python3 -m replay.cli.main profile --model "$MODEL" --out "$OUT/h200-qwen3-0.6b.profile" \
+        2>&1 | tail -8 | tee "$OUT/profile.log"
+fi
+cd /tmp/matrix || exit 1
+for group in reference "chat conversation" "bursty mooncake azure-code"; do
+    name=$(echo "$group" | cut -d' ' -f1)
+    dirs=$(for g in $group; do ls -d "$g"-* 2>/dev/null; done)
+    [ -n "$dirs" ] && tar czf "$OUT/matrix-$name.tgz" $dirs
+done
+ls -la "$OUT"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from engine.batch import ScheduledBatch
@@ -131,15 +131,17 @@ def calibrate(executor: Executor, config: Config, repeats: int) -> list[dict[str
     return [time_batch(executor, batch, repeats) for batch in batches]
 
 
-def time_batch(executor: Executor, batch: ScheduledBatch, repeats: int) -> dict[str, Any]:
+def time_batch(executor: Executor, batch: ScheduledBatch, repeats: int,
+               clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
     """One synthetic step timed ``repeats`` times after an untimed warm-up run: its
-    ``model_step`` batch features and the medians and quantiles ``calibrate`` describes."""
+    ``model_step`` batch features and the medians and quantiles ``calibrate`` describes.
+    ``clock``: wall seconds (a simulated clock for a law-timed executor)."""
     walls, durations, waits = [], [], []
     output = None
     for attempt in range(repeats + 1):
-        began = time.perf_counter()
+        began = clock()
         output = executor.execute(batch)
-        wall = time.perf_counter() - began
+        wall = clock() - began
         if attempt:  # the first run pays one-off compilation
             walls.append(wall)
             durations.append(output.duration_s if output.duration_s is not None else wall)

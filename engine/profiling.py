@@ -225,7 +225,7 @@ def run_profile(executor: Executor, config: Config, budget_s: float = DEFAULT_BU
             skipped += 1
             continue
         started = clock()
-        row = time_batch(executor, point.batch(config.kvcache_block_size), repeats)
+        row = time_batch(executor, point.batch(config.kvcache_block_size), repeats, clock)
         per_token[point.kind] = (clock() - started) / max(tokens, 1) / (repeats + 1)
         row.update(level=point.level, label=point.label, eager=point.eager,
                    decode_context_max=max(point.decode_contexts, default=0),

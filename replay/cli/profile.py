@@ -1,4 +1,4 @@
-"""``replayllm profile``: the device profile of a model (engine/profiling.py), on the real runner."""
+"""``replayllm profile``: a device profile of a model (engine/profiling.py) on the real runner."""
 
 from __future__ import annotations
 

@@ -245,3 +245,17 @@ def _law_measurements(events: RecordedEvents,
     for i, (name, dtype) in enumerate((("duration_s", float), ("host_s", float),
                                        ("overlapped", bool), ("wall_time_s", float))):
         ms[name] = np.array([row[i] for row in rows], dtype=dtype)
+
+
+def law_profile(config: Config, law: StepLaw = StepLaw(flush_every=0),
+                host: HostLaw | None = None, seed: int = 0, budget_s: float = float("inf"),
+                repeats: int = 1) -> dict[str, Any]:
+    """A device profile (``engine.profiling.run_profile``) of a law-timed executor on a
+    simulated clock: the profile a GPU whose steps follow ``law`` would give under ``config``
+    (its pool and limits bound the grid)."""
+    from engine.profiling import run_profile
+
+    clock = SimClock(0.0)
+    executor = LawExecutor(config.num_kvcache_blocks, clock, law, seed, host=host)
+    return run_profile(executor, config, budget_s, repeats, clock=lambda: clock.now,
+                       engine_version="synthetic")

@@ -300,40 +300,53 @@ def has_host_times(events: RecordedEvents) -> bool:
             and float(np.median(host)) > HOST_MEASURED_S)
 
 
-def steps_of(events: RecordedEvents) -> Steps:
-    """The trace's steps and its header's calibration steps. A calibration row's ``interval_s``
-    times the executor call alone, less its ``wait_s`` (for the device): its host work. Fitted on
-    intervals, a row is charged the median over the run's steps of the engine's own work around
-    a step (scheduling, post-processing, recording), which a real step pays too."""
+def steps_of(events: RecordedEvents, host_times: bool = True) -> Steps:
+    """The trace's steps and its header's calibration steps (``calibration_steps``).
+    ``host_times`` False: fitted on intervals even where the trace measured host time."""
     ms = events.tables["model_step"]
     x, classes = feature_matrix(events)
     n = len(classes)
-    duration = np.asarray(ms["duration_s"], dtype=float)
     interval = step_intervals(events)
-    measured_host = has_host_times(events)
+    measured_host = host_times and has_host_times(events)
     host = np.asarray(ms["host_s"], dtype=float) if measured_host else np.full(n, np.nan)
     overlapped = (np.asarray(ms["overlapped"], dtype=bool) if "overlapped" in ms
                   else np.zeros(n, dtype=bool))
     no = np.zeros(n, dtype=bool)
-    own = Steps(x=x, classes=classes, time=duration if measured_host else interval, host=host,
-                interval=interval, overlapped=overlapped, is_calibration=no, window=no.copy())
+    own = Steps(x=x, classes=classes,
+                time=np.asarray(ms["duration_s"], dtype=float) if measured_host else interval,
+                host=host, interval=interval, overlapped=overlapped, is_calibration=no,
+                window=no.copy())
     rows = events.header.get("calibration") or []
     if not rows:
         return own
+    return own.concat(calibration_steps(rows, measured_host, engine_overhead_s(events)))
+
+
+def engine_overhead_s(events: RecordedEvents) -> float:
+    """The median over the run's steps of the engine's own work around a step (scheduling,
+    post-processing, recording): its interval less the executor's duration."""
+    overhead = step_intervals(events) - np.asarray(events.tables["model_step"]["duration_s"],
+                                                    dtype=float)
+    return float(np.median(np.clip(overhead, 0.0, None))) if len(overhead) else 0.0
+
+
+def calibration_steps(rows: Sequence[Mapping[str, Any]], measured_host: bool,
+                      overhead_s: float) -> Steps:
+    """Timed synthetic steps (a header's calibration rows, a device profile's) as fit rows. A
+    row's ``interval_s`` times the executor call alone, less its ``wait_s`` (for the device):
+    its host work. Fitted on intervals (``measured_host`` False), a row is charged
+    ``overhead_s`` (``engine_overhead_s``), which a real step pays too."""
     called = np.array([float(row["interval_s"]) for row in rows])
     if measured_host:
         time = np.array([float(row.get("duration_s", row["interval_s"])) for row in rows])
     else:
-        overhead = interval - duration
-        extra = float(np.median(np.clip(overhead, 0.0, None))) if len(overhead) else 0.0
-        time = called + extra
+        time = called + overhead_s
     cal_host = np.array([np.nan if row.get("wait_s") is None
                          else float(row["interval_s"]) - float(row["wait_s"]) for row in rows])
     no = np.zeros(len(rows), dtype=bool)
     classes = step_class([row["kind"] for row in rows], [row["graph_used"] for row in rows])
-    return own.concat(Steps(x=calibration_features(rows), classes=classes, time=time,
-                            host=cal_host, interval=called, overlapped=no, is_calibration=~no,
-                            window=no.copy()))
+    return Steps(x=calibration_features(list(rows)), classes=classes, time=time, host=cal_host,
+                 interval=called, overlapped=no, is_calibration=~no, window=no.copy())
 
 
 # --- CUDA graphs of the source ------------------------------------------------------------------

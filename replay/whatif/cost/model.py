@@ -29,6 +29,7 @@ from replay.recorded import RecordedEvents
 from replay.whatif.cost import explain, features
 from replay.whatif.cost import fit as fitting
 from replay.whatif.cost.features import MIN_STEP_S, MODES, STEP_CLASSES, LinearFit, Steps
+from replay.whatif.cost.profile import CostOptions, ProfilePrior, profile_steps, read_profile
 
 MODEL_VERSION = 5  # of the saved JSON (``to_dict``); a file of another version is refused
 MIN_OFFSET_STEPS = 8  # an offset measured on fewer steps of its class and mode is derived
@@ -90,7 +91,7 @@ class OverlapModel:
     heldout: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def fit(cls, run: Steps, calibration: Steps) -> OverlapModel:
+    def fit(cls, run: Steps, calibration: Steps, class_offsets: bool = True) -> OverlapModel:
         """``run``: the run's steps (``time``: device time); ``calibration``: the calibration steps
         that record their wait for the device (so their host time: sizes the run never took).
         A class's first step is left out of the host fit and, far above it, charged once."""
@@ -108,15 +109,16 @@ class OverlapModel:
                                            predicted[others], run.host[others])
             if extra is not None:
                 model.host_warmup_s[name] = extra
-        model._fit_offsets(run, calibration)
+        model._fit_offsets(run, calibration, class_offsets)
         return model
 
-    def _fit_offsets(self, run: Steps, calibration: Steps) -> None:
+    def _fit_offsets(self, run: Steps, calibration: Steps, class_offsets: bool = True) -> None:
         """Per class and mode, what the rule misses (``interval - rule(device, host)``): the
         trimmed mean over ``MIN_OFFSET_STEPS`` or more steps; else the median of
         ``FEW_OFFSET_STEPS`` or more besides its first (the run's own overhead around a step,
         which no calibration step shows); else, sequential, its calibration steps' or the other
-        sequential steps' sync latency; overlapped, all overlapped steps' (0: too few)."""
+        sequential steps' sync latency; overlapped, all overlapped steps' (0: too few).
+        ``class_offsets`` False: every class the last two (``CostOptions.class_offsets``)."""
         residual = run.interval - intervals(run.time, run.host, run.overlapped, run.classes)
         cal_residual = calibration.interval - intervals(
             calibration.time, calibration.host, calibration.overlapped, calibration.classes)
@@ -137,7 +139,10 @@ class OverlapModel:
                 rows = rows_of_mode & (classes == name)
                 cal = cal_classes == name
                 later = rows & ~firsts
-                if rows.sum() >= MIN_OFFSET_STEPS:
+                if not class_offsets:
+                    value = self.sync_s if mode == "sequential" else overall
+                    how = "one offset for every class (class_offsets off)"
+                elif rows.sum() >= MIN_OFFSET_STEPS:
                     value = _trimmed_mean(residual[rows])
                     how = f"measured on {int(rows.sum())} steps"
                 elif later.sum() >= FEW_OFFSET_STEPS:
@@ -226,39 +231,57 @@ class CostModel:
     # sequences one graph prefill takes.
     prefill_graph_sizes: list[int] = field(default_factory=list)
     prefill_graph_max_seqs: int = 0
+    prior: ProfilePrior | None = None  # a device profile pricing what the source did not run
+    options: dict[str, Any] = field(default_factory=dict)  # ``CostOptions`` changed from default
     _times: dict[str, _ClassTimes] = field(default_factory=dict, init=False, repr=False,
                                            compare=False)
+    _prior_times: dict[str, _ClassTimes] = field(default_factory=dict, init=False, repr=False,
+                                                 compare=False)
 
     # --- fitting --------------------------------------------------------------------------------
     @classmethod
-    def fit(cls, events: RecordedEvents, source: str = "") -> CostModel:
-        """Fit from a recording with measured step times; held-out error in ``heldout``."""
+    def fit(cls, events: RecordedEvents, source: str = "", profile: Any = None,
+            options: CostOptions | None = None) -> CostModel:
+        """Fit from a recording with measured step times; held-out error in ``heldout``.
+        ``profile``: a device profile (a path or as loaded) pricing steps beyond the source's
+        range (``ProfilePrior``); ``options``: the mechanisms used (``CostOptions``)."""
+        options = options or CostOptions()
         name = source or "the trace"
         if not has_timings(events):
             raise CostModelError(f"{name} has no measured step times (recorded without a model)")
-        steps = features.steps_of(events)
+        host_times = options.overlap and features.has_host_times(events)
+        steps = features.steps_of(events, host_times)
         own = steps.rows(~steps.is_calibration)
-        leading = fitting.warmup_window(own)
+        leading = fitting.warmup_window(own) if options.warmup_window else 0
         own.window = np.arange(len(own)) < leading
-        warm, warmup_s = fitting.warmup_steps(own)
-        calibration = steps.rows(steps.is_calibration)
+        warm, warmup_s = (fitting.warmup_steps(own) if options.warmup_steps
+                          else (np.zeros(len(own), dtype=bool), {}))
+        calibration = steps.rows(steps.is_calibration & options.calibration)
+        loaded = read_profile(profile) if profile is not None else None
+        overhead_s = features.engine_overhead_s(events)
+        if loaded is not None and options.profile_mode == "pooled":
+            calibration = calibration.concat(profile_steps(loaded[0], host_times, overhead_s))
         fitted = own.rows(~warm).concat(calibration)
-        fits, reports = fitting.fit_all(fitted)
+        fits, reports = fitting.fit_all(fitted, options.window_bound)
         if not fits:
             raise CostModelError(f"{name} has too few steps to fit a model")
         prefill_sizes, prefill_max_seqs = features.source_prefill_graphs(events)
         model = cls(fits, source=source, graph_sizes=features.observed_graph_sizes(events),
                     warmup_s=warmup_s, selection=reports, window_steps=leading,
-                    prefill_graph_sizes=prefill_sizes, prefill_graph_max_seqs=prefill_max_seqs)
+                    prefill_graph_sizes=prefill_sizes, prefill_graph_max_seqs=prefill_max_seqs,
+                    options=options.changed())
         for cls_name, report in reports.items():
             mask = fitted.classes == cls_name
             model.coverage[cls_name] = explain.class_coverage(
                 cls_name, fitted.x[mask], ~fitted.window[mask], fits[cls_name], report)
         model.heldout = _device_heldout(fitted)
-        if features.has_host_times(events):
+        if loaded is not None:
+            model.prior = ProfilePrior.fit(loaded[0], loaded[1], fitted, set(reports), options,
+                                           overhead_s)
+        if host_times:
             run = own.rows(~warm)
             timed = calibration.rows(np.isfinite(calibration.host))
-            model.overlap = OverlapModel.fit(run, timed)
+            model.overlap = OverlapModel.fit(run, timed, options.class_offsets)
             model.overlap.heldout = _overlap_heldout(run, timed, calibration)
         return model
 
@@ -287,6 +310,8 @@ class CostModel:
         class (which pays the source's one-off costs). Plain floats: the simulator calls this
         once per step."""
         times = self._times.get(cls_name) or self._class_times(cls_name)
+        if self.prior is not None and self.prior.prices(cls_name, step):
+            times = self._prior_times.get(cls_name) or self._class_times(cls_name, self.prior)
         device = max(times.device.linear_at(step), times.device.floor, MIN_STEP_S)
         if first:
             device += times.warmup_s
@@ -298,8 +323,11 @@ class CostModel:
         offset = times.overlapped_s if overlapped else times.sequential_s
         return StepTime(device, host, interval(device, host, overlapped or times.parallel, offset))
 
-    def _class_times(self, cls_name: str) -> _ClassTimes:
-        times = _ClassTimes(self.device_fit(cls_name), cls_name in features.EAGER_CLASSES,
+    def _class_times(self, cls_name: str, prior: ProfilePrior | None = None) -> _ClassTimes:
+        """What prices a class: the source's fits, or with ``prior`` the profile's device fit
+        (host time and offsets stay the source's)."""
+        device = prior.fits[cls_name] if prior is not None else self.device_fit(cls_name)
+        times = _ClassTimes(device, cls_name in features.EAGER_CLASSES,
                             self.warmup_s.get(cls_name, 0.0))
         if self.overlap is not None:
             overlap = self.overlap
@@ -308,7 +336,7 @@ class CostModel:
                 sequential_s=overlap.offset("sequential", cls_name),
                 overlapped_s=overlap.offset("overlapped", cls_name),
                 host_warmup_s=overlap.host_warmup_s.get(cls_name, 0.0))
-        self._times[cls_name] = times
+        (self._times if prior is None else self._prior_times)[cls_name] = times
         return times
 
     # --- words (``explain``) ----------------------------------------------------------------------
@@ -323,7 +351,10 @@ class CostModel:
     def coverage_warnings(self, target: RecordedEvents) -> list[str]:
         """Where ``target``'s steps (a simulation's or a recording's) lie well outside the
         source's range for their class, so that a prediction there may be off; and why."""
-        return explain.target_warnings(self, *features.feature_matrix(target))
+        x, classes = features.feature_matrix(target)
+        if self.prior is not None:
+            return self.prior.warnings(x, classes)
+        return explain.target_warnings(self, x, classes)
 
     def describe(self, target: RecordedEvents | None = None) -> str:
         """The model in a few lines (``explain.describe``)."""
@@ -336,6 +367,7 @@ class CostModel:
         out.update({f.name: getattr(self, f.name) for f in fields(self) if f.init})
         out["fits"] = {name: fit.to_dict() for name, fit in self.fits.items()}
         out["overlap"] = self.overlap.to_dict() if self.overlap is not None else None
+        out["prior"] = self.prior.to_dict() if self.prior is not None else None
         return out
 
     def save(self, path: str | Path) -> None:
@@ -352,7 +384,9 @@ class CostModel:
             del data["version"], data["target"]
             fits = {name: LinearFit.from_dict(f) for name, f in data.pop("fits").items()}
             overlap = data.pop("overlap")
-            return cls(fits, overlap=OverlapModel.from_dict(overlap) if overlap else None, **data)
+            prior = data.pop("prior", None)
+            return cls(fits, overlap=OverlapModel.from_dict(overlap) if overlap else None,
+                       prior=ProfilePrior.from_dict(prior) if prior else None, **data)
         except OSError as exc:
             raise CostModelError(f"{path}: cannot read cost model ({exc.strerror})") from None
         except (ValueError, KeyError, TypeError, AttributeError) as exc:

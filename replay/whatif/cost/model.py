@@ -277,7 +277,7 @@ class CostModel:
         model.heldout = _device_heldout(fitted)
         if loaded is not None:
             model.prior = ProfilePrior.fit(loaded[0], loaded[1], fitted, set(reports), options,
-                                           overhead_s)
+                                           overhead_s, events.header)
         if host_times:
             run = own.rows(~warm)
             timed = calibration.rows(np.isfinite(calibration.host))

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.profiling import load_profile
+from engine.profiling import load_profile, profile_key
 from replay.whatif.cost import fit as fitting
 from replay.whatif.cost.features import (
     CLASSES,
@@ -145,13 +145,15 @@ class ProfilePrior:
     profile_range: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     trace_range: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     mode: str = "blend"
+    # What differs between the profile's key and the source's (device, model, dtype, ...).
+    mismatch: dict[str, list[Any]] = field(default_factory=dict)
 
     @classmethod
     def fit(cls, profile: dict[str, Any], name: str, steps: Steps, own_fits: set[str],
-            options: CostOptions, overhead_s: float) -> ProfilePrior:
+            options: CostOptions, overhead_s: float, header: dict[str, Any]) -> ProfilePrior:
         """``steps``: the source's fitted steps (``time`` as the profile's rows are read:
         device time where ``steps`` measured host time, else intervals); ``own_fits``: the
-        classes the source fitted itself."""
+        classes the source fitted itself; ``header``: the source trace's."""
         measured = bool(np.isfinite(steps.host[~steps.is_calibration]).any())
         rows = profile_steps(profile, measured, overhead_s)
         fits, _ = fitting.fit_all(rows)
@@ -168,9 +170,13 @@ class ProfilePrior:
         overall = float(np.median(ratios)) if ratios else 1.0
         scaled = {c: _scaled(f, scale.get(c, overall)) for c, f in fits.items()}
         trace = _ranges(steps.x, steps.classes) if options.profile_mode == "blend" else {}
-        return cls(name, dict(profile.get("key") or {}), scaled, scale,
-                   _ranges(rows.x, rows.classes),
-                   {c: r for c, r in trace.items() if c in own_fits}, options.profile_mode)
+        key = dict(profile.get("key") or {})
+        source_key = profile_key(header.get("executor") or {}, key.get("engine_version", ""))
+        mismatch = {k: [key.get(k), v] for k, v in source_key.items()
+                    if v is not None and key.get(k) is not None and key.get(k) != v}
+        return cls(name, key, scaled, scale, _ranges(rows.x, rows.classes),
+                   {c: r for c, r in trace.items() if c in own_fits}, options.profile_mode,
+                   mismatch)
 
     def priced_by(self, cls_name: str, step: Any) -> str:
         """Which prices a step (``TRACE``, ``PROFILE``), or ``OUTSIDE`` where neither's range
@@ -206,6 +212,9 @@ class ProfilePrior:
         profile = sum(c[PROFILE] for c in pricing.values())
         lines = [f"priced by the source's fits on {trace} steps and the profile {self.path} "
                  f"({self.key.get('device')}, {self.key.get('architecture')}) on {profile}"]
+        if self.mismatch:
+            lines.append("the profile is not of the source's setup: " + ", ".join(
+                f"{k} {theirs} (source {ours})" for k, (theirs, ours) in self.mismatch.items()))
         for name in STEP_CLASSES:
             outside = pricing.get(name, {}).get(OUTSIDE, 0)
             if outside:

@@ -4,6 +4,7 @@ predicted from one source on any CPU.
     python -m benchmarks.matrix prepare DIR            # the workload files (CPU, seconds)
     python -m benchmarks.matrix record MODEL DIR OUT   # on the GPU: one trace per cell in OUT
     python -m benchmarks.matrix fidelity TRACES --source TRACE [--profile PROFILE]
+        [--cost-option NAME=VALUE ...]                 # a mechanism switched (an ablation)
 
 ``prepare`` writes each family's workload with the project's own generators and importers;
 ``record`` runs every cell in one process after an untraced warm-up engine (so every recorded
@@ -24,15 +25,17 @@ from typing import Any
 SHARED = ["--temperature", "0.6"]
 # Family -> the `replayllm workload` arguments that make it (traces/workloads/: vendored traces);
 # the reference family is DESIGN.md's reference workload itself (all 256 requests at once).
+# Sizes: each family's arrivals span seconds (so all cells record in minutes on an H200) at rates
+# that keep the GPU loaded.
 FAMILIES: dict[str, list[str]] = {
-    "chat": ["generate", "--num-requests", "600", "--arrivals", "poisson", "--rate", "40",
+    "chat": ["generate", "--num-requests", "300", "--arrivals", "poisson", "--rate", "40",
              "--system-prompts", "8", "--system-prompt-len", "uniform:512,1536",
              "--popularity", "1.0", "--prompt-len", "lognormal:200,0.8",
              "--output-len", "lognormal:180,0.6", "--seed", "1"],
-    "bursty": ["generate", "--num-requests", "300", "--arrivals", "gamma", "--rate", "12",
+    "bursty": ["generate", "--num-requests", "150", "--arrivals", "gamma", "--rate", "12",
                "--burstiness", "0.25", "--prompt-len", "uniform:2000,6000",
                "--output-len", "uniform:16,64", "--seed", "2"],
-    "conversation": ["generate", "--num-requests", "120", "--arrivals", "poisson", "--rate", "8",
+    "conversation": ["generate", "--num-requests", "60", "--arrivals", "poisson", "--rate", "8",
                      "--turns", "uniform:2,5", "--think-time", "exponential:1.0",
                      "--prompt-len", "uniform:128,768", "--user-len", "uniform:32,256",
                      "--output-len", "uniform:64,256", "--system-prompts", "4",
@@ -41,7 +44,7 @@ FAMILIES: dict[str, list[str]] = {
                  "mooncake", "--limit", "120", "--time-scale", "0.25", "--max-prompt-len", "8192",
                  "--over-length", "clip", "--seed", "4"],
     "azure-code": ["import", "traces/workloads/AzureLLMInferenceTrace_code.csv", "--format",
-                   "azure", "--limit", "400", "--time-scale", "0.05", "--max-prompt-len", "8192",
+                   "azure", "--limit", "200", "--time-scale", "0.05", "--max-prompt-len", "8192",
                    "--over-length", "clip", "--seed", "5"],
 }
 LONG = {"max_model_len": 8448, "max_num_batched_tokens": 16384}
@@ -134,15 +137,19 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("traces", type=Path)
     f.add_argument("--source", required=True)
     f.add_argument("--profile", default=None)
+    f.add_argument("--cost-option", dest="cost_options", action="append", default=[],
+                   metavar="NAME=VALUE", help="replay.whatif.cost.profile.CostOptions")
     args = parser.parse_args(argv)
     if args.command == "prepare":
         return prepare(args.dir)
     if args.command == "record":
         return record(args.model, args.dir, args.out, args.only)
+    from replay.whatif.cost.profile import CostOptions
     from replay.whatif.fidelity import matrix_markdown, matrix_rows
 
     targets = [str(args.traces / name) for name in CELLS if (args.traces / name).is_dir()]
-    print(matrix_markdown(matrix_rows(targets, args.source, args.profile)))
+    options = CostOptions.parse(args.cost_options)
+    print(matrix_markdown(matrix_rows(targets, args.source, args.profile, options)))
     return 0
 
 

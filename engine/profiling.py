@@ -92,8 +92,10 @@ class ProfilePoint:
                               num_batched_tokens=sum(new), sampled_seqs=seqs, eager=self.eager)
 
 
-def _spread(mean: int, count: int) -> tuple[int, ...]:
-    """``count`` contexts averaging about ``mean``, cycling through ``SPREAD_FRACTIONS``."""
+def _spread(mean: int, count: int, longest: int) -> tuple[int, ...]:
+    """``count`` contexts averaging about ``mean`` (cycling through ``SPREAD_FRACTIONS``), none
+    beyond ``longest``: the mean is scaled down to fit (the spread kept)."""
+    mean = min(mean, int(longest / max(SPREAD_FRACTIONS)))
     return tuple(max(2, int(mean * SPREAD_FRACTIONS[i % len(SPREAD_FRACTIONS)]))
                  for i in range(count))
 
@@ -129,9 +131,9 @@ def _decode_points(config: Config) -> Iterator[ProfilePoint]:
         yield ProfilePoint("decode", level, (ctx,) * batch, label=f"decode {batch}x{ctx}")
     for batch in (8, 64, 256, 512):
         for ctx in (1024, 8192):
-            ctx = min(ctx, longest)
-            yield ProfilePoint("decode", 2, _spread(ctx, batch),
-                               label=f"decode {batch}x~{ctx} spread")
+            contexts = _spread(ctx, batch, longest)
+            mean = sum(contexts) // len(contexts)
+            yield ProfilePoint("decode", 2, contexts, label=f"decode {batch}x~{mean} spread")
 
 
 def _prefill_points(config: Config) -> Iterator[ProfilePoint]:
@@ -201,9 +203,9 @@ def run_profile(executor: Executor, config: Config, budget_s: float = DEFAULT_BU
                 engine_version: str = "", progress: Callable[[str], None] | None = None
                 ) -> dict[str, Any]:
     """Time ``profile_grid`` through ``executor`` within ``budget_s`` seconds: a point is skipped
-    once the time spent plus the point's estimate (the last point's time of its kind, scaled by
-    its tokens) would pass the budget, so lower levels are always timed first. Returns the
-    profile (``save_profile`` writes it)."""
+    where the time spent plus its estimate (the last point of its kind's time, scaled up by its
+    tokens) would pass the budget, so lower levels are timed first and the run ends within
+    about one point of the budget. Returns the profile (``save_profile`` writes it)."""
     description = executor.describe()
     graph_sizes = description.get("graph_batch_sizes") or []
     graph_tokens = description.get("prefill_graph_tokens") or []
@@ -217,16 +219,17 @@ def run_profile(executor: Executor, config: Config, budget_s: float = DEFAULT_BU
     grid = profile_grid(config, graph_shape if (graph_sizes or graph_tokens) else None)
     began = clock()
     rows, skipped = [], 0
-    per_token: dict[str, float] = {}
+    last: dict[str, tuple[float, int]] = {}  # kind -> (seconds, tokens) of its last point
     for point in grid:
         tokens = sum(n for n, _ in point.prompts) + len(point.decode_contexts)
-        estimate = per_token.get(point.kind, 0.0) * tokens * (repeats + 1)
+        seconds, before = last.get(point.kind, (0.0, 1))
+        estimate = seconds * max(1.0, tokens / before)  # never below the last point's
         if clock() - began + estimate > budget_s:
             skipped += 1
             continue
         started = clock()
         row = time_batch(executor, point.batch(config.kvcache_block_size), repeats, clock)
-        per_token[point.kind] = (clock() - started) / max(tokens, 1) / (repeats + 1)
+        last[point.kind] = (clock() - started, max(tokens, 1))
         row.update(level=point.level, label=point.label, eager=point.eager,
                    decode_context_max=max(point.decode_contexts, default=0),
                    cached_tokens=sum(c for _, c in point.prompts))

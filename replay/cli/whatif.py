@@ -155,7 +155,8 @@ def _load(args: argparse.Namespace) -> tuple[SimWorkload, CostModel | None, list
     cost: CostModel | None = None
     if args.timing_from:
         cost, timing_config = _load_timing_trace(args.timing_from, args)
-    elif args.trace is not None and (args.profile or args.cost_options):
+    elif args.trace is not None and (getattr(args, "profile", None)
+                                     or getattr(args, "cost_options", None)):
         cost, _ = _load_timing_trace(args.trace, args)
     if args.trace is not None:
         workload = load_source(args.trace)

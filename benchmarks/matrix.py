@@ -4,6 +4,7 @@ predicted from one source on any CPU.
     python -m benchmarks.matrix prepare DIR            # the workload files (CPU, seconds)
     python -m benchmarks.matrix record MODEL DIR OUT   # on the GPU: one trace per cell in OUT
     python -m benchmarks.matrix fidelity TRACES --source TRACE [--profile PROFILE]
+        [--cost-option NAME=VALUE ...]                 # a mechanism switched (an ablation)
 
 ``prepare`` writes each family's workload with the project's own generators and importers;
 ``record`` runs every cell in one process after an untraced warm-up engine (so every recorded
@@ -24,6 +25,8 @@ from typing import Any
 SHARED = ["--temperature", "0.6"]
 # Family -> the `replayllm workload` arguments that make it (traces/workloads/: vendored traces);
 # the reference family is DESIGN.md's reference workload itself (all 256 requests at once).
+# Sizes: each family's arrivals span seconds (so all cells record in about five minutes on an
+# H200) at rates that keep the GPU loaded; traces/matrix/ was recorded from these.
 FAMILIES: dict[str, list[str]] = {
     "chat": ["generate", "--num-requests", "600", "--arrivals", "poisson", "--rate", "40",
              "--system-prompts", "8", "--system-prompt-len", "uniform:512,1536",
@@ -137,15 +140,19 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("traces", type=Path)
     f.add_argument("--source", required=True)
     f.add_argument("--profile", default=None)
+    f.add_argument("--cost-option", dest="cost_options", action="append", default=[],
+                   metavar="NAME=VALUE", help="replay.whatif.cost.profile.CostOptions")
     args = parser.parse_args(argv)
     if args.command == "prepare":
         return prepare(args.dir)
     if args.command == "record":
         return record(args.model, args.dir, args.out, args.only)
+    from replay.whatif.cost.profile import CostOptions
     from replay.whatif.fidelity import matrix_markdown, matrix_rows
 
     targets = [str(args.traces / name) for name in CELLS if (args.traces / name).is_dir()]
-    print(matrix_markdown(matrix_rows(targets, args.source, args.profile)))
+    options = CostOptions.parse(args.cost_options)
+    print(matrix_markdown(matrix_rows(targets, args.source, args.profile, options)))
     return 0
 
 

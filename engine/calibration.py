@@ -40,7 +40,9 @@ FILLER_TOKEN = 13
 LOW_QUANTILE, HIGH_QUANTILE = 0.1, 0.9
 
 
-def _sequences(lengths: list[int], first_block: int, block_size: int) -> list[Sequence]:
+def synthetic_sequences(lengths: list[int], first_block: int, block_size: int) -> list[Sequence]:
+    """Sequences of filler prompts of ``lengths`` over consecutive free blocks from
+    ``first_block``, with ids no request can have."""
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     seqs = []
     start = first_block
@@ -97,7 +99,7 @@ def _graph_or_eager_batches(config: Config, graph_prefill_tokens: Collection[int
             or len(lengths) > config.max_num_seqs
         ):
             continue
-        seqs = _sequences(lengths, 0, block_size)
+        seqs = synthetic_sequences(lengths, 0, block_size)
         batches.append(ScheduledBatch(-1, "prefill", seqs, lengths, list(lengths), len(seqs),
                                       num_batched_tokens=tokens, sampled_seqs=seqs))
     context = min(DECODE_CONTEXT, config.max_model_len - 1)
@@ -105,7 +107,7 @@ def _graph_or_eager_batches(config: Config, graph_prefill_tokens: Collection[int
     for count in DECODE_BATCHES:
         if count > config.max_num_seqs or count * blocks_each > num_blocks:
             continue
-        seqs = _sequences([context] * count, 0, block_size)
+        seqs = synthetic_sequences([context] * count, 0, block_size)
         for seq in seqs:
             seq.num_computed_tokens = context - 1
         batches.append(ScheduledBatch(-1, "decode", seqs, [1] * count, [context] * count, 0,
@@ -125,43 +127,51 @@ def calibrate(executor: Executor, config: Config, repeats: int,
     10th and 90th percentiles of the interval.
     The KV blocks written are free and unindexed, so the run never reads them.
     """
-    rows = []
     description = executor.describe()
     batches = calibration_batches(config, description.get("prefill_graph_tokens", []),
                                   bool(description.get("graph_batch_sizes")))
+    rows = []
     for done, batch in enumerate(batches):
         if progress is not None:
             progress(done, len(batches))
-        walls, durations, waits = [], [], []
-        output = None
-        for attempt in range(repeats + 1):
-            began = time.perf_counter()
-            output = executor.execute(batch)
-            wall = time.perf_counter() - began
-            if attempt:  # the first run pays one-off compilation
-                walls.append(wall)
-                durations.append(output.duration_s if output.duration_s is not None else wall)
-                waits.append(output.wait_s)
-        assert output is not None  # repeats >= 1 is validated by Config
-        prefill_tokens, prefill_work, decode_seqs, decode_ctx = batch_features(batch)
-        rows.append({
-            "kind": batch.kind,
-            "num_seqs": len(batch.seqs),
-            "prefill_tokens": prefill_tokens,
-            "prefill_attn_work": prefill_work,
-            "decode_seqs": decode_seqs,
-            "decode_context_tokens": decode_ctx,
-            "padded_batch_size": output.padded_batch_size or len(batch.seqs),
-            "graph_used": bool(output.graph_used),
-            "padded_tokens": output.padded_tokens,
-            "interval_s": statistics.median(walls),
-            "interval_p10_s": _quantile(walls, LOW_QUANTILE),
-            "interval_p90_s": _quantile(walls, HIGH_QUANTILE),
-            "duration_s": statistics.median(durations),
-            "wait_s": statistics.median(waits),
-            "repeats": repeats,
-        })
+        rows.append(time_batch(executor, batch, repeats))
     return rows
+
+
+def time_batch(executor: Executor, batch: ScheduledBatch, repeats: int,
+               clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+    """One synthetic step timed ``repeats`` times after an untimed warm-up run: its
+    ``model_step`` batch features and the medians and quantiles ``calibrate`` describes.
+    ``clock``: wall seconds (a simulated clock for a law-timed executor)."""
+    walls, durations, waits = [], [], []
+    output = None
+    for attempt in range(repeats + 1):
+        began = clock()
+        output = executor.execute(batch)
+        wall = clock() - began
+        if attempt:  # the first run pays one-off compilation
+            walls.append(wall)
+            durations.append(output.duration_s if output.duration_s is not None else wall)
+            waits.append(output.wait_s)
+    assert output is not None and walls  # repeats >= 1 is validated by Config
+    prefill_tokens, prefill_work, decode_seqs, decode_ctx = batch_features(batch)
+    return {
+        "kind": batch.kind,
+        "num_seqs": len(batch.seqs),
+        "prefill_tokens": prefill_tokens,
+        "prefill_attn_work": prefill_work,
+        "decode_seqs": decode_seqs,
+        "decode_context_tokens": decode_ctx,
+        "padded_batch_size": output.padded_batch_size or len(batch.seqs),
+        "graph_used": bool(output.graph_used),
+        "padded_tokens": output.padded_tokens,
+        "interval_s": statistics.median(walls),
+        "interval_p10_s": _quantile(walls, LOW_QUANTILE),
+        "interval_p90_s": _quantile(walls, HIGH_QUANTILE),
+        "duration_s": statistics.median(durations),
+        "wait_s": statistics.median(waits),
+        "repeats": repeats,
+    }
 
 
 def _quantile(values: list[float], q: float) -> float:

@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     from replay.cli import workload as workload_cli
 
     workload_cli.add_parser(sub)
+    from replay.cli import profile as profile_cli
+
+    profile_cli.add_parser(sub)
 
     bench = sub.add_parser("bench", help="benchmarks (scheduler on CPU; engine on a GPU)")
     bench.add_argument(
@@ -181,6 +184,12 @@ def _cmd_workload(args: argparse.Namespace) -> int:
     return workload_cli.run(args)
 
 
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from replay.cli import profile as profile_cli
+
+    return profile_cli.run(args)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "demo": _cmd_demo,
     "run": _cmd_run,
@@ -192,6 +201,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "whatif": _cmd_whatif,
     "tune": _cmd_tune,
     "workload": _cmd_workload,
+    "profile": _cmd_profile,
 }
 
 

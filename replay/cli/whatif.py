@@ -64,6 +64,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="predict OTHER_TRACE's configuration and compare with its recording")
     p.add_argument("--timing-from", metavar="TRACE|MODEL.json",
                    help="fit step times on this trace (or load a saved model) instead")
+    p.add_argument("--profile", metavar="PROFILE.json",
+                   help="a device profile (replayllm profile) pricing the steps the timing "
+                   "trace did not run")
+    p.add_argument("--cost-option", dest="cost_options", action="append", default=[],
+                   metavar="NAME=VALUE", help="switch a step-time model mechanism, e.g. "
+                   "warmup_window=off, profile_mode=pooled (replay/whatif/cost/profile.py)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     p.add_argument("--jobs", type=int, default=None, help="parallel processes (default: cores)")
     p.add_argument("--executor", choices=EXECUTORS, default="process",
@@ -117,8 +123,19 @@ def build_variants(
 
 
 # --- sources ------------------------------------------------------------------------------------
-def _load_timing_trace(path: str) -> tuple[CostModel, Config | None]:
-    """A step-time model from a trace or a saved model, and the trace's Config (if a trace)."""
+def _cost_options(args: argparse.Namespace) -> Any:
+    from replay.whatif.cost.profile import CostOptions
+
+    try:
+        return CostOptions.parse(getattr(args, "cost_options", []))
+    except ValueError as exc:
+        raise WhatifError(str(exc)) from None
+
+
+def _load_timing_trace(path: str, args: argparse.Namespace | None = None
+                       ) -> tuple[CostModel, Config | None]:
+    """A step-time model from a trace (with ``--profile`` and ``--cost-option``) or a saved
+    model, and the trace's Config (if a trace)."""
     if Path(path).suffix == ".json":
         return CostModel.load(path), None
     from replay.recorded import from_trace
@@ -126,14 +143,20 @@ def _load_timing_trace(path: str) -> tuple[CostModel, Config | None]:
     from tracing.reader import read_trace
 
     events = from_trace(read_trace(path))
-    return CostModel.fit(events, source=path), config_from_header(events.header)
+    profile = getattr(args, "profile", None)
+    options = _cost_options(args) if args is not None else None
+    return (CostModel.fit(events, source=path, profile=profile, options=options),
+            config_from_header(events.header))
 
 
 def _load(args: argparse.Namespace) -> tuple[SimWorkload, CostModel | None, list[str]]:
     timing_config: Config | None = None
     cost: CostModel | None = None
     if args.timing_from:
-        cost, timing_config = _load_timing_trace(args.timing_from)
+        cost, timing_config = _load_timing_trace(args.timing_from, args)
+    elif args.trace is not None and (getattr(args, "profile", None)
+                                     or getattr(args, "cost_options", None)):
+        cost, _ = _load_timing_trace(args.trace, args)
     if args.trace is not None:
         workload = load_source(args.trace)
         recorded = workload.recorded

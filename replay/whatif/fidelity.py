@@ -73,3 +73,148 @@ def fidelity_markdown(rows: list[dict[str, Any]]) -> str:
         lines.append(f"| {r['target']} | {r['source']} | " + " | ".join(cells)
                      + f" | {verdict} |")
     return "\n".join(lines)
+
+
+# --- the validation matrix: every recorded cell predicted from one source ------------------------
+# Targets of a matrix cell's relative error (per request: the median absolute TTFT error).
+MATRIX_TARGETS = {
+    "throughput_tok_s": 0.03,
+    "makespan_s": 0.03,
+    "ttft_mean_s": 0.10,
+    "ttft_p50_s": 0.10,
+    "ttft_p99_s": 0.20,
+    "tpot_mean_s": 0.05,
+    "tpot_p50_s": 0.05,
+    "tpot_p99_s": 0.10,
+    "request_ttft_mae": 0.15,
+}
+SUMMARY_METRICS = tuple(m for m in MATRIX_TARGETS if m != "request_ttft_mae")
+# The repeated recordings of one cell (benchmarks/matrix.py CELLS): their spread.
+SPREAD_CELLS = ("reference-default", "reference-default-2", "reference-default-3")
+
+
+def _first_scheduled(events: Any) -> dict[int, int]:
+    """Each request's first scheduled step (its admission)."""
+    import numpy as np
+
+    ss = events.tables["seq_scheduled"]
+    seqs = np.asarray(ss["seq_id"], dtype=np.int64)
+    steps = np.asarray(ss["step"], dtype=np.int64)
+    unique, first = np.unique(seqs, return_index=True)
+    return dict(zip(unique.tolist(), steps[first].tolist()))
+
+
+def request_ttft_error(predicted: Any, measured: Any) -> float:
+    """The median over requests of |predicted TTFT - recorded TTFT| / recorded TTFT (requests
+    matched by id; ``compute(...).requests`` frames)."""
+    import numpy as np
+
+    joined = measured.set_index("seq_id")["ttft_s"].to_frame("measured").join(
+        predicted.set_index("seq_id")["ttft_s"].to_frame("predicted"), how="inner")
+    ok = np.isfinite(joined["measured"]) & np.isfinite(joined["predicted"]) & (
+        joined["measured"] > 0)
+    if not ok.any():
+        return float("nan")
+    rel = (joined["predicted"][ok] - joined["measured"][ok]).abs() / joined["measured"][ok]
+    return float(np.median(rel))
+
+
+def has_arrivals(events: Any) -> bool:
+    """Whether requests arrived while the run stepped (then decisions depend on step times):
+    added at different steps (all before the first step: a batch, however long adding took)."""
+    import numpy as np
+
+    steps = np.asarray(events.tables["request_added"]["step"], dtype=np.int64)
+    return bool(len(steps)) and int(steps.max()) != int(steps.min())
+
+
+def matrix_rows(targets: list[str], source: str, profile: Any = None,
+                options: Any = None) -> list[dict[str, Any]]:
+    """Each target recording predicted from ``source``'s step-time model (and ``profile``, a
+    device profile; ``options``: ``CostOptions``) under the target's own workload, arrivals and
+    Config: per target the relative error of each ``MATRIX_TARGETS`` metric, whether decisions
+    are identical (a workload without arrivals) and how many requests were admitted at another
+    step than recorded (with arrivals); then a ``spread`` row where ``SPREAD_CELLS`` are among
+    the targets. A target that cannot be predicted has its ``status``."""
+    from pathlib import Path
+
+    from replay.metrics import compute, relative_error
+    from replay.recorded import from_trace
+    from replay.verify import compare_decisions
+    from replay.whatif.simulate import cold_start_of, load_source, run_variant
+    from tracing.reader import read_trace
+
+    model = CostModel.fit(from_trace(read_trace(source)), source=source, profile=profile,
+                          options=options)
+    rows: list[dict[str, Any]] = []
+    recorded: dict[str, Any] = {}
+    for target in targets:
+        events = from_trace(read_trace(target))
+        measured = compute(events)
+        recorded[Path(target).name] = measured.summary
+        predicted = run_variant(load_source(events), {}, model, Path(target).name,
+                                cold_start=cold_start_of(events.header))
+        row: dict[str, Any] = {"kind": "prediction", "target": Path(target).name,
+                               "source": source, "status": predicted.status,
+                               "requests": len(measured.requests), "notes": predicted.notes}
+        if predicted.ok and predicted.events is not None:
+            for metric in SUMMARY_METRICS:
+                row[metric] = relative_error(predicted.metrics[metric], measured.summary[metric])
+            row["request_ttft_mae"] = request_ttft_error(predicted.requests, measured.requests)
+            row["arrivals"] = has_arrivals(events)
+            if row["arrivals"]:
+                mine, theirs = _first_scheduled(predicted.events), _first_scheduled(events)
+                row["admitted_elsewhere"] = sum(mine.get(seq) != step
+                                                for seq, step in theirs.items())
+                row["decisions_identical"] = None
+            else:
+                row["admitted_elsewhere"] = None
+                row["decisions_identical"] = compare_decisions(events, predicted.events) is None
+        rows.append(row)
+    if all(name in recorded for name in SPREAD_CELLS):
+        rows.append(spread_row([recorded[name] for name in SPREAD_CELLS]))
+    return rows
+
+
+def spread_row(summaries: list[dict[str, float]]) -> dict[str, Any]:
+    """The run-to-run spread of repeated recordings of one cell: per metric, the largest
+    relative difference of a repeat from the first recording (signed by the larger)."""
+    from replay.metrics import relative_error
+
+    row: dict[str, Any] = {"kind": "spread", "target": " / ".join(SPREAD_CELLS),
+                           "source": "repeats", "status": "ok"}
+    for metric in SUMMARY_METRICS:
+        diffs = [relative_error(s[metric], summaries[0][metric]) for s in summaries[1:]]
+        row[metric] = max(diffs, key=abs)
+    row["request_ttft_mae"] = None
+    return row
+
+
+def _cell(value: Any, target: float | None) -> str:
+    if value is None:
+        return "–"
+    mark = "" if target is None or abs(value) <= target else " ✗"
+    return f"{100 * value:+.1f}%{mark}"
+
+
+def matrix_markdown(rows: list[dict[str, Any]]) -> str:
+    """The matrix rows as a Markdown table: one column per ``MATRIX_TARGETS`` metric (✗: past
+    its target, given in the header), decisions and admissions last."""
+    names = list(MATRIX_TARGETS)
+    head = ["cell", *[f"{m} (±{100 * t:.0f}%)" for m, t in MATRIX_TARGETS.items()],
+            "decisions / admitted elsewhere"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"| {r['target']} | {r['status']} |" + " |" * (len(head) - 2))
+            continue
+        spread = r["kind"] == "spread"
+        cells = [_cell(r.get(m), None if spread else MATRIX_TARGETS[m]) for m in names]
+        if spread:
+            verdict = "run-to-run spread"
+        elif r.get("decisions_identical") is not None:
+            verdict = "identical" if r["decisions_identical"] else "differ"
+        else:
+            verdict = f"{r['admitted_elsewhere']} of {r['requests']} requests"
+        lines.append(f"| {r['target']} | " + " | ".join(cells) + f" | {verdict} |")
+    return "\n".join(lines)

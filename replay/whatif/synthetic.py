@@ -5,7 +5,7 @@ tokens and step times from a ``StepLaw`` (H200-like magnitudes, noise, a periodi
 on a simulated clock. The tests use it to check time fidelity without GPU traces: a trace under
 config A predicts config B's recorded times. With a ``HostLaw`` the recording is a version-2
 trace: each step's host work (``host_s``), whether it was launched overlapped, and its interval
-by the cost model's overlap rule (``replay.whatif.cost.model.interval``), from which a simulation
+by the cost model's overlap rule (``replay.whatif.cost.overlap.interval``), from which a simulation
 must recover another config's times when that config overlaps another fraction of its steps.
 
 With ``prefill_graphs`` a prefill step runs as a CUDA-graph prefill where the engine would
@@ -29,7 +29,7 @@ from engine.config import Config
 from engine.engine_core import EngineCore, batch_features
 from engine.executor import NullExecutor
 from replay.recorded import RecordedEvents, from_columns
-from replay.whatif.cost.model import interval
+from replay.whatif.cost.overlap import interval
 from replay.whatif.sim_executor import SimClock
 from replay.workloads.request import Request
 
@@ -245,3 +245,17 @@ def _law_measurements(events: RecordedEvents,
     for i, (name, dtype) in enumerate((("duration_s", float), ("host_s", float),
                                        ("overlapped", bool), ("wall_time_s", float))):
         ms[name] = np.array([row[i] for row in rows], dtype=dtype)
+
+
+def law_profile(config: Config, law: StepLaw = StepLaw(flush_every=0),
+                host: HostLaw | None = None, seed: int = 0, budget_s: float = float("inf"),
+                repeats: int = 1) -> dict[str, Any]:
+    """A device profile (``engine.profiling.run_profile``) of a law-timed executor on a
+    simulated clock: the profile a GPU whose steps follow ``law`` would give under ``config``
+    (its pool and limits bound the grid)."""
+    from engine.profiling import run_profile
+
+    clock = SimClock(0.0)
+    executor = LawExecutor(config.num_kvcache_blocks, clock, law, seed, host=host)
+    return run_profile(executor, config, budget_s, repeats, clock=lambda: clock.now,
+                       engine_version="synthetic")

@@ -17,7 +17,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from engine import graph_sizes
 from replay.recorded import RecordedEvents
 from tracing.schema import NOT_PADDED
 
@@ -300,100 +299,50 @@ def has_host_times(events: RecordedEvents) -> bool:
             and float(np.median(host)) > HOST_MEASURED_S)
 
 
-def steps_of(events: RecordedEvents) -> Steps:
-    """The trace's steps and its header's calibration steps. A calibration row's ``interval_s``
-    times the executor call alone, less its ``wait_s`` (for the device): its host work. Fitted on
-    intervals, a row is charged the median over the run's steps of the engine's own work around
-    a step (scheduling, post-processing, recording), which a real step pays too."""
+def steps_of(events: RecordedEvents, host_times: bool = True) -> Steps:
+    """The trace's steps and its header's calibration steps (``calibration_steps``).
+    ``host_times`` False: fitted on intervals even where the trace measured host time."""
     ms = events.tables["model_step"]
     x, classes = feature_matrix(events)
     n = len(classes)
-    duration = np.asarray(ms["duration_s"], dtype=float)
     interval = step_intervals(events)
-    measured_host = has_host_times(events)
+    measured_host = host_times and has_host_times(events)
     host = np.asarray(ms["host_s"], dtype=float) if measured_host else np.full(n, np.nan)
     overlapped = (np.asarray(ms["overlapped"], dtype=bool) if "overlapped" in ms
                   else np.zeros(n, dtype=bool))
     no = np.zeros(n, dtype=bool)
-    own = Steps(x=x, classes=classes, time=duration if measured_host else interval, host=host,
-                interval=interval, overlapped=overlapped, is_calibration=no, window=no.copy())
+    own = Steps(x=x, classes=classes,
+                time=np.asarray(ms["duration_s"], dtype=float) if measured_host else interval,
+                host=host, interval=interval, overlapped=overlapped, is_calibration=no,
+                window=no.copy())
     rows = events.header.get("calibration") or []
     if not rows:
         return own
+    return own.concat(calibration_steps(rows, measured_host, engine_overhead_s(events)))
+
+
+def engine_overhead_s(events: RecordedEvents) -> float:
+    """The median over the run's steps of the engine's own work around a step (scheduling,
+    post-processing, recording): its interval less the executor's duration."""
+    overhead = step_intervals(events) - np.asarray(events.tables["model_step"]["duration_s"],
+                                                    dtype=float)
+    return float(np.median(np.clip(overhead, 0.0, None))) if len(overhead) else 0.0
+
+
+def calibration_steps(rows: Sequence[Mapping[str, Any]], measured_host: bool,
+                      overhead_s: float) -> Steps:
+    """Timed synthetic steps (a header's calibration rows, a device profile's) as fit rows. A
+    row's ``interval_s`` times the executor call alone, less its ``wait_s`` (for the device):
+    its host work. Fitted on intervals (``measured_host`` False), a row is charged
+    ``overhead_s`` (``engine_overhead_s``), which a real step pays too."""
     called = np.array([float(row["interval_s"]) for row in rows])
     if measured_host:
         time = np.array([float(row.get("duration_s", row["interval_s"])) for row in rows])
     else:
-        overhead = interval - duration
-        extra = float(np.median(np.clip(overhead, 0.0, None))) if len(overhead) else 0.0
-        time = called + extra
+        time = called + overhead_s
     cal_host = np.array([np.nan if row.get("wait_s") is None
                          else float(row["interval_s"]) - float(row["wait_s"]) for row in rows])
     no = np.zeros(len(rows), dtype=bool)
     classes = step_class([row["kind"] for row in rows], [row["graph_used"] for row in rows])
-    return own.concat(Steps(x=calibration_features(rows), classes=classes, time=time,
-                            host=cal_host, interval=called, overlapped=no, is_calibration=~no,
-                            window=no.copy()))
-
-
-# --- CUDA graphs of the source ------------------------------------------------------------------
-def observed_graph_sizes(events: RecordedEvents) -> list[int]:
-    """The graph batch sizes the source run padded decodes to: the engine's if they agree with
-    every observed (batch, padded) pair, else the sizes seen (a batch above them runs eager)."""
-    ms = events.tables["model_step"]
-    # Only decodes: a graph prefill's padded_batch_size is its own batch (it pads tokens).
-    graph = np.asarray(ms["graph_used"], dtype=bool) & (np.asarray(ms["kind"]).astype(str)
-                                                        == "decode")
-    if not graph.any():
-        return []
-    seqs = np.asarray(ms["num_seqs"], dtype=np.int64)[graph]
-    padded = np.asarray(ms["padded_batch_size"], dtype=np.int64)[graph]
-    engine = graph_sizes.decode_graph_sizes()
-    if all(graph_sizes.padded_decode_size(engine, int(s)) == p for s, p in zip(seqs, padded)):
-        return engine
-    return sorted(set(padded.tolist()))
-
-
-def _graph_prefills(events: RecordedEvents) -> list[tuple[int, int, int]]:
-    """(prompt tokens, sequences, padded tokens) of every graph prefill the source ran: its
-    steps and its header's calibration steps."""
-    ms = events.tables["model_step"]
-    kinds = np.asarray(ms["kind"]).astype(str)
-    padded = np.asarray(ms.get(PADDED_TOKENS, np.zeros(len(kinds))), dtype=np.int64)
-    rows = np.flatnonzero((kinds == "prefill") & np.asarray(ms["graph_used"], dtype=bool)
-                          & (padded > 0))
-    tokens = np.asarray(ms["prefill_tokens"], dtype=np.int64)
-    seqs = np.asarray(ms["num_seqs"], dtype=np.int64)
-    out = [(int(tokens[i]), int(seqs[i]), int(padded[i])) for i in rows]
-    calibration: list[Mapping[str, Any]] = events.header.get("calibration") or []
-    out += [(int(row["prefill_tokens"]), int(row["num_seqs"]), int(row[PADDED_TOKENS]))
-            for row in calibration
-            if row.get("kind") == "prefill" and row.get("graph_used")
-            and int(row.get(PADDED_TOKENS, 0)) > 0]
-    return out
-
-
-def source_prefill_graphs(events: RecordedEvents) -> tuple[list[int], int]:
-    """The token counts the source captured prefill graphs for (ascending) and the most
-    sequences one takes; ([], 0): it captured none (or recorded none: an older trace).
-
-    From the header where the executor described them. Else from the graph prefills it ran: the
-    engine's sizes for the source's config where every one was padded as those say, else only
-    the counts seen (a prefill above them is taken to run eager)."""
-    executor = events.header.get("executor") or {}
-    max_seqs = graph_sizes.MAX_GRAPH_PREFILL_SEQS
-    if executor.get("prefill_graph_tokens"):  # as the runner describes its prefill graphs
-        sizes = sorted(int(s) for s in executor["prefill_graph_tokens"])
-        described = executor.get("prefill_graph_max_seqs")
-        return sizes, int(max_seqs if described is None else described)
-    seen = _graph_prefills(events)
-    if not seen:
-        return [], 0
-    config = events.header.get("config") or {}
-    limit = min(int(config.get("prefill_graph_tokens", 0)),
-                int(config.get("max_num_batched_tokens", 0)))
-    engine_sizes = graph_sizes.prefill_graph_sizes(limit)
-    if all(graph_sizes.padded_prefill_tokens(engine_sizes, tokens, seqs, max_seqs) == padded
-           for tokens, seqs, padded in seen):
-        return engine_sizes, max_seqs
-    return sorted({padded for _, _, padded in seen}), max_seqs
+    return Steps(x=calibration_features(list(rows)), classes=classes, time=time, host=cal_host,
+                 interval=called, overlapped=no, is_calibration=~no, window=no.copy())

@@ -261,8 +261,8 @@ def bound_by_window(fit: LinearFit, name: str, x_window: np.ndarray, y_window: n
 
 
 # --- every class, with the run's warm-up kept out -------------------------------------------------
-def fit_class(name: str, x: np.ndarray, y: np.ndarray,
-              window: np.ndarray) -> tuple[LinearFit, dict[str, Any]] | None:
+def fit_class(name: str, x: np.ndarray, y: np.ndarray, window: np.ndarray,
+              bound: bool = True) -> tuple[LinearFit, dict[str, Any]] | None:
     """One class's fit on its steps outside the warm-up window (on all of them where too few
     lie outside), extended by the window's steps beyond the steady range (``bound_by_window``)."""
     steady = ~window
@@ -272,21 +272,22 @@ def fit_class(name: str, x: np.ndarray, y: np.ndarray,
     if fit is None:
         return None
     bounded = None
-    if enough and window.any():
+    if bound and enough and window.any():
         size = FEATURES.index(CLASSES[name].size_feature)
         bounded = bound_by_window(fit, name, x[window], y[window], float(x[steady, size].max()))
     report["window_bound"] = bounded is not None
     return bounded or fit, report
 
 
-def fit_all(steps: Steps) -> tuple[dict[str, LinearFit], dict[str, dict[str, Any]]]:
+def fit_all(steps: Steps, bound: bool = True
+            ) -> tuple[dict[str, LinearFit], dict[str, dict[str, Any]]]:
     """Each class's fit of ``steps.time`` where it has enough steps, and the pooled fit; per
-    class also how its fit was chosen."""
+    class also how its fit was chosen. ``bound`` False: no ``bound_by_window``."""
     fits: dict[str, LinearFit] = {}
     reports: dict[str, dict[str, Any]] = {}
     for name in STEP_CLASSES:
         mask = steps.classes == name
-        result = (fit_class(name, steps.x[mask], steps.time[mask], steps.window[mask])
+        result = (fit_class(name, steps.x[mask], steps.time[mask], steps.window[mask], bound)
                   if mask.any() else None)
         if result is not None:
             fits[name], reports[name] = result

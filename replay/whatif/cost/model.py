@@ -26,14 +26,13 @@ import numpy as np
 from engine.errors import ReplayLLMError
 from replay.metrics import has_timings
 from replay.recorded import RecordedEvents
-from replay.whatif.cost import explain, features
+from replay.whatif.cost import explain, features, graphs
 from replay.whatif.cost import fit as fitting
-from replay.whatif.cost.features import MIN_STEP_S, MODES, STEP_CLASSES, LinearFit, Steps
+from replay.whatif.cost.features import MIN_STEP_S, MODES, LinearFit, Steps
+from replay.whatif.cost.overlap import OverlapModel, interval
+from replay.whatif.cost.profile import CostOptions, ProfilePrior, profile_steps, read_profile
 
 MODEL_VERSION = 5  # of the saved JSON (``to_dict``); a file of another version is refused
-MIN_OFFSET_STEPS = 8  # an offset measured on fewer steps of its class and mode is derived
-FEW_OFFSET_STEPS = 3
-TRIM = 0.01  # offsets: the mean of residuals between these quantiles (a stray stall ignored)
 
 
 class CostModelError(ReplayLLMError):
@@ -48,147 +47,6 @@ class StepTime:
     device_s: float
     host_s: float
     interval_s: float
-
-
-def interval(device: float, host: float, parallel: bool, offset: float = 0.0) -> float:
-    """The wall time a step adds to a run, from its device and host time: ``max(device, host)``
-    for a ``parallel`` step (launched overlapped, its host work ran while the device was busy;
-    or eager, its kernels run while the host still launches later ones), ``device + host`` for
-    a sequential CUDA-graph step; plus ``offset``, and never below ``MIN_STEP_S``."""
-    return max((max(device, host) if parallel else device + host) + offset, MIN_STEP_S)
-
-
-def intervals(device: np.ndarray, host: np.ndarray, overlapped: np.ndarray, classes: np.ndarray,
-              offsets: np.ndarray | float = 0.0) -> np.ndarray:
-    """``interval`` of each step (an eager class is parallel when sequential too)."""
-    parallel = np.asarray(overlapped, dtype=bool) | np.isin(np.asarray(classes).astype(str),
-                                                            list(features.EAGER_CLASSES))
-    offsets = np.broadcast_to(np.asarray(offsets, dtype=float), parallel.shape)
-    return np.array([interval(*row) for row in zip(
-        np.asarray(device, dtype=float).tolist(), np.asarray(host, dtype=float).tolist(),
-        parallel.tolist(), offsets.tolist())], dtype=float)
-
-
-def _trimmed_mean(residuals: np.ndarray) -> float:
-    lo, hi = np.quantile(residuals, [TRIM, 1 - TRIM])
-    return float(residuals[(residuals >= lo) & (residuals <= hi)].mean())
-
-
-@dataclass
-class OverlapModel:
-    """Overlap mode's host-time fits per class and the interval rule's offsets per launch mode
-    and class."""
-
-    host: dict[str, LinearFit]
-    # Mode -> class -> seconds added to the rule; and how each was obtained, for reporting.
-    offsets: dict[str, dict[str, float]] = field(default_factory=dict)
-    offset_source: dict[str, dict[str, str]] = field(default_factory=dict)
-    sync_s: float = 0.0  # a sequential step's sync latency
-    source_steps: dict[str, int] = field(default_factory=dict)  # source steps per mode
-    host_warmup_s: dict[str, float] = field(default_factory=dict)  # as CostModel.warmup_s
-    selection: dict[str, Any] = field(default_factory=dict)
-    heldout: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def fit(cls, run: Steps, calibration: Steps) -> OverlapModel:
-        """``run``: the run's steps (``time``: device time); ``calibration``: the calibration steps
-        that record their wait for the device (so their host time: sizes the run never took).
-        A class's first step is left out of the host fit and, far above it, charged once."""
-        firsts = features.first_of_class(run.classes)
-        fits, selection = fitting.fit_host(run.rows(~firsts).concat(calibration))
-        model = cls(fits, selection=selection)
-        predicted = model.host_times(run.x, run.classes)
-        for row in np.flatnonzero(firsts):
-            name = str(run.classes[row])
-            others = (run.classes == name) & ~firsts
-            if not others.any():
-                continue
-            # The same one-off rule as a first step's device time (fit.warmup_steps).
-            extra = fitting.one_off_excess(float(predicted[row]), float(run.host[row]),
-                                           predicted[others], run.host[others])
-            if extra is not None:
-                model.host_warmup_s[name] = extra
-        model._fit_offsets(run, calibration)
-        return model
-
-    def _fit_offsets(self, run: Steps, calibration: Steps) -> None:
-        """Per class and mode, what the rule misses (``interval - rule(device, host)``): the
-        trimmed mean over ``MIN_OFFSET_STEPS`` or more steps; else the median of
-        ``FEW_OFFSET_STEPS`` or more besides its first (the run's own overhead around a step,
-        which no calibration step shows); else, sequential, its calibration steps' or the other
-        sequential steps' sync latency; overlapped, all overlapped steps' (0: too few)."""
-        residual = run.interval - intervals(run.time, run.host, run.overlapped, run.classes)
-        cal_residual = calibration.interval - intervals(
-            calibration.time, calibration.host, calibration.overlapped, calibration.classes)
-        classes, overlapped, cal_classes = run.classes, run.overlapped, calibration.classes
-        firsts = features.first_of_class(classes)
-        sequential = ~overlapped
-        if sequential.sum() >= MIN_OFFSET_STEPS:
-            self.sync_s = _trimmed_mean(residual[sequential])
-        elif len(cal_residual):
-            self.sync_s = float(np.median(cal_residual))
-        overall = (_trimmed_mean(residual[overlapped]) if overlapped.sum() >= MIN_OFFSET_STEPS
-                   else 0.0)
-        self.source_steps = {"sequential": int(sequential.sum()),
-                             "overlapped": int(overlapped.sum())}
-        for mode, rows_of_mode in zip(MODES, (sequential, overlapped)):
-            self.offsets[mode], self.offset_source[mode] = {}, {}
-            for name in STEP_CLASSES:
-                rows = rows_of_mode & (classes == name)
-                cal = cal_classes == name
-                later = rows & ~firsts
-                if rows.sum() >= MIN_OFFSET_STEPS:
-                    value = _trimmed_mean(residual[rows])
-                    how = f"measured on {int(rows.sum())} steps"
-                elif later.sum() >= FEW_OFFSET_STEPS:
-                    value = float(np.median(residual[later]))
-                    how = f"median of {int(later.sum())} steps (the class's first left out)"
-                elif mode == "sequential" and cal.any():
-                    value = float(np.median(cal_residual[cal]))
-                    how = f"measured on {int(cal.sum())} calibration steps"
-                elif mode == "sequential":
-                    value = self.sync_s
-                    how = "derived: the sync latency of the other sequential steps"
-                else:
-                    value = overall
-                    how = (f"all {int(overlapped.sum())} overlapped steps"
-                           if overlapped.sum() >= MIN_OFFSET_STEPS else "none: 0")
-                self.offsets[mode][name], self.offset_source[mode][name] = value, how
-
-    def host_fit(self, cls_name: str) -> LinearFit:
-        """A class's host fit; for a class the source did not run, a related class's
-        (``ClassSpec.host_fallbacks``), whose slopes are the shared ones anyway."""
-        if cls_name in self.host:
-            return self.host[cls_name]
-        for other in features.CLASSES[cls_name].host_fallbacks:
-            if other in self.host:
-                return self.host[other]
-        if not self.host:
-            return LinearFit(0.0, (0.0,) * len(features.FEATURES), (), 0)
-        return self.host[next(n for n in (*STEP_CLASSES, *self.host) if n in self.host)]
-
-    def host_times(self, x: np.ndarray, classes: np.ndarray) -> np.ndarray:
-        fits = {str(name): self.host_fit(str(name)) for name in np.unique(classes)}
-        return fitting.host_times(fits, x, classes)
-
-    def offset(self, mode: str, cls_name: str) -> float:
-        return self.offsets.get(mode, {}).get(cls_name, 0.0)
-
-    def intervals(self, device: np.ndarray, host: np.ndarray, overlapped: np.ndarray,
-                  classes: np.ndarray) -> np.ndarray:
-        offset = np.array([self.offset(MODES[int(flag)], str(name))
-                           for flag, name in zip(overlapped, classes)])
-        return intervals(device, host, overlapped, classes, offset)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["host"] = {name: fit.to_dict() for name, fit in self.host.items()}
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> OverlapModel:
-        host = {name: LinearFit.from_dict(fit) for name, fit in data["host"].items()}
-        return cls(**{**data, "host": host})
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,39 +84,57 @@ class CostModel:
     # sequences one graph prefill takes.
     prefill_graph_sizes: list[int] = field(default_factory=list)
     prefill_graph_max_seqs: int = 0
+    prior: ProfilePrior | None = None  # a device profile pricing what the source did not run
+    options: dict[str, Any] = field(default_factory=dict)  # ``CostOptions`` changed from default
     _times: dict[str, _ClassTimes] = field(default_factory=dict, init=False, repr=False,
                                            compare=False)
+    _prior_times: dict[str, _ClassTimes] = field(default_factory=dict, init=False, repr=False,
+                                                 compare=False)
 
     # --- fitting --------------------------------------------------------------------------------
     @classmethod
-    def fit(cls, events: RecordedEvents, source: str = "") -> CostModel:
-        """Fit from a recording with measured step times; held-out error in ``heldout``."""
+    def fit(cls, events: RecordedEvents, source: str = "", profile: Any = None,
+            options: CostOptions | None = None) -> CostModel:
+        """Fit from a recording with measured step times; held-out error in ``heldout``.
+        ``profile``: a device profile (a path or as loaded) pricing steps beyond the source's
+        range (``ProfilePrior``); ``options``: the mechanisms used (``CostOptions``)."""
+        options = options or CostOptions()
         name = source or "the trace"
         if not has_timings(events):
             raise CostModelError(f"{name} has no measured step times (recorded without a model)")
-        steps = features.steps_of(events)
+        host_times = options.overlap and features.has_host_times(events)
+        steps = features.steps_of(events, host_times)
         own = steps.rows(~steps.is_calibration)
-        leading = fitting.warmup_window(own)
+        leading = fitting.warmup_window(own) if options.warmup_window else 0
         own.window = np.arange(len(own)) < leading
-        warm, warmup_s = fitting.warmup_steps(own)
-        calibration = steps.rows(steps.is_calibration)
+        warm, warmup_s = (fitting.warmup_steps(own) if options.warmup_steps
+                          else (np.zeros(len(own), dtype=bool), {}))
+        calibration = steps.rows(steps.is_calibration & options.calibration)
+        loaded = read_profile(profile) if profile is not None else None
+        overhead_s = features.engine_overhead_s(events)
+        if loaded is not None and options.profile_mode == "pooled":
+            calibration = calibration.concat(profile_steps(loaded[0], host_times, overhead_s))
         fitted = own.rows(~warm).concat(calibration)
-        fits, reports = fitting.fit_all(fitted)
+        fits, reports = fitting.fit_all(fitted, options.window_bound)
         if not fits:
             raise CostModelError(f"{name} has too few steps to fit a model")
-        prefill_sizes, prefill_max_seqs = features.source_prefill_graphs(events)
-        model = cls(fits, source=source, graph_sizes=features.observed_graph_sizes(events),
+        prefill_sizes, prefill_max_seqs = graphs.source_prefill_graphs(events)
+        model = cls(fits, source=source, graph_sizes=graphs.observed_graph_sizes(events),
                     warmup_s=warmup_s, selection=reports, window_steps=leading,
-                    prefill_graph_sizes=prefill_sizes, prefill_graph_max_seqs=prefill_max_seqs)
+                    prefill_graph_sizes=prefill_sizes, prefill_graph_max_seqs=prefill_max_seqs,
+                    options=options.changed())
         for cls_name, report in reports.items():
             mask = fitted.classes == cls_name
             model.coverage[cls_name] = explain.class_coverage(
                 cls_name, fitted.x[mask], ~fitted.window[mask], fits[cls_name], report)
         model.heldout = _device_heldout(fitted)
-        if features.has_host_times(events):
+        if loaded is not None:
+            model.prior = ProfilePrior.fit(loaded[0], loaded[1], fitted, set(reports), options,
+                                           overhead_s, events.header)
+        if host_times:
             run = own.rows(~warm)
             timed = calibration.rows(np.isfinite(calibration.host))
-            model.overlap = OverlapModel.fit(run, timed)
+            model.overlap = OverlapModel.fit(run, timed, options.class_offsets)
             model.overlap.heldout = _overlap_heldout(run, timed, calibration)
         return model
 
@@ -287,6 +163,8 @@ class CostModel:
         class (which pays the source's one-off costs). Plain floats: the simulator calls this
         once per step."""
         times = self._times.get(cls_name) or self._class_times(cls_name)
+        if self.prior is not None and self.prior.prices(cls_name, step):
+            times = self._prior_times.get(cls_name) or self._class_times(cls_name, self.prior)
         device = max(times.device.linear_at(step), times.device.floor, MIN_STEP_S)
         if first:
             device += times.warmup_s
@@ -298,8 +176,11 @@ class CostModel:
         offset = times.overlapped_s if overlapped else times.sequential_s
         return StepTime(device, host, interval(device, host, overlapped or times.parallel, offset))
 
-    def _class_times(self, cls_name: str) -> _ClassTimes:
-        times = _ClassTimes(self.device_fit(cls_name), cls_name in features.EAGER_CLASSES,
+    def _class_times(self, cls_name: str, prior: ProfilePrior | None = None) -> _ClassTimes:
+        """What prices a class: the source's fits, or with ``prior`` the profile's device fit
+        (host time and offsets stay the source's)."""
+        device = prior.fits[cls_name] if prior is not None else self.device_fit(cls_name)
+        times = _ClassTimes(device, cls_name in features.EAGER_CLASSES,
                             self.warmup_s.get(cls_name, 0.0))
         if self.overlap is not None:
             overlap = self.overlap
@@ -308,7 +189,7 @@ class CostModel:
                 sequential_s=overlap.offset("sequential", cls_name),
                 overlapped_s=overlap.offset("overlapped", cls_name),
                 host_warmup_s=overlap.host_warmup_s.get(cls_name, 0.0))
-        self._times[cls_name] = times
+        (self._times if prior is None else self._prior_times)[cls_name] = times
         return times
 
     # --- words (``explain``) ----------------------------------------------------------------------
@@ -323,7 +204,10 @@ class CostModel:
     def coverage_warnings(self, target: RecordedEvents) -> list[str]:
         """Where ``target``'s steps (a simulation's or a recording's) lie well outside the
         source's range for their class, so that a prediction there may be off; and why."""
-        return explain.target_warnings(self, *features.feature_matrix(target))
+        x, classes = features.feature_matrix(target)
+        if self.prior is not None:
+            return self.prior.warnings(x, classes)
+        return explain.target_warnings(self, x, classes)
 
     def describe(self, target: RecordedEvents | None = None) -> str:
         """The model in a few lines (``explain.describe``)."""
@@ -336,6 +220,7 @@ class CostModel:
         out.update({f.name: getattr(self, f.name) for f in fields(self) if f.init})
         out["fits"] = {name: fit.to_dict() for name, fit in self.fits.items()}
         out["overlap"] = self.overlap.to_dict() if self.overlap is not None else None
+        out["prior"] = self.prior.to_dict() if self.prior is not None else None
         return out
 
     def save(self, path: str | Path) -> None:
@@ -352,7 +237,9 @@ class CostModel:
             del data["version"], data["target"]
             fits = {name: LinearFit.from_dict(f) for name, f in data.pop("fits").items()}
             overlap = data.pop("overlap")
-            return cls(fits, overlap=OverlapModel.from_dict(overlap) if overlap else None, **data)
+            prior = data.pop("prior", None)
+            return cls(fits, overlap=OverlapModel.from_dict(overlap) if overlap else None,
+                       prior=ProfilePrior.from_dict(prior) if prior else None, **data)
         except OSError as exc:
             raise CostModelError(f"{path}: cannot read cost model ({exc.strerror})") from None
         except (ValueError, KeyError, TypeError, AttributeError) as exc:

@@ -1,0 +1,275 @@
+"""The device profile: the real model runner timed over every step shape a configuration can make.
+
+A trace's own steps price only the shapes its run took; the start-up calibration
+(engine/calibration.py) adds a short ladder. A profile times, once per device and model, a grid
+designed to cover every step any configuration can produce on that model:
+
+- decode batches of 1..512 sequences over mean contexts up to ``max_model_len``, each at uniform
+  lengths and at a spread of lengths around the same mean (a batch of mixed lengths costs more
+  than its mean predicts: the longest row bounds its attention);
+- prefills by total tokens (to 32k) x number of prompts x cached-prefix share (the cached part
+  is read through the KV cache, not computed);
+- chunked mixed batches: a prefill chunk x decode rows x decode context;
+- CUDA graph and eager (``ScheduledBatch.eager``) of each shape a graph can run.
+
+Points come in *levels*; the profiler runs level by level and, under its time budget, drops the
+remaining points in this order (``LEVELS``, last dropped first): 0 the coarse corners of every
+kind; 1 finer decode batch sizes and contexts, and prefill prompt counts; 2 the spread of
+lengths and cached prefixes; 3 eager copies of the graph shapes; 4 a denser mixed grid.
+Each timed row is a calibration row (``calibration.time_batch``) plus what the point was, so the
+what-if reads a profile as it reads a trace header's calibration. This module is torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.batch import ScheduledBatch
+from engine.calibration import synthetic_sequences, time_batch
+from engine.config import Config
+from engine.errors import ReplayLLMError
+from engine.executor import Executor
+
+PROFILE_FORMAT = "replayllm-profile"
+PROFILE_VERSION = 1
+LEVELS = ("coarse", "fine sizes", "spread and cached prefix", "eager", "dense mixed")
+# Decode: batch sizes x mean context (capped at max_model_len and by the pool).
+DECODE_BATCHES = {0: (1, 8, 64, 256, 512), 1: (2, 4, 16, 32, 128, 192, 384)}
+DECODE_CONTEXTS = {0: (128, 1024, 8192, 32768), 1: (512, 2048, 4096, 16384)}
+# A spread batch: rows at these fractions of the mean context, in turn (mean 1.0).
+SPREAD_FRACTIONS = (0.125, 0.375, 1.0, 2.5)
+# Prefill: total tokens x prompts (each prompt at most max_model_len) x cached-prefix share.
+PREFILL_TOKENS = {0: (16, 256, 2048, 8192, 32768), 1: (64, 1024, 4096, 16384)}
+PREFILL_PROMPTS = {0: (1, 16), 1: (4, 64, 256)}
+CACHED_SHARES = (0.5, 0.9)
+# Mixed: prefill chunk tokens x decode rows x decode context.
+MIXED_CHUNKS = {0: (256, 2048), 4: (64, 512, 1024, 8192)}
+MIXED_ROWS = {0: (16, 128), 4: (1, 64, 256)}
+MIXED_CONTEXTS = {0: (1024,), 4: (256, 4096)}
+DEFAULT_BUDGET_S = 170.0
+DEFAULT_REPEATS = 3
+
+
+class ProfileError(ReplayLLMError):
+    """A profile cannot be written or read."""
+
+
+@dataclass(frozen=True)
+class ProfilePoint:
+    """One grid shape. ``decode_contexts``: each decode row's context; ``prompts``: each
+    prefill (or chunk) row's (tokens computed, cached prefix tokens)."""
+
+    kind: str
+    level: int
+    decode_contexts: tuple[int, ...] = ()
+    prompts: tuple[tuple[int, int], ...] = ()
+    eager: bool = False
+    label: str = ""
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.prompts) + len(self.decode_contexts)
+
+    def blocks(self, block_size: int) -> int:
+        lengths = [new + cached for new, cached in self.prompts] + list(self.decode_contexts)
+        return sum((n + block_size - 1) // block_size for n in lengths)
+
+    def batch(self, block_size: int) -> ScheduledBatch:
+        """The synthetic ``ScheduledBatch``: prefill rows first, decodes last, over distinct
+        consecutive free blocks (so attention reads as much memory as a real batch)."""
+        lengths = [new + cached for new, cached in self.prompts] + list(self.decode_contexts)
+        seqs = synthetic_sequences(lengths, 0, block_size)
+        new = [n for n, _ in self.prompts] + [1] * len(self.decode_contexts)
+        for seq, length, count in zip(seqs, lengths, new):
+            seq.num_computed_tokens = length - count
+        return ScheduledBatch(-1, self.kind, seqs, new, lengths, len(self.prompts),
+                              num_batched_tokens=sum(new), sampled_seqs=seqs, eager=self.eager)
+
+
+def _spread(mean: int, count: int, longest: int) -> tuple[int, ...]:
+    """``count`` contexts averaging about ``mean`` (cycling through ``SPREAD_FRACTIONS``), none
+    beyond ``longest``: the mean is scaled down to fit (the spread kept)."""
+    mean = min(mean, int(longest / max(SPREAD_FRACTIONS)))
+    return tuple(max(2, int(mean * SPREAD_FRACTIONS[i % len(SPREAD_FRACTIONS)]))
+                 for i in range(count))
+
+
+def _prompts(tokens: int, count: int, share: float, max_len: int) -> tuple[tuple[int, int], ...]:
+    """``count`` prompts computing ``tokens`` in all, each with a cached prefix of ``share`` of
+    its length (None-like empty: a prompt would exceed ``max_len``)."""
+    each, rest = divmod(tokens, count)
+    out = []
+    for i in range(count):
+        new = each + (1 if i < rest else 0)
+        cached = int(new * share / (1 - share)) if share else 0
+        if new < 1 or new + cached > max_len:
+            return ()
+        out.append((new, cached))
+    return tuple(out)
+
+
+def _crossed(first: dict[int, tuple[int, ...]], second: dict[int, tuple[int, ...]]
+             ) -> Iterator[tuple[int, int, int]]:
+    """(level, a, b) over both tables: a pair's level is the later of its two values'."""
+    for level_a, values_a in first.items():
+        for level_b, values_b in second.items():
+            for a in values_a:
+                for b in values_b:
+                    yield max(level_a, level_b), a, b
+
+
+def _decode_points(config: Config) -> Iterator[ProfilePoint]:
+    longest = config.max_model_len - 1
+    for level, batch, ctx in _crossed(DECODE_BATCHES, DECODE_CONTEXTS):
+        ctx = min(ctx, longest)
+        yield ProfilePoint("decode", level, (ctx,) * batch, label=f"decode {batch}x{ctx}")
+    for batch in (8, 64, 256, 512):
+        for ctx in (1024, 8192):
+            contexts = _spread(ctx, batch, longest)
+            mean = sum(contexts) // len(contexts)
+            yield ProfilePoint("decode", 2, contexts, label=f"decode {batch}x~{mean} spread")
+
+
+def _prefill_points(config: Config) -> Iterator[ProfilePoint]:
+    for level, tokens, count in _crossed(PREFILL_TOKENS, PREFILL_PROMPTS):
+        prompts = _prompts(tokens, count, 0.0, config.max_model_len)
+        if prompts:
+            yield ProfilePoint("prefill", level, prompts=prompts,
+                               label=f"prefill {tokens} in {count}")
+    for tokens in (256, 2048, 8192):
+        for count in (1, 16):
+            for share in CACHED_SHARES:
+                prompts = _prompts(tokens, count, share, config.max_model_len)
+                if prompts:
+                    yield ProfilePoint("prefill", 2, prompts=prompts,
+                                       label=f"prefill {tokens} in {count}, {share:.0%} cached")
+
+
+def _mixed_points(config: Config) -> Iterator[ProfilePoint]:
+    for level, chunk, rows in _crossed(MIXED_CHUNKS, MIXED_ROWS):
+        for at, contexts in MIXED_CONTEXTS.items():
+            for ctx in contexts:
+                ctx = min(ctx, config.max_model_len - 1)
+                prompt = min(chunk, config.max_model_len)
+                yield ProfilePoint("mixed", max(level, at), (ctx,) * rows, ((prompt, 0),),
+                                   label=f"mixed {prompt} + {rows}x{ctx}")
+
+
+def profile_grid(config: Config, graph_shapes: Callable[[ProfilePoint], bool] | None = None
+                 ) -> list[ProfilePoint]:
+    """Every point ``config`` can run (pool, token budget, max_num_seqs, max_model_len), in
+    budget order: by level, then kind. ``graph_shapes``: whether a CUDA graph runs a point
+    (level 3 repeats those eagerly; None: no graphs, no eager copies)."""
+    def fits(point: ProfilePoint) -> bool:
+        tokens = sum(n for n, _ in point.prompts) + len(point.decode_contexts)
+        return (point.num_seqs <= config.max_num_seqs
+                and tokens <= config.max_num_batched_tokens
+                and point.blocks(config.kvcache_block_size) <= config.num_kvcache_blocks)
+
+    unique: dict[tuple[Any, ...], ProfilePoint] = {}
+    for gen in (_decode_points, _prefill_points, _mixed_points):
+        for point in gen(config):
+            shape = (point.kind, point.decode_contexts, point.prompts)
+            if fits(point) and (shape not in unique or unique[shape].level > point.level):
+                unique[shape] = point
+    points = list(unique.values())
+    if graph_shapes is not None:
+        points += [dataclasses.replace(p, eager=True, level=3, label=p.label + ", eager")
+                   for p in points if p.level <= 1 and graph_shapes(p)]
+    return sorted(points, key=lambda p: p.level)
+
+
+def profile_key(description: dict[str, Any], engine_version: str) -> dict[str, Any]:
+    """What a profile is valid for, from the executor's ``describe()``."""
+    model = description.get("model") or {}
+    return {
+        "device": description.get("device_name") or description.get("device", "unknown"),
+        "architecture": model.get("architecture"),
+        "dtype": description.get("dtype"),
+        "tensor_parallel_size": int(description.get("tensor_parallel_size", 1)),
+        "attention_backend": description.get("attention_backend"),
+        "engine_version": engine_version,
+    }
+
+
+def run_profile(executor: Executor, config: Config, budget_s: float = DEFAULT_BUDGET_S,
+                repeats: int = DEFAULT_REPEATS, clock: Callable[[], float] = time.perf_counter,
+                engine_version: str = "", progress: Callable[[str], None] | None = None
+                ) -> dict[str, Any]:
+    """Time ``profile_grid`` through ``executor`` within ``budget_s`` seconds: a point is skipped
+    where the time spent plus its estimate (the last point of its kind's time, scaled up by its
+    tokens) would pass the budget, so lower levels are timed first and the run ends within
+    about one point of the budget. Returns the profile (``save_profile`` writes it)."""
+    description = executor.describe()
+    graph_sizes = description.get("graph_batch_sizes") or []
+    graph_tokens = description.get("prefill_graph_tokens") or []
+
+    def graph_shape(point: ProfilePoint) -> bool:
+        if point.kind == "decode":
+            return bool(graph_sizes) and point.num_seqs <= max(graph_sizes)
+        return point.kind == "prefill" and sum(n for n, _ in point.prompts) <= max(
+            graph_tokens, default=0)
+
+    grid = profile_grid(config, graph_shape if (graph_sizes or graph_tokens) else None)
+    began = clock()
+    rows, skipped = [], 0
+    last: dict[str, tuple[float, int]] = {}  # kind -> (seconds, tokens) of its last point
+    for point in grid:
+        tokens = sum(n for n, _ in point.prompts) + len(point.decode_contexts)
+        seconds, before = last.get(point.kind, (0.0, 1))
+        estimate = seconds * max(1.0, tokens / before)  # never below the last point's
+        if clock() - began + estimate > budget_s:
+            skipped += 1
+            continue
+        started = clock()
+        row = time_batch(executor, point.batch(config.kvcache_block_size), repeats, clock)
+        last[point.kind] = (clock() - started, max(tokens, 1))
+        row.update(level=point.level, label=point.label, eager=point.eager,
+                   decode_context_max=max(point.decode_contexts, default=0),
+                   cached_tokens=sum(c for _, c in point.prompts))
+        rows.append(row)
+        if progress is not None:
+            progress(f"{point.label}: {1e3 * row['interval_s']:.2f} ms")
+    return {
+        "format": PROFILE_FORMAT,
+        "version": PROFILE_VERSION,
+        "key": profile_key(description, engine_version),
+        "config": {k: getattr(config, k) for k in (
+            "max_model_len", "max_num_seqs", "max_num_batched_tokens", "num_kvcache_blocks",
+            "kvcache_block_size", "prefill_graph_tokens", "enforce_eager")},
+        "budget_s": budget_s,
+        "elapsed_s": clock() - began,
+        "repeats": repeats,
+        "levels": list(LEVELS),
+        "points": len(grid),
+        "skipped": skipped,
+        "rows": rows,
+    }
+
+
+def save_profile(profile: dict[str, Any], path: str | Path) -> None:
+    Path(path).write_text(json.dumps(profile, indent=1), encoding="utf-8")
+
+
+def load_profile(path: str | Path) -> dict[str, Any]:
+    """A profile written by ``save_profile``; a ``ProfileError`` for anything else."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read profile ({exc.strerror})") from None
+    except ValueError as exc:
+        raise ProfileError(f"{path}: not a profile file ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
+        raise ProfileError(f"{path}: not a {PROFILE_FORMAT} file")
+    if data.get("version") != PROFILE_VERSION:
+        raise ProfileError(f"{path}: profile version {data.get('version')!r}, expected "
+                           f"{PROFILE_VERSION}")
+    if not data.get("rows"):
+        raise ProfileError(f"{path}: the profile has no timed steps")
+    return data

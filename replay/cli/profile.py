@@ -1,0 +1,71 @@
+"""``replayllm profile``: a device profile of a model (engine/profiling.py) on the real runner."""
+
+from __future__ import annotations
+
+import argparse
+from importlib import metadata
+from typing import Any
+
+# A profile covers the longest steps the model can take: override any with --set.
+PROFILE_DEFAULTS: dict[str, Any] = {
+    "max_model_len": 32768,
+    "max_num_seqs": 512,
+    "max_num_batched_tokens": 32768,
+    "calibration_repeats": 0,
+}
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from engine.profiling import DEFAULT_BUDGET_S, DEFAULT_REPEATS
+
+    p = subparsers.add_parser(
+        "profile", help="time the model runner over every step shape (a device profile)")
+    p.add_argument("--model", default=None, help="checkpoint directory (default: tiny model)")
+    p.add_argument("--out", required=True, help="profile file to write (JSON)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Config field (defaults: " + ", ".join(
+                       f"{k}={v}" for k, v in PROFILE_DEFAULTS.items()) + ")")
+    p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
+                   help=f"seconds of timing at most (default {DEFAULT_BUDGET_S:.0f}); the grid is "
+                   "trimmed from its last level (engine/profiling.py LEVELS)")
+    p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
+                   help=f"timed runs per point after one warm-up (default {DEFAULT_REPEATS})")
+    p.add_argument("--quiet", action="store_true", help="no line per point")
+    return p
+
+
+def engine_version() -> str:
+    try:
+        return metadata.version("replayllm")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.config import Config, parse_overrides
+    from engine.errors import InvalidRequestError
+    from engine.model.checkpoint import default_model_dir
+    from engine.profiling import run_profile, save_profile
+    from engine.runner.model_runner import ModelRunner
+    from tracing.header import git_commit
+
+    if args.budget_s <= 0 or args.repeats < 1:
+        raise InvalidRequestError("--budget-s must be > 0 and --repeats >= 1")
+    model_dir = str(args.model) if args.model is not None else str(default_model_dir())
+    config = Config(model=model_dir, **{**PROFILE_DEFAULTS, **parse_overrides(args.overrides)})
+    runner = ModelRunner(config)
+    try:
+        config = config.replace(num_kvcache_blocks=runner.num_kvcache_blocks,
+                                eos=runner.eos_token_id)
+        profile = run_profile(runner, config, args.budget_s, args.repeats,
+                              engine_version=engine_version(),
+                              progress=None if args.quiet else print)
+    finally:
+        runner.close()
+    profile["git_commit"] = git_commit()
+    save_profile(profile, args.out)
+    key = ", ".join(f"{k} {v}" for k, v in profile["key"].items())
+    print(f"wrote {len(profile['rows'])} timed steps ({profile['skipped']} of {profile['points']} "
+          f"skipped for the {args.budget_s:.0f} s budget) in {profile['elapsed_s']:.1f} s to "
+          f"{args.out}: {key}")
+    return 0

@@ -1,0 +1,162 @@
+"""How device and host time make a step's interval: the one rule (``interval``) and overlap
+mode's host-time fits and offsets (``OverlapModel``), per class and launch mode."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from replay.whatif.cost import features
+from replay.whatif.cost import fit as fitting
+from replay.whatif.cost.features import MIN_STEP_S, MODES, STEP_CLASSES, LinearFit, Steps
+
+MIN_OFFSET_STEPS = 8  # an offset measured on fewer steps of its class and mode is derived
+FEW_OFFSET_STEPS = 3
+TRIM = 0.01  # offsets: the mean of residuals between these quantiles (a stray stall ignored)
+
+
+def interval(device: float, host: float, parallel: bool, offset: float = 0.0) -> float:
+    """The wall time a step adds to a run, from its device and host time: ``max(device, host)``
+    for a ``parallel`` step (launched overlapped, its host work ran while the device was busy;
+    or eager, its kernels run while the host still launches later ones), ``device + host`` for
+    a sequential CUDA-graph step; plus ``offset``, and never below ``MIN_STEP_S``."""
+    return max((max(device, host) if parallel else device + host) + offset, MIN_STEP_S)
+
+
+def intervals(device: np.ndarray, host: np.ndarray, overlapped: np.ndarray, classes: np.ndarray,
+              offsets: np.ndarray | float = 0.0) -> np.ndarray:
+    """``interval`` of each step (an eager class is parallel when sequential too)."""
+    parallel = np.asarray(overlapped, dtype=bool) | np.isin(np.asarray(classes).astype(str),
+                                                            list(features.EAGER_CLASSES))
+    offsets = np.broadcast_to(np.asarray(offsets, dtype=float), parallel.shape)
+    return np.array([interval(*row) for row in zip(
+        np.asarray(device, dtype=float).tolist(), np.asarray(host, dtype=float).tolist(),
+        parallel.tolist(), offsets.tolist())], dtype=float)
+
+
+def _trimmed_mean(residuals: np.ndarray) -> float:
+    lo, hi = np.quantile(residuals, [TRIM, 1 - TRIM])
+    return float(residuals[(residuals >= lo) & (residuals <= hi)].mean())
+
+
+@dataclass
+class OverlapModel:
+    """Overlap mode's host-time fits per class and the interval rule's offsets per launch mode
+    and class."""
+
+    host: dict[str, LinearFit]
+    # Mode -> class -> seconds added to the rule; and how each was obtained, for reporting.
+    offsets: dict[str, dict[str, float]] = field(default_factory=dict)
+    offset_source: dict[str, dict[str, str]] = field(default_factory=dict)
+    sync_s: float = 0.0  # a sequential step's sync latency
+    source_steps: dict[str, int] = field(default_factory=dict)  # source steps per mode
+    host_warmup_s: dict[str, float] = field(default_factory=dict)  # as CostModel.warmup_s
+    selection: dict[str, Any] = field(default_factory=dict)
+    heldout: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def fit(cls, run: Steps, calibration: Steps, class_offsets: bool = True) -> OverlapModel:
+        """``run``: the run's steps (``time``: device time); ``calibration``: the calibration steps
+        that record their wait for the device (so their host time: sizes the run never took).
+        A class's first step is left out of the host fit and, far above it, charged once."""
+        firsts = features.first_of_class(run.classes)
+        fits, selection = fitting.fit_host(run.rows(~firsts).concat(calibration))
+        model = cls(fits, selection=selection)
+        predicted = model.host_times(run.x, run.classes)
+        for row in np.flatnonzero(firsts):
+            name = str(run.classes[row])
+            others = (run.classes == name) & ~firsts
+            if not others.any():
+                continue
+            # The same one-off rule as a first step's device time (fit.warmup_steps).
+            extra = fitting.one_off_excess(float(predicted[row]), float(run.host[row]),
+                                           predicted[others], run.host[others])
+            if extra is not None:
+                model.host_warmup_s[name] = extra
+        model._fit_offsets(run, calibration, class_offsets)
+        return model
+
+    def _fit_offsets(self, run: Steps, calibration: Steps, class_offsets: bool = True) -> None:
+        """Per class and mode, what the rule misses (``interval - rule(device, host)``): the
+        trimmed mean over ``MIN_OFFSET_STEPS`` or more steps; else the median of
+        ``FEW_OFFSET_STEPS`` or more besides its first (the run's own overhead around a step,
+        which no calibration step shows); else, sequential, its calibration steps' or the other
+        sequential steps' sync latency; overlapped, all overlapped steps' (0: too few).
+        ``class_offsets`` False: every class the last two (``CostOptions.class_offsets``)."""
+        residual = run.interval - intervals(run.time, run.host, run.overlapped, run.classes)
+        cal_residual = calibration.interval - intervals(
+            calibration.time, calibration.host, calibration.overlapped, calibration.classes)
+        classes, overlapped, cal_classes = run.classes, run.overlapped, calibration.classes
+        firsts = features.first_of_class(classes)
+        sequential = ~overlapped
+        if sequential.sum() >= MIN_OFFSET_STEPS:
+            self.sync_s = _trimmed_mean(residual[sequential])
+        elif len(cal_residual):
+            self.sync_s = float(np.median(cal_residual))
+        overall = (_trimmed_mean(residual[overlapped]) if overlapped.sum() >= MIN_OFFSET_STEPS
+                   else 0.0)
+        self.source_steps = {"sequential": int(sequential.sum()),
+                             "overlapped": int(overlapped.sum())}
+        for mode, rows_of_mode in zip(MODES, (sequential, overlapped)):
+            self.offsets[mode], self.offset_source[mode] = {}, {}
+            for name in STEP_CLASSES:
+                rows = rows_of_mode & (classes == name)
+                cal = cal_classes == name
+                later = rows & ~firsts
+                if not class_offsets:
+                    value = self.sync_s if mode == "sequential" else overall
+                    how = "one offset for every class (class_offsets off)"
+                elif rows.sum() >= MIN_OFFSET_STEPS:
+                    value = _trimmed_mean(residual[rows])
+                    how = f"measured on {int(rows.sum())} steps"
+                elif later.sum() >= FEW_OFFSET_STEPS:
+                    value = float(np.median(residual[later]))
+                    how = f"median of {int(later.sum())} steps (the class's first left out)"
+                elif mode == "sequential" and cal.any():
+                    value = float(np.median(cal_residual[cal]))
+                    how = f"measured on {int(cal.sum())} calibration steps"
+                elif mode == "sequential":
+                    value = self.sync_s
+                    how = "derived: the sync latency of the other sequential steps"
+                else:
+                    value = overall
+                    how = (f"all {int(overlapped.sum())} overlapped steps"
+                           if overlapped.sum() >= MIN_OFFSET_STEPS else "none: 0")
+                self.offsets[mode][name], self.offset_source[mode][name] = value, how
+
+    def host_fit(self, cls_name: str) -> LinearFit:
+        """A class's host fit; for a class the source did not run, a related class's
+        (``ClassSpec.host_fallbacks``), whose slopes are the shared ones anyway."""
+        if cls_name in self.host:
+            return self.host[cls_name]
+        for other in features.CLASSES[cls_name].host_fallbacks:
+            if other in self.host:
+                return self.host[other]
+        if not self.host:
+            return LinearFit(0.0, (0.0,) * len(features.FEATURES), (), 0)
+        return self.host[next(n for n in (*STEP_CLASSES, *self.host) if n in self.host)]
+
+    def host_times(self, x: np.ndarray, classes: np.ndarray) -> np.ndarray:
+        fits = {str(name): self.host_fit(str(name)) for name in np.unique(classes)}
+        return fitting.host_times(fits, x, classes)
+
+    def offset(self, mode: str, cls_name: str) -> float:
+        return self.offsets.get(mode, {}).get(cls_name, 0.0)
+
+    def intervals(self, device: np.ndarray, host: np.ndarray, overlapped: np.ndarray,
+                  classes: np.ndarray) -> np.ndarray:
+        offset = np.array([self.offset(MODES[int(flag)], str(name))
+                           for flag, name in zip(overlapped, classes)])
+        return intervals(device, host, overlapped, classes, offset)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["host"] = {name: fit.to_dict() for name, fit in self.host.items()}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OverlapModel:
+        host = {name: LinearFit.from_dict(fit) for name, fit in data["host"].items()}
+        return cls(**{**data, "host": host})

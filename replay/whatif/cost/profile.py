@@ -1,0 +1,233 @@
+"""A device profile (engine/profiling.py) as the step-time model's prior, and the model's switches.
+
+A source trace prices well the steps it ran; a profile times every step shape the model can take
+on the device. ``ProfilePrior`` fits each class on the profile's rows (the same candidates and
+selection as a trace's: ``fit.fit_all``; their features have a physical meaning: tokens for the
+GEMMs' FLOPs and weight reads, ``prefill_attn_work`` for attention FLOPs,
+``decode_context_tokens`` for KV bytes read, sequences for per-sequence work, the intercept and
+floor for per-launch costs), scales each class by what the source's own steps of it took over
+what the profile predicts for them (another process, clock or build on the same device), and
+prices a step where the source's fit does not reach: ``priced_by`` says which of the two
+prices a step, and whether it lies outside both.
+
+``CostOptions`` switches each mechanism of the model, so that a validation matrix can compare
+the model with and without it; the defaults are the model without a profile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.profiling import load_profile, profile_key
+from replay.whatif.cost import fit as fitting
+from replay.whatif.cost.features import (
+    CLASSES,
+    FEATURES,
+    POOLED,
+    STEP_CLASSES,
+    LinearFit,
+    Steps,
+    calibration_steps,
+)
+
+PROFILE_MODES = ("blend", "pooled", "profile")
+TRACE, PROFILE, OUTSIDE = "trace", "profile", "outside"
+# The axes a class's range is checked along: its size and the decode context it reads.
+CONTEXT = "decode_context_tokens"
+# A scale outside these bounds says the profile is of another device or model: not applied.
+SCALE_BOUNDS = (0.5, 2.0)
+
+
+@dataclass(frozen=True)
+class CostOptions:
+    """The model's mechanisms, each switchable (all on: the model as it has always been).
+
+    ``warmup_steps``: a class's far-too-slow first step kept out of its fit, charged once.
+    ``warmup_window``: the run's leading warm-up steps kept out where later steps cover them.
+    ``window_bound``: such steps beyond the steady range bound a floor-only fit.
+    ``calibration``: the header's start-up calibration rows fitted with the run's steps.
+    ``overlap``: overlap mode (device time, host time and offsets) where host time was measured.
+    ``class_offsets``: per class and launch mode offsets (off: the sequential steps' sync
+    latency and the overlapped steps' mean, for every class).
+    ``profile_mode``: with a profile, ``blend`` (the source's fit within its range, the profile
+    beyond), ``pooled`` (profile rows fitted with the source's as calibration rows) or
+    ``profile`` (the profile's fits only). ``profile_scale``: scale them to the source."""
+
+    warmup_steps: bool = True
+    warmup_window: bool = True
+    window_bound: bool = True
+    calibration: bool = True
+    overlap: bool = True
+    class_offsets: bool = True
+    profile_mode: str = "blend"
+    profile_scale: bool = True
+
+    def __post_init__(self) -> None:
+        if self.profile_mode not in PROFILE_MODES:
+            raise ValueError(f"profile_mode must be one of {PROFILE_MODES}, "
+                             f"got {self.profile_mode!r}")
+
+    @classmethod
+    def parse(cls, items: list[str]) -> CostOptions:
+        """``name=value`` items (``overlap=off``, ``profile_mode=pooled``)."""
+        values: dict[str, Any] = {}
+        names = {f for f in cls.__dataclass_fields__}
+        for item in items:
+            key, sep, text = item.partition("=")
+            if not sep or key not in names:
+                raise ValueError(f"cost option {item!r}: expected NAME=VALUE with NAME one of "
+                                 f"{', '.join(sorted(names))}")
+            if key == "profile_mode":
+                values[key] = text
+            elif text.lower() in ("on", "true", "1", "yes"):
+                values[key] = True
+            elif text.lower() in ("off", "false", "0", "no"):
+                values[key] = False
+            else:
+                raise ValueError(f"cost option {item!r}: expected on or off")
+        return cls(**values)
+
+    def changed(self) -> dict[str, Any]:
+        """The options that differ from the defaults."""
+        default = asdict(CostOptions())
+        return {k: v for k, v in asdict(self).items() if default[k] != v}
+
+
+def read_profile(profile: str | Path | dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """A profile and its name, from a file or as loaded."""
+    if isinstance(profile, dict):
+        return profile, str(profile.get("path", "a profile"))
+    return load_profile(profile), str(profile)
+
+
+def profile_steps(profile: dict[str, Any], measured_host: bool, overhead_s: float) -> Steps:
+    """The profile's rows as fit rows (``features.calibration_steps``)."""
+    return calibration_steps(profile["rows"], measured_host, overhead_s)
+
+
+def _ranges(x: np.ndarray, classes: np.ndarray) -> dict[str, dict[str, list[float]]]:
+    """Per class, the [min, max] of its size and decode context over ``x``'s rows."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for name in np.unique(classes).astype(str).tolist():
+        if name not in CLASSES:
+            continue
+        rows = x[classes == name]
+        axes = dict.fromkeys((CLASSES[name].size_feature, CONTEXT))
+        out[name] = {axis: [float(rows[:, FEATURES.index(axis)].min()),
+                            float(rows[:, FEATURES.index(axis)].max())] for axis in axes}
+    return out
+
+
+def _within(ranges: dict[str, list[float]] | None, step: Any) -> bool:
+    if not ranges:
+        return False
+    return all(lo <= step[FEATURES.index(axis)] <= hi for axis, (lo, hi) in ranges.items())
+
+
+def _scaled(fit: LinearFit, scale: float) -> LinearFit:
+    return LinearFit(fit.intercept * scale, tuple(c * scale for c in fit.coef), fit.features,
+                     fit.samples, fit.floor * scale)
+
+
+@dataclass
+class ProfilePrior:
+    """The profile's class fits (scaled to the source), the ranges of both, and the profile's
+    key (``engine.profiling.profile_key``)."""
+
+    path: str
+    key: dict[str, Any]
+    fits: dict[str, LinearFit]
+    scale: dict[str, float] = field(default_factory=dict)
+    profile_range: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    trace_range: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    mode: str = "blend"
+    # What differs between the profile's key and the source's (device, model, dtype, ...).
+    mismatch: dict[str, list[Any]] = field(default_factory=dict)
+
+    @classmethod
+    def fit(cls, profile: dict[str, Any], name: str, steps: Steps, own_fits: set[str],
+            options: CostOptions, overhead_s: float, header: dict[str, Any]) -> ProfilePrior:
+        """``steps``: the source's fitted steps (``time`` as the profile's rows are read:
+        device time where ``steps`` measured host time, else intervals); ``own_fits``: the
+        classes the source fitted itself; ``header``: the source trace's."""
+        measured = bool(np.isfinite(steps.host[~steps.is_calibration]).any())
+        rows = profile_steps(profile, measured, overhead_s)
+        fits, _ = fitting.fit_all(rows)
+        fits.pop(POOLED, None)
+        scale: dict[str, float] = {}
+        ratios = []
+        for cls_name, fit in fits.items():
+            mask = steps.classes == cls_name
+            if options.profile_scale and mask.any():
+                ratio = float(np.median(steps.time[mask] / fit.predict(steps.x[mask])))
+                if SCALE_BOUNDS[0] <= ratio <= SCALE_BOUNDS[1]:
+                    scale[cls_name] = ratio
+                    ratios.append(ratio)
+        overall = float(np.median(ratios)) if ratios else 1.0
+        scaled = {c: _scaled(f, scale.get(c, overall)) for c, f in fits.items()}
+        trace = _ranges(steps.x, steps.classes) if options.profile_mode == "blend" else {}
+        key = dict(profile.get("key") or {})
+        source_key = profile_key(header.get("executor") or {}, key.get("engine_version", ""))
+        mismatch = {k: [key.get(k), v] for k, v in source_key.items()
+                    if v is not None and key.get(k) is not None and key.get(k) != v}
+        return cls(name, key, scaled, scale, _ranges(rows.x, rows.classes),
+                   {c: r for c, r in trace.items() if c in own_fits}, options.profile_mode,
+                   mismatch)
+
+    def priced_by(self, cls_name: str, step: Any) -> str:
+        """Which prices a step (``TRACE``, ``PROFILE``), or ``OUTSIDE`` where neither's range
+        holds it (then priced by the source's fit where it has one, else the profile's)."""
+        if self.mode == "pooled":
+            return TRACE
+        if _within(self.trace_range.get(cls_name), step):
+            return TRACE
+        if cls_name in self.fits and _within(self.profile_range.get(cls_name), step):
+            return PROFILE
+        return OUTSIDE
+
+    def prices(self, cls_name: str, step: Any) -> bool:
+        """Whether the profile's fit prices this step (rather than the source's)."""
+        if self.mode == "pooled" or cls_name not in self.fits:
+            return False
+        where = self.priced_by(cls_name, step)
+        return where == PROFILE or (where == OUTSIDE and cls_name not in self.trace_range)
+
+    def pricing(self, x: np.ndarray, classes: np.ndarray) -> dict[str, dict[str, int]]:
+        """Per class, how many of these steps each source prices (``priced_by``)."""
+        out: dict[str, dict[str, int]] = {}
+        for step, name in zip(x.tolist(), classes.astype(str).tolist()):
+            counts = out.setdefault(name, {TRACE: 0, PROFILE: 0, OUTSIDE: 0})
+            counts[self.priced_by(name, step)] += 1
+        return out
+
+    def warnings(self, x: np.ndarray, classes: np.ndarray) -> list[str]:
+        """One line saying what priced these steps, and one per class with steps outside
+        both ranges."""
+        pricing = self.pricing(x, classes)
+        trace = sum(c[TRACE] for c in pricing.values())
+        profile = sum(c[PROFILE] for c in pricing.values())
+        lines = [f"priced by the source's fits on {trace} steps and the profile {self.path} "
+                 f"({self.key.get('device')}, {self.key.get('architecture')}) on {profile}"]
+        if self.mismatch:
+            lines.append("the profile is not of the source's setup: " + ", ".join(
+                f"{k} {theirs} (source {ours})" for k, (theirs, ours) in self.mismatch.items()))
+        for name in STEP_CLASSES:
+            outside = pricing.get(name, {}).get(OUTSIDE, 0)
+            if outside:
+                lines.append(f"{outside} {name} steps lie outside both the source's and the "
+                             "profile's range: extrapolated")
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["fits"] = {name: fit.to_dict() for name, fit in self.fits.items()}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProfilePrior:
+        fits = {name: LinearFit.from_dict(f) for name, f in data["fits"].items()}
+        return cls(**{**data, "fits": fits})

@@ -1,0 +1,110 @@
+"""The step-time model with a device profile: steps the source never ran priced from the profile
+(scaled to the source), attribution of every step, and each mechanism switchable."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _cost_helpers import predicted_intervals
+
+from engine.config import Config
+from replay.whatif.cost.features import feature_matrix
+from replay.whatif.cost.model import CostModel
+from replay.whatif.cost.profile import OUTSIDE, PROFILE, TRACE, CostOptions
+from replay.whatif.synthetic import StepLaw, law_profile, record_workload
+from replay.workloads.builtin import reference_workload
+
+LAW = StepLaw(noise=0.0, flush_every=0)
+SOURCE = Config(num_kvcache_blocks=2000, max_num_seqs=64)
+CHUNKED = {"policy": "chunked", "max_num_batched_tokens": 512}
+DEVICE = Config(max_model_len=4096, max_num_seqs=512, max_num_batched_tokens=32768,
+                num_kvcache_blocks=60000)
+
+
+@pytest.fixture(scope="module")
+def runs() -> tuple:
+    requests = reference_workload()[:64]
+    return (record_workload(SOURCE, requests, LAW),
+            record_workload(SOURCE.replace(**CHUNKED), requests, LAW))
+
+
+def _law_times(events) -> np.ndarray:
+    return np.asarray(events.tables["model_step"]["duration_s"], dtype=float)
+
+
+def test_mixed_steps_the_source_never_ran_are_priced_by_the_profile(runs) -> None:
+    """The source has no mixed step; the chunked target's mixed steps are priced from the
+    profile, within 3% of the law; the source's own classes stay the source's."""
+    source, target = runs
+    model = CostModel.fit(source, profile=law_profile(DEVICE, LAW))
+    x, classes = feature_matrix(target)
+    mixed = classes == "mixed"
+    assert mixed.sum() > 10 and "mixed" not in set(feature_matrix(source)[1])
+    predicted = predicted_intervals(model, x, classes)
+    error = np.abs(predicted[mixed] / _law_times(target)[mixed] - 1)
+    assert float(np.median(error)) < 0.03
+    pricing = model.prior.pricing(x, classes)
+    assert pricing["mixed"][PROFILE] == mixed.sum()
+    assert pricing["decode_graph"][TRACE] > 0
+    assert any("priced by the source's fits" in line for line in model.coverage_warnings(target))
+
+
+def test_a_profile_of_a_slower_device_is_scaled_to_the_source(runs) -> None:
+    """A profile whose steps take twice the law's: scaled by the source's own steps (x 0.5), it
+    prices the mixed steps as the law does; unscaled, twice too slow."""
+    source, target = runs
+    slow = StepLaw(**{k: 2 * v if k.endswith("_s") else v
+                      for k, v in vars(LAW).items()})
+    profile = law_profile(DEVICE, slow)
+    x, classes = feature_matrix(target)
+    mixed = classes == "mixed"
+    truth = _law_times(target)[mixed]
+    scaled = CostModel.fit(source, profile=profile)
+    assert scaled.prior.scale and all(0.45 < s < 0.55 for s in scaled.prior.scale.values())
+    assert np.median(predicted_intervals(scaled, x, classes)[mixed] / truth) == pytest.approx(
+        1.0, abs=0.03)
+    unscaled = CostModel.fit(source, profile=profile,
+                             options=CostOptions(profile_scale=False))
+    assert np.median(predicted_intervals(unscaled, x, classes)[mixed] / truth) > 1.8
+
+
+def test_steps_outside_both_ranges_are_said_so(runs) -> None:
+    """A profile of a small device covers no large decode: those steps are outside both."""
+    source, _ = runs
+    small = Config(max_model_len=512, max_num_seqs=8, max_num_batched_tokens=512,
+                   num_kvcache_blocks=400)
+    model = CostModel.fit(source, profile=law_profile(small, LAW),
+                          options=CostOptions(profile_mode="profile"))
+    x, classes = feature_matrix(source)
+    big = (classes == "decode_graph") & (x[:, 0] > 8)
+    assert big.any()
+    assert model.prior.priced_by("decode_graph", x[big][0].tolist()) == OUTSIDE
+    assert any("outside both" in line for line in model.prior.warnings(x, classes))
+
+
+def test_every_switch_fits_and_the_defaults_are_the_model_without_options(runs, tmp_path: Path
+                                                                          ) -> None:
+    """All mechanisms off still prices every step; CostOptions() is the plain fit; a model
+    with a prior survives save and load."""
+    source, target = runs
+    plain = CostModel.fit(source)
+    assert plain.to_dict() == CostModel.fit(source, options=CostOptions()).to_dict()
+    off = CostOptions.parse(["warmup_steps=off", "warmup_window=off", "window_bound=off",
+                             "calibration=off", "overlap=off", "class_offsets=off"])
+    assert off.changed() and CostModel.fit(source, options=off).options == off.changed()
+    for mode in ("blend", "pooled", "profile"):
+        model = CostModel.fit(source, profile=law_profile(DEVICE, LAW),
+                              options=replace(off, profile_mode=mode))
+        x, classes = feature_matrix(target)
+        assert (predicted_intervals(model, x, classes) > 0).all()
+        model.save(tmp_path / f"{mode}.json")
+        loaded = CostModel.load(tmp_path / f"{mode}.json")
+        assert np.allclose(predicted_intervals(loaded, x, classes),
+                           predicted_intervals(model, x, classes))
+    with pytest.raises(ValueError, match="expected on or off"):
+        CostOptions.parse(["overlap=maybe"])
+    with pytest.raises(ValueError, match="NAME=VALUE"):
+        CostOptions.parse(["nonsense=on"])

@@ -167,6 +167,12 @@ class EngineCore:
         self._deferred_last = False  # the next step's inputs come after this change, not before
         self.scheduler.abort(self.sequences[seq_id])
 
+    @property
+    def last_step_deferred(self) -> bool:
+        """Whether the last step scheduled was post-processed before its tokens were back (with
+        an asynchronous executor it is still running when ``step`` returns)."""
+        return self._deferred_last
+
     def has_unfinished(self) -> bool:
         """Requests queued or running, or steps not yet returned by ``step``."""
         return not self.scheduler.is_finished() or self._in_flight is not None or bool(self._ready)

@@ -114,6 +114,7 @@ class SimExecutor:
         num_seqs = len(batch.seqs)
         self.steps += 1
         self.overlapped_steps += batch.overlapped
+        self.last_interval_s = 0.0
         cost = self.cost
         if cost is None:
             return StepOutput(token_ids=out, duration_s=0.0, padded_batch_size=num_seqs)
@@ -139,6 +140,7 @@ class SimExecutor:
             padded_tokens=computed_tokens(padded_tokens, prefill_tokens, decode_seqs))
         time = cost.predict(features, cls, batch.overlapped, first)
         self.clock.now += time.interval_s
+        self.last_interval_s = time.interval_s
         return StepOutput(token_ids=out, duration_s=time.device_s, padded_batch_size=padded,
                           graph_used=graph, wait_s=max(time.interval_s - time.host_s, 0.0),
                           padded_tokens=padded_tokens)

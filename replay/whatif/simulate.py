@@ -176,19 +176,28 @@ class _WorkloadInputs:
 
 
 def _run_workload(core: EngineCore, executor: SimExecutor, workload: SimWorkload,
-                  timed: bool) -> None:
+                  timed: bool, host_lags: bool = False) -> None:
     """Feed requests and aborts at their times (or steps) and step until everything is done.
 
     Timed: the simulated clock starts at the source's start and jumps to the next arrival when
     the engine idles. Untimed: inputs join at the step the source added them, or at once when
-    the engine would otherwise idle."""
+    the engine would otherwise idle.
+
+    ``host_lags``: the live engine overlaps steps on an asynchronous device, so after a step it
+    deferred, its loop takes in arrivals when the step before finished (it returns from
+    ``EngineCore.step`` with that step's result while the deferred one still runs), not when the
+    deferred one finishes: an arrival joins a step later than a sequential loop would take it."""
     clock = executor.clock
     floor = [-np.inf]  # untimed: inputs due up to here join even if the step index lags behind
     if timed:
         clock.now = workload.start_s
 
     def now() -> float:
-        return clock.now if timed else max(core.step_index, floor[0])
+        if not timed:
+            return max(core.step_index, floor[0])
+        if host_lags and core.last_step_deferred:
+            return clock.now - executor.last_interval_s
+        return clock.now
 
     def wait_until(due: float) -> None:
         if timed:
@@ -199,6 +208,13 @@ def _run_workload(core: EngineCore, executor: SimExecutor, workload: SimWorkload
     inputs = (_WorkloadInputs(executor, workload, timed) if workload.workload is None
               else _workload_file_inputs(core, executor, workload, timed))
     drive(core, inputs, now, wait_until)
+
+
+def _host_lags(workload: SimWorkload, config: Config) -> bool:
+    """Whether the live loop takes arrivals a step late after a deferred step: overlapped
+    scheduling on an asynchronous device (CUDA; a CPU step completes inside its launch)."""
+    device = str(workload.header.get("device") or "")
+    return config.async_scheduling and device.startswith("cuda")
 
 
 def _workload_file_inputs(core: EngineCore, executor: SimExecutor, workload: SimWorkload,
@@ -297,7 +313,7 @@ def run_variant(
     problem = _admission_problems(core, workload)
     if problem is not None:
         return SimResult(name, overrides, problem, timed)
-    _run_workload(core, executor, workload, timed)
+    _run_workload(core, executor, workload, timed, host_lags=_host_lags(workload, config))
     core.close()
     if keep_events:
         events = from_columns(core.header, core.events.tables)

@@ -232,7 +232,8 @@ def _finish(args: argparse.Namespace, rows: list[dict], cost: CostModel | None,
 
         tables = [("summary", pd.read_parquet(Path(args.out) / "summary.parquet"))]
         tables += [(name, frame) for name, frame in (extra or {}).items()]
-        plots = [p for p in written if p.suffix == ".png"]
+        # The files were written in the staging directory, since renamed to --out.
+        plots = [Path(args.out) / p.name for p in written if p.suffix == ".png"]
         page = write_report(args.report, "replayllm whatif", [variants_table(rows)], tables,
                             plots)
         print(f"wrote {page}")

@@ -10,13 +10,16 @@ from replay.verify import verify
 from tracing.reader import read_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "traces"
-COMMITTED = sorted(p for p in TRACES.iterdir() if (p / "run.json").exists())
+# The top-level traces and the validation matrix's recordings (traces/matrix/).
+COMMITTED = sorted(p.parent for p in TRACES.glob("*/run.json")) + sorted(
+    p.parent for p in TRACES.glob("matrix/*/run.json"))
 
 
 def test_the_expected_traces_are_committed() -> None:
     """The CPU sample and the two H200 ground-truth traces are present (not silently skipped)."""
     names = {p.name for p in COMMITTED}
     assert {"cpu-tiny-demo", "h200-reference", "h200-constrained"} <= names
+    assert sum(p.parent.name == "matrix" for p in COMMITTED) >= 12
 
 
 @pytest.mark.parametrize("trace_dir", COMMITTED, ids=[p.name for p in COMMITTED])

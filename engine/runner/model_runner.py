@@ -27,7 +27,7 @@ from engine.executor import DoneStep, PendingStep
 from engine.model.attention_metadata import AttentionMetadata, build_attention_metadata
 from engine.model.layers.attention import get_attention_backend
 from engine.model.layers.parallel import SINGLE_PROCESS
-from engine.model.layers.sampler import Sampler
+from engine.model.layers.sampler import RowOptions, Sampler, row_options, sample_option_rows
 from engine.model.loader import build_model
 from engine.runner import cuda_setup as cuda_runner
 from engine.runner import tp
@@ -272,7 +272,8 @@ class ModelRunner:
         hidden, padded, graph_used = self._forward_staged(num_seqs, size, batch.context_lens)
         logits = self.model.compute_logits(hidden)
         self.num_steps += 1
-        tokens = self.sample(logits, self.buffers.temperatures[:num_seqs])
+        tokens = self.sample(logits, self.buffers.temperatures[:num_seqs],
+                             row_options(batch.sampled_seqs))
         timer.finish()
         return cuda_runner.LaunchedStep(
             [seq.seq_id for seq in seqs], tokens, host_tokens, timer, padded, graph_used
@@ -311,7 +312,8 @@ class ModelRunner:
         if padded_tokens:
             assert self.prefill_graphs is not None
             selected, temps = self.prefill_graphs.sampled(hidden, len(payload.sample_rows))
-            output = self._sample_and_finish(selected, temps, padded, graph_used)
+            output = self._sample_and_finish(selected, temps, padded, graph_used,
+                                             payload.row_options)
             output.padded_tokens = padded_tokens
             return output
         if payload.decode and len(payload.sample_rows) == num_seqs:
@@ -320,12 +322,13 @@ class ModelRunner:
             selected = hidden.index_select(0, self._upload(payload.sample_rows, torch.int64))
         if self.device.type == "cuda":
             temps = self._temperatures(payload)
-            return self._sample_and_finish(selected, temps, padded, graph_used)
+            return self._sample_and_finish(selected, temps, padded, graph_used,
+                                           payload.row_options)
         logits = self.model.compute_logits(selected)
         self.num_steps += 1
         if self.rank != 0:
             return StepOutput(token_ids=[], padded_batch_size=padded, graph_used=graph_used)
-        tokens = self.sampler(logits, payload.temperatures)
+        tokens = self.sampler(logits, payload.temperatures, payload.row_options)
         return StepOutput(tokens.tolist(), padded_batch_size=padded, graph_used=graph_used)
 
     def _prefill_graph_size(self, payload: tp.StepPayload) -> int:
@@ -363,14 +366,19 @@ class ModelRunner:
         return self.model(ids, self.buffers.positions[:num_seqs], metadata), num_seqs, False
 
     def _sample_and_finish(
-        self, hidden: torch.Tensor, temperatures: torch.Tensor, padded: int, graph_used: bool
+        self,
+        hidden: torch.Tensor,
+        temperatures: torch.Tensor,
+        padded: int,
+        graph_used: bool,
+        options: list[RowOptions | None] | None = None,
     ) -> StepOutput:
         """CUDA: logits, GPU sampling, the one host sync, the step's GPU time."""
         logits = self.model.compute_logits(hidden)
         self.num_steps += 1
         if self.rank != 0:
             return StepOutput(token_ids=[], padded_batch_size=padded, graph_used=graph_used)
-        tokens = self.sample(logits, temperatures)
+        tokens = self.sample(logits, temperatures, options)
         assert self.timer is not None
         self.timer.finish()
         began = time.perf_counter()
@@ -393,12 +401,21 @@ class ModelRunner:
             return tensor
         return tensor.pin_memory().to(self.device, non_blocking=True)
 
-    def sample(self, logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
-        """GPU sampling (one pass over the logits); the seed moves with every step."""
+    def sample(
+        self,
+        logits: torch.Tensor,
+        temperatures: torch.Tensor,
+        options: list[RowOptions | None] | None = None,
+    ) -> torch.Tensor:
+        """GPU sampling (one pass over the logits); the seed moves with every step. Rows with
+        per-request options (top-p, top-k, own seed) are then redrawn on the PyTorch path."""
         from engine.model.kernels.sampler import sample_tokens
 
         seed = (self.config.seed * SEED_STRIDE + self.num_steps) % SEED_MODULUS
-        return sample_tokens(logits, temperatures, seed)
+        tokens = sample_tokens(logits, temperatures, seed)
+        if options is not None:
+            sample_option_rows(logits, temperatures, options, tokens, self.sampler.generator)
+        return tokens
 
     def worker_loop(self) -> None:
         """A TP worker: run every step rank 0 broadcasts until it sends ``None``."""

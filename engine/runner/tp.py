@@ -27,6 +27,7 @@ from engine.batch import ScheduledBatch
 from engine.config import Config
 from engine.errors import ConfigError
 from engine.model.layers.parallel import ParallelGroup
+from engine.model.layers.sampler import RowOptions, row_options
 from engine.sequence import PENDING_TOKEN
 
 STORE_FILE = "store"
@@ -49,6 +50,9 @@ class StepPayload:
     sample_rows: list[int]
     temperatures: list[float]
     eager: bool = False  # no CUDA graph, whatever the batch (ScheduledBatch.eager)
+    # Per sampled row: top-p/top-k/seed options (engine/model/layers/sampler.row_options);
+    # None: no row has any.
+    row_options: list[RowOptions | None] | None = None
 
 
 def payload_from_batch(
@@ -79,7 +83,8 @@ def payload_from_batch(
         rows = list(range(len(seqs))) if decode else last
     else:
         rows = [last[i] for i in range(len(seqs)) if sample[i]]
-    temps = [s.temperature for i, s in enumerate(seqs) if sample is None or sample[i]]
+    sampled = [s for i, s in enumerate(seqs) if sample is None or sample[i]]
+    temps = [s.temperature for s in sampled]
     return StepPayload(
         decode=decode,
         seq_ids=[seq.seq_id for seq in seqs],
@@ -91,6 +96,7 @@ def payload_from_batch(
         sample_rows=rows,
         temperatures=temps,
         eager=batch.eager,
+        row_options=row_options(sampled),
     )
 
 

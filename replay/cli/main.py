@@ -68,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     whatif_cli.add_parser(sub)
 
+    from replay.cli import serve as serve_cli
+
+    serve_cli.add_parser(sub)
+
     bench = sub.add_parser("bench", help="benchmarks (scheduler on CPU; engine on a GPU)")
     bench.add_argument(
         "suite", nargs="?", choices=["scheduler", "engine", "whatif"], default="engine"
@@ -143,6 +147,12 @@ def _cmd_whatif(args: argparse.Namespace) -> int:
     return whatif_cli.run(args)
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from replay.cli import serve as serve_cli
+
+    return serve_cli.run(args)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "demo": _cmd_demo,
     "run": _cmd_run,
@@ -152,6 +162,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "make-model": _cmd_make_model,
     "bench": _cmd_bench,
     "whatif": _cmd_whatif,
+    "serve": _cmd_serve,
 }
 
 

@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve_cli.add_parser(sub)
 
+    from replay.cli import loadgen as loadgen_cli
+
+    loadgen_cli.add_parser(sub)
+
     bench = sub.add_parser("bench", help="benchmarks (scheduler on CPU; engine on a GPU)")
     bench.add_argument(
         "suite", nargs="?", choices=["scheduler", "engine", "whatif"], default="engine"
@@ -153,6 +157,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return serve_cli.run(args)
 
 
+def _cmd_loadgen(args: argparse.Namespace) -> int:
+    from replay.cli import loadgen as loadgen_cli
+
+    return loadgen_cli.run(args)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "demo": _cmd_demo,
     "run": _cmd_run,
@@ -163,6 +173,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "bench": _cmd_bench,
     "whatif": _cmd_whatif,
     "serve": _cmd_serve,
+    "loadgen": _cmd_loadgen,
 }
 
 

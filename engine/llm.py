@@ -61,7 +61,9 @@ class LLMEngine:
     """Loads a Qwen3 checkpoint and serves batches of prompts, recording every decision.
 
     ``model`` is a checkpoint directory (None: the embedded tiny model, made on first use);
-    ``trace_dir`` records a Parquet trace there; other keywords are ``Config`` fields.
+    ``trace_dir`` records a Parquet trace there; ``wrap_sink(sink)`` returns the sink the
+    engine uses instead (it sees every step's events; ``sink`` is None when not recording);
+    other keywords are ``Config`` fields.
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class LLMEngine:
         model: str | None = None,
         trace_dir: str | None = None,
         record_events: bool = True,
+        wrap_sink: Any = None,
         **config_kwargs: Any,
     ) -> None:
         from engine.model.checkpoint import default_model_dir
@@ -91,6 +94,9 @@ class LLMEngine:
 
             header["calibration"] = calibrate(self.runner, config, config.calibration_repeats)
         self.sink = _make_sink(trace_dir, config) if record_events else None
+        if wrap_sink is not None:  # e.g. a KV-event tap in front of the recorder (or of none)
+            self.sink = wrap_sink(self.sink)
+            record_events = True
         self.core = EngineCore(
             config,
             self.runner,

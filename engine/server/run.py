@@ -42,8 +42,19 @@ def serve(
     if grace_s < 0:
         raise ReplayLLMError(f"--grace must be >= 0 seconds, got {grace_s}")
     name = served_model_name or (model if model is not None else "replayllm-tiny")
+    publisher = None
+    if kv_events_endpoint is not None:
+        from engine.server.kv_publisher import ZmqKVPublisher
+        from tracing.kv_events import KVEventTap
+
+        publisher = ZmqKVPublisher(kv_events_endpoint)
+
+        def wrap_sink(sink: Any) -> Any:
+            return KVEventTap(sink, publisher)
+    else:
+        wrap_sink = None
     llm = LLM(model, trace_dir=trace_dir, record_events=trace_dir is not None,
-              **(overrides or {}))
+              wrap_sink=wrap_sink, **(overrides or {}))
     engine = EngineLoop(llm, ServerMetrics(name))
     app = create_app(engine, name)
     config = uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=grace_s,
@@ -51,7 +62,11 @@ def serve(
     server = uvicorn.Server(config)
     print(f"replayllm serve: {name} on http://{host}:{port}"
           + (f", recording to {trace_dir}" if trace_dir else ""), flush=True)
-    server.run()
+    try:
+        server.run()
+    finally:
+        if publisher is not None:
+            publisher.close()
     if engine.error is not None:
         raise ReplayLLMError(f"the engine failed: {engine.error}")
     return engine.summary

@@ -53,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = sub.add_parser("export", help="export a trace for a viewer")
     export.add_argument("trace", help="trace directory")
-    export.add_argument("--format", choices=["perfetto"], default="perfetto")
-    export.add_argument("--out", default=None, help="output file (default: TRACE/trace.json)")
+    export.add_argument("--format", choices=["perfetto", "vllm-kv-events"], default="perfetto")
+    export.add_argument("--out", default=None, help="output file (default: TRACE/trace.json, "
+                        "or TRACE/kv-events.msgpack)")
 
     make_model = sub.add_parser("make-model", help="write a random-weight Qwen3 checkpoint")
     make_model.add_argument(
@@ -121,6 +122,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from tracing.export import export_perfetto
     from tracing.reader import read_trace
 
+    if args.format == "vllm-kv-events":
+        from tracing.kv_events import export_kv_events
+
+        path, count = export_kv_events(read_trace(args.trace),
+                                       args.out or os.path.join(args.trace, "kv-events.msgpack"))
+        print(f"wrote {path} ({count} KV events in vLLM's format, msgpack EventBatch maps)")
+        return 0
     out = args.out or os.path.join(args.trace, "trace.json")
     export_perfetto(read_trace(args.trace), out)
     print(f"wrote {out} (open it in https://ui.perfetto.dev or chrome://tracing)")

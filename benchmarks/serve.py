@@ -153,7 +153,8 @@ def soak(requests: int, concurrency: int, rss_bound_mb: float, settings: list[st
 
 
 # --- gpu ----------------------------------------------------------------------------------------
-def gpu(model: str | None, load: float, settings: list[str], poisson_requests: int) -> dict:
+def gpu(model: str | None, load: float, settings: list[str], poisson_requests: int,
+        num_requests: int | None = None) -> dict:
     import numpy as np
 
     from benchmarks.engine import PRESET, ensure_model
@@ -167,7 +168,7 @@ def gpu(model: str | None, load: float, settings: list[str], poisson_requests: i
 
     model_dir = str(ensure_model(Path(model or ROOT / "out" / "models" / PRESET)))
     overrides = dict(s.split("=", 1) for s in settings)
-    workload = reference_workload()
+    workload = reference_workload()[:num_requests]  # all 256 unless a smoke run asks fewer
     prompts = [list(r.prompt) for r in workload]
     params = [r.sampling_params() for r in workload]
     # 1. the offline engine, warm (its start-up compiled everything; one untimed run first)
@@ -218,7 +219,8 @@ def gpu(model: str | None, load: float, settings: list[str], poisson_requests: i
     frame = requests_frame(measured)
     client = summarize(frame, wall)
     recorded = compute(from_trace(read_trace(trace_dir)))
-    per_request = recorded.per_request.iloc[32:]  # the Poisson run's requests, in order
+    warm = min(32, len(workload))
+    per_request = recorded.requests.iloc[warm:]  # the Poisson run's requests, in order
     server_p50 = float(np.nanpercentile(per_request["ttft_s"].to_numpy(dtype=float), 50))
     out["poisson"] = {
         "load": load, "rate_req_s": round(rate, 2), "requests": poisson_requests,
@@ -254,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                         "qwen3-0.6b preset under out/models)")
     parser.add_argument("--load", type=float, default=0.7, help="gpu: Poisson load fraction")
     parser.add_argument("--poisson-requests", type=int, default=512)
+    parser.add_argument("--num-requests", type=int, default=None,
+                        help="gpu: only the first N reference requests (a smoke run)")
     parser.add_argument("--set", dest="settings", action="append", default=[],
                         metavar="KEY=VALUE", help="a Config field for the engine(s)")
     parser.add_argument("--json", default=None, help="also write the results here")
@@ -261,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "soak":
         result = soak(args.requests, args.concurrency, args.rss_bound_mb, args.settings)
     else:
-        result = gpu(args.model, args.load, args.settings, args.poisson_requests)
+        result = gpu(args.model, args.load, args.settings, args.poisson_requests,
+                     args.num_requests)
     result["machine"] = {"cpus": os.cpu_count(), "platform": sys.platform}
     text = json.dumps(result, indent=2, default=str)
     print(text)

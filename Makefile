@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_PIN)" || \
 		$(PY) -m pip install --quiet "$(TORCH_PIN)" --index-url $(TORCH_CPU_INDEX)
-	$(PY) -m pip install --quiet -e ".[dev,plots,ray]"
+	$(PY) -m pip install --quiet -e ".[dev,plots,ray,serve-test,duckdb]"
 	@touch $(STAMP)
 
 setup: $(STAMP)

@@ -108,6 +108,7 @@ class EngineCore:
         self.next_seq_id = 0
         self.sequences: dict[int, Sequence] = {}
         self.rejections: dict[int, str] = {}
+        self._forgotten_rejections = 0  # rejections dropped by ``forget``, still counted
         self.num_completion_tokens = 0
         self.busy_time_s = 0.0
         self.closed = False
@@ -163,9 +164,23 @@ class EngineCore:
             self.sink.on_idle(self.events)
 
     def abort(self, seq_id: int) -> None:
+        self.finish(seq_id, "aborted")
+
+    def finish(self, seq_id: int, reason: str) -> None:
+        """Finish a request on an outside input (``aborted``, or ``stop``: a stop string found in
+        its text), between steps; emits its ``block_freed`` rows and ``request_finished``."""
         self.drain()  # the sequence's last token must have its value before it is finished
         self._deferred_last = False  # the next step's inputs come after this change, not before
-        self.scheduler.abort(self.sequences[seq_id])
+        self.scheduler.finish(self.sequences[seq_id], reason)
+
+    def forget(self, seq_id: int) -> None:
+        """Drop a finished request from ``sequences`` and ``rejections`` (a server that runs for
+        days keeps nothing per finished request); later inputs naming it are ignored."""
+        seq = self.sequences.get(seq_id)
+        if seq is not None and seq.is_finished:
+            del self.sequences[seq_id]
+            if self.rejections.pop(seq_id, None) is not None:
+                self._forgotten_rejections += 1
 
     @property
     def last_step_deferred(self) -> bool:
@@ -349,7 +364,7 @@ class EngineCore:
         return {
             "steps": self.step_index,
             "requests": self.next_seq_id,
-            "rejected": len(self.rejections),
+            "rejected": len(self.rejections) + self._forgotten_rejections,
             "completion_tokens": self.num_completion_tokens,
             "preemptions": self.scheduler.num_preemptions,
             "elapsed_s": elapsed,

@@ -11,6 +11,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from engine.config import AUTO_CALIBRATION, GPU_CALIBRATION_REPEATS, Config
+from engine.detokenizer import IncrementalDetokenizer
 from engine.engine_core import EngineCore, StepResult
 from engine.errors import ConfigError, InvalidRequestError
 from engine.sampling_params import SamplingParams
@@ -67,7 +68,9 @@ class LLMEngine:
     """Loads a Qwen3 checkpoint and serves batches of prompts, recording every decision.
 
     ``model`` is a checkpoint directory (None: the embedded tiny model, made on first use);
-    ``trace_dir`` records a Parquet trace there; other keywords are ``Config`` fields.
+    ``trace_dir`` records a Parquet trace there; ``wrap_sink(sink)`` returns the sink the
+    engine uses instead (it sees every step's events; ``sink`` is None when not recording);
+    other keywords are ``Config`` fields.
     """
 
     def __init__(
@@ -77,6 +80,7 @@ class LLMEngine:
         record_events: bool = True,
         force: bool = False,
         trace_writer: str = "api",
+        wrap_sink: Any = None,
         **config_kwargs: Any,
     ) -> None:
         """``force``: replace a complete trace already in ``trace_dir`` (``--force`` on the
@@ -121,6 +125,9 @@ class LLMEngine:
             startup.phase("opening the trace")
             self.sink = (_make_sink(trace_dir, config, force, trace_writer)
                          if record_events else None)
+            if wrap_sink is not None:  # e.g. a KV-event tap in front of the recorder (or none)
+                self.sink = wrap_sink(self.sink)
+                record_events = True
             self.core = EngineCore(
                 config,
                 self.runner,
@@ -192,12 +199,41 @@ class LLMEngine:
                 )
         seqs = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
         texts: dict[int, str] = {}
-        self._run(len(seqs), use_tqdm, texts)
-        return [self._output(seq, texts.get(seq.seq_id)) for seq in seqs]
+        stops = {
+            seq.seq_id: IncrementalDetokenizer(self.tokenizer, seq.stop)
+            for seq in seqs
+            if seq.stop and not seq.is_finished
+        }
+        self._run(len(seqs), use_tqdm, texts, stops)
+        outputs = [self._output(seq, texts.get(seq.seq_id)) for seq in seqs]
+        for seq, output in zip(seqs, outputs):
+            detok = stops.get(seq.seq_id)
+            if detok is not None and detok.stopped:
+                output["finish_reason"] = "stop"
+        return outputs
 
-    def _run(self, total: int, use_tqdm: bool, texts: dict[int, str]) -> None:
+    def check_stops(self, result: StepResult, stops: dict[int, IncrementalDetokenizer]) -> None:
+        """Feed a step's tokens to the stop-string detokenizers; finish a request whose text
+        reached a stop string (recorded as finished with reason ``stop``)."""
+        for seq, token in zip(result.batch.sampled_seqs, result.output.token_ids):
+            detok = stops.get(seq.seq_id)
+            if detok is None or detok.stopped:
+                continue
+            detok.add((token,))
+            if detok.stopped:
+                detok.finish()
+                self.core.finish(seq.seq_id, "stop")
+
+    def _run(
+        self,
+        total: int,
+        use_tqdm: bool,
+        texts: dict[int, str],
+        stops: dict[int, IncrementalDetokenizer] | None = None,
+    ) -> None:
         """Step until done, detokenizing each sequence as it finishes (into ``texts``): with
-        overlapped steps that runs while the device computes the next step, not after the run."""
+        overlapped steps that runs while the device computes the next step, not after the run.
+        A sequence with stop strings is detokenized as it goes (``stops``) and ends at one."""
         bar = tqdm(total=total, desc="generate", disable=not use_tqdm, dynamic_ncols=True)
         bar.update(len(self.core.rejections))
         prefill_rate = decode_rate = 0.0
@@ -212,9 +248,16 @@ class LLMEngine:
             else:
                 prefill_rate = result.batch.num_batched_tokens / elapsed
             bar.set_postfix(prefill=f"{prefill_rate:.0f}tok/s", decode=f"{decode_rate:.0f}tok/s")
-            bar.update(len(result.finished))
-            for seq in result.finished:
-                texts[seq.seq_id] = self._text(seq)
+            finished = list(result.finished)
+            if stops:
+                self.check_stops(result, stops)
+                finished += [s for s in result.batch.sampled_seqs
+                             if s.finish_reason == "stop" and s.seq_id not in texts]
+            bar.update(len(finished))
+            for seq in finished:
+                detok = stops.get(seq.seq_id) if stops else None
+                texts[seq.seq_id] = detok.text if detok is not None and detok.stopped \
+                    else self._text(seq)
         bar.close()
 
     def _text(self, seq: Sequence) -> str:

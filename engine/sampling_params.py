@@ -6,10 +6,20 @@ from dataclasses import dataclass
 
 from engine.errors import InvalidRequestError
 
+# The largest per-request seed (it is mixed with a token's index into a generator seed).
+MAX_SEED = 2**63 - 1
+
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample one request. ``temperature == 0`` means greedy.
+
+    ``top_p`` < 1 keeps the smallest set of tokens whose probability reaches it (nucleus);
+    ``top_k`` > 0 keeps the k most likely tokens (0: all); ``seed`` makes the request's draws
+    its own, so the same request with the same seed gets the same answer whatever it is batched
+    with (None: draws come from the engine's generator). ``stop``: strings that end the answer
+    when its text contains one (the text ends before it; checked on detokenized text outside
+    the scheduler, which finishes the request with reason ``stop``).
 
     Invalid values raise ``InvalidRequestError`` (a ``ValueError``) naming the field.
     """
@@ -17,13 +27,43 @@ class SamplingParams:
     temperature: float = 1.0
     max_tokens: int = 64
     ignore_eos: bool = False
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.temperature, (int, float)) or self.temperature != self.temperature:
+        if not _is_number(self.temperature):
             raise InvalidRequestError(f"temperature must be a number, got {self.temperature!r}")
         if self.temperature < 0:
             raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
+        if not _is_int(self.max_tokens):
             raise InvalidRequestError(f"max_tokens must be an integer, got {self.max_tokens!r}")
         if self.max_tokens < 1:
             raise InvalidRequestError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise InvalidRequestError(f"top_k must be an integer >= 0 (0: off), got {self.top_k!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
+            raise InvalidRequestError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
+        if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
+            raise InvalidRequestError(
+                f"stop must be a sequence of non-empty strings, got {self.stop!r}"
+            )
+        object.__setattr__(self, "stop", tuple(self.stop))
+
+    @property
+    def needs_row_sampling(self) -> bool:
+        """Whether a sampled token needs the per-row path (top-p, top-k or its own seed)."""
+        return self.temperature > 0 and (
+            self.top_p < 1 or self.top_k > 0 or self.seed is not None
+        )
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

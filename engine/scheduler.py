@@ -18,7 +18,7 @@ from engine.block_manager import BlockManager, signed64
 from engine.config import Config
 from engine.sequence import PENDING_TOKEN, Sequence, SequenceStatus
 from tracing.events import EventBuffer
-from tracing.schema import NO_HASH, NO_SEQ
+from tracing.schema import NO_HASH, NO_SEQ, encode_stop
 
 
 def output_hash(token_ids: list[int]) -> int:
@@ -84,7 +84,7 @@ class Scheduler:
         """
         self.events.emit_request_added(
             seq.seq_id, seq.arrival_s, seq.token_ids, seq.temperature, seq.max_tokens,
-            seq.ignore_eos,
+            seq.ignore_eos, seq.top_p, seq.top_k, seq.seed, encode_stop(seq.stop),
         )
         error = precheck_error or self.admission_error(seq)
         if error is not None:
@@ -95,13 +95,18 @@ class Scheduler:
 
     def abort(self, seq: Sequence) -> None:
         """Stop ``seq`` wherever it is and release its blocks."""
+        self.finish(seq, "aborted")
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Finish ``seq`` on an input from outside the scheduler (an abort, a stop string found
+        in its text) wherever it is, releasing its blocks; a finished one stays as it is."""
         if seq.status is SequenceStatus.FINISHED:
             return
         if seq in self.waiting:
             self.waiting.remove(seq)
         if seq in self.running:
             self.running.remove(seq)
-        self._finish(seq, "aborted", release=bool(seq.block_table))
+        self._finish(seq, reason, release=bool(seq.block_table))
 
     def is_finished(self) -> bool:
         return not self.waiting and not self.running

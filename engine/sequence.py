@@ -5,6 +5,7 @@ from __future__ import annotations
 from enum import Enum
 
 from engine.sampling_params import SamplingParams
+from tracing.schema import NO_SEED
 
 # The token an overlapped step will sample, appended before its value is back from the device
 # (engine/engine_core.py); the scheduler writes the value in when the step resolves.
@@ -38,6 +39,11 @@ class Sequence:
         "temperature",
         "max_tokens",
         "ignore_eos",
+        "top_p",
+        "top_k",
+        "seed",
+        "stop",
+        "row_sampling",
         "arrival_s",
         "finish_reason",
         "num_preemptions",
@@ -59,6 +65,14 @@ class Sequence:
         self.temperature = float(params.temperature)
         self.max_tokens = params.max_tokens
         self.ignore_eos = params.ignore_eos
+        self.top_p = float(params.top_p)
+        self.top_k = params.top_k
+        self.seed = NO_SEED if params.seed is None else params.seed
+        self.stop = params.stop
+        # (top_p, top_k, seed) for the sampler's per-row path; None: the batched path serves it.
+        self.row_sampling = (
+            (self.top_p, self.top_k, self.seed) if params.needs_row_sampling else None
+        )
         self.arrival_s = arrival_s
         self.finish_reason: str | None = None
         self.num_preemptions = 0

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from engine.sampling_params import SamplingParams
-from tracing.schema import EVENT_KINDS, all_columns
+from tracing.schema import EVENT_KINDS, NO_SEED, all_columns, decode_stop
 
 LIST_COLUMNS = frozenset({"prompt_token_ids"})
 
@@ -32,10 +32,15 @@ class RecordedEvents:
     def request_params(self, row: int) -> SamplingParams:
         """The sampling settings of the ``row``-th recorded request (``request_added``)."""
         added = self.tables["request_added"]
+        seed = int(added["seed"][row])
         return SamplingParams(
             temperature=float(added["temperature"][row]),
             max_tokens=int(added["max_tokens"][row]),
             ignore_eos=bool(added["ignore_eos"][row]),
+            top_p=float(added["top_p"][row]),
+            top_k=int(added["top_k"][row]),
+            seed=None if seed == NO_SEED else seed,
+            stop=decode_stop(str(added["stop"][row])),
         )
 
     def num_rows(self, kind: str) -> int:

@@ -21,6 +21,9 @@ from replay.recorded import RecordedEvents, from_columns
 from tracing.sink import MemorySink
 
 PRECHECK_REJECTION = "rejected before scheduling (as recorded)"
+# Finish reasons that are inputs to the scheduler, not its decisions: an abort, and a stop string
+# found in the detokenized text (outside the scheduler). Replay feeds them at their recorded step.
+OUTSIDE_FINISHES = ("aborted", "stop")
 
 
 class HeaderError(ReplayLLMError):
@@ -129,12 +132,13 @@ def config_from_header(header: dict[str, Any], **overrides: Any) -> Config:
 class _Input:
     event_id: int
     step: int
-    action: str  # "add" or "abort"
+    action: str  # "add", or the reason of a finish from outside the scheduler (OUTSIDE_FINISHES)
     seq_id: int
 
 
 def _inputs(recorded: RecordedEvents) -> tuple[list[_Input], dict[int, str]]:
-    """Requests and aborts in recorded order, and the recorded reason of each finished request."""
+    """Requests and outside finishes (aborts, stops) in recorded order, and the recorded
+    reason of each finished request."""
     added = recorded.tables["request_added"]
     finished = recorded.tables["request_finished"]
     errors = finished.get("error")
@@ -148,11 +152,11 @@ def _inputs(recorded: RecordedEvents) -> tuple[list[_Input], dict[int, str]]:
         for eid, step, sid in zip(added["event_id"], added["step"], added["seq_id"])
     ]
     inputs += [
-        _Input(int(eid), int(step), "abort", int(sid))
+        _Input(int(eid), int(step), str(reason), int(sid))
         for eid, step, sid, reason in zip(
             finished["event_id"], finished["step"], finished["seq_id"], finished["reason"]
         )
-        if reason == "aborted"
+        if reason in OUTSIDE_FINISHES
     ]
     inputs.sort(key=lambda i: i.event_id)
     return inputs, reasons
@@ -182,9 +186,9 @@ class _RecordedInputs:
         while self.cursor < len(inputs) and inputs[self.cursor].step <= now:
             item = inputs[self.cursor]
             self.cursor += 1
-            if item.action == "abort":
+            if item.action != "add":
                 if item.seq_id in core.sequences:
-                    core.abort(item.seq_id)
+                    core.finish(item.seq_id, item.action)
                 continue
             row = self.request_rows[item.seq_id]
             params = self.recorded.request_params(row)

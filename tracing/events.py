@@ -6,7 +6,7 @@ event, which keeps recording cheap at hundreds of sequences per step.
 
 from __future__ import annotations
 
-from tracing.schema import EVENT_KINDS, NOT_PADDED, all_columns
+from tracing.schema import EVENT_KINDS, NO_SEED, NOT_PADDED, all_columns
 
 
 class EventBuffer:
@@ -72,7 +72,12 @@ class EventBuffer:
         temperature: float,
         max_tokens: int,
         ignore_eos: bool,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int = NO_SEED,
+        stop: str = "",
     ) -> None:
+        """A request entered the engine; ``stop`` is ``schema.encode_stop`` of its strings."""
         t = self._ra
         self._id(t)
         t["seq_id"].append(seq_id)
@@ -82,6 +87,10 @@ class EventBuffer:
         t["temperature"].append(temperature)
         t["max_tokens"].append(max_tokens)
         t["ignore_eos"].append(ignore_eos)
+        t["top_p"].append(top_p)
+        t["top_k"].append(top_k)
+        t["seed"].append(seed)
+        t["stop"].append(stop)
 
     def emit_batch(
         self,

@@ -7,6 +7,7 @@ Every event is a row in the table of its kind. All tables share two leading colu
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -17,7 +18,8 @@ SCHEMA_VERSION = 5
 # version 2 model_step.padded_tokens; the reader fills them with ADDED_COLUMN_DEFAULTS (a
 # version-1 run never overlapped its steps; no version-2 run padded a prefill). Version 4 changed
 # what host_s holds for a step computed inside the executor's launch (docs/trace-format.md).
-# Version 5 added request_finished.error (why a request was rejected; "" before).
+# Version 5 added request_finished.error (why a request was rejected; "" before) and
+# request_added.top_p, top_k, seed and stop (older: no such settings).
 READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4, 5)
 # model_step.padded_tokens of a step that computed its own tokens (no CUDA-graph prefill).
 NOT_PADDED = 0
@@ -25,6 +27,8 @@ NOT_PADDED = 0
 # Sentinel for "no hash" / "no sequence" in integer columns.
 NO_HASH = -1
 NO_SEQ = -1
+# request_added.seed of a request without its own seed.
+NO_SEED = -1
 
 # Column name -> logical type. Types are pyarrow type names; ``list<int32>`` is a list column.
 COMMON_COLUMNS: dict[str, str] = {"event_id": "int64", "step": "int32"}
@@ -38,6 +42,10 @@ EVENT_COLUMNS: dict[str, dict[str, str]] = {
         "temperature": "float32",
         "max_tokens": "int32",
         "ignore_eos": "bool",
+        "top_p": "float32",
+        "top_k": "int32",
+        "seed": "int64",
+        "stop": "string",
     },
     "batch_scheduled": {
         "kind": "string",
@@ -126,6 +134,7 @@ MEASURED_COLUMNS: dict[str, frozenset[str]] = {
 
 # Columns added after schema version 1, with the value an older trace implies.
 ADDED_COLUMN_DEFAULTS: dict[str, dict[str, object]] = {
+    "request_added": {"top_p": 1.0, "top_k": 0, "seed": NO_SEED, "stop": ""},
     "model_step": {"overlapped": False, "host_s": float("nan"),
                    "padded_tokens": NOT_PADDED},
     "request_finished": {"error": ""},
@@ -133,6 +142,17 @@ ADDED_COLUMN_DEFAULTS: dict[str, dict[str, object]] = {
 # Added columns whose default is not what the engine would have recorded (an older trace's
 # rejections had reasons, just not stored): verify compares them only from this version on.
 COMPARED_SINCE: dict[str, dict[str, int]] = {"request_finished": {"error": 5}}
+
+
+def encode_stop(stop: tuple[str, ...] | list[str]) -> str:
+    """request_added.stop: the stop strings as a JSON array, "" when there are none."""
+    return json.dumps(list(stop), ensure_ascii=False) if stop else ""
+
+
+def decode_stop(text: str) -> tuple[str, ...]:
+    """The stop strings of a request_added.stop value."""
+    return tuple(json.loads(text)) if text else ()
+
 
 FINISH_REASONS = ("eos", "length", "stop", "aborted", "rejected")
 

@@ -18,6 +18,7 @@ import torch
 
 from engine.batch import ScheduledBatch, StepOutput
 from engine.executor import PendingStep
+from engine.model.layers.sampler import RowOptions, row_options, sample_option_rows
 from engine.runner.decode_graphs import NO_SOURCE, DecodeBuffers, DecodeGraphs
 from engine.runner.prefill_graphs import PrefillGraphs
 from engine.runner.step_inputs import StepPayload, eager_inputs, token_values
@@ -151,6 +152,7 @@ class CudaStepper:
         self.seed = seed
         self.rank = rank
         self.device = buffers.dev_i64.device
+        self._option_generator: torch.Generator | None = None  # rows without a seed of their own
         self.timer = StepTimer()
         self.tokens = TokenBuffers(buffers.max_batch)
         self.num_steps = 0  # steps run, every kind: the sampling seed moves with it
@@ -176,7 +178,8 @@ class CudaStepper:
         hidden, padded, graph_used = self._forward_staged(num_seqs, size, batch.context_lens)
         logits = self.model.compute_logits(hidden)
         self.num_steps += 1
-        tokens = self.sample(logits, self.buffers.temperatures[:num_seqs])
+        tokens = self.sample(logits, self.buffers.temperatures[:num_seqs],
+                             row_options(batch.sampled_seqs))
         timer.finish()
         return LaunchedStep(
             [seq.seq_id for seq in seqs], tokens, host_tokens, timer, padded, graph_used
@@ -231,7 +234,8 @@ class CudaStepper:
         if padded_tokens:
             assert self.prefill_graphs is not None
             selected, temps = self.prefill_graphs.sampled(hidden, len(payload.sample_rows))
-            output = self._sample_and_finish(selected, temps, padded, graph_used)
+            output = self._sample_and_finish(selected, temps, padded, graph_used,
+                                             payload.row_options)
             output.padded_tokens = padded_tokens
             return output
         if payload.decode and len(payload.sample_rows) == num_seqs:
@@ -239,7 +243,7 @@ class CudaStepper:
         else:
             selected = hidden.index_select(0, self.upload(payload.sample_rows, torch.int64))
         temps = self._temperatures(payload)
-        return self._sample_and_finish(selected, temps, padded, graph_used)
+        return self._sample_and_finish(selected, temps, padded, graph_used, payload.row_options)
 
     def _prefill_graph_size(self, payload: StepPayload) -> int:
         """The captured token count this step's prefill pads to; 0: not a graph prefill."""
@@ -275,14 +279,19 @@ class CudaStepper:
         return self.model(ids, self.buffers.positions[:num_seqs], metadata), num_seqs, False
 
     def _sample_and_finish(
-        self, hidden: torch.Tensor, temperatures: torch.Tensor, padded: int, graph_used: bool
+        self,
+        hidden: torch.Tensor,
+        temperatures: torch.Tensor,
+        padded: int,
+        graph_used: bool,
+        options: list[RowOptions | None] | None = None,
     ) -> StepOutput:
         """Logits, GPU sampling, the one host sync, the step's GPU time."""
         logits = self.model.compute_logits(hidden)
         self.num_steps += 1
         if self.rank != 0:
             return StepOutput(token_ids=[], padded_batch_size=padded, graph_used=graph_used)
-        tokens = self.sample(logits, temperatures)
+        tokens = self.sample(logits, temperatures, options)
         self.timer.finish()
         began = time.perf_counter()
         token_ids = tokens.tolist()  # the step's one synchronisation
@@ -300,9 +309,21 @@ class CudaStepper:
         the device finished it, then leave the device idle while it launched on."""
         return torch.tensor(values, dtype=dtype).pin_memory().to(self.device, non_blocking=True)
 
-    def sample(self, logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
-        """GPU sampling (one pass over the logits); the seed moves with every step."""
-        return sample_on_gpu(logits, temperatures, sampling_seed(self.seed, self.num_steps))
+    def sample(
+        self,
+        logits: torch.Tensor,
+        temperatures: torch.Tensor,
+        options: list[RowOptions | None] | None = None,
+    ) -> torch.Tensor:
+        """GPU sampling (one pass over the logits); the seed moves with every step. Rows with
+        per-request options (top-p, top-k, own seed) are then redrawn on the PyTorch path."""
+        tokens = sample_on_gpu(logits, temperatures, sampling_seed(self.seed, self.num_steps))
+        if options is not None:
+            if self._option_generator is None:
+                self._option_generator = torch.Generator(device=self.device)
+                self._option_generator.manual_seed(self.seed)
+            sample_option_rows(logits, temperatures, options, tokens, self._option_generator)
+        return tokens
 
     # --- description and shutdown -----------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

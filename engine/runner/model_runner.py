@@ -246,7 +246,7 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden.index_select(0, rows))
         if self.rank != 0:
             return StepOutput(token_ids=[], padded_batch_size=num_seqs)
-        tokens = self.sampler(logits, payload.temperatures)
+        tokens = self.sampler(logits, payload.temperatures, payload.row_options)
         return StepOutput(tokens.tolist(), padded_batch_size=num_seqs)
 
     def worker_loop(self) -> None:

@@ -15,6 +15,7 @@ import torch
 from engine.batch import ScheduledBatch
 from engine.executor import PendingStep
 from engine.model.attention_metadata import AttentionMetadata, build_attention_metadata
+from engine.model.layers.sampler import RowOptions, row_options
 from engine.sequence import PENDING_TOKEN
 
 
@@ -32,6 +33,9 @@ class StepPayload:
     sample_rows: list[int]
     temperatures: list[float]
     eager: bool = False  # no CUDA graph, whatever the batch (ScheduledBatch.eager)
+    # Per sampled row: top-p/top-k/seed options (engine/model/layers/sampler.row_options);
+    # None: no row has any.
+    row_options: list[RowOptions | None] | None = None
 
 
 def payload_from_batch(
@@ -62,7 +66,8 @@ def payload_from_batch(
         rows = list(range(len(seqs))) if decode else last
     else:
         rows = [last[i] for i in range(len(seqs)) if sample[i]]
-    temps = [s.temperature for i, s in enumerate(seqs) if sample is None or sample[i]]
+    sampled = [s for i, s in enumerate(seqs) if sample is None or sample[i]]
+    temps = [s.temperature for s in sampled]
     return StepPayload(
         decode=decode,
         seq_ids=[seq.seq_id for seq in seqs],
@@ -74,6 +79,7 @@ def payload_from_batch(
         sample_rows=rows,
         temperatures=temps,
         eager=batch.eager,
+        row_options=row_options(sampled),
     )
 
 

@@ -62,8 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = sub.add_parser("export", help="export a trace for a viewer")
     export.add_argument("trace", help="trace directory")
-    export.add_argument("--format", choices=["perfetto"], default="perfetto")
-    export.add_argument("--out", default=None, help="output file (default: TRACE/trace.json)")
+    export.add_argument("--format", choices=["perfetto", "vllm-kv-events"], default="perfetto")
+    export.add_argument("--out", default=None, help="output file (default: TRACE/trace.json, "
+                        "or TRACE/kv-events.msgpack)")
     _add_force(export, "replace a file that is not an earlier export")
 
     make_model = sub.add_parser("make-model", help="write a random-weight Qwen3 checkpoint")
@@ -88,6 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
     from replay.cli import profile as profile_cli
 
     profile_cli.add_parser(sub)
+
+    from replay.cli import serve as serve_cli
+
+    serve_cli.add_parser(sub)
+
+    from replay.cli import loadgen as loadgen_cli
+
+    loadgen_cli.add_parser(sub)
 
     bench = sub.add_parser("bench", help="benchmarks (scheduler on CPU; engine on a GPU)")
     bench.add_argument(
@@ -135,6 +144,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from tracing.export import export_perfetto
     from tracing.reader import read_trace
 
+    if args.format == "vllm-kv-events":
+        from tracing.kv_events import export_kv_events
+
+        path, count = export_kv_events(read_trace(args.trace),
+                                       args.out or os.path.join(args.trace, "kv-events.msgpack"))
+        print(f"wrote {path} ({count} KV events in vLLM's format, msgpack EventBatch maps)")
+        return 0
     out = args.out or os.path.join(args.trace, "trace.json")
     export_perfetto(read_trace(args.trace), out, force=args.force)
     print(f"wrote {out} (open it in https://ui.perfetto.dev or chrome://tracing)")
@@ -190,6 +206,18 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return profile_cli.run(args)
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from replay.cli import serve as serve_cli
+
+    return serve_cli.run(args)
+
+
+def _cmd_loadgen(args: argparse.Namespace) -> int:
+    from replay.cli import loadgen as loadgen_cli
+
+    return loadgen_cli.run(args)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "demo": _cmd_demo,
     "run": _cmd_run,
@@ -202,6 +230,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "tune": _cmd_tune,
     "workload": _cmd_workload,
     "profile": _cmd_profile,
+    "serve": _cmd_serve,
+    "loadgen": _cmd_loadgen,
 }
 
 

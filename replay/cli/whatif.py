@@ -60,8 +60,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="a Config field for every variant, e.g. --set max_num_seqs=64")
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
                    help="one variant per value (several --grid: every combination)")
-    p.add_argument("--compare", metavar="OTHER_TRACE",
-                   help="predict OTHER_TRACE's configuration and compare with its recording")
+    p.add_argument("--compare", metavar="OTHER_TRACE|LOADGEN_RESULT",
+                   help="predict OTHER_TRACE's configuration and compare with its recording; "
+                   "or show a loadgen result (client-measured) beside TRACE and its prediction")
     p.add_argument("--timing-from", metavar="TRACE|MODEL.json",
                    help="fit step times on this trace (or load a saved model) instead")
     p.add_argument("--profile", metavar="PROFILE.json",
@@ -302,6 +303,27 @@ def _compare(args: argparse.Namespace, workload: SimWorkload, cost: CostModel | 
     return 0
 
 
+def _compare_client(args: argparse.Namespace, workload: SimWorkload, cost: CostModel | None,
+                    plotter: Any) -> int:
+    """The trace as recorded, its prediction under its own configuration and a loadgen run's
+    client-side measurements, side by side (same metric table)."""
+    from replay.loadgen.result import read_result, table_row
+    from replay.whatif.report import variants_table
+
+    frame, summary, settings = read_result(args.compare)
+    if workload.recorded is None:
+        raise WhatifError("--compare LOADGEN_RESULT needs a TRACE")
+    if len(frame) != len(workload.requests):
+        print(f"note: {args.compare} sent {len(frame)} requests, {workload.name} recorded "
+              f"{len(workload.requests)}")
+    result = run_variant(workload, {}, cost, name="predicted")
+    rows = [_row("recorded", "recorded", compute(workload.recorded)), _sim_row(result),
+            table_row(f"client ({settings.get('url', '?')})", summary, frame)]
+    print(variants_table(rows))
+    _finish(args, rows, cost, plotter)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``whatif`` from parsed arguments; returns the exit status."""
     if (args.trace is None) == (args.workload is None):
@@ -328,6 +350,10 @@ def _whatif(args: argparse.Namespace, overrides: dict[str, Any], grid: dict[str,
     if cost is not None:
         print(cost.describe())
     if args.compare:
+        from replay.loadgen.result import is_result
+
+        if is_result(args.compare):
+            return _compare_client(args, workload, cost, plotter)
         return _compare(args, workload, cost, plotter)
     variants = build_variants(overrides, grid)
     if workload.config.num_kvcache_blocks == AUTO_SIZED_BLOCKS and not all(

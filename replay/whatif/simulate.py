@@ -144,7 +144,10 @@ class _WorkloadInputs:
         self.requests = workload.requests
         self.keys = [r.arrival_s if timed else r.step for r in self.requests]
         self.order = sorted(range(len(self.requests)), key=lambda i: (self.keys[i], i))
-        self.aborts = sorted((a[0] if timed else a[1], a[2]) for a in workload.aborts)
+        self.aborts = sorted(
+            [(a[0] if timed else a[1], a[2], "aborted") for a in workload.aborts]
+            + [(a[0] if timed else a[1], a[2], "stop") for a in workload.stops]
+        )
         self.seq_of: dict[int, int] = {}
         self.next_add = self.next_abort = 0
 
@@ -160,9 +163,10 @@ class _WorkloadInputs:
             self.next_add += 1
         aborts = self.aborts
         while self.next_abort < len(aborts) and aborts[self.next_abort][0] <= now:
-            target = self.seq_of.get(aborts[self.next_abort][1])
+            _, index, reason = aborts[self.next_abort]
+            target = self.seq_of.get(index)
             if target is not None:
-                core.abort(target)
+                core.finish(target, reason)
             self.next_abort += 1
 
     def next_due(self) -> float | None:

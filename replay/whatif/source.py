@@ -19,7 +19,7 @@ from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from replay.metrics import has_timings
 from replay.recorded import RecordedEvents, from_trace
-from replay.replayer import PRECHECK_REJECTION, config_from_header
+from replay.replayer import OUTSIDE_FINISHES, PRECHECK_REJECTION, config_from_header
 from replay.workloads.request import Request
 from tracing.events import NullEventBuffer
 
@@ -51,6 +51,8 @@ class SimWorkload:
     # A workload's own requests (no recording): fed through ``WorkloadInputs``, which sends a
     # conversation's later turn once the simulated previous turn finished.
     workload: list[Request] | None = None
+    # Requests finished by a stop string found in their text, fed like aborts: (time, step, request)
+    stops: list[tuple[float, int, int]] = field(default_factory=list)
 
     @property
     def timed_source(self) -> bool:
@@ -99,15 +101,15 @@ def workload_from_recorded(events: RecordedEvents, name: str = "trace") -> SimWo
     first_step = int(steps[0]) if len(steps) else 0
     starting = [r.arrival_s for r in requests if r.step <= first_step]
     start = max(starting) if starting else 0.0
-    aborts = []
+    aborts, stops = [], []
     for seq_id, step, reason in zip(np.asarray(finished["seq_id"]).tolist(),
                                     np.asarray(finished["step"]).tolist(),
                                     np.asarray(finished["reason"]).tolist()):
-        if reason == "aborted" and seq_id in index_of:
+        if reason in OUTSIDE_FINISHES and seq_id in index_of:
             before = np.searchsorted(steps, step) - 1  # the abort came after the previous step
-            aborts.append((float(ends[before]) if before >= 0 else start, int(step),
-                           index_of[seq_id]))
-    return SimWorkload(name, config, dict(events.header), requests, aborts, start, events)
+            at = float(ends[before]) if before >= 0 else start
+            (aborts if reason == "aborted" else stops).append((at, int(step), index_of[seq_id]))
+    return SimWorkload(name, config, dict(events.header), requests, aborts, start, events, stops)
 
 
 def workload_from_requests(requests: list[Request], config: Config, name: str) -> SimWorkload:

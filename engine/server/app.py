@@ -1,0 +1,208 @@
+"""The OpenAI-compatible HTTP frontend (FastAPI): completions, chat completions, models,
+health and Prometheus metrics, over an ``EngineLoop`` running in its own thread.
+
+Requests are checked (``engine.server.protocol``) and tokenized here; anything the engine could
+not serve is a 400 before it reaches the engine, so the trace holds real traffic only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from engine.sequence import Sequence
+from engine.server import generation as gen
+from engine.server.chat import chat_prompt_ids
+from engine.server.engine_loop import EngineLoop, EngineStopped, RequestStream
+from engine.server.metrics import CONTENT_TYPE, ServerMetrics
+from engine.server.protocol import (
+    ApiError,
+    ParsedRequest,
+    parse_chat,
+    parse_completion,
+    parse_json_body,
+)
+
+# Seconds the engine thread gets, after the HTTP server stopped, to abort what is left.
+ENGINE_STOP_GRACE_S = 5.0
+
+
+@dataclass
+class ServerState:
+    """What the routes share: the engine loop, the tokenizer and the served model's limits."""
+
+    engine: EngineLoop
+    tokenizer: Any
+    model_name: str
+    max_model_len: int
+    vocab_size: int
+    metrics: ServerMetrics
+    created: int
+
+
+def create_app(engine: EngineLoop, model_name: str) -> FastAPI:
+    """The app; its lifespan starts the engine thread and, at shutdown, stops it and closes
+    the trace."""
+    llm = engine.llm
+    metrics = engine.metrics if engine.metrics is not None else ServerMetrics(model_name)
+    engine.metrics = metrics
+    state = ServerState(engine, llm.tokenizer, model_name, llm.config.max_model_len,
+                        llm.vocab_size, metrics, int(time.time()))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine.start(asyncio.get_running_loop())
+        try:
+            yield
+        finally:
+            await asyncio.get_running_loop().run_in_executor(None, engine.shutdown,
+                                                             ENGINE_STOP_GRACE_S)
+
+    app = FastAPI(title="replayllm", lifespan=lifespan)
+    app.state.server = state
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200 if engine.healthy else 503)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{
+            "id": model_name, "object": "model", "created": state.created,
+            "owned_by": "replayllm", "max_model_len": state.max_model_len}]}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _serve(state, request, parse_completion(await _body(request)))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _serve(state, request, parse_chat(await _body(request)))
+
+    return app
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    return parse_json_body(await request.body())
+
+
+def _prompt_ids(state: ServerState, parsed: ParsedRequest) -> tuple[list[int], str]:
+    """The prompt's token ids and the field they came from."""
+    if parsed.chat:
+        return chat_prompt_ids(state.tokenizer, parsed.messages), "messages"
+    if isinstance(parsed.prompt, str):
+        return state.tokenizer.encode(parsed.prompt, add_special_tokens=False), "prompt"
+    ids = list(parsed.prompt or [])
+    if ids and (min(ids) < 0 or max(ids) >= state.vocab_size):
+        bad = next(t for t in ids if not 0 <= t < state.vocab_size)
+        raise ApiError(f"token id {bad} is outside the vocabulary [0, {state.vocab_size})",
+                       "prompt")
+    return ids, "prompt"
+
+
+def _admit(state: ServerState, parsed: ParsedRequest) -> RequestStream:
+    """A checked, tokenized request ready for the engine (ApiError: what is wrong with it)."""
+    if parsed.model is not None and parsed.model != state.model_name:
+        raise ApiError(f"the model {parsed.model!r} does not exist; this server serves "
+                       f"{state.model_name!r}", "model")
+    ids, field = _prompt_ids(state, parsed)
+    if not ids:
+        raise ApiError("the prompt is empty", field)
+    limit = state.max_model_len
+    max_tokens = parsed.max_tokens if parsed.max_tokens is not None else limit - len(ids)
+    if len(ids) + max(max_tokens, 1) > limit:
+        raise ApiError(
+            f"this model's maximum context length is {limit} tokens; the request has "
+            f"{len(ids)} prompt tokens and asks for {max_tokens} more", field)
+    params = parsed.sampling_params(max_tokens)
+    error = state.engine.core.scheduler.admission_error(Sequence(-1, ids, params))
+    if error is not None:
+        raise ApiError(error, field)
+    return RequestStream(ids, params, state.engine.now())
+
+
+async def _serve(state: ServerState, request: Request, parsed: ParsedRequest) -> Response:
+    arrived = time.perf_counter()
+    stream = _admit(state, parsed)
+    try:
+        state.engine.submit(stream)
+    except EngineStopped as exc:
+        raise ApiError(str(exc), status=503, kind="service_unavailable") from None
+    generation = gen.Generation(state.engine, stream, state.tokenizer, state.metrics, arrived)
+    request_id, created = gen.new_id(parsed.chat), int(time.time())
+    if parsed.stream:
+        return StreamingResponse(_events(state, parsed, generation, request_id, created),
+                                 media_type="text/event-stream")
+    return await _whole(state, request, parsed, generation, request_id, created)
+
+
+async def _whole(state: ServerState, request: Request, parsed: ParsedRequest,
+                 generation: gen.Generation, request_id: str, created: int) -> Response:
+    """Wait for the whole answer, aborting it if the client disconnects meanwhile."""
+    async def collect() -> tuple[str, str | None]:
+        texts, reason = [], None
+        async for piece in generation.pieces():
+            texts.append(piece.text)
+            reason = piece.finish_reason
+        return "".join(texts), reason
+
+    answer = asyncio.ensure_future(collect())
+    gone = asyncio.ensure_future(_disconnected(request))
+    await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if not answer.done():
+        answer.cancel()  # the client left: Generation.pieces aborts the request
+        await asyncio.gather(answer, return_exceptions=True)
+        return Response(status_code=499)
+    gone.cancel()
+    try:
+        text, reason = answer.result()
+    except gen.GenerationError as exc:
+        raise ApiError(str(exc), status=500, kind="server_error") from None
+    return JSONResponse(gen.full_response(parsed.chat, request_id, state.model_name, created,
+                                          text, reason, generation.usage()))
+
+
+async def _disconnected(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _events(state: ServerState, parsed: ParsedRequest, generation: gen.Generation,
+                  request_id: str, created: int) -> AsyncIterator[str]:
+    """The server-sent events of a streamed answer. Starlette cancels this generator when the
+    client disconnects; ``Generation.pieces`` then aborts the request."""
+    chat, model, usage = parsed.chat, state.model_name, parsed.include_usage
+    if chat:
+        yield gen.chunk(chat, request_id, model, created, "", None, usage, first=True)
+    try:
+        async for piece in generation.pieces():
+            if piece.text or piece.finish_reason is None:
+                yield gen.chunk(chat, request_id, model, created, piece.text, None, usage)
+            if piece.finish_reason is not None:
+                text = None if chat else ""
+                yield gen.chunk(chat, request_id, model, created, text, piece.finish_reason,
+                                usage)
+    except gen.GenerationError as exc:
+        yield gen.sse(ApiError(str(exc), status=500, kind="server_error").body())
+        yield gen.DONE
+        return
+    if usage:
+        yield gen.usage_chunk(chat, request_id, model, created, generation.usage())
+    yield gen.DONE

@@ -1,0 +1,23 @@
+"""Chat messages to a prompt: the model's chat template, or ChatML where it ships none."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# ChatML, the format Qwen's instruct models use; for checkpoints without a template (the tiny
+# model's tokenizer files have none).
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """The token ids of ``messages`` under the tokenizer's template, ending with the opening of
+    the assistant's turn."""
+    template = getattr(tokenizer, "chat_template", None) or CHATML_TEMPLATE
+    text = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
+                                         add_generation_prompt=True)
+    return tokenizer.encode(text, add_special_tokens=False)

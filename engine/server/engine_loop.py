@@ -1,0 +1,260 @@
+"""The engine thread: ``drive`` over the server's request queue, never waiting on HTTP work.
+
+The frontend (the asyncio thread serving HTTP) tokenizes a request and ``submit``s a
+``RequestStream``; the engine thread feeds it to the engine at the next step boundary (its
+arrival, measured when the request came in, is what the trace records), steps the engine, and
+hands each step's new tokens to the streams in one ``call_soon_threadsafe`` per step. The
+frontend detokenizes and streams. A client that goes away, or a stop string found in the text,
+comes back as ``finish(stream, "aborted" | "stop")``: an engine input like any other, recorded.
+Nothing is kept per request once it finished (``EngineCore.forget``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.drive import drive
+from engine.engine_core import EngineCore, StepResult
+from engine.llm import LLMEngine
+from engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+# How long the idle engine thread sleeps between checks when nothing wakes it.
+IDLE_WAIT_S = 0.5
+NO_SEQ = -1
+
+
+class EngineStopped(Exception):
+    """The engine takes no more requests (shutting down, or it failed)."""
+
+
+@dataclass(eq=False)
+class RequestStream:
+    """One request between the frontend and the engine thread.
+
+    ``queue`` (on the frontend's event loop) receives ``(token_ids, finish_reason, error)``
+    items: new tokens of a step, the engine's finish reason when it finished, or an error.
+    """
+
+    token_ids: list[int]
+    params: SamplingParams
+    arrival_s: float  # on the engine's clock (``EngineLoop.now``)
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    seq_id: int = NO_SEQ  # set by the engine thread when it is added
+
+
+class EngineLoop:
+    """Runs an ``LLMEngine`` in its own thread over the requests the frontend submits.
+
+    ``metrics`` (``engine.server.metrics.ServerMetrics``) gets the engine's state after every
+    step. ``start(loop)`` starts the thread; ``shutdown(grace_s)`` stops intake, lets running
+    requests finish for up to ``grace_s`` seconds, aborts the rest and closes the trace.
+    """
+
+    def __init__(self, llm: LLMEngine, metrics: Any = None) -> None:
+        self.llm = llm
+        self.core: EngineCore = llm.core
+        self.metrics = metrics
+        self._cond = threading.Condition()
+        self._commands: deque[tuple[str, RequestStream, str]] = deque()
+        self._streams: dict[int, RequestStream] = {}  # engine thread only
+        self._num_active = 0  # submitted and not yet finished (guarded by _cond)
+        self._accepting = True
+        self._stop = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._preemptions = 0
+        self.error: BaseException | None = None
+        self.summary: dict[str, Any] | None = None
+
+    # --- frontend side (any thread) ---------------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="replayllm-engine", daemon=True)
+        self._thread.start()
+
+    def now(self) -> float:
+        """Seconds on the engine's clock (what ``arrival_s`` and the trace use)."""
+        return self.core.now()
+
+    @property
+    def healthy(self) -> bool:
+        return self.error is None and self._thread is not None and self._thread.is_alive()
+
+    @property
+    def num_active(self) -> int:
+        return self._num_active
+
+    def submit(self, stream: RequestStream) -> None:
+        """Queue a request for the next step boundary; ``EngineStopped`` when not accepting."""
+        with self._cond:
+            if not self._accepting or self.error is not None:
+                raise EngineStopped("the server is shutting down" if self.error is None
+                                    else f"the engine failed: {self.error}")
+            self._num_active += 1
+            self._commands.append(("add", stream, ""))
+            self._cond.notify()
+
+    def finish(self, stream: RequestStream, reason: str) -> None:
+        """Finish a request from outside: ``aborted`` (the client left) or ``stop``."""
+        with self._cond:
+            self._commands.append(("finish", stream, reason))
+            self._cond.notify()
+
+    def shutdown(self, grace_s: float) -> dict[str, Any] | None:
+        """Stop intake; wait up to ``grace_s`` for running requests; abort the rest; close the
+        trace (its summary is returned). Blocks; idempotent."""
+        with self._cond:
+            self._accepting = False
+            deadline = time.monotonic() + grace_s
+            while self._num_active and self.error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(min(left, IDLE_WAIT_S))
+            self._stop = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+        return self.summary
+
+    # --- engine thread ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            drive(self.core, self, self.core.now, self._wait_until)
+        except BaseException as exc:  # the engine's failure must reach every waiting client
+            log.exception("engine loop failed")
+            self.error = exc
+            self._fail_all(f"the engine failed: {exc}")
+        finally:
+            try:
+                self.summary = self.llm.close()
+            except Exception as exc:  # noqa: BLE001 - the trace's error is the user's one line
+                log.error("closing the engine failed: %s", exc)
+                self.error = self.error or exc
+
+    def _wait_until(self, due: float) -> None:
+        with self._cond:
+            if not self._commands and not self._stop:
+                self._cond.wait(IDLE_WAIT_S)
+
+    def feed(self, core: EngineCore, now: float) -> None:
+        """Add and finish what the frontend queued (the ``Inputs`` protocol)."""
+        if not self._commands and not self._stop:
+            return
+        with self._cond:
+            commands = list(self._commands)
+            self._commands.clear()
+        deliveries: list[tuple[RequestStream, list[int], str | None, str | None]] = []
+        for action, stream, reason in commands:
+            if action == "add":
+                self._add(core, stream, deliveries)
+            elif stream.seq_id in self._streams:
+                del self._streams[stream.seq_id]
+                core.finish(stream.seq_id, reason)
+                core.forget(stream.seq_id)
+                self._retire(1)
+        if self._stop:  # the grace period is over: abort what is left
+            for seq_id, stream in list(self._streams.items()):
+                core.finish(seq_id, "aborted")
+                core.forget(seq_id)
+                deliveries.append((stream, [], "aborted", None))
+            self._retire(len(self._streams))
+            self._streams.clear()
+        self._deliver(deliveries)
+
+    def _add(self, core: EngineCore, stream: RequestStream, deliveries: list) -> None:
+        if self._stop:
+            deliveries.append((stream, [], None, "the server is shutting down"))
+            self._retire(1)
+            return
+        seq = core.add_request(stream.token_ids, stream.params, arrival_s=stream.arrival_s)
+        stream.seq_id = seq.seq_id
+        rejection = core.rejections.get(seq.seq_id)
+        if rejection is not None:
+            core.forget(seq.seq_id)
+            deliveries.append((stream, [], None, rejection))
+            self._retire(1)
+            return
+        self._streams[seq.seq_id] = stream
+
+    def next_due(self) -> float | None:
+        if self._stop and not self._commands:
+            return None
+        return float("inf")  # whenever the frontend submits: ``_wait_until`` wakes on it
+
+    def on_result(self, result: StepResult, now: float) -> None:
+        """Hand the step's tokens and finishes to their streams (one event-loop call)."""
+        streams = self._streams
+        deliveries: list[tuple[RequestStream, list[int], str | None, str | None]] = []
+        finished = {seq.seq_id: seq.finish_reason for seq in result.finished}
+        for seq, token in zip(result.batch.sampled_seqs, result.output.token_ids):
+            stream = streams.get(seq.seq_id)
+            if stream is not None:
+                deliveries.append((stream, [token], finished.pop(seq.seq_id, None), None))
+        for seq_id, reason in finished.items():  # finished without a token of this step
+            stream = streams.get(seq_id)
+            if stream is not None:
+                deliveries.append((stream, [], reason, None))
+        for seq in result.finished:
+            if streams.pop(seq.seq_id, None) is not None:
+                self.core.forget(seq.seq_id)
+                self._retire(1)
+        self._deliver(deliveries)
+        if self.metrics is not None:
+            self._observe(result)
+
+    def _retire(self, count: int) -> None:
+        if count:
+            with self._cond:
+                self._num_active -= count
+                self._cond.notify_all()
+
+    def _deliver(self, deliveries: list) -> None:
+        if deliveries and self._loop is not None:
+            self._loop.call_soon_threadsafe(_put_all, deliveries)
+
+    def _fail_all(self, message: str) -> None:
+        with self._cond:
+            self._accepting = False
+            pending = [stream for _, stream, _ in self._commands]
+            self._commands.clear()
+        streams = list(self._streams.values()) + pending
+        self._streams.clear()
+        self._deliver([(stream, [], None, message) for stream in streams])
+        self._retire(len(streams))
+
+    def _observe(self, result: StepResult) -> None:
+        """Engine state after a step, for /metrics."""
+        m, scheduler, batch = self.metrics, self.core.scheduler, result.batch
+        m.running.set(len(scheduler.running))
+        m.waiting.set(len(scheduler.waiting))
+        pool = scheduler.block_manager
+        m.kv_usage.set(1.0 - len(pool.free_block_ids) / max(pool.num_blocks, 1))
+        if scheduler.num_preemptions > self._preemptions:
+            m.preemptions.inc(scheduler.num_preemptions - self._preemptions)
+            self._preemptions = scheduler.num_preemptions
+        if batch.num_prefill_seqs:
+            queried = hits = computed = 0
+            for i in range(batch.num_prefill_seqs):
+                seq, new = batch.seqs[i], batch.num_new_tokens[i]
+                computed += new
+                if batch.context_lens[i] - new == seq.num_cached_tokens:  # its first chunk
+                    queried += seq.num_prompt_tokens
+                    hits += seq.num_cached_tokens
+            m.prefix_queries.inc(queried)
+            m.prefix_hits.inc(hits)
+            m.prompt_tokens.inc(computed)
+        m.generation_tokens.inc(len(result.output.token_ids))
+
+
+def _put_all(deliveries: list) -> None:
+    for stream, tokens, reason, error in deliveries:
+        stream.queue.put_nowait((tokens, reason, error))

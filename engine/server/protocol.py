@@ -1,0 +1,274 @@
+"""OpenAI request bodies: what ``/v1/completions`` and ``/v1/chat/completions`` accept.
+
+Each body is checked field by field; anything this server cannot honour (``n`` > 1, logprobs,
+tools, an unknown field, a wrong type) is an ``ApiError`` naming the field, which the app
+returns as an OpenAI-style 400. Nothing here touches the engine.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.errors import InvalidRequestError
+from engine.sampling_params import SamplingParams
+
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+MAX_STOP_STRINGS = 4  # OpenAI's limit
+
+
+class ApiError(Exception):
+    """A request the server refuses: an HTTP status and an OpenAI error object."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.message, self.param, self.status, self.kind = message, param, status, kind
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                          "code": None}}
+
+
+@dataclass
+class ParsedRequest:
+    """A checked request: the prompt (text, token ids or chat messages) and sampling settings.
+
+    ``max_tokens`` None: as many as the context allows (chat's default), set by the app.
+    """
+
+    chat: bool
+    model: str | None
+    prompt: str | list[int] | None = None
+    messages: list[dict[str, str]] = field(default_factory=list)
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    stream: bool = False
+    include_usage: bool = False
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        try:
+            return SamplingParams(temperature=self.temperature, max_tokens=max_tokens,
+                                  ignore_eos=self.ignore_eos, top_p=self.top_p, top_k=self.top_k,
+                                  seed=self.seed, stop=self.stop)
+        except InvalidRequestError as exc:  # checked above: a field the parser let through
+            raise ApiError(str(exc)) from None
+
+
+# Fields both endpoints accept (with the values they may take where that is limited).
+_COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
+           "stream_options", "n", "user", "ignore_eos", "presence_penalty", "frequency_penalty",
+           "logit_bias", "logprobs", "best_of"}
+_COMPLETION_ONLY = {"prompt", "echo", "suffix"}
+_CHAT_ONLY = {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+              "response_format", "parallel_tool_calls"}
+
+
+def parse_json_body(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object (400s for non-UTF-8, malformed JSON, a non-object)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(f"the request body is not valid UTF-8 (byte {exc.start})") from None
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ApiError(f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} "
+                       f"column {exc.colno}") from None
+    if not isinstance(body, dict):
+        raise ApiError("the request body must be a JSON object")
+    return body
+
+
+def parse_completion(body: dict[str, Any]) -> ParsedRequest:
+    """A ``/v1/completions`` body."""
+    _no_unknown(body, _COMMON | _COMPLETION_ONLY)
+    request = ParsedRequest(chat=False, model=_model(body))
+    request.prompt = _prompt(body)
+    if body.get("echo"):
+        raise ApiError("echo is not supported", "echo")
+    if body.get("suffix") is not None:
+        raise ApiError("suffix is not supported", "suffix")
+    if body.get("logprobs") is not None:
+        raise ApiError("logprobs is not supported", "logprobs")
+    _common(body, request)
+    if request.max_tokens is None:
+        request.max_tokens = DEFAULT_COMPLETION_MAX_TOKENS
+    return request
+
+
+def parse_chat(body: dict[str, Any]) -> ParsedRequest:
+    """A ``/v1/chat/completions`` body."""
+    _no_unknown(body, _COMMON | _CHAT_ONLY)
+    request = ParsedRequest(chat=True, model=_model(body))
+    request.messages = _messages(body)
+    if body.get("logprobs") not in (None, False):
+        raise ApiError("logprobs is not supported", "logprobs")
+    if body.get("top_logprobs") is not None:
+        raise ApiError("top_logprobs is not supported", "top_logprobs")
+    if body.get("tools"):
+        raise ApiError("tools are not supported", "tools")
+    if body.get("tool_choice") not in (None, "none"):
+        raise ApiError("tool_choice is not supported", "tool_choice")
+    response_format = body.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        raise ApiError("only response_format {\"type\": \"text\"} is supported",
+                       "response_format")
+    if body.get("max_completion_tokens") is not None:
+        body = {**body, "max_tokens": body["max_completion_tokens"]}
+        param = "max_completion_tokens"
+    else:
+        param = "max_tokens"
+    _common(body, request, max_tokens_param=param)
+    return request
+
+
+def _no_unknown(body: dict[str, Any], known: set[str]) -> None:
+    for name in body:
+        if name not in known:
+            raise ApiError(f"unsupported field {name!r}", name)
+
+
+def _model(body: dict[str, Any]) -> str | None:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ApiError("model must be a string", "model")
+    return model
+
+
+def _prompt(body: dict[str, Any]) -> str | list[int]:
+    if "prompt" not in body:
+        raise ApiError("the prompt field is required", "prompt")
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and all(_is_int(t) for t in prompt):
+        return list(prompt)
+    if isinstance(prompt, list):
+        raise ApiError("only one prompt per request is supported (a string or a list of token "
+                       "ids)", "prompt")
+    raise ApiError("prompt must be a string or a list of token ids", "prompt")
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
+    messages = body.get("messages")
+    if messages is None:
+        raise ApiError("the messages field is required", "messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError("messages must be a non-empty list", "messages")
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise ApiError(f"messages[{i}] must be an object", "messages")
+        role, content = message.get("role"), message.get("content")
+        if role not in ("system", "user", "assistant", "developer"):
+            raise ApiError(f"messages[{i}].role {role!r} is not supported", "messages")
+        if isinstance(content, list):  # content parts: text only
+            texts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text":
+                    raise ApiError(f"messages[{i}].content: only text parts are supported",
+                                   "messages")
+                texts.append(str(part.get("text", "")))
+            content = "".join(texts)
+        if not isinstance(content, str):
+            raise ApiError(f"messages[{i}].content must be a string", "messages")
+        out.append({"role": "system" if role == "developer" else role, "content": content})
+    return out
+
+
+def _common(body: dict[str, Any], request: ParsedRequest,
+            max_tokens_param: str = "max_tokens") -> None:
+    """The fields both endpoints share."""
+    n = body.get("n")
+    if n is not None and (not _is_int(n) or n != 1):
+        raise ApiError(f"n must be 1 (one choice per request), got {n!r}", "n")
+    best_of = body.get("best_of")
+    if best_of is not None and (not _is_int(best_of) or best_of != 1):
+        raise ApiError(f"best_of must be 1, got {best_of!r}", "best_of")
+    for penalty in ("presence_penalty", "frequency_penalty"):
+        value = body.get(penalty)
+        if value is not None and (not _is_number(value) or value != 0):
+            raise ApiError(f"{penalty} is not supported (only 0)", penalty)
+    if body.get("logit_bias"):
+        raise ApiError("logit_bias is not supported", "logit_bias")
+    max_tokens = body.get("max_tokens")
+    if max_tokens is not None:
+        if not _is_int(max_tokens) or max_tokens < 1:
+            raise ApiError(f"{max_tokens_param} must be an integer >= 1, got {max_tokens!r}",
+                           max_tokens_param)
+        request.max_tokens = max_tokens
+    request.temperature = _number(body, "temperature", 1.0, low=0.0)
+    request.top_p = _number(body, "top_p", 1.0, low=0.0, high=1.0, low_open=True)
+    top_k = body.get("top_k")
+    if top_k is not None:
+        if not _is_int(top_k) or top_k < -1:
+            raise ApiError(f"top_k must be an integer >= -1 (-1 or 0: off), got {top_k!r}",
+                           "top_k")
+        request.top_k = max(top_k, 0)
+    seed = body.get("seed")
+    if seed is not None:
+        if not _is_int(seed) or not 0 <= seed < 2**63:
+            raise ApiError(f"seed must be an integer in [0, 2**63), got {seed!r}", "seed")
+        request.seed = seed
+    request.stop = _stop(body.get("stop"))
+    request.ignore_eos = _bool(body, "ignore_eos", False)
+    request.stream = _bool(body, "stream", False)
+    options = body.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict) or set(options) - {"include_usage",
+                                                            "continuous_usage_stats"}:
+            raise ApiError("stream_options may only hold include_usage", "stream_options")
+        if not request.stream:
+            raise ApiError("stream_options needs stream: true", "stream_options")
+        request.include_usage = bool(options.get("include_usage", False))
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise ApiError("stop must be a string or a list of strings", "stop")
+    if len(value) > MAX_STOP_STRINGS:
+        raise ApiError(f"at most {MAX_STOP_STRINGS} stop strings", "stop")
+    return tuple(s for s in value if s)
+
+
+def _number(body: dict[str, Any], name: str, default: float, low: float,
+            high: float | None = None, low_open: bool = False) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not _is_number(value):
+        raise ApiError(f"{name} must be a number, got {value!r}", name)
+    if value < low or (low_open and value == low) or (high is not None and value > high):
+        bounds = f"{'(' if low_open else '['}{low}, {high if high is not None else 'inf'}]"
+        raise ApiError(f"{name} must be in {bounds}, got {value}", name)
+    return float(value)
+
+
+def _bool(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ApiError(f"{name} must be true or false", name)
+    return value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value

@@ -1,0 +1,37 @@
+"""``replayllm serve``: the OpenAI-compatible server (engine.server), recording to a trace."""
+
+from __future__ import annotations
+
+import argparse
+
+from engine.config import parse_overrides
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser("serve", help="serve a model over the OpenAI API, recording a trace")
+    serve.add_argument("--model", default=None, help="checkpoint directory (default: tiny model)")
+    serve.add_argument("--trace-dir", default=None, help="record the served traffic here")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on")
+    serve.add_argument("--served-model-name", default=None,
+                       help="the model name clients send (default: --model, or replayllm-tiny)")
+    serve.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
+                       help="on SIGINT/SIGTERM, how long running requests may finish")
+    serve.add_argument("--kv-events-endpoint", default=None, metavar="URL",
+                       help="publish vLLM KV-cache events over ZMQ, e.g. tcp://*:5557")
+    serve.add_argument("--set", dest="overrides", action="append", default=[],
+                       metavar="KEY=VALUE", help="a Config field (repeatable)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.server.run import serve
+
+    summary = serve(args.model, trace_dir=args.trace_dir, host=args.host, port=args.port,
+                    overrides=parse_overrides(args.overrides),
+                    served_model_name=args.served_model_name, grace_s=args.grace,
+                    kv_events_endpoint=args.kv_events_endpoint)
+    if summary is not None:
+        print(f"replayllm serve: stopped after {summary['requests']} requests, "
+              f"{summary['completion_tokens']} completion tokens"
+              + (f"; trace: {args.trace_dir}" if args.trace_dir else ""), flush=True)
+    return 0

@@ -1,0 +1,103 @@
+"""One streamed request to an OpenAI-compatible ``/v1/completions``, timed on the client."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from replay.workloads.builtin import Request
+
+
+@dataclass
+class Measured:
+    """What the client saw of one request (times in seconds since the load run started)."""
+
+    index: int
+    prompt_len: int  # as the workload has it (0 for a text prompt: the server's count is used)
+    max_tokens: int
+    arrival_s: float  # when it was due
+    sent_s: float = float("nan")
+    first_token_s: float = float("nan")
+    last_token_s: float = float("nan")
+    completion_tokens: int = 0
+    prompt_tokens: int = 0
+    chunk_times_s: list[float] = field(default_factory=list)
+    finish_reason: str = ""
+    error: str = ""
+
+
+def request_body(request: Request, model: str | None) -> dict[str, Any]:
+    """The completions body of a workload request (streaming, usage in the last chunk)."""
+    body: dict[str, Any] = {
+        "prompt": request.prompt,
+        "max_tokens": request.max_tokens,
+        "temperature": request.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if model is not None:
+        body["model"] = model
+    if request.ignore_eos:
+        body["ignore_eos"] = True  # vLLM's extension, which replayllm serve shares
+    return body
+
+
+async def send(client: httpx.AsyncClient, url: str, body: dict[str, Any], out: Measured,
+               clock: Any) -> Measured:
+    """POST ``body`` and read its event stream into ``out``; errors are recorded, not raised."""
+    out.sent_s = clock()
+    try:
+        async with client.stream("POST", url, json=body) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode("utf-8", "replace")
+                out.error = f"HTTP {response.status_code}: {_error_message(text)}"
+                return out
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[len("data: "):]
+                if data == "[DONE]":
+                    break
+                _read_chunk(json.loads(data), out, clock())
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        out.error = f"{type(exc).__name__}: {exc}"
+    if not out.error and not out.finish_reason:
+        out.error = "the stream ended without a finish reason"
+    return out
+
+
+def _read_chunk(chunk: dict[str, Any], out: Measured, now: float) -> None:
+    if "error" in chunk:
+        out.error = str(chunk["error"].get("message", chunk["error"]))
+        return
+    usage = chunk.get("usage")
+    if usage:
+        out.completion_tokens = int(usage.get("completion_tokens", out.completion_tokens))
+        out.prompt_tokens = int(usage.get("prompt_tokens", 0))
+    for choice in chunk.get("choices") or []:
+        text = choice.get("text") or (choice.get("delta") or {}).get("content")
+        if text:
+            if out.first_token_s != out.first_token_s:  # NaN: the first one
+                out.first_token_s = now
+            out.last_token_s = now
+            out.chunk_times_s.append(now)
+            if not usage:
+                out.completion_tokens += 1  # without usage: a chunk per token (vLLM's rule)
+        if choice.get("finish_reason"):
+            out.finish_reason = str(choice["finish_reason"])
+
+
+def _error_message(text: str) -> str:
+    try:
+        return str(json.loads(text)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return text.strip()[:200]
+
+
+def monotonic_clock(start: float) -> Any:
+    """Seconds since ``start`` on ``time.perf_counter``."""
+    return lambda: time.perf_counter() - start

@@ -1,0 +1,109 @@
+"""A load run's measurements: per-request table, the metric summary (``replay.metrics``' keys,
+so ``whatif``'s table prints it beside a trace and a prediction), and its Parquet file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from engine.errors import ReplayLLMError
+from replay.loadgen.client import Measured
+from replay.metrics import LATENCIES, PERCENTILES
+
+METADATA_KEY = b"replayllm_loadgen"
+SOURCE = "client"
+
+
+def requests_frame(measured: list[Measured]) -> pd.DataFrame:
+    """One row per request: when it was due and sent, client-side TTFT / TPOT / e2e, tokens,
+    the inter-token latencies (``itl_s``: gaps between content chunks) and any error."""
+    rows = []
+    for m in measured:
+        ttft = m.first_token_s - m.sent_s
+        e2e = m.last_token_s - m.sent_s
+        n = m.completion_tokens
+        tpot = (m.last_token_s - m.first_token_s) / (n - 1) if n > 1 else float("nan")
+        rows.append({
+            "index": m.index, "arrival_s": m.arrival_s, "sent_s": m.sent_s,
+            "prompt_tokens": m.prompt_tokens or m.prompt_len, "max_tokens": m.max_tokens,
+            "completion_tokens": n, "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e,
+            "queue_s": float("nan"),  # the server's queue is not visible to a client
+            "send_lag_s": m.sent_s - m.arrival_s,  # how late the client sent it
+            "itl_s": np.diff(m.chunk_times_s).tolist(), "finish_reason": m.finish_reason,
+            "error": m.error,
+        })
+    return pd.DataFrame(rows)
+
+
+def summarize(frame: pd.DataFrame, wall_s: float) -> dict[str, float]:
+    """The metrics ``replay.metrics.compute`` reports that a client can measure."""
+    ok = frame[frame["error"] == ""]
+    completion = float(ok["completion_tokens"].sum())
+    summary: dict[str, float] = {
+        "requests": float(len(frame)),
+        "errors": float(len(frame) - len(ok)),
+        "completion_tokens": completion,
+    }
+    if len(ok):
+        makespan = float((ok["sent_s"] + ok["e2e_s"]).max() - ok["arrival_s"].min())
+    else:
+        makespan = wall_s
+    summary["makespan_s"] = makespan
+    summary["throughput_tok_s"] = completion / makespan if makespan > 0 else float("nan")
+    for name in LATENCIES:
+        values = ok[f"{name}_s"].to_numpy(dtype=float)
+        finite = values[np.isfinite(values)]
+        summary[f"{name}_mean_s"] = float(finite.mean()) if len(finite) else float("nan")
+        for p in PERCENTILES:
+            summary[f"{name}_p{p}_s"] = (float(np.percentile(finite, p)) if len(finite)
+                                         else float("nan"))
+    gaps = np.concatenate([np.asarray(g, dtype=float) for g in ok["itl_s"]] or [np.empty(0)])
+    summary["itl_mean_s"] = float(gaps.mean()) if len(gaps) else float("nan")
+    for p in PERCENTILES:
+        summary[f"itl_p{p}_s"] = float(np.percentile(gaps, p)) if len(gaps) else float("nan")
+    return summary
+
+
+def write_result(path: str | Path, frame: pd.DataFrame, summary: dict[str, float],
+                 run: dict[str, Any]) -> Path:
+    """Per-request rows in Parquet, with the summary and the run's settings in its metadata."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    meta = dict(table.schema.metadata or {})
+    meta[METADATA_KEY] = json.dumps({"summary": summary, "run": run}).encode()
+    pq.write_table(table.replace_schema_metadata(meta), out)
+    return out
+
+
+def is_result(path: str | Path) -> bool:
+    """Whether ``path`` is a loadgen result file (not a trace directory)."""
+    p = Path(path)
+    if not p.is_file():
+        return False
+    try:
+        return METADATA_KEY in (pq.read_schema(p).metadata or {})
+    except (OSError, pa.ArrowInvalid):
+        return False
+
+
+def read_result(path: str | Path) -> tuple[pd.DataFrame, dict[str, float], dict[str, Any]]:
+    """(per-request rows, summary, run settings) of a loadgen result file."""
+    try:
+        table = pq.read_table(path)
+        info = json.loads((table.schema.metadata or {})[METADATA_KEY])
+    except (OSError, KeyError, ValueError, pa.ArrowInvalid) as exc:
+        raise ReplayLLMError(f"{path}: not a loadgen result ({exc})") from None
+    return table.to_pandas(), info["summary"], info["run"]
+
+
+def table_row(label: str, summary: dict[str, float], frame: pd.DataFrame | None = None) -> dict:
+    """A row for ``replay.whatif.report.variants_table``."""
+    return {"label": label, "source": SOURCE, "status": "ok", "metrics": summary,
+            "requests": frame}

@@ -1,0 +1,137 @@
+"""KV-cache events in vLLM's map form: from any trace (``export --format vllm-kv-events``),
+checked against vLLM's published field lists and against the trace's own block events."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+msgpack = pytest.importorskip("msgpack")
+
+from _trace_helpers import Req, Workload, run_engine  # noqa: E402
+
+from replay.cli.main import main  # noqa: E402
+from tracing import read_trace  # noqa: E402
+from tracing.kv_events import KVEventTap, trace_kv_batches  # noqa: E402
+from tracing.recorder import ParquetRecorder  # noqa: E402
+
+TRACES = Path(__file__).resolve().parents[2] / "traces"
+
+# vLLM's structs (vllm/distributed/kv_events.py, vllm-project/vllm at 0181ea3): msgspec with
+# tag=True (the "type" key) and omit_defaults=True, so fields without a default are always
+# present and those with one may be left out.
+VLLM_FIELDS = {
+    "BlockStored": ({"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+                     "medium", "lora_name"},
+                    {"extra_keys", "group_idx", "kv_cache_spec_kind",
+                     "kv_cache_spec_sliding_window"}),
+    "BlockRemoved": ({"block_hashes", "medium"}, {"group_idx"}),
+    "AllBlocksCleared": (set(), set()),
+}
+VLLM_BATCH_FIELDS = ({"ts", "events"}, {"data_parallel_rank"})
+
+
+def check_vllm_batch(batch: dict) -> None:
+    """A decoded EventBatch has exactly vLLM's fields, each event those of its type."""
+    required, optional = VLLM_BATCH_FIELDS
+    assert required <= set(batch) <= required | optional
+    assert isinstance(batch["ts"], float)
+    for event in batch["events"]:
+        required, optional = VLLM_FIELDS[event["type"]]
+        assert required <= set(event) - {"type"} <= required | optional, event
+        for h in event.get("block_hashes", []):
+            assert isinstance(h, int) and 0 <= h < 2**64
+        if event["type"] == "BlockStored":
+            assert event["medium"] == "GPU"
+            assert len(event["token_ids"]) == event["block_size"]
+
+
+def decode(path: Path) -> list[dict]:
+    with open(path, "rb") as handle:
+        return list(msgpack.Unpacker(handle, raw=False))
+
+
+# Distinct prompts through a small pool: blocks are cached, shared (a repeated prompt) and
+# evicted when their free block is taken for another prompt.
+EVICTING = Workload(
+    [Req([100 * (i % 7) + t for t in range(12)], max_tokens=5) for i in range(20)],
+    num_blocks=16, block_size=4, max_num_seqs=2)
+
+
+@pytest.fixture(scope="module")
+def evicting_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
+    """A trace of EVICTING, and the batches a KV-event tap published live while recording it."""
+    path = tmp_path_factory.mktemp("kv") / "t"
+    published: list[dict] = []
+    run_engine(EVICTING, KVEventTap(ParquetRecorder(path, flush_steps=3), published.append))
+    return path, published
+
+
+@pytest.mark.parametrize("source", ["demo", "evicting"])
+def test_export_writes_vllm_batches_consistent_with_the_trace(
+        tmp_path: Path, evicting_trace: tuple[Path, list[dict]], source: str) -> None:
+    """From the committed demo trace (prefix sharing, preemptions) and a run that evicts:
+    vLLM's fields only; the pool starts cleared; a hash is removed only while stored, a parent
+    is stored before its child, never more hashes stored than the pool has blocks; every stored
+    hash is one the trace hashed."""
+    src = TRACES / "cpu-tiny-demo" if source == "demo" else evicting_trace[0]
+    out = tmp_path / "kv.msgpack"
+    assert main(["export", str(src), "--format", "vllm-kv-events", "--out", str(out)]) == 0
+    batches = decode(out)
+    for batch in batches:
+        check_vllm_batch(batch)
+    assert batches[0]["events"] == [{"type": "AllBlocksCleared"}]
+    trace = read_trace(src)
+    hashed = {h & (2**64 - 1) for h in trace.columns("block_hashed")["hash"].tolist()}
+    stored: set[int] = set()
+    kinds = {"BlockStored": 0, "BlockRemoved": 0}
+    for batch in batches[1:]:
+        for event in batch["events"]:
+            kinds[event["type"]] += 1
+            (h,) = event["block_hashes"]
+            if event["type"] == "BlockStored":
+                assert h in hashed and h not in stored
+                parent = event["parent_block_hash"]
+                assert parent is None or parent in stored
+                stored.add(h)
+            else:
+                assert h in stored
+                stored.discard(h)
+            assert len(stored) <= trace.header["num_blocks"]
+    assert kinds["BlockStored"] > 0
+    if source == "evicting":
+        assert kinds["BlockRemoved"] > 0
+    assert [b["ts"] for b in batches] == sorted(b["ts"] for b in batches)
+
+
+def test_the_live_tap_publishes_what_the_export_writes(
+        evicting_trace: tuple[Path, list[dict]]) -> None:
+    """Step by step while recording (segments drained every 3 steps) the tap publishes the
+    same events, in the same order, as the export of the finished trace."""
+    path, published = evicting_trace
+    for batch in published:
+        check_vllm_batch(batch)
+    live = [e for b in published for e in b["events"]]
+    exported = [e for b in trace_kv_batches(read_trace(path)) for e in b["events"]]
+    assert live == exported
+    assert any(e["type"] == "BlockRemoved" for e in live)
+
+
+@pytest.mark.parametrize("source", ["demo", "evicting"])
+def test_stored_tokens_rebuild_the_hash_chain(evicting_trace: tuple[Path, list[dict]],
+                                              source: str) -> None:
+    """A BlockStored's tokens and parent hash give its hash under the trace's hash seed (what
+    a router that rehashes does)."""
+    from engine.block_manager import chain_hash
+
+    trace = read_trace(TRACES / "cpu-tiny-demo" if source == "demo" else evicting_trace[0])
+    seed = trace.header["hash_seed"]
+    for batch in trace_kv_batches(trace):
+        for event in batch["events"]:
+            if event["type"] != "BlockStored":
+                continue
+            parent = event["parent_block_hash"]
+            signed = -1 if parent is None else (parent - 2**64 if parent >= 2**63 else parent)
+            expected = chain_hash(event["token_ids"], signed, seed) & (2**64 - 1)
+            assert event["block_hashes"] == [expected]

@@ -1,0 +1,220 @@
+"""KV-cache events in vLLM's format, for KV-aware routers (llm-d, Dynamo), from any trace or live.
+
+vLLM publishes, per engine step, an ``EventBatch`` ``{"ts", "events", "data_parallel_rank"}``
+whose events are maps tagged by ``"type"`` (the map form vLLM adopted in 2026, its msgspec
+structs without ``array_like``): ``BlockStored`` (block_hashes, parent_block_hash, token_ids,
+block_size, lora_id, medium, lora_name), ``BlockRemoved`` (block_hashes, medium) and
+``AllBlocksCleared``. Over ZMQ each batch is a three-frame message: topic, an 8-byte big-endian
+sequence number, the msgpack payload.
+
+From the trace: a ``block_hashed`` row is a block entering the prefix cache (stored when no
+other block holds its hash); a ``block_allocated`` row reuses a free block, evicting what it
+held (removed when no other block holds that hash). A block's tokens come from its sequence's
+prompt and sampled tokens. Hashes are the trace's xxhash64 chain, published unsigned.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from tracing.errors import TraceError
+from tracing.events import EventBuffer
+from tracing.schema import NO_HASH
+
+MEDIUM = "GPU"
+_U64 = (1 << 64) - 1
+# The columns each kind contributes, in the order they are read.
+_READ = {
+    "request_added": ("seq_id", "prompt_token_ids"),
+    "token_sampled": ("seq_id", "token_id"),
+    "block_hashed": ("seq_id", "block_id", "logical_index", "hash", "parent_hash"),
+    "block_allocated": ("block_id",),
+    "request_finished": ("seq_id",),
+}
+
+
+def external_hash(value: int) -> int:
+    """A trace hash (signed int64 bits) as vLLM publishes block hashes (unsigned)."""
+    return int(value) & _U64
+
+
+def all_blocks_cleared() -> dict[str, Any]:
+    return {"type": "AllBlocksCleared"}
+
+
+def event_batch(ts: float, events: list[dict[str, Any]], rank: int = 0) -> dict[str, Any]:
+    return {"ts": ts, "events": events, "data_parallel_rank": rank}
+
+
+class KVEventTranslator:
+    """Turns a run's events, in event-id order, into vLLM KV events.
+
+    Keeps the tokens of running requests (dropped when they finish) and which blocks hold each
+    cached hash: bounded by the pool and the running requests, whatever the run's length.
+    """
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.tokens: dict[int, list[int]] = {}
+        self.holders: dict[int, set[int]] = {}  # hash -> blocks holding it
+        self.block_hash: dict[int, int] = {}  # block -> the hash it holds
+
+    def translate(self, rows: Iterator[tuple[str, tuple]]) -> list[dict[str, Any]]:
+        """vLLM events for ``rows`` ((kind, values of ``_READ[kind]``), in event-id order)."""
+        out: list[dict[str, Any]] = []
+        for kind, values in rows:
+            if kind == "token_sampled":
+                tokens = self.tokens.get(values[0])
+                if tokens is not None:
+                    tokens.append(int(values[1]))
+            elif kind == "block_hashed":
+                self._stored(out, *values)
+            elif kind == "block_allocated":
+                self._evicted(out, int(values[0]))
+            elif kind == "request_added":
+                self.tokens[int(values[0])] = [int(t) for t in values[1]]
+            elif kind == "request_finished":
+                self.tokens.pop(int(values[0]), None)
+        return out
+
+    def _stored(self, out: list, seq_id: int, block_id: int, index: int, block_hash: int,
+                parent: int) -> None:
+        block_hash, block_id = int(block_hash), int(block_id)
+        self._evicted(out, block_id)
+        holders = self.holders.setdefault(block_hash, set())
+        holders.add(block_id)
+        self.block_hash[block_id] = block_hash
+        if len(holders) > 1:
+            return
+        size = self.block_size
+        tokens = self.tokens.get(int(seq_id), [])[int(index) * size : (int(index) + 1) * size]
+        out.append({
+            "type": "BlockStored",
+            "block_hashes": [external_hash(block_hash)],
+            "parent_block_hash": None if int(parent) == NO_HASH else external_hash(parent),
+            "token_ids": tokens,
+            "block_size": size,
+            "lora_id": None,
+            "medium": MEDIUM,
+            "lora_name": None,
+        })
+
+    def _evicted(self, out: list, block_id: int) -> None:
+        old = self.block_hash.pop(block_id, None)
+        if old is None:
+            return
+        holders = self.holders.get(old)
+        if holders is None:
+            return
+        holders.discard(block_id)
+        if not holders:
+            del self.holders[old]
+            out.append({"type": "BlockRemoved", "block_hashes": [external_hash(old)],
+                        "medium": MEDIUM})
+
+
+def _merged_rows(tables: dict[str, dict[str, Any]], start: dict[str, int]) -> Iterator:
+    """Rows of the read kinds from ``start[kind]`` on, merged by event id."""
+    rows = []
+    for kind, names in _READ.items():
+        cols = tables[kind]
+        ids = cols["event_id"]
+        first = start.get(kind, 0)
+        columns = [cols[n] for n in names]
+        rows += [(ids[i], kind, tuple(c[i] for c in columns)) for i in range(first, len(ids))]
+    rows.sort(key=lambda r: r[0])
+    return ((kind, values) for _, kind, values in rows)
+
+
+class KVEventTap:
+    """An ``EventSink`` that turns each step's new events into one vLLM ``EventBatch`` for
+    ``publish`` before handing the buffer to ``inner`` (the recorder), or draining it when
+    there is none. It only reads the buffer."""
+
+    def __init__(self, inner: Any, publish: Callable[[dict[str, Any]], None]) -> None:
+        self.inner, self.publish = inner, publish
+        self.translator: KVEventTranslator | None = None
+        self._tables: dict | None = None
+        self._cursor: dict[str, int] = {}
+
+    def open(self, header: dict[str, Any]) -> None:
+        self.translator = KVEventTranslator(int(header["block_size"]))
+        if self.inner is not None:
+            self.inner.open(header)
+        self.publish(event_batch(time.time(), [all_blocks_cleared()]))  # a fresh, empty pool
+
+    def _read(self, buffer: EventBuffer) -> None:
+        assert self.translator is not None, "open() first"
+        if buffer.tables is not self._tables:  # drained since: start over on the new tables
+            self._tables, self._cursor = buffer.tables, {}
+        events = self.translator.translate(_merged_rows(buffer.tables, self._cursor))
+        self._cursor = {kind: len(buffer.tables[kind]["event_id"]) for kind in _READ}
+        if events:
+            self.publish(event_batch(time.time(), events))
+
+    def on_step_end(self, buffer: EventBuffer) -> None:
+        self._read(buffer)
+        if self.inner is not None:
+            self.inner.on_step_end(buffer)
+        else:
+            buffer.drain()
+
+    def close(self, buffer: EventBuffer, summary: dict[str, Any]) -> None:
+        self._read(buffer)
+        if self.inner is not None:
+            self.inner.close(buffer, summary)
+        else:
+            buffer.drain()
+
+
+def trace_kv_batches(trace: Any) -> Iterator[dict[str, Any]]:
+    """One ``EventBatch`` per step of a trace that stored or removed blocks (after a first
+    ``AllBlocksCleared``), stamped with the step's end on the run's clock (Unix seconds)."""
+    header = trace.header
+    translator = KVEventTranslator(int(header["block_size"]))
+    start = _start_unix(header)
+    tables = {kind: trace.columns(kind) for kind in _READ}
+    ends = dict(zip(trace.columns("model_step")["step"].tolist(),
+                    trace.columns("model_step")["wall_time_s"].tolist()))
+    yield event_batch(start, [all_blocks_cleared()])
+    by_step: dict[int, list] = {}
+    for kind, names in _READ.items():
+        cols = tables[kind]
+        for i, (event_id, step) in enumerate(zip(cols["event_id"], cols["step"])):
+            by_step.setdefault(int(step), []).append(
+                (int(event_id), kind, tuple(cols[n][i] for n in names)))
+    for step in sorted(by_step):
+        rows = sorted(by_step[step], key=lambda r: r[0])
+        events = translator.translate((kind, values) for _, kind, values in rows)
+        if events:
+            yield event_batch(start + float(ends.get(step, ends.get(step - 1, 0.0))), events)
+
+
+def _start_unix(header: dict[str, Any]) -> float:
+    """The run's start (the header's ISO 8601 ``start_time``) in Unix seconds; 0 if unknown."""
+    from datetime import datetime, timezone
+
+    try:
+        started = datetime.strptime(str(header.get("start_time")), "%Y-%m-%dT%H:%M:%S.%fZ")
+    except ValueError:
+        return 0.0
+    return started.replace(tzinfo=timezone.utc).timestamp()
+
+
+def export_kv_events(trace: Any, out_path: str | Path) -> tuple[Path, int]:
+    """Write a trace's KV events as a stream of msgpack ``EventBatch`` maps (one per step; read
+    them back with ``msgpack.Unpacker``); returns the path and the number of events."""
+    try:
+        import msgpack
+    except ImportError:
+        raise TraceError("exporting vLLM KV events needs msgpack (pip install msgpack)") from None
+    out = Path(out_path)
+    count = 0
+    with open(out, "wb") as handle:
+        for batch in trace_kv_batches(trace):
+            handle.write(msgpack.packb(batch))
+            count += len(batch["events"])
+    return out, count

@@ -109,7 +109,8 @@ def workload_from_recorded(events: RecordedEvents, name: str = "trace") -> SimWo
             before = np.searchsorted(steps, step) - 1  # the abort came after the previous step
             at = float(ends[before]) if before >= 0 else start
             (aborts if reason == "aborted" else stops).append((at, int(step), index_of[seq_id]))
-    return SimWorkload(name, config, dict(events.header), requests, aborts, start, events, stops)
+    return SimWorkload(name, config, dict(events.header), requests, aborts, start, events,
+                       stops=stops)
 
 
 def workload_from_requests(requests: list[Request], config: Config, name: str) -> SimWorkload:

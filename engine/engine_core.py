@@ -132,6 +132,13 @@ class EngineCore:
             self.rejections[seq.seq_id] = reason
         return seq
 
+    def forget(self, seq_id: int) -> None:
+        """Drop a finished request's ``Sequence`` (a long run keeps no per-request state);
+        ``sequences`` then no longer holds it. Emits nothing."""
+        seq = self.sequences.get(seq_id)
+        if seq is not None and seq.is_finished:
+            del self.sequences[seq_id]
+
     def abort(self, seq_id: int) -> None:
         self.drain()  # the sequence's last token must have its value before it is finished
         self._deferred_last = False  # the next step's inputs come after this change, not before

@@ -35,6 +35,7 @@ PROMPT_LEN = (128, 2048)
 OUTPUT_LEN = (32, 512)
 TOKEN_RANGE = 10000
 CHUNK = 8192  # requests generated per chunk (the draws do not depend on it)
+PROGRESS_EVERY = 50_000  # stream mode: figures so far to stderr every this many requests
 
 
 def poisson_chunks(num_requests: int, rate: float = RATE, seed: int = SEED):
@@ -178,6 +179,24 @@ def _chunks_without_tokens(num_requests: int, rng: np.random.Generator):
         yield arrival, prompt_len, max_tokens, None
 
 
+class Progress:
+    """A request source that logs the figures so far to stderr every ``every`` requests read
+    (a long run shows its cost per request and its memory as it goes)."""
+
+    def __init__(self, source: Any, every: int, began: float) -> None:
+        self.source, self.every, self.began = source, every, began
+        self.name, self.config = source.name, source.config
+        self.header, self.start_s = source.header, source.start_s
+
+    def __iter__(self):
+        for number, request in enumerate(self.source, 1):
+            if number % self.every == 0:
+                wall = time.perf_counter() - self.began
+                print(json.dumps(_figures("progress", number, wall, {})), file=sys.stderr,
+                      flush=True)
+            yield request
+
+
 def run_stream(num_requests: int, digest_out: str | None = None) -> dict[str, Any]:
     """The streaming path: a workload file read request by request as the simulation runs."""
     from replay.whatif.stream import simulate_stream, workload_file_source
@@ -185,7 +204,8 @@ def run_stream(num_requests: int, digest_out: str | None = None) -> dict[str, An
     path = workload_path(num_requests)
     began = time.perf_counter()
     cost, config = _timing()
-    result = simulate_stream(workload_file_source(path, config), {}, cost, "poisson")
+    source = Progress(workload_file_source(path, config), PROGRESS_EVERY, began)
+    result = simulate_stream(source, {}, cost, "poisson")
     wall = time.perf_counter() - began
     if not result.ok:
         raise SystemExit(result.status)

@@ -37,6 +37,21 @@ REASONS = ("", "length", "eos", "stop", "aborted", "rejected")
 STEP_KINDS = ("prefill", "decode", "mixed")
 
 
+_NEVER = np.iinfo(np.int64).max
+
+
+def _ints(values: list) -> np.ndarray:
+    return np.fromiter(values, np.int64, len(values))
+
+
+def _first_steps(seq: np.ndarray, step: np.ndarray, size: int) -> np.ndarray:
+    """Each of ``size`` requests' first step in these rows (``_NEVER`` where absent): steps
+    never decrease along the stream, so the first is the least."""
+    first = np.full(size, _NEVER, dtype=np.int64)
+    np.minimum.at(first, seq, step)
+    return first
+
+
 class _Column:
     """A growable numpy column (amortised doubling)."""
 
@@ -148,22 +163,23 @@ class StreamingMetrics:
             self.prompt_len.extend(ra["prompt_len"])
         ts = tables["token_sampled"]
         if ts["seq_id"]:
-            seq = np.asarray(ts["seq_id"], dtype=np.int64)
-            step = np.asarray(ts["step"], dtype=np.int64)
-            unique, first, counts = np.unique(seq, return_index=True, return_counts=True)
-            last = len(seq) - 1 - np.unique(seq[::-1], return_index=True)[1]
-            first_step = self.first_step.data
-            fresh = first_step[unique] == NOT_YET
-            first_step[unique[fresh]] = step[first[fresh]]
-            self.last_step.data[unique] = step[last]
-            self.tokens.data[unique] += counts.astype(np.int32)
+            seq = _ints(ts["seq_id"])
+            lo, hi = int(seq.min()), int(seq.max()) + 1  # the requests in flight, a window
+            seq -= lo
+            first = _first_steps(seq, _ints(ts["step"]), hi - lo)
+            mine = self.first_step.data[lo:hi]
+            fresh = (first != _NEVER) & (mine == NOT_YET)
+            mine[fresh] = first[fresh]
+            np.maximum.at(self.last_step.data[lo:hi], seq, _ints(ts["step"]))
+            self.tokens.data[lo:hi] += np.bincount(seq, minlength=hi - lo).astype(np.int32)
         ss = tables["seq_scheduled"]
         if ss["seq_id"]:
-            seq = np.asarray(ss["seq_id"], dtype=np.int64)
-            unique, first = np.unique(seq, return_index=True)
-            scheduled = self.scheduled_step.data
-            fresh = scheduled[unique] == NOT_YET
-            scheduled[unique[fresh]] = np.asarray(ss["step"], dtype=np.int64)[first[fresh]]
+            seq = _ints(ss["seq_id"])
+            lo, hi = int(seq.min()), int(seq.max()) + 1
+            first = _first_steps(seq - lo, _ints(ss["step"]), hi - lo)
+            mine = self.scheduled_step.data[lo:hi]
+            fresh = (first != _NEVER) & (mine == NOT_YET)
+            mine[fresh] = first[fresh]
         pe = tables["preempted"]["seq_id"]
         if pe:
             unique, counts = np.unique(np.asarray(pe, dtype=np.int64), return_counts=True)

@@ -36,7 +36,10 @@ from replay.whatif.notes import variant_notes
 from replay.whatif.sim_executor import SimExecutor
 from replay.whatif.simulate import CANNOT_RUN, OK, SimRequest, SimResult, build_engine
 from replay.workloads.builtin import Request
-from replay.workloads.recipe import PromptRecipe
+from replay.workloads.recipe import PromptRecipe, recipe_tokens
+
+# Requests read ahead of the one due next, to make their recipe prompts' tokens in one batch.
+MATERIALISE_AHEAD = 256
 
 
 class RequestSource(Protocol):
@@ -87,8 +90,21 @@ class WorkloadSource:
         return {"config": self.config.to_dict(), "workload": self.name}
 
     def __iter__(self) -> Iterator[SimRequest]:
+        batch: list[SimRequest] = []
         for number, request in enumerate(self.requests):
-            yield sim_request(request, f"{self.name}: request {number}")
+            batch.append(sim_request(request, f"{self.name}: request {number}"))
+            if len(batch) == MATERIALISE_AHEAD:
+                yield from materialised(batch)
+                batch = []
+        yield from materialised(batch)
+
+
+def materialised(batch: list[SimRequest]) -> list[SimRequest]:
+    """``batch`` with its recipe prompts turned into token arrays, all in one numpy pass."""
+    recipes = [r for r in batch if isinstance(r.prompt, PromptRecipe)]
+    for request, tokens in zip(recipes, recipe_tokens([r.prompt for r in recipes])):
+        request.prompt = tokens
+    return batch
 
 
 def workload_file_source(path: str | Path, config: Config) -> WorkloadSource:

@@ -38,6 +38,9 @@ from replay.whatif.simulate import CANNOT_RUN, OK, SimRequest, SimResult, build_
 from replay.workloads.builtin import Request
 from replay.workloads.recipe import PromptRecipe, recipe_tokens
 
+# (The step-time model's coverage check reads every step's features: not kept when streaming.)
+STREAM_COVERAGE_NOTE = ("streamed: where this variant's steps leave the timing source's range "
+                        "is not checked (run without streaming for the coverage warnings)")
 # Requests read ahead of the one due next, to make their recipe prompts' tokens in one batch.
 MATERIALISE_AHEAD = 256
 
@@ -226,5 +229,7 @@ def simulate_stream(
                          f"({inputs.first_problem})", timed)
     run = metrics.result(timed)
     notes = variant_notes(source.config, config, cost, executor)
+    if cost is not None:
+        notes.append(STREAM_COVERAGE_NOTE)
     return SimResult(name, overrides, OK, timed, run.summary, run.requests, run.steps, None,
                      notes, time.perf_counter() - began)

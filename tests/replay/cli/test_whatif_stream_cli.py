@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pandas as pd
 
-from replay.cli.whatif import main
 from replay.workloads.builtin import Request, reference_workload
 from replay.workloads.store import WorkloadWriter
 from tests.replay.cli.test_whatif_cli import run_cli, traces  # noqa: F401 (fixture)

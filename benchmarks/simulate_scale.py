@@ -287,7 +287,14 @@ def plot(figures_path: str, png: str) -> int:
 
     rows = [json.loads(line) for line in open(figures_path) if line.strip()]
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for mode in sorted({r["mode"] for r in rows}):
+    progress = sorted((r for r in rows if r["mode"] == "progress"), key=lambda r: r["requests"])
+    if len(progress) > 1:  # the cost of each stretch of one long run, not its running mean
+        pairs = list(zip(progress, progress[1:]))
+        ax.plot([b["requests"] for _, b in pairs],
+                [(b["cpu_s"] - a["cpu_s"]) / (b["requests"] - a["requests"]) * 1e6
+                 for a, b in pairs], ".", color="grey",
+                label="stream, one run: CPU of each stretch")
+    for mode in sorted({r["mode"] for r in rows} - {"progress"}):
         mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["requests"])
         x = [r["requests"] for r in mine]
         ax.plot(x, [r["cpu_us_per_request"] for r in mine], "o-", label=f"{mode}: CPU")

@@ -33,7 +33,6 @@ from tracing.sink import EventSink
 
 FOLD_EVENTS = 1 << 16  # token_sampled rows buffered before a fold
 NOT_YET = -1  # a step column of a request that has not reached that point
-REASONS = ("", "length", "eos", "stop", "aborted", "rejected")
 STEP_KINDS = ("prefill", "decode", "mixed")
 
 
@@ -109,6 +108,7 @@ class StreamingMetrics:
         self.num_seqs = _Column(np.int32)
         self.batched_tokens = _Column(np.int64)
         self.free_blocks = _Column(np.int32)
+        self._reasons: list[str] = [""]  # finish reasons by code ("": not finished)
         self.num_requests = 0
         self.num_batches = 0
         self.preemptions = 0
@@ -187,7 +187,7 @@ class StreamingMetrics:
             self.preemptions += len(pe)
         rf = tables["request_finished"]
         if rf["seq_id"]:
-            codes = np.fromiter((REASONS.index(r) for r in rf["reason"]), np.int8,
+            codes = np.fromiter((self._reason_code(r) for r in rf["reason"]), np.int8,
                                 len(rf["reason"]))
             self.reason.data[np.asarray(rf["seq_id"], dtype=np.int64)] = codes
         self.block_hits += len(tables["block_hit"]["seq_id"])
@@ -203,6 +203,13 @@ class StreamingMetrics:
         if bs["free_blocks"]:
             self.batched_tokens.extend(bs["num_batched_tokens"])
             self.free_blocks.extend(bs["free_blocks"])
+
+    def _reason_code(self, reason: str) -> int:
+        try:
+            return self._reasons.index(reason)
+        except ValueError:
+            self._reasons.append(reason)
+            return len(self._reasons) - 1
 
     # --- the result -------------------------------------------------------------------------------
     def result(self, timed: bool) -> RunMetrics:
@@ -237,7 +244,7 @@ class StreamingMetrics:
         if len(steps):
             row = step_rows(steps, scheduled_step[scheduled])
             queue[scheduled] = queue_times(step_ends_before(end, row), arrival[scheduled])
-        reason = np.asarray(REASONS, dtype=object)[self.reason.data[:n]]
+        reason = np.asarray(self._reasons, dtype=object)[self.reason.data[:n]]
         per_request = request_frame(
             np.arange(n, dtype=np.int64), arrival, self.prompt_len.view().astype(np.int64),
             self.tokens.data[:n].astype(np.int64), first_time, last_time, queue,

@@ -37,8 +37,12 @@ def test_streamed_run_matches_the_whole_workload_run(traces, tmp_path, capsys): 
         return lines[start:start + 2]
 
     assert table(streamed) == table(whole)
-    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "streamed" / "summary.parquet"),
-                                  pd.read_parquet(tmp_path / "whole" / "summary.parquet"))
+    streamed_summary = pd.read_parquet(tmp_path / "streamed" / "summary.parquet")
+    whole_summary = pd.read_parquet(tmp_path / "whole" / "summary.parquet")
+    # The notes differ by one: a streamed run says it skipped the timing coverage check.
+    assert "is not checked" in streamed_summary.pop("notes")[0]
+    whole_summary.pop("notes")
+    pd.testing.assert_frame_equal(streamed_summary, whole_summary)
     assert (tmp_path / "trace" / "model_step").is_dir()
 
 

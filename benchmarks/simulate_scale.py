@@ -286,7 +286,7 @@ def plot(figures_path: str, png: str) -> int:
     import matplotlib.pyplot as plt
 
     rows = [json.loads(line) for line in open(figures_path) if line.strip()]
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, (ax, mem) = plt.subplots(1, 2, figsize=(11, 4.2))
     progress = sorted((r for r in rows if r["mode"] == "progress"), key=lambda r: r["requests"])
     if len(progress) > 1:  # the cost of each stretch of one long run, not its running mean
         pairs = list(zip(progress, progress[1:]))
@@ -294,19 +294,26 @@ def plot(figures_path: str, png: str) -> int:
                 [(b["cpu_s"] - a["cpu_s"]) / (b["requests"] - a["requests"]) * 1e6
                  for a, b in pairs], ".", color="grey",
                 label="stream, one run: CPU of each stretch")
+        mem.plot([r["requests"] for r in progress], [r["peak_rss_gb"] for r in progress], ".",
+                 color="grey", label="stream, one run, so far")
     for mode in sorted({r["mode"] for r in rows} - {"progress"}):
         mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["requests"])
         x = [r["requests"] for r in mine]
         ax.plot(x, [r["cpu_us_per_request"] for r in mine], "o-", label=f"{mode}: CPU")
-        ax.plot(x, [r["us_per_request"] for r in mine], "s--", alpha=0.6,
-                label=f"{mode}: wall")
-    ax.set_xscale("log")
+        ax.plot(x, [r["us_per_request"] for r in mine], "s--", alpha=0.5,
+                label=f"{mode}: wall (shared machine)")
+        mem.plot(x, [r["peak_rss_gb"] for r in mine], "o-", label=mode)
+    for axis in (ax, mem):
+        axis.set_xscale("log")
+        axis.set_xlabel("requests simulated")
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend(fontsize=8)
     ax.set_yscale("log")
-    ax.set_xlabel("requests simulated")
     ax.set_ylabel("microseconds per request")
-    ax.set_title("Simulator cost per request (Poisson 50 req/s, h200-reference timing)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.set_title("Cost per request")
+    mem.set_ylabel("peak RSS (GB)")
+    mem.set_title("Peak memory")
+    fig.suptitle("Simulator at scale: Poisson 50 req/s, h200-reference step times")
     fig.tight_layout()
     fig.savefig(png, dpi=120)
     return 0

@@ -162,7 +162,6 @@ class EngineCore:
         (``EventSink.on_idle``), so a crash while idle loses no more than its flush interval."""
         if self.sink is not None and not self.closed:
             self.sink.on_idle(self.events)
-
     def abort(self, seq_id: int) -> None:
         self.finish(seq_id, "aborted")
 
@@ -175,7 +174,8 @@ class EngineCore:
 
     def forget(self, seq_id: int) -> None:
         """Drop a finished request from ``sequences`` and ``rejections`` (a server that runs for
-        days keeps nothing per finished request); later inputs naming it are ignored."""
+        days, or a streamed simulation, keeps nothing per finished request); later inputs naming
+        it are ignored. Emits nothing."""
         seq = self.sequences.get(seq_id)
         if seq is not None and seq.is_finished:
             del self.sequences[seq_id]

@@ -37,7 +37,7 @@ def has_timings(events: RecordedEvents) -> bool:
     return len(wall) > 0 and bool((duration > 0).any()) and float(wall.max()) > 0
 
 
-def _step_index(steps: np.ndarray, query: np.ndarray) -> np.ndarray:
+def step_rows(steps: np.ndarray, query: np.ndarray) -> np.ndarray:
     """Row of ``model_step`` for each step number in ``query`` (steps are sorted)."""
     return np.clip(np.searchsorted(steps, query), 0, max(len(steps) - 1, 0))
 
@@ -51,27 +51,41 @@ class RunMetrics:
     steps: pd.DataFrame
 
 
-def _per_step(events: RecordedEvents, num_blocks: int) -> pd.DataFrame:
+def step_frame(steps: np.ndarray, kind: object, time_s: np.ndarray, duration_s: np.ndarray,
+               num_seqs: np.ndarray, batched_tokens: np.ndarray, free_blocks: np.ndarray,
+               num_blocks: int) -> pd.DataFrame:
+    """The per-step table from its columns (``batched_tokens``/``free_blocks``: the
+    ``batch_scheduled`` rows, used only when there is one per step)."""
     import pandas as pd
 
-    ms = events.tables["model_step"]
-    bs = events.tables["batch_scheduled"]
-    steps = np.asarray(ms["step"], dtype=np.int64)
-    free = np.asarray(bs["free_blocks"], dtype=np.int64)
     # batch_scheduled and model_step have one row per step each, in the same order.
-    used = num_blocks - free if len(free) == len(steps) else np.zeros(len(steps), np.int64)
+    paired = len(free_blocks) == len(steps)
+    zeros = np.zeros(len(steps), np.int64)
     return pd.DataFrame(
         {
             "step": steps,
-            "kind": np.asarray(ms["kind"]).astype(str),
-            "time_s": np.asarray(ms["wall_time_s"], dtype=float),
-            "duration_s": np.asarray(ms["duration_s"], dtype=float),
-            "num_seqs": np.asarray(ms["num_seqs"], dtype=np.int64),
-            "batched_tokens": np.asarray(bs["num_batched_tokens"], dtype=np.int64)
-            if len(free) == len(steps)
-            else np.zeros(len(steps), np.int64),
-            "kv_blocks_used": used,
+            "kind": kind,
+            "time_s": time_s,
+            "duration_s": duration_s,
+            "num_seqs": num_seqs,
+            "batched_tokens": batched_tokens if paired else zeros,
+            "kv_blocks_used": num_blocks - free_blocks if paired else zeros,
         }
+    )
+
+
+def _per_step(events: RecordedEvents, num_blocks: int) -> pd.DataFrame:
+    ms = events.tables["model_step"]
+    bs = events.tables["batch_scheduled"]
+    return step_frame(
+        np.asarray(ms["step"], dtype=np.int64),
+        np.asarray(ms["kind"]).astype(str),
+        np.asarray(ms["wall_time_s"], dtype=float),
+        np.asarray(ms["duration_s"], dtype=float),
+        np.asarray(ms["num_seqs"], dtype=np.int64),
+        np.asarray(bs["num_batched_tokens"], dtype=np.int64),
+        np.asarray(bs["free_blocks"], dtype=np.int64),
+        num_blocks,
     )
 
 
@@ -82,9 +96,51 @@ def _first_last(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     return unique, first, last, counts
 
 
-def _per_request(events: RecordedEvents, end: np.ndarray, steps: np.ndarray) -> pd.DataFrame:
+def request_frame(
+    seq_ids: np.ndarray,
+    arrival: np.ndarray,
+    prompt_len: np.ndarray,
+    tokens: np.ndarray,
+    first: np.ndarray,
+    last: np.ndarray,
+    queue: np.ndarray,
+    preempted: np.ndarray,
+    reason: np.ndarray,
+) -> pd.DataFrame:
+    """The per-request table from its columns (``first``/``last``: the times of a request's
+    first and last token, NaN where it sampled none)."""
     import pandas as pd
 
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(tokens > 1, (last - first) / (tokens - 1), np.nan)
+    return pd.DataFrame(
+        {
+            "seq_id": seq_ids,
+            "arrival_s": arrival,
+            "prompt_len": prompt_len,
+            "completion_tokens": tokens,
+            "ttft_s": first - arrival,
+            "tpot_s": tpot,
+            "e2e_s": last - arrival,
+            "queue_s": queue,
+            "preemptions": preempted,
+            "finish_reason": reason.astype(str),
+        }
+    )
+
+
+def queue_times(began: np.ndarray, arrival: np.ndarray) -> np.ndarray:
+    """Queue time: from arrival to ``began``, the end of the step before the first scheduled
+    one (-inf where that step is the run's first)."""
+    return np.maximum(began - arrival, 0.0)
+
+
+def step_ends_before(end: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """The end of the step before ``model_step`` row ``row`` (-inf for the first row)."""
+    return np.where(row > 0, end[np.maximum(row - 1, 0)], -np.inf)
+
+
+def _per_request(events: RecordedEvents, end: np.ndarray, steps: np.ndarray) -> pd.DataFrame:
     ra, ts, rf = (events.tables[k] for k in ("request_added", "token_sampled", "request_finished"))
     seq_ids = np.asarray(ra["seq_id"], dtype=np.int64)
     arrival = np.asarray(ra["arrival_s"], dtype=float)
@@ -96,20 +152,18 @@ def _per_request(events: RecordedEvents, end: np.ndarray, steps: np.ndarray) -> 
     if len(tok_seq):
         unique, first, last, counts = _first_last(tok_seq)
         rows = order[np.searchsorted(seq_ids[order], unique)]
-        tok_time = end[_step_index(steps, np.asarray(ts["step"], dtype=np.int64))]
+        tok_time = end[step_rows(steps, np.asarray(ts["step"], dtype=np.int64))]
         position["first"][rows] = tok_time[first]
         position["last"][rows] = tok_time[last]
         tokens[rows] = counts
-    # Queue time: from arrival to the start (end of the previous step) of the first scheduled step.
     queue = np.full(n, np.nan)
     ss = events.tables["seq_scheduled"]
     sched_seq = np.asarray(ss["seq_id"], dtype=np.int64)
     if len(sched_seq) and len(end):
         unique, first, _, _ = _first_last(sched_seq)
         rows = order[np.searchsorted(seq_ids[order], unique)]
-        row = _step_index(steps, np.asarray(ss["step"], dtype=np.int64)[first])
-        began = np.where(row > 0, end[np.maximum(row - 1, 0)], -np.inf)
-        queue[rows] = np.maximum(began - arrival[rows], 0.0)
+        row = step_rows(steps, np.asarray(ss["step"], dtype=np.int64)[first])
+        queue[rows] = queue_times(step_ends_before(end, row), arrival[rows])
     preempted = np.zeros(n, np.int64)
     pre_seq = np.asarray(events.tables["preempted"]["seq_id"], dtype=np.int64)
     if len(pre_seq):
@@ -119,22 +173,8 @@ def _per_request(events: RecordedEvents, end: np.ndarray, steps: np.ndarray) -> 
     fin_seq = np.asarray(rf["seq_id"], dtype=np.int64)
     if len(fin_seq):
         reason[order[np.searchsorted(seq_ids[order], fin_seq)]] = np.asarray(rf["reason"])
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(tokens > 1, (position["last"] - position["first"]) / (tokens - 1), np.nan)
-    return pd.DataFrame(
-        {
-            "seq_id": seq_ids,
-            "arrival_s": arrival,
-            "prompt_len": np.asarray(ra["prompt_len"], dtype=np.int64),
-            "completion_tokens": tokens,
-            "ttft_s": position["first"] - arrival,
-            "tpot_s": tpot,
-            "e2e_s": position["last"] - arrival,
-            "queue_s": queue,
-            "preemptions": preempted,
-            "finish_reason": reason.astype(str),
-        }
-    )
+    return request_frame(seq_ids, arrival, np.asarray(ra["prompt_len"], dtype=np.int64), tokens,
+                         position["first"], position["last"], queue, preempted, reason)
 
 
 def _stats(name: str, values: np.ndarray, out: dict[str, float]) -> None:
@@ -144,16 +184,45 @@ def _stats(name: str, values: np.ndarray, out: dict[str, float]) -> None:
         out[f"{name}_p{p}_s"] = float(np.percentile(finite, p)) if len(finite) else float("nan")
 
 
+@dataclass
+class RunTotals:
+    """Event counts the summary needs besides the per-request and per-step tables."""
+
+    num_blocks: int
+    block_size: int
+    preemptions: int
+    block_hits: int
+    prefill_tokens: int
+
+
 def compute(events: RecordedEvents, timed: bool | None = None) -> RunMetrics:
     """Every metric of one run. ``timed=False`` (default: ``has_timings``) blanks time metrics."""
     timed = has_timings(events) if timed is None else timed
-    header = events.header
-    num_blocks = int(header.get("num_blocks") or header.get("config", {}).get("num_kvcache_blocks"))
-    block_size = int(header.get("block_size") or header["config"]["kvcache_block_size"])
+    num_blocks, block_size = pool_of(events.header)
     per_step = _per_step(events, num_blocks)
     steps = per_step["step"].to_numpy()
     end = per_step["time_s"].to_numpy() if timed else np.full(len(steps), np.nan)
     per_request = _per_request(events, end, steps)
+    totals = RunTotals(
+        num_blocks, block_size, len(events.tables["preempted"]["seq_id"]),
+        len(events.tables["block_hit"]["seq_id"]),
+        int(np.asarray(events.tables["model_step"]["prefill_tokens"]).sum()),
+    )
+    return summarize(per_request, per_step, end, totals, timed)
+
+
+def pool_of(header: dict) -> tuple[int, int]:
+    """(KV blocks, block size) of a run's header."""
+    num_blocks = int(header.get("num_blocks") or header.get("config", {}).get("num_kvcache_blocks"))
+    block_size = int(header.get("block_size") or header["config"]["kvcache_block_size"])
+    return num_blocks, block_size
+
+
+def summarize(per_request: pd.DataFrame, per_step: pd.DataFrame, end: np.ndarray,
+              totals: RunTotals, timed: bool) -> RunMetrics:
+    """The summary of a run from its per-request and per-step tables (``end``: each step's end
+    time, NaN when untimed); blanks the time columns of an untimed run."""
+    num_blocks = totals.num_blocks
     if not timed:
         per_request["queue_s"] = np.nan
     served = per_request[per_request["finish_reason"] != "rejected"]
@@ -170,10 +239,9 @@ def compute(events: RecordedEvents, timed: bool | None = None) -> RunMetrics:
     summary["throughput_tok_s"] = completion / makespan if makespan > 0 else float("nan")
     for name in LATENCIES:
         _stats(name, served[f"{name}_s"].to_numpy(dtype=float), summary)
-    summary["preemptions"] = float(len(events.tables["preempted"]["seq_id"]))
-    hit_tokens = len(events.tables["block_hit"]["seq_id"]) * block_size
-    prefill_tokens = int(np.asarray(events.tables["model_step"]["prefill_tokens"]).sum())
-    total = hit_tokens + prefill_tokens
+    summary["preemptions"] = float(totals.preemptions)
+    hit_tokens = totals.block_hits * totals.block_size
+    total = hit_tokens + totals.prefill_tokens
     summary["prefix_hit_rate"] = hit_tokens / total if total else 0.0
     batch = per_step["num_seqs"].to_numpy(dtype=float)
     kv = per_step["kv_blocks_used"].to_numpy(dtype=float)

@@ -77,6 +77,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="where a grid's variants run: local processes, or Ray (RAY_ADDRESS, "
                    "or a local Ray when unset); the results are the same")
     p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
+    p.add_argument("--stream", action="store_true",
+                   help="with --workload FILE: read requests as they arrive, keep no finished "
+                   "request (bounded memory for millions of requests)")
+    p.add_argument("--trace-out", metavar="DIR",
+                   help="with --stream: also write the simulated events to DIR as a trace")
     p.add_argument("--report", metavar="FILE.html",
                    help="also write one self-contained HTML page (tables and plots inline)")
     return p
@@ -344,6 +349,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _whatif(args: argparse.Namespace, overrides: dict[str, Any], grid: dict[str, list[Any]],
             plotter: Any) -> int:
+    if args.stream or args.trace_out:
+        from replay.cli.whatif_stream import run_streamed
+
+        return run_streamed(args, build_variants(overrides, grid), _load_timing_trace, _finish,
+                            _sim_row)
     workload, cost, notes = _load(args)
     for note in notes:
         print(f"note: {note}")

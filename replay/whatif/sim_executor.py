@@ -23,6 +23,7 @@ padded tokens. Any other prefill runs eager (class ``prefill``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from engine.batch import ScheduledBatch, StepOutput
@@ -73,7 +74,9 @@ class SimExecutor:
         self.clock = clock
         self.cost = cost
         self.eos = eos
-        self.tokens: list[list[int]] = []  # index: the simulated engine's seq_id
+        # Recorded completions of the sequences not yet released, by the engine's seq_id.
+        self.tokens: dict[int, Sequence[int]] = {}
+        self._next_seq_id = 0
         self.synthesized = 0
         self._graph_sizes = cost.graph_sizes if cost is not None and use_graphs else []
         self._padded: dict[int, int] = {}
@@ -88,29 +91,44 @@ class SimExecutor:
         self.steps = 0
         self.overlapped_steps = 0  # batches the engine launched overlapped
 
-    def bind(self, seq_id: int, tokens: list[int] | None) -> None:
-        """Give sequence ``seq_id`` (ids are handed out in order) its recorded completion."""
-        if seq_id != len(self.tokens):
+    def bind(self, seq_id: int, tokens: Sequence[int] | None) -> None:
+        """Give sequence ``seq_id`` (ids are handed out in order) its recorded completion (a list
+        or an array of token ids; None: synthetic tokens)."""
+        if seq_id != self._next_seq_id:
             raise RuntimeError(f"sequence ids must be bound in order: got {seq_id}")
-        self.tokens.append(tokens if tokens is not None else [])
+        self._next_seq_id += 1
+        if tokens is not None and len(tokens):
+            self.tokens[seq_id] = tokens
+
+    def release(self, seq_id: int) -> None:
+        """Forget a finished sequence's recorded tokens (it samples no more)."""
+        self.tokens.pop(seq_id, None)
 
     def _token(self, seq_id: int, position: int) -> int:
-        recorded = self.tokens[seq_id]
-        return recorded[position] if position < len(recorded) else self._synthetic(seq_id, position)
+        recorded = self.tokens.get(seq_id, ())
+        if position < len(recorded):
+            return int(recorded[position])
+        self.synthesized += 1
+        return self._synthetic(seq_id, position)
 
     def _synthetic(self, seq_id: int, position: int) -> int:
-        self.synthesized += 1
         token = (seq_id * SYNTHETIC_STRIDE + position) % SYNTHETIC_RANGE
         return token + 1 if token == self.eos else token
 
-    def execute(self, batch: ScheduledBatch) -> StepOutput:
+    def _sample(self, sampled: list) -> list[int]:
+        """The token each sampled sequence samples now: its recorded one, else synthetic."""
         tokens = self.tokens
-        try:
-            # Fast path: every sampled position was recorded (positions are never negative).
-            out = [tokens[s.seq_id][s.num_tokens - s.num_prompt_tokens] for s in batch.sampled_seqs]
-        except IndexError:
-            out = [self._token(s.seq_id, s.num_tokens - s.num_prompt_tokens)
-                   for s in batch.sampled_seqs]
+        if not tokens:  # nothing recorded (a workload without answers): all synthetic
+            self.synthesized += len(sampled)
+            out = [(s.seq_id * SYNTHETIC_STRIDE + s.num_tokens - s.num_prompt_tokens)
+                   % SYNTHETIC_RANGE for s in sampled]
+            if 0 <= self.eos < SYNTHETIC_RANGE and self.eos in out:
+                out = [t + 1 if t == self.eos else t for t in out]
+            return out
+        return [self._token(s.seq_id, s.num_tokens - s.num_prompt_tokens) for s in sampled]
+
+    def execute(self, batch: ScheduledBatch) -> StepOutput:
+        out = self._sample(batch.sampled_seqs)
         num_seqs = len(batch.seqs)
         self.steps += 1
         self.overlapped_steps += batch.overlapped

@@ -31,6 +31,7 @@ from engine.sequence import Sequence
 from replay.metrics import compute
 from replay.recorded import RecordedEvents, from_columns, from_trace
 from replay.whatif.cost.model import CostModel
+from replay.whatif.notes import UNSIMULATED_FIELDS, variant_notes
 from replay.whatif.sim_executor import SimClock, SimExecutor
 from replay.whatif.source import (
     SimRequest,
@@ -40,11 +41,13 @@ from replay.whatif.source import (
     workload_from_requests,
 )
 from replay.workloads.inputs import WorkloadInputs
+from tracing.sink import EventSink
 
 if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
+    "UNSIMULATED_FIELDS",
     "SimRequest",
     "SimResult",
     "SimWorkload",
@@ -58,15 +61,6 @@ __all__ = [
 ]
 
 CANNOT_RUN = "cannot run"
-# Config fields that change neither a scheduling decision nor the simulated executor: an
-# override of one is reported, not silently taken as a prediction.
-UNSIMULATED_FIELDS = (
-    "gpu_memory_utilization",
-    "tensor_parallel_size",
-    "kv_cache_bytes",
-    "dtype",
-    "attention_backend",
-)
 OK = "ok"
 
 
@@ -236,51 +230,33 @@ def _workload_file_inputs(core: EngineCore, executor: SimExecutor, workload: Sim
     return WorkloadInputs(workload.workload, submit, timed)
 
 
-def _prefill_graph_notes(source: Config, config: Config, cost: CostModel) -> list[str]:
-    """Where the variant's prefill graphs differ from what the timing source can price."""
-    limit = prefill_graph_limit(config)
-    sizes = cost.prefill_graph_sizes
-    notes = []
-    # (Only where asked for: a source run on a CPU, say, had the setting but captured nothing.)
-    asked = config.prefill_graph_tokens != source.prefill_graph_tokens
-    if limit and not sizes and asked:
-        notes.append(f"prefill_graph_tokens={config.prefill_graph_tokens}: the timing source "
-                     "captured no prefill CUDA graphs (their sizes and times are unknown): "
-                     "every prefill is simulated eager")
-    elif sizes and limit > sizes[-1]:
-        notes.append(f"prefills of up to {limit:,} tokens may run through CUDA graphs here, the "
-                     f"timing source captured them up to {sizes[-1]:,}: larger ones are "
-                     "simulated eager")
-    # (A variant's graph prefills priced without a fit of their own: coverage_warnings says so.)
-    return notes
-
-
-def _notes(source: Config, config: Config, cost: CostModel | None,
-           executor: SimExecutor) -> list[str]:
-    notes = []
-    if executor.synthesized:
-        notes.append(f"{executor.synthesized} sampled tokens are synthetic (not in the source)")
-    if cost is not None and cost.overlap is None and executor.overlapped_steps:
-        notes.append(f"{executor.overlapped_steps} of {executor.steps} steps were launched "
-                     "overlapped, but the timing source records no host time (interval mode): "
-                     "each is charged a whole interval as the source's steps took, whatever "
-                     "overlap saves")
-    if cost is not None and config.enforce_eager and "decode_eager" not in cost.fits:
-        notes.append("the timing source has no eager decodes: predicted from graph decodes")
-    changed = [k for k in UNSIMULATED_FIELDS if getattr(source, k) != getattr(config, k)]
-    if changed:
-        notes.append(f"{', '.join(changed)}: not simulated (no effect on scheduling; step times "
-                     "are the timing source's); the KV pool is num_kvcache_blocks")
-    if cost is not None:
-        notes += _prefill_graph_notes(source, config, cost)
-    if config.kvcache_block_size != source.kvcache_block_size and (
-        config.num_kvcache_blocks == source.num_kvcache_blocks
-    ):
-        tokens = config.num_kvcache_blocks * config.kvcache_block_size
-        before = source.num_kvcache_blocks * source.kvcache_block_size
-        notes.append(f"kvcache_block_size changed with num_kvcache_blocks kept: the pool holds "
-                     f"{tokens} tokens, not {before}")
-    return notes
+def build_engine(
+    source_config: Config,
+    source_header: dict[str, Any],
+    source_name: str,
+    overrides: dict[str, Any],
+    cost: CostModel | None,
+    cold_start: bool | None = None,
+    sink: EventSink | None = None,
+) -> tuple[Config, SimExecutor, EngineCore] | str:
+    """The simulated engine of one variant (its Config, executor and core, recording to
+    ``sink`` if given), or why the variant cannot run."""
+    try:
+        config = source_config.replace(**overrides)
+    except ConfigError as exc:
+        return f"{CANNOT_RUN}: {exc}"
+    if config.num_kvcache_blocks == AUTO_SIZED_BLOCKS:
+        return (f"{CANNOT_RUN}: the KV pool size is unknown (num_kvcache_blocks=-1); "
+                "set num_kvcache_blocks")
+    clock = SimClock(0.0)
+    use_graphs = not config.enforce_eager
+    executor = SimExecutor(config.num_kvcache_blocks, clock, cost, use_graphs, eos=config.eos,
+                           prefill_graph_tokens=prefill_graph_limit(config),
+                           one_off_costs=cold_start is not False)
+    header = {k: v for k, v in source_header.items() if k not in ("executor", "config")}
+    header["simulated_from"] = source_name
+    core = EngineCore(config, executor, sink=sink, header=header, clock=clock)
+    return config, executor, core
 
 
 def run_variant(
@@ -298,22 +274,12 @@ def run_variant(
     first-step costs (kernel compilation); None: as the source did (``cold_start_of``)."""
     began = time.perf_counter()
     name = name or format_overrides(overrides)
+    built = build_engine(workload.config, workload.header, workload.name, overrides, cost,
+                         cold_start)
+    if isinstance(built, str):
+        return SimResult(name, overrides, built, cost is not None)
+    config, executor, core = built
     timed = cost is not None
-    try:
-        config = workload.config.replace(**overrides)
-    except ConfigError as exc:
-        return SimResult(name, overrides, f"{CANNOT_RUN}: {exc}", timed)
-    if config.num_kvcache_blocks == AUTO_SIZED_BLOCKS:
-        return SimResult(name, overrides, f"{CANNOT_RUN}: the KV pool size is unknown "
-                         "(num_kvcache_blocks=-1); set num_kvcache_blocks", timed)
-    clock = SimClock(0.0)
-    use_graphs = not config.enforce_eager
-    executor = SimExecutor(config.num_kvcache_blocks, clock, cost, use_graphs, eos=config.eos,
-                           prefill_graph_tokens=prefill_graph_limit(config),
-                           one_off_costs=cold_start is not False)
-    header = {k: v for k, v in workload.header.items() if k not in ("executor", "config")}
-    header["simulated_from"] = workload.name
-    core = EngineCore(config, executor, header=header, clock=clock)
     problem = _admission_problems(core, workload)
     if problem is not None:
         return SimResult(name, overrides, problem, timed)
@@ -325,7 +291,7 @@ def run_variant(
         # Metrics read only a few columns: leave the rest as the engine's lists, unconverted.
         events = RecordedEvents(core.header, core.events.tables, core.step_index - 1)
     run = compute(events, timed=timed)
-    notes = _notes(workload.config, config, cost, executor)
+    notes = variant_notes(workload.config, config, cost, executor)
     if cost is not None:
         notes += cost.coverage_warnings(events)  # where this variant leaves the source's range
     return SimResult(

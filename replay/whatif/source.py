@@ -20,19 +20,23 @@ from engine.sequence import Sequence
 from replay.metrics import has_timings
 from replay.recorded import RecordedEvents, from_trace
 from replay.replayer import OUTSIDE_FINISHES, PRECHECK_REJECTION, config_from_header
+from replay.workloads.recipe import PromptRecipe
 from replay.workloads.request import Request
 from tracing.events import NullEventBuffer
 
 
 @dataclass
 class SimRequest:
-    """One request to re-run, with the completion tokens the source sampled for it (if any)."""
+    """One request to re-run, with the completion tokens the source sampled for it (if any).
 
-    prompt: list[int]
+    ``prompt`` and ``tokens``: lists of ints, or (streamed, ``replay.whatif.stream``) an int32
+    array; a streamed prompt may also be a ``PromptRecipe`` until it is due."""
+
+    prompt: list[int] | np.ndarray | PromptRecipe
     params: SamplingParams
     arrival_s: float
     step: int  # the step before which the source added it (0 for a workload file)
-    tokens: list[int] | None = None
+    tokens: list[int] | np.ndarray | None = None
     precheck_error: str | None = None  # rejected before the scheduler in the source
     rejected_in_source: bool = False
 

@@ -67,17 +67,7 @@ class PromptRecipe:
 
     def tokens(self) -> np.ndarray:
         """The prompt's token ids as an int32 array."""
-        with np.errstate(over="ignore"):
-            positions = np.arange(self.length, dtype=np.uint64)
-            named = min(len(self.hash_ids) * self.block_size, self.length)
-            ids = np.repeat(np.asarray(self.hash_ids, dtype=np.int64).astype(np.uint64),
-                            self.block_size)[:named]
-            offsets = positions[:named] % np.uint64(self.block_size)
-            head = _mix((ids * _POSITION + offsets) ^ _NAMED)
-            salt = np.uint64(self.salt & 0xFFFFFFFFFFFFFFFF)
-            tail = _mix(((positions[named:] + salt * _POSITION) * _POSITION) ^ _TAIL ^ salt)
-            out = np.concatenate([head, tail]) % np.uint64(RECIPE_TOKEN_RANGE)
-        return out.astype(np.int32)
+        return recipe_tokens([self])[0]
 
     def block_keys(self, block_size: int) -> np.ndarray:
         """One key per full block of ``block_size`` tokens, equal exactly where the chained
@@ -95,3 +85,37 @@ class PromptRecipe:
             salt = np.uint64(self.salt & 0xFFFFFFFFFFFFFFFF)
             tail = np.where(ends > named, _mix(np.asarray([salt ^ _TAIL]))[0], np.uint64(0))
             return _mix(chain[covering] ^ (ends.astype(np.uint64) * _POSITION) ^ tail)
+
+
+def recipe_tokens(recipes: list[PromptRecipe]) -> list[np.ndarray]:
+    """Each recipe's token ids as an int32 array (the module rule), computed for all of them
+    in one pass over their concatenated positions (a numpy call per batch, not per prompt)."""
+    if not recipes:
+        return []
+    lengths = np.fromiter((r.length for r in recipes), np.int64, len(recipes))
+    block = np.fromiter((r.block_size for r in recipes), np.int64, len(recipes))
+    num_ids = np.fromiter((len(r.hash_ids) for r in recipes), np.int64, len(recipes))
+    named = np.minimum(num_ids * block, lengths)
+    total = int(lengths.sum())
+    starts = np.cumsum(lengths) - lengths
+    row_of = np.repeat(np.arange(len(recipes)), lengths)
+    positions = np.arange(total, dtype=np.int64) - starts[row_of]
+    head = positions < named[row_of]
+    out = np.empty(total, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        if head.any():
+            ids = np.asarray([h for r in recipes for h in r.hash_ids],
+                             dtype=np.int64).astype(np.uint64)
+            id_start = np.cumsum(num_ids) - num_ids
+            rows, where = row_of[head], positions[head]
+            index = id_start[rows] + where // block[rows]
+            offsets = (where % block[rows]).astype(np.uint64)
+            out[head] = _mix((ids[index] * _POSITION + offsets) ^ _NAMED)
+        tail = ~head
+        if tail.any():
+            salts = np.asarray([r.salt & 0xFFFFFFFFFFFFFFFF for r in recipes], dtype=np.uint64)
+            salt = salts[row_of[tail]]
+            where = positions[tail].astype(np.uint64)
+            out[tail] = _mix(((where + salt * _POSITION) * _POSITION) ^ _TAIL ^ salt)
+        tokens = (out % np.uint64(RECIPE_TOKEN_RANGE)).astype(np.int32)
+    return np.split(tokens, np.cumsum(lengths)[:-1])

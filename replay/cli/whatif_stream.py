@@ -1,0 +1,51 @@
+"""``replayllm whatif --workload FILE --stream``: simulate a large workload file in bounded memory.
+
+The requests are read as the simulated clock reaches their arrival and forgotten when they
+finish (``replay.whatif.stream``); ``--trace-out DIR`` also writes the simulated events there as
+a trace, in segments. Variants run one after another, each reading the file again.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from engine.config import AUTO_SIZED_BLOCKS, Config
+from engine.errors import ReplayLLMError
+
+
+def run_streamed(args: argparse.Namespace, variants: list[tuple[str, dict[str, Any]]],
+                 timing: Any, finish: Any, row: Any) -> int:
+    """Stream ``args.workload`` through each variant, print the table, write the outputs.
+
+    ``timing``: loads (cost model, Config) from ``--timing-from``; ``finish`` and ``row`` are
+    the whatif command's output writer and table row (one format for both paths)."""
+    from replay.whatif.report import variants_table
+    from replay.whatif.stream import simulate_stream, workload_file_source
+
+    if args.trace is not None or args.workload in (None, "bench") or args.compare:
+        raise ReplayLLMError("--stream and --trace-out take --workload FILE (no trace, no "
+                             "--compare)")
+    if args.num_seqs is not None:
+        raise ReplayLLMError("--num-seqs does not apply to --stream (cut the file instead)")
+    if args.trace_out and len(variants) > 1:
+        raise ReplayLLMError("--trace-out writes one variant's trace: drop --grid")
+    cost, config = timing(args.timing_from) if args.timing_from else (None, None)
+    config = config or Config()
+    if cost is None:
+        print("note: no step-time model (--timing-from TRACE): decisions only, no times; "
+              "every request joins at once")
+    if config.num_kvcache_blocks == AUTO_SIZED_BLOCKS and not all(
+            "num_kvcache_blocks" in v for _, v in variants):
+        raise ReplayLLMError("the KV pool size is unknown without a trace: --set "
+                             "num_kvcache_blocks=N (or --timing-from a trace)")
+    rows = []
+    for name, overrides in variants:
+        result = simulate_stream(workload_file_source(args.workload, config), overrides, cost,
+                                 name, trace_out=args.trace_out)
+        for note in result.notes:
+            print(f"note ({result.name}): {note}")
+        rows.append(row(result))
+    print(variants_table(rows))
+    finish(args, rows, cost, None)
+    return 0

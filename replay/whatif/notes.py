@@ -1,0 +1,67 @@
+"""Notes on a simulated variant: where its prediction rests on assumptions the source cannot
+check (synthetic tokens, unsimulated settings, step classes the timing source never ran)."""
+
+from __future__ import annotations
+
+from engine.config import Config
+from engine.graph_sizes import prefill_graph_limit
+from replay.whatif.cost.model import CostModel
+from replay.whatif.sim_executor import SimExecutor
+
+# Config fields that change neither a scheduling decision nor the simulated executor: an
+# override of one is reported, not silently taken as a prediction.
+UNSIMULATED_FIELDS = (
+    "gpu_memory_utilization",
+    "tensor_parallel_size",
+    "kv_cache_bytes",
+    "dtype",
+    "attention_backend",
+)
+
+
+def _prefill_graph_notes(source: Config, config: Config, cost: CostModel) -> list[str]:
+    """Where the variant's prefill graphs differ from what the timing source can price."""
+    limit = prefill_graph_limit(config)
+    sizes = cost.prefill_graph_sizes
+    notes = []
+    # (Only where asked for: a source run on a CPU, say, had the setting but captured nothing.)
+    asked = config.prefill_graph_tokens != source.prefill_graph_tokens
+    if limit and not sizes and asked:
+        notes.append(f"prefill_graph_tokens={config.prefill_graph_tokens}: the timing source "
+                     "captured no prefill CUDA graphs (their sizes and times are unknown): "
+                     "every prefill is simulated eager")
+    elif sizes and limit > sizes[-1]:
+        notes.append(f"prefills of up to {limit:,} tokens may run through CUDA graphs here, the "
+                     f"timing source captured them up to {sizes[-1]:,}: larger ones are "
+                     "simulated eager")
+    # (A variant's graph prefills priced without a fit of their own: coverage_warnings says so.)
+    return notes
+
+
+def variant_notes(source: Config, config: Config, cost: CostModel | None,
+                  executor: SimExecutor) -> list[str]:
+    """What a reader of the variant's prediction should know (one line each)."""
+    notes = []
+    if executor.synthesized:
+        notes.append(f"{executor.synthesized} sampled tokens are synthetic (not in the source)")
+    if cost is not None and cost.overlap is None and executor.overlapped_steps:
+        notes.append(f"{executor.overlapped_steps} of {executor.steps} steps were launched "
+                     "overlapped, but the timing source records no host time (interval mode): "
+                     "each is charged a whole interval as the source's steps took, whatever "
+                     "overlap saves")
+    if cost is not None and config.enforce_eager and "decode_eager" not in cost.fits:
+        notes.append("the timing source has no eager decodes: predicted from graph decodes")
+    changed = [k for k in UNSIMULATED_FIELDS if getattr(source, k) != getattr(config, k)]
+    if changed:
+        notes.append(f"{', '.join(changed)}: not simulated (no effect on scheduling; step times "
+                     "are the timing source's); the KV pool is num_kvcache_blocks")
+    if cost is not None:
+        notes += _prefill_graph_notes(source, config, cost)
+    if config.kvcache_block_size != source.kvcache_block_size and (
+        config.num_kvcache_blocks == source.num_kvcache_blocks
+    ):
+        tokens = config.num_kvcache_blocks * config.kvcache_block_size
+        before = source.num_kvcache_blocks * source.kvcache_block_size
+        notes.append(f"kvcache_block_size changed with num_kvcache_blocks kept: the pool holds "
+                     f"{tokens} tokens, not {before}")
+    return notes

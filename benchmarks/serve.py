@@ -91,7 +91,7 @@ def soak(requests: int, concurrency: int, rss_bound_mb: float, settings: list[st
 
     from replay.loadgen.client import Measured, monotonic_clock, request_body, send
     from replay.verify import verify
-    from replay.workloads.builtin import Request
+    from replay.workloads.request import Request
     from tracing import read_trace
 
     rng = random.Random(0)
@@ -163,7 +163,8 @@ def gpu(model: str | None, load: float, settings: list[str], poisson_requests: i
     from replay.loadgen.runner import run_load
     from replay.metrics import compute
     from replay.recorded import from_trace
-    from replay.workloads.builtin import Request, reference_workload
+    from replay.workloads.builtin import reference_workload
+    from replay.workloads.request import Request
     from tracing import read_trace
 
     model_dir = str(ensure_model(Path(model or ROOT / "out" / "models" / PRESET)))

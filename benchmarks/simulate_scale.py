@@ -149,8 +149,8 @@ def workload_path(num_requests: int) -> str:
 def write_workload(num_requests: int, path: str) -> None:
     """The draws of ``poisson_chunks`` as a workload file of recipe prompts (unique tokens per
     request: no prefix is shared, as with the random prompts of ``list``)."""
-    from replay.workloads.builtin import Request
     from replay.workloads.recipe import PromptRecipe
+    from replay.workloads.request import Request
     from replay.workloads.store import WorkloadWriter
 
     writer = WorkloadWriter(path)

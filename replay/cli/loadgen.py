@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
     from replay.loadgen.result import requests_frame, summarize, table_row, write_result
     from replay.loadgen.runner import run_load
     from replay.whatif.report import variants_table
-    from replay.workloads.builtin import load_workload, reference_workload
+    from replay.workloads.builtin import reference_workload
+    from replay.workloads.store import load_workload
 
     requests = reference_workload() if args.workload == "bench" else load_workload(args.workload)
     if args.num_requests is not None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from replay.workloads.builtin import Request
+from replay.workloads.request import Request
 
 
 @dataclass

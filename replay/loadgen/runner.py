@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 
 from engine.errors import ReplayLLMError
 from replay.loadgen.client import Measured, monotonic_clock, request_body, send
-from replay.workloads.builtin import Request
+from replay.workloads.request import Request
 
 # Per request: connecting and reading may take as long as a long answer does.
 REQUEST_TIMEOUT_S = 3600.0

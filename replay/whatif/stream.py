@@ -35,8 +35,8 @@ from replay.whatif.cost.model import CostModel
 from replay.whatif.notes import variant_notes
 from replay.whatif.sim_executor import SimExecutor
 from replay.whatif.simulate import CANNOT_RUN, OK, SimRequest, SimResult, build_engine
-from replay.workloads.builtin import Request
 from replay.workloads.recipe import PromptRecipe, recipe_tokens
+from replay.workloads.request import Request
 
 # (The step-time model's coverage check reads every step's features: not kept when streaming.)
 STREAM_COVERAGE_NOTE = ("streamed: where this variant's steps leave the timing source's range "

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from replay.workloads.builtin import Request, reference_workload
+from replay.workloads.builtin import reference_workload
+from replay.workloads.request import Request
 from replay.workloads.store import WorkloadWriter
 from tests.replay.cli.test_whatif_cli import run_cli, traces  # noqa: F401 (fixture)
 

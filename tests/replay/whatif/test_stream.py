@@ -35,8 +35,9 @@ from replay.whatif.stream import (
     workload_file_source,
 )
 from replay.whatif.synthetic import StepLaw, record_workload
-from replay.workloads.builtin import Request, reference_workload
+from replay.workloads.builtin import reference_workload
 from replay.workloads.recipe import PromptRecipe
+from replay.workloads.request import Request
 from replay.workloads.store import WorkloadWriter, read_workload
 from tracing.reader import read_trace
 from tracing.sink import MemorySink

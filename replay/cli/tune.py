@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import AUTO_SIZED_BLOCKS
-from replay.cli.whatif import WhatifError, _load, parse_grid
+from replay.cli.variants import WhatifError, parse_grid
+from replay.cli.whatif import _load
 from replay.whatif.executors import EXECUTORS, variant_runner
 from replay.whatif.tune import DEFAULT_BUDGET, DEFAULT_ETA, default_space, parse_slo, tune
 

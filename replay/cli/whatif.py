@@ -12,14 +12,17 @@ error is a ``ReplayLLMError``.
 from __future__ import annotations
 
 import argparse
-import itertools
 import sys
 from pathlib import Path
 from typing import Any
 
-from engine.config import AUTO_SIZED_BLOCKS, Config, parse_override
-from engine.config import parse_overrides as config_parse_overrides
-from engine.errors import ConfigError, ReplayLLMError
+from engine.config import AUTO_SIZED_BLOCKS, Config
+from replay.cli.variants import (
+    WhatifError,
+    build_variants,
+    parse_grid,
+    parse_overrides,
+)
 from replay.metrics import compute, has_timings
 from replay.whatif.cost.model import CostModel
 from replay.whatif.executors import EXECUTORS
@@ -38,10 +41,6 @@ DEFAULT_OUT = "out/whatif"
 # Config fields that describe the machine or the recording, not the schedule: left out of the
 # "predicting ... under" line of --compare (they are still applied).
 COSMETIC_FIELDS = frozenset({"model", "trace_flush_steps", "trace_flush_seconds", "device"})
-
-
-class WhatifError(ReplayLLMError):
-    """Bad whatif arguments."""
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -85,47 +84,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="FILE.html",
                    help="also write one self-contained HTML page (tables and plots inline)")
     return p
-
-
-# --- arguments ----------------------------------------------------------------------------------
-def parse_value(key: str, text: str) -> Any:
-    """A typed, range-checked Config value; errors name the field and what it accepts."""
-    value = parse_override(key, text.strip())
-    try:
-        # The field's own rule, checked on a base where no cross-field rule can object.
-        Config(policy="chunked").replace(**{key: value})
-    except ConfigError as exc:
-        raise ConfigError(str(exc)) from None
-    return value
-
-
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    return config_parse_overrides(items, parse_value)
-
-
-def parse_grid(items: list[str]) -> dict[str, list[Any]]:
-    out: dict[str, list[Any]] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        values = [v for v in text.split(",") if v.strip()]
-        if not sep or not values:
-            raise WhatifError(f"--grid expects KEY=V1,V2,..., got {item!r}")
-        out[key.strip()] = [parse_value(key.strip(), v) for v in values]
-    return out
-
-
-def build_variants(
-    overrides: dict[str, Any], grid: dict[str, list[Any]]
-) -> list[tuple[str, dict[str, Any]]]:
-    """(name, overrides) per variant: the --set values, crossed with every grid combination."""
-    if not grid:
-        return [(format_overrides(overrides), overrides)]
-    keys = list(grid)
-    variants = []
-    for combo in itertools.product(*(grid[k] for k in keys)):
-        point = dict(zip(keys, combo))
-        variants.append((format_overrides(point), {**overrides, **point}))
-    return variants
 
 
 # --- sources ------------------------------------------------------------------------------------

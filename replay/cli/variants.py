@@ -1,0 +1,56 @@
+"""The variants a what-if runs: ``--set`` and ``--grid`` values parsed and checked, crossed into
+one ``(name, overrides)`` per variant (``whatif`` and ``tune``)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from engine.config import Config, parse_override
+from engine.config import parse_overrides as config_parse_overrides
+from engine.errors import ConfigError, ReplayLLMError
+from replay.whatif.simulate import format_overrides
+
+
+class WhatifError(ReplayLLMError):
+    """Bad whatif arguments."""
+
+
+def parse_value(key: str, text: str) -> Any:
+    """A typed, range-checked Config value; errors name the field and what it accepts."""
+    value = parse_override(key, text.strip())
+    try:
+        # The field's own rule, checked on a base where no cross-field rule can object.
+        Config(policy="chunked").replace(**{key: value})
+    except ConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    return value
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    return config_parse_overrides(items, parse_value)
+
+
+def parse_grid(items: list[str]) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        values = [v for v in text.split(",") if v.strip()]
+        if not sep or not values:
+            raise WhatifError(f"--grid expects KEY=V1,V2,..., got {item!r}")
+        out[key.strip()] = [parse_value(key.strip(), v) for v in values]
+    return out
+
+
+def build_variants(
+    overrides: dict[str, Any], grid: dict[str, list[Any]]
+) -> list[tuple[str, dict[str, Any]]]:
+    """(name, overrides) per variant: the --set values, crossed with every grid combination."""
+    if not grid:
+        return [(format_overrides(overrides), overrides)]
+    keys = list(grid)
+    variants = []
+    for combo in itertools.product(*(grid[k] for k in keys)):
+        point = dict(zip(keys, combo))
+        variants.append((format_overrides(point), {**overrides, **point}))
+    return variants

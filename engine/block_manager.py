@@ -51,7 +51,12 @@ class Block:
 
 
 class BlockManager:
-    """Owns ``num_blocks`` blocks of ``block_size`` token slots and the prefix-cache index."""
+    """Owns ``num_blocks`` blocks of ``block_size`` token slots and the prefix-cache index.
+
+    Public methods in the order a sequence meets them: ``can_allocate`` and ``allocate`` at
+    admission, ``register_full_blocks`` as its prompt is computed, ``may_append`` as it decodes,
+    ``resolve_pending`` after an overlapped step, ``deallocate`` when it is preempted or finishes.
+    """
 
     def __init__(
         self,
@@ -74,41 +79,12 @@ class BlockManager:
         # parent hash, block_hashed event row). Entered into the cache by ``resolve_pending``.
         self.pending_hashes: list[tuple[Sequence, int, int, int]] = []
 
-    @property
-    def num_free_blocks(self) -> int:
-        return len(self.free_block_ids)
-
-    def blocks_needed(self, num_tokens: int) -> int:
-        return (num_tokens + self.block_size - 1) // self.block_size
-
-    # --- internal moves between free and used -----------------------------------------------------
-    def _take_free_block(self, block_id: int) -> Block:
-        """Move a free block into use (refcount 1); a reused cached block forgets its contents."""
-        block = self.blocks[block_id]
-        del self.free_block_ids[block_id]
-        block.ref_count = 1
-        return block
-
-    def _forget_contents(self, block: Block) -> None:
-        if block.hash != NO_HASH and self.hash_to_block_id.get(block.hash) == block.block_id:
-            del self.hash_to_block_id[block.hash]
-        block.hash = NO_HASH
-        block.parent_hash = NO_HASH
-        block.token_ids = []
-
-    def _allocate_fresh(self, seq: Sequence, logical_index: int) -> int:
-        block_id = next(iter(self.free_block_ids))
-        block = self._take_free_block(block_id)
-        self._forget_contents(block)
-        seq.block_table.append(block_id)
-        self.events.emit_block_allocated(
-            seq.seq_id, block_id, logical_index, 1, len(self.free_block_ids)
-        )
-        return block_id
-
     # --- admission --------------------------------------------------------------------------------
     def can_allocate(self, seq: Sequence) -> bool:
-        """Room for every block of the sequence, counting cache hits as needing room (Nano-vLLM)."""
+        """Room for every block of the sequence, counting cache hits as needing room (Nano-vLLM).
+
+        Emits: nothing.
+        """
         return len(self.free_block_ids) >= self.blocks_needed(seq.num_tokens)
 
     def allocate(self, seq: Sequence) -> None:
@@ -117,6 +93,8 @@ class BlockManager:
         Sets ``seq.num_cached_tokens``. A prompt that is cached completely still recomputes its
         last block, so every admitted sequence computes at least one token. Hashes of the new full
         blocks are registered later by ``register_full_blocks``, once their KV is being computed.
+
+        Emits: ``block_hit`` per cached block, then ``block_allocated`` per fresh block.
         """
         if seq.block_table:
             raise RuntimeError(f"sequence {seq.seq_id} already has blocks {seq.block_table}")
@@ -128,9 +106,8 @@ class BlockManager:
         parent = NO_HASH
         index = 0
         if self.enable_prefix_caching:
-            token_ids = seq.token_ids
             while index < max_hits:
-                chunk = token_ids[index * block_size : (index + 1) * block_size]
+                chunk = seq.block(index, block_size)
                 block_hash = chain_hash(chunk, parent, self.hash_seed)
                 block_id = self.hash_to_block_id.get(block_hash, -1)
                 if block_id < 0:
@@ -144,12 +121,12 @@ class BlockManager:
                     block.ref_count += 1
                 seq.block_table.append(block_id)
                 self.events.emit_block_hit(
-                    seq.seq_id,
-                    block_id,
-                    index,
-                    block_hash,
-                    block.ref_count,
-                    len(self.free_block_ids),
+                    seq_id=seq.seq_id,
+                    block_id=block_id,
+                    logical_index=index,
+                    block_hash=block_hash,
+                    refcount=block.ref_count,
+                    free_blocks=len(self.free_block_ids),
                 )
                 parent = block_hash
                 index += 1
@@ -160,7 +137,11 @@ class BlockManager:
             self._allocate_fresh(seq, logical_index)
 
     def register_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
-        """Enter into the prefix cache every full block within the first ``num_tokens`` tokens."""
+        """Enter into the prefix cache every full block within the first ``num_tokens`` tokens.
+
+        Emits: ``block_hashed`` per newly full block (hash ``NO_HASH`` for a block completed by a
+        pending token, patched by ``resolve_pending``); nothing with prefix caching off.
+        """
         if not self.enable_prefix_caching:
             return
         block_size = self.block_size
@@ -172,34 +153,46 @@ class BlockManager:
         table = seq.block_table
         parent = blocks[table[index - 1]].hash if index > 0 else NO_HASH
         while index < last_full:
-            chunk = seq.token_ids[index * block_size : (index + 1) * block_size]
+            chunk = seq.block(index, block_size)
             if chunk[-1] == PENDING_TOKEN:
                 # Completed by a token still on the device: only the last token of a block can
                 # be pending, and no later block exists yet. Hashed when the value is in.
                 row = self.events.emit_block_hashed(
-                    seq.seq_id, table[index], index, NO_HASH, parent
+                    seq_id=seq.seq_id,
+                    block_id=table[index],
+                    logical_index=index,
+                    block_hash=NO_HASH,
+                    parent_hash=parent,
                 )
                 self.pending_hashes.append((seq, index, parent, row))
                 index += 1
                 break
             block_hash = chain_hash(chunk, parent, self.hash_seed)
             self._enter(blocks[table[index]], chunk, block_hash, parent)
-            self.events.emit_block_hashed(seq.seq_id, table[index], index, block_hash, parent)
+            self.events.emit_block_hashed(
+                seq_id=seq.seq_id,
+                block_id=table[index],
+                logical_index=index,
+                block_hash=block_hash,
+                parent_hash=parent,
+            )
             parent = block_hash
             index += 1
         seq.num_hashed_blocks = index
 
-    def _enter(self, block: Block, chunk: list[int], block_hash: int, parent: int) -> None:
-        """Record a full block's contents and point the cache index at it where appropriate."""
-        block.hash = block_hash
-        block.parent_hash = parent
-        block.token_ids = chunk
-        held = self.hash_to_block_id.get(block_hash, -1)
-        # A live block that already holds these tokens stays the one the cache serves: were the
-        # entry moved to this duplicate, freeing the duplicate would hide both.
-        blocks = self.blocks
-        if held < 0 or blocks[held].ref_count == 0 or blocks[held].token_ids != chunk:
-            self.hash_to_block_id[block_hash] = block.block_id
+    # --- decode growth ----------------------------------------------------------------------------
+    def may_append(self, seq: Sequence) -> None:
+        """Make room for the KV of the sequence's last token; hash the block it completes.
+
+        The caller has made sure a free block exists when the token starts a new block.
+
+        Emits: ``block_allocated`` when the token starts a block, ``block_hashed`` when it fills
+        one (see ``register_full_blocks``).
+        """
+        if seq.num_tokens > len(seq.block_table) * self.block_size:
+            self._allocate_fresh(seq, len(seq.block_table))
+        if seq.num_tokens % self.block_size == 0:
+            self.register_full_blocks(seq, seq.num_tokens)
 
     def resolve_pending(self) -> None:
         """Hash the blocks completed by pending tokens, now that their values are written.
@@ -207,30 +200,17 @@ class BlockManager:
         Exact with respect to hashing them at once: between the two moments the scheduler
         only allocated blocks (EngineCore overlaps only steps that cannot preempt or admit), and
         allocation cannot change which block the index keeps for these tokens.
+
+        Emits: nothing new; patches the ``block_hashed.hash`` of each pending block.
         """
         block_size = self.block_size
         for seq, index, parent, row in self.pending_hashes:
-            chunk = seq.token_ids[index * block_size : (index + 1) * block_size]
+            chunk = seq.block(index, block_size)
             block_hash = chain_hash(chunk, parent, self.hash_seed)
             if seq.block_table:  # still holds its blocks (a finished sequence keeps none)
                 self._enter(self.blocks[seq.block_table[index]], chunk, block_hash, parent)
             self.events.patch_block_hash(row, block_hash)
         self.pending_hashes.clear()
-
-    # --- decode growth ----------------------------------------------------------------------------
-    def needs_new_block(self, seq: Sequence) -> bool:
-        return seq.num_tokens > len(seq.block_table) * self.block_size
-
-    def can_append(self, seq: Sequence) -> bool:
-        """Whether the token ``seq`` feeds next has a slot, or a free block can provide one."""
-        return bool(self.free_block_ids) or seq.num_tokens <= len(seq.block_table) * self.block_size
-
-    def may_append(self, seq: Sequence) -> None:
-        """Make room for the KV of the sequence's last token; hash the block it completes."""
-        if seq.num_tokens > len(seq.block_table) * self.block_size:
-            self._allocate_fresh(seq, len(seq.block_table))
-        if seq.num_tokens % self.block_size == 0:
-            self.register_full_blocks(seq, seq.num_tokens)
 
     # --- release ----------------------------------------------------------------------------------
     def deallocate(self, seq: Sequence) -> int:
@@ -238,6 +218,8 @@ class BlockManager:
 
         A block whose refcount reaches 0 goes to the end of the free list but keeps its hash and
         tokens, so it can still be hit until it is handed out again.
+
+        Emits: ``block_freed`` per block reference, in release order.
         """
         table = seq.block_table
         blocks = self.blocks
@@ -256,10 +238,63 @@ class BlockManager:
             indices.append(logical_index)
             refcounts.append(block.ref_count)
             free_after.append(len(free))
-        self.events.emit_blocks_freed(seq.seq_id, released_ids, indices, refcounts, free_after)
+        self.events.emit_blocks_freed(
+            seq_id=seq.seq_id,
+            block_ids=released_ids,
+            logical_indices=indices,
+            refcounts=refcounts,
+            free_blocks=free_after,
+        )
         count = len(table)
         table.clear()
         seq.num_cached_tokens = 0
         seq.num_computed_tokens = 0
         seq.num_hashed_blocks = 0
         return count
+
+    # --- helpers ----------------------------------------------------------------------------------
+    def blocks_needed(self, num_tokens: int) -> int:
+        """How many blocks hold ``num_tokens`` tokens. Emits: nothing."""
+        return (num_tokens + self.block_size - 1) // self.block_size
+
+    def _take_free_block(self, block_id: int) -> Block:
+        """Move a free block into use (refcount 1)."""
+        block = self.blocks[block_id]
+        del self.free_block_ids[block_id]
+        block.ref_count = 1
+        return block
+
+    def _forget_contents(self, block: Block) -> None:
+        """A cached block handed out fresh: its cache entry (if it is the indexed one) goes."""
+        if block.hash != NO_HASH and self.hash_to_block_id.get(block.hash) == block.block_id:
+            del self.hash_to_block_id[block.hash]
+        block.hash = NO_HASH
+        block.parent_hash = NO_HASH
+        block.token_ids = []
+
+    def _allocate_fresh(self, seq: Sequence, logical_index: int) -> int:
+        """Append the oldest free block to ``seq``'s table. Emits: ``block_allocated``."""
+        block_id = next(iter(self.free_block_ids))
+        block = self._take_free_block(block_id)
+        self._forget_contents(block)
+        seq.block_table.append(block_id)
+        self.events.emit_block_allocated(
+            seq_id=seq.seq_id,
+            block_id=block_id,
+            logical_index=logical_index,
+            refcount=1,
+            free_blocks=len(self.free_block_ids),
+        )
+        return block_id
+
+    def _enter(self, block: Block, chunk: list[int], block_hash: int, parent: int) -> None:
+        """Record a full block's contents and point the cache index at it where appropriate."""
+        block.hash = block_hash
+        block.parent_hash = parent
+        block.token_ids = chunk
+        held = self.hash_to_block_id.get(block_hash, -1)
+        # A live block that already holds these tokens stays the one the cache serves: were the
+        # entry moved to this duplicate, freeing the duplicate would hide both.
+        blocks = self.blocks
+        if held < 0 or blocks[held].ref_count == 0 or blocks[held].token_ids != chunk:
+            self.hash_to_block_id[block_hash] = block.block_id

@@ -141,11 +141,6 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.field_names()}
 
-    @staticmethod
-    def describe_field(name: str) -> str:
-        rule = FIELD_RULES.get(name)
-        return rule.describe() if rule else "any value"
-
 
 def _check(name: str, value: Any, rule: _Rule) -> None:
     if value in rule.allow and type(value) is type(rule.allow[0]):

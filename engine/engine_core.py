@@ -91,7 +91,6 @@ class EngineCore:
         self.sequences: dict[int, Sequence] = {}
         self.rejections: dict[int, str] = {}
         self.num_completion_tokens = 0
-        self.busy_time_s = 0.0
         self.closed = False
         self._async = bool(getattr(executor, "supports_overlap", False)) and config.async_scheduling
         self._in_flight: _InFlight | None = None
@@ -213,19 +212,19 @@ class EngineCore:
         graph_used = output.graph_used if output is not None else False
         padded_tokens = output.padded_tokens if output is not None else 0
         return self.events.emit_model_step(
-            batch.kind,
-            0.0,
-            len(batch.seqs),
-            prefill_tokens,
-            prefill_work,
-            decode_seqs,
-            decode_ctx,
-            padded or len(batch.seqs),
-            graph_used,
-            0.0,
-            batch.overlapped,
-            0.0,
-            padded_tokens,
+            kind=batch.kind,
+            duration_s=0.0,
+            num_seqs=len(batch.seqs),
+            prefill_tokens=prefill_tokens,
+            prefill_attn_work=prefill_work,
+            decode_seqs=decode_seqs,
+            decode_context_tokens=decode_ctx,
+            padded_batch_size=padded or len(batch.seqs),
+            graph_used=graph_used,
+            wall_time_s=0.0,
+            overlapped=batch.overlapped,
+            host_s=0.0,
+            padded_tokens=padded_tokens,
         )
 
     def _complete(
@@ -245,14 +244,14 @@ class EngineCore:
     def _defer(
         self, batch: ScheduledBatch, handle: PendingStep, launched: float, host_s: float
     ) -> _InFlight:
-        """Post-process a launched step with placeholder tokens (``Scheduler.advance``).
+        """Post-process a launched step with placeholder tokens (``Scheduler.postprocess_pending``).
 
         Events are emitted now, in sequential order; padded size and graph use are known at
         launch, so only measurements and token values wait for ``_resolve``.
         """
         began = self.clock()
         row = self._emit_model_step(batch, handle.launched_output())
-        pending = self.scheduler.advance(batch)
+        pending = self.scheduler.postprocess_pending(batch)
         step = self.step_index
         self.step_index += 1
         self.events.step = self.step_index
@@ -291,7 +290,6 @@ class EngineCore:
                 row, duration, ended - self.start_time, host_s + self._sink_s
             )
         self.num_completion_tokens += len(output.token_ids)
-        self.busy_time_s += duration
         if self.sink is not None:
             began = self.clock()
             self.sink.on_step_end(self.events)

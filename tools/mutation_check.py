@@ -66,13 +66,6 @@ class Mutant:
 MUTANTS: tuple[Mutant, ...] = (
     # --- engine/block_manager.py ------------------------------------------------------------------
     Mutant(
-        "can_append_off_by_one",
-        BM,
-        "or seq.num_tokens <= len(seq.block_table) * self.block_size",
-        "or seq.num_tokens < len(seq.block_table) * self.block_size",
-        "can_append says no room when the last slot of the last block is exactly free",
-    ),
-    Mutant(
         "may_append_off_by_one",
         BM,
         "        if seq.num_tokens > len(seq.block_table) * self.block_size:\n"
@@ -201,18 +194,29 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     # --- engine/scheduler.py ----------------------------------------------------------------------
     Mutant(
-        "victim_oldest_prefill_first",
+        "decode_room_off_by_one",
         SCHED,
-        "\n" + " " * 24 + "self._preempt(running.pop(), for_seq=seq)",
-        "\n" + " " * 24 + "self._preempt(running.popleft(), for_seq=seq)",
-        "prefill_first preempts the oldest waiting-to-decode sequence instead of the newest",
+        "        if seq.num_tokens > len(seq.block_table) * self.block_size:\n"
+        "            while not self.block_manager.free_block_ids:",
+        "        if seq.num_tokens >= len(seq.block_table) * self.block_size:\n"
+        "            while not self.block_manager.free_block_ids:",
+        "a decode whose token fits the last slot of its last block still claims a free block",
     ),
     Mutant(
-        "victim_oldest_chunked",
+        "victim_oldest",
         SCHED,
-        "\n" + " " * 20 + "self._preempt(running.pop(), for_seq=seq)",
-        "\n" + " " * 20 + "self._preempt(running.popleft(), for_seq=seq)",
-        "chunked preempts the oldest remaining running sequence instead of the newest",
+        "self._preempt(self.running.pop(), for_seq=seq)",
+        "self._preempt(self.running.popleft(), for_seq=seq)",
+        "a decode needing a block preempts the oldest remaining running sequence, not the newest",
+    ),
+    Mutant(
+        "victim_self_first",
+        SCHED,
+        "                if not self.running:\n"
+        "                    self._preempt(seq, for_seq=seq)",
+        "                if True:\n"
+        "                    self._preempt(seq, for_seq=seq)",
+        "a decode needing a block preempts itself although newer sequences are running",
     ),
     Mutant(
         "mixed_labelled_prefill",
@@ -287,8 +291,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "eos_ignores_ignore_eos",
         SCHED,
-        "if token_id == eos and not seq.ignore_eos:",
-        "if token_id == eos:",
+        "if token_id == eos and not seq.ignore_eos and not pending:",
+        "if token_id == eos and not pending:",
         "EOS finishes a request even with ignore_eos",
     ),
     Mutant(
@@ -308,9 +312,11 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "decode_fill_not_hashed",
         SCHED,
-        "            if num_tokens % block_size == 0:\n                bm.may_append(seq)",
-        "            if False:\n                bm.may_append(seq)",
-        "prefill_first decode never enters the blocks it fills into the prefix cache",
+        "        self.block_manager.may_append(seq)\n        return True",
+        "        if seq.num_tokens % self.block_size:\n"
+        "            self.block_manager.may_append(seq)\n"
+        "        return True",
+        "a decode whose token fills its block never enters the block into the prefix cache",
     ),
 )
 

@@ -316,9 +316,9 @@ def _check_outcome(run: Run) -> None:
             f"{len(scheduler.waiting)} waiting, {len(scheduler.running)} running at the end",
         )
         check(
-            bm.num_free_blocks == bm.num_blocks == len(set(bm.free_block_ids)),
+            len(bm.free_block_ids) == bm.num_blocks == len(set(bm.free_block_ids)),
             "drained",
-            f"{bm.num_free_blocks} of {bm.num_blocks} blocks free at the end",
+            f"{len(bm.free_block_ids)} of {bm.num_blocks} blocks free at the end",
         )
         held = [b for b in bm.blocks if b.ref_count != 0]
         check(not held, "drained", f"blocks with a refcount at the end: {held}")

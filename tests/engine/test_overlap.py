@@ -2,11 +2,11 @@
 
 With an executor that launches asynchronously, ``EngineCore`` post-processes a step whose tokens
 cannot change the next decision with placeholder tokens, schedules and launches the next step,
-and only then waits for the tokens and fills them in (``Scheduler.advance``/``resolve``, block
-hashes deferred in the block manager). These tests run the same workloads through the
-sequential path and the overlapped path and require identical event streams (every decision
-column, the ``overlapped`` flags included), the property suite's simulated-KV checks on the
-overlapped run, and that the overlapped recording replays identically.
+and only then waits for the tokens and fills them in (``Scheduler.postprocess_pending`` and
+``resolve``, block hashes deferred in the block manager). These tests run the same workloads
+through the sequential path and the overlapped path and require identical event streams (every
+decision column, the ``overlapped`` flags included), the property suite's simulated-KV checks on
+the overlapped run, and that the overlapped recording replays identically.
 """
 
 from __future__ import annotations

@@ -1,17 +1,22 @@
 """The KV-block pool: allocation, reference counts and the prefix cache.
 
-A deterministic state machine: free blocks are kept in an insertion-ordered map (allocation takes
-the oldest free block, release appends), block hashes are xxhash64 chains with a fixed seed,
-and every change is emitted to the event buffer.
+A deterministic state machine: free blocks are kept in an insertion-ordered map and handed out
+in the order of an eviction key fixed when each is released (by default the release order: the
+oldest free block first), block hashes are xxhash64 chains with a fixed seed, and every change is
+emitted to the event buffer.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import xxhash
 
+from engine.policy import FreeBlock, release_order
 from engine.sequence import PENDING_TOKEN, Sequence
 from tracing.events import EventBuffer
 from tracing.schema import NO_HASH
@@ -37,7 +42,7 @@ def chain_hash(token_ids: list[int], parent_hash: int, seed: int) -> int:
 class Block:
     """One physical KV block. ``token_ids`` and ``hash`` are set only once the block is full."""
 
-    __slots__ = ("block_id", "ref_count", "hash", "parent_hash", "token_ids")
+    __slots__ = ("block_id", "ref_count", "hash", "parent_hash", "token_ids", "last_used")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
@@ -45,6 +50,7 @@ class Block:
         self.hash = NO_HASH
         self.parent_hash = NO_HASH
         self.token_ids: list[int] = []
+        self.last_used = -1  # the last step a scheduled holder held it (-1: never)
 
     def __repr__(self) -> str:
         return f"Block(id={self.block_id}, ref={self.ref_count}, hash={self.hash})"
@@ -65,16 +71,26 @@ class BlockManager:
         events: EventBuffer,
         hash_seed: int = 0,
         enable_prefix_caching: bool = True,
+        eviction_key: Callable[[FreeBlock], Any] = release_order,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.events = events
         self.hash_seed = hash_seed
         self.enable_prefix_caching = enable_prefix_caching
+        self.eviction_key = eviction_key
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.hash_to_block_id: dict[int, int] = {}
-        # Ordered so that allocation order (oldest free first) is the same on every run.
-        self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # Free block id -> its release stamp, in release order. The heap holds (eviction key,
+        # stamp, block id) per release; an entry whose stamp is no longer the block's is stale
+        # (the block was hit, or released again since).
+        self.free_block_ids: OrderedDict[int, int] = OrderedDict()
+        self._evictable: list[tuple[Any, int, int]] = []
+        self._releases = 0
+        for block in self.blocks:
+            self._release(block)
+        # Sequence id -> the last step it was scheduled (``touch``), read when it lets go.
+        self._last_scheduled: dict[int, int] = {}
         # Blocks completed by a token whose value is still on the device: (seq, logical index,
         # parent hash, block_hashed event row). Entered into the cache by ``resolve_pending``.
         self.pending_hashes: list[tuple[Sequence, int, int, int]] = []
@@ -212,18 +228,29 @@ class BlockManager:
             self.events.patch_block_hash(row, block_hash)
         self.pending_hashes.clear()
 
+    def touch(self, seqs: list[Sequence], step: int) -> None:
+        """Note that ``seqs`` hold their blocks in ``step`` (for eviction by last use).
+
+        Emits: nothing.
+        """
+        last = self._last_scheduled
+        for seq in seqs:
+            last[seq.seq_id] = step
+
     # --- release ----------------------------------------------------------------------------------
     def deallocate(self, seq: Sequence) -> int:
         """Drop the sequence's references, last block first; return how many blocks it held.
 
-        A block whose refcount reaches 0 goes to the end of the free list but keeps its hash and
-        tokens, so it can still be hit until it is handed out again.
+        A block whose refcount reaches 0 goes to the end of the free list, ranked for eviction
+        by ``eviction_key``, but keeps its hash and tokens, so it can still be hit until it is
+        handed out again.
 
         Emits: ``block_freed`` per block reference, in release order.
         """
         table = seq.block_table
         blocks = self.blocks
         free = self.free_block_ids
+        used = self._last_scheduled.pop(seq.seq_id, -1)
         released_ids: list[int] = []
         indices: list[int] = []
         refcounts: list[int] = []
@@ -232,8 +259,10 @@ class BlockManager:
             block_id = table[logical_index]
             block = blocks[block_id]
             block.ref_count -= 1
+            if used > block.last_used:
+                block.last_used = used
             if block.ref_count == 0:
-                free[block_id] = None
+                self._release(block)
             released_ids.append(block_id)
             indices.append(logical_index)
             refcounts.append(block.ref_count)
@@ -257,6 +286,26 @@ class BlockManager:
         """How many blocks hold ``num_tokens`` tokens. Emits: nothing."""
         return (num_tokens + self.block_size - 1) // self.block_size
 
+    def _release(self, block: Block) -> None:
+        """Put an unreferenced block on the free list, ranked by the eviction key."""
+        stamp = self._releases
+        self._releases += 1
+        self.free_block_ids[block.block_id] = stamp
+        key = self.eviction_key(
+            FreeBlock(block.block_id, stamp, block.last_used, block.hash != NO_HASH)
+        )
+        heapq.heappush(self._evictable, (key, stamp, block.block_id))
+        if len(self._evictable) > 4 * self.num_blocks + 64:  # drop stale entries now and then
+            self._evictable = [e for e in self._evictable if self.free_block_ids.get(e[2]) == e[1]]
+            heapq.heapify(self._evictable)
+
+    def _next_evicted(self) -> int:
+        """The free block the eviction order hands out next (the smallest key)."""
+        heap, free = self._evictable, self.free_block_ids
+        while free.get(heap[0][2]) != heap[0][1]:
+            heapq.heappop(heap)
+        return heap[0][2]
+
     def _take_free_block(self, block_id: int) -> Block:
         """Move a free block into use (refcount 1)."""
         block = self.blocks[block_id]
@@ -273,8 +322,8 @@ class BlockManager:
         block.token_ids = []
 
     def _allocate_fresh(self, seq: Sequence, logical_index: int) -> int:
-        """Append the oldest free block to ``seq``'s table. Emits: ``block_allocated``."""
-        block_id = next(iter(self.free_block_ids))
+        """Append the next free block to ``seq``'s table. Emits: ``block_allocated``."""
+        block_id = self._next_evicted()
         block = self._take_free_block(block_id)
         self._forget_contents(block)
         seq.block_table.append(block_id)

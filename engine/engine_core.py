@@ -15,8 +15,9 @@ from typing import Any
 from engine.batch import ScheduledBatch, StepOutput
 from engine.config import AUTO_SIZED_BLOCKS, Config
 from engine.executor import Executor, PendingStep
+from engine.overlap_scheduler import OverlapScheduler, PendingTokens
+from engine.policy import policy_source
 from engine.sampling_params import SamplingParams
-from engine.scheduler import PendingTokens, Scheduler
 from engine.sequence import Sequence
 from tracing.events import EventBuffer, NullEventBuffer
 from tracing.sink import EventSink
@@ -82,7 +83,7 @@ class EngineCore:
         self.config = config
         self.executor = executor
         self.events: EventBuffer = EventBuffer() if record_events else NullEventBuffer()
-        self.scheduler = Scheduler(config, config.num_kvcache_blocks, self.events)
+        self.scheduler = OverlapScheduler(config, config.num_kvcache_blocks, self.events)
         self.sink = sink
         self.clock = clock
         self.start_time = clock()
@@ -104,8 +105,12 @@ class EngineCore:
             "num_blocks": config.num_kvcache_blocks,
             "hash_seed": config.hash_seed,
             "policy": config.policy,
+            "eviction": config.eviction,
             "executor": executor.describe(),
         }
+        source = policy_source(config.policy)
+        if source is not None:
+            self.header["policy_source"] = source
         if sink is not None:
             sink.open(self.header)
 
@@ -119,14 +124,17 @@ class EngineCore:
         params: SamplingParams,
         arrival_s: float | None = None,
         error: str | None = None,
+        priority: int = 0,
     ) -> Sequence:
-        """Queue a request; ``error`` (found by the caller, e.g. a bad token id) rejects it."""
+        """Queue a request; ``error`` (found by the caller, e.g. a bad token id) rejects it.
+
+        ``priority``: lower is served first by policies that read it (``priority``)."""
         seq = Sequence(
             self.next_seq_id, token_ids, params, self.now() if arrival_s is None else arrival_s
         )
         self.next_seq_id += 1
         self.sequences[seq.seq_id] = seq
-        reason = self.scheduler.add(seq, precheck_error=error)
+        reason = self.scheduler.add(seq, precheck_error=error, priority=priority)
         if reason is not None:
             self.rejections[seq.seq_id] = reason
         return seq

@@ -38,6 +38,10 @@ class RecordedEvents:
             ignore_eos=bool(added["ignore_eos"][row]),
         )
 
+    def request_priority(self, row: int) -> int:
+        """The priority of the ``row``-th recorded request (0 before schema 5)."""
+        return int(self.tables["request_added"]["priority"][row])
+
     def num_rows(self, kind: str) -> int:
         return len(self.tables[kind]["event_id"])
 

@@ -72,6 +72,7 @@ class EventBuffer:
         temperature: float,
         max_tokens: int,
         ignore_eos: bool,
+        priority: int = 0,
     ) -> None:
         t = self._ra
         self._id(t)
@@ -82,6 +83,7 @@ class EventBuffer:
         t["temperature"].append(temperature)
         t["max_tokens"].append(max_tokens)
         t["ignore_eos"].append(ignore_eos)
+        t["priority"].append(priority)
 
     def emit_batch(
         self,

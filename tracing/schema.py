@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pyarrow as pa
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Versions this release reads. Version 1 lacks model_step.overlapped and model_step.host_s,
 # version 2 model_step.padded_tokens; the reader fills them with ADDED_COLUMN_DEFAULTS (a
 # version-1 run never overlapped its steps; no version-2 run padded a prefill). Version 4 changed
 # what host_s holds for a step computed inside the executor's launch (docs/trace-format.md).
-READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4)
+# Version 5 adds request_added.priority (older runs had no priorities: 0).
+READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4, 5)
 # model_step.padded_tokens of a step that computed its own tokens (no CUDA-graph prefill).
 NOT_PADDED = 0
 
@@ -37,6 +38,7 @@ EVENT_COLUMNS: dict[str, dict[str, str]] = {
         "temperature": "float32",
         "max_tokens": "int32",
         "ignore_eos": "bool",
+        "priority": "int32",
     },
     "batch_scheduled": {
         "kind": "string",
@@ -124,6 +126,7 @@ MEASURED_COLUMNS: dict[str, frozenset[str]] = {
 
 # Columns added after schema version 1, with the value an older trace implies.
 ADDED_COLUMN_DEFAULTS: dict[str, dict[str, object]] = {
+    "request_added": {"priority": 0},
     "model_step": {"overlapped": False, "host_s": float("nan"),
                    "padded_tokens": NOT_PADDED},
 }

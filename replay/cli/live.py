@@ -31,7 +31,8 @@ class _ArrivingRequests:
             index = order[self.cursor]
             request = requests[index]
             seq = self.llm.add_request(request.prompt, request.sampling_params(),
-                                       arrival_s=self.start + request.arrival_s)
+                                       arrival_s=self.start + request.arrival_s,
+                                       priority=request.priority)
             self.seqs[index] = seq
             if self.llm.rejection(seq) is not None:
                 self.bar.update(1)

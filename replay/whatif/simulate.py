@@ -153,7 +153,7 @@ class _WorkloadInputs:
             index = order[self.next_add]
             request = requests[index]
             seq = core.add_request(request.prompt, request.params, arrival_s=request.arrival_s,
-                                   error=request.precheck_error)
+                                   error=request.precheck_error, priority=request.priority)
             self.executor.bind(seq.seq_id, request.tokens)
             self.seq_of[index] = seq.seq_id
             self.next_add += 1

@@ -25,6 +25,7 @@ class Request:
     temperature: float = REFERENCE_TEMPERATURE
     ignore_eos: bool = True
     arrival_s: float = 0.0
+    priority: int = 0  # lower is served first under policy "priority"
 
     def sampling_params(self) -> SamplingParams:
         """The engine's sampling settings for this request."""
@@ -51,7 +52,7 @@ def load_workload(path: str) -> list[Request]:
     """Read a JSONL workload: one request per line.
 
     Fields: ``prompt_token_ids`` (list of ints) or ``prompt`` (text, tokenized by the engine
-    that runs it), ``max_tokens``, and optionally ``temperature``, ``ignore_eos``, ``arrival_s``.
+    that runs it), ``max_tokens``, and optionally ``temperature``, ``ignore_eos``, ``arrival_s``, ``priority``.
     """
     import json
 
@@ -78,6 +79,7 @@ def load_workload(path: str) -> list[Request]:
                     temperature=float(item.get("temperature", REFERENCE_TEMPERATURE)),
                     ignore_eos=bool(item.get("ignore_eos", False)),
                     arrival_s=float(item.get("arrival_s", 0.0)),
+                    priority=int(item.get("priority", 0)),
                 )
             )
         except (ValueError, KeyError, TypeError) as exc:

@@ -52,7 +52,8 @@ def load_workload(path: str) -> list[Request]:
     """Read a JSONL workload: one request per line.
 
     Fields: ``prompt_token_ids`` (list of ints) or ``prompt`` (text, tokenized by the engine
-    that runs it), ``max_tokens``, and optionally ``temperature``, ``ignore_eos``, ``arrival_s``, ``priority``.
+    that runs it), ``max_tokens``, and optionally ``temperature``, ``ignore_eos``, ``arrival_s`` and
+    ``priority``.
     """
     import json
 

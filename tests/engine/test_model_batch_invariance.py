@@ -20,15 +20,16 @@ from contextlib import contextmanager
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from strategies import prompts_sharing_prefixes, scaled
+
+from replay.testing.strategies import prompts_sharing_prefixes, scaled
 
 engine = pytest.importorskip("engine", reason="the engine package does not import")
 LLM = getattr(engine, "LLM", None)
 SamplingParams = engine.SamplingParams
 if LLM is None:
     pytest.skip("engine.LLM is not there yet", allow_module_level=True)
-pytest.importorskip("engine.runner.model_runner", reason="engine/runner/model_runner.py is not there yet")
-checkpoint = pytest.importorskip("engine.model.checkpoint", reason="engine/model/checkpoint.py not there yet")
+pytest.importorskip("engine.runner.model_runner", reason="engine/runner/model_runner.py missing")
+checkpoint = pytest.importorskip("engine.model.checkpoint", reason="engine/model/checkpoint.py missing")
 
 # Token ids from a narrow band of the vocabulary: shared prefixes are frequent, outputs are not.
 VOCAB_BAND = (1000, 1007)

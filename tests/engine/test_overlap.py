@@ -14,14 +14,14 @@ from __future__ import annotations
 import hypothesis.strategies as st
 import numpy as np
 from hypothesis import event, example, given, settings
-from scheduler_observer import run_workload
-from scripted_engine import decision_columns
-from strategies import RequestSpec, Workload, scaled, workloads
 
 from engine.config import DEFER_BLOCK_RULES, Config
 from engine.engine_core import EngineCore
 from engine.executor import NullExecutor
 from engine.sampling_params import SamplingParams
+from replay.testing.run import run_workload
+from replay.testing.scripted import decision_columns
+from replay.testing.strategies import RequestSpec, Workload, scaled, workloads
 from replay.verify import verify_events
 from tracing.schema import EVENT_KINDS
 from tracing.sink import MemorySink

@@ -46,16 +46,16 @@ from __future__ import annotations
 import hypothesis.strategies as st
 import pytest
 from hypothesis import event, example, given, settings, target
-from scheduler_observer import run_workload
-from scripted_engine import Run, decision_columns
-from strategies import (
+
+from engine.config import Config
+from replay.testing.run import run_workload
+from replay.testing.scripted import Run, decision_columns
+from replay.testing.strategies import (
     RequestSpec,
     Workload,
     scaled,
     workloads,
 )
-
-from engine.config import Config
 from tracing.schema import EVENT_KINDS
 
 

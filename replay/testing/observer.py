@@ -149,7 +149,10 @@ class StepObserver:
         for _, kind, row in self._new_rows():
             if kind == "preempted":
                 victim = row["seq_id"]
-                candidates = [s for s in running_before if s not in victims]
+                needy = victim if row["for_seq_id"] == NO_SEQ else row["for_seq_id"]
+                # The sequence needing the block and those behind it in the running queue.
+                candidates = [s for s in running_before if s not in victims
+                              and self.rank.get(s, -1) >= self.rank.get(needy, -1)]
                 if ordered:
                     key = ((lambda s: (self._prio(s), self.rank[s])) if self.builtin == "priority"
                            else self.rank.__getitem__)

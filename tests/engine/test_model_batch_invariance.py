@@ -29,7 +29,7 @@ SamplingParams = engine.SamplingParams
 if LLM is None:
     pytest.skip("engine.LLM is not there yet", allow_module_level=True)
 pytest.importorskip("engine.runner.model_runner", reason="engine/runner/model_runner.py missing")
-checkpoint = pytest.importorskip("engine.model.checkpoint", reason="engine/model/checkpoint.py missing")
+checkpoint = pytest.importorskip("engine.model.checkpoint", reason="checkpoint.py missing")
 
 # Token ids from a narrow band of the vocabulary: shared prefixes are frequent, outputs are not.
 VOCAB_BAND = (1000, 1007)

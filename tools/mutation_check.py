@@ -1,7 +1,8 @@
 """Mutation check: do the property tests catch small bugs in the scheduler core?
 
-Each mutant is one exact text substitution (old -> new) in ``engine/block_manager.py`` or
-``engine/scheduler.py``. For each, the repository is copied to a temporary directory (the working
+Each mutant is one exact text substitution (old -> new) in ``engine/block_manager.py``,
+``engine/scheduler.py`` or ``engine/policy.py`` (``tools/mutants_outside.py`` runs another set,
+written apart from these, through the same runner). For each, the repository is copied to a temporary directory (the working
 tree is never touched, so concurrent edits are safe), the substitution is applied to the copy, and
 the property suite runs there with the ``ci`` Hypothesis profile (same examples; shrinking skipped,
 a failure only needs to be found) under a timeout. A mutant is *killed* when a test fails (or the

@@ -35,7 +35,6 @@ These are the checks "every event field agrees with the state it reports": a wro
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,48 +42,12 @@ import numpy as np
 
 from engine.block_manager import chain_hash
 from engine.config import Config
-from engine.policy import BUILTIN_POLICIES, FreeBlock, release_order
+from engine.policy import BUILTIN_POLICIES, release_order
 from engine.policy import EVICTION_ORDERS as _ORDERS
 from engine.scheduler import output_hash
+from replay.testing.block_ledger import BlockLedger
+from replay.testing.report import InvariantReport, InvariantViolations, Violation
 from tracing.schema import EVENT_KINDS, NO_HASH, NO_SEQ
-
-
-@dataclass(frozen=True)
-class Violation:
-    name: str
-    event_id: int
-    step: int
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.name}: event {self.event_id} (step {self.step}): {self.message}"
-
-
-@dataclass
-class InvariantReport:
-    """The violations found in one stream (empty: every invariant held)."""
-
-    violations: list[Violation] = field(default_factory=list)
-    num_events: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-    def names(self) -> list[str]:
-        return sorted({v.name for v in self.violations})
-
-    def report(self, limit: int = 3) -> str:
-        if self.ok:
-            return f"every invariant holds over {self.num_events} events"
-        lines = [f"invariants violated: {', '.join(self.names())}"]
-        for name in self.names():
-            lines += [f"  {v}" for v in self.violations if v.name == name][:limit]
-        return "\n".join(lines)
-
-
-class InvariantViolations(AssertionError):
-    """Raised by ``assert_invariants``: the report's text is the message."""
 
 
 @dataclass
@@ -133,18 +96,9 @@ class _Checker:
         self.tables = {k: {n: list(np.asarray(v).tolist()) if not isinstance(v, list) else v
                            for n, v in cols.items()} for k, cols in tables.items()}
         self.report = InvariantReport()
-        n = c.num_kvcache_blocks
-        self.refs = [0] * n
-        self.block_hash = [NO_HASH] * n
-        self.last_used = [-1] * n
-        self.free: dict[int, int] = {b: b for b in range(n)}  # block -> release stamp
         builtin = c.policy in BUILTIN_POLICIES
-        self.order = _ORDERS.get(c.eviction, release_order) if builtin else None
-        # (eviction key, stamp, block) per release; stale once the block's stamp changes.
-        self.heap: list[tuple[Any, int, int]] = []
-        for b in range(n):
-            self._push(FreeBlock(b, b, -1, False))
-        self.releases = n
+        order = _ORDERS.get(c.eviction, release_order) if builtin else None
+        self.pool = BlockLedger(c.num_kvcache_blocks, order)
         self.last_seen: dict[int, int] = {}  # seq -> the last step it was scheduled
         self.seqs: dict[int, _Seq] = {}
         self.waiting: list[int] = []
@@ -155,10 +109,6 @@ class _Checker:
         self.waiting_at_start: list[int] = []
         self.current_step = -1
         self.eid = self.step = 0
-
-    def _push(self, info: FreeBlock) -> None:
-        if self.order is not None:
-            heapq.heappush(self.heap, (self.order(info), info.released, info.block_id))
 
     def fail(self, ok: bool, name: str, message: str) -> None:
         if not ok:
@@ -216,8 +166,9 @@ class _Checker:
 
     # --- blocks -------------------------------------------------------------------------------
     def _free_count(self, r: dict[str, Any], what: str) -> None:
-        self.fail(int(r["free_blocks"]) == len(self.free), "accounting",
-                  f"{what} reports {r['free_blocks']} free blocks, {len(self.free)} are free")
+        free = len(self.pool.free)
+        self.fail(int(r["free_blocks"]) == free, "accounting",
+                  f"{what} reports {r['free_blocks']} free blocks, {free} are free")
 
     def _take(self, seq: _Seq, r: dict[str, Any], what: str) -> int:
         block, index = int(r["block_id"]), int(r["logical_index"])
@@ -237,22 +188,17 @@ class _Checker:
 
     def on_block_allocated(self, r: dict[str, Any]) -> None:
         seq = self.seqs[int(r["seq_id"])]
-        block = int(r["block_id"])
-        self.fail(block in self.free and self.refs[block] == 0, "accounting",
+        block, pool = int(r["block_id"]), self.pool
+        self.fail(block in pool.free and pool.refs[block] == 0, "accounting",
                   f"seq {seq.seq_id} allocated block {block}, which is in use")
-        heap = self.heap
-        while heap and self.free.get(heap[0][2]) != heap[0][1]:
-            heapq.heappop(heap)
-        if heap:
-            best = heap[0][2]
-            self.fail(block == best, "eviction",
-                      f"block {block} handed out; {self.config.eviction} order ranks {best} first")
-        self.free.pop(block, None)
-        self.refs[block] += 1
-        self.block_hash[block] = NO_HASH  # a reused cached block forgets its contents
+        best = pool.next_evicted()
+        self.fail(best is None or block == best, "eviction",
+                  f"block {block} handed out; {self.config.eviction} order ranks {best} first")
+        pool.take(block)
+        pool.block_hash[block] = NO_HASH  # a reused cached block forgets its contents
         self._take(seq, r, "allocated")
-        self.fail(int(r["refcount"]) == self.refs[block] == 1, "refcounts",
-                  f"block {block} allocated, refcount {r['refcount']}, holders {self.refs[block]}")
+        self.fail(int(r["refcount"]) == pool.refs[block] == 1, "refcounts",
+                  f"block {block} allocated, refcount {r['refcount']}, holders {pool.refs[block]}")
         self._free_count(r, "block_allocated")
 
     def on_block_hit(self, r: dict[str, Any]) -> None:
@@ -262,16 +208,16 @@ class _Checker:
                   "a prefix-cache hit with prefix caching off")
         want = seq.block_hash(index, self.bs, self.seed) if (index + 1) * self.bs <= len(
             seq.tokens) else None
-        self.fail(int(r["hash"]) == want == self.block_hash[block], "hash_chains",
-                  f"seq {seq.seq_id} hit block {block} (hash {self.block_hash[block]}) as "
+        pool = self.pool
+        self.fail(int(r["hash"]) == want == pool.block_hash[block], "hash_chains",
+                  f"seq {seq.seq_id} hit block {block} (hash {pool.block_hash[block]}) as "
                   f"{r['hash']}; its tokens hash to {want}")
-        self.free.pop(block, None)
-        self.refs[block] += 1
+        pool.take(block)
         self._take(seq, r, "hit")
         seq.hashed.add(index)
         seq.computed = (index + 1) * self.bs
-        self.fail(int(r["refcount"]) == self.refs[block], "refcounts",
-                  f"hit on block {block}: refcount {r['refcount']}, holders {self.refs[block]}")
+        self.fail(int(r["refcount"]) == pool.refs[block], "refcounts",
+                  f"hit on block {block}: refcount {r['refcount']}, holders {pool.refs[block]}")
         self._free_count(r, "block_hit")
 
     def on_block_hashed(self, r: dict[str, Any]) -> None:
@@ -290,7 +236,7 @@ class _Checker:
         self.fail(int(r["hash"]) == want and int(r["parent_hash"]) == parent, "hash_chains",
                   f"seq {seq.seq_id} block {index} hashed {r['hash']} (parent {r['parent_hash']});"
                   f" its tokens chain to {want} (parent {parent})")
-        self.block_hash[block] = int(r["hash"])
+        self.pool.block_hash[block] = int(r["hash"])
 
     def on_block_freed(self, r: dict[str, Any]) -> None:
         seq = self.seqs[int(r["seq_id"])]
@@ -298,21 +244,14 @@ class _Checker:
         held = 0 <= index < len(seq.table) and seq.table[index] == block
         self.fail(held, "double_free",
                   f"seq {seq.seq_id} released block {block} at index {index}, holds {seq.table}")
+        pool = self.pool
         if held:
             seq.table[index] = -1
-            self.refs[block] -= 1
+            pool.release(block, self.last_seen.get(seq.seq_id, -1))
         seq.released += 1
-        used = self.last_seen.get(seq.seq_id, -1)
-        self.last_used[block] = max(self.last_used[block], used)
-        self.fail(self.refs[block] >= 0, "double_free", f"block {block} released below 0")
-        if self.refs[block] == 0 and block not in self.free:
-            stamp = self.releases
-            self.releases += 1
-            self.free[block] = stamp
-            self._push(FreeBlock(block, stamp, self.last_used[block],
-                                 self.block_hash[block] != NO_HASH))
-        self.fail(int(r["refcount"]) == self.refs[block], "refcounts",
-                  f"block {block} freed with refcount {r['refcount']}, holders {self.refs[block]}")
+        self.fail(pool.refs[block] >= 0, "double_free", f"block {block} released below 0")
+        self.fail(int(r["refcount"]) == pool.refs[block], "refcounts",
+                  f"block {block} freed with refcount {r['refcount']}, holders {pool.refs[block]}")
         self._free_count(r, "block_freed")
         if all(b < 0 for b in seq.table):
             seq.table, seq.hashed, seq.computed = [], set(), 0

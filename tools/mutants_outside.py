@@ -62,7 +62,8 @@ OUTSIDE: tuple[Mutant, ...] = (
            "        if True:",
            "a recomputed duplicate block takes over the cache entry of the live original"),
     Mutant("hits_one_block_short", BM,
-           "        max_hits = num_full if num_full * block_size < seq.num_tokens else num_full - 1",
+           "        max_hits = num_full if num_full * block_size < seq.num_tokens else "
+           "num_full - 1",
            "        max_hits = num_full - 1",
            "admission never serves the last full block of a prompt from the cache"),
     # --- scheduler ------------------------------------------------------------------------------
@@ -79,7 +80,8 @@ OUTSIDE: tuple[Mutant, ...] = (
            "        if prompt_len >= self.max_model_len:",
            "a prompt of exactly max_model_len is rejected"),
     Mutant("cached_tokens_charged", SCHED,
-           "            batch.prefill_tokens.append(query_len)\n            step._charge(query_len)",
+           "            batch.prefill_tokens.append(query_len)\n"
+           "            step._charge(query_len)",
            "            batch.prefill_tokens.append(query_len)\n"
            "            step._charge(query_len + seq.num_cached_tokens)",
            "admission counts cached prompt tokens against max_num_batched_tokens"),

@@ -2,8 +2,9 @@
 
 Each mutant is one exact text substitution (old -> new) in ``engine/block_manager.py``,
 ``engine/scheduler.py`` or ``engine/policy.py`` (``tools/mutants_outside.py`` runs another set,
-written apart from these, through the same runner). For each, the repository is copied to a temporary directory (the working
-tree is never touched, so concurrent edits are safe), the substitution is applied to the copy, and
+written apart from these, through the same runner). For each, the repository is copied to a
+temporary directory (the working tree is never touched while a mutant runs), the substitution is
+applied to the copy, and
 the property suite runs there with the ``ci`` Hypothesis profile (same examples; shrinking skipped,
 a failure only needs to be found) under a timeout. A mutant is *killed* when a test fails (or the
 run times out: a livelock), *survived* when the suite passes.
@@ -452,7 +453,8 @@ def _killers(junit: Path) -> tuple[list[str], str]:
 
 
 def run_suite(
-    copy: Path, tests: tuple[str, ...], timeout: float, profile: str, shrink: bool
+    copy: Path, tests: tuple[str, ...], timeout: float, profile: str, shrink: bool,
+    first_failure: bool = False,
 ) -> tuple[str, float, list[str], str]:
     junit = copy / "junit.xml"
     junit.unlink(missing_ok=True)
@@ -476,6 +478,7 @@ def run_suite(
         "-p",
         "no:randomly",
         f"--junitxml={junit}",
+        *(["-x"] if first_failure else []),
         "--rootdir",
         str(copy),
         *tests,
@@ -507,7 +510,8 @@ def evaluate(
             target = copy / mutant.path
             source = target.read_text()
             target.write_text(source.replace(mutant.old, mutant.new))
-        return run_suite(copy, tuple(args.tests), args.timeout, args.profile, args.shrink)
+        first = args.first_failure and mutant is not None
+        return run_suite(copy, tuple(args.tests), args.timeout, args.profile, args.shrink, first)
     finally:
         shutil.rmtree(copy, ignore_errors=True)
 
@@ -538,6 +542,9 @@ def main(argv: list[str] | None = None, mutants_set: tuple[Mutant, ...] | None =
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant")
     parser.add_argument("--profile", default="ci", help="Hypothesis profile (default ci)")
     parser.add_argument("--shrink", action="store_true", help="shrink failures (slower)")
+    parser.add_argument("-x", "--first-failure", action="store_true",
+                        help="stop a mutant's run at its first failing test (same score, faster; "
+                        "the table then names one killer)")
     parser.add_argument("--min-score", type=float, default=0.9)
     parser.add_argument("--tests", nargs="+", default=list(SUITE), help="test files to run")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")

@@ -9,7 +9,8 @@
   make), nothing was aborted since, no idle step came between, the policy does not admit in the
   same pass with requests waiting, and this step decodes (any policy).
 - For the built-in policies, their rules: ``queue_order`` (admission first come first served, by
-  priority under ``priority``; preempted sequences back at the front), ``victim`` (the newest
+  priority under ``priority``; preempted sequences back at the front; the running queue stays in
+  admission order), ``victim`` (the newest
   running sequence, the lowest priority first under ``priority``, only for an older one of the
   batch), ``batch_shape`` (prefill_first/priority: a step is all admissions or all decodes;
   chunked: prefill work first, decodes one token, the kind label matches) and ``maximality``
@@ -150,9 +151,10 @@ class StepObserver:
             if kind == "preempted":
                 victim = row["seq_id"]
                 needy = victim if row["for_seq_id"] == NO_SEQ else row["for_seq_id"]
-                # The sequence needing the block and those behind it in the running queue.
-                candidates = [s for s in running_before if s not in victims
-                              and self.rank.get(s, -1) >= self.rank.get(needy, -1)]
+                # Under priority: the sequence needing the block and those behind it in the
+                # running queue; the newest of all is always among them.
+                candidates = [s for s in running_before if s not in victims and (
+                    self.builtin != "priority" or self.rank[s] >= self.rank.get(needy, -1))]
                 if ordered:
                     key = ((lambda s: (self._prio(s), self.rank[s])) if self.builtin == "priority"
                            else self.rank.__getitem__)
@@ -181,6 +183,10 @@ class StepObserver:
         waiting_now = [s.seq_id for s in self.core.scheduler.waiting]
         check(waiting_now == list(self.queue), "queue_order",
               f"step {run.steps}: waiting queue {waiting_now}, model {list(self.queue)}")
+        if ordered:
+            running_now = [s.seq_id for s in self.core.scheduler.running]
+            check(running_now == sorted(running_now, key=self.rank.__getitem__), "queue_order",
+                  f"step {run.steps}: running queue {running_now} is not in admission order")
         return admitted, victims
 
     def _batch_shape(self, batch: Any, ids: list[int], admitted: list[int],

@@ -64,21 +64,25 @@ def test_an_import_path_is_validated_by_importing_it(policy_module) -> None:
         Config(policy="good")
 
 
-@pytest.mark.parametrize("body, message", [
+@pytest.mark.parametrize("body, message, budget, prompt_len", [
     ("def chunk(self, seq, remaining, step):\n        return remaining + 1",
-     "chose .* tokens for seq 0"),
+     "chose 4 tokens for seq 0", 16, 3),
     ("def admit(self, waiting, step):\n        yield from waiting\n        yield from waiting",
-     "admitted seq 0, which is not waiting"),
+     "admitted seq 0, which is not waiting", 16, 3),
+    ("def admit(self, waiting, step):\n        yield from waiting\n"
+     "    def chunk(self, seq, remaining, step):\n"
+     "        return min(remaining, step.tokens_left + 1)",
+     "chose 5 tokens for seq 0 .* 4 left in the step's budget", 4, 6),
 ])
 def test_an_answer_the_scheduler_cannot_carry_out_raises_policy_error(
-    policy_module, body: str, message: str
+    policy_module, body: str, message: str, budget: int, prompt_len: int
 ) -> None:
-    """A chunk larger than what is left, or admitting a sequence twice, stops the step with a
-    PolicyError naming the policy, before any event of it is emitted for the bad answer."""
+    """A chunk larger than what is left to compute or to spend, or admitting a sequence twice,
+    stops the step with a PolicyError naming the policy."""
     policy_module("bad", "from engine.policy import Policy\nclass Bad(Policy):\n    name = 'bad'\n"
                   "    " + body + "\n")
-    core, _ = _core("bad:Bad")
-    core.add_request([1, 2, 3], GREEDY)
+    core, _ = _core("bad:Bad", max_num_batched_tokens=budget)
+    core.add_request(list(range(1, prompt_len + 1)), GREEDY)
     with pytest.raises(PolicyError, match=message):
         core.step()
 

@@ -115,6 +115,35 @@ BOUNDARY = [_boundary_workload(p, c) for p in ("prefill_first", "chunked", "prio
             for c in (True, False)]
 
 
+def _hit_then_admission_workload(policy: str) -> Workload:
+    """A cached prompt admitted next to a fresh one in the same step: the cached tokens must not
+    be charged to the token budget, so both are admitted whole (or chunked to the budget)."""
+    config = Config(kvcache_block_size=2, num_kvcache_blocks=16, max_model_len=8,
+                    max_num_batched_tokens=8 if policy != "chunked" else 6, max_num_seqs=4,
+                    policy=policy)
+    requests = (
+        RequestSpec(0, (1, 2, 3, 4, 5), 1, True, (2,)),
+        RequestSpec(3, (1, 2, 3, 4, 3), 2, True, (4, 4)),  # hits two blocks: computes 1 token
+        RequestSpec(3, (5, 4, 3, 2), 2, True, (3, 3)),
+    )
+    return Workload(config, requests)
+
+
+HIT_THEN_ADMIT = [_hit_then_admission_workload(p) for p in ("prefill_first", "chunked")]
+
+
+@pytest.mark.parametrize("workload", HIT_THEN_ADMIT, ids=["prefill_first", "chunked"])
+def test_cached_tokens_are_not_charged_to_the_budget(workload: Workload) -> None:
+    run = run_workload(workload)
+    run.raise_violations()
+    tables = run.sink.tables
+    assert tables["block_hit"]["seq_id"][:2] == [1, 1]
+    steps = tables["seq_scheduled"]["step"]
+    admitted_together = [s for s, step in zip(tables["seq_scheduled"]["seq_id"], steps)
+                         if step == steps[tables["seq_scheduled"]["seq_id"].index(1)]]
+    assert admitted_together[:2] == [1, 2], admitted_together
+
+
 @pytest.mark.parametrize("workload", BOUNDARY, ids=lambda w: w.describe().split(" blocks")[0]
                          + f" caching={w.config.enable_prefix_caching}")
 def test_a_prompt_of_exactly_max_model_len_gets_one_token(workload: Workload) -> None:
@@ -153,6 +182,8 @@ def test_hand_made_workloads_preempt_and_share_prefixes(workload: Workload) -> N
 @example(workload=PREEMPTING[3])
 @example(workload=BOUNDARY[1])
 @example(workload=BOUNDARY[3])
+@example(workload=HIT_THEN_ADMIT[0])
+@example(workload=HIT_THEN_ADMIT[1])
 def test_scheduler_properties(workload: Workload) -> None:
     """Admission, completion, no starvation, budgets, batch shape, queue order, preemption victim,
     maximality, overlapped flags, KV-cache contents, the final drained pool and every invariant

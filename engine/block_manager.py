@@ -1,17 +1,22 @@
 """The KV-block pool: allocation, reference counts and the prefix cache.
 
-A deterministic state machine: free blocks are kept in an insertion-ordered map (allocation takes
-the oldest free block, release appends), block hashes are xxhash64 chains with a fixed seed,
-and every change is emitted to the event buffer.
+A deterministic state machine: free blocks are kept in an insertion-ordered map and handed out
+in the order of an eviction key fixed when each is released (by default the release order: the
+oldest free block first), block hashes are xxhash64 chains with a fixed seed, and every change is
+emitted to the event buffer.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import xxhash
 
+from engine.policy import FreeBlock, release_order
 from engine.sequence import PENDING_TOKEN, Sequence
 from tracing.events import EventBuffer
 from tracing.schema import NO_HASH
@@ -37,7 +42,7 @@ def chain_hash(token_ids: list[int], parent_hash: int, seed: int) -> int:
 class Block:
     """One physical KV block. ``token_ids`` and ``hash`` are set only once the block is full."""
 
-    __slots__ = ("block_id", "ref_count", "hash", "parent_hash", "token_ids")
+    __slots__ = ("block_id", "ref_count", "hash", "parent_hash", "token_ids", "last_used")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
@@ -45,13 +50,19 @@ class Block:
         self.hash = NO_HASH
         self.parent_hash = NO_HASH
         self.token_ids: list[int] = []
+        self.last_used = -1  # the last step a scheduled holder held it (-1: never)
 
     def __repr__(self) -> str:
         return f"Block(id={self.block_id}, ref={self.ref_count}, hash={self.hash})"
 
 
 class BlockManager:
-    """Owns ``num_blocks`` blocks of ``block_size`` token slots and the prefix-cache index."""
+    """Owns ``num_blocks`` blocks of ``block_size`` token slots and the prefix-cache index.
+
+    Public methods in the order a sequence meets them: ``can_allocate`` and ``allocate`` at
+    admission, ``register_full_blocks`` as its prompt is computed, ``may_append`` as it decodes,
+    ``resolve_pending`` after an overlapped step, ``deallocate`` when it is preempted or finishes.
+    """
 
     def __init__(
         self,
@@ -60,55 +71,36 @@ class BlockManager:
         events: EventBuffer,
         hash_seed: int = 0,
         enable_prefix_caching: bool = True,
+        eviction_key: Callable[[FreeBlock], Any] = release_order,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.events = events
         self.hash_seed = hash_seed
         self.enable_prefix_caching = enable_prefix_caching
+        self.eviction_key = eviction_key
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.hash_to_block_id: dict[int, int] = {}
-        # Ordered so that allocation order (oldest free first) is the same on every run.
-        self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # Free block id -> its release stamp, in release order. The heap holds (eviction key,
+        # stamp, block id) per release; an entry whose stamp is no longer the block's is stale
+        # (the block was hit, or released again since).
+        self.free_block_ids: OrderedDict[int, int] = OrderedDict()
+        self._evictable: list[tuple[Any, int, int]] = []
+        self._releases = 0
+        for block in self.blocks:
+            self._release(block)
+        # Sequence id -> the last step it was scheduled (``touch``), read when it lets go.
+        self._last_scheduled: dict[int, int] = {}
         # Blocks completed by a token whose value is still on the device: (seq, logical index,
         # parent hash, block_hashed event row). Entered into the cache by ``resolve_pending``.
         self.pending_hashes: list[tuple[Sequence, int, int, int]] = []
 
-    @property
-    def num_free_blocks(self) -> int:
-        return len(self.free_block_ids)
-
-    def blocks_needed(self, num_tokens: int) -> int:
-        return (num_tokens + self.block_size - 1) // self.block_size
-
-    # --- internal moves between free and used -----------------------------------------------------
-    def _take_free_block(self, block_id: int) -> Block:
-        """Move a free block into use (refcount 1); a reused cached block forgets its contents."""
-        block = self.blocks[block_id]
-        del self.free_block_ids[block_id]
-        block.ref_count = 1
-        return block
-
-    def _forget_contents(self, block: Block) -> None:
-        if block.hash != NO_HASH and self.hash_to_block_id.get(block.hash) == block.block_id:
-            del self.hash_to_block_id[block.hash]
-        block.hash = NO_HASH
-        block.parent_hash = NO_HASH
-        block.token_ids = []
-
-    def _allocate_fresh(self, seq: Sequence, logical_index: int) -> int:
-        block_id = next(iter(self.free_block_ids))
-        block = self._take_free_block(block_id)
-        self._forget_contents(block)
-        seq.block_table.append(block_id)
-        self.events.emit_block_allocated(
-            seq.seq_id, block_id, logical_index, 1, len(self.free_block_ids)
-        )
-        return block_id
-
     # --- admission --------------------------------------------------------------------------------
     def can_allocate(self, seq: Sequence) -> bool:
-        """Room for every block of the sequence, counting cache hits as needing room (Nano-vLLM)."""
+        """Room for every block of the sequence, counting cache hits as needing room (Nano-vLLM).
+
+        Emits: nothing.
+        """
         return len(self.free_block_ids) >= self.blocks_needed(seq.num_tokens)
 
     def allocate(self, seq: Sequence) -> None:
@@ -117,6 +109,8 @@ class BlockManager:
         Sets ``seq.num_cached_tokens``. A prompt that is cached completely still recomputes its
         last block, so every admitted sequence computes at least one token. Hashes of the new full
         blocks are registered later by ``register_full_blocks``, once their KV is being computed.
+
+        Emits: ``block_hit`` per cached block, then ``block_allocated`` per fresh block.
         """
         if seq.block_table:
             raise RuntimeError(f"sequence {seq.seq_id} already has blocks {seq.block_table}")
@@ -128,9 +122,8 @@ class BlockManager:
         parent = NO_HASH
         index = 0
         if self.enable_prefix_caching:
-            token_ids = seq.token_ids
             while index < max_hits:
-                chunk = token_ids[index * block_size : (index + 1) * block_size]
+                chunk = seq.block(index, block_size)
                 block_hash = chain_hash(chunk, parent, self.hash_seed)
                 block_id = self.hash_to_block_id.get(block_hash, -1)
                 if block_id < 0:
@@ -144,12 +137,12 @@ class BlockManager:
                     block.ref_count += 1
                 seq.block_table.append(block_id)
                 self.events.emit_block_hit(
-                    seq.seq_id,
-                    block_id,
-                    index,
-                    block_hash,
-                    block.ref_count,
-                    len(self.free_block_ids),
+                    seq_id=seq.seq_id,
+                    block_id=block_id,
+                    logical_index=index,
+                    block_hash=block_hash,
+                    refcount=block.ref_count,
+                    free_blocks=len(self.free_block_ids),
                 )
                 parent = block_hash
                 index += 1
@@ -160,7 +153,11 @@ class BlockManager:
             self._allocate_fresh(seq, logical_index)
 
     def register_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
-        """Enter into the prefix cache every full block within the first ``num_tokens`` tokens."""
+        """Enter into the prefix cache every full block within the first ``num_tokens`` tokens.
+
+        Emits: ``block_hashed`` per newly full block (hash ``NO_HASH`` for a block completed by a
+        pending token, patched by ``resolve_pending``); nothing with prefix caching off.
+        """
         if not self.enable_prefix_caching:
             return
         block_size = self.block_size
@@ -172,22 +169,172 @@ class BlockManager:
         table = seq.block_table
         parent = blocks[table[index - 1]].hash if index > 0 else NO_HASH
         while index < last_full:
-            chunk = seq.token_ids[index * block_size : (index + 1) * block_size]
+            chunk = seq.block(index, block_size)
             if chunk[-1] == PENDING_TOKEN:
                 # Completed by a token still on the device: only the last token of a block can
                 # be pending, and no later block exists yet. Hashed when the value is in.
                 row = self.events.emit_block_hashed(
-                    seq.seq_id, table[index], index, NO_HASH, parent
+                    seq_id=seq.seq_id,
+                    block_id=table[index],
+                    logical_index=index,
+                    block_hash=NO_HASH,
+                    parent_hash=parent,
                 )
                 self.pending_hashes.append((seq, index, parent, row))
                 index += 1
                 break
             block_hash = chain_hash(chunk, parent, self.hash_seed)
             self._enter(blocks[table[index]], chunk, block_hash, parent)
-            self.events.emit_block_hashed(seq.seq_id, table[index], index, block_hash, parent)
+            self.events.emit_block_hashed(
+                seq_id=seq.seq_id,
+                block_id=table[index],
+                logical_index=index,
+                block_hash=block_hash,
+                parent_hash=parent,
+            )
             parent = block_hash
             index += 1
         seq.num_hashed_blocks = index
+
+    # --- decode growth ----------------------------------------------------------------------------
+    def may_append(self, seq: Sequence) -> None:
+        """Make room for the KV of the sequence's last token; hash the block it completes.
+
+        The caller has made sure a free block exists when the token starts a new block.
+
+        Emits: ``block_allocated`` when the token starts a block, ``block_hashed`` when it fills
+        one (see ``register_full_blocks``).
+        """
+        if seq.num_tokens > len(seq.block_table) * self.block_size:
+            self._allocate_fresh(seq, len(seq.block_table))
+        if seq.num_tokens % self.block_size == 0:
+            self.register_full_blocks(seq, seq.num_tokens)
+
+    def resolve_pending(self) -> None:
+        """Hash the blocks completed by pending tokens, now that their values are written.
+
+        Exact with respect to hashing them at once: between the two moments the scheduler
+        only allocated blocks (EngineCore overlaps only steps that cannot preempt or admit), and
+        allocation cannot change which block the index keeps for these tokens.
+
+        Emits: nothing new; patches the ``block_hashed.hash`` of each pending block.
+        """
+        block_size = self.block_size
+        for seq, index, parent, row in self.pending_hashes:
+            chunk = seq.block(index, block_size)
+            block_hash = chain_hash(chunk, parent, self.hash_seed)
+            if seq.block_table:  # still holds its blocks (a finished sequence keeps none)
+                self._enter(self.blocks[seq.block_table[index]], chunk, block_hash, parent)
+            self.events.patch_block_hash(row, block_hash)
+        self.pending_hashes.clear()
+
+    def touch(self, seqs: list[Sequence], step: int) -> None:
+        """Note that ``seqs`` hold their blocks in ``step`` (for eviction by last use).
+
+        Emits: nothing.
+        """
+        last = self._last_scheduled
+        for seq in seqs:
+            last[seq.seq_id] = step
+
+    # --- release ----------------------------------------------------------------------------------
+    def deallocate(self, seq: Sequence) -> int:
+        """Drop the sequence's references, last block first; return how many blocks it held.
+
+        A block whose refcount reaches 0 goes to the end of the free list, ranked for eviction
+        by ``eviction_key``, but keeps its hash and tokens, so it can still be hit until it is
+        handed out again.
+
+        Emits: ``block_freed`` per block reference, in release order.
+        """
+        table = seq.block_table
+        blocks = self.blocks
+        free = self.free_block_ids
+        used = self._last_scheduled.pop(seq.seq_id, -1)
+        released_ids: list[int] = []
+        indices: list[int] = []
+        refcounts: list[int] = []
+        free_after: list[int] = []
+        for logical_index in range(len(table) - 1, -1, -1):
+            block_id = table[logical_index]
+            block = blocks[block_id]
+            block.ref_count -= 1
+            if used > block.last_used:
+                block.last_used = used
+            if block.ref_count == 0:
+                self._release(block)
+            released_ids.append(block_id)
+            indices.append(logical_index)
+            refcounts.append(block.ref_count)
+            free_after.append(len(free))
+        self.events.emit_blocks_freed(
+            seq_id=seq.seq_id,
+            block_ids=released_ids,
+            logical_indices=indices,
+            refcounts=refcounts,
+            free_blocks=free_after,
+        )
+        count = len(table)
+        table.clear()
+        seq.num_cached_tokens = 0
+        seq.num_computed_tokens = 0
+        seq.num_hashed_blocks = 0
+        return count
+
+    # --- helpers ----------------------------------------------------------------------------------
+    def blocks_needed(self, num_tokens: int) -> int:
+        """How many blocks hold ``num_tokens`` tokens. Emits: nothing."""
+        return (num_tokens + self.block_size - 1) // self.block_size
+
+    def _release(self, block: Block) -> None:
+        """Put an unreferenced block on the free list, ranked by the eviction key."""
+        stamp = self._releases
+        self._releases += 1
+        self.free_block_ids[block.block_id] = stamp
+        key = self.eviction_key(
+            FreeBlock(block.block_id, stamp, block.last_used, block.hash != NO_HASH)
+        )
+        heapq.heappush(self._evictable, (key, stamp, block.block_id))
+        if len(self._evictable) > 4 * self.num_blocks + 64:  # drop stale entries now and then
+            self._evictable = [e for e in self._evictable if self.free_block_ids.get(e[2]) == e[1]]
+            heapq.heapify(self._evictable)
+
+    def _next_evicted(self) -> int:
+        """The free block the eviction order hands out next (the smallest key)."""
+        heap, free = self._evictable, self.free_block_ids
+        while free.get(heap[0][2]) != heap[0][1]:
+            heapq.heappop(heap)
+        return heap[0][2]
+
+    def _take_free_block(self, block_id: int) -> Block:
+        """Move a free block into use (refcount 1)."""
+        block = self.blocks[block_id]
+        del self.free_block_ids[block_id]
+        block.ref_count = 1
+        return block
+
+    def _forget_contents(self, block: Block) -> None:
+        """A cached block handed out fresh: its cache entry (if it is the indexed one) goes."""
+        if block.hash != NO_HASH and self.hash_to_block_id.get(block.hash) == block.block_id:
+            del self.hash_to_block_id[block.hash]
+        block.hash = NO_HASH
+        block.parent_hash = NO_HASH
+        block.token_ids = []
+
+    def _allocate_fresh(self, seq: Sequence, logical_index: int) -> int:
+        """Append the next free block to ``seq``'s table. Emits: ``block_allocated``."""
+        block_id = self._next_evicted()
+        block = self._take_free_block(block_id)
+        self._forget_contents(block)
+        seq.block_table.append(block_id)
+        self.events.emit_block_allocated(
+            seq_id=seq.seq_id,
+            block_id=block_id,
+            logical_index=logical_index,
+            refcount=1,
+            free_blocks=len(self.free_block_ids),
+        )
+        return block_id
 
     def _enter(self, block: Block, chunk: list[int], block_hash: int, parent: int) -> None:
         """Record a full block's contents and point the cache index at it where appropriate."""
@@ -200,66 +347,3 @@ class BlockManager:
         blocks = self.blocks
         if held < 0 or blocks[held].ref_count == 0 or blocks[held].token_ids != chunk:
             self.hash_to_block_id[block_hash] = block.block_id
-
-    def resolve_pending(self) -> None:
-        """Hash the blocks completed by pending tokens, now that their values are written.
-
-        Exact with respect to hashing them at once: between the two moments the scheduler
-        only allocated blocks (EngineCore overlaps only steps that cannot preempt or admit), and
-        allocation cannot change which block the index keeps for these tokens.
-        """
-        block_size = self.block_size
-        for seq, index, parent, row in self.pending_hashes:
-            chunk = seq.token_ids[index * block_size : (index + 1) * block_size]
-            block_hash = chain_hash(chunk, parent, self.hash_seed)
-            if seq.block_table:  # still holds its blocks (a finished sequence keeps none)
-                self._enter(self.blocks[seq.block_table[index]], chunk, block_hash, parent)
-            self.events.patch_block_hash(row, block_hash)
-        self.pending_hashes.clear()
-
-    # --- decode growth ----------------------------------------------------------------------------
-    def needs_new_block(self, seq: Sequence) -> bool:
-        return seq.num_tokens > len(seq.block_table) * self.block_size
-
-    def can_append(self, seq: Sequence) -> bool:
-        """Whether the token ``seq`` feeds next has a slot, or a free block can provide one."""
-        return bool(self.free_block_ids) or seq.num_tokens <= len(seq.block_table) * self.block_size
-
-    def may_append(self, seq: Sequence) -> None:
-        """Make room for the KV of the sequence's last token; hash the block it completes."""
-        if seq.num_tokens > len(seq.block_table) * self.block_size:
-            self._allocate_fresh(seq, len(seq.block_table))
-        if seq.num_tokens % self.block_size == 0:
-            self.register_full_blocks(seq, seq.num_tokens)
-
-    # --- release ----------------------------------------------------------------------------------
-    def deallocate(self, seq: Sequence) -> int:
-        """Drop the sequence's references, last block first; return how many blocks it held.
-
-        A block whose refcount reaches 0 goes to the end of the free list but keeps its hash and
-        tokens, so it can still be hit until it is handed out again.
-        """
-        table = seq.block_table
-        blocks = self.blocks
-        free = self.free_block_ids
-        released_ids: list[int] = []
-        indices: list[int] = []
-        refcounts: list[int] = []
-        free_after: list[int] = []
-        for logical_index in range(len(table) - 1, -1, -1):
-            block_id = table[logical_index]
-            block = blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                free[block_id] = None
-            released_ids.append(block_id)
-            indices.append(logical_index)
-            refcounts.append(block.ref_count)
-            free_after.append(len(free))
-        self.events.emit_blocks_freed(seq.seq_id, released_ids, indices, refcounts, free_after)
-        count = len(table)
-        table.clear()
-        seq.num_cached_tokens = 0
-        seq.num_computed_tokens = 0
-        seq.num_hashed_blocks = 0
-        return count

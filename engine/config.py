@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import ConfigError
+from engine.policy import EVICTION_ORDERS, WHOLE_PROMPT_POLICIES, policy_class
 
-POLICIES = ("prefill_first", "chunked")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
@@ -60,7 +60,8 @@ FIELD_RULES: dict[str, _Rule] = {
     "kvcache_block_size": _Rule(int, 1, 65536),
     "num_kvcache_blocks": _Rule(int, 1, _INT_MAX, allow=(AUTO_SIZED_BLOCKS,)),
     "kv_cache_bytes": _Rule(int, 1, None),
-    "policy": _Rule(str, choices=POLICIES),
+    "policy": _Rule(str),
+    "eviction": _Rule(str, choices=tuple(EVICTION_ORDERS)),
     "enable_prefix_caching": _Rule(bool),
     "hash_seed": _Rule(int, 0, 2**64 - 1),
     "seed": _Rule(int, 0, 2**63 - 1),
@@ -99,6 +100,9 @@ class Config:
     num_kvcache_blocks: int = AUTO_SIZED_BLOCKS
     kv_cache_bytes: int = DEFAULT_CPU_KV_CACHE_BYTES
     policy: str = "prefill_first"
+    # Which cached free block is evicted first (engine/policy.EVICTION_ORDERS); a policy may
+    # override it.
+    eviction: str = "release"
     enable_prefix_caching: bool = True
     hash_seed: int = 0
     seed: int = 0
@@ -136,10 +140,14 @@ class Config:
                 object.__setattr__(self, name, float(value))
                 value = float(value)
             _check(name, value, rule)
-        if self.policy == "prefill_first" and self.max_num_batched_tokens < self.max_model_len:
+        # A built-in (engine/policy.BUILTIN_POLICIES), or an import path package.module:ClassName
+        # of an engine.policy.Policy subclass: validated by importing it.
+        policy_class(self.policy)
+        whole = self.policy in WHOLE_PROMPT_POLICIES
+        if whole and self.max_num_batched_tokens < self.max_model_len:
             raise ConfigError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
-                f"({self.max_model_len}) under policy 'prefill_first', or a long prompt could "
+                f"({self.max_model_len}) under policy {self.policy!r}, or a long prompt could "
                 "never be scheduled; lower max_model_len or use policy='chunked'"
             )
 
@@ -159,11 +167,6 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.field_names()}
-
-    @staticmethod
-    def describe_field(name: str) -> str:
-        rule = FIELD_RULES.get(name)
-        return rule.describe() if rule else "any value"
 
 
 def _check(name: str, value: Any, rule: _Rule) -> None:

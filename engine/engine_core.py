@@ -16,8 +16,9 @@ from engine.batch import ScheduledBatch, StepOutput
 from engine.config import AUTO_SIZED_BLOCKS, Config
 from engine.errors import InvalidRequestError
 from engine.executor import Executor, PendingStep
+from engine.overlap_scheduler import OverlapScheduler, PendingTokens
+from engine.policy import policy_source
 from engine.sampling_params import SamplingParams
-from engine.scheduler import PendingTokens, Scheduler
 from engine.sequence import Sequence
 from tracing.events import EventBuffer, NullEventBuffer
 from tracing.sink import EventSink
@@ -100,7 +101,7 @@ class EngineCore:
         self.config = config
         self.executor = executor
         self.events: EventBuffer = EventBuffer() if record_events else NullEventBuffer()
-        self.scheduler = Scheduler(config, config.num_kvcache_blocks, self.events)
+        self.scheduler = OverlapScheduler(config, config.num_kvcache_blocks, self.events)
         self.sink = sink
         self.clock = clock
         self.start_time = clock()
@@ -110,7 +111,6 @@ class EngineCore:
         self.rejections: dict[int, str] = {}
         self._forgotten_rejections = 0  # rejections dropped by ``forget``, still counted
         self.num_completion_tokens = 0
-        self.busy_time_s = 0.0
         self.closed = False
         self._async = bool(getattr(executor, "supports_overlap", False)) and config.async_scheduling
         self._in_flight: _InFlight | None = None
@@ -124,8 +124,12 @@ class EngineCore:
             "num_blocks": config.num_kvcache_blocks,
             "hash_seed": config.hash_seed,
             "policy": config.policy,
+            "eviction": config.eviction,
             "executor": executor.describe(),
         }
+        source = policy_source(config.policy)
+        if source is not None:
+            self.header["policy_source"] = source
         if sink is not None:
             sink.open(self.header)
 
@@ -139,19 +143,21 @@ class EngineCore:
         params: SamplingParams,
         arrival_s: float | None = None,
         error: str | None = None,
+        priority: int = 0,
     ) -> Sequence:
         """Queue a request; ``error`` (found by the caller, e.g. a bad token id) rejects it.
 
         A value no trace column can hold (a token id or ``max_tokens`` beyond int32) raises
         ``InvalidRequestError`` before anything is recorded: the recorder must never overflow.
-        The rejection reason is recorded in the request's ``request_finished.error``."""
+        The rejection reason is recorded in the request's ``request_finished.error``.
+        ``priority``: lower is served first by policies that read it (``priority``)."""
         check_recordable(token_ids, params)
         seq = Sequence(
             self.next_seq_id, token_ids, params, self.now() if arrival_s is None else arrival_s
         )
         self.next_seq_id += 1
         self.sequences[seq.seq_id] = seq
-        reason = self.scheduler.add(seq, precheck_error=error)
+        reason = self.scheduler.add(seq, precheck_error=error, priority=priority)
         if reason is not None:
             self.rejections[seq.seq_id] = reason
             self.events.patch_last_rejection(reason)
@@ -264,19 +270,19 @@ class EngineCore:
         graph_used = output.graph_used if output is not None else False
         padded_tokens = output.padded_tokens if output is not None else 0
         return self.events.emit_model_step(
-            batch.kind,
-            0.0,
-            len(batch.seqs),
-            prefill_tokens,
-            prefill_work,
-            decode_seqs,
-            decode_ctx,
-            padded or len(batch.seqs),
-            graph_used,
-            0.0,
-            batch.overlapped,
-            0.0,
-            padded_tokens,
+            kind=batch.kind,
+            duration_s=0.0,
+            num_seqs=len(batch.seqs),
+            prefill_tokens=prefill_tokens,
+            prefill_attn_work=prefill_work,
+            decode_seqs=decode_seqs,
+            decode_context_tokens=decode_ctx,
+            padded_batch_size=padded or len(batch.seqs),
+            graph_used=graph_used,
+            wall_time_s=0.0,
+            overlapped=batch.overlapped,
+            host_s=0.0,
+            padded_tokens=padded_tokens,
         )
 
     def _complete(
@@ -296,14 +302,14 @@ class EngineCore:
     def _defer(
         self, batch: ScheduledBatch, handle: PendingStep, launched: float, host_s: float
     ) -> _InFlight:
-        """Post-process a launched step with placeholder tokens (``Scheduler.advance``).
+        """Post-process a launched step with placeholder tokens (``Scheduler.postprocess_pending``).
 
         Events are emitted now, in sequential order; padded size and graph use are known at
         launch, so only measurements and token values wait for ``_resolve``.
         """
         began = self.clock()
         row = self._emit_model_step(batch, handle.launched_output())
-        pending = self.scheduler.advance(batch)
+        pending = self.scheduler.postprocess_pending(batch)
         step = self.step_index
         self.step_index += 1
         self.events.step = self.step_index
@@ -342,7 +348,6 @@ class EngineCore:
                 row, duration, ended - self.start_time, host_s + self._sink_s
             )
         self.num_completion_tokens += len(output.token_ids)
-        self.busy_time_s += duration
         if self.sink is not None:
             began = self.clock()
             self.sink.on_step_end(self.events)

@@ -157,11 +157,20 @@ class LLMEngine:
         return token_ids, None
 
     def add_request(
-        self, prompt: Prompt, params: SamplingParams, arrival_s: float | None = None
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        arrival_s: float | None = None,
+        priority: int = 0,
     ) -> Sequence:
-        """Queue one request; a bad one is recorded as rejected (see ``rejection``)."""
+        """Queue one request; a bad one is recorded as rejected (see ``rejection``).
+
+        ``priority``: lower is served first under ``policy="priority"`` (or a policy reading it).
+        """
         token_ids, error = self._token_ids(prompt)
-        seq = self.core.add_request(token_ids, params, arrival_s=arrival_s, error=error)
+        seq = self.core.add_request(
+            token_ids, params, arrival_s=arrival_s, error=error, priority=priority
+        )
         reason = self.core.rejections.get(seq.seq_id)
         if reason is not None:
             log.warning("request %d rejected: %s", seq.seq_id, reason)
@@ -182,10 +191,12 @@ class LLMEngine:
         prompts: list[str] | list[list[int]],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        priorities: list[int] | None = None,
     ) -> list[dict[str, Any]]:
         """Generate for every prompt; returns, in input order, ``{"text", "token_ids", ...}``.
 
         Each output also has ``finish_reason`` and ``error`` (the rejection reason, or None).
+        ``priorities``: one per prompt (lower first), for policies that read them.
         """
         if sampling_params is None:
             sampling_params = SamplingParams()
@@ -197,7 +208,12 @@ class LLMEngine:
                 raise InvalidRequestError(
                     f"{len(prompts)} prompts but {len(params_list)} sampling params"
                 )
-        seqs = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+        if priorities is not None and len(priorities) != len(prompts):
+            raise InvalidRequestError(f"{len(prompts)} prompts but {len(priorities)} priorities")
+        ranks = priorities if priorities is not None else [0] * len(prompts)
+        seqs = [
+            self.add_request(p, sp, priority=r) for p, sp, r in zip(prompts, params_list, ranks)
+        ]
         texts: dict[int, str] = {}
         stops = {
             seq.seq_id: IncrementalDetokenizer(self.tokenizer, seq.stop)

@@ -8,7 +8,7 @@ reads a clock, so the same inputs give the same decisions live, in replay and in
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import xxhash
@@ -16,6 +16,7 @@ import xxhash
 from engine.batch import ScheduledBatch
 from engine.block_manager import BlockManager, signed64
 from engine.config import Config
+from engine.policy import PolicyError, Step, make_policy
 from engine.sequence import PENDING_TOKEN, Sequence, SequenceStatus
 from tracing.events import EventBuffer
 from tracing.schema import NO_HASH, NO_SEQ, encode_stop
@@ -27,17 +28,21 @@ def output_hash(token_ids: list[int]) -> int:
 
 
 @dataclass
-class PendingTokens:
-    """What ``Scheduler.advance`` left to fill in once a step's token values are back."""
+class _StepBatch:
+    """The work of the step being built: prompt chunks (admissions included) and decodes."""
 
-    seqs: list[Sequence]  # the sampled sequences, in batch order
-    positions: list[int]  # index of each one's pending token in its token_ids
-    token_row: int | None  # first token_sampled event row (None: events are off)
-    finished: list[tuple[Sequence, int | None]]  # finished by length, with their event row
+    prefills: list[Sequence] = field(default_factory=list)
+    prefill_tokens: list[int] = field(default_factory=list)
+    decodes: list[Sequence] = field(default_factory=list)
 
 
 class Scheduler:
-    """Nano-vLLM's scheduler (prefill first, preempt the newest, recompute), or chunked prefill."""
+    """Runs a policy (``engine/policy.py``: Nano-vLLM's prefill first by default) and keeps all
+    the bookkeeping: queues, budgets, blocks, preemption (recompute) and every event.
+
+    Public methods in lifecycle order: ``add`` (and ``admission_error``), ``abort``, ``schedule``,
+    ``postprocess``; ``OverlapScheduler`` (engine/overlap_scheduler.py) adds overlapped steps.
+    """
 
     def __init__(self, config: Config, num_blocks: int, events: EventBuffer) -> None:
         self.config = config
@@ -47,20 +52,59 @@ class Scheduler:
         self.max_model_len = config.max_model_len
         self.eos = config.eos
         self.block_size = config.kvcache_block_size
+        self.policy = make_policy(config)
         self.block_manager = BlockManager(
             num_blocks,
             config.kvcache_block_size,
             events,
             hash_seed=config.hash_seed,
             enable_prefix_caching=config.enable_prefix_caching,
+            eviction_key=self.policy.eviction_key,
         )
         self.waiting: deque[Sequence] = deque()
-        self.running: deque[Sequence] = deque()
+        self.running: deque[Sequence] = deque()  # in admission order
+        self.priorities: dict[int, int] = {}  # seq id -> priority, where not 0
         self.num_preemptions = 0
 
     # --- requests ---------------------------------------------------------------------------------
+    def add(
+        self, seq: Sequence, precheck_error: str | None = None, priority: int = 0
+    ) -> str | None:
+        """Queue ``seq`` (recording it); reject it, recorded as finished, if it can never fit.
+
+        ``precheck_error`` is a reason found before the scheduler (e.g. a token id outside the
+        vocabulary): the request is recorded and rejected with it. ``priority``: lower is served
+        first by policies that read it. Returns the rejection reason.
+
+        Emits: ``request_added``; for a rejected request then ``request_finished`` (rejected).
+        """
+        self.events.emit_request_added(
+            seq_id=seq.seq_id,
+            arrival_s=seq.arrival_s,
+            prompt_token_ids=seq.token_ids,
+            temperature=seq.temperature,
+            max_tokens=seq.max_tokens,
+            ignore_eos=seq.ignore_eos,
+            top_p=seq.top_p,
+            top_k=seq.top_k,
+            seed=seq.seed,
+            stop=encode_stop(seq.stop),
+            priority=priority,
+        )
+        if priority:
+            self.priorities[seq.seq_id] = priority
+        error = precheck_error or self.admission_error(seq)
+        if error is not None:
+            self._finish(seq, "rejected", release=False)
+            return error
+        self.waiting.append(seq)
+        return None
+
     def admission_error(self, seq: Sequence) -> str | None:
-        """Why ``seq`` can never be served under this config, or None if it can."""
+        """Why ``seq`` can never be served under this config, or None if it can.
+
+        Emits: nothing.
+        """
         prompt_len = seq.num_tokens
         if prompt_len == 0:
             return "empty prompt"
@@ -76,30 +120,19 @@ class Scheduler:
             )
         return None
 
-    def add(self, seq: Sequence, precheck_error: str | None = None) -> str | None:
-        """Queue ``seq`` (recording it); reject it, recorded as finished, if it can never fit.
-
-        ``precheck_error`` is a reason found before the scheduler (e.g. a token id outside the
-        vocabulary): the request is recorded and rejected with it. Returns the rejection reason.
-        """
-        self.events.emit_request_added(
-            seq.seq_id, seq.arrival_s, seq.token_ids, seq.temperature, seq.max_tokens,
-            seq.ignore_eos, seq.top_p, seq.top_k, seq.seed, encode_stop(seq.stop),
-        )
-        error = precheck_error or self.admission_error(seq)
-        if error is not None:
-            self._finish(seq, "rejected", release=False)
-            return error
-        self.waiting.append(seq)
-        return None
-
     def abort(self, seq: Sequence) -> None:
-        """Stop ``seq`` wherever it is and release its blocks."""
+        """Stop ``seq`` wherever it is and release its blocks (nothing if already finished).
+
+        Emits: ``block_freed`` per block it held, then ``request_finished`` (aborted).
+        """
         self.finish(seq, "aborted")
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Finish ``seq`` on an input from outside the scheduler (an abort, a stop string found
-        in its text) wherever it is, releasing its blocks; a finished one stays as it is."""
+        in its text) wherever it is, releasing its blocks; a finished one stays as it is.
+
+        Emits: ``block_freed`` per block it held, then ``request_finished`` (``reason``).
+        """
         if seq.status is SequenceStatus.FINISHED:
             return
         if seq in self.waiting:
@@ -108,128 +141,150 @@ class Scheduler:
             self.running.remove(seq)
         self._finish(seq, reason, release=bool(seq.block_table))
 
-    def is_finished(self) -> bool:
-        return not self.waiting and not self.running
-
     # --- scheduling -------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
-        """Pick this step's batch, or None when nothing is queued."""
-        if self.config.policy == "chunked":
-            return self._schedule_chunked()
-        return self._schedule_prefill_first()
+        """Pick this step's batch, or None when nothing is queued.
 
-    def _schedule_prefill_first(self) -> ScheduledBatch | None:
-        waiting, running, bm = self.waiting, self.running, self.block_manager
-        scheduled: list[Sequence] = []
-        new_tokens: list[int] = []
-        num_batched = 0
-        while waiting and len(scheduled) < self.max_num_seqs:
-            seq = waiting[0]
-            if num_batched + seq.num_tokens > self.max_num_batched_tokens or not bm.can_allocate(
-                seq
-            ):
-                break
-            bm.allocate(seq)
-            bm.register_full_blocks(seq, seq.num_tokens)
-            query_len = seq.num_tokens - seq.num_cached_tokens
-            num_batched += query_len
-            seq.status = SequenceStatus.RUNNING
-            waiting.popleft()
-            running.append(seq)
-            scheduled.append(seq)
-            new_tokens.append(query_len)
-        if scheduled:
-            return self._emit_batch("prefill", scheduled, new_tokens, len(scheduled))
-
-        free = bm.free_block_ids
-        block_size = self.block_size
-        max_num_seqs = self.max_num_seqs
-        while running and len(scheduled) < max_num_seqs:
-            seq = running.popleft()
-            num_tokens = seq.num_tokens
-            if num_tokens > len(seq.block_table) * block_size:
-                while not free:
-                    if running:
-                        self._preempt(running.pop(), for_seq=seq)
-                    else:
-                        self._preempt(seq, for_seq=seq)
-                        break
-                else:
-                    bm.may_append(seq)
-                    scheduled.append(seq)
-                continue
-            if num_tokens % block_size == 0:
-                bm.may_append(seq)  # the token fills its block: enter the block into the cache
-            scheduled.append(seq)
-        if not scheduled:
-            return None
-        running.extendleft(reversed(scheduled))
-        return self._emit_batch("decode", scheduled, [1] * len(scheduled), 0)
-
-    def _schedule_chunked(self) -> ScheduledBatch | None:
-        """Decode-first with a token budget; prompts are split into chunks that fill what is left.
-
-        Running sequences are visited in order: one still in its prompt gets the next chunk, one
-        decoding gets one token (preempting the newest running sequence if it needs a block and
-        none is free). Waiting sequences are then admitted while budget remains.
+        Emits, in order: the block events of each admission (``block_hit``, ``block_allocated``,
+        ``block_hashed``), of each decode's growth (``block_allocated``, ``block_hashed``) and of
+        each preemption (``block_freed`` then ``preempted``), in the order the policy visits the
+        sequences; then ``batch_scheduled`` and ``seq_scheduled`` per sequence.
         """
-        waiting, running, bm = self.waiting, self.running, self.block_manager
-        budget = self.max_num_batched_tokens
-        prefills: list[Sequence] = []
-        prefill_tokens: list[int] = []
-        decodes: list[Sequence] = []
-        scheduled_running: list[Sequence] = []
-        free = bm.free_block_ids
-        block_size = self.block_size
-        while running and budget > 0 and len(scheduled_running) < self.max_num_seqs:
+        step = Step(
+            self.max_num_batched_tokens,
+            self.max_num_seqs,
+            self._num_free_blocks,
+            self.block_manager.can_allocate,
+            self.priority,
+        )
+        batch = _StepBatch()
+        if self.policy.mixed_batches:
+            self._run_running(step, batch)
+            self._admit(step, batch)
+        else:
+            self._admit(step, batch)
+            if not batch.prefills:
+                self._run_running(step, batch)
+        if not batch.prefills and not batch.decodes:
+            return None
+        prefills, decodes = batch.prefills, batch.decodes
+        kind = "mixed" if prefills and decodes else ("prefill" if prefills else "decode")
+        return self._emit_batch(
+            kind, prefills + decodes, batch.prefill_tokens + [1] * len(decodes), len(prefills)
+        )
+
+    def priority(self, seq: Sequence) -> int:
+        """The priority ``seq`` was added with (lower is served first). Emits: nothing."""
+        return self.priorities.get(seq.seq_id, 0)
+
+    def is_finished(self) -> bool:
+        """Whether nothing is waiting or running. Emits: nothing."""
+        return not self.waiting and not self.running
+
+    # --- results ----------------------------------------------------------------------------------
+    def postprocess(self, batch: ScheduledBatch, token_ids: list[int]) -> list[Sequence]:
+        """Append each sampled token, finish sequences that are done; return the finished ones.
+
+        Emits: ``token_sampled`` per sampled sequence; then, per finished sequence, ``block_freed``
+        per block and ``request_finished``.
+        """
+        sampled = batch.sampled_seqs
+        if len(token_ids) != len(sampled):
+            raise RuntimeError(
+                f"executor returned {len(token_ids)} tokens for {len(sampled)} sampled sequences"
+            )
+        self.events.emit_tokens_sampled(
+            seq_ids=[seq.seq_id for seq in sampled], token_ids=token_ids
+        )
+        return [seq for seq, _ in self._append_sampled(batch, token_ids)]
+
+    # --- helpers: building a step ----------------------------------------------------------------
+    def _admit(self, step: Step, batch: _StepBatch) -> None:
+        """Admit what the policy offers while it finds room; record each admission's chunk."""
+        waiting, bm = self.waiting, self.block_manager
+        for seq in self.policy.admit(tuple(waiting), step):
+            if seq.status is not SequenceStatus.WAITING or seq.block_table:
+                raise PolicyError(
+                    f"policy {self.policy.name!r} admitted seq {seq.seq_id}, which is not waiting"
+                )
+            if step.seqs_left <= 0 or step.tokens_left <= 0 or not bm.can_allocate(seq):
+                return
+            bm.allocate(seq)
+            query_len = self._chunk(seq, seq.num_tokens - seq.num_cached_tokens, step)
+            bm.register_full_blocks(seq, seq.num_cached_tokens + query_len)
+            seq.status = SequenceStatus.RUNNING
+            if waiting[0] is seq:
+                waiting.popleft()
+            else:
+                waiting.remove(seq)
+            self.running.append(seq)
+            batch.prefills.append(seq)
+            batch.prefill_tokens.append(query_len)
+            step._charge(query_len)
+
+    def _run_running(self, step: Step, batch: _StepBatch) -> None:
+        """Visit the running sequences in admission order while the budgets last: one still in
+        its prompt gets its next chunk, one decoding gets one token (``_claim_decode_slot``)."""
+        running, bm = self.running, self.block_manager
+        visited: list[Sequence] = []
+        while running and step.tokens_left > 0 and step.seqs_left > 0:
             seq = running.popleft()
             remaining = seq.num_tokens - seq.num_computed_tokens
             if remaining > 1 or seq.num_computed_tokens < seq.num_prompt_tokens:
-                query_len = min(remaining, budget)
+                query_len = self._chunk(seq, remaining, step)
                 bm.register_full_blocks(seq, seq.num_computed_tokens + query_len)
-                prefills.append(seq)
-                prefill_tokens.append(query_len)
-                scheduled_running.append(seq)
-                budget -= query_len
-                continue
-            needs_block = seq.num_tokens > len(seq.block_table) * block_size
-            while needs_block and not free:
-                if running:
-                    self._preempt(running.pop(), for_seq=seq)
-                else:
-                    self._preempt(seq, for_seq=seq)
-                    break
+                batch.prefills.append(seq)
+                batch.prefill_tokens.append(query_len)
+            elif self._claim_decode_slot(seq, step):
+                batch.decodes.append(seq)
+                query_len = 1
             else:
-                bm.may_append(seq)
-                decodes.append(seq)
-                scheduled_running.append(seq)
-                budget -= 1
-        running.extendleft(reversed(scheduled_running))
-        num_seqs = len(scheduled_running)
-        while waiting and budget > 0 and num_seqs < self.max_num_seqs:
-            seq = waiting[0]
-            if not bm.can_allocate(seq):
-                break
-            bm.allocate(seq)
-            query_len = min(seq.num_tokens - seq.num_cached_tokens, budget)
-            bm.register_full_blocks(seq, seq.num_cached_tokens + query_len)
-            seq.status = SequenceStatus.RUNNING
-            waiting.popleft()
-            running.append(seq)
-            prefills.append(seq)
-            prefill_tokens.append(query_len)
-            budget -= query_len
-            num_seqs += 1
-        if not prefills and not decodes:
-            return None
-        kind = "mixed" if prefills and decodes else ("prefill" if prefills else "decode")
-        return self._emit_batch(
-            kind, prefills + decodes, prefill_tokens + [1] * len(decodes), len(prefills)
-        )
+                continue
+            visited.append(seq)
+            step._charge(query_len)
+        running.extendleft(reversed(visited))
+
+    def _chunk(self, seq: Sequence, remaining: int, step: Step) -> int:
+        """The policy's chunk for ``seq``, checked against what is left to compute and to spend."""
+        query_len = self.policy.chunk(seq, remaining, step)
+        if not 1 <= query_len <= min(remaining, step.tokens_left):
+            raise PolicyError(
+                f"policy {self.policy.name!r} chose {query_len} tokens for seq {seq.seq_id} "
+                f"({remaining} to compute, {step.tokens_left} left in the step's budget)"
+            )
+        return query_len
+
+    # --- helpers: bookkeeping ---------------------------------------------------------------------
+    def _claim_decode_slot(self, seq: Sequence, step: Step) -> bool:
+        """Make room for the KV of ``seq``'s next token; False if ``seq`` itself was preempted.
+
+        A token that starts a new block needs a free one: while none is free, the policy's victim
+        among ``seq`` and the running sequences not yet visited this step is preempted.
+        """
+        if seq.num_tokens > len(seq.block_table) * self.block_size:
+            while not self.block_manager.free_block_ids:
+                candidates = [seq, *self.running]
+                victim = self.policy.victim(candidates, step)
+                if victim is seq:
+                    self._preempt(seq, for_seq=seq)
+                    return False
+                if victim not in candidates:
+                    raise PolicyError(
+                        f"policy {self.policy.name!r} chose seq {getattr(victim, 'seq_id', victim)}"
+                        f" to preempt, which is not one of the candidates"
+                    )
+                self.running.remove(victim)
+                self._preempt(victim, for_seq=seq)
+        self.block_manager.may_append(seq)
+        return True
+
+    def _num_free_blocks(self) -> int:
+        return len(self.block_manager.free_block_ids)
 
     def _emit_batch(
         self, kind: str, seqs: list[Sequence], new_tokens: list[int], num_prefill: int
     ) -> ScheduledBatch:
+        """The step's batch, recorded. Emits: ``batch_scheduled``, ``seq_scheduled`` per seq."""
         if kind == "decode":
             context_lens = [seq.num_tokens for seq in seqs]
             cached = [n - 1 for n in context_lens]
@@ -243,16 +298,17 @@ class Scheduler:
             if len(sampled) == len(seqs):
                 sample = None
         num_batched = sum(new_tokens)
+        self.block_manager.touch(seqs, self.events.step)
         self.events.emit_batch(
-            kind,
-            num_batched,
-            len(self.waiting),
-            len(self.running),
-            len(self.block_manager.free_block_ids),
-            [seq.seq_id for seq in seqs],
-            new_tokens,
-            cached,
-            context_lens,
+            kind=kind,
+            num_batched_tokens=num_batched,
+            num_waiting=len(self.waiting),
+            num_running=len(self.running),
+            free_blocks=len(self.block_manager.free_block_ids),
+            seq_ids=[seq.seq_id for seq in seqs],
+            num_new_tokens=new_tokens,
+            num_cached_tokens=cached,
+            context_lens=context_lens,
         )
         return ScheduledBatch(
             step=self.events.step,
@@ -267,122 +323,44 @@ class Scheduler:
         )
 
     def _preempt(self, seq: Sequence, for_seq: Sequence) -> None:
-        """Send ``seq`` back to the front of the queue; its KV is recomputed when it returns."""
+        """Send ``seq`` back to the front of the queue; its KV is recomputed when it returns.
+
+        Emits: ``block_freed`` per block, then ``preempted``.
+        """
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         released = self.block_manager.deallocate(seq)
         self.events.emit_preempted(
-            seq.seq_id, released, for_seq.seq_id if for_seq is not seq else NO_SEQ, seq.num_tokens
+            seq_id=seq.seq_id,
+            blocks_released=released,
+            for_seq_id=for_seq.seq_id if for_seq is not seq else NO_SEQ,
+            num_tokens=seq.num_tokens,
         )
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
-    # --- overlapped steps -------------------------------------------------------------------------
-    def can_defer(self, batch: ScheduledBatch) -> bool:
-        """Whether the next step may be scheduled before this batch's token values are known.
+    def _append_sampled(
+        self, batch: ScheduledBatch, token_ids: list[int]
+    ) -> list[tuple[Sequence, int | None]]:
+        """The append-and-finish path of ``postprocess`` and ``postprocess_pending``.
 
-        True for a decode batch whose tokens cannot end a sequence early (no EOS to watch for),
-        when the next schedule cannot preempt: the free blocks cover every block its decodes can
-        claim (``defer_block_rule`` "needed"; "per_running": at least one free block per running
-        sequence, the rule of older traces). Then the values only matter for block hashes, which
-        wait in the block manager until ``resolve``; everything the next schedule decides depends
-        on counts alone.
+        Records the progress of prefill chunks that sample nothing, appends each sampled token
+        (``PENDING_TOKEN``: value to come, so no EOS check and no output hash yet) and finishes
+        the sequences that are done. Returns them with their ``request_finished`` rows.
+
+        Emits: per finished sequence, ``block_freed`` per block and ``request_finished``.
         """
-        if batch.kind != "decode":
-            return False
-        if self.eos >= 0 and not all(seq.ignore_eos for seq in batch.sampled_seqs):
-            return False
-        free = len(self.block_manager.free_block_ids)
-        if free >= len(self.running):
-            return True
-        if self.config.defer_block_rule == "per_running":
-            return False
-        return free >= self._blocks_next_decodes_claim(batch)
-
-    def _blocks_next_decodes_claim(self, batch: ScheduledBatch) -> int:
-        """Running sequences whose next decode token starts a new block (a sequence of
-        ``batch`` holds one token more by then): each claims one free block, at most."""
-        sampled = {seq.seq_id for seq in batch.sampled_seqs}
-        capacity = self.block_size
-        return sum(
-            seq.num_tokens + (seq.seq_id in sampled) > len(seq.block_table) * capacity
-            for seq in self.running
-        )
-
-    def schedule_needs_tokens(self) -> bool:
-        """Whether the next schedule could read the prefix cache after appending decode tokens
-        (the chunked policy admits waiting requests in the same pass): resolve first then."""
-        return self.config.policy == "chunked" and bool(self.waiting)
-
-    def advance(self, batch: ScheduledBatch) -> PendingTokens:
-        """``postprocess`` with the token values still unknown (``can_defer`` must hold).
-
-        Appends a placeholder token to each sampled sequence, finishes those at their length
-        limit and emits the same events ``postprocess`` would, in the same order, with
-        placeholder values that ``resolve`` fills in.
-        """
-        sampled = batch.sampled_seqs
-        row = self.events.emit_tokens_sampled(
-            [seq.seq_id for seq in sampled], [PENDING_TOKEN] * len(sampled)
-        )
-        positions: list[int] = []
-        finished: list[tuple[Sequence, int | None]] = []
-        max_model_len = self.max_model_len
-        for seq in sampled:
-            positions.append(seq.num_tokens)
-            seq.num_computed_tokens = seq.num_tokens
-            seq.token_ids.append(PENDING_TOKEN)
-            seq.last_token = PENDING_TOKEN
-            seq.num_tokens += 1
-            if (
-                seq.num_tokens - seq.num_prompt_tokens >= seq.max_tokens
-                or seq.num_tokens >= max_model_len
-            ):
-                finished.append((seq, self._finish(seq, "length", release=True, hashed=False)))
-        if finished:
-            self.running = deque(s for s in self.running if s.status is SequenceStatus.RUNNING)
-        return PendingTokens(sampled, positions, row, finished)
-
-    def resolve(self, pending: PendingTokens, token_ids: list[int]) -> None:
-        """Write the values of an advanced step's tokens into sequences, cache and events."""
-        if len(token_ids) != len(pending.seqs):
-            raise RuntimeError(
-                f"executor returned {len(token_ids)} tokens for {len(pending.seqs)} sampled "
-                "sequences"
-            )
-        for seq, position, token_id in zip(pending.seqs, pending.positions, token_ids):
-            seq.token_ids[position] = token_id
-            if position == seq.num_tokens - 1:
-                seq.last_token = token_id
-        if pending.token_row is not None:
-            self.events.patch_tokens(pending.token_row, token_ids)
-        for seq, row in pending.finished:
-            if row is not None:
-                self.events.patch_output_hash(row, output_hash(seq.completion_token_ids))
-        self.block_manager.resolve_pending()
-
-    # --- results ----------------------------------------------------------------------------------
-    def postprocess(self, batch: ScheduledBatch, token_ids: list[int]) -> list[Sequence]:
-        """Append each sampled token, finish sequences that are done; return the finished ones."""
         if batch.sample is not None:
             for seq, ctx, sample in zip(batch.seqs, batch.context_lens, batch.sample):
                 if not sample:
                     seq.num_computed_tokens = ctx
-        sampled = batch.sampled_seqs
-        if len(token_ids) != len(sampled):
-            raise RuntimeError(
-                f"executor returned {len(token_ids)} tokens for {len(sampled)} sampled sequences"
-            )
-        self.events.emit_tokens_sampled([seq.seq_id for seq in sampled], token_ids)
-        finished: list[Sequence] = []
+        finished: list[tuple[Sequence, int | None]] = []
         eos = self.eos
         max_model_len = self.max_model_len
-        for seq, token_id in zip(sampled, token_ids):
-            seq.num_computed_tokens = seq.num_tokens
-            seq.token_ids.append(token_id)
-            seq.last_token = token_id
-            seq.num_tokens += 1
-            if token_id == eos and not seq.ignore_eos:
+        for seq, token_id in zip(batch.sampled_seqs, token_ids):
+            seq.append_token(token_id)
+            pending = token_id == PENDING_TOKEN
+            if token_id == eos and not seq.ignore_eos and not pending:
                 reason = "eos"
             elif seq.num_tokens - seq.num_prompt_tokens >= seq.max_tokens:
                 reason = "length"
@@ -390,8 +368,7 @@ class Scheduler:
                 reason = "length"
             else:
                 continue
-            self._finish(seq, reason, release=True)
-            finished.append(seq)
+            finished.append((seq, self._finish(seq, reason, release=True, hashed=not pending)))
         if finished:
             self.running = deque(s for s in self.running if s.status is SequenceStatus.RUNNING)
         return finished
@@ -400,12 +377,18 @@ class Scheduler:
         self, seq: Sequence, reason: str, release: bool, hashed: bool = True
     ) -> int | None:
         """Finish ``seq``; returns its request_finished row. ``hashed=False``: its last token is
-        pending, so the output hash is a placeholder until ``resolve``."""
+        pending, so the output hash is a placeholder until ``resolve``.
+
+        Emits: ``block_freed`` per block (``release``), then ``request_finished``.
+        """
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         if release:
             self.block_manager.deallocate(seq)
         digest = output_hash(seq.completion_token_ids) if hashed else NO_HASH
         return self.events.emit_request_finished(
-            seq.seq_id, reason, seq.num_completion_tokens, digest
+            seq_id=seq.seq_id,
+            reason=reason,
+            num_completion_tokens=seq.num_completion_tokens,
+            output_hash=digest,
         )

@@ -102,13 +102,14 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    def num_blocks(self, block_size: int) -> int:
-        return (self.num_tokens + block_size - 1) // block_size
-
-    def block_tokens(self, index: int, block_size: int) -> list[int]:
+    def block(self, index: int, block_size: int) -> list[int]:
+        """The token ids of logical block ``index`` (the one place a block's tokens are sliced)."""
         return self.token_ids[index * block_size : (index + 1) * block_size]
 
     def append_token(self, token_id: int) -> None:
+        """Append a sampled token (``PENDING_TOKEN`` while its value is on the device); every
+        token before it has its KV computed by then."""
+        self.num_computed_tokens = self.num_tokens
         self.token_ids.append(token_id)
         self.last_token = token_id
         self.num_tokens += 1

@@ -43,6 +43,10 @@ class RecordedEvents:
             stop=decode_stop(str(added["stop"][row])),
         )
 
+    def request_priority(self, row: int) -> int:
+        """The priority of the ``row``-th recorded request (0 before schema 5)."""
+        return int(self.tables["request_added"]["priority"][row])
+
     def num_rows(self, kind: str) -> int:
         return len(self.tables[kind]["event_id"])
 

@@ -194,7 +194,8 @@ class _RecordedInputs:
             params = self.recorded.request_params(row)
             prompt = added["prompt_token_ids"][row]
             core.add_request(prompt, params, arrival_s=float(added["arrival_s"][row]),
-                             error=_precheck(core, item.seq_id, prompt, params, self.reasons))
+                             error=_precheck(core, item.seq_id, prompt, params, self.reasons),
+                             priority=self.recorded.request_priority(row))
 
     def next_due(self) -> float | None:
         return self.inputs[self.cursor].step if self.cursor < len(self.inputs) else None

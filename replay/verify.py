@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.policy import policy_change_note
 from replay.recorded import (
     LIST_COLUMNS,
     RecordedEvents,
@@ -48,6 +49,8 @@ class VerifyResult:
     complete: bool
     divergence: Divergence | None = None
     replay_note: str | None = None
+    # The recorded user policy's source changed (engine.policy.policy_change_note), or None.
+    policy_note: str | None = None
 
     def report(self) -> str:
         """The text ``replayllm verify`` prints."""
@@ -207,6 +210,7 @@ def verify_recorded(recorded: RecordedEvents) -> VerifyResult:
         complete=recorded.complete,
         divergence=divergence,
         replay_note=run.stopped_early if divergence is not None else None,
+        policy_note=policy_change_note(recorded.header),
     )
 
 

@@ -1,8 +1,10 @@
 """Mutation check: do the property tests catch small bugs in the scheduler core?
 
-Each mutant is one exact text substitution (old -> new) in ``engine/block_manager.py`` or
-``engine/scheduler.py``. For each, the repository is copied to a temporary directory (the working
-tree is never touched, so concurrent edits are safe), the substitution is applied to the copy, and
+Each mutant is one exact text substitution (old -> new) in ``engine/block_manager.py``,
+``engine/scheduler.py`` or ``engine/policy.py`` (``tools/mutants_outside.py`` runs another set,
+written apart from these, through the same runner). For each, the repository is copied to a
+temporary directory (the working tree is never touched while a mutant runs), the substitution is
+applied to the copy, and
 the property suite runs there with the ``ci`` Hypothesis profile (same examples; shrinking skipped,
 a failure only needs to be found) under a timeout. A mutant is *killed* when a test fails (or the
 run times out: a livelock), *survived* when the suite passes.
@@ -37,10 +39,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BM = "engine/block_manager.py"
 SCHED = "engine/scheduler.py"
+POLICY = "engine/policy.py"
 SUITE = (
     "tests/engine/test_block_manager_state.py",
     "tests/engine/test_scheduler_properties.py",
     "tests/engine/test_model_batch_invariance.py",
+    "tests/engine/test_policy.py",
+    "tests/engine/test_overlap.py",
 )
 # Strict-xfail tests documenting engine findings: a mutant could make one pass (XPASS, a failure),
 # which would be counted as a kill by the wrong test; they are left out of mutant runs.
@@ -49,7 +54,7 @@ FINDINGS = (
     "test_live_hashed_block_stays_findable_after_its_duplicate_is_evicted",
 )
 # What a copy needs to import the engine and run the suite.
-COPY = ("engine", "tracing", "replay", "tests", "pyproject.toml")
+COPY = ("engine", "tracing", "replay", "tests", "docs", "traces", "pyproject.toml")
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis", ".pytest_cache")
 
 
@@ -65,13 +70,6 @@ class Mutant:
 
 MUTANTS: tuple[Mutant, ...] = (
     # --- engine/block_manager.py ------------------------------------------------------------------
-    Mutant(
-        "can_append_off_by_one",
-        BM,
-        "or seq.num_tokens <= len(seq.block_table) * self.block_size",
-        "or seq.num_tokens < len(seq.block_table) * self.block_size",
-        "can_append says no room when the last slot of the last block is exactly free",
-    ),
     Mutant(
         "may_append_off_by_one",
         BM,
@@ -139,15 +137,15 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "nondeterministic_free_block",
         BM,
-        "        block_id = next(iter(self.free_block_ids))",
-        "        block_id = list(self.free_block_ids)[id(seq) // 16 % len(self.free_block_ids)]",
+        "        return heap[0][2]\n",
+        "        return list(free)[id(heap) // 16 % len(free)]\n",
         "the free block handed out depends on an object's address (not reproducible)",
     ),
     Mutant(
         "free_list_newest_first",
-        BM,
-        "        block_id = next(iter(self.free_block_ids))",
-        "        block_id = next(reversed(self.free_block_ids))",
+        POLICY,
+        "    return block.released\n",
+        "    return -block.released\n",
         "allocation takes the most recently freed block (evicts the freshest cache entries)",
     ),
     Mutant(
@@ -201,18 +199,27 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     # --- engine/scheduler.py ----------------------------------------------------------------------
     Mutant(
-        "victim_oldest_prefill_first",
+        "decode_room_off_by_one",
         SCHED,
-        "\n" + " " * 24 + "self._preempt(running.pop(), for_seq=seq)",
-        "\n" + " " * 24 + "self._preempt(running.popleft(), for_seq=seq)",
-        "prefill_first preempts the oldest waiting-to-decode sequence instead of the newest",
+        "        if seq.num_tokens > len(seq.block_table) * self.block_size:\n"
+        "            while not self.block_manager.free_block_ids:",
+        "        if seq.num_tokens >= len(seq.block_table) * self.block_size:\n"
+        "            while not self.block_manager.free_block_ids:",
+        "a decode whose token fits the last slot of its last block still claims a free block",
     ),
     Mutant(
-        "victim_oldest_chunked",
-        SCHED,
-        "\n" + " " * 20 + "self._preempt(running.pop(), for_seq=seq)",
-        "\n" + " " * 20 + "self._preempt(running.popleft(), for_seq=seq)",
-        "chunked preempts the oldest remaining running sequence instead of the newest",
+        "victim_oldest",
+        POLICY,
+        "        return candidates[-1]\n",
+        "        return candidates[1] if len(candidates) > 1 else candidates[0]\n",
+        "a decode needing a block preempts the oldest remaining running sequence, not the newest",
+    ),
+    Mutant(
+        "victim_self_first",
+        POLICY,
+        "        return candidates[-1]\n",
+        "        return candidates[0]\n",
+        "a decode needing a block preempts itself although newer sequences are running",
     ),
     Mutant(
         "mixed_labelled_prefill",
@@ -224,8 +231,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "running_order_lost",
         SCHED,
-        "        running.extendleft(reversed(scheduled))",
-        "        running.extend(scheduled)",
+        "        running.extendleft(reversed(visited))",
+        "        running.extend(visited)",
         "decoded sequences go behind the unscheduled ones (admission order lost)",
     ),
     Mutant(
@@ -237,31 +244,88 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "token_budget_strict",
-        SCHED,
-        "if num_batched + seq.num_tokens > self.max_num_batched_tokens",
-        "if num_batched + seq.num_tokens >= self.max_num_batched_tokens",
+        POLICY,
+        "            if seq.num_tokens > step.tokens_left:",
+        "            if seq.num_tokens >= step.tokens_left:",
         "prefill_first refuses a prompt that exactly fills the token budget",
     ),
     Mutant(
         "seq_budget_off_by_one",
         SCHED,
-        "        while waiting and len(scheduled) < self.max_num_seqs:",
-        "        while waiting and len(scheduled) <= self.max_num_seqs:",
-        "prefill_first admits max_num_seqs + 1 prompts in one step",
+        "            if step.seqs_left <= 0 or step.tokens_left <= 0",
+        "            if step.seqs_left < 0 or step.tokens_left <= 0",
+        "admission takes one sequence past max_num_seqs",
     ),
     Mutant(
-        "chunked_seq_budget_off_by_one",
+        "running_seq_budget_off_by_one",
         SCHED,
-        "while waiting and budget > 0 and num_seqs < self.max_num_seqs:",
-        "while waiting and budget > 0 and num_seqs <= self.max_num_seqs:",
-        "chunked admits one sequence past max_num_seqs",
+        "        while running and step.tokens_left > 0 and step.seqs_left > 0:",
+        "        while running and step.tokens_left > 0 and step.seqs_left >= 0:",
+        "the running sequences' pass schedules one sequence past max_num_seqs",
     ),
     Mutant(
         "chunk_overruns_budget",
         SCHED,
-        "                query_len = min(remaining, budget)",
-        "                query_len = min(remaining, budget + 1)",
-        "a continued prefill chunk takes one token more than the budget left",
+        "        if not 1 <= query_len <= min(remaining, step.tokens_left):",
+        "        if not 1 <= query_len <= min(remaining, step.tokens_left + 1):",
+        "the scheduler lets a prompt chunk take one token more than the budget left",
+    ),
+    Mutant(
+        "chunked_chunk_one_over",
+        POLICY,
+        "        return min(remaining, step.tokens_left)\n",
+        "        return min(remaining, step.tokens_left + 1)\n",
+        "chunked asks for one token more than the budget left (the scheduler must refuse it)",
+    ),
+    # --- engine/policy.py (and the eviction bookkeeping it reads) ---------------------------------
+    Mutant(
+        "priority_victim_newest",
+        POLICY,
+        "key=lambda i: (step.priority(candidates[i]), i))",
+        "key=lambda i: i)",
+        "priority preempts the newest sequence whatever its priority",
+    ),
+    Mutant(
+        "priority_admission_fcfs",
+        POLICY,
+        "key=lambda i: (step.priority(waiting[i]), i))",
+        "key=lambda i: i)",
+        "priority admits first come first served, ignoring priorities",
+    ),
+    Mutant(
+        "priority_inverted",
+        POLICY,
+        "key=lambda i: (step.priority(waiting[i]), i))",
+        "key=lambda i: (-step.priority(waiting[i]), i))",
+        "priority admits the worst priority first",
+    ),
+    Mutant(
+        "chunked_stops_with_a_token_left",
+        POLICY,
+        "            if step.tokens_left <= 0:",
+        "            if step.tokens_left <= 1:",
+        "chunked stops admitting while one token of budget is left",
+    ),
+    Mutant(
+        "lru_ignores_last_use",
+        POLICY,
+        "    return (block.last_used, block.released)\n",
+        "    return (block.released, block.last_used)\n",
+        "lru eviction hands out blocks in release order",
+    ),
+    Mutant(
+        "last_use_not_recorded",
+        BM,
+        "            if used > block.last_used:\n                block.last_used = used",
+        "            if used > block.last_used:\n                pass",
+        "a released block keeps its old last use (lru evicts recently used blocks)",
+    ),
+    Mutant(
+        "mixed_admits_before_running",
+        SCHED,
+        "            self._run_running(step, batch)\n            self._admit(step, batch)",
+        "            self._admit(step, batch)\n            self._run_running(step, batch)",
+        "a mixed-batch policy admits before the running sequences get their share",
     ),
     Mutant(
         "chunk_progress_not_recorded",
@@ -287,8 +351,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "eos_ignores_ignore_eos",
         SCHED,
-        "if token_id == eos and not seq.ignore_eos:",
-        "if token_id == eos:",
+        "if token_id == eos and not seq.ignore_eos and not pending:",
+        "if token_id == eos and not pending:",
         "EOS finishes a request even with ignore_eos",
     ),
     Mutant(
@@ -308,9 +372,11 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "decode_fill_not_hashed",
         SCHED,
-        "            if num_tokens % block_size == 0:\n                bm.may_append(seq)",
-        "            if False:\n                bm.may_append(seq)",
-        "prefill_first decode never enters the blocks it fills into the prefix cache",
+        "        self.block_manager.may_append(seq)\n        return True",
+        "        if seq.num_tokens % self.block_size:\n"
+        "            self.block_manager.may_append(seq)\n"
+        "        return True",
+        "a decode whose token fills its block never enters the block into the prefix cache",
     ),
 )
 
@@ -387,7 +453,8 @@ def _killers(junit: Path) -> tuple[list[str], str]:
 
 
 def run_suite(
-    copy: Path, tests: tuple[str, ...], timeout: float, profile: str, shrink: bool
+    copy: Path, tests: tuple[str, ...], timeout: float, profile: str, shrink: bool,
+    first_failure: bool = False,
 ) -> tuple[str, float, list[str], str]:
     junit = copy / "junit.xml"
     junit.unlink(missing_ok=True)
@@ -411,6 +478,7 @@ def run_suite(
         "-p",
         "no:randomly",
         f"--junitxml={junit}",
+        *(["-x"] if first_failure else []),
         "--rootdir",
         str(copy),
         *tests,
@@ -442,7 +510,8 @@ def evaluate(
             target = copy / mutant.path
             source = target.read_text()
             target.write_text(source.replace(mutant.old, mutant.new))
-        return run_suite(copy, tuple(args.tests), args.timeout, args.profile, args.shrink)
+        first = args.first_failure and mutant is not None
+        return run_suite(copy, tuple(args.tests), args.timeout, args.profile, args.shrink, first)
     finally:
         shutil.rmtree(copy, ignore_errors=True)
 
@@ -458,7 +527,9 @@ def print_table(outcomes: list[Outcome]) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, mutants_set: tuple[Mutant, ...] | None = None) -> int:
+    """Run the mutation check over ``mutants_set`` (default: ``MUTANTS``)."""
+    all_mutants = MUTANTS if mutants_set is None else mutants_set
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "-k",
@@ -471,19 +542,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant")
     parser.add_argument("--profile", default="ci", help="Hypothesis profile (default ci)")
     parser.add_argument("--shrink", action="store_true", help="shrink failures (slower)")
+    parser.add_argument("-x", "--first-failure", action="store_true",
+                        help="stop a mutant's run at its first failing test (same score, faster; "
+                        "the table then names one killer)")
     parser.add_argument("--min-score", type=float, default=0.9)
     parser.add_argument("--tests", nargs="+", default=list(SUITE), help="test files to run")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run")
     args = parser.parse_args(argv)
 
-    problems = check_sources(MUTANTS)
+    problems = check_sources(all_mutants)
     if problems:
         print("mutation check: mutants no longer match the sources:", file=sys.stderr)
         for p in problems:
             print("  " + p, file=sys.stderr)
         return 2
-    mutants = [m for m in MUTANTS if not args.select or any(k in m.name for k in args.select)]
+    mutants = [m for m in all_mutants if not args.select or any(k in m.name for k in args.select)]
     if args.list:
         for m in mutants:
             print(f"{m.name:<40} {m.path:<24} {m.what}")

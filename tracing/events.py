@@ -76,6 +76,7 @@ class EventBuffer:
         top_k: int = 0,
         seed: int = NO_SEED,
         stop: str = "",
+        priority: int = 0,
     ) -> None:
         """A request entered the engine; ``stop`` is ``schema.encode_stop`` of its strings."""
         t = self._ra
@@ -91,6 +92,7 @@ class EventBuffer:
         t["top_k"].append(top_k)
         t["seed"].append(seed)
         t["stop"].append(stop)
+        t["priority"].append(priority)
 
     def emit_batch(
         self,

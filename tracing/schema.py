@@ -18,8 +18,9 @@ SCHEMA_VERSION = 5
 # version 2 model_step.padded_tokens; the reader fills them with ADDED_COLUMN_DEFAULTS (a
 # version-1 run never overlapped its steps; no version-2 run padded a prefill). Version 4 changed
 # what host_s holds for a step computed inside the executor's launch (docs/trace-format.md).
-# Version 5 added request_finished.error (why a request was rejected; "" before) and
-# request_added.top_p, top_k, seed and stop (older: no such settings).
+# Version 5 added request_finished.error (why a request was rejected; "" before),
+# request_added.top_p, top_k, seed and stop (older: no such settings) and request_added.priority
+# (older runs had no priorities: 0).
 READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4, 5)
 # model_step.padded_tokens of a step that computed its own tokens (no CUDA-graph prefill).
 NOT_PADDED = 0
@@ -46,6 +47,7 @@ EVENT_COLUMNS: dict[str, dict[str, str]] = {
         "top_k": "int32",
         "seed": "int64",
         "stop": "string",
+        "priority": "int32",
     },
     "batch_scheduled": {
         "kind": "string",
@@ -134,7 +136,7 @@ MEASURED_COLUMNS: dict[str, frozenset[str]] = {
 
 # Columns added after schema version 1, with the value an older trace implies.
 ADDED_COLUMN_DEFAULTS: dict[str, dict[str, object]] = {
-    "request_added": {"top_p": 1.0, "top_k": 0, "seed": NO_SEED, "stop": ""},
+    "request_added": {"top_p": 1.0, "top_k": 0, "seed": NO_SEED, "stop": "", "priority": 0},
     "model_step": {"overlapped": False, "host_s": float("nan"),
                    "padded_tokens": NOT_PADDED},
     "request_finished": {"error": ""},

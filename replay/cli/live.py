@@ -49,7 +49,8 @@ def run_workload(llm: LLMEngine, requests: list[Request], use_tqdm: bool = True)
     bar = tqdm(total=len(requests), desc="run", disable=not use_tqdm, dynamic_ncols=True)
 
     def submit(index: int, prompt: list[int] | str, due: float) -> Sequence:
-        seq = llm.add_request(prompt, requests[index].sampling_params(), arrival_s=start + due)
+        seq = llm.add_request(prompt, requests[index].sampling_params(), arrival_s=start + due,
+                              priority=requests[index].priority)
         if llm.rejection(seq) is not None:
             bar.update(1)
         return seq

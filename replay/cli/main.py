@@ -123,9 +123,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    from engine.policy import policy_change_note
     from replay.verify import verify
+    from tracing.reader import read_trace
 
-    result = verify(args.trace)
+    trace = read_trace(args.trace)
+    note = policy_change_note(dict(trace.header))
+    if note:  # said before the replay: its divergences may be the policy's new code
+        print(f"note: {note}", flush=True)
+    result = verify(trace)
     print(result.report())
     return 0 if result.identical else EXIT_DIVERGED
 

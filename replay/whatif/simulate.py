@@ -151,7 +151,7 @@ class _WorkloadInputs:
             index = order[self.next_add]
             request = requests[index]
             seq = core.add_request(request.prompt, request.params, arrival_s=request.arrival_s,
-                                   error=request.precheck_error)
+                                   error=request.precheck_error, priority=request.priority)
             self.executor.bind(seq.seq_id, request.tokens)
             self.seq_of[index] = seq.seq_id
             self.next_add += 1
@@ -222,7 +222,8 @@ def _workload_file_inputs(core: EngineCore, executor: SimExecutor, workload: Sim
     requests = workload.requests
 
     def submit(index: int, prompt: list[int] | str, due: float) -> Sequence:
-        seq = core.add_request(prompt, requests[index].params, arrival_s=due)  # type: ignore
+        seq = core.add_request(prompt, requests[index].params, arrival_s=due,  # type: ignore
+                               priority=requests[index].priority)
         executor.bind(seq.seq_id, requests[index].tokens)
         return seq
 

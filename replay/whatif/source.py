@@ -39,6 +39,7 @@ class SimRequest:
     tokens: list[int] | np.ndarray | None = None
     precheck_error: str | None = None  # rejected before the scheduler in the source
     rejected_in_source: bool = False
+    priority: int = 0
 
 
 @dataclass
@@ -98,7 +99,7 @@ def workload_from_recorded(events: RecordedEvents, name: str = "trace") -> SimWo
         index_of[seq_id] = len(requests)
         requests.append(SimRequest(prompt, params, float(added["arrival_s"][row]),
                                    int(added["step"][row]), tokens.get(seq_id), precheck,
-                                   rejected))
+                                   rejected, events.request_priority(row)))
     ms = events.tables["model_step"]
     steps = np.asarray(ms["step"], dtype=np.int64)
     ends = np.asarray(ms["wall_time_s"], dtype=float)
@@ -129,7 +130,8 @@ def workload_from_requests(requests: list[Request], config: Config, name: str) -
                 f"{name}: request {number} has a text prompt; the simulator needs token ids "
                 "(prompt_token_ids)"
             )
-        out.append(SimRequest(list(prompt), request.sampling_params(), request.arrival_s, 0))
+        out.append(SimRequest(list(prompt), request.sampling_params(), request.arrival_s, 0,
+                              priority=request.priority))
     header = {"config": config.to_dict(), "workload": name}
     return SimWorkload(name, config, header, out, start_s=0.0, workload=list(requests))
 

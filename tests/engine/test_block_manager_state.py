@@ -3,7 +3,7 @@
 A ``RuleBasedStateMachine`` drives one BlockManager the way the Scheduler does: sequences are
 admitted (``allocate`` then ``register_full_blocks``, whole prompt or a first chunk), their prefill
 continues chunk by chunk, they decode (the sampled token is appended as
-``Scheduler.postprocess`` does, then ``can_append`` / ``may_append`` make room for it), they are
+``Scheduler.postprocess`` does, then ``may_append`` makes room for it), they are
 preempted (``deallocate``) and re-admitted later with their grown token list, and they finish.
 Prompts copy prefixes of earlier sequences (live, preempted or finished) over a 4-token alphabet,
 so prefix-cache hits are common, including hits on blocks that were freed but still hold their
@@ -29,9 +29,8 @@ mutation check can say which invariant caught a mutant):
 - ``model``: block tables, cache hits, the free-list order (oldest free block first, releases
   appended last block first) and the hash map equal those of a small reference model.
 
-Inside the rules, the answers of ``can_allocate`` and ``can_append`` are compared with the model's
-(``can_allocate``, ``can_append``) and ``deallocate`` must return the number of blocks the sequence
-held (``deallocate``).
+Inside the rules, the answer of ``can_allocate`` is compared with the model's (``can_allocate``)
+and ``deallocate`` must return the number of blocks the sequence held (``deallocate``).
 
 ``CollidingHashMachine`` reruns the machine with a deliberately weak hash (5 values), so that
 different blocks collide in the index: it proves that a hit is taken only on a block storing the
@@ -260,26 +259,18 @@ class BlockManagerMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(self.computed[s] == q.num_tokens for s, q in self.live.items()))
     @rule(data=st.data(), token=BM_TOKENS)
     def decode(self, data: st.DataObject, token: int) -> None:
-        """Append a sampled token (postprocess), then make room for it (can_append / may_append).
+        """Append a sampled token (``Sequence.append_token``, as ``Scheduler.postprocess``
+        does), then make room for it (``may_append``).
 
-        Without room the sequence is preempted, as the scheduler does when no victim is left.
+        Without room (the token starts a block and no block is free) the sequence is preempted,
+        as the scheduler does when no victim is left.
         """
         candidates = [s for s, q in self.live.items() if self.computed[s] == q.num_tokens]
         seq = self.live[data.draw(st.sampled_from(candidates), label="seq")]
-        # Scheduler.postprocess
-        seq.num_computed_tokens = seq.num_tokens
-        seq.token_ids.append(token)
-        seq.last_token = token
-        seq.num_tokens += 1
+        seq.append_token(token)
         table = self.tables[seq.seq_id]
         needs_block = seq.num_tokens > len(table) * self.block_size
         room = bool(self.free_order) or not needs_block
-        expect(
-            self.bm.can_append(seq) == room,
-            "can_append",
-            f"{seq.num_tokens} tokens, {len(table)} blocks of {self.block_size}, "
-            f"{len(self.free_order)} free: expected {room}",
-        )
         if not room:
             event("decode without room: preempted")
             self._preempt(seq)
@@ -342,10 +333,10 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def _check_accounting(self) -> None:
         bm = self.bm
         walked = list(bm.free_block_ids)
-        assert len(walked) == len(set(walked)) == bm.num_free_blocks, "free list walk != count"
+        assert len(walked) == len(set(walked)), "the free list holds a block twice"
         used = sum(1 for b in bm.blocks if b.ref_count > 0)
-        assert bm.num_free_blocks + used == bm.num_blocks == len(bm.blocks), (
-            f"free {bm.num_free_blocks} + used {used} != total {bm.num_blocks}"
+        assert len(walked) + used == bm.num_blocks == len(bm.blocks), (
+            f"free {len(walked)} + used {used} != total {bm.num_blocks}"
         )
 
     def _check_refcounts(self) -> None:

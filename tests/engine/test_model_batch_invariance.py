@@ -20,7 +20,8 @@ from contextlib import contextmanager
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from strategies import prompts_sharing_prefixes, scaled
+
+from replay.testing.strategies import prompts_sharing_prefixes, scaled
 
 engine = pytest.importorskip("engine", reason="the engine package does not import")
 LLM = getattr(engine, "LLM", None)

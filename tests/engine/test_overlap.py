@@ -2,11 +2,11 @@
 
 With an executor that launches asynchronously, ``EngineCore`` post-processes a step whose tokens
 cannot change the next decision with placeholder tokens, schedules and launches the next step,
-and only then waits for the tokens and fills them in (``Scheduler.advance``/``resolve``, block
-hashes deferred in the block manager). These tests run the same workloads through the
-sequential path and the overlapped path and require identical event streams (every decision
-column, the ``overlapped`` flags included), the property suite's simulated-KV checks on the
-overlapped run, and that the overlapped recording replays identically.
+and only then waits for the tokens and fills them in (``Scheduler.postprocess_pending`` and
+``resolve``, block hashes deferred in the block manager). These tests run the same workloads
+through the sequential path and the overlapped path and require identical event streams (every
+decision column, the ``overlapped`` flags included), the property suite's simulated-KV checks on
+the overlapped run, and that the overlapped recording replays identically.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from __future__ import annotations
 import hypothesis.strategies as st
 import numpy as np
 from hypothesis import event, example, given, settings
-from scheduler_observer import run_workload
-from scripted_engine import decision_columns
-from strategies import RequestSpec, Workload, scaled, workloads
 
 from engine.config import DEFER_BLOCK_RULES, Config
 from engine.engine_core import EngineCore
 from engine.executor import NullExecutor
 from engine.sampling_params import SamplingParams
+from replay.testing.run import run_workload
+from replay.testing.scripted import decision_columns
+from replay.testing.strategies import RequestSpec, Workload, scaled, workloads
 from replay.verify import verify_events
 from tracing.schema import EVENT_KINDS
 from tracing.sink import MemorySink

@@ -67,7 +67,7 @@ def test_freed_block_stays_hittable_until_reused() -> None:
     core, sink = make_core(num_blocks=8)
     core.add_request(list(range(8)) + [99], greedy(1))
     core.run_until_idle()
-    assert core.scheduler.block_manager.num_free_blocks == 8
+    assert len(core.scheduler.block_manager.free_block_ids) == 8
     core.add_request(list(range(8)) + [42], greedy(1))
     core.run_until_idle()
     core.close()
@@ -103,7 +103,7 @@ def test_preempts_most_recent_running_sequence_and_recomputes() -> None:
     finished = sink.tables["request_finished"]
     assert sorted(finished["seq_id"]) == [0, 1, 2]
     assert set(finished["num_completion_tokens"]) == {6}
-    assert core.scheduler.block_manager.num_free_blocks == 6
+    assert len(core.scheduler.block_manager.free_block_ids) == 6
 
 
 def test_bad_requests_are_rejected_and_others_complete() -> None:

@@ -1,19 +1,21 @@
-"""Property tests of the Scheduler + BlockManager, driven through ``EngineCore`` without a model.
+"""Property tests of the Scheduler + BlockManager, driven through ``EngineCore`` without a model,
+through the public testing module ``replay.testing`` (the strategies, the scripted engine, the
+per-step observer and the event-stream invariant checker users run on their own policies).
 
-Hypothesis generates workloads (``strategies.workloads``): a small config (KV pool size, block
-size, ``max_num_seqs``, ``max_num_batched_tokens``, ``max_model_len``, policy ``prefill_first`` or
-``chunked``, prefix caching, an EOS id), and requests with shared prefixes, edge-case prompt
-lengths, ``max_tokens``, ``ignore_eos`` on or off, arrival steps and (for a few) an abort step.
-``ScriptedExecutor`` (``scripted_engine.py``) plays the model: for each sampled sequence it
-returns the request's scripted token for that completion position (so a recomputed sequence
-samples the same tokens, as greedy decoding would, and EOS comes when the script says so), and it
-simulates the paged KV cache itself: every computed token writes (position, digest of its whole
-prefix) into its slot, and every token a step attends to must be found in its slot, so a block
-served from the prefix cache or shared with another sequence must really hold that sequence's
-prefix.
+Hypothesis generates workloads (``replay.testing.strategies.workloads``): a small config (KV pool
+size, block size, ``max_num_seqs``, ``max_num_batched_tokens``, ``max_model_len``, each built-in
+policy, both eviction orders, prefix caching, an EOS id), and requests with shared prefixes,
+conversation turns, edge-case prompt lengths, ``max_tokens``, ``ignore_eos`` on or off, arrival
+steps, priorities and (for a few) an abort step. ``ScriptedExecutor`` (``replay.testing.scripted``)
+plays the model: for each sampled sequence it returns the request's scripted token for that
+completion position (so a recomputed sequence samples the same tokens, as greedy decoding would,
+and EOS comes when the script says so), and it simulates the paged KV cache itself: every
+computed token writes (position, digest of its whole prefix) into its slot, and every token a step
+attends to must be found in its slot, so a block served from the prefix cache or shared with
+another sequence must really hold that sequence's prefix.
 
-Properties (each violation is reported under its name; ``run_workload`` of
-``scheduler_observer.py`` collects all of them):
+Properties (each violation is reported under its name; ``replay.testing.run_workload`` collects
+all of them):
 
 - ``admission``: exactly the inadmissible requests are rejected (computed here from the config:
   empty, longer than max_model_len, or the KV of every token it feeds exceeds the whole pool).
@@ -23,19 +25,16 @@ Properties (each violation is reported under its name; ``run_workload`` of
   ``token_sampled`` and ``request_finished`` events (count, reason, output hash) say the same.
 - ``bounded``: everything finishes within last arrival + sum(prompt + completion) steps (no
   starvation, no livelock); ``progress``: a step never comes back empty while work is queued.
-- ``budget``: every step holds at most ``max_num_seqs`` sequences and ``max_num_batched_tokens``
-  tokens; ``batch_shape``: under ``prefill_first`` a step is all prefill (only new admissions) or
-  all decode (one token each, only running sequences); under ``chunked`` prefill work comes first
-  and decodes compute one token.
-- ``queue_order``: admission is first come first served with preempted sequences put back at the
-  front (the waiting queue equals a model queue after every step).
-- ``victim``: a preemption always takes the most recently admitted running sequence, and only to
-  make room for an older one.
+- ``budget``, ``overlapped``, ``queue_order``, ``victim``, ``batch_shape``, ``maximality``: the
+  per-step checks of ``replay.testing.observer`` (its docstring says each).
 - ``kv``: every token a step computes has a slot, and every token it attends to is in its slot with
   the right prefix (simulated KV cache); a step starts where the sequence's computed count says.
 - ``prefix_index`` (prefix caching on): every full block whose KV a step has computed carries the
   chain hash of the sequence's own tokens (it was entered into the prefix cache).
 - ``drained``: after the last request, no sequence is queued, every block is free with refcount 0.
+- The invariants of ``replay.testing.invariants`` over the recorded stream (``accounting``,
+  ``refcounts``, ``double_free``, ``hash_chains``, ``batch_fields``, ``preemption``,
+  ``sampling``, ``finish``, ``completion``, ``starvation``, ``priorities``, ``eviction``).
 
 The last two tests check that the events of such runs replay identically (``replay.verify``) and
 survive the Parquet round trip (``tracing.recorder`` / ``tracing.reader``).
@@ -46,16 +45,16 @@ from __future__ import annotations
 import hypothesis.strategies as st
 import pytest
 from hypothesis import event, example, given, settings, target
-from scheduler_observer import run_workload
-from scripted_engine import Run, decision_columns
-from strategies import (
+
+from engine.config import Config
+from replay.testing.run import run_workload
+from replay.testing.scripted import Run, decision_columns
+from replay.testing.strategies import (
     RequestSpec,
     Workload,
     scaled,
     workloads,
 )
-
-from engine.config import Config
 from tracing.schema import EVENT_KINDS
 
 
@@ -98,6 +97,66 @@ PREEMPTING = [_preempting_workload("prefill_first"), _preempting_workload("chunk
 PREEMPTING += [_victim_choice_workload("prefill_first"), _victim_choice_workload("chunked")]
 
 
+def _boundary_workload(policy: str, prefix_caching: bool) -> Workload:
+    """A prompt of exactly max_model_len (admitted, one token, then ``length``) next to prompts
+    that share whole blocks with it (hashed and hit only with prefix caching on)."""
+    config = Config(kvcache_block_size=2, num_kvcache_blocks=12, max_model_len=8,
+                    max_num_batched_tokens=8 if policy != "chunked" else 3, max_num_seqs=3,
+                    policy=policy, enable_prefix_caching=prefix_caching)
+    requests = (
+        RequestSpec(0, (2, 3, 4, 5, 2, 3, 4, 5), 5, True, (2, 3, 4, 5, 2)),
+        RequestSpec(1, (2, 3, 4, 5, 3), 3, True, (4, 4, 4)),
+        RequestSpec(3, (2, 3, 4, 5, 2, 3, 4), 2, True, (5, 5)),
+    )
+    return Workload(config, requests)
+
+
+BOUNDARY = [_boundary_workload(p, c) for p in ("prefill_first", "chunked", "priority")
+            for c in (True, False)]
+
+
+def _hit_then_admission_workload(policy: str) -> Workload:
+    """A cached prompt admitted next to a fresh one in the same step: the cached tokens must not
+    be charged to the token budget, so both are admitted whole (or chunked to the budget)."""
+    config = Config(kvcache_block_size=2, num_kvcache_blocks=16, max_model_len=8,
+                    max_num_batched_tokens=8 if policy != "chunked" else 6, max_num_seqs=4,
+                    policy=policy)
+    requests = (
+        RequestSpec(0, (1, 2, 3, 4, 5), 1, True, (2,)),
+        RequestSpec(3, (1, 2, 3, 4, 3), 2, True, (4, 4)),  # hits two blocks: computes 1 token
+        RequestSpec(3, (5, 4, 3, 2), 2, True, (3, 3)),
+    )
+    return Workload(config, requests)
+
+
+HIT_THEN_ADMIT = [_hit_then_admission_workload(p) for p in ("prefill_first", "chunked")]
+
+
+@pytest.mark.parametrize("workload", HIT_THEN_ADMIT, ids=["prefill_first", "chunked"])
+def test_cached_tokens_are_not_charged_to_the_budget(workload: Workload) -> None:
+    run = run_workload(workload)
+    run.raise_violations()
+    tables = run.sink.tables
+    assert tables["block_hit"]["seq_id"][:2] == [1, 1]
+    steps = tables["seq_scheduled"]["step"]
+    admitted_together = [s for s, step in zip(tables["seq_scheduled"]["seq_id"], steps)
+                         if step == steps[tables["seq_scheduled"]["seq_id"].index(1)]]
+    assert admitted_together[:2] == [1, 2], admitted_together
+
+
+@pytest.mark.parametrize("workload", BOUNDARY, ids=lambda w: w.describe().split(" blocks")[0]
+                         + f" caching={w.config.enable_prefix_caching}")
+def test_a_prompt_of_exactly_max_model_len_gets_one_token(workload: Workload) -> None:
+    """The boundary: a prompt as long as max_model_len is admitted, samples one token and
+    finishes ``length``; with prefix caching off nothing is hashed or hit."""
+    run = run_workload(workload)
+    run.raise_violations()
+    seq = run.seqs[0][1]
+    assert (seq.num_completion_tokens, seq.finish_reason) == (1, "length")
+    hashed = run.sink.tables["block_hashed"]["seq_id"] + run.sink.tables["block_hit"]["seq_id"]
+    assert bool(hashed) == workload.config.enable_prefix_caching
+
+
 @pytest.mark.parametrize(
     "workload",
     PREEMPTING,
@@ -121,10 +180,15 @@ def test_hand_made_workloads_preempt_and_share_prefixes(workload: Workload) -> N
 @example(workload=PREEMPTING[1])
 @example(workload=PREEMPTING[2])
 @example(workload=PREEMPTING[3])
+@example(workload=BOUNDARY[1])
+@example(workload=BOUNDARY[3])
+@example(workload=HIT_THEN_ADMIT[0])
+@example(workload=HIT_THEN_ADMIT[1])
 def test_scheduler_properties(workload: Workload) -> None:
     """Admission, completion, no starvation, budgets, batch shape, queue order, preemption victim,
-    KV-cache contents and the final drained pool hold for every generated workload, under both
-    policies (see the module docstring for each property)."""
+    maximality, overlapped flags, KV-cache contents, the final drained pool and every invariant
+    of the event stream hold for every generated workload, under each built-in policy and both
+    eviction orders (see the module docstring for each property)."""
     run = run_workload(workload)
     _label_coverage(run)
     target(float(len(run.sink.tables["preempted"]["seq_id"])), label="preemptions")
@@ -135,7 +199,7 @@ def _label_coverage(run: Run) -> None:
     """Hypothesis statistics (``--hypothesis-show-statistics``): how often each situation arose."""
     tables = run.sink.tables
     policy = run.workload.config.policy
-    event(f"policy {policy}")
+    event(f"policy {policy}, eviction {run.workload.config.eviction}")
     if tables["preempted"]["seq_id"]:
         event(f"{policy}: preempted")
     if tables["block_hit"]["seq_id"]:

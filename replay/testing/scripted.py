@@ -14,10 +14,6 @@ from typing import Any
 
 import numpy as np
 import xxhash
-from strategies import (
-    RequestSpec,
-    Workload,
-)
 
 from engine.batch import ScheduledBatch, StepOutput
 from engine.block_manager import chain_hash
@@ -25,6 +21,10 @@ from engine.config import Config
 from engine.engine_core import EngineCore
 from engine.executor import DoneStep
 from engine.sequence import PENDING_TOKEN, Sequence
+from replay.testing.strategies import (
+    RequestSpec,
+    Workload,
+)
 from tracing.schema import MEASURED_COLUMNS, NO_HASH
 
 
@@ -93,6 +93,12 @@ class ScriptedExecutor:
 
     def execute(self, batch: ScheduledBatch) -> StepOutput:
         check, bs = self.run.check, self.block_size
+        scheduler = self.run.core.scheduler
+        # The state Scheduler.can_defer sees (after the schedule, before the tokens are in).
+        self.run.at_launch = (
+            len(scheduler.block_manager.free_block_ids),
+            [(s.seq_id, s.num_tokens, len(s.block_table)) for s in scheduler.running],
+        )
         work = list(zip(batch.seqs, batch.num_new_tokens, batch.context_lens))
         if self.run.workload.config.enable_prefix_caching:
             for seq, _, ctx in work:
@@ -155,6 +161,9 @@ class Run:
     steps: int = 0
     preempted: set[int] = field(default_factory=set)
     aborted: set[int] = field(default_factory=set)
+    # (free blocks, [(seq id, tokens, blocks) of each running sequence]) when the last step
+    # launched: what decides whether the next step may overlap it.
+    at_launch: tuple[int, list[tuple[int, int, int]]] | None = None
 
     def check(self, ok: bool, prop: str, message: str) -> None:
         if not ok:
@@ -166,8 +175,8 @@ class Run:
             lines.append(f"  workload: {self.workload.describe()}")
             for prop, messages in sorted(self.violations.items()):
                 lines += [f"  {prop}: {m}" for m in messages[:3]]
+            lines.append("  rebuild it: " + self.workload.code().replace("\n", "\n  "))
             raise PropertyViolations("\n".join(lines))
-
 
 
 def decision_columns(kind: str, cols: dict[str, list]) -> dict[str, list]:

@@ -1,10 +1,14 @@
-"""Shared Hypothesis strategies and helpers for the engine property tests.
+"""Hypothesis strategies for scheduler workloads, and the expectations computed from a config.
 
 Workloads are generated small (a handful of requests, prompts of tens of tokens, a few KV blocks
 of 1 to 8 slots) and over a small token alphabet, so that the interesting situations are common:
-prompts sharing prefixes (prefix-cache hits), a pool too small for everyone (preemption), prompts
-exactly as long as ``max_model_len`` or the token budget, requests that can never fit (rejection),
-EOS sampled mid-run.
+prompts sharing prefixes (prefix-cache hits), conversations (a later turn repeats an earlier
+prompt and its output), a pool too small for everyone (preemption), prompts exactly as long as
+``max_model_len`` or the token budget, requests that can never fit (rejection), EOS sampled
+mid-run, aborts, and request priorities.
+
+``workloads(policies=("my.module:MyPolicy",))`` draws workloads for any policy; run one with
+``replay.testing.run_workload`` and check it with ``replay.testing.check_events``.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from engine.config import Config
+from engine.policy import WHOLE_PROMPT_POLICIES, policy_class
 
 # Token ids of prompts and of sampled outputs. Small, so that shared prefixes and EOS are frequent.
 ALPHABET_SIZE = 6
@@ -26,6 +31,9 @@ EOS_IDS = (NO_EOS, 0, 1)
 OUTPUT_TOKENS = st.integers(2, ALPHABET_SIZE - 1)
 # Most requests run to completion; about one in eight is aborted at some driver step.
 ABORT_STEPS = st.one_of(*[st.none()] * 7, st.integers(0, 30))
+# Request priorities (lower first): mostly the default, a few better or worse.
+PRIORITIES = st.sampled_from([0, 0, 0, 1, 2, -1])
+BUILTIN = ("prefill_first", "chunked", "priority")
 
 
 def scaled(factor: float, minimum: int = 1) -> int:
@@ -69,6 +77,7 @@ class RequestSpec:
     ``script[k]`` is the token sampled at completion position ``k`` whenever that position is
     computed, so recomputation after a preemption samples the same tokens (as greedy decoding
     would). ``abort_step``: the driver step at which the request is aborted (if still unfinished).
+    ``priority``: lower is served first by the ``priority`` policy.
     """
 
     arrival_step: int
@@ -77,6 +86,7 @@ class RequestSpec:
     ignore_eos: bool
     script: tuple[int, ...]
     abort_step: int | None = None
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -87,22 +97,43 @@ class Workload:
     def describe(self) -> str:
         c = self.config
         return (
-            f"policy={c.policy} blocks={c.num_kvcache_blocks}x{c.kvcache_block_size} "
+            f"policy={c.policy} eviction={c.eviction} "
+            f"blocks={c.num_kvcache_blocks}x{c.kvcache_block_size} "
             f"max_model_len={c.max_model_len} max_batched={c.max_num_batched_tokens} "
             f"max_seqs={c.max_num_seqs} eos={c.eos} prefix_caching={c.enable_prefix_caching} "
             f"requests={len(self.requests)}"
         )
 
+    def code(self) -> str:
+        """Python that rebuilds this workload (for a failure report)."""
+        c = self.config
+        fields = ", ".join(
+            f"{k}={getattr(c, k)!r}"
+            for k in ("policy", "eviction", "num_kvcache_blocks", "kvcache_block_size",
+                      "max_model_len", "max_num_batched_tokens", "max_num_seqs", "eos",
+                      "enable_prefix_caching", "hash_seed")
+        )
+        lines = [f"Workload(Config({fields}), ("]
+        lines += [f"    {r!r}," for r in self.requests]
+        return "\n".join(lines + ["))"])
+
+
+def _whole_prompts(policy: str) -> bool:
+    """Whether ``policy`` admits whole prompts (its token budget must hold the longest)."""
+    return policy in WHOLE_PROMPT_POLICIES or not policy_class(policy).mixed_batches
+
 
 @st.composite
 def engine_configs(
     draw: st.DrawFn,
-    policies: tuple[str, ...] = ("prefill_first", "chunked"),
+    policies: tuple[str, ...] = BUILTIN,
     num_blocks: st.SearchStrategy[int] | None = None,
+    evictions: tuple[str, ...] = ("release", "lru"),
 ) -> Config:
     """A small engine Config: small budgets, edge values drawn often.
 
-    ``num_blocks`` defaults to a pool of about one to two of the longest possible requests.
+    ``policies``: built-in names or import paths; ``num_blocks`` defaults to a pool of about one
+    to two of the longest possible requests.
     """
     policy = draw(st.sampled_from(policies))
     block_size = draw(st.sampled_from([1, 2, 2, 3, 4, 4, 8]))
@@ -110,7 +141,7 @@ def engine_configs(
     if num_blocks is None:
         longest = ceil_div(max_model_len, block_size)
         num_blocks = st.integers(max(1, longest // 2), 2 * longest + 2)
-    if policy == "prefill_first":
+    if _whole_prompts(policy):
         # The config requires max_num_batched_tokens >= max_model_len; equality is the edge case.
         extra = draw(st.sampled_from([0, 0, 1, 5, 64]))
         max_num_batched_tokens = max_model_len + extra
@@ -126,15 +157,17 @@ def engine_configs(
         enable_prefix_caching=draw(st.booleans() | st.just(True)),
         hash_seed=draw(st.integers(0, 2**64 - 1)),
         eos=draw(st.sampled_from(EOS_IDS)),
+        eviction=draw(st.sampled_from(evictions)),
     )
 
 
 @st.composite
 def workloads(
     draw: st.DrawFn,
-    policies: tuple[str, ...] = ("prefill_first", "chunked"),
+    policies: tuple[str, ...] = BUILTIN,
     max_requests: int = 10,
     max_arrival_step: int = 6,
+    evictions: tuple[str, ...] = ("release", "lru"),
 ) -> Workload:
     """A config plus requests arriving at different steps, with shared prefixes and edge lengths.
 
@@ -144,7 +177,7 @@ def workloads(
     single request and half of what all requests need together, so that they compete for it and
     preemption is common.
     """
-    shape = draw(engine_configs(policies, num_blocks=st.just(1)))
+    shape = draw(engine_configs(policies, num_blocks=st.just(1), evictions=evictions))
     mml, bs = shape.max_model_len, shape.kvcache_block_size
     count = draw(st.integers(1, max_requests))
     lengths = st.one_of(
@@ -173,16 +206,51 @@ def workloads(
                 ignore_eos=draw(st.booleans()),
                 script=tuple(script),
                 abort_step=draw(ABORT_STEPS),
+                priority=draw(PRIORITIES),
             )
         )
         if 0 < len(prompt) <= mml:
             needs.append(
                 ceil_div(len(prompt) + completion_cap(shape, len(prompt), max_tokens) - 1, bs)
             )
+    first_turns = len(requests)
+    requests += draw(conversation_turns(requests, mml, max_arrival_step))
+    for request in requests[first_turns:]:
+        if 0 < len(request.prompt) <= mml:
+            needs.append(ceil_div(
+                len(request.prompt) + completion_cap(shape, len(request.prompt),
+                                                     request.max_tokens) - 1, bs))
     largest = max(needs, default=1)
     contended = st.integers(largest, max(largest, sum(needs) // 2))
     num_blocks = draw(st.one_of(contended, contended, contended, st.integers(1, largest + 2)))
     return Workload(config=shape.replace(num_kvcache_blocks=num_blocks), requests=tuple(requests))
+
+
+@st.composite
+def conversation_turns(
+    draw: st.DrawFn, requests: list[RequestSpec], max_model_len: int, max_arrival_step: int
+) -> list[RequestSpec]:
+    """Up to two later turns of earlier requests: the earlier prompt, a prefix of its scripted
+    output (what it answered), and a few new tokens, arriving after it (prefix-cache hits on
+    blocks completed by decoding)."""
+    turns = []
+    for _ in range(draw(st.integers(0, 2))):
+        if not requests:
+            break
+        first = draw(st.sampled_from(requests))
+        answer = list(first.script[: draw(st.integers(0, len(first.script)))])
+        follow = draw(st.lists(TOKENS, min_size=1, max_size=4))
+        prompt = (list(first.prompt) + answer + follow)[: max(1, max_model_len)]
+        max_tokens = draw(st.integers(1, 8))
+        turns.append(RequestSpec(
+            arrival_step=first.arrival_step + draw(st.integers(1, max_arrival_step + 4)),
+            prompt=tuple(prompt),
+            max_tokens=max_tokens,
+            ignore_eos=True,
+            script=tuple(draw(st.lists(OUTPUT_TOKENS, min_size=max_tokens, max_size=max_tokens))),
+            priority=draw(PRIORITIES),
+        ))
+    return turns
 
 
 # --- expectations computed from the config alone (independently of the Scheduler) ---------------

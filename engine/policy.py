@@ -1,0 +1,268 @@
+"""Scheduling policies: the decisions of a step, apart from the bookkeeping of making them.
+
+A policy answers four questions: which waiting requests to admit this step (``admit``), how many
+prompt tokens of a sequence to compute this step (``chunk``), which sequence to preempt when a
+decode needs a KV block and none is free (``victim``), and which cached free block to evict first
+(``eviction_key``). It may read a request's priority (``Step.priority``). The ``Scheduler`` and
+``BlockManager`` do everything else: they check each answer against the budgets and the pool,
+allocate, hash, free and emit every event, so a policy cannot break accounting or the trace.
+
+Write one by subclassing ``Policy`` (its defaults are Nano-vLLM's ``prefill_first``) and select it
+with ``Config(policy="package.module:ClassName")`` or ``--set policy=package.module:ClassName``;
+docs/policies.md shows one and how to test it with ``replay.testing``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+from collections.abc import Callable, Iterable
+from collections.abc import Sequence as SequenceABC
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from engine.errors import ConfigError, ReplayLLMError
+
+if TYPE_CHECKING:
+    from engine.config import Config
+    from engine.sequence import Sequence
+
+
+class PolicyError(ReplayLLMError):
+    """A policy gave an answer the scheduler cannot carry out (e.g. a sequence not offered)."""
+
+
+class Step:
+    """What a policy may read while the scheduler builds one step. Read-only.
+
+    ``tokens_left`` / ``seqs_left``: what remains of ``max_num_batched_tokens`` and
+    ``max_num_seqs`` for this step; ``free_blocks``: free KV blocks now; ``can_allocate(seq)``:
+    whether the pool can give a waiting sequence its blocks now; ``priority(seq)``: the priority
+    the request was added with (lower is served first, default 0).
+    """
+
+    __slots__ = ("_tokens_left", "_seqs_left", "_free", "_can_allocate", "_priority")
+
+    def __init__(
+        self,
+        tokens: int,
+        seqs: int,
+        free_blocks: Callable[[], int],
+        can_allocate: Callable[[Sequence], bool],
+        priority: Callable[[Sequence], int],
+    ) -> None:
+        self._tokens_left = tokens
+        self._seqs_left = seqs
+        self._free = free_blocks
+        self._can_allocate = can_allocate
+        self._priority = priority
+
+    @property
+    def tokens_left(self) -> int:
+        return self._tokens_left
+
+    @property
+    def seqs_left(self) -> int:
+        return self._seqs_left
+
+    @property
+    def free_blocks(self) -> int:
+        return self._free()
+
+    def can_allocate(self, seq: Sequence) -> bool:
+        return self._can_allocate(seq)
+
+    def priority(self, seq: Sequence) -> int:
+        return self._priority(seq)
+
+    def _charge(self, tokens: int) -> None:
+        """The scheduler's bookkeeping: one sequence and ``tokens`` tokens taken."""
+        self._tokens_left -= tokens
+        self._seqs_left -= 1
+
+
+@dataclass(frozen=True)
+class FreeBlock:
+    """A block as it enters the free list: what an eviction order may rank it by.
+
+    ``released``: a counter of releases (larger = later); ``last_used``: the last step a
+    scheduled sequence held the block (-1: never); ``cached``: it holds a hashed full block.
+    """
+
+    block_id: int
+    released: int
+    last_used: int
+    cached: bool
+
+
+def release_order(block: FreeBlock) -> Any:
+    """Evict the block released longest ago (a sequence releases its last block first): the
+    order of vLLM's free block queue, and this engine's since its first trace."""
+    return block.released
+
+
+def lru_order(block: FreeBlock) -> Any:
+    """Evict the block unused for longest: the last step a scheduled sequence held it, then
+    release order. Differs from ``release_order`` when a holder sat unscheduled before it let go
+    (beyond ``max_num_seqs`` or the token budget, or preempted while waiting its turn)."""
+    return (block.last_used, block.released)
+
+
+EVICTION_ORDERS: dict[str, Callable[[FreeBlock], Any]] = {
+    "release": release_order,
+    "lru": lru_order,
+}
+
+
+class Policy:
+    """Nano-vLLM's policy (``prefill_first``); subclass it and override what you change.
+
+    ``mixed_batches`` False: a step either admits (a prefill step) or, when nothing is admitted,
+    runs the running sequences; True: running sequences first (prompt chunks and decodes), then
+    admissions fill what is left of the budget, in one step.
+    """
+
+    name = "prefill_first"
+    mixed_batches = False
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self._eviction = EVICTION_ORDERS[config.eviction]
+
+    def admit(self, waiting: SequenceABC[Sequence], step: Step) -> Iterable[Sequence]:
+        """The waiting sequences to admit this step, in order (a generator sees ``step`` after
+        each admission). ``waiting`` is the queue: arrival order, preempted ones at the front.
+
+        The scheduler stops admitting at the first one that finds no room (blocks, a sequence
+        slot, a token). Default: first come first served while the whole prompt fits the token
+        budget (cached tokens count, as in Nano-vLLM).
+        """
+        for seq in waiting:
+            if seq.num_tokens > step.tokens_left:
+                return
+            yield seq
+
+    def chunk(self, seq: Sequence, remaining: int, step: Step) -> int:
+        """How many of the ``remaining`` uncomputed prompt tokens of ``seq`` to compute this step
+        (at least 1, at most ``min(remaining, step.tokens_left)``). Default: all of them."""
+        return remaining
+
+    def victim(self, candidates: SequenceABC[Sequence], step: Step) -> Sequence:
+        """The sequence to preempt when a decode needs a block and none is free.
+
+        ``candidates``: the sequence that needs the block, then the running sequences not yet
+        scheduled this step, oldest admitted first. Choosing the first gives up its own place.
+        Default: the newest (Nano-vLLM).
+        """
+        return candidates[-1]
+
+    def eviction_key(self, block: FreeBlock) -> Any:
+        """Rank of a block entering the free list: the smallest key is evicted (handed out
+        fresh) first; ties go to the earlier release. Default: ``Config.eviction``'s order."""
+        return self._eviction(block)
+
+
+class Chunked(Policy):
+    """Decodes first, then prompt chunks under the token budget (vLLM v1, Sarathi)."""
+
+    name = "chunked"
+    mixed_batches = True
+
+    def admit(self, waiting: SequenceABC[Sequence], step: Step) -> Iterable[Sequence]:
+        """First come first served while a token is left (a prompt may start with one chunk)."""
+        for seq in waiting:
+            if step.tokens_left <= 0:
+                return
+            yield seq
+
+    def chunk(self, seq: Sequence, remaining: int, step: Step) -> int:
+        return min(remaining, step.tokens_left)
+
+
+class PriorityPolicy(Policy):
+    """``prefill_first`` by request priority (lower first, then arrival); preempts the lowest
+    priority, newest first (vLLM's priority scheduling)."""
+
+    name = "priority"
+
+    def admit(self, waiting: SequenceABC[Sequence], step: Step) -> Iterable[Sequence]:
+        order = sorted(range(len(waiting)), key=lambda i: (step.priority(waiting[i]), i))
+        return super().admit([waiting[i] for i in order], step)
+
+    def victim(self, candidates: SequenceABC[Sequence], step: Step) -> Sequence:
+        worst = max(range(len(candidates)), key=lambda i: (step.priority(candidates[i]), i))
+        return candidates[worst]
+
+
+BUILTIN_POLICIES: dict[str, type[Policy]] = {
+    "prefill_first": Policy,
+    "chunked": Chunked,
+    "priority": PriorityPolicy,
+}
+# Built-ins that admit whole prompts: the token budget must hold the longest one.
+WHOLE_PROMPT_POLICIES = ("prefill_first", "priority")
+
+
+def is_import_path(name: str) -> bool:
+    module, sep, attr = name.partition(":")
+    return bool(sep and module and attr)
+
+
+def policy_class(name: str) -> type[Policy]:
+    """The class a ``Config.policy`` names: a built-in or ``package.module:ClassName``."""
+    if name in BUILTIN_POLICIES:
+        return BUILTIN_POLICIES[name]
+    if not is_import_path(name):
+        raise ConfigError(
+            "policy must be one of " + ", ".join(repr(p) for p in BUILTIN_POLICIES)
+            + f" or an import path package.module:ClassName, got {name!r}"
+        )
+    module_name, _, attr = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # any import failure is the user's to fix: one line
+        raise ConfigError(f"policy {name!r}: cannot import {module_name}: {exc}") from None
+    cls = getattr(module, attr, None)
+    if not (isinstance(cls, type) and issubclass(cls, Policy)):
+        raise ConfigError(
+            f"policy {name!r}: {attr} is not a subclass of engine.policy.Policy in {module_name}"
+        )
+    return cls
+
+
+def make_policy(config: Config) -> Policy:
+    return policy_class(config.policy)(config)
+
+
+def policy_source(name: str) -> dict[str, str] | None:
+    """For a user policy, the header record of its code: import path and the sha256 of its
+    module's source (None for a built-in, whose code is the engine's)."""
+    if name in BUILTIN_POLICIES:
+        return None
+    module = inspect.getmodule(policy_class(name))
+    try:
+        source = inspect.getsource(module) if module is not None else ""
+    except (OSError, TypeError):
+        source = ""
+    return {"policy": name, "sha256": hashlib.sha256(source.encode()).hexdigest()}
+
+
+def policy_change_note(header: dict[str, Any]) -> str | None:
+    """Why a trace's user policy may decide otherwise today: its source changed, or it cannot
+    be imported; None when the header records no user policy or the code is unchanged."""
+    recorded = header.get("policy_source")
+    if not isinstance(recorded, dict):
+        return None
+    name = recorded.get("policy", "?")
+    try:
+        now = policy_source(name)
+    except ConfigError as exc:
+        return f"the recorded policy cannot be loaded: {exc}"
+    if now is None or now.get("sha256") == recorded.get("sha256"):
+        return None
+    return (
+        f"policy {name}: its source changed since the recording (sha256 "
+        f"{str(recorded.get('sha256'))[:12]} recorded, {now['sha256'][:12]} now); "
+        "decisions may differ"
+    )

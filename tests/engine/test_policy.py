@@ -1,0 +1,156 @@
+"""The policy interface: how a policy is selected and checked, and the built-ins' decisions on
+hand-made cases (priority admission and victim, the two eviction orders)."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from engine.config import Config
+from engine.engine_core import EngineCore
+from engine.errors import ConfigError
+from engine.executor import NullExecutor
+from engine.policy import Policy, PolicyError, policy_change_note, policy_source
+from engine.sampling_params import SamplingParams
+from replay.testing import RequestSpec, Workload, run_workload
+from tracing.sink import MemorySink
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+
+
+@pytest.fixture
+def policy_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Write a policy module under tmp_path (importable by name); returns a writer."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def write(name: str, body: str) -> str:
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
+        sys.modules.pop(name, None)
+        return name
+
+    yield write
+
+
+def _core(policy: str, **config: object) -> tuple[EngineCore, MemorySink]:
+    settings = dict(kvcache_block_size=2, num_kvcache_blocks=16, max_model_len=16,
+                    max_num_batched_tokens=16, max_num_seqs=4, policy=policy)
+    settings.update(config)
+    sink = MemorySink()
+    cfg = Config(**settings)
+    return EngineCore(cfg, NullExecutor(cfg.num_kvcache_blocks, vocab_size=100), sink=sink), sink
+
+
+def test_an_import_path_is_validated_by_importing_it(policy_module) -> None:
+    """A missing module, a missing class and a class that is not a Policy are each refused in
+    one line naming the path; a Policy subclass is accepted."""
+    policy_module("good", """
+        from engine.policy import Policy
+        class Mine(Policy):
+            pass
+        class NotAPolicy:
+            pass
+    """)
+    assert Config(policy="good:Mine").policy == "good:Mine"
+    with pytest.raises(ConfigError, match="cannot import nowhere"):
+        Config(policy="nowhere:Mine")
+    with pytest.raises(ConfigError, match="Missing is not a subclass of engine.policy.Policy"):
+        Config(policy="good:Missing")
+    with pytest.raises(ConfigError, match="NotAPolicy is not a subclass"):
+        Config(policy="good:NotAPolicy")
+    with pytest.raises(ConfigError, match="or an import path package.module:ClassName"):
+        Config(policy="good")
+
+
+@pytest.mark.parametrize("body, message, budget, prompt_len", [
+    ("def chunk(self, seq, remaining, step):\n        return remaining + 1",
+     "chose 4 tokens for seq 0", 16, 3),
+    ("def admit(self, waiting, step):\n        yield from waiting\n        yield from waiting",
+     "admitted seq 0, which is not waiting", 16, 3),
+    ("def admit(self, waiting, step):\n        yield from waiting\n"
+     "    def chunk(self, seq, remaining, step):\n"
+     "        return min(remaining, step.tokens_left + 1)",
+     "chose 5 tokens for seq 0 .* 4 left in the step's budget", 4, 6),
+])
+def test_an_answer_the_scheduler_cannot_carry_out_raises_policy_error(
+    policy_module, body: str, message: str, budget: int, prompt_len: int
+) -> None:
+    """A chunk larger than what is left to compute or to spend, or admitting a sequence twice,
+    stops the step with a PolicyError naming the policy."""
+    policy_module("bad", "from engine.policy import Policy\nclass Bad(Policy):\n    name = 'bad'\n"
+                  "    " + body + "\n")
+    core, _ = _core("bad:Bad", max_num_batched_tokens=budget)
+    core.add_request(list(range(1, prompt_len + 1)), GREEDY)
+    with pytest.raises(PolicyError, match=message):
+        core.step()
+
+
+def test_the_header_records_a_user_policy_and_a_hash_of_its_source(policy_module) -> None:
+    """The header holds the import path and the sha256 of the policy's module; editing the
+    module makes policy_change_note say so (a built-in records nothing)."""
+    policy_module("recorded", "from engine.policy import Policy\nclass P(Policy):\n    pass\n")
+    core, sink = _core("recorded:P")
+    core.close()
+    header = sink.header
+    assert header["policy"] == "recorded:P" and header["eviction"] == "release"
+    assert header["policy_source"] == policy_source("recorded:P")
+    assert policy_change_note(header) is None
+    policy_module("recorded", "from engine.policy import Policy\nclass P(Policy):\n    x = 1\n")
+    note = policy_change_note(header)
+    assert note is not None and "source changed since the recording" in note
+    assert "policy_source" not in _core("chunked")[0].header
+
+
+def test_priority_admits_the_better_priority_first_and_preempts_the_worst() -> None:
+    """Under ``priority`` the request added last with a better (lower) priority is admitted
+    first; when a decode needs a block the running request of the worst priority is preempted,
+    although it is not the newest."""
+    core, sink = _core("priority", num_kvcache_blocks=6, max_num_seqs=1)
+    core.add_request([1, 2, 3], GREEDY, priority=2)
+    core.add_request([4, 5, 6], GREEDY, priority=0)
+    first = core.step()
+    assert first is not None and [s.seq_id for s in first.batch.seqs] == [1]
+    core.close()
+    assert sink.tables["request_added"]["priority"] == [2, 0]
+
+    core, sink = _core("priority", num_kvcache_blocks=3, max_num_seqs=4)
+    for prompt, priority in (([1, 2], 0), ([3, 4], 5), ([5, 6], 1)):  # admitted in this order
+        core.add_request(prompt, GREEDY, priority=priority)
+        core.step()
+    core.run_until_idle()  # seq 0's first decode needs a block: none is free
+    core.close()
+    preempted = sink.tables["preempted"]
+    assert preempted["seq_id"][:1] == [1] and preempted["for_seq_id"][:1] == [0], preempted
+    assert _core("prefill_first")[0].scheduler.policy.victim([0, 1, 2], None) == 2  # the newest
+
+
+def test_lru_eviction_hands_out_the_block_unused_longest() -> None:
+    """Seq 1 sits unscheduled (max_num_seqs=1) and is aborted: its blocks are released after
+    seq 2's, but were used before them. Release order hands out seq 2's first, LRU seq 1's;
+    both runs pass every property and the invariant checker (which re-derives each order)."""
+    config = Config(kvcache_block_size=2, num_kvcache_blocks=5, max_model_len=12,
+                    max_num_batched_tokens=12, max_num_seqs=1)
+    requests = (
+        RequestSpec(1, (0, 2, 0), 5, True, (2,) * 8),
+        RequestSpec(2, (0, 2), 8, True, (2,) * 8, abort_step=5),
+        RequestSpec(4, (1, 3, 1, 0), 1, True, (2,) * 8),
+    )
+    handed_out = {}
+    for eviction in ("release", "lru"):
+        run = run_workload(Workload(config.replace(eviction=eviction), requests))
+        run.raise_violations()
+        handed_out[eviction] = run.sink.tables["block_allocated"]["block_id"]
+    assert handed_out == {"release": [0, 1, 2, 3, 4, 4, 3], "lru": [0, 1, 2, 3, 4, 2, 4]}
+
+
+def test_a_policy_subclass_overriding_one_hook_keeps_the_others() -> None:
+    """The base class is prefill_first: a subclass changing only ``victim`` still admits FCFS."""
+
+    class OldestVictim(Policy):
+        def victim(self, candidates, step):
+            return candidates[1] if len(candidates) > 1 else candidates[0]
+
+    policy = OldestVictim(Config())
+    assert policy.name == "prefill_first" and not policy.mixed_batches

@@ -65,6 +65,7 @@ class _Seq:
     computed: int = 0
     released: int = 0  # blocks released since its last preemption or finish
     sampled: int = 0
+    reason: str | None = None  # the finish reason, once finished
     chain: list[int] = field(default_factory=list)
 
     def block_hash(self, index: int, block_size: int, seed: int) -> int:
@@ -162,7 +163,7 @@ class _Checker:
         for queue in (self.waiting, self.running):
             if sid in queue:
                 queue.remove(sid)
-        seq.status, seq.released = "finished", 0
+        seq.status, seq.released, seq.reason = "finished", 0, reason
 
     # --- blocks -------------------------------------------------------------------------------
     def _free_count(self, r: dict[str, Any], what: str) -> None:
@@ -353,7 +354,7 @@ class _Checker:
         last = max(q.arrival_step for q in self.seqs.values())
         bound = last + 2 + sum(q.prompt_len + min(q.max_tokens, max(1, c.max_model_len
                                                                      - q.prompt_len))
-                               for q in self.seqs.values() if q.sampled)
+                               for q in self.seqs.values() if q.reason != "rejected")
         finish_steps = {int(s): int(st) for s, st in zip(self.tables["request_finished"]["seq_id"],
                                                           self.tables["request_finished"]["step"])}
         late = [s for s, st in finish_steps.items() if st > bound]

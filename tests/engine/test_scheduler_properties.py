@@ -132,6 +132,19 @@ def _hit_then_admission_workload(policy: str) -> Workload:
 HIT_THEN_ADMIT = [_hit_then_admission_workload(p) for p in ("prefill_first", "chunked")]
 
 
+def _aborted_mid_prompt_workload() -> Workload:
+    """Found by the deep profile: a long prompt chunked one token a step and aborted before it
+    samples still counts in the starvation bound (its work was done)."""
+    config = Config(policy="chunked", num_kvcache_blocks=12, kvcache_block_size=1,
+                    max_model_len=12, max_num_batched_tokens=1, max_num_seqs=1)
+    short = RequestSpec(0, (0,), 1, False, (2,))
+    requests = (short, RequestSpec(0, (0, 0), 1, False, (2,)),
+                RequestSpec(0, (0,) * 6, 1, False, (2,)),
+                RequestSpec(0, (0,) * 12, 1, False, (2,), abort_step=20),
+                short, short, short, short, RequestSpec(0, (0,), 1, False, (2,), abort_step=0))
+    return Workload(config, requests)
+
+
 @pytest.mark.parametrize("workload", HIT_THEN_ADMIT, ids=["prefill_first", "chunked"])
 def test_cached_tokens_are_not_charged_to_the_budget(workload: Workload) -> None:
     run = run_workload(workload)
@@ -184,6 +197,7 @@ def test_hand_made_workloads_preempt_and_share_prefixes(workload: Workload) -> N
 @example(workload=BOUNDARY[3])
 @example(workload=HIT_THEN_ADMIT[0])
 @example(workload=HIT_THEN_ADMIT[1])
+@example(workload=_aborted_mid_prompt_workload())
 def test_scheduler_properties(workload: Workload) -> None:
     """Admission, completion, no starvation, budgets, batch shape, queue order, preemption victim,
     maximality, overlapped flags, KV-cache contents, the final drained pool and every invariant

@@ -30,7 +30,6 @@ REFERENCE_BATCH = 256
 # Bytes a decode step must read besides KV: every weight once (tied embedding read by the head).
 QWEN3_06B_WEIGHT_BYTES = 596_049_920 * 2
 HBM_CEILING_TB_S = 4.3  # measured device-to-device copy rate on the H200 (GPU-NOTES.md)
-HF_MAX_MEMORY_PERCENT = 0.8  # what transformers' own examples use; 0.9 ran out of memory
 
 
 def ensure_model(model_dir: Path) -> Path:
@@ -117,77 +116,6 @@ def decode_bandwidth(trace_dir: Path, batch: int = REFERENCE_BATCH) -> dict[str,
     }
 
 
-def run_transformers(model_dir: Path, requests: list[Any]) -> dict[str, Any]:
-    """transformers' continuous batching (paged SDPA, CUDA graphs) on the same requests."""
-    import torch
-    import transformers
-    from transformers import ContinuousBatchingConfig, GenerationConfig
-
-    transformers.logging.set_verbosity_error()
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(model_dir), dtype=torch.bfloat16, attn_implementation="paged|sdpa"
-    ).cuda()
-    gen = GenerationConfig(
-        do_sample=True,
-        temperature=requests[0].temperature,
-        top_k=0,
-        top_p=1.0,
-        max_new_tokens=max(r.max_tokens for r in requests),
-        eos_token_id=-1,
-        pad_token_id=0,
-    )
-    cb = ContinuousBatchingConfig(use_cuda_graph=True, max_memory_percent=HF_MAX_MEMORY_PERCENT)
-    with model.continuous_batching_context_manager(
-        generation_config=gen, continuous_batching_config=cb, block=True, timeout=5
-    ) as manager:
-        torch.cuda.synchronize()
-        began = time.perf_counter()
-        for i, r in enumerate(requests):
-            manager.add_request(
-                list(r.prompt), request_id=f"r{i}", max_new_tokens=r.max_tokens, eos_token_id=-1
-            )
-        tokens = finished = 0
-        while finished < len(requests):
-            result = manager.get_result(timeout=1)
-            if result is None:
-                if not manager.is_running():
-                    raise RuntimeError("transformers' generation thread stopped early")
-                continue
-            if result.is_finished():
-                finished += 1
-                tokens += len(result.generated_tokens)
-        elapsed = time.perf_counter() - began
-    del model
-    gc.collect()
-    torch.cuda.empty_cache()
-    return {
-        "output_tokens": tokens,
-        "seconds": elapsed,
-        "tok_s": tokens / elapsed,
-        "transformers": transformers.__version__,
-        "config": "paged|sdpa, use_cuda_graph=True, max_memory_percent=0.8",
-    }
-
-
-def run_transformers_apart(model_dir: Path, num_seqs: int | None) -> dict[str, Any]:
-    """The transformers peer in a process of its own, before any engine holds GPU memory, so
-    each side has the whole GPU (run in this process after the engine, the peer's CUDA-graph
-    warm-up ran out of memory)."""
-    import subprocess
-
-    with tempfile.TemporaryDirectory(prefix="replayllm-peer-") as work:
-        out = Path(work) / "peer.json"
-        command = [sys.executable, "-m", "benchmarks.engine", "--peer-only", "--model-dir",
-                   str(model_dir), "--json", str(out)]
-        if num_seqs:
-            command += ["--num-seqs", str(num_seqs)]
-        proc = subprocess.run(command, capture_output=True, text=True, check=False)
-        if proc.returncode != 0 or not out.is_file():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-            raise RuntimeError(f"peer process exited {proc.returncode}: {' | '.join(tail)}")
-        return json.loads(out.read_text())
-
-
 def long_prefill(model_dir: Path, tokens: int) -> dict[str, Any]:
     """One prefill step of a fresh ``tokens``-token prompt (after an untimed warm-up prompt):
     its GPU time and TFLOP/s (2 x params x tokens for the GEMMs, plus causal attention counted
@@ -248,6 +176,8 @@ def main(
     peer: dict[str, Any] = {}
     if with_transformers:
         try:
+            from benchmarks.transformers_peer import run_transformers_apart
+
             peer = {"transformers": run_transformers_apart(model_path, num_seqs)}
         except Exception as exc:  # the peer is someone else's code: report, don't lose the run
             peer = {"transformers_error": f"{type(exc).__name__}: {exc}"}
@@ -383,8 +313,6 @@ def _cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-seqs", type=int, default=None)
     parser.add_argument("--set", action="append", default=[], help="config override k=v")
     parser.add_argument("--warmup", type=int, default=1, help="untimed engine runs first")
-    parser.add_argument("--peer-only", action="store_true",
-                        help="run only the transformers peer (what the benchmark runs apart)")
     parser.add_argument("--variants", default="",
                         help="comma-separated policies to time too, e.g. chunked,chunked-2048")
     parser.add_argument("--long-prefill", type=int, default=0, metavar="TOKENS",
@@ -397,11 +325,6 @@ def _cli(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from engine.config import parse_override
 
-    if args.peer_only:
-        model_path = ensure_model(Path(args.model_dir))
-        hf = run_transformers(model_path, _requests(args.num_seqs))
-        _write(args.json, hf)
-        return 0
     overrides = {}
     for item in args.set:
         key, _, text = item.partition("=")

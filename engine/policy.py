@@ -25,8 +25,11 @@ from typing import TYPE_CHECKING, Any
 from engine.errors import ConfigError, ReplayLLMError
 
 if TYPE_CHECKING:
-    from engine.config import Config
     from engine.sequence import Sequence
+
+# The engine's Config (engine/config.py imports this module to validate Config.policy, so the
+# type is named, not imported: no import cycle, not even for type checking).
+EngineConfig = Any
 
 
 class PolicyError(ReplayLLMError):
@@ -126,7 +129,7 @@ class Policy:
     name = "prefill_first"
     mixed_batches = False
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self._eviction = EVICTION_ORDERS[config.eviction]
 
@@ -231,7 +234,7 @@ def policy_class(name: str) -> type[Policy]:
     return cls
 
 
-def make_policy(config: Config) -> Policy:
+def make_policy(config: EngineConfig) -> Policy:
     return policy_class(config.policy)(config)
 
 

@@ -6,6 +6,7 @@ with prefix caching off (the bugs the committed traces once caught and no proper
 from __future__ import annotations
 
 import copy
+import importlib.metadata
 import subprocess
 import sys
 import textwrap
@@ -122,10 +123,16 @@ def test_the_pytest_plugin_turns_each_trace_into_a_case(tmp_path: Path) -> None:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("plug_sjf", None)
 
+    # Installed (make test installs the package), the plugin loads through its entry point;
+    # from a bare checkout it is named on the command line.
+    installed = any(ep.value == "replay.testing.pytest_plugin"
+                    for ep in importlib.metadata.entry_points(group="pytest11"))
+    plugin = [] if installed else ["-p", "replay.testing.pytest_plugin"]
+
     def pytest_run() -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-             "-p", "replay.testing.pytest_plugin", "--replayllm-traces",
+             *plugin, "--replayllm-traces",
              str(tmp_path / "traces"), str(tmp_path / "empty_test.py")],
             cwd=REPO, capture_output=True, text=True, timeout=300,
             env={"PYTHONPATH": f"{REPO}:{tmp_path}", "PATH": "/usr/bin:/bin"},

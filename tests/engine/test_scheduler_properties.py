@@ -50,6 +50,7 @@ from engine.config import Config
 from replay.testing.run import run_workload
 from replay.testing.scripted import Run, decision_columns
 from replay.testing.strategies import (
+    BUILTIN,
     RequestSpec,
     Workload,
     scaled,
@@ -187,7 +188,7 @@ def test_hand_made_workloads_preempt_and_share_prefixes(workload: Workload) -> N
         assert tables["block_hit"]["seq_id"], "the workload must hit the prefix cache"
 
 
-@settings(max_examples=scaled(2.0))
+@settings(max_examples=scaled(0.5))
 @given(workload=workloads())
 @example(workload=PREEMPTING[0])
 @example(workload=PREEMPTING[1])
@@ -203,6 +204,20 @@ def test_scheduler_properties(workload: Workload) -> None:
     maximality, overlapped flags, KV-cache contents, the final drained pool and every invariant
     of the event stream hold for every generated workload, under each built-in policy and both
     eviction orders (see the module docstring for each property)."""
+    run = run_workload(workload)
+    _label_coverage(run)
+    target(float(len(run.sink.tables["preempted"]["seq_id"])), label="preemptions")
+    run.raise_violations()
+
+
+@pytest.mark.parametrize("policy", BUILTIN)
+@settings(max_examples=scaled(0.5))
+@given(data=st.data())
+def test_scheduler_properties_per_policy(policy: str, data: st.DataObject) -> None:
+    """The same properties with workloads of one built-in policy each (both eviction orders), so
+    that every policy gets its share of examples (targeting preemptions would otherwise favour
+    the policy that preempts most)."""
+    workload = data.draw(workloads(policies=(policy,)), label="workload")
     run = run_workload(workload)
     _label_coverage(run)
     target(float(len(run.sink.tables["preempted"]["seq_id"])), label="preemptions")

@@ -3,14 +3,21 @@ predicted from one source on any CPU.
 
     python -m benchmarks.matrix prepare DIR            # the workload files (CPU, seconds)
     python -m benchmarks.matrix record MODEL DIR OUT   # on the GPU: one trace per cell in OUT
+    python -m benchmarks.matrix record MODEL DIR OUT --only CELL --repeat 3   # spread
     python -m benchmarks.matrix fidelity TRACES --source TRACE [--profile PROFILE]
         [--cost-option NAME=VALUE ...]                 # a mechanism switched (an ablation)
+    python -m benchmarks.matrix ablation TRACES --source TRACE [--profile PROFILE] [...]
+    python -m benchmarks.matrix steps TRACES --source TRACE [--profile PROFILE] [...]
 
 ``prepare`` writes each family's workload with the project's own generators and importers;
-``record`` runs every cell in one process after an untraced warm-up engine (so every recorded
-engine starts warm, as the committed reference does); ``fidelity`` predicts each recorded cell
+``record`` runs every cell in one process after untraced warm-up engines, one per policy the
+cells use (so every recorded engine starts warm, its kernels compiled for prefill, decode and
+mixed steps alike, as the committed reference does); ``--repeat N`` records each cell N times
+(``CELL``, ``CELL-r2``, ...: the run-to-run spread). ``fidelity`` predicts each recorded cell
 from the source trace's step-time model (and a device profile, where given) and compares the
-prediction with the recording (``replay.whatif.fidelity.matrix_rows``).
+prediction with the recording (``replay.whatif.fidelity.matrix_rows``); ``ablation`` sums that
+table up once per mechanism switched off; ``steps`` prices each cell's recorded steps by the
+model, per step class (``replay.whatif.matrix_study``).
 """
 
 from __future__ import annotations
@@ -100,29 +107,58 @@ def prepare(directory: Path) -> int:
     return 0
 
 
-def record(model: Path, directory: Path, out: Path, only: list[str] | None = None) -> int:
-    """Record every cell (or those named) into ``out/CELL``, each by a fresh engine."""
+# The untraced warm-up engines: the default policy's steps, then chunked mixed steps with a
+# range of prefill chunks and decode rows (a mixed step's first shapes compile kernels for
+# 0.4 s each in the process: recorded cells must not pay that).
+WARMUP: tuple[dict[str, Any], ...] = ({}, {"policy": "chunked", "max_num_batched_tokens": 512},
+                                      {"policy": "chunked", "max_num_batched_tokens": 2048})
+
+
+def recording_names(name: str, repeat: int) -> list[str]:
+    """The trace names of ``repeat`` recordings of one cell: ``CELL``, ``CELL-r2``, ..."""
+    return [name] + [f"{name}-r{i}" for i in range(2, repeat + 1)]
+
+
+def record(model: Path, directory: Path, out: Path, only: list[str] | None = None,
+           repeat: int = 1) -> int:
+    """Record every cell (or those named) ``repeat`` times into ``out/CELL`` (``out/CELL-rN``
+    for the repeats), each by a fresh engine."""
     from engine import LLM
     from replay.cli.live import run_workload
 
     cells = {name: cell for name, cell in CELLS.items() if not only or name in only}
-    warm = LLM(str(model), record_events=False)
-    run_workload(warm, _requests(directory, "reference")[:32], use_tqdm=False)
-    warm.close()
-    for name, (family, overrides) in cells.items():
-        requests = _requests(directory, family)
-        began = time.perf_counter()
-        llm = LLM(str(model), trace_dir=str(out / name), **overrides)
-        built = time.perf_counter()
-        try:
-            run_workload(llm, requests, use_tqdm=False)
-        finally:
-            summary = llm.close()
-        print(f"{name}: {len(requests)} requests, {summary['steps']} steps, "
-              f"{summary['completion_tokens']} tokens, {summary['preemptions']} preemptions, "
-              f"engine {built - began:.1f} s, run {time.perf_counter() - built:.1f} s",
-              flush=True)
+    for overrides in WARMUP:
+        warm = LLM(str(model), record_events=False, **overrides)
+        run_workload(warm, _requests(directory, "reference")[:64], use_tqdm=False)
+        warm.close()
+    for base, (family, overrides) in cells.items():
+        for name in recording_names(base, repeat):
+            _record_one(LLM, run_workload, model, out / name, _requests(directory, family),
+                        overrides)
     return 0
+
+
+def _record_one(llm_class: Any, run_workload: Any, model: Path, trace: Path,
+                requests: list[Any], overrides: dict[str, Any]) -> None:
+    """One recording by a fresh engine; a line saying what it did."""
+    began = time.perf_counter()
+    llm = llm_class(str(model), trace_dir=str(trace), **overrides)
+    built = time.perf_counter()
+    try:
+        run_workload(llm, requests, use_tqdm=False)
+    finally:
+        summary = llm.close()
+    print(f"{trace.name}: {len(requests)} requests, {summary['steps']} steps, "
+          f"{summary['completion_tokens']} tokens, {summary['preemptions']} preemptions, "
+          f"engine {built - began:.1f} s, run {time.perf_counter() - built:.1f} s", flush=True)
+
+
+def _targets(traces: Path) -> list[str]:
+    """The recorded cells under ``traces``, in ``CELLS`` order, repeats after their cell."""
+    found = []
+    for name in CELLS:
+        found += [str(traces / n) for n in recording_names(name, 9) if (traces / n).is_dir()]
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,23 +172,58 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("dir", type=Path)
     r.add_argument("out", type=Path)
     r.add_argument("--only", nargs="*", default=None)
-    f = sub.add_parser("fidelity")
-    f.add_argument("traces", type=Path)
-    f.add_argument("--source", required=True)
-    f.add_argument("--profile", default=None)
-    f.add_argument("--cost-option", dest="cost_options", action="append", default=[],
-                   metavar="NAME=VALUE", help="replay.whatif.cost.profile.CostOptions")
+    r.add_argument("--repeat", type=int, default=1, help="recordings of each cell")
+    for command in ("fidelity", "ablation", "steps"):
+        f = sub.add_parser(command)
+        f.add_argument("traces", type=Path)
+        f.add_argument("--source", required=True)
+        f.add_argument("--profile", default=None)
+        f.add_argument("--cost-option", dest="cost_options", action="append", default=[],
+                       metavar="NAME=VALUE", help="replay.whatif.cost.profile.CostOptions")
     args = parser.parse_args(argv)
     if args.command == "prepare":
         return prepare(args.dir)
     if args.command == "record":
-        return record(args.model, args.dir, args.out, args.only)
+        return record(args.model, args.dir, args.out, args.only, max(args.repeat, 1))
     from replay.whatif.cost.profile import CostOptions
+
+    targets = _targets(args.traces)
+    options = CostOptions.parse(args.cost_options)
+    if args.command == "steps":
+        return steps(targets, args.source, args.profile, options)
+    if args.command == "ablation":
+        return ablation(targets, args.source, args.profile, options)
     from replay.whatif.fidelity import matrix_markdown, matrix_rows
 
-    targets = [str(args.traces / name) for name in CELLS if (args.traces / name).is_dir()]
-    options = CostOptions.parse(args.cost_options)
     print(matrix_markdown(matrix_rows(targets, args.source, args.profile, options)))
+    return 0
+
+
+def steps(targets: list[str], source: str, profile: str | None, options: Any) -> int:
+    """Print each cell's recorded steps priced by the model, per class (``step_errors``)."""
+    from replay.recorded import from_trace
+    from replay.whatif.cost.model import CostModel
+    from replay.whatif.matrix_study import step_errors, step_errors_markdown
+    from tracing.reader import read_trace
+
+    model = CostModel.fit(from_trace(read_trace(source)), source=source, profile=profile,
+                          options=options)
+    cells = {Path(t).name: step_errors(model, from_trace(read_trace(t))) for t in targets}
+    print(step_errors_markdown(cells))
+    return 0
+
+
+def ablation(targets: list[str], source: str, profile: str | None, options: Any) -> int:
+    """Print the matrix's errors summed up once per mechanism switched off."""
+    from replay.whatif.fidelity import MATRIX_TARGETS, matrix_rows
+    from replay.whatif.matrix_study import ablation_markdown, ablation_summary, ablation_variants
+
+    results = {}
+    for name, variant in ablation_variants(options, profile is not None).items():
+        rows = matrix_rows(targets, source, profile if variant is not None else None, variant)
+        results[name] = ablation_summary(rows, MATRIX_TARGETS)
+        print(f"{name}: {results[name]['misses']} misses", file=sys.stderr, flush=True)
+    print(ablation_markdown(results, MATRIX_TARGETS))
     return 0
 
 

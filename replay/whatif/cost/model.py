@@ -134,7 +134,8 @@ class CostModel:
         if host_times:
             run = own.rows(~warm)
             timed = calibration.rows(np.isfinite(calibration.host))
-            model.overlap = OverlapModel.fit(run, timed, options.class_offsets)
+            model.overlap = OverlapModel.fit(run, timed, options.class_offsets,
+                                             options.engine_host)
             model.overlap.heldout = _overlap_heldout(run, timed, calibration)
         return model
 

@@ -36,6 +36,22 @@ def intervals(device: np.ndarray, host: np.ndarray, overlapped: np.ndarray, clas
         parallel.tolist(), offsets.tolist())], dtype=float)
 
 
+def engine_host_s(run: Steps, calibration: Steps) -> float:
+    """The engine's own host work per step that a timed executor call (a calibration or profile
+    step) does not include: scheduling, post-processing, events. Measured on the run's most
+    frequent class that has calibration steps too: the median of its steps' host time less
+    what its calibration steps' host times predict for them (0: no such class)."""
+    names, counts = np.unique(run.classes, return_counts=True)
+    for name in names[np.argsort(-counts)].astype(str).tolist():
+        cal = (calibration.classes == name) & np.isfinite(calibration.host)
+        rows = run.classes == name
+        if cal.sum() < 2 or rows.sum() < MIN_OFFSET_STEPS:
+            continue
+        fit = fitting.fit_linear(calibration.x[cal], calibration.host[cal], ("num_seqs",))
+        return max(float(np.median(run.host[rows] - fit.predict(run.x[rows]))), 0.0)
+    return 0.0
+
+
 def _trimmed_mean(residuals: np.ndarray) -> float:
     lo, hi = np.quantile(residuals, [TRIM, 1 - TRIM])
     return float(residuals[(residuals >= lo) & (residuals <= hi)].mean())
@@ -55,15 +71,24 @@ class OverlapModel:
     host_warmup_s: dict[str, float] = field(default_factory=dict)  # as CostModel.warmup_s
     selection: dict[str, Any] = field(default_factory=dict)
     heldout: dict[str, Any] = field(default_factory=dict)
+    engine_s: float = 0.0  # the engine's work per step beyond an executor call (engine_host_s)
 
     @classmethod
-    def fit(cls, run: Steps, calibration: Steps, class_offsets: bool = True) -> OverlapModel:
+    def fit(cls, run: Steps, calibration: Steps, class_offsets: bool = True,
+            engine_host: bool = True) -> OverlapModel:
         """``run``: the run's steps (``time``: device time); ``calibration``: the calibration steps
         that record their wait for the device (so their host time: sizes the run never took).
-        A class's first step is left out of the host fit and, far above it, charged once."""
+        A class's first step is left out of the host fit and, far above it, charged once.
+        ``engine_host``: each calibration step is charged the engine's own work around a step
+        (``engine_host_s``), which a timed executor call lacks and every real step pays."""
         firsts = features.first_of_class(run.classes)
+        engine_s = engine_host_s(run.rows(~firsts), calibration) if engine_host else 0.0
+        if engine_s:
+            calibration = calibration.rows(np.ones(len(calibration), dtype=bool))
+            calibration.host = calibration.host + engine_s
+            calibration.interval = calibration.interval + engine_s
         fits, selection = fitting.fit_host(run.rows(~firsts).concat(calibration))
-        model = cls(fits, selection=selection)
+        model = cls(fits, selection=selection, engine_s=engine_s)
         predicted = model.host_times(run.x, run.classes)
         for row in np.flatnonzero(firsts):
             name = str(run.classes[row])

@@ -53,6 +53,8 @@ class CostOptions:
     ``overlap``: overlap mode (device time, host time and offsets) where host time was measured.
     ``class_offsets``: per class and launch mode offsets (off: the sequential steps' sync
     latency and the overlapped steps' mean, for every class).
+    ``engine_host``: calibration steps charged the engine's own work per step
+    (``overlap.engine_host_s``), which a timed executor call lacks.
     ``profile_mode``: with a profile, ``blend`` (the source's fit within its range, the profile
     beyond), ``pooled`` (profile rows fitted with the source's as calibration rows) or
     ``profile`` (the profile's fits only). ``profile_scale``: scale them to the source."""
@@ -63,6 +65,7 @@ class CostOptions:
     calibration: bool = True
     overlap: bool = True
     class_offsets: bool = True
+    engine_host: bool = True
     profile_mode: str = "blend"
     profile_scale: bool = True
 

@@ -1,0 +1,118 @@
+"""Studies of the validation matrix: where the step-time model's time goes wrong per step class
+(``step_errors``), and how the matrix changes with each mechanism of the model switched off
+(``ablation``).
+
+``step_errors`` prices each *recorded* step of a target by the model (its recorded features,
+class and launch mode), so its errors are the model's alone, free of any decision that a
+simulation takes differently; it also counts the stalls (a step far slower than its class's
+median: a JIT compilation in the recorded process) and the idle time between steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from replay.whatif.cost import features
+from replay.whatif.cost.model import CostModel
+from replay.whatif.cost.profile import CostOptions
+
+# A step longer than this many times its class's median, and by this many seconds, is a stall.
+STALL_FACTOR = 10.0
+STALL_MIN_S = 0.1
+# The switches an ablation turns off one at a time (``CostOptions``), and the profile settings.
+SWITCHES = ("warmup_steps", "warmup_window", "window_bound", "calibration", "overlap",
+            "class_offsets", "engine_host", "profile_scale")
+
+
+def step_errors(model: CostModel, events: Any) -> dict[str, Any]:
+    """Per step class and launch mode of ``events``' own steps: how many, and the recorded and
+    predicted sums of device time, host time and interval (seconds); the stalls among them;
+    and the run's idle time (wall time between steps that no step's interval covers)."""
+    steps = features.steps_of(events)
+    own = steps.rows(~steps.is_calibration)
+    predicted = [model.predict(row, str(cls), bool(over)) for row, cls, over in
+                 zip(own.x.tolist(), own.classes.tolist(), own.overlapped.tolist())]
+    device = np.array([p.device_s for p in predicted])
+    host = np.array([p.host_s for p in predicted])
+    interval = np.array([p.interval_s for p in predicted])
+    classes: dict[str, Any] = {}
+    for name in np.unique(own.classes).astype(str).tolist():
+        of_class = own.classes == name
+        median = float(np.median(own.time[of_class]))
+        stalls = of_class & (own.time > max(STALL_FACTOR * median, median + STALL_MIN_S))
+        for mode, flag in zip(features.MODES, (False, True)):
+            rows = of_class & (own.overlapped == flag)
+            if not rows.any():
+                continue
+            classes[f"{name} {mode}"] = {
+                "steps": int(rows.sum()), "stalls": int((rows & stalls).sum()),
+                "stall_s": float(own.time[rows & stalls].sum()),
+                "device_s": [float(own.time[rows].sum()), float(device[rows].sum())],
+                "host_s": [float(np.nansum(own.host[rows])), float(host[rows].sum())],
+                "interval_s": [float(own.interval[rows].sum()), float(interval[rows].sum())],
+            }
+    wall = np.asarray(events.tables["model_step"]["wall_time_s"], dtype=float)
+    span = float(wall[-1] - wall[0]) if len(wall) else 0.0
+    return {"classes": classes, "wall_s": span,
+            "idle_s": max(span - float(own.interval[1:].sum()), 0.0)}
+
+
+def step_errors_markdown(cells: dict[str, dict[str, Any]]) -> str:
+    """``step_errors`` of each cell as one Markdown table (recorded -> predicted, error %)."""
+    def pair(values: list[float]) -> str:
+        recorded, predicted = values
+        error = 100 * (predicted - recorded) / recorded if recorded > 0 else 0.0
+        return f"{recorded:.3f} → {predicted:.3f} ({error:+.0f}%)"
+
+    lines = ["| cell | class, launch | steps | stalls (s) | device s | host s | interval s |",
+             "|---|---|---|---|---|---|---|"]
+    for cell, report in cells.items():
+        for key, row in report["classes"].items():
+            stalls = f"{row['stalls']} ({row['stall_s']:.2f})" if row["stalls"] else "0"
+            lines.append(f"| {cell} | {key} | {row['steps']} | {stalls} | "
+                         f"{pair(row['device_s'])} | {pair(row['host_s'])} | "
+                         f"{pair(row['interval_s'])} |")
+        lines.append(f"| {cell} | idle between steps | | | | | {report['idle_s']:.3f} "
+                     f"of {report['wall_s']:.3f} wall |")
+    return "\n".join(lines)
+
+
+def ablation_variants(base: CostOptions, with_profile: bool) -> dict[str, CostOptions | None]:
+    """The model as configured (``base``), then each switch off in turn; with a profile also
+    the other profile modes; ``None``: no profile at all."""
+    out: dict[str, CostOptions | None] = {"all mechanisms": base}
+    for name in SWITCHES:
+        if getattr(base, name):
+            out[f"{name}=off"] = replace(base, **{name: False})
+    if with_profile:
+        for mode in ("blend", "pooled", "profile"):
+            if mode != base.profile_mode:
+                out[f"profile_mode={mode}"] = replace(base, profile_mode=mode)
+        out["no profile"] = None
+    return out
+
+
+def ablation_summary(rows: list[dict[str, Any]], targets: dict[str, float]) -> dict[str, Any]:
+    """Per metric the mean absolute error over the predicted cells, and how many cells x metrics
+    miss their target."""
+    cells = [r for r in rows if r.get("kind") == "prediction" and r.get("status") == "ok"]
+    out: dict[str, Any] = {"cells": len(cells), "misses": 0}
+    for metric, target in targets.items():
+        values = [abs(r[metric]) for r in cells if r.get(metric) is not None]
+        out[metric] = float(np.mean(values)) if values else None
+        out["misses"] += sum(v > target for v in values)
+    return out
+
+
+def ablation_markdown(results: dict[str, dict[str, Any]], targets: dict[str, float]) -> str:
+    """One row per variant: mean absolute error of each metric (%) and the misses."""
+    head = ["variant", *targets, "cells x metrics missed"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, summary in results.items():
+        cells = [("–" if summary[m] is None else f"{100 * summary[m]:.1f}%") for m in targets]
+        lines.append(f"| {name} | " + " | ".join(cells)
+                     + f" | {summary['misses']} of {summary['cells'] * len(targets)} |")
+    return "\n".join(lines)

@@ -84,6 +84,8 @@ class SimExecutor:
         self._prefill_sizes = ([size for size in cost.prefill_graph_sizes
                                 if size <= prefill_graph_tokens] if use_graphs and cost else [])
         self._prefill_max_seqs = cost.prefill_graph_max_seqs if cost is not None else 0
+        # Mixed steps run from graphs where the source's did (``graphs.source_mixed_graphs``).
+        self._mixed_graphs = bool(use_graphs and cost is not None and cost.mixed_graphs)
         # Classes that ran a step: the first of each pays the source's one-off costs (JIT
         # compilation) where the run starts cold.
         self._seen_classes: set[str] = set()
@@ -148,6 +150,8 @@ class SimExecutor:
             padded_tokens = padded_prefill_tokens(self._prefill_sizes, prefill_tokens, num_seqs,
                                                   self._prefill_max_seqs)
             graph = padded_tokens > 0
+        elif self._mixed_graphs and batch.kind == "mixed":
+            graph = True
         cls = step_class(batch.kind, graph)
         first = self._one_off_costs and cls not in self._seen_classes
         if first:

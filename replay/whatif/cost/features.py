@@ -85,6 +85,9 @@ CLASSES: dict[str, ClassSpec] = {spec.name: spec for spec in (
               (("decode_context_tokens",), ("decode_seqs", "decode_context_tokens")),
               ("decode_graph", POOLED), ("decode_graph",)),
     ClassSpec("mixed", True, "prefill_tokens", _MIXED_SETS, (POOLED,), ("prefill",)),
+    # A mixed step replayed from a CUDA graph (where the runner captures them): no launch floor.
+    ClassSpec("mixed_graph", False, "prefill_tokens", _MIXED_SETS, ("prefill_graph", POOLED),
+              ("prefill_graph", "mixed")),
     ClassSpec(POOLED, False, "num_seqs", ((), *_MIXED_SETS)),
 )}
 STEP_CLASSES = tuple(name for name in CLASSES if name != POOLED)
@@ -100,8 +103,8 @@ def step_class(kind: Any, graph_used: Any) -> Any:
         return np.array([named[pair] for pair in pairs], dtype=str)
     if kind == "decode":
         return "decode_graph" if graph_used else "decode_eager"
-    if kind == "prefill" and graph_used:
-        return "prefill_graph"
+    if kind in ("prefill", "mixed") and graph_used:
+        return f"{kind}_graph"
     return kind
 
 
@@ -193,6 +196,8 @@ def resolve(fits: Mapping[str, LinearFit], cls_name: str) -> str:
         return cls_name
     if cls_name == "mixed" and "prefill" in fits:
         return COMPOSITE
+    if cls_name == "mixed_graph" and "prefill_graph" not in fits:
+        return resolve(fits, "mixed")  # an eager mixed step bounds a graph one from above
     if cls_name == "prefill_graph" and "prefill" in fits and graph_prefill_from_eager(
             fits["prefill"]) is not None:
         return GRAPH_FROM_EAGER

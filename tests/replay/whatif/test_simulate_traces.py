@@ -115,8 +115,10 @@ MISSES: dict[tuple[tuple[str, str], str], str] = {}
 # The absolute errors achieved (%), per direction. The regression test allows
 # REGRESSION_MARGIN_PCT on top.
 ACHIEVED_PCT = {
-    FROM_REFERENCE: {"throughput_tok_s": 0.09, "makespan_s": 0.09, "ttft_mean_s": 0.61,
-                     "tpot_p50_s": 0.12},
+    # Calibration steps charged the engine's host work per step (``engine_host``): the
+    # constrained target's 150 graph prefills each take 0.4 ms more (docs/BENCHMARKS.md §7).
+    FROM_REFERENCE: {"throughput_tok_s": 0.84, "makespan_s": 0.84, "ttft_mean_s": 0.37,
+                     "tpot_p50_s": 0.53},
     FROM_CONSTRAINED: {"throughput_tok_s": 1.04, "makespan_s": 1.05, "ttft_mean_s": 1.39,
                        "tpot_p50_s": 4.94},
 }

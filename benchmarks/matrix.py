@@ -116,7 +116,9 @@ WARMUP: tuple[dict[str, Any], ...] = ({}, {"policy": "chunked", "max_num_batched
 
 def recording_names(name: str, repeat: int) -> list[str]:
     """The trace names of ``repeat`` recordings of one cell: ``CELL``, ``CELL-r2``, ..."""
-    return [name] + [f"{name}-r{i}" for i in range(2, repeat + 1)]
+    from replay.whatif.fidelity import REPEAT_MARK
+
+    return [name] + [f"{name}{REPEAT_MARK}{i}" for i in range(2, repeat + 1)]
 
 
 def record(model: Path, directory: Path, out: Path, only: list[str] | None = None,

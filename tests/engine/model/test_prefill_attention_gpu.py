@@ -4,8 +4,8 @@ One prompt of 1k to 32k new tokens, with and without a cached prefix (keys read 
 through shuffled cache pages), in bf16 with the engine's default tiling (and, for fresh keys,
 both the engine's choice, flash SDPA from 8k tokens, and the Triton kernel itself): the
 output must match SDPA's causal flash attention over the whole context within bf16 rounding,
-and every output row must be written. Compiled kernels only: skipped without CUDA (the Triton interpreter tests
-of ``test_triton_kernels.py`` cover the arithmetic at small sizes on the CPU).
+and every output row must be written. Compiled kernels only: skipped without CUDA (the Triton
+interpreter tests of ``test_triton_kernels.py`` cover the arithmetic at small sizes on the CPU).
 """
 
 from __future__ import annotations

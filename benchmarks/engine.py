@@ -135,13 +135,28 @@ def long_prefill(model_dir: Path, tokens: int) -> dict[str, Any]:
         steps = llm.core.events.tables["model_step"]
         seconds = steps["duration_s"][-1]
         computed = steps["prefill_tokens"][-1]
+        # The same step with the other kernel for one long fresh prompt (flash SDPA or the
+        # Triton kernel), on a prompt of its own (no cache hit): an A/B in one process.
+        from engine.model.kernels import prefill_attention
+
+        default = prefill_attention.LONG_FRESH_SDPA
+        prefill_attention.LONG_FRESH_SDPA = not default
+        try:
+            other = [rng.randint(20001, 30000) for _ in range(tokens)]
+            llm.generate([other], SamplingParams(max_tokens=1), use_tqdm=False)
+            other_seconds = llm.core.events.tables["model_step"]["duration_s"][-1]
+        finally:
+            prefill_attention.LONG_FRESH_SDPA = default
     finally:
         llm.close()
     layers, heads, head_dim = 28, 16, 128
     attention = 2 * 2 * layers * heads * head_dim * computed * (tokens - computed / 2)
     flops = 2 * QWEN3_06B_WEIGHT_BYTES / 2 * computed + attention
+    other_name = "triton" if default else "flash_sdpa"
     return {"prompt_tokens": tokens, "computed_tokens": int(computed),
-            "seconds": float(seconds), "tflop_s": flops / seconds / 1e12}
+            "seconds": float(seconds), "tflop_s": flops / seconds / 1e12,
+            "kernel": "flash_sdpa" if default else "triton",
+            f"{other_name}_seconds": float(other_seconds)}
 
 
 def main(
@@ -307,7 +322,10 @@ def print_table(result: dict[str, Any]) -> None:
     if "long_prefill" in result:
         lp = result["long_prefill"]
         print(f"prefill of {lp['computed_tokens']:,} tokens ({lp['prompt_tokens']:,}-token prompt, "
-              f"the rest cached): {lp['seconds'] * 1e3:.1f} ms, {lp['tflop_s']:.0f} TFLOP/s")
+              f"the rest cached): {lp['seconds'] * 1e3:.1f} ms, {lp['tflop_s']:.0f} TFLOP/s "
+              f"({lp.get('kernel', 'triton')}; "
+              + ", ".join(f"{k.removesuffix('_seconds')} {v * 1e3:.1f} ms" for k, v in lp.items()
+                          if k.endswith("_seconds")) + ")")
     used, total = first_on["gpu_used_bytes"], first_on["gpu_total_bytes"]
     print(
         f"GPU memory: {used / 2**30:.1f} GiB used of {total / 2**30:.1f} GiB "

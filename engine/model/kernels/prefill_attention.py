@@ -31,6 +31,11 @@ LONG_PREFILL_TOKENS = 8192
 # (block_rows, block_n, num_warps, num_stages) of long prompts, keys fresh / through the cache.
 LONG_FRESH_TILING = (128, 128, 8, 3)
 LONG_PAGED_TILING = (128, 128, 8, 2)
+# One long fresh prompt through PyTorch's flash SDPA instead (``flash_sdpa_fits``): faster per
+# layer in the kernel sweep, but the one engine-level 32k step measured with it was slower than
+# the session before; off until an A/B in one process (``benchmarks.engine --long-prefill``)
+# settles it (docs/gpu-notes.md, session 6).
+LONG_FRESH_SDPA = False
 
 
 def prefill_tiling(max_seqlen_q: int, paged: bool = True) -> dict[str, int]:
@@ -46,10 +51,11 @@ def prefill_tiling(max_seqlen_q: int, paged: bool = True) -> dict[str, int]:
 
 def flash_sdpa_fits(q: torch.Tensor, num_seqs: int, max_seqlen_q: int, paged: bool) -> bool:
     """Whether this launch is one long prompt with fresh keys that PyTorch's flash SDPA kernel
-    can take (half precision on CUDA): it is faster there than this kernel (docs/gpu-notes.md,
-    session 6). Not inside CUDA-graph prefills: those are paged."""
+    can take (half precision on CUDA), and ``LONG_FRESH_SDPA`` sends it there. Never inside
+    CUDA-graph prefills: those are paged."""
     return (
-        not paged
+        LONG_FRESH_SDPA
+        and not paged
         and num_seqs == 1
         and max_seqlen_q >= LONG_PREFILL_TOKENS
         and q.shape[0] == max_seqlen_q
@@ -254,8 +260,9 @@ def prefill_attention(
     ``q`` ``[tokens, heads, dim]``; ``k``/``v`` ``[tokens, kv_heads, dim]`` (read only when no
     cache is given, then every ``context_lens[s]`` must equal the sequence's query length);
     ``cu_seqlens_q`` int32 ``[num_seqs + 1]``. Writes ``out`` rows of these sequences only.
-    Tiling arguments left None come from ``prefill_tiling``; ``use_sdpa`` None: one long fresh
-    prompt goes to PyTorch's flash SDPA (``flash_sdpa_fits``), False: always this kernel.
+    Tiling arguments left None come from ``prefill_tiling``; ``use_sdpa`` None: the module's
+    choice (``flash_sdpa_fits``), True: PyTorch's flash SDPA (one fresh prompt only), False:
+    always this kernel.
     """
     tiling = prefill_tiling(max_seqlen_q, k_cache is not None)
     block_rows = tiling["block_rows"] if block_rows is None else block_rows

@@ -2,7 +2,7 @@
 
 One prompt of 1k to 32k new tokens, with and without a cached prefix (keys read fresh, and
 through shuffled cache pages), in bf16 with the engine's default tiling (and, for fresh keys,
-both the engine's choice, flash SDPA from 8k tokens, and the Triton kernel itself): the
+both the engine's choice and the flash SDPA route of ``LONG_FRESH_SDPA``): the
 output must match SDPA's causal flash attention over the whole context within bf16 rounding,
 and every output row must be written. Compiled kernels only: skipped without CUDA (the Triton
 interpreter tests of ``test_triton_kernels.py`` cover the arithmetic at small sizes on the CPU).
@@ -25,8 +25,8 @@ def test_long_prefill_matches_sdpa(q_len: int, cached: int) -> None:
 
     inp = long_inputs(q_len, cached, seed=7)
     ref, _ = sdpa_reference(inp, q_len)
-    # The engine's choice (a long fresh prompt: flash SDPA), and the Triton kernel itself.
-    for paged, use_sdpa in ([(False, None), (False, False), (True, None)] if cached == 0
+    # Fresh keys: the engine's choice and flash SDPA (``LONG_FRESH_SDPA``'s alternative).
+    for paged, use_sdpa in ([(False, None), (False, True), (True, None)] if cached == 0
                             else [(True, None)]):
         out = torch.full_like(ref, float("nan"))
         prefill_call(inp, q_len, paged, out, use_sdpa)()

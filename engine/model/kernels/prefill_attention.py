@@ -284,6 +284,8 @@ def prefill_attention(
     if use_sdpa is None:
         use_sdpa = flash_sdpa_fits(q, num_seqs, max_seqlen_q, paged)
     if use_sdpa:
+        if paged or num_seqs != 1 or q.shape[0] != max_seqlen_q:
+            raise ValueError("the flash SDPA route takes one prompt with fresh keys only")
         return flash_sdpa_prefill(q, k, v, scale, out)
     group = num_heads // num_kv_heads
     tile_tokens = max(1, block_rows // group)

@@ -135,13 +135,28 @@ def long_prefill(model_dir: Path, tokens: int) -> dict[str, Any]:
         steps = llm.core.events.tables["model_step"]
         seconds = steps["duration_s"][-1]
         computed = steps["prefill_tokens"][-1]
+        # The same step with the other kernel for one long fresh prompt (flash SDPA or the
+        # Triton kernel), on a prompt of its own (no cache hit): an A/B in one process.
+        from engine.model.kernels import prefill_attention
+
+        default = prefill_attention.LONG_FRESH_SDPA
+        prefill_attention.LONG_FRESH_SDPA = not default
+        try:
+            other = [rng.randint(20001, 30000) for _ in range(tokens)]
+            llm.generate([other], SamplingParams(max_tokens=1), use_tqdm=False)
+            other_seconds = llm.core.events.tables["model_step"]["duration_s"][-1]
+        finally:
+            prefill_attention.LONG_FRESH_SDPA = default
     finally:
         llm.close()
     layers, heads, head_dim = 28, 16, 128
     attention = 2 * 2 * layers * heads * head_dim * computed * (tokens - computed / 2)
     flops = 2 * QWEN3_06B_WEIGHT_BYTES / 2 * computed + attention
+    other_name = "triton" if default else "flash_sdpa"
     return {"prompt_tokens": tokens, "computed_tokens": int(computed),
-            "seconds": float(seconds), "tflop_s": flops / seconds / 1e12}
+            "seconds": float(seconds), "tflop_s": flops / seconds / 1e12,
+            "kernel": "flash_sdpa" if default else "triton",
+            f"{other_name}_seconds": float(other_seconds)}
 
 
 def main(
@@ -157,6 +172,7 @@ def main(
     warmup: int = 1,
     variants: list[str] | None = None,
     long_prefill_tokens: int = 0,
+    skip_off: bool = False,
 ) -> int:
     """Run the benchmark; print a table; write JSON to ``json_path``. Returns an exit code."""
     import torch
@@ -191,14 +207,16 @@ def main(
     if compare_sequential:
         runs["sequential"] = []
     for i in range(max(1, repeat)):
-        runs["off"].append(run_engine(model_path, requests, None, overrides))
+        if not skip_off:
+            runs["off"].append(run_engine(model_path, requests, None, overrides))
         trace_dir = Path(trace_out) if trace_out and i == 0 else work / f"trace-{i}"
         runs["on"].append(run_engine(model_path, requests, trace_dir, overrides))
         if i == 0:
             runs["on"][0]["trace_dir"] = str(trace_dir)
             runs["on"][0]["decode_bandwidth"] = decode_bandwidth(trace_dir)
         line = (
-            f"repeat {i}: tracing off {runs['off'][-1]['tok_s']:,.0f} tok/s, "
+            f"repeat {i}: tracing off "
+            f"{runs['off'][-1]['tok_s'] if runs['off'] else float('nan'):,.0f} tok/s, "
             f"on {runs['on'][-1]['tok_s']:,.0f} tok/s"
         )
         if compare_sequential:
@@ -208,7 +226,7 @@ def main(
             )
             line += f", on without overlap {runs['sequential'][-1]['tok_s']:,.0f} tok/s"
         print(line, flush=True)
-    off = statistics.median(r["tok_s"] for r in runs["off"])
+    off = statistics.median(r["tok_s"] for r in runs["off"]) if runs["off"] else float("nan")
     on = statistics.median(r["tok_s"] for r in runs["on"])
     result: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"),
@@ -232,10 +250,19 @@ def main(
     result["variants"] = {}
     for spec in variants or []:
         variant = {**overrides, **_variant_overrides(spec)}
-        tok_s = [run_engine(model_path, requests, work / f"{spec}-{i}", variant)["tok_s"]
-                 for i in range(max(1, repeat))]
+        # The first run's trace is kept beside the reference's (``TRACE_OUT-chunked-2048``).
+        spec_runs = [
+            run_engine(model_path, requests,
+                       Path(f"{trace_out}-{spec}") if trace_out and i == 0
+                       else work / f"{spec}-{i}", variant)
+            for i in range(max(1, repeat))
+        ]
+        tok_s = [r["tok_s"] for r in spec_runs]
         result["variants"][spec] = {"overrides": variant, "tok_s": statistics.median(tok_s),
-                                    "vs_default": statistics.median(tok_s) / on - 1}
+                                    "vs_default": statistics.median(tok_s) / on - 1,
+                                    "init_s": [r["init_s"] for r in spec_runs]}
+        print(f"variant {spec}: {statistics.median(tok_s):,.0f} tok/s "
+              f"(init {spec_runs[0]['init_s']:.1f} s)", flush=True)
         _write(json_path, result)
     if long_prefill_tokens:
         result["long_prefill"] = long_prefill(model_path, long_prefill_tokens)
@@ -295,7 +322,10 @@ def print_table(result: dict[str, Any]) -> None:
     if "long_prefill" in result:
         lp = result["long_prefill"]
         print(f"prefill of {lp['computed_tokens']:,} tokens ({lp['prompt_tokens']:,}-token prompt, "
-              f"the rest cached): {lp['seconds'] * 1e3:.1f} ms, {lp['tflop_s']:.0f} TFLOP/s")
+              f"the rest cached): {lp['seconds'] * 1e3:.1f} ms, {lp['tflop_s']:.0f} TFLOP/s "
+              f"({lp.get('kernel', 'triton')}; "
+              + ", ".join(f"{k.removesuffix('_seconds')} {v * 1e3:.1f} ms" for k, v in lp.items()
+                          if k.endswith("_seconds")) + ")")
     used, total = first_on["gpu_used_bytes"], first_on["gpu_total_bytes"]
     print(
         f"GPU memory: {used / 2**30:.1f} GiB used of {total / 2**30:.1f} GiB "
@@ -317,6 +347,8 @@ def _cli(argv: list[str] | None = None) -> int:
                         help="comma-separated policies to time too, e.g. chunked,chunked-2048")
     parser.add_argument("--long-prefill", type=int, default=0, metavar="TOKENS",
                         help="also time one prefill step of a TOKENS-token prompt")
+    parser.add_argument("--skip-off", action="store_true",
+                        help="no tracing-off runs (a shorter call; tracing cost not measured)")
     parser.add_argument(
         "--compare-sequential",
         action="store_true",
@@ -341,6 +373,7 @@ def _cli(argv: list[str] | None = None) -> int:
         warmup=args.warmup,
         variants=[v for v in args.variants.split(",") if v],
         long_prefill_tokens=args.long_prefill,
+        skip_off=args.skip_off,
     )
 
 

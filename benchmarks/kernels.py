@@ -282,9 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer cases (a smoke run)")
     parser.add_argument(
         "--only",
-        choices=["all", "attention", "store", "sampler"],
+        choices=["all", "attention", "store", "sampler", "prefill-long"],
         default="all",
-        help="one section: attention (decode + prefill), store (store_kv), sampler",
+        help="one section: attention (decode + prefill), store (store_kv), sampler, "
+        "prefill-long (tiling variants at 4k-32k tokens, benchmarks/prefill_long.py)",
     )
     parser.add_argument(
         "--sampler-variants",
@@ -326,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
         rows += run_prefill(16, 1024, 0)
         if not args.quick:
             rows += run_prefill(8, 512, 512)
+    if args.only == "prefill-long":
+        from benchmarks.prefill_long import run_prefill_long
+
+        rows += run_prefill_long([(32768, 0), (16384, 16384)])
     if args.only in ("all", "store"):
         from benchmarks.store import run_store
 

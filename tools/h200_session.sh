@@ -2,8 +2,10 @@
 # One device call on the H200: GPU tests against transformers, the engine benchmark (with
 # transformers' generate_batch as the peer), a decode profile and the two committed traces.
 # Usage (repository root, on the device): bash tools/h200_session.sh STAGES
-#   STAGES (VARIANTS=chunked,chunked-2048 LONG_PREFILL=32768 for bench): comma-separated, any of ktests,tests,kernels,gemm,constrained,bench,hf,profile. Results go under
-#   $OUT. bench runs tracing off/on and, with COMPARE=1, tracing on without overlapped steps.
+#   STAGES (VARIANTS=chunked,chunked-2048 LONG_PREFILL=32768 for bench): comma-separated, any of ktests,tests,kernels,gemm,constrained,bench,hf,profile,mixed,plong. Results go under
+#   $OUT. bench runs tracing off/on (SKIP_OFF=1: on only) and, with COMPARE=1, tracing on
+#   without overlapped steps. mixed: the mixed-step graph and long-prefill GPU tests and the
+#   chunked fp32 runner tests; plong: the long-prefill tiling sweep (benchmarks/prefill_long.py).
 set -u
 STAGES=${1:-tests,constrained}
 OUT=${OUT:-out/h200}
@@ -39,6 +41,18 @@ if has gemm; then
     python3 -m benchmarks.gemm --out /tmp/gemm > "$OUT/gemm.log" 2>&1
     tail -30 "$OUT/gemm.log"
 fi
+if has mixed; then  # mixed-step graphs, long prefills against SDPA, chunked greedy identity
+    timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider -rs -x \
+        tests/engine/runner/test_prefill_graphs_model.py \
+        tests/engine/model/test_prefill_attention_gpu.py \
+        tests/engine/runner/test_gpu_runner.py -k "chunked" > "$OUT/mixed.log" 2>&1
+    tail -8 "$OUT/mixed.log"
+fi
+if has plong; then
+    timeout "${PLONG_TIMEOUT:-150}" python3 -m benchmarks.kernels --only prefill-long \
+        --out /tmp/plong > "$OUT/plong.log" 2>&1
+    tail -40 "$OUT/plong.log"
+fi
 if has constrained; then
     # --warm-up 1: recorded warm, like the reference (bench records after a warm-up run).
     python3 -m replay.cli.main run --model "$MODEL" --workload bench --out /tmp/traces/h200-constrained \
@@ -47,6 +61,7 @@ fi
 if has bench || has hf; then
     HF_FLAG=--no-transformers; has hf && HF_FLAG=
     SEQ_FLAG=; [ "${COMPARE:-0}" = 1 ] && SEQ_FLAG=--compare-sequential
+    [ "${SKIP_OFF:-0}" = 1 ] && SEQ_FLAG="$SEQ_FLAG --skip-off"
     python3 -m benchmarks.engine --model-dir "$MODEL" --repeat "${REPEAT:-2}" $HF_FLAG $SEQ_FLAG \
         --variants "${VARIANTS:-}" --long-prefill "${LONG_PREFILL:-0}" \
         --json "$OUT/bench.json" --trace-out /tmp/traces/h200-reference 2>&1 \

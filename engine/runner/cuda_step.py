@@ -20,6 +20,7 @@ from engine.batch import ScheduledBatch, StepOutput
 from engine.executor import PendingStep
 from engine.model.layers.sampler import RowOptions, row_options, sample_option_rows
 from engine.runner.decode_graphs import NO_SOURCE, DecodeBuffers, DecodeGraphs
+from engine.runner.mixed_graphs import MixedGraphs, MixedKey
 from engine.runner.prefill_graphs import PrefillGraphs
 from engine.runner.step_inputs import StepPayload, eager_inputs, token_values
 from engine.sequence import PENDING_TOKEN
@@ -128,7 +129,8 @@ class CudaStepper:
     ``buffers``: the decode inputs; ``graphs`` / ``prefill_graphs``: captured over them, or
     None (eager); ``num_kvcache_blocks``: the pool the block tables index; ``seed``: the run's
     sampling seed; ``rank``: only rank 0 samples; ``fused_kernels``: whether the model's
-    layers run the fused Triton kernels (the trace header records it).
+    layers run the fused Triton kernels (the trace header records it); ``mixed_graphs``: graphs
+    for steps of prompt chunks and decodes together (``engine/runner/mixed_graphs.py``).
     """
 
     def __init__(
@@ -142,11 +144,13 @@ class CudaStepper:
         seed: int,
         rank: int = 0,
         fused_kernels: bool = False,
+        mixed_graphs: MixedGraphs | None = None,
     ) -> None:
         self.model = model
         self.buffers = buffers
         self.graphs = graphs
         self.prefill_graphs = prefill_graphs
+        self.mixed_graphs = mixed_graphs
         self.block_size = block_size
         self.num_kvcache_blocks = num_kvcache_blocks
         self.seed = seed
@@ -208,9 +212,13 @@ class CudaStepper:
         if not payload.decode:
             self.buffers.invalidate()  # block tables may have been rebuilt (preemption)
         padded_tokens = self._prefill_graph_size(payload)
-        if not padded_tokens:
+        mixed = None if padded_tokens else self._mixed_graph_key(payload)
+        if not padded_tokens and mixed is None:
             self.timer.begin()
-        if padded_tokens:
+        if mixed is not None:
+            hidden = self._replay_mixed(payload, mixed)
+            padded, graph_used, padded_tokens = num_seqs, True, self.mixed_graphs_rows(mixed)
+        elif padded_tokens:
             hidden = self._replay_prefill(payload, padded_tokens)
             padded, graph_used = num_seqs, True
         elif payload.decode:
@@ -225,15 +233,17 @@ class CudaStepper:
             )
             hidden, padded, graph_used = self._forward_staged(num_seqs, size, payload.context_lens)
         else:
-            ids, positions, metadata = eager_inputs(payload, self.block_size, self.device)
+            ids, positions, metadata = eager_inputs(payload, self.block_size, self.device,
+                                                   align_decodes=True)
             hidden, padded, graph_used = self.model(ids, positions, metadata), num_seqs, False
         if not payload.sample_rows:
             self.num_steps += 1
             return StepOutput(token_ids=[], padded_batch_size=padded, graph_used=graph_used,
                               padded_tokens=padded_tokens)
         if padded_tokens:
-            assert self.prefill_graphs is not None
-            selected, temps = self.prefill_graphs.sampled(hidden, len(payload.sample_rows))
+            graphs = self.mixed_graphs if mixed is not None else self.prefill_graphs
+            assert graphs is not None
+            selected, temps = graphs.sampled(hidden, len(payload.sample_rows))
             output = self._sample_and_finish(selected, temps, padded, graph_used,
                                              payload.row_options)
             output.padded_tokens = padded_tokens
@@ -253,6 +263,30 @@ class CudaStepper:
         if payload.num_prefill_seqs != len(payload.seq_ids):  # a mixed step runs eager
             return 0
         return graphs.padded_size(len(payload.input_ids), len(payload.seq_ids))
+
+    def _mixed_graph_key(self, payload: StepPayload) -> MixedKey | None:
+        """The (prefill tokens, decode rows) graph this mixed step replays; None: eager."""
+        graphs = self.mixed_graphs
+        if graphs is None or payload.eager or payload.decode:
+            return None
+        num_prefill = payload.num_prefill_seqs
+        num_decodes = len(payload.seq_ids) - num_prefill
+        if not num_decodes:
+            return None
+        return graphs.key(sum(payload.query_lens[:num_prefill]), num_prefill, num_decodes)
+
+    def mixed_graphs_rows(self, key: MixedKey) -> int:
+        assert self.mixed_graphs is not None
+        return self.mixed_graphs.rows(key)
+
+    def _replay_mixed(self, payload: StepPayload, key: MixedKey) -> torch.Tensor:
+        """Stage a mixed step into its graph's buffers and replay; hidden states of every row."""
+        assert self.mixed_graphs is not None
+        self.mixed_graphs.stage(payload.input_ids, payload.query_lens, payload.context_lens,
+                                payload.block_tables, payload.num_prefill_seqs, key,
+                                payload.sample_rows, payload.temperatures)
+        self.timer.begin()
+        return self.mixed_graphs.replay(key)
 
     def _replay_prefill(self, payload: StepPayload, padded_tokens: int) -> torch.Tensor:
         """Stage a prefill into the graph buffers and replay; hidden states of every row."""
@@ -332,6 +366,8 @@ class CudaStepper:
 
         graphs = self.graphs
         prefill = self.prefill_graphs.describe() if self.prefill_graphs is not None else {}
+        if self.mixed_graphs is not None:
+            prefill.update(self.mixed_graphs.describe())
         return {
             "cuda_graphs": graphs is not None,
             "graph_batch_sizes": graphs.sizes if graphs is not None else [],
@@ -352,3 +388,6 @@ class CudaStepper:
         if self.prefill_graphs is not None:
             self.prefill_graphs.release()
             self.prefill_graphs = None
+        if self.mixed_graphs is not None:
+            self.mixed_graphs.release()
+            self.mixed_graphs = None

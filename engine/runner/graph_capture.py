@@ -25,12 +25,15 @@ ModelFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor
 
 
 class CapturedGraphs:
-    """One CUDA graph per size; ``outputs`` ``[max size, hidden]`` receives every graph's rows."""
+    """One CUDA graph per size; ``outputs`` ``[max rows, hidden]`` receives every graph's rows.
+
+    A size is a row count, or any sortable key whose row count ``rows`` says (mixed steps:
+    ``(prefill tokens, decode rows)``)."""
 
     def __init__(self, sizes: Sequence[int], outputs: torch.Tensor) -> None:
         self.sizes = sorted(sizes)
         self.outputs = outputs
-        self.graphs: dict[int, Any] = {}
+        self.graphs: dict[Any, Any] = {}
         self.pool: Any = None
 
     def capture_all(self, forward_of: Callable[[int], Callable[[], torch.Tensor]]) -> None:
@@ -39,19 +42,24 @@ class CapturedGraphs:
         during capture)."""
         for size in reversed(self.sizes):
             forward = forward_of(size)
-            self.outputs[:size] = forward()
+            rows = self.rows(size)
+            self.outputs[:rows] = forward()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, self.pool):
-                self.outputs[:size] = forward()
+                self.outputs[:rows] = forward()
             if self.pool is None:
                 self.pool = graph.pool()
             self.graphs[size] = graph
         torch.cuda.synchronize()
 
-    def replay(self, size: int) -> torch.Tensor:
-        """Run the graph of ``size`` over the staged inputs; hidden states ``[size, hidden]``."""
+    def rows(self, size: Any) -> int:
+        """The rows graph ``size`` computes."""
+        return int(size)
+
+    def replay(self, size: Any) -> torch.Tensor:
+        """Run the graph of ``size`` over the staged inputs; hidden states ``[rows, hidden]``."""
         self.graphs[size].replay()
-        return self.outputs[:size]
+        return self.outputs[: self.rows(size)]
 
     def release(self) -> None:
         self.graphs.clear()

@@ -92,17 +92,47 @@ def _last_rows(query_lens: list[int]) -> list[int]:
     return rows
 
 
+# A mixed step's decode part starts at sequence ``num_prefill_seqs``: its context lengths
+# (int32) and block-table rows are 16-byte aligned only when that is a multiple of 4. Triton
+# specialises kernels on pointer alignment, so an unaligned decode part compiles a variant of
+# the decode kernel that start-up never compiled (about 0.4 s, inside the step).
+PREFILL_SEQ_ALIGN = 4
+
+
+def aligned_prefill_part(
+    query_lens: list[int], context_lens: list[int], block_tables: list[list[int]],
+    num_prefill_seqs: int,
+) -> tuple[list[int], list[int], list[list[int]], int]:
+    """The batch with empty prefill sequences (no query, no context, no blocks) appended to its
+    prefill part until the decode part starts at a multiple of ``PREFILL_SEQ_ALIGN``; a batch
+    without decodes, or already aligned, comes back as is. Empty sequences add no rows."""
+    pad = -num_prefill_seqs % PREFILL_SEQ_ALIGN
+    if num_prefill_seqs == len(query_lens) or not num_prefill_seqs or not pad:
+        return query_lens, context_lens, block_tables, num_prefill_seqs
+    p = num_prefill_seqs
+    return (
+        [*query_lens[:p], *([0] * pad), *query_lens[p:]],
+        [*context_lens[:p], *([0] * pad), *context_lens[p:]],
+        [*block_tables[:p], *([[]] * pad), *block_tables[p:]],
+        p + pad,
+    )
+
+
 def eager_inputs(
-    payload: StepPayload, block_size: int, device: torch.device
+    payload: StepPayload, block_size: int, device: torch.device, align_decodes: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-    """Flat input ids, positions and attention metadata of a general (eager) step."""
+    """Flat input ids, positions and attention metadata of a general (eager) step;
+    ``align_decodes``: a mixed step's prefill part is padded with empty sequences
+    (``aligned_prefill_part``, for the CUDA kernels)."""
+    query_lens, context_lens, block_tables, num_prefill = (
+        payload.query_lens, payload.context_lens, payload.block_tables, payload.num_prefill_seqs
+    )
+    if align_decodes:
+        query_lens, context_lens, block_tables, num_prefill = aligned_prefill_part(
+            list(query_lens), list(context_lens), list(block_tables), num_prefill
+        )
     positions, metadata = build_attention_metadata(
-        payload.query_lens,
-        payload.context_lens,
-        payload.block_tables,
-        block_size,
-        payload.num_prefill_seqs,
-        device,
+        query_lens, context_lens, block_tables, block_size, num_prefill, device
     )
     ids = torch.tensor(payload.input_ids, dtype=torch.int64).to(device)
     return ids, positions, metadata

@@ -25,6 +25,61 @@ PREFILL_BLOCK_ROWS = 64
 PREFILL_BLOCK_N = 64
 PREFILL_NUM_WARPS = 4
 PREFILL_NUM_STAGES = 2
+# Prompts of at least LONG_PREFILL_TOKENS new tokens (the longest in a launch) take their own
+# tiling: enough query tiles to fill the GPU with larger ones (figures: docs/gpu-notes.md).
+LONG_PREFILL_TOKENS = 8192
+# (block_rows, block_n, num_warps, num_stages) of long prompts, keys fresh / through the cache.
+LONG_FRESH_TILING = (128, 128, 8, 3)
+LONG_PAGED_TILING = (128, 128, 8, 2)
+# One long fresh prompt through PyTorch's flash SDPA instead (``flash_sdpa_fits``): faster per
+# layer in the kernel sweep, but the one engine-level 32k step measured with it was slower than
+# the session before; off until an A/B in one process (``benchmarks.engine --long-prefill``)
+# settles it (docs/gpu-notes.md, session 6).
+LONG_FRESH_SDPA = False
+
+
+def prefill_tiling(max_seqlen_q: int, paged: bool = True) -> dict[str, int]:
+    """The kernel's tiling for a launch whose longest prompt has ``max_seqlen_q`` new tokens
+    (a host value fixed per launch, so a captured graph replays it as is)."""
+    if max_seqlen_q >= LONG_PREFILL_TOKENS:
+        rows, block_n, warps, stages = LONG_PAGED_TILING if paged else LONG_FRESH_TILING
+    else:
+        rows, block_n, warps, stages = (PREFILL_BLOCK_ROWS, PREFILL_BLOCK_N, PREFILL_NUM_WARPS,
+                                        PREFILL_NUM_STAGES)
+    return {"block_rows": rows, "block_n": block_n, "num_warps": warps, "num_stages": stages}
+
+
+def flash_sdpa_fits(q: torch.Tensor, num_seqs: int, max_seqlen_q: int, paged: bool) -> bool:
+    """Whether this launch is one long prompt with fresh keys that PyTorch's flash SDPA kernel
+    can take (half precision on CUDA), and ``LONG_FRESH_SDPA`` sends it there. Never inside
+    CUDA-graph prefills: those are paged."""
+    return (
+        LONG_FRESH_SDPA
+        and not paged
+        and num_seqs == 1
+        and max_seqlen_q >= LONG_PREFILL_TOKENS
+        and q.shape[0] == max_seqlen_q
+        and q.is_cuda
+        and q.dtype in (torch.bfloat16, torch.float16)
+        and torch.backends.cuda.flash_sdp_enabled()
+    )
+
+
+def flash_sdpa_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                       out: torch.Tensor) -> torch.Tensor:
+    """Causal attention of one fresh prompt through PyTorch's flash SDPA (K/V heads repeated
+    for the GQA groups), written into ``out``."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    group = q.shape[1] // k.shape[1]
+    qb = q.transpose(0, 1)[None]
+    kb = k.repeat_interleave(group, 1).transpose(0, 1)[None]
+    vb = v.repeat_interleave(group, 1).transpose(0, 1)[None]
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        res = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, is_causal=True,
+                                                               scale=scale)
+    out.copy_(res[0].transpose(0, 1))
+    return out
 
 
 @triton.jit
@@ -194,17 +249,26 @@ def prefill_attention(
     v_cache: torch.Tensor | None = None,
     block_tables: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-    block_rows: int = PREFILL_BLOCK_ROWS,
-    block_n: int = PREFILL_BLOCK_N,
-    num_warps: int = PREFILL_NUM_WARPS,
-    num_stages: int = PREFILL_NUM_STAGES,
+    block_rows: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    use_sdpa: bool | None = None,
 ) -> torch.Tensor:
     """Causal varlen attention for ``num_seqs = len(context_lens)`` prefill sequences.
 
     ``q`` ``[tokens, heads, dim]``; ``k``/``v`` ``[tokens, kv_heads, dim]`` (read only when no
     cache is given, then every ``context_lens[s]`` must equal the sequence's query length);
     ``cu_seqlens_q`` int32 ``[num_seqs + 1]``. Writes ``out`` rows of these sequences only.
+    Tiling arguments left None come from ``prefill_tiling``; ``use_sdpa`` None: the module's
+    choice (``flash_sdpa_fits``), True: PyTorch's flash SDPA (one fresh prompt only), False:
+    always this kernel.
     """
+    tiling = prefill_tiling(max_seqlen_q, k_cache is not None)
+    block_rows = tiling["block_rows"] if block_rows is None else block_rows
+    block_n = tiling["block_n"] if block_n is None else block_n
+    num_warps = tiling["num_warps"] if num_warps is None else num_warps
+    num_stages = tiling["num_stages"] if num_stages is None else num_stages
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k.shape[1]
     if num_heads % num_kv_heads != 0:
@@ -217,6 +281,12 @@ def prefill_attention(
     num_seqs = context_lens.shape[0]
     if num_seqs == 0 or max_seqlen_q == 0:
         return out
+    if use_sdpa is None:
+        use_sdpa = flash_sdpa_fits(q, num_seqs, max_seqlen_q, paged)
+    if use_sdpa:
+        if paged or num_seqs != 1 or q.shape[0] != max_seqlen_q:
+            raise ValueError("the flash SDPA route takes one prompt with fresh keys only")
+        return flash_sdpa_prefill(q, k, v, scale, out)
     group = num_heads // num_kv_heads
     tile_tokens = max(1, block_rows // group)
     if paged:

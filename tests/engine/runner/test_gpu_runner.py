@@ -76,7 +76,8 @@ def hf_model(model_dir: Path, dtype: torch.dtype) -> Any:
 
 
 def run_engine(
-    model_dir: Path, dtype: str, eager: bool, preempt: bool, overlap: bool = True
+    model_dir: Path, dtype: str, eager: bool, preempt: bool, overlap: bool = True,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Greedy run in two waves (the second hits the first's prefix blocks), logits recorded.
 
@@ -84,7 +85,8 @@ def run_engine(
     still on the device; the logits hook syncs, which changes timing, not results."""
     from engine import LLM, SamplingParams
 
-    config = dict(BASE_CONFIG, dtype=dtype, enforce_eager=eager, async_scheduling=overlap)
+    config = dict(BASE_CONFIG, dtype=dtype, enforce_eager=eager, async_scheduling=overlap,
+                  **(extra or {}))
     if preempt:
         config["num_kvcache_blocks"] = PREEMPT_BLOCKS
     llm = LLM(str(model_dir), record_events=False, **config)
@@ -100,6 +102,7 @@ def run_engine(
 
     cached: dict[int, int] = {}
     prefill_graphs: list[bool] = []  # per prefill step: did it replay a CUDA graph
+    mixed_graphs: list[bool] = []  # per mixed step (prompt chunks and decodes): the same
 
     def record_step(batch: Any, previous: Any = None) -> Any:
         # Prefix hits are known at admission (the block manager resets them when a seq ends).
@@ -108,6 +111,8 @@ def run_engine(
         result = launch(batch, previous)
         if batch.num_prefill_seqs:  # a prefill resolves in launch: its output is at hand
             prefill_graphs.append(result.result().graph_used)
+            if batch.num_prefill_seqs < len(batch.seqs):
+                mixed_graphs.append(result.result().graph_used)
         rows = [s for i, s in enumerate(batch.seqs) if batch.sample is None or batch.sample[i]]
         for row, seq in enumerate(rows):
             logits[(seq.seq_id, len(seq.token_ids))] = last["logits"][row]
@@ -139,6 +144,8 @@ def run_engine(
         "overlapped_steps": len(overlapped),
         "prefill_steps": len(prefill_graphs),
         "graph_prefill_steps": sum(prefill_graphs),
+        "mixed_steps": len(mixed_graphs),
+        "graph_mixed_steps": sum(mixed_graphs),
         "logits": logits,
         "seq_ids": list(range(len(all_prompts) - 1)) + [s.seq_id for s in seqs],
     }
@@ -187,6 +194,22 @@ def test_float32_greedy_matches_transformers_without_overlap(
     run = run_engine(model_dir, "float32", eager=False, preempt=False, overlap=False)
     assert run["overlapped_steps"] == 0
     assert run["tokens"] == hf_fp32_tokens
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
+def test_float32_greedy_matches_transformers_with_chunked_prefill(
+    model_dir: Path, hf_fp32_tokens: list[list[int]], eager: bool
+) -> None:
+    """Under the chunked policy with a 512-token budget, prompt chunks share steps with
+    decodes: through the mixed-step CUDA graphs, or eager with the decode part aligned."""
+    run = run_engine(model_dir, "float32", eager, preempt=False,
+                     extra={"policy": "chunked", "max_num_batched_tokens": 512})
+    assert run["mixed_steps"] > 0
+    assert run["graph_mixed_steps"] == (0 if eager else run["mixed_steps"]), run["mixed_steps"]
+    for i, (ours, ref) in enumerate(zip(run["tokens"], hf_fp32_tokens)):
+        assert ours == ref, f"prompt {i}: first difference at token " + str(
+            next(j for j, (a, b) in enumerate(zip(ours, ref)) if a != b)
+        )
 
 
 def bf16_agreement(model_dir: Path, eager: bool, preempt: bool) -> dict[str, float]:

@@ -59,3 +59,45 @@ def test_padded_graph_buffers_match_the_eager_prefill() -> None:
     assert not torch.isnan(graph_logits).any()
     assert float((graph_logits - eager_logits).norm() / eager_logits.norm()) < REL_TOL
     assert float((graph_cache - eager_cache).norm() / eager_cache.norm()) < REL_TOL
+
+
+def test_mixed_graph_buffers_match_the_eager_mixed_step() -> None:
+    """A mixed step (a chunk after cached context, a fresh prompt, two decodes) over
+    ``MixedGraphs``' padded buffers computes the eager step's logits and KV cache."""
+    from engine.runner.mixed_graphs import MixedGraphs, graph_rows
+
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 150000, (n,), generator=gen).tolist() for n in (20, 13, 9, 12)]
+    tables = [[5, 2, 9], [1, 7], [3, 4], [11, 12]]
+    results = []
+    for padded in (False, True):
+        model, cache = tiny_model_with_cache(attention_triton.TritonAttentionBackend(),
+                                             BLOCK_SIZE, NUM_BLOCKS)
+        with torch.no_grad():
+            # Cached before the step: a's first 16 tokens, c's and d's all but their last.
+            done = [16, 0, 8, 11]
+            for seq in (0, 2, 3):
+                positions, md = build_attention_metadata([done[seq]], [done[seq]], [tables[seq]],
+                                                         BLOCK_SIZE, 1, DEVICE)
+                model(torch.tensor(prompts[seq][: done[seq]], device=DEVICE), positions, md)
+            query, context = [4, 13, 1, 1], [20, 13, 9, 12]
+            ids = prompts[0][16:] + prompts[1] + [prompts[2][-1], prompts[3][-1]]
+            if padded:
+                graphs = MixedGraphs(prefill_graph_sizes(64), [32], TABLE_WIDTH, BLOCK_SIZE,
+                                     model.spec.hidden_size, torch.float32, torch.device(DEVICE))
+                key = graphs.key(17, 2, 2)
+                assert key == (32, 32)
+                graphs.stage(ids, query, context, tables, 2, key)
+                rows = graphs.rows(key)
+                hidden = model(graphs.dev_i64[0, :rows], graphs.dev_i64[1, :rows],
+                               graphs.metadata(key))
+                hidden = hidden[torch.tensor(graph_rows(range(len(ids)), 17, 32), device=DEVICE)]
+            else:
+                positions, md = build_attention_metadata(query, context, tables, BLOCK_SIZE, 2,
+                                                         DEVICE)
+                hidden = model(torch.tensor(ids, device=DEVICE), positions, md)
+            results.append((model.compute_logits(hidden).cpu(), cache.cpu()))
+    (eager_logits, eager_cache), (graph_logits, graph_cache) = results
+    assert not torch.isnan(graph_logits).any()
+    assert float((graph_logits - eager_logits).norm() / eager_logits.norm()) < REL_TOL
+    assert float((graph_cache - eager_cache).norm() / eager_cache.norm()) < REL_TOL

@@ -75,3 +75,33 @@ def prefill_graph_limit(config: Config) -> int:
     if config.enforce_eager:
         return 0
     return min(config.prefill_graph_tokens, config.max_num_batched_tokens)
+
+
+# Decode capacities captured: few, since each multiplies the prefill token counts; padding a
+# decode part costs GEMM rows only (padding rows read no KV).
+MIXED_DECODE_SIZES = (32, 128, 256, 512)
+
+
+def mixed_decode_sizes(max_batch: int) -> list[int]:
+    """The decode capacities captured for batches of up to ``max_batch`` decodes (the largest
+    is ``max_batch`` itself, so every decode count that fits the engine has one)."""
+    sizes = [d for d in MIXED_DECODE_SIZES if d < max_batch]
+    return [*sizes, max_batch] if max_batch >= 1 else []
+
+
+def mixed_graph_key(
+    prefill_sizes: Sequence[int],
+    decode_sizes: Sequence[int],
+    prefill_tokens: int,
+    num_prefill_seqs: int,
+    num_decodes: int,
+) -> tuple[int, int] | None:
+    """The (padded prefill tokens, decode rows) graph a mixed step replays; None: it runs eager
+    (too many tokens or sequences, or no decodes)."""
+    if num_decodes < 1:
+        return None
+    tokens = padded_prefill_tokens(prefill_sizes, prefill_tokens, num_prefill_seqs)
+    rows = padded_decode_size(decode_sizes, num_decodes)
+    if not tokens or not rows:
+        return None
+    return tokens, rows

@@ -35,6 +35,7 @@ from engine.calibration import synthetic_sequences, time_batch
 from engine.config import Config
 from engine.errors import ReplayLLMError
 from engine.executor import Executor
+from engine.graph_sizes import mixed_graph_key
 
 PROFILE_FORMAT = "replayllm-profile"
 PROFILE_VERSION = 1
@@ -209,12 +210,16 @@ def run_profile(executor: Executor, config: Config, budget_s: float = DEFAULT_BU
     description = executor.describe()
     graph_sizes = description.get("graph_batch_sizes") or []
     graph_tokens = description.get("prefill_graph_tokens") or []
+    mixed_rows = description.get("mixed_graph_decode_rows") or []
 
     def graph_shape(point: ProfilePoint) -> bool:
+        prompt_tokens = sum(n for n, _ in point.prompts)
         if point.kind == "decode":
             return bool(graph_sizes) and point.num_seqs <= max(graph_sizes)
-        return point.kind == "prefill" and sum(n for n, _ in point.prompts) <= max(
-            graph_tokens, default=0)
+        if point.kind == "mixed":
+            return mixed_graph_key(graph_tokens, mixed_rows, prompt_tokens, len(point.prompts),
+                                   len(point.decode_contexts)) is not None
+        return point.kind == "prefill" and prompt_tokens <= max(graph_tokens, default=0)
 
     grid = profile_grid(config, graph_shape if (graph_sizes or graph_tokens) else None)
     began = clock()

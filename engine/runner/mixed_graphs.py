@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.graph_sizes import MAX_GRAPH_PREFILL_SEQS, padded_decode_size, padded_prefill_tokens
+from engine.graph_sizes import MAX_GRAPH_PREFILL_SEQS, mixed_decode_sizes, mixed_graph_key
 from engine.model.attention_metadata import AttentionMetadata
 from engine.runner.graph_capture import (
     PAD_SLOT,
@@ -39,35 +39,7 @@ from engine.runner.prefill_graphs import ROW_SAMPLE, STAGED_ROWS, stage_prefill
 
 __all__ = ["MixedGraphs", "mixed_decode_sizes", "mixed_graph_key", "stage_mixed"]
 
-# Decode capacities captured: few, since each multiplies the prefill token counts; padding a
-# decode part costs GEMM rows only (padding rows read no KV).
-MIXED_DECODE_SIZES = (32, 128, 256, 512)
-
 MixedKey = tuple[int, int]  # (padded prefill tokens, decode rows)
-
-
-def mixed_decode_sizes(max_batch: int) -> list[int]:
-    """The decode capacities captured for batches of up to ``max_batch`` decodes (the largest
-    is ``max_batch`` itself, so every decode count that fits the engine has one)."""
-    sizes = [d for d in MIXED_DECODE_SIZES if d < max_batch]
-    return [*sizes, max_batch] if max_batch >= 1 else []
-
-
-def mixed_graph_key(
-    prefill_sizes: Sequence[int],
-    decode_sizes: Sequence[int],
-    prefill_tokens: int,
-    num_prefill_seqs: int,
-    num_decodes: int,
-) -> MixedKey | None:
-    """The graph a mixed step replays; None: it runs eager (too many tokens or sequences)."""
-    if num_decodes < 1:
-        return None
-    tokens = padded_prefill_tokens(prefill_sizes, prefill_tokens, num_prefill_seqs)
-    rows = padded_decode_size(decode_sizes, num_decodes)
-    if not tokens or not rows:
-        return None
-    return tokens, rows
 
 
 def stage_mixed(

@@ -12,6 +12,8 @@ PROFILE_DEFAULTS: dict[str, Any] = {
     "max_num_seqs": 512,
     "max_num_batched_tokens": 32768,
     "calibration_repeats": 0,
+    # A policy with mixed batches, so the runner captures the mixed-step graphs the grid times.
+    "policy": "chunked",
 }
 
 

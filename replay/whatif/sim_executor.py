@@ -18,7 +18,10 @@ CUDA graphs: with graphs on (not ``enforce_eager``), a decode pads to the source
 sizes, and a prefill step of few enough prompts to the smallest of the source's captured prefill
 token counts that holds it (``engine.graph_sizes``), among those the target config captures
 (``prefill_graph_tokens``: its ``prefill_graph_limit``): class ``prefill_graph``, priced on the
-padded tokens. Any other prefill runs eager (class ``prefill``).
+padded tokens. Any other prefill runs eager (class ``prefill``). A mixed step (prompt chunks
+beside decodes) runs from a graph where the target config's runner captures one for it
+(``engine.graph_sizes.mixed_graph_key`` over the same prefill token counts and
+``mixed_decode_sizes``): class ``mixed_graph``, priced on its padded rows.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any
 
 from engine.batch import ScheduledBatch, StepOutput
 from engine.engine_core import batch_features
-from engine.graph_sizes import padded_decode_size, padded_prefill_tokens
+from engine.graph_sizes import mixed_graph_key, padded_decode_size, padded_prefill_tokens
 from replay.whatif.cost.features import StepFeatures, computed_tokens, step_class
 from replay.whatif.cost.model import CostModel
 
@@ -69,6 +72,7 @@ class SimExecutor:
         eos: int = -1,
         prefill_graph_tokens: int = 0,
         one_off_costs: bool = True,
+        mixed_decode_sizes: Sequence[int] = (),
     ) -> None:
         self.num_kvcache_blocks = num_kvcache_blocks
         self.clock = clock
@@ -84,8 +88,8 @@ class SimExecutor:
         self._prefill_sizes = ([size for size in cost.prefill_graph_sizes
                                 if size <= prefill_graph_tokens] if use_graphs and cost else [])
         self._prefill_max_seqs = cost.prefill_graph_max_seqs if cost is not None else 0
-        # Mixed steps run from graphs where the source's did (``graphs.source_mixed_graphs``).
-        self._mixed_graphs = bool(use_graphs and cost is not None and cost.mixed_graphs)
+        # The decode capacities of the target's mixed graphs (empty: mixed steps run eager).
+        self._mixed_decode_sizes = list(mixed_decode_sizes) if self._prefill_sizes else []
         # Classes that ran a step: the first of each pays the source's one-off costs (JIT
         # compilation) where the run starts cold.
         self._seen_classes: set[str] = set()
@@ -150,8 +154,11 @@ class SimExecutor:
             padded_tokens = padded_prefill_tokens(self._prefill_sizes, prefill_tokens, num_seqs,
                                                   self._prefill_max_seqs)
             graph = padded_tokens > 0
-        elif self._mixed_graphs and batch.kind == "mixed":
-            graph = True
+        elif self._mixed_decode_sizes and batch.kind == "mixed":
+            key = mixed_graph_key(self._prefill_sizes, self._mixed_decode_sizes, prefill_tokens,
+                                  num_seqs - decode_seqs, decode_seqs)
+            if key is not None:
+                graph, padded_tokens = True, key[0] + key[1]
         cls = step_class(batch.kind, graph)
         first = self._one_off_costs and cls not in self._seen_classes
         if first:

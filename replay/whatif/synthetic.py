@@ -28,6 +28,7 @@ from engine.batch import ScheduledBatch, StepOutput
 from engine.config import Config
 from engine.engine_core import EngineCore, batch_features
 from engine.executor import NullExecutor
+from engine.policy import policy_class
 from replay.recorded import RecordedEvents, from_columns
 from replay.whatif.cost.overlap import interval
 from replay.whatif.sim_executor import SimClock
@@ -50,13 +51,15 @@ class StepLaw:
     flush_s: float = 4e-3
     first_step_s: float = 0.0  # one-off extra time of step 0 (a JIT compilation, say)
 
-    def duration(self, batch: ScheduledBatch, padded: int, rng: np.random.Generator) -> float:
+    def duration(self, batch: ScheduledBatch, padded: int, rng: np.random.Generator,
+                 padded_rows: int = 0) -> float:
         """``padded``: what a CUDA graph padded the step to, a decode's batch or a prefill's
-        token count (0: eager, every row is real)."""
+        token count (0: eager, every row is real); ``padded_rows``: a mixed graph's decode
+        rows (its ``padded`` is then its prefill part's token count)."""
         prefill_tokens, work, decode_seqs, context = batch_features(batch)
-        graph_prefill = bool(padded) and batch.kind == "prefill"
+        graph_prefill = bool(padded) and batch.kind in ("prefill", "mixed")
         tokens = padded if graph_prefill else prefill_tokens
-        rows = decode_seqs if graph_prefill else padded or decode_seqs
+        rows = padded_rows or (decode_seqs if graph_prefill else padded or decode_seqs)
         seconds = (
             self.base_s
             + self.per_seq_s * len(batch.seqs)
@@ -124,13 +127,16 @@ class LawExecutor(NullExecutor):
 
     def __init__(self, num_kvcache_blocks: int, clock: SimClock, law: StepLaw, seed: int = 0,
                  graphs: bool = True, host: HostLaw | None = None, overlap: bool = False,
-                 prefill_graph_sizes: list[int] | None = None) -> None:
+                 prefill_graph_sizes: list[int] | None = None,
+                 mixed_decode_sizes: list[int] | None = None) -> None:
         super().__init__(num_kvcache_blocks, seed=seed)
         self.clock = clock
         self.law = law
         self.graphs = graphs
         # Captured prefill token counts (empty: every prefill runs eager).
         self.prefill_sizes = list(prefill_graph_sizes or [])
+        # Decode capacities of the mixed-step graphs (empty: mixed steps run eager).
+        self.mixed_sizes = list(mixed_decode_sizes or []) if self.prefill_sizes else []
         self.host_law = host
         self.overlap = overlap
         self._noise = np.random.default_rng(seed + 1)
@@ -141,8 +147,12 @@ class LawExecutor(NullExecutor):
         out = super().execute(batch)
         padded = nano_padded(len(batch.seqs)) if self.graphs and batch.kind == "decode" else 0
         padded_tokens = self._padded_tokens(batch)
-        padded = padded or padded_tokens
-        seconds = self.law.duration(batch, padded, self._noise)
+        mixed = self._mixed_key(batch)
+        padded_rows = 0
+        if mixed is not None:  # recorded as the runner does: every row the graph computes
+            padded_tokens, padded_rows = mixed[0] + mixed[1], mixed[1]
+        padded = padded or (mixed[0] if mixed is not None else padded_tokens)
+        seconds = self.law.duration(batch, padded, self._noise, padded_rows)
         host, interval = float("nan"), seconds
         if self.host_law is not None:
             eager = not padded
@@ -167,6 +177,14 @@ class LawExecutor(NullExecutor):
         return graph_sizes.padded_prefill_tokens(self.prefill_sizes, batch_features(batch)[0],
                                                    len(batch.seqs),
                                                    graph_sizes.MAX_GRAPH_PREFILL_SEQS)
+
+    def _mixed_key(self, batch: ScheduledBatch) -> tuple[int, int] | None:
+        """The mixed graph a mixed step replays, as the engine decides (None: eager)."""
+        if not self.mixed_sizes or batch.kind != "mixed":
+            return None
+        prefill_tokens, _, decode_seqs, _ = batch_features(batch)
+        return graph_sizes.mixed_graph_key(self.prefill_sizes, self.mixed_sizes, prefill_tokens,
+                                           len(batch.seqs) - decode_seqs, decode_seqs)
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"executor": "law", "device": "synthetic"}
@@ -199,12 +217,16 @@ def record_workload(
     if law is None:
         executor: Any = NullExecutor(config.num_kvcache_blocks, seed=seed)
     else:
-        sizes = []
+        sizes, mixed = [], []
         if prefill_graphs and graph_sizes.prefill_graph_limit(config):
             sizes = graph_sizes.prefill_graph_sizes(graph_sizes.prefill_graph_limit(config))
+            if policy_class(config.policy).mixed_batches:
+                mixed = graph_sizes.mixed_decode_sizes(
+                    min(config.max_num_seqs, graph_sizes.MAX_GRAPH_BATCH))
         executor = LawExecutor(config.num_kvcache_blocks, clock, law, seed,
                                graphs=not config.enforce_eager, host=host,
-                               overlap=config.async_scheduling, prefill_graph_sizes=sizes)
+                               overlap=config.async_scheduling, prefill_graph_sizes=sizes,
+                               mixed_decode_sizes=mixed)
     sink: Any = MemorySink()
     if trace_dir is not None:
         from tracing.recorder import ParquetRecorder

@@ -74,12 +74,3 @@ def source_prefill_graphs(events: RecordedEvents) -> tuple[list[int], int]:
            for tokens, seqs, padded in seen):
         return engine_sizes, max_seqs
     return sorted({padded for _, _, padded in seen}), max_seqs
-
-
-def source_mixed_graphs(events: RecordedEvents) -> bool:
-    """Whether the source ran mixed steps from CUDA graphs (its runner captures them): then a
-    simulated mixed step does too, else it runs eager. Read from the steps themselves, so a
-    runner that moves mixed steps into graphs needs no change here."""
-    ms = events.tables["model_step"]
-    mixed = np.asarray(ms["kind"]).astype(str) == "mixed"
-    return bool((np.asarray(ms["graph_used"], dtype=bool) & mixed).any())

@@ -84,7 +84,6 @@ class CostModel:
     # sequences one graph prefill takes.
     prefill_graph_sizes: list[int] = field(default_factory=list)
     prefill_graph_max_seqs: int = 0
-    mixed_graphs: bool = False  # the source ran its mixed steps from CUDA graphs
     prior: ProfilePrior | None = None  # a device profile pricing what the source did not run
     options: dict[str, Any] = field(default_factory=dict)  # ``CostOptions`` changed from default
     _times: dict[str, _ClassTimes] = field(default_factory=dict, init=False, repr=False,
@@ -123,7 +122,7 @@ class CostModel:
         model = cls(fits, source=source, graph_sizes=graphs.observed_graph_sizes(events),
                     warmup_s=warmup_s, selection=reports, window_steps=leading,
                     prefill_graph_sizes=prefill_sizes, prefill_graph_max_seqs=prefill_max_seqs,
-                    mixed_graphs=graphs.source_mixed_graphs(events), options=options.changed())
+                    options=options.changed())
         for cls_name, report in reports.items():
             mask = fitted.classes == cls_name
             model.coverage[cls_name] = explain.class_coverage(

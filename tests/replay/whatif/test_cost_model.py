@@ -191,8 +191,9 @@ class FlooredLaw(StepLaw):
     floor_s: float = 0.0
     warm: tuple[float, ...] = ()
 
-    def duration(self, batch: ScheduledBatch, padded: int, rng: np.random.Generator) -> float:
-        seconds = super().duration(batch, padded, rng)
+    def duration(self, batch: ScheduledBatch, padded: int, rng: np.random.Generator,
+                 padded_rows: int = 0) -> float:
+        seconds = super().duration(batch, padded, rng, padded_rows)
         if batch.kind != "decode":
             seconds = max(seconds, self.floor_s)
         return seconds * (self.warm[batch.step] if batch.step < len(self.warm) else 1.0)

@@ -184,8 +184,9 @@ class LaunchBoundLaw(StepLaw):
 
     floor_s: float = 0.0
 
-    def duration(self, batch: ScheduledBatch, padded: int, rng: np.random.Generator) -> float:
-        seconds = super().duration(batch, padded, rng)
+    def duration(self, batch: ScheduledBatch, padded: int, rng: np.random.Generator,
+                 padded_rows: int = 0) -> float:
+        seconds = super().duration(batch, padded, rng, padded_rows)
         return max(seconds, self.floor_s) if batch.kind != "decode" else seconds
 
 

@@ -159,6 +159,18 @@ def test_the_simulator_pads_prefills_as_the_target_engine_would(source, model, o
     # its makespan is what the simulation predicts.
     target_config = CONFIG.replace(**overrides)
     measured = record_workload(target_config, requests(), LAW, host=HOST, prefill_graphs=True)
+    if overrides.get("policy") == "chunked":
+        # Its mixed steps run from mixed graphs (as the engine's runner captures them), a class
+        # the prefill-first source never ran: priced from its prefill-graph fit, so not exactly,
+        # and arrivals then join at other steps. Every mixed step is a graph step in both, and
+        # the makespan holds within the fidelity target.
+        for events in (measured, result.events):
+            steps = events.tables["model_step"]
+            mixed = np.asarray(steps["kind"]).astype(str) == "mixed"
+            assert mixed.any() and np.asarray(steps["graph_used"], dtype=bool)[mixed].all()
+        assert result.metrics["makespan_s"] == pytest.approx(
+            compute(measured).summary["makespan_s"], rel=0.03)
+        return
     assert compare_decisions(measured, result.events) is None
     assert prefill_steps(measured)[3].tolist() == padded.tolist()
     assert result.metrics["makespan_s"] == pytest.approx(

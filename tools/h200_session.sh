@@ -2,7 +2,7 @@
 # One device call on the H200: GPU tests against transformers, the engine benchmark (with
 # transformers' generate_batch as the peer), a decode profile and the two committed traces.
 # Usage (repository root, on the device): bash tools/h200_session.sh STAGES
-#   STAGES (VARIANTS=chunked,chunked-2048 LONG_PREFILL=32768 for bench): comma-separated, any of ktests,tests,kernels,gemm,constrained,bench,hf,profile,mixed,plong. Results go under
+#   STAGES (VARIANTS=chunked,chunked-2048 LONG_PREFILL=32768 for bench): comma-separated, any of ktests,tests,kernels,gemm,constrained,policies,bench,hf,profile,mixed,plong. Results go under
 #   $OUT. bench runs tracing off/on (SKIP_OFF=1: on only) and, with COMPARE=1, tracing on
 #   without overlapped steps. mixed: the mixed-step graph and long-prefill GPU tests and the
 #   chunked fp32 runner tests; plong: the long-prefill tiling sweep (benchmarks/prefill_long.py).
@@ -57,6 +57,18 @@ if has constrained; then
     # --warm-up 1: recorded warm, like the reference (bench records after a warm-up run).
     python3 -m replay.cli.main run --model "$MODEL" --workload bench --out /tmp/traces/h200-constrained \
         --warm-up 1 --set max_num_seqs=64 --set num_kvcache_blocks=300 2>&1 | tail -6 | tee "$OUT/constrained.log"
+fi
+if has policies; then
+    # Issue 17: the reference workload with a seeded third of it high priority
+    # (benchmarks/policies.py) under `priority`, in the constrained pool (the setting
+    # docs/policies.md checks) and in the reference's; each recorded warm, as constrained is.
+    python3 -m benchmarks.policies workload /tmp/priority.jsonl | tee "$OUT/policies.log"
+    for cell in constrained reference; do
+        POOL=; [ $cell = constrained ] && POOL="--set max_num_seqs=64 --set num_kvcache_blocks=300"
+        python3 -m replay.cli.main run --model "$MODEL" --workload /tmp/priority.jsonl \
+            --out /tmp/traces/h200-$cell-priority --warm-up 1 --set policy=priority $POOL 2>&1 \
+            | tail -6 | tee -a "$OUT/policies.log"
+    done
 fi
 if has bench || has hf; then
     HF_FLAG=--no-transformers; has hf && HF_FLAG=

@@ -76,7 +76,8 @@ def sim_request(request: Request, where: str) -> SimRequest:
                              "(prompt_token_ids or a recipe)")
     if not isinstance(prompt, PromptRecipe):
         prompt = np.asarray(prompt, dtype=np.int32)
-    return SimRequest(prompt, request.sampling_params(), request.arrival_s, 0)
+    return SimRequest(prompt, request.sampling_params(), request.arrival_s, 0,
+                      priority=request.priority)
 
 
 @dataclass

@@ -155,3 +155,75 @@ def test_the_needed_rule_defers_while_free_blocks_cover_the_next_claims() -> Non
         assert tables["preempted"]["seq_id"], "the pool must force a preemption"
         overlapped[rule] = sum(tables["model_step"]["overlapped"])
     assert overlapped["needed"] >= overlapped["per_running"] + 10, overlapped
+
+
+def _admission_in_flight_workload(policy: str) -> Workload:
+    """Request 1 arrives while request 0 decodes, its prompt request 0's prompt and first
+    sampled tokens: it is admitted in the schedule right after a deferred decode step (whose
+    tokens are still on the device) and hits the blocks request 0's decodes completed."""
+    config = Config(kvcache_block_size=2, num_kvcache_blocks=64, max_model_len=32,
+                    max_num_batched_tokens=32, max_num_seqs=4, policy=policy)
+    script = (2, 3, 4, 5, 2, 3, 4, 5)
+    requests = (RequestSpec(0, (2, 3, 4), 8, True, script),
+                RequestSpec(5, (2, 3, 4, *script[:4]), 4, True, (4, 4, 4, 4)))
+    return Workload(config, requests)
+
+
+def _admissions_in_flight(workload: Workload) -> int:
+    """Run ``workload`` sequentially and overlapped (``_check_same``), checking at every
+    admission that no block hash is pending and no admitted prompt holds a placeholder token;
+    returns how many admissions were scheduled while a step's tokens were still on the device."""
+    from engine.block_manager import BlockManager
+    from engine.overlap_scheduler import OverlapScheduler
+    from engine.sequence import PENDING_TOKEN
+
+    allocate, schedule = BlockManager.allocate, OverlapScheduler.schedule
+    flight = {"now": False, "admissions": 0}
+
+    def watched_schedule(self: OverlapScheduler):  # noqa: ANN202
+        flight["now"] = any(seq.last_token == PENDING_TOKEN for seq in self.running)
+        return schedule(self)
+
+    def checked_allocate(self: BlockManager, seq) -> None:  # noqa: ANN001
+        assert not self.pending_hashes, "an admission read the cache with a block hash pending"
+        assert PENDING_TOKEN not in seq.token_ids, "an admitted prompt holds a placeholder token"
+        flight["admissions"] += flight["now"]
+        allocate(self, seq)
+
+    BlockManager.allocate, OverlapScheduler.schedule = checked_allocate, watched_schedule
+    try:
+        _check_same(workload)
+    finally:
+        BlockManager.allocate, OverlapScheduler.schedule = allocate, schedule
+    return flight["admissions"]
+
+
+@settings(max_examples=scaled(0.25))
+@given(workload=workloads(), roomy=st.booleans())
+def test_no_admission_reads_the_cache_while_a_block_hash_is_pending(
+    workload: Workload, roomy: bool
+) -> None:
+    """Why ``schedule_needs_tokens`` resolves first only for mixed-batch policies: a block
+    completed by a pending token is hashed by ``may_append`` in a decode pass, and a
+    whole-prompt policy (``mixed_batches`` False) admits before its decode pass and runs none in
+    a step that admitted; ``EngineCore`` resolves the step in flight before it returns, so every
+    schedule starts with no pending hash. So every admission, also one scheduled while a step's
+    tokens are still on the device, reads the cache the sequential scheduler reads (same
+    events, ``_check_same``), and no prompt it hashes holds a placeholder."""
+    admissions = _admissions_in_flight(_roomy(workload) if roomy else workload)
+    event("an admission while a step was in flight" if admissions else "none in flight")
+
+
+def test_an_admission_while_a_step_is_in_flight_hits_what_the_sequential_run_hits() -> None:
+    """The hand-made case of the latent bug once suspected: under the whole-prompt policies a
+    request is admitted while request 0's decode tokens are still on the device, and it hits
+    the blocks those decodes completed, as in the sequential run. Under ``chunked`` the same
+    schedule would hash a pending block before admitting: there the engine resolves first
+    (``schedule_needs_tokens``), so no admission happens in flight (without that resolve the
+    check fails)."""
+    for policy in ("prefill_first", "priority", "chunked"):
+        workload = _admission_in_flight_workload(policy)
+        admissions = _admissions_in_flight(workload)
+        assert admissions == 0 if policy == "chunked" else admissions >= 1, policy
+        tables = _check_same(workload)
+        assert [s for s in tables["block_hit"]["seq_id"] if s == 1], policy

@@ -13,6 +13,8 @@ What these tests prove:
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -96,6 +98,23 @@ def assert_same_run(requests: list[Request], overrides: dict, cost: CostModel | 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_streamed_equals_whole_workload(cost: CostModel, name: str) -> None:
     assert_same_run(poisson_requests(120, seed=3), CONFIGS[name], cost)
+
+
+def test_streamed_workload_keeps_priorities(cost: CostModel) -> None:
+    """Under ``priority`` the streamed run serves each request's priority, as the whole one
+    does (the streamed reader once dropped it, so every request ran at priority 0); the
+    baseline shows that the priorities change the run."""
+    requests = [dataclasses.replace(r, arrival_s=0.0, priority=i % 3)
+                for i, r in enumerate(poisson_requests(60, seed=5))]
+    assert_same_run(requests, {"policy": "priority", **CONFIGS["small pool preempts"]}, cost)
+    kept = [MemorySink(), MemorySink()]
+    for sink, batch in zip(kept, (requests, [dataclasses.replace(r, priority=0)
+                                            for r in requests])):
+        simulate_stream(WorkloadSource(batch, TIMING, "w"),
+                        {"policy": "priority", **CONFIGS["small pool preempts"]}, cost,
+                        downstream=sink)
+    events = [from_columns(k.header, k.tables) for k in kept]
+    assert compare_decisions(*events) is not None
 
 
 def test_streamed_equals_whole_workload_untimed() -> None:

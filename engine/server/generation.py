@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.server.engine_loop import EngineLoop, RequestStream
+from engine.server.engine_loop import RequestStream
 
 # The engine's finish reasons as OpenAI's.
 OPENAI_FINISH = {"eos": "stop", "stop": "stop", "length": "length", "aborted": "abort"}
@@ -33,7 +33,7 @@ class Generation:
     """Turns a ``RequestStream``'s tokens into text pieces (``pieces``), finishing the request
     in the engine when a stop string appears and aborting it when the consumer goes away."""
 
-    def __init__(self, engine: EngineLoop, stream: RequestStream, tokenizer: Any,
+    def __init__(self, engine: Any, stream: RequestStream, tokenizer: Any,
                  metrics: Any, arrived: float) -> None:
         self.engine, self.stream, self.metrics = engine, stream, metrics
         self.detok = IncrementalDetokenizer(tokenizer, stream.params.stop,
@@ -58,6 +58,11 @@ class Generation:
         try:
             while True:
                 tokens, reason, error = await self.stream.queue.get()
+                queue = self.stream.queue
+                while not queue.empty() and reason is None and error is None:
+                    # The stream fell behind the engine: what piled up goes out as one piece.
+                    more, reason, error = queue.get_nowait()
+                    tokens = tokens + more
                 if error is not None:
                     self.done = True
                     raise GenerationError(error)

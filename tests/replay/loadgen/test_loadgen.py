@@ -52,8 +52,11 @@ def test_open_and_closed_loop(workload: Path, tmp_path: Path,
         assert (frame["ttft_s"] > 0).all() and (frame["e2e_s"] >= frame["ttft_s"]).all()
         assert summary["completion_tokens"] == frame["completion_tokens"].sum()
         assert summary["throughput_tok_s"] > 0
-        assert all(len(itl) == n - 1 for itl, n in zip(frame["itl_s"],
-                                                      frame["completion_tokens"]))
+        # One gap between content chunks; a stream behind the engine sends what piled up as
+        # one chunk, so a request has at most a chunk per token.
+        assert all(0 <= len(itl) <= n - 1 for itl, n in zip(frame["itl_s"],
+                                                           frame["completion_tokens"]))
+        assert sum(map(len, frame["itl_s"])) > 0
     _, _, run = read_result(tmp_path / "closed.parquet")
     assert run["max_concurrency"] == 3
     trace = read_trace(tmp_path / "trace")

@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP frontend (FastAPI): completions, chat completions, models,
-health and Prometheus metrics, over the engine: an ``EngineProcess`` (the engine core in its own process, the default) or an
-``EngineLoop`` (in a thread of this process).
+health and Prometheus metrics, over the engine: an ``EngineProcess`` (the engine core in its
+own process, the default) or an ``EngineLoop`` (in a thread of this process).
 
 Requests are checked (``engine.server.protocol``) and tokenized here; anything the engine could
 not serve is a 400 before it reaches the engine, so the trace holds real traffic only.
@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from engine.server import generation as gen
 from engine.server.chat import chat_prompt_ids
 from engine.server.engine_loop import EngineStopped, RequestStream
+from engine.server.fast_text import ChunkWriter
 from engine.server.metrics import CONTENT_TYPE, ServerMetrics
 from engine.server.protocol import (
     ApiError,
@@ -193,12 +194,13 @@ async def _events(state: ServerState, parsed: ParsedRequest, generation: gen.Gen
     """The server-sent events of a streamed answer. Starlette cancels this generator when the
     client disconnects; ``Generation.pieces`` then aborts the request."""
     chat, model, usage = parsed.chat, state.model_name, parsed.include_usage
+    writer = ChunkWriter(chat, request_id, model, created, usage)
     if chat:
         yield gen.chunk(chat, request_id, model, created, "", None, usage, first=True)
     try:
         async for piece in generation.pieces():
             if piece.text or piece.finish_reason is None:
-                yield gen.chunk(chat, request_id, model, created, piece.text, None, usage)
+                yield writer.piece(piece.text)
             if piece.finish_reason is not None:
                 text = None if chat else ""
                 yield gen.chunk(chat, request_id, model, created, text, piece.finish_reason,

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from engine.detokenizer import IncrementalDetokenizer
 from engine.server.engine_loop import RequestStream
+from engine.server.fast_text import StreamDetokenizer, backend_decoder
 
 # The engine's finish reasons as OpenAI's.
 OPENAI_FINISH = {"eos": "stop", "stop": "stop", "length": "length", "aborted": "abort"}
@@ -36,8 +36,8 @@ class Generation:
     def __init__(self, engine: Any, stream: RequestStream, tokenizer: Any,
                  metrics: Any, arrived: float) -> None:
         self.engine, self.stream, self.metrics = engine, stream, metrics
-        self.detok = IncrementalDetokenizer(tokenizer, stream.params.stop,
-                                            skip_special_tokens=True)
+        self.detok = StreamDetokenizer(tokenizer, stream.params.stop, skip_special_tokens=True,
+                                       decoder=backend_decoder(tokenizer))
         self.arrived = arrived  # time.perf_counter() when the HTTP request came in
         self.num_completion_tokens = 0
         self.first_token_at: float | None = None

@@ -12,6 +12,15 @@ Across one ``multiprocessing`` pipe, as pickled tuples:
   requests that finished, ``StepStats``) and one per batch of inputs that produced errors or
   aborts, and ``("closed", summary, error)`` last.
 
+Stop strings are found in the frontend, which detokenizes anyway (vLLM v1's output processor
+does the same): the answer's text is cut exactly at the stop, and the engine hears ``finish(rid,
+"stop")`` a step or more after the token that completed it, so the request runs those steps
+and its recorded finish (an input like an abort: the trace verifies) comes later than
+``LLM.generate``'s, which checks after every step inside its own loop. Where the trace must hold
+the offline engine's decisions for the same arrivals (a step-identical comparison with
+``LLM.generate``, blocks freed at the stop's step), the check belongs in the core, at the step
+boundary; the server does not need that.
+
 ``rid`` is the frontend's request id; the engine maps it to its sequence id. Arrival times are
 taken by the frontend on the engine's clock (``time.perf_counter`` less the engine's start,
 sent in ``EngineInfo``: CLOCK_MONOTONIC is one clock for every process of the machine).

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.server.proxy import ProxyEngine, ProxyStepTimes
 from engine.sampling_params import SamplingParams
+from engine.server.proxy import ProxyEngine, ProxyStepTimes
 from replay.verify import verify
 from tracing import read_trace
 

@@ -1,9 +1,8 @@
 """The frontend's handle on the engine process (``engine.server.engine_proc``): the same
 interface as the in-thread ``EngineLoop`` (submit, finish, shutdown, now, ...).
 
-A reader thread blocks on the pipe (the GIL is released while it waits) and hands each
-engine step's outputs to the event loop in one ``call_soon_threadsafe``; there, each request's
-tokens go to its ``RequestStream`` queue.
+The event loop reads the pipe itself (``add_reader``): each engine step's message is one read,
+and each request's tokens go to its ``RequestStream`` queue.
 """
 
 from __future__ import annotations
@@ -70,7 +69,7 @@ class EngineProcess:
         self._accepting = True
         self._send_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._reader: threading.Thread | None = None
+        self._started = False
         self._closed = threading.Event()
         self.error: BaseException | None = None
         self.summary: dict[str, Any] | None = None
@@ -104,10 +103,10 @@ class EngineProcess:
 
     # --- requests (event-loop thread) -------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the engine's outputs on ``loop`` itself (no thread: no GIL hand-over per step)."""
         self._loop = loop
-        self._reader = threading.Thread(target=self._read, name="replayllm-engine-reader",
-                                        daemon=True)
-        self._reader.start()
+        self._started = True
+        loop.add_reader(self.conn.fileno(), self._on_readable)
 
     def submit(self, stream: RequestStream) -> None:
         """Send a request to the engine; ``EngineStopped`` when not accepting."""
@@ -139,27 +138,34 @@ class EngineProcess:
             self._cond.notify_all()
 
     # --- outputs (reader thread, then the event loop) ---------------------------------------------
-    def _read(self) -> None:
-        loop = self._loop
-        assert loop is not None
-        while True:
-            try:
+    def _on_readable(self) -> None:
+        """Every message the engine has sent so far (on the event loop)."""
+        try:
+            while self.conn.poll():
                 message = self.conn.recv()
-            except (EOFError, OSError):
-                if not self._closed.is_set():
-                    self.error = self.error or ReplayLLMError("the engine process died")
-                    self._closed.set()
-                    loop.call_soon_threadsafe(self._fail_all, "the engine process died")
-                return
-            if message[0] == "out":
-                loop.call_soon_threadsafe(self._dispatch, message)
-            elif message[0] == "closed":
-                self.summary = message[1]
-                if message[2] is not None:
-                    self.error = ReplayLLMError(message[2])
+                if message[0] == "out":
+                    self._dispatch(message)
+                elif message[0] == "closed":
+                    self._on_closed(message)
+                    return
+        except (EOFError, OSError):
+            if not self._closed.is_set():
+                self.error = self.error or ReplayLLMError("the engine process died")
+                self._stop_reading()
                 self._closed.set()
-                loop.call_soon_threadsafe(self._fail_all, "the server is shutting down")
-                return
+                self._fail_all("the engine process died")
+
+    def _on_closed(self, message: tuple) -> None:
+        self.summary = message[1]
+        if message[2] is not None:
+            self.error = ReplayLLMError(message[2])
+        self._stop_reading()
+        self._closed.set()
+        self._fail_all("the server is shutting down")
+
+    def _stop_reading(self) -> None:
+        if self._loop is not None:
+            self._loop.remove_reader(self.conn.fileno())
 
     def _dispatch(self, message: tuple) -> None:
         _, rids, tokens, finishes, errors, stats = message
@@ -206,7 +212,7 @@ class EngineProcess:
                 self._cond.wait(min(left, 0.5))
         if not self._closed.is_set():
             self._send(("stop",))
-            if self._reader is None:  # never started: read the engine's last words here
+            if not self._started:  # never started: read the engine's last words here
                 self._drain_until_closed()
             elif not self._closed.wait(CLOSE_TIMEOUT_S):
                 log.error("the engine process did not close its trace in time")

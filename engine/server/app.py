@@ -21,7 +21,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from engine.server import generation as gen
 from engine.server.chat import chat_prompt_ids
 from engine.server.engine_loop import EngineStopped, RequestStream
-from engine.server.fast_text import ChunkWriter
 from engine.server.metrics import CONTENT_TYPE, ServerMetrics
 from engine.server.protocol import (
     ApiError,
@@ -194,7 +193,7 @@ async def _events(state: ServerState, parsed: ParsedRequest, generation: gen.Gen
     """The server-sent events of a streamed answer. Starlette cancels this generator when the
     client disconnects; ``Generation.pieces`` then aborts the request."""
     chat, model, usage = parsed.chat, state.model_name, parsed.include_usage
-    writer = ChunkWriter(chat, request_id, model, created, usage)
+    writer = gen.ChunkWriter(chat, request_id, model, created, usage)
     if chat:
         yield gen.chunk(chat, request_id, model, created, "", None, usage, first=True)
     try:

@@ -3,13 +3,11 @@
 ``StreamDetokenizer``: ``IncrementalDetokenizer`` decoding through the tokenizer's Rust backend
 (``tokenizers.Tokenizer.decode``, the same text without ``transformers``' Python wrapper) and
 reusing the last decodes (the next token's prefix is usually the text just decoded).
-``ChunkWriter``: a streamed answer's content chunks from a per-request template, so one
-``json.dumps`` of the text is all a chunk costs.
+(``generation.ChunkWriter`` is the other half: a chunk from a per-request template.)
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from engine.detokenizer import IncrementalDetokenizer
@@ -45,22 +43,3 @@ class StreamDetokenizer(IncrementalDetokenizer):
             text = super()._decode(token_ids)
         self._memo = [self._memo[-1], (token_ids, text)] if self._memo else [(token_ids, text)]
         return text
-
-
-class ChunkWriter:
-    """The server-sent events of one streamed answer's content (``piece``): exactly
-    ``generation.chunk``'s text for a chunk with text and no finish reason."""
-
-    def __init__(self, chat: bool, request_id: str, model: str, created: int,
-                 include_usage: bool) -> None:
-        from engine.server.generation import chunk
-
-        marker = "\x00"
-        sample = chunk(chat, request_id, model, created, marker, None,
-                                         include_usage)
-        quoted = json.dumps(marker)
-        head, tail = sample.split(quoted)
-        self.head, self.tail = head, tail
-
-    def piece(self, text: str) -> str:
-        return self.head + json.dumps(text, ensure_ascii=False) + self.tail

@@ -168,3 +168,21 @@ def sse(body: dict[str, Any]) -> str:
 
 
 DONE = "data: [DONE]\n\n"
+
+
+class ChunkWriter:
+    """The server-sent events of one streamed answer's content (``piece``): exactly
+    ``generation.chunk``'s text for a chunk with text and no finish reason."""
+
+    def __init__(self, chat: bool, request_id: str, model: str, created: int,
+                 include_usage: bool) -> None:
+        marker = "\x00"
+        sample = chunk(chat, request_id, model, created, marker, None,
+                                         include_usage)
+        quoted = json.dumps(marker)
+        head, tail = sample.split(quoted)
+        self.head, self.tail = head, tail
+
+    def piece(self, text: str) -> str:
+        return self.head + json.dumps(text, ensure_ascii=False) + self.tail
+

@@ -8,8 +8,8 @@ import pytest
 from engine.detokenizer import IncrementalDetokenizer
 from engine.model.checkpoint import default_model_dir
 from engine.model.tokenizer import load_tokenizer
-from engine.server.fast_text import ChunkWriter, StreamDetokenizer, backend_decoder
-from engine.server.generation import chunk
+from engine.server.fast_text import StreamDetokenizer, backend_decoder
+from engine.server.generation import ChunkWriter, chunk
 
 
 @pytest.fixture(scope="module")

@@ -44,13 +44,19 @@ def _free_port() -> int:
 class Server:
     """A ``replayllm serve`` subprocess recording to ``trace_dir``."""
 
-    def __init__(self, trace_dir: Path, model: str | None, settings: list[str]) -> None:
+    def __init__(self, trace_dir: Path, model: str | None, settings: list[str],
+                 engine: str = "process", proxy_trace: str | None = None,
+                 slowdown: float = 1.0) -> None:
         import httpx
 
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        args = [sys.executable, "-m", "replay.cli.main", "serve", "--port", str(self.port),
-                "--trace-dir", str(trace_dir)]
+        if proxy_trace is not None:  # the CPU proxy: this module's ``proxy-server`` mode
+            args = [sys.executable, "-m", "benchmarks.serve", "proxy-server",
+                    "--step-trace", proxy_trace, "--slowdown", str(slowdown)]
+        else:
+            args = [sys.executable, "-m", "replay.cli.main", "serve"]
+        args += ["--port", str(self.port), "--trace-dir", str(trace_dir), "--engine", engine]
         if model is not None:
             args += ["--model", model]
         for setting in settings:
@@ -77,10 +83,31 @@ class Server:
                     return int(line.split()[1]) / 1024
         return float("nan")
 
+    def cpu_s(self) -> dict[str, float]:
+        """CPU seconds (user + system) so far of the server process and of its children (the
+        engine process), from /proc (Linux)."""
+        out = {"frontend": _proc_cpu_s(self.proc.pid)}
+        try:
+            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
+                children = [int(c) for c in f.read().split()]
+        except OSError:
+            children = []
+        out["children"] = sum(_proc_cpu_s(c) for c in children)
+        return out
+
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(120)
+
+
+def _proc_cpu_s(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # --- soak ---------------------------------------------------------------------------------------
@@ -152,29 +179,115 @@ def soak(requests: int, concurrency: int, rss_bound_mb: float, settings: list[st
     }
 
 
-# --- gpu ----------------------------------------------------------------------------------------
-def gpu(model: str | None, load: float, settings: list[str], poisson_requests: int,
-        num_requests: int | None = None) -> dict:
+# --- gpu and its CPU proxy --------------------------------------------------------------------
+WARM_REQUESTS = 32
+
+
+def poisson_workload(workload: list, rate: float, count: int) -> list:
+    """``count`` requests of ``workload`` (cycled) at Poisson arrivals of ``rate`` per second."""
     import numpy as np
 
-    from benchmarks.engine import PRESET, ensure_model
-    from engine import LLM
+    from replay.workloads.request import Request
+
+    rng = np.random.default_rng(0)
+    gaps = rng.exponential(1.0 / rate, size=count)
+    arrivals = np.cumsum(gaps) - gaps[0]
+    cycled = (workload * (count // len(workload) + 1))[:count]
+    return [Request(r.prompt, r.max_tokens, r.temperature, r.ignore_eos, float(t))
+            for r, t in zip(cycled, arrivals)]
+
+
+def server_runs(make_server: Any, workload: list, offline_tok_s: float, mean_tokens: float,
+                load: float, poisson_requests: int, workers: int) -> dict[str, Any]:
+    """The two server measurements against one engine kind (``make_server(trace_dir)``):
+    ``all_at_once`` (the workload at t=0, streamed, after a warm-up run; client throughput
+    over ``offline_tok_s``) and ``poisson`` (``load`` of the offline request rate: client p50
+    TTFT against the trace's own p50 TTFT), with each server's CPU seconds per 1,000 tokens
+    (frontend process, engine process)."""
+    import numpy as np
+
     from replay.loadgen.result import requests_frame, summarize
     from replay.loadgen.runner import run_load
     from replay.metrics import compute
     from replay.recorded import from_trace
-    from replay.workloads.builtin import reference_workload
-    from replay.workloads.request import Request
     from tracing import read_trace
 
+    workdir = Path(tempfile.mkdtemp(prefix="serve-bench-"))
+    out: dict[str, Any] = {}
+    server = make_server(workdir / "all-at-once")
+    try:
+        run_load(workload, server.url, use_tqdm=False, workers=workers)  # warm-up
+        before = server.cpu_s()
+        measured, wall = run_load(workload, server.url, use_tqdm=False, workers=workers)
+        after = server.cpu_s()
+    finally:
+        server.stop()
+    summary = summarize(requests_frame(measured), wall)
+    out["all_at_once"] = {
+        "client_tok_s": round(summary["throughput_tok_s"], 1),
+        "ratio_to_offline": round(summary["throughput_tok_s"] / offline_tok_s, 3),
+        "target_ratio": 0.9, "errors": summary["errors"],
+        "client_ttft_p50_ms": round(1e3 * summary["ttft_p50_s"], 2),
+        **_cpu_per_ktok(before, after, summary["completion_tokens"]),
+    }
+    rate = load * offline_tok_s / mean_tokens  # requests per second
+    trace_dir = workdir / "poisson"
+    server = make_server(trace_dir)
+    try:
+        run_load(workload[:WARM_REQUESTS], server.url, use_tqdm=False)  # warm-up, recorded
+        before = server.cpu_s()
+        measured, wall = run_load(poisson_workload(workload, rate, poisson_requests),
+                                  server.url, use_tqdm=False, workers=workers)
+        after = server.cpu_s()
+    finally:
+        server.stop()
+    frame = requests_frame(measured)
+    client = summarize(frame, wall)
+    recorded = compute(from_trace(read_trace(trace_dir))).requests
+    # The Poisson run's requests, in arrival order; the client's in send order.
+    server_ttft = recorded.sort_values("arrival_s")["ttft_s"].to_numpy(dtype=float)
+    server_ttft = server_ttft[min(WARM_REQUESTS, len(workload)):]
+    client_ttft = frame.sort_values("sent_s")["ttft_s"].to_numpy(dtype=float)
+    server_p50 = float(np.nanpercentile(server_ttft, 50))
+    paired = (client_ttft - server_ttft) if len(client_ttft) == len(server_ttft) else None
+    out["poisson"] = {
+        "load": load, "rate_req_s": round(rate, 2), "requests": poisson_requests,
+        "client_ttft_p50_ms": round(1e3 * client["ttft_p50_s"], 2),
+        "trace_ttft_p50_ms": round(1e3 * server_p50, 2),
+        "added_ms": round(1e3 * (client["ttft_p50_s"] - server_p50), 2), "target_ms": 5.0,
+        "added_per_request_p50_ms": (round(1e3 * float(np.nanpercentile(paired, 50)), 2)
+                                     if paired is not None else None),
+        "added_per_request_p90_ms": (round(1e3 * float(np.nanpercentile(paired, 90)), 2)
+                                     if paired is not None else None),
+        "send_lag_p50_ms": round(1e3 * float(frame["send_lag_s"].median()), 2),
+        "client_tok_s": round(client["throughput_tok_s"], 1), "errors": client["errors"],
+        **_cpu_per_ktok(before, after, client["completion_tokens"]),
+    }
+    return out
+
+
+def _cpu_per_ktok(before: dict[str, float], after: dict[str, float],
+                  tokens: float) -> dict[str, float]:
+    k = max(tokens, 1.0) / 1000
+    return {"frontend_cpu_s_per_ktok": round((after["frontend"] - before["frontend"]) / k, 4),
+            "engine_proc_cpu_s_per_ktok": round((after["children"] - before["children"]) / k,
+                                                4)}
+
+
+def gpu(model: str | None, load: float, settings: list[str], poisson_requests: int,
+        num_requests: int | None = None, engines: tuple[str, ...] = ("process", "thread"),
+        workers: int = 4) -> dict:
+    """The offline engine, then ``server_runs`` for each engine kind in ``engines``."""
+    from benchmarks.engine import PRESET, ensure_model
+    from engine import LLM
+    from engine.config import parse_overrides
+    from replay.workloads.builtin import reference_workload
+
     model_dir = str(ensure_model(Path(model or ROOT / "out" / "models" / PRESET)))
-    overrides = dict(s.split("=", 1) for s in settings)
     workload = reference_workload()[:num_requests]  # all 256 unless a smoke run asks fewer
     prompts = [list(r.prompt) for r in workload]
     params = [r.sampling_params() for r in workload]
     # 1. the offline engine, warm (its start-up compiled everything; one untimed run first)
-    from engine.config import parse_overrides
-
     llm = LLM(model_dir, record_events=False, **parse_overrides(settings))
     llm.generate(prompts, params, use_tqdm=False)
     began = time.perf_counter()
@@ -185,52 +298,94 @@ def gpu(model: str | None, load: float, settings: list[str], poisson_requests: i
     _free_gpu()
     tokens = sum(len(o["token_ids"]) for o in outputs)
     offline_tok_s = tokens / offline_s
-    out: dict[str, Any] = {"model": model_dir, "settings": overrides,
-                           "offline_tok_s": round(offline_tok_s, 1), "offline_s": offline_s}
-
-    workdir = Path(tempfile.mkdtemp(prefix="serve-gpu-"))
-    server = Server(workdir / "all-at-once", model_dir, settings)
-    try:
-        run_load(workload, server.url, use_tqdm=False)  # warm-up: the server's first steps
-        measured, wall = run_load(workload, server.url, use_tqdm=False)
-    finally:
-        server.stop()
-    summary = summarize(requests_frame(measured), wall)
-    out["all_at_once"] = {"client_tok_s": round(summary["throughput_tok_s"], 1),
-                          "ratio_to_offline": round(summary["throughput_tok_s"]
-                                                    / offline_tok_s, 3),
-                          "errors": summary["errors"], "target_ratio": 0.9}
-
-    # 2. Poisson arrivals at ``load`` of the offline request rate
-    mean_tokens = tokens / len(workload)
-    rate = load * offline_tok_s / mean_tokens  # requests per second
-    rng = np.random.default_rng(0)
-    gaps = rng.exponential(1.0 / rate, size=poisson_requests)
-    arrivals = np.cumsum(gaps) - gaps[0]
-    poisson = [Request(r.prompt, r.max_tokens, r.temperature, r.ignore_eos, float(t))
-               for r, t in zip((workload * (poisson_requests // len(workload) + 1))
-                               [:poisson_requests], arrivals)]
-    trace_dir = workdir / "poisson"
-    server = Server(trace_dir, model_dir, settings)
-    try:
-        run_load(workload[:32], server.url, use_tqdm=False)  # warm-up, recorded too
-        measured, wall = run_load(poisson, server.url, use_tqdm=False)
-    finally:
-        server.stop()
-    frame = requests_frame(measured)
-    client = summarize(frame, wall)
-    recorded = compute(from_trace(read_trace(trace_dir)))
-    warm = min(32, len(workload))
-    per_request = recorded.requests.iloc[warm:]  # the Poisson run's requests, in order
-    server_p50 = float(np.nanpercentile(per_request["ttft_s"].to_numpy(dtype=float), 50))
-    out["poisson"] = {
-        "load": load, "rate_req_s": round(rate, 2), "requests": poisson_requests,
-        "client_ttft_p50_ms": round(1e3 * client["ttft_p50_s"], 2),
-        "trace_ttft_p50_ms": round(1e3 * server_p50, 2),
-        "added_ms": round(1e3 * (client["ttft_p50_s"] - server_p50), 2), "target_ms": 5.0,
-        "client_tok_s": round(client["throughput_tok_s"], 1), "errors": client["errors"],
-    }
+    out: dict[str, Any] = {"model": model_dir, "settings": dict(s.split("=", 1) for s in settings),
+                           "offline_tok_s": round(offline_tok_s, 1), "offline_s": offline_s,
+                           "client_workers": workers}
+    for engine in engines:
+        out[engine] = server_runs(lambda d, e=engine: Server(d, model_dir, settings, e),
+                                  workload, offline_tok_s, tokens / len(workload), load,
+                                  poisson_requests, workers)
+    _ratios(out, engines)
     return out
+
+
+def proxy(step_trace: str, load: float, settings: list[str], poisson_requests: int,
+          num_requests: int | None, engines: tuple[str, ...], workers: int,
+          slowdown: float) -> dict:
+    """``gpu``'s measurements on a CPU: the real engine core, scheduler and recorder over an
+    executor taking the step times fitted to ``step_trace`` (times ``slowdown``), offline and
+    behind the server; see ``engine.server.proxy``."""
+    from dataclasses import replace
+
+    from engine.config import parse_overrides
+    from engine.server.proxy import ProxyEngine, ProxyStepTimes
+    from replay.workloads.builtin import reference_workload
+
+    times = ProxyStepTimes.fit(step_trace)
+    times = replace(times, base_s=times.base_s * slowdown,
+                    prefill_token_s=times.prefill_token_s * slowdown,
+                    decode_seq_s=times.decode_seq_s * slowdown)
+    workload = reference_workload()[:num_requests]
+    engine = ProxyEngine(times, None, **parse_overrides(settings))
+    core = engine.core
+    cpu_began, began = time.process_time(), time.perf_counter()
+    for r in workload:
+        core.add_request(list(r.prompt), r.sampling_params(), arrival_s=0.0)
+    core.run_until_idle()
+    offline_s, offline_cpu = time.perf_counter() - began, time.process_time() - cpu_began
+    tokens = core.num_completion_tokens
+    engine.close()
+    offline_tok_s = tokens / offline_s
+    out: dict[str, Any] = {
+        "proxy": {"step_trace": step_trace, "slowdown": slowdown, **times.__dict__},
+        "offline_tok_s": round(offline_tok_s, 1), "offline_s": round(offline_s, 3),
+        "offline_cpu_s_per_ktok": round(offline_cpu / (tokens / 1000), 4),
+        "client_workers": workers}
+    proxy_settings = [f"{k}={v}" for k, v in parse_overrides(settings).items()]
+    for kind in engines:
+        out[kind] = server_runs(
+            lambda d, e=kind: _ProxyServer(d, proxy_settings, e, step_trace, slowdown),
+            workload, offline_tok_s, tokens / len(workload), load, poisson_requests, workers)
+    _ratios(out, engines)
+    return out
+
+
+def _ProxyServer(trace_dir: Path, settings: list[str], engine: str, step_trace: str,
+                 slowdown: float) -> Server:
+    return Server(trace_dir, None, settings, engine, step_trace, slowdown)
+
+
+def _ratios(out: dict[str, Any], engines: tuple[str, ...]) -> None:
+    if "process" in engines and "thread" in engines:
+        out["process_over_thread_all_at_once"] = round(
+            out["process"]["all_at_once"]["client_tok_s"]
+            / max(out["thread"]["all_at_once"]["client_tok_s"], 1e-9), 3)
+
+
+def proxy_server(argv: list[str]) -> int:
+    """``replayllm serve`` over the proxy engine (what ``_ProxyServer`` starts)."""
+    from dataclasses import replace
+
+    from engine.config import parse_overrides
+    from engine.server.proxy import ProxyStepTimes
+    from engine.server.run import serve
+
+    parser = argparse.ArgumentParser(prog="benchmarks.serve proxy-server")
+    parser.add_argument("--step-trace", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--trace-dir", required=True)
+    parser.add_argument("--engine", default="process")
+    parser.add_argument("--slowdown", type=float, default=1.0)
+    parser.add_argument("--set", dest="settings", action="append", default=[])
+    args = parser.parse_args(argv)
+    slowdown, settings = args.slowdown, args.settings
+    times = ProxyStepTimes.fit(args.step_trace)
+    times = replace(times, base_s=times.base_s * slowdown,
+                    prefill_token_s=times.prefill_token_s * slowdown,
+                    decode_seq_s=times.decode_seq_s * slowdown)
+    serve(None, trace_dir=args.trace_dir, port=args.port, overrides=parse_overrides(settings),
+          engine_mode=args.engine, proxy=times)
+    return 0
 
 
 def _free_gpu() -> None:
@@ -247,8 +402,11 @@ def _free_gpu() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["proxy-server"]:
+        return proxy_server(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", nargs="?", choices=["soak", "gpu"], default="soak")
+    parser.add_argument("mode", nargs="?", choices=["soak", "gpu", "proxy"], default="soak")
     parser.add_argument("--requests", type=int, default=5000, help="soak: requests to send")
     parser.add_argument("--concurrency", type=int, default=64, help="soak: in flight")
     parser.add_argument("--rss-bound-mb", type=float, default=64.0,
@@ -259,15 +417,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--poisson-requests", type=int, default=512)
     parser.add_argument("--num-requests", type=int, default=None,
                         help="gpu: only the first N reference requests (a smoke run)")
+    parser.add_argument("--engines", default="process,thread",
+                        help="gpu/proxy: the server's engine kinds to measure (process, thread)")
+    parser.add_argument("--client-workers", type=int, default=4,
+                        help="gpu/proxy: loadgen client processes")
+    parser.add_argument("--step-trace", default=str(ROOT / "traces" / "h200-reference"),
+                        help="proxy: the GPU trace whose step times the proxy takes")
+    parser.add_argument("--slowdown", type=float, default=1.0,
+                        help="proxy: multiply the fitted step times (a CPU too small to "
+                        "keep up with the GPU's token rate)")
     parser.add_argument("--set", dest="settings", action="append", default=[],
                         metavar="KEY=VALUE", help="a Config field for the engine(s)")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args(argv)
+    engines = tuple(e for e in args.engines.split(",") if e)
     if args.mode == "soak":
         result = soak(args.requests, args.concurrency, args.rss_bound_mb, args.settings)
-    else:
+    elif args.mode == "gpu":
         result = gpu(args.model, args.load, args.settings, args.poisson_requests,
-                     args.num_requests)
+                     args.num_requests, engines, args.client_workers)
+    else:
+        result = proxy(args.step_trace, args.load, args.settings, args.poisson_requests,
+                       args.num_requests, engines, args.client_workers, args.slowdown)
     result["machine"] = {"cpus": os.cpu_count(), "platform": sys.platform}
     text = json.dumps(result, indent=2, default=str)
     print(text)

@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP frontend (FastAPI): completions, chat completions, models,
-health and Prometheus metrics, over an ``EngineLoop`` running in its own thread.
+health and Prometheus metrics, over the engine: an ``EngineProcess`` (the engine core in its
+own process, the default) or an ``EngineLoop`` (in a thread of this process).
 
 Requests are checked (``engine.server.protocol``) and tokenized here; anything the engine could
 not serve is a 400 before it reaches the engine, so the trace holds real traffic only.
@@ -17,10 +18,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from engine.sequence import Sequence
 from engine.server import generation as gen
 from engine.server.chat import chat_prompt_ids
-from engine.server.engine_loop import EngineLoop, EngineStopped, RequestStream
+from engine.server.engine_loop import EngineStopped, RequestStream
 from engine.server.metrics import CONTENT_TYPE, ServerMetrics
 from engine.server.protocol import (
     ApiError,
@@ -38,7 +38,7 @@ ENGINE_STOP_GRACE_S = 5.0
 class ServerState:
     """What the routes share: the engine loop, the tokenizer and the served model's limits."""
 
-    engine: EngineLoop
+    engine: Any  # EngineProcess or EngineLoop
     tokenizer: Any
     model_name: str
     max_model_len: int
@@ -47,14 +47,14 @@ class ServerState:
     created: int
 
 
-def create_app(engine: EngineLoop, model_name: str) -> FastAPI:
-    """The app; its lifespan starts the engine thread and, at shutdown, stops it and closes
-    the trace."""
-    llm = engine.llm
+def create_app(engine: Any, model_name: str) -> FastAPI:
+    """The app over a started engine (``EngineProcess`` or ``EngineLoop``); its lifespan
+    connects the engine's outputs to the event loop and, at shutdown, stops the engine and
+    closes the trace."""
     metrics = engine.metrics if engine.metrics is not None else ServerMetrics(model_name)
-    engine.metrics = metrics
-    state = ServerState(engine, llm.tokenizer, model_name, llm.config.max_model_len,
-                        llm.vocab_size, metrics, int(time.time()))
+    engine.set_metrics(metrics)
+    state = ServerState(engine, engine.tokenizer, model_name, engine.max_model_len,
+                        engine.vocab_size, metrics, int(time.time()))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -88,11 +88,13 @@ def create_app(engine: EngineLoop, model_name: str) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await _serve(state, request, parse_completion(await _body(request)))
+        arrival = engine.now()
+        return await _serve(state, request, parse_completion(await _body(request)), arrival)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await _serve(state, request, parse_chat(await _body(request)))
+        arrival = engine.now()
+        return await _serve(state, request, parse_chat(await _body(request)), arrival)
 
     return app
 
@@ -115,7 +117,7 @@ def _prompt_ids(state: ServerState, parsed: ParsedRequest) -> tuple[list[int], s
     return ids, "prompt"
 
 
-def _admit(state: ServerState, parsed: ParsedRequest) -> RequestStream:
+def _admit(state: ServerState, parsed: ParsedRequest, arrival_s: float) -> RequestStream:
     """A checked, tokenized request ready for the engine (ApiError: what is wrong with it)."""
     if parsed.model is not None and parsed.model != state.model_name:
         raise ApiError(f"the model {parsed.model!r} does not exist; this server serves "
@@ -130,15 +132,17 @@ def _admit(state: ServerState, parsed: ParsedRequest) -> RequestStream:
             f"this model's maximum context length is {limit} tokens; the request has "
             f"{len(ids)} prompt tokens and asks for {max_tokens} more", field)
     params = parsed.sampling_params(max_tokens)
-    error = state.engine.core.scheduler.admission_error(Sequence(-1, ids, params))
+    error = state.engine.admission_error(ids, params)
     if error is not None:
         raise ApiError(error, field)
-    return RequestStream(ids, params, state.engine.now())
+    return RequestStream(ids, params, arrival_s)
 
 
-async def _serve(state: ServerState, request: Request, parsed: ParsedRequest) -> Response:
-    arrived = time.perf_counter()
-    stream = _admit(state, parsed)
+async def _serve(state: ServerState, request: Request, parsed: ParsedRequest,
+                 arrival_s: float) -> Response:
+    """``arrival_s``: when the request came in, on the engine's clock (what the trace records)."""
+    arrived = time.perf_counter() - (state.engine.now() - arrival_s)
+    stream = _admit(state, parsed, arrival_s)
     try:
         state.engine.submit(stream)
     except EngineStopped as exc:
@@ -189,12 +193,13 @@ async def _events(state: ServerState, parsed: ParsedRequest, generation: gen.Gen
     """The server-sent events of a streamed answer. Starlette cancels this generator when the
     client disconnects; ``Generation.pieces`` then aborts the request."""
     chat, model, usage = parsed.chat, state.model_name, parsed.include_usage
+    writer = gen.ChunkWriter(chat, request_id, model, created, usage)
     if chat:
         yield gen.chunk(chat, request_id, model, created, "", None, usage, first=True)
     try:
         async for piece in generation.pieces():
             if piece.text or piece.finish_reason is None:
-                yield gen.chunk(chat, request_id, model, created, piece.text, None, usage)
+                yield writer.piece(piece.text)
             if piece.finish_reason is not None:
                 text = None if chat else ""
                 yield gen.chunk(chat, request_id, model, created, text, piece.finish_reason,

@@ -23,6 +23,8 @@ from engine.drive import drive
 from engine.engine_core import EngineCore, StepResult
 from engine.llm import LLMEngine
 from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
+from engine.server.step_stats import StatsApplier, step_stats
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +72,32 @@ class EngineLoop:
         self._stop = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._preemptions = 0
+        self._stats = StatsApplier(metrics)
         self.error: BaseException | None = None
         self.summary: dict[str, Any] | None = None
 
     # --- frontend side (any thread) ---------------------------------------------------------------
+    # What the frontend needs of the engine (the same on ``EngineProcess``).
+    @property
+    def tokenizer(self) -> Any:
+        return self.llm.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.llm.config.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.llm.vocab_size
+
+    def admission_error(self, token_ids: list[int], params: SamplingParams) -> str | None:
+        """Why the engine could never serve this request (``Scheduler.admission_error``)."""
+        return self.core.scheduler.admission_error(Sequence(NO_SEQ, token_ids, params))
+
+    def set_metrics(self, metrics: Any) -> None:
+        self.metrics = metrics
+        self._stats = StatsApplier(metrics)
+
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._thread = threading.Thread(target=self._run, name="replayllm-engine", daemon=True)
@@ -233,26 +256,7 @@ class EngineLoop:
 
     def _observe(self, result: StepResult) -> None:
         """Engine state after a step, for /metrics."""
-        m, scheduler, batch = self.metrics, self.core.scheduler, result.batch
-        m.running.set(len(scheduler.running))
-        m.waiting.set(len(scheduler.waiting))
-        pool = scheduler.block_manager
-        m.kv_usage.set(1.0 - len(pool.free_block_ids) / max(pool.num_blocks, 1))
-        if scheduler.num_preemptions > self._preemptions:
-            m.preemptions.inc(scheduler.num_preemptions - self._preemptions)
-            self._preemptions = scheduler.num_preemptions
-        if batch.num_prefill_seqs:
-            queried = hits = computed = 0
-            for i in range(batch.num_prefill_seqs):
-                seq, new = batch.seqs[i], batch.num_new_tokens[i]
-                computed += new
-                if batch.context_lens[i] - new == seq.num_cached_tokens:  # its first chunk
-                    queried += seq.num_prompt_tokens
-                    hits += seq.num_cached_tokens
-            m.prefix_queries.inc(queried)
-            m.prefix_hits.inc(hits)
-            m.prompt_tokens.inc(computed)
-        m.generation_tokens.inc(len(result.output.token_ids))
+        self._stats.apply(step_stats(self.core, result))
 
 
 def _put_all(deliveries: list) -> None:

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from engine.detokenizer import IncrementalDetokenizer
-from engine.server.engine_loop import EngineLoop, RequestStream
+from engine.server.engine_loop import RequestStream
+from engine.server.fast_text import StreamDetokenizer, backend_decoder
 
 # The engine's finish reasons as OpenAI's.
 OPENAI_FINISH = {"eos": "stop", "stop": "stop", "length": "length", "aborted": "abort"}
@@ -33,11 +33,11 @@ class Generation:
     """Turns a ``RequestStream``'s tokens into text pieces (``pieces``), finishing the request
     in the engine when a stop string appears and aborting it when the consumer goes away."""
 
-    def __init__(self, engine: EngineLoop, stream: RequestStream, tokenizer: Any,
+    def __init__(self, engine: Any, stream: RequestStream, tokenizer: Any,
                  metrics: Any, arrived: float) -> None:
         self.engine, self.stream, self.metrics = engine, stream, metrics
-        self.detok = IncrementalDetokenizer(tokenizer, stream.params.stop,
-                                            skip_special_tokens=True)
+        self.detok = StreamDetokenizer(tokenizer, stream.params.stop, skip_special_tokens=True,
+                                       decoder=backend_decoder(tokenizer))
         self.arrived = arrived  # time.perf_counter() when the HTTP request came in
         self.num_completion_tokens = 0
         self.first_token_at: float | None = None
@@ -58,6 +58,11 @@ class Generation:
         try:
             while True:
                 tokens, reason, error = await self.stream.queue.get()
+                queue = self.stream.queue
+                while not queue.empty() and reason is None and error is None:
+                    # The stream fell behind the engine: what piled up goes out as one piece.
+                    more, reason, error = queue.get_nowait()
+                    tokens = tokens + more
                 if error is not None:
                     self.done = True
                     raise GenerationError(error)
@@ -163,3 +168,21 @@ def sse(body: dict[str, Any]) -> str:
 
 
 DONE = "data: [DONE]\n\n"
+
+
+class ChunkWriter:
+    """The server-sent events of one streamed answer's content (``piece``): exactly
+    ``generation.chunk``'s text for a chunk with text and no finish reason."""
+
+    def __init__(self, chat: bool, request_id: str, model: str, created: int,
+                 include_usage: bool) -> None:
+        marker = "\x00"
+        sample = chunk(chat, request_id, model, created, marker, None,
+                                         include_usage)
+        quoted = json.dumps(marker)
+        head, tail = sample.split(quoted)
+        self.head, self.tail = head, tail
+
+    def piece(self, text: str) -> str:
+        return self.head + json.dumps(text, ensure_ascii=False) + self.tail
+

@@ -12,6 +12,9 @@ log = logging.getLogger(__name__)
 DEFAULT_GRACE_S = 30.0
 
 
+ENGINE_MODES = ("process", "thread")
+
+
 def serve(
     model: str | None,
     trace_dir: str | None = None,
@@ -21,9 +24,15 @@ def serve(
     served_model_name: str | None = None,
     grace_s: float = DEFAULT_GRACE_S,
     kv_events_endpoint: str | None = None,
+    engine_mode: str = "process",
+    proxy: Any = None,
 ) -> dict[str, Any] | None:
     """Serve ``model`` until SIGINT/SIGTERM; returns the engine's summary.
 
+    ``engine_mode``: ``process`` runs the engine core in its own process (the default: HTTP
+    and streaming never take the interpreter from the engine loop), ``thread`` in a thread
+    of this one. ``proxy`` (``engine.server.proxy.ProxyStepTimes``): the real engine core over
+    a stand-in executor with a GPU's step times, to measure the server on a CPU.
     On a signal the server stops taking connections, gives running requests ``grace_s``
     seconds to finish, aborts the rest (recorded ``aborted``) and closes the trace.
     """
@@ -31,42 +40,51 @@ def serve(
         import uvicorn
 
         from engine.server.app import create_app
-        from engine.server.engine_loop import EngineLoop
         from engine.server.metrics import ServerMetrics
     except ImportError as exc:
         raise ReplayLLMError(
             f"replayllm serve needs the 'serve' extra (pip install 'replayllm[serve]'): {exc}"
         ) from None
-    from engine.llm import LLM
+    from engine.server.engine_proc import EngineSpec
 
     if grace_s < 0:
         raise ReplayLLMError(f"--grace must be >= 0 seconds, got {grace_s}")
+    if engine_mode not in ENGINE_MODES:
+        raise ReplayLLMError(f"--engine must be one of {', '.join(ENGINE_MODES)}, "
+                             f"got {engine_mode!r}")
     name = served_model_name or (model if model is not None else "replayllm-tiny")
+    spec = EngineSpec(model, trace_dir, dict(overrides or {}), kv_events_endpoint, proxy)
     publisher = None
-    if kv_events_endpoint is not None:
-        from engine.server.kv_publisher import ZmqKVPublisher
-        from tracing.kv_events import KVEventTap
+    if engine_mode == "process":
+        from engine.server.engine_client import EngineProcess
 
-        publisher = ZmqKVPublisher(kv_events_endpoint)
-
-        def wrap_sink(sink: Any) -> Any:
-            return KVEventTap(sink, publisher)
+        engine: Any = EngineProcess(spec, ServerMetrics(name))
     else:
+        from engine.server.engine_loop import EngineLoop
+
         wrap_sink = None
-    llm = LLM(model, trace_dir=trace_dir, record_events=trace_dir is not None,
-              wrap_sink=wrap_sink, **(overrides or {}))
-    engine = EngineLoop(llm, ServerMetrics(name))
+        if kv_events_endpoint is not None:
+            from engine.server.kv_publisher import ZmqKVPublisher
+            from tracing.kv_events import KVEventTap
+
+            publisher = ZmqKVPublisher(kv_events_endpoint)
+
+            def wrap_sink(sink: Any) -> Any:
+                return KVEventTap(sink, publisher)
+        engine = EngineLoop(spec.build(wrap_sink), ServerMetrics(name))
     app = create_app(engine, name)
     config = uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=grace_s,
                             log_level="warning", access_log=False)
     server = uvicorn.Server(config)
-    print(f"replayllm serve: {name} on http://{host}:{port}"
+    print(f"replayllm serve: {name} on http://{host}:{port} (engine in a {engine_mode})"
           + (f", recording to {trace_dir}" if trace_dir else ""), flush=True)
     try:
         server.run()
     finally:
         if publisher is not None:
             publisher.close()
+        if engine_mode == "process" and engine.summary is None:
+            engine.shutdown(0.0)  # uvicorn never ran the lifespan (e.g. the port was taken)
     if engine.error is not None:
         raise ReplayLLMError(f"the engine failed: {engine.error}")
     return engine.summary

@@ -20,6 +20,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="closed loop: keep N requests in flight, ignoring arrival times")
     p.add_argument("--num-requests", type=int, default=None, metavar="N",
                    help="only the first N requests of the workload")
+    p.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="a checkpoint directory whose tokenizer turns token-id prompts of "
+                   "conversations into the text of their chat messages")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="client processes sharing the sessions (for rates one event loop "
+                   "cannot read)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"result file (default {DEFAULT_OUT})")
 
 
@@ -37,11 +43,13 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidRequestError(f"--num-requests must be >= 1, got {args.num_requests}")
         requests = requests[: args.num_requests]
     measured, wall_s = run_load(requests, args.url, args.model, args.time_scale,
-                                args.max_concurrency)
+                                args.max_concurrency, tokenizer=args.tokenizer,
+                                workers=args.workers)
     frame = requests_frame(measured)
     summary = summarize(frame, wall_s)
     settings = {"url": args.url, "model": args.model, "workload": args.workload,
-                "time_scale": args.time_scale, "max_concurrency": args.max_concurrency}
+                "time_scale": args.time_scale, "max_concurrency": args.max_concurrency,
+                "workers": args.workers}
     path = write_result(args.out, frame, summary, settings)
     print(variants_table([table_row("client", summary)]))
     errors = frame[frame["error"] != ""]

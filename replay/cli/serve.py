@@ -19,6 +19,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        help="on SIGINT/SIGTERM, how long running requests may finish")
     serve.add_argument("--kv-events-endpoint", default=None, metavar="URL",
                        help="publish vLLM KV-cache events over ZMQ, e.g. tcp://*:5557")
+    serve.add_argument("--engine", choices=["process", "thread"], default="process",
+                       help="where the engine core runs: its own process (default) or a thread "
+                       "of the HTTP server's")
     serve.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="KEY=VALUE", help="a Config field (repeatable)")
 
@@ -29,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
     summary = serve(args.model, trace_dir=args.trace_dir, host=args.host, port=args.port,
                     overrides=parse_overrides(args.overrides),
                     served_model_name=args.served_model_name, grace_s=args.grace,
-                    kv_events_endpoint=args.kv_events_endpoint)
+                    kv_events_endpoint=args.kv_events_endpoint,
+                    engine_mode=args.engine)
     if summary is not None:
         print(f"replayllm serve: stopped after {summary['requests']} requests, "
               f"{summary['completion_tokens']} completion tokens"

@@ -28,6 +28,7 @@ class Measured:
     chunk_times_s: list[float] = field(default_factory=list)
     finish_reason: str = ""
     error: str = ""
+    text: str | None = None  # the answer's text, when kept (a conversation's next turn needs it)
 
 
 def request_body(request: Request, model: str | None) -> dict[str, Any]:
@@ -43,6 +44,16 @@ def request_body(request: Request, model: str | None) -> dict[str, Any]:
         body["model"] = model
     if request.ignore_eos:
         body["ignore_eos"] = True  # vLLM's extension, which replayllm serve shares
+    return body
+
+
+def chat_body(messages: list[dict[str, str]], request: Request,
+              model: str | None) -> dict[str, Any]:
+    """The chat-completions body of a conversation's turn (``messages``: its history and the
+    new user turn); sampling settings as ``request_body``."""
+    body = request_body(request, model)
+    del body["prompt"]
+    body["messages"] = messages
     return body
 
 
@@ -81,6 +92,8 @@ def _read_chunk(chunk: dict[str, Any], out: Measured, now: float) -> None:
     for choice in chunk.get("choices") or []:
         text = choice.get("text") or (choice.get("delta") or {}).get("content")
         if text:
+            if out.text is not None:
+                out.text += text
             if out.first_token_s != out.first_token_s:  # NaN: the first one
                 out.first_token_s = now
             out.last_token_s = now

@@ -1,20 +1,51 @@
-"""Send a workload: each request at its arrival time (open loop), or N in flight (closed loop)."""
+"""Send a workload: each request at its arrival time (open loop), or N in flight (closed loop).
+
+A conversation (requests sharing a ``conversation_id``) goes through the chat endpoint: its
+first turn at its arrival, each later turn ``think_time_s`` after the previous answer ended, its
+messages the history (every earlier user turn and the answer text the server gave) and the new
+user turn. Other requests go to the completions endpoint. ``workers`` > 1 splits the sessions
+over that many client processes (one Python event loop cannot read tens of thousands of
+streamed chunks a second); their times share one clock (``time.perf_counter``,
+CLOCK_MONOTONIC, one clock for every process of a machine).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import time
+from multiprocessing.connection import Connection
 from typing import Any
 
 import httpx
 from tqdm.auto import tqdm
 
 from engine.errors import ReplayLLMError
-from replay.loadgen.client import Measured, monotonic_clock, request_body, send
+from replay.loadgen.client import Measured, chat_body, monotonic_clock, request_body, send
 from replay.workloads.request import Request
 
 # Per request: connecting and reading may take as long as a long answer does.
 REQUEST_TIMEOUT_S = 3600.0
+# Client processes start (import) before the run's clock starts; then they all begin together.
+WORKER_READY_TIMEOUT_S = 120.0
+
+
+def sessions_of(requests: list[Request]) -> list[list[int]]:
+    """Indices of ``requests`` grouped into what is sent one after another: a conversation's
+    turns in turn order, every other request alone; ordered by first arrival."""
+    sessions: list[list[int]] = []
+    by_conversation: dict[str, list[int]] = {}
+    for i, request in enumerate(requests):
+        if request.conversation_id is None:
+            sessions.append([i])
+        elif request.conversation_id in by_conversation and request.follows_previous_turn:
+            by_conversation[request.conversation_id].append(i)
+        else:  # a conversation's first turn (a new one under a reused id starts over)
+            by_conversation[request.conversation_id] = [i]
+            sessions.append(by_conversation[request.conversation_id])
+    for session in sessions:
+        session.sort(key=lambda i: requests[i].turn)
+    return sessions
 
 
 def run_load(
@@ -24,67 +55,183 @@ def run_load(
     time_scale: float = 1.0,
     max_concurrency: int | None = None,
     use_tqdm: bool = True,
+    tokenizer: Any = None,
+    workers: int = 1,
 ) -> tuple[list[Measured], float]:
     """Send ``requests`` to ``url`` (a server's base URL, e.g. http://127.0.0.1:8000);
     returns what was measured per request (workload order) and the wall seconds of the run.
 
-    Open loop (``max_concurrency`` None): request i is sent ``arrival_s * time_scale`` seconds
-    after the start, whatever is in flight. Closed loop: requests go in workload order, at most
-    ``max_concurrency`` in flight, the next one as soon as one finishes.
+    Open loop (``max_concurrency`` None): a session (a request, or a conversation's first
+    turn) is sent ``arrival_s * time_scale`` seconds after the start, whatever is in flight.
+    Closed loop: sessions go in workload order, at most ``max_concurrency`` in flight, the
+    next one as soon as one ends. ``tokenizer`` (a checkpoint directory or a loaded tokenizer)
+    turns token-id prompts of conversations into the text of their chat messages.
     """
     if time_scale <= 0:
         raise ReplayLLMError(f"--time-scale must be > 0, got {time_scale}")
     if max_concurrency is not None and max_concurrency < 1:
         raise ReplayLLMError(f"--max-concurrency must be >= 1, got {max_concurrency}")
+    if workers < 1:
+        raise ReplayLLMError(f"--workers must be >= 1, got {workers}")
     if not requests:
         raise ReplayLLMError("the workload has no requests")
-    return asyncio.run(_run(requests, url.rstrip("/"), model, time_scale, max_concurrency,
-                            use_tqdm))
-
-
-async def _run(requests: list[Request], url: str, model: str | None, time_scale: float,
-               max_concurrency: int | None, use_tqdm: bool) -> tuple[list[Measured], float]:
-    endpoint = url + "/v1/completions"
+    url = url.rstrip("/")
     if model is None:
-        model = await _served_model(url)
-    limits = httpx.Limits(max_connections=max_concurrency or len(requests),
-                          max_keepalive_connections=max_concurrency or len(requests))
-    bar = tqdm(total=len(requests), desc="loadgen", disable=not use_tqdm, dynamic_ncols=True)
-    start = time.perf_counter()
+        model = asyncio.run(_served_model(url))
+    sessions = sessions_of(requests)
+    texts = _turn_texts(requests, sessions, tokenizer)
+    if workers == 1 or len(sessions) == 1:
+        start = time.perf_counter()
+        measured = asyncio.run(_run(requests, sessions, texts, url, model, time_scale,
+                                    max_concurrency, use_tqdm, start))
+        return measured, time.perf_counter() - start
+    return _run_workers(requests, sessions, texts, url, model, time_scale, max_concurrency,
+                        min(workers, len(sessions)), use_tqdm)
+
+
+def _turn_texts(requests: list[Request], sessions: list[list[int]],
+                tokenizer: Any) -> dict[int, str]:
+    """A conversation turn's user message text, by request index."""
+    texts: dict[int, str] = {}
+    loaded = None
+    for session in sessions:
+        if requests[session[0]].conversation_id is None:
+            continue
+        for i in session:
+            prompt = requests[i].prompt_token_ids()
+            if isinstance(prompt, str):
+                texts[i] = prompt
+                continue
+            if tokenizer is None:
+                raise ReplayLLMError("a conversation with token-id prompts goes through the chat "
+                                     "endpoint as text: give --tokenizer (a checkpoint directory)")
+            if loaded is None:
+                loaded = tokenizer
+                if isinstance(tokenizer, str):
+                    from engine.model.tokenizer import load_tokenizer
+
+                    loaded = load_tokenizer(tokenizer)
+            texts[i] = loaded.decode(prompt)
+    return texts
+
+
+async def _run(requests: list[Request], sessions: list[list[int]], texts: dict[int, str],
+               url: str, model: str | None, time_scale: float, max_concurrency: int | None,
+               use_tqdm: bool, start: float) -> list[Measured]:
+    """Run ``sessions`` on one event loop; the measured requests, in ``requests`` order (None
+    where a request belongs to another worker's sessions)."""
+    limit = max_concurrency or sum(map(len, sessions))
+    limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
+    bar = tqdm(total=sum(map(len, sessions)), desc="loadgen", disable=not use_tqdm,
+               dynamic_ncols=True)
     clock = monotonic_clock(start)
-    measured = [Measured(i, len(r.prompt) if not isinstance(r.prompt, str) else 0,
-                         r.max_tokens, r.arrival_s * time_scale if max_concurrency is None
-                         else 0.0) for i, r in enumerate(requests)]
+    measured: list[Any] = [None] * len(requests)
+    for session in sessions:
+        for i in session:
+            r = requests[i]
+            measured[i] = Measured(i, len(r.prompt) if not isinstance(r.prompt, str) else 0,
+                                   r.max_tokens, r.arrival_s * time_scale
+                                   if max_concurrency is None and i == session[0] else 0.0)
     errors = 0
 
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
-        async def one(i: int) -> None:
+        async def one(i: int, body: dict[str, Any], endpoint: str) -> Measured:
             nonlocal errors
-            await send(client, endpoint, request_body(requests[i], model), measured[i], clock)
-            errors += bool(measured[i].error)
+            out = await send(client, url + endpoint, body, measured[i], clock)
+            errors += bool(out.error)
             bar.update(1)
             bar.set_postfix(errors=errors)
+            return out
+
+        async def run_session(session: list[int]) -> None:
+            first = requests[session[0]]
+            if first.conversation_id is None:
+                await one(session[0], request_body(first, model), "/v1/completions")
+                return
+            messages: list[dict[str, str]] = []
+            for k, i in enumerate(session):
+                if k:
+                    await asyncio.sleep(requests[i].think_time_s * time_scale)
+                    measured[i].arrival_s = clock()
+                messages.append({"role": "user", "content": texts[i]})
+                measured[i].text = ""
+                out = await one(i, chat_body(list(messages), requests[i], model),
+                                "/v1/chat/completions")
+                if out.error:  # the conversation cannot go on without its answer
+                    for later in session[k + 1:]:
+                        measured[later].error = f"an earlier turn failed: {out.error}"
+                        bar.update(1)
+                    return
+                messages.append({"role": "assistant", "content": out.text or ""})
+                out.text = None  # the history holds it; the result keeps no text
 
         if max_concurrency is None:
-            async def at_arrival(i: int) -> None:
-                delay = measured[i].arrival_s - clock()
+            async def at_arrival(session: list[int]) -> None:
+                delay = measured[session[0]].arrival_s - clock()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                await one(i)
+                await run_session(session)
 
-            await asyncio.gather(*(at_arrival(i) for i in range(len(requests))))
+            await asyncio.gather(*(at_arrival(s) for s in sessions))
         else:
-            queue = iter(range(len(requests)))
+            queue = iter(sessions)
 
             async def worker() -> None:
-                for i in queue:
-                    measured[i].arrival_s = clock()
-                    await one(i)
+                for session in queue:
+                    measured[session[0]].arrival_s = clock()
+                    await run_session(session)
 
             await asyncio.gather(*(worker() for _ in range(min(max_concurrency,
-                                                               len(requests)))))
+                                                               len(sessions)))))
     bar.close()
-    return measured, clock()
+    return measured
+
+
+def _run_workers(requests: list[Request], sessions: list[list[int]], texts: dict[int, str],
+                 url: str, model: str | None, time_scale: float, max_concurrency: int | None,
+                 workers: int, use_tqdm: bool) -> tuple[list[Measured], float]:
+    """Sessions dealt round-robin to ``workers`` client processes, started together."""
+    context = multiprocessing.get_context("spawn")
+    per_worker = max_concurrency and max(1, max_concurrency // workers)
+    procs, conns = [], []
+    for w in range(workers):
+        parent, child = context.Pipe()
+        proc = context.Process(target=_worker_main, daemon=True, args=(
+            child, requests, sessions[w::workers], texts, url, model, time_scale, per_worker))
+        proc.start()
+        child.close()
+        procs.append(proc)
+        conns.append(parent)
+    for conn in conns:
+        if not conn.poll(WORKER_READY_TIMEOUT_S):
+            raise ReplayLLMError("a loadgen worker process did not start")
+        conn.recv()
+    start = time.perf_counter()
+    for conn in conns:
+        conn.send(start)
+    measured: list[Any] = [None] * len(requests)
+    bar = tqdm(total=workers, desc="loadgen workers", disable=not use_tqdm)
+    for conn, proc in zip(conns, procs):
+        try:
+            part = conn.recv()
+        except EOFError:
+            raise ReplayLLMError(f"a loadgen worker process died ({proc.exitcode})") from None
+        for m in part:
+            if m is not None:
+                measured[m.index] = m
+        bar.update(1)
+        proc.join()
+    bar.close()
+    return measured, time.perf_counter() - start
+
+
+def _worker_main(conn: Connection, requests: list[Request], sessions: list[list[int]],
+                 texts: dict[int, str], url: str, model: str | None, time_scale: float,
+                 max_concurrency: int | None) -> None:
+    conn.send("ready")
+    start = conn.recv()
+    conn.send(asyncio.run(_run(requests, sessions, texts, url, model, time_scale,
+                               max_concurrency, False, start)))
 
 
 async def _served_model(url: str) -> str | None:

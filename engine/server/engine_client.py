@@ -1,0 +1,233 @@
+"""The frontend's handle on the engine process (``engine.server.engine_proc``): the same
+interface as the in-thread ``EngineLoop`` (submit, finish, shutdown, now, ...).
+
+The event loop reads the pipe itself (``add_reader``): each engine step's message is one read,
+and each request's tokens go to its ``RequestStream`` queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from typing import Any
+
+from engine.errors import ReplayLLMError
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+from engine.server.engine_loop import NO_SEQ, EngineStopped, RequestStream
+from engine.server.engine_proc import EngineInfo, EngineSpec, spawn_engine
+from engine.server.step_stats import StatsApplier, StepStats
+from tracing.events import NullEventBuffer
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 3600.0  # a large checkpoint's load and graph capture
+CLOSE_TIMEOUT_S = 300.0  # the engine closing its trace after ``stop``
+
+
+class EngineProcess:
+    """Starts the engine process (blocking until its model is loaded) and talks to it.
+
+    ``start(loop)`` starts the reader thread delivering to ``loop``; ``shutdown(grace_s)``
+    stops intake, lets running requests finish for up to ``grace_s``, then has the engine
+    abort the rest and close the trace (its summary is returned).
+    """
+
+    def __init__(self, spec: EngineSpec, metrics: Any = None) -> None:
+        from engine.model.tokenizer import load_tokenizer
+
+        self.process, self.conn = spawn_engine(spec)
+        if not self.conn.poll(START_TIMEOUT_S):
+            self.process.kill()
+            raise ReplayLLMError("the engine process did not start")
+        try:
+            message = self.conn.recv()
+        except EOFError:
+            self.process.join(5)
+            raise ReplayLLMError(f"the engine process exited ({self.process.exitcode}) "
+                                 "while starting") from None
+        if message[0] == "failed":
+            self.process.join(30)
+            raise ReplayLLMError(message[1])
+        info: EngineInfo = message[1]
+        self.info = info
+        self.config = info.config
+        self.tokenizer = load_tokenizer(self.config.model)
+        # For ``admission_error`` only: the same rule the engine's scheduler applies.
+        self._admission = Scheduler(self.config, self.config.num_kvcache_blocks,
+                                    NullEventBuffer())
+        self.metrics = metrics
+        self._stats = StatsApplier(metrics)
+        self._streams: dict[int, RequestStream] = {}  # event-loop thread only
+        self._ids = itertools.count()
+        self._cond = threading.Condition()
+        self._num_active = 0  # guarded by _cond
+        self._accepting = True
+        self._send_lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._started = False
+        self._closed = threading.Event()
+        self.error: BaseException | None = None
+        self.summary: dict[str, Any] | None = None
+
+    # --- what the frontend needs of the engine ----------------------------------------------------
+    @property
+    def max_model_len(self) -> int:
+        return self.config.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.info.vocab_size
+
+    def admission_error(self, token_ids: list[int], params: SamplingParams) -> str | None:
+        return self._admission.admission_error(Sequence(NO_SEQ, token_ids, params))
+
+    def set_metrics(self, metrics: Any) -> None:
+        self.metrics = metrics
+        self._stats = StatsApplier(metrics)
+
+    def now(self) -> float:
+        return time.perf_counter() - self.info.start_time
+
+    @property
+    def healthy(self) -> bool:
+        return self.error is None and not self._closed.is_set() and self.process.is_alive()
+
+    @property
+    def num_active(self) -> int:
+        return self._num_active
+
+    # --- requests (event-loop thread) -------------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the engine's outputs on ``loop`` itself (no thread: no GIL hand-over per step)."""
+        self._loop = loop
+        self._started = True
+        loop.add_reader(self.conn.fileno(), self._on_readable)
+
+    def submit(self, stream: RequestStream) -> None:
+        """Send a request to the engine; ``EngineStopped`` when not accepting."""
+        with self._cond:
+            if not self._accepting or self.error is not None:
+                raise EngineStopped("the server is shutting down" if self.error is None
+                                    else f"the engine failed: {self.error}")
+            self._num_active += 1
+        stream.seq_id = next(self._ids)
+        self._streams[stream.seq_id] = stream
+        self._send(("add", stream.seq_id, stream.token_ids, stream.params, stream.arrival_s))
+
+    def finish(self, stream: RequestStream, reason: str) -> None:
+        """Finish a request from outside: ``aborted`` (the client left) or ``stop``."""
+        if self._streams.pop(stream.seq_id, None) is not None:
+            self._retire(1)
+            self._send(("finish", stream.seq_id, reason))
+
+    def _send(self, message: tuple) -> None:
+        try:
+            with self._send_lock:
+                self.conn.send(message)
+        except OSError as exc:
+            self.error = self.error or exc
+
+    def _retire(self, count: int) -> None:
+        with self._cond:
+            self._num_active -= count
+            self._cond.notify_all()
+
+    # --- outputs (reader thread, then the event loop) ---------------------------------------------
+    def _on_readable(self) -> None:
+        """Every message the engine has sent so far (on the event loop)."""
+        try:
+            while self.conn.poll():
+                message = self.conn.recv()
+                if message[0] == "out":
+                    self._dispatch(message)
+                elif message[0] == "closed":
+                    self._on_closed(message)
+                    return
+        except (EOFError, OSError):
+            if not self._closed.is_set():
+                self.error = self.error or ReplayLLMError("the engine process died")
+                self._stop_reading()
+                self._closed.set()
+                self._fail_all("the engine process died")
+
+    def _on_closed(self, message: tuple) -> None:
+        self.summary = message[1]
+        if message[2] is not None:
+            self.error = ReplayLLMError(message[2])
+        self._stop_reading()
+        self._closed.set()
+        self._fail_all("the server is shutting down")
+
+    def _stop_reading(self) -> None:
+        if self._loop is not None:
+            self._loop.remove_reader(self.conn.fileno())
+
+    def _dispatch(self, message: tuple) -> None:
+        _, rids, tokens, finishes, errors, stats = message
+        streams = self._streams
+        for rid, token in zip(rids, tokens):
+            stream = streams.get(rid)
+            if stream is not None:
+                stream.queue.put_nowait(([token], None, None))
+        done = 0
+        for rid, reason in finishes:
+            stream = streams.pop(rid, None)
+            if stream is not None:
+                stream.queue.put_nowait(([], reason, None))
+                done += 1
+        for rid, error in errors:
+            stream = streams.pop(rid, None)
+            if stream is not None:
+                stream.queue.put_nowait(([], None, error))
+                done += 1
+        if done:
+            self._retire(done)
+        if stats is not None and self.metrics is not None:
+            self._stats.apply(StepStats(*stats))
+
+    def _fail_all(self, message: str) -> None:
+        streams = list(self._streams.values())
+        self._streams.clear()
+        for stream in streams:
+            stream.queue.put_nowait(([], None, message))
+        if streams:
+            self._retire(len(streams))
+
+    # --- shutdown (any thread) --------------------------------------------------------------------
+    def shutdown(self, grace_s: float) -> dict[str, Any] | None:
+        """Stop intake; wait up to ``grace_s`` for running requests; have the engine abort the
+        rest and close the trace; its summary. Blocks; idempotent."""
+        with self._cond:
+            self._accepting = False
+            deadline = time.monotonic() + grace_s
+            while self._num_active and not self._closed.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(min(left, 0.5))
+        if not self._closed.is_set():
+            self._send(("stop",))
+            if not self._started:  # never started: read the engine's last words here
+                self._drain_until_closed()
+            elif not self._closed.wait(CLOSE_TIMEOUT_S):
+                log.error("the engine process did not close its trace in time")
+        self.process.join(CLOSE_TIMEOUT_S)
+        return self.summary
+
+    def _drain_until_closed(self) -> None:
+        while self.conn.poll(CLOSE_TIMEOUT_S):
+            try:
+                message = self.conn.recv()
+            except EOFError:
+                break
+            if message[0] == "closed":
+                self.summary = message[1]
+                if message[2] is not None:
+                    self.error = ReplayLLMError(message[2])
+                break
+        self._closed.set()

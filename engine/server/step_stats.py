@@ -1,0 +1,60 @@
+"""The engine's state after a step, for ``/metrics``: measured where the engine runs (its
+thread or its process), applied to the Prometheus metrics in the frontend."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from engine.engine_core import EngineCore, StepResult
+
+
+class StepStats(NamedTuple):
+    """A step's gauges and counter increments (a plain tuple: it crosses the process pipe)."""
+
+    running: int
+    waiting: int
+    kv_usage: float
+    preemptions: int  # the scheduler's total so far
+    prefix_queries: int
+    prefix_hits: int
+    prompt_tokens: int
+    generation_tokens: int
+
+
+def step_stats(core: EngineCore, result: StepResult) -> StepStats:
+    """What ``result``'s step did and the scheduler's state after it."""
+    scheduler, batch = core.scheduler, result.batch
+    pool = scheduler.block_manager
+    queried = hits = computed = 0
+    for i in range(batch.num_prefill_seqs):
+        seq, new = batch.seqs[i], batch.num_new_tokens[i]
+        computed += new
+        if batch.context_lens[i] - new == seq.num_cached_tokens:  # its first chunk
+            queried += seq.num_prompt_tokens
+            hits += seq.num_cached_tokens
+    return StepStats(len(scheduler.running), len(scheduler.waiting),
+                     1.0 - len(pool.free_block_ids) / max(pool.num_blocks, 1),
+                     scheduler.num_preemptions, queried, hits, computed,
+                     len(result.output.token_ids))
+
+
+class StatsApplier:
+    """Applies ``StepStats`` to a ``ServerMetrics`` (preemptions arrive as a running total)."""
+
+    def __init__(self, metrics: Any) -> None:
+        self.metrics = metrics
+        self._preemptions = 0
+
+    def apply(self, stats: StepStats) -> None:
+        m = self.metrics
+        m.running.set(stats.running)
+        m.waiting.set(stats.waiting)
+        m.kv_usage.set(stats.kv_usage)
+        if stats.preemptions > self._preemptions:
+            m.preemptions.inc(stats.preemptions - self._preemptions)
+            self._preemptions = stats.preemptions
+        if stats.prefix_queries or stats.prompt_tokens:
+            m.prefix_queries.inc(stats.prefix_queries)
+            m.prefix_hits.inc(stats.prefix_hits)
+            m.prompt_tokens.inc(stats.prompt_tokens)
+        m.generation_tokens.inc(stats.generation_tokens)

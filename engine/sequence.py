@@ -108,7 +108,8 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         """Append a sampled token (``PENDING_TOKEN`` while its value is on the device); every
-        token before it has its KV computed by then."""
+        token before it has its KV computed by then. (``Scheduler._append_sampled`` inlines
+        this for every sequence of a step: change both together.)"""
         self.num_computed_tokens = self.num_tokens
         self.token_ids.append(token_id)
         self.last_token = token_id

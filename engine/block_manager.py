@@ -9,11 +9,12 @@ emitted to the event buffer.
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
-import numpy as np
 import xxhash
 
 from engine.policy import FreeBlock, release_order
@@ -23,6 +24,8 @@ from tracing.schema import NO_HASH
 
 _UINT64_SPAN = 1 << 64
 _INT64_MAX = (1 << 63) - 1
+_INT32 = "i"  # a C int: 32 bits where this engine runs (checked below)
+assert array(_INT32).itemsize == 4, "array('i') must hold 32-bit ints"
 
 
 def signed64(digest: int) -> int:
@@ -30,12 +33,18 @@ def signed64(digest: int) -> int:
     return digest - _UINT64_SPAN if digest > _INT64_MAX else digest
 
 
+def int32_bytes(token_ids: list[int]) -> bytes:
+    """Token ids as the bytes of a native int32 array (``np.asarray(ids, np.int32).tobytes()``,
+    made without numpy: several times faster for a block's few hundred ids)."""
+    return array(_INT32, token_ids).tobytes()
+
+
 def chain_hash(token_ids: list[int], parent_hash: int, seed: int) -> int:
     """xxhash64 of (parent hash, token ids) as a signed 64-bit integer (the trace column type)."""
     hasher = xxhash.xxh64(seed=seed)
     if parent_hash != NO_HASH:
         hasher.update(parent_hash.to_bytes(8, "little", signed=True))
-    hasher.update(np.asarray(token_ids, dtype=np.int32).tobytes())
+    hasher.update(int32_bytes(token_ids))
     return signed64(hasher.intdigest())
 
 
@@ -228,14 +237,13 @@ class BlockManager:
             self.events.patch_block_hash(row, block_hash)
         self.pending_hashes.clear()
 
-    def touch(self, seqs: list[Sequence], step: int) -> None:
-        """Note that ``seqs`` hold their blocks in ``step`` (for eviction by last use).
+    def touch(self, seq_ids: list[int], step: int) -> None:
+        """Note that the sequences ``seq_ids`` hold their blocks in ``step`` (for eviction by
+        last use).
 
         Emits: nothing.
         """
-        last = self._last_scheduled
-        for seq in seqs:
-            last[seq.seq_id] = step
+        self._last_scheduled.update(zip(seq_ids, repeat(step)))
 
     # --- release ----------------------------------------------------------------------------------
     def deallocate(self, seq: Sequence) -> int:

@@ -9,6 +9,7 @@ decisions and events are exactly those of the sequential ``postprocess``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 from engine.batch import ScheduledBatch
 from engine.scheduler import Scheduler, output_hash
@@ -43,7 +44,7 @@ class OverlapScheduler(Scheduler):
         """
         if batch.kind != "decode":
             return False
-        if self.eos >= 0 and not all(seq.ignore_eos for seq in batch.sampled_seqs):
+        if self.eos >= 0 and not all(map(attrgetter("ignore_eos"), batch.sampled_seqs)):
             return False
         free = len(self.block_manager.free_block_ids)
         if free >= len(self.running):

@@ -79,10 +79,10 @@ class Step:
     def priority(self, seq: Sequence) -> int:
         return self._priority(seq)
 
-    def _charge(self, tokens: int) -> None:
-        """The scheduler's bookkeeping: one sequence and ``tokens`` tokens taken."""
+    def _charge(self, tokens: int, seqs: int = 1) -> None:
+        """The scheduler's bookkeeping: ``seqs`` sequences and ``tokens`` tokens taken."""
         self._tokens_left -= tokens
-        self._seqs_left -= 1
+        self._seqs_left -= seqs
 
 
 @dataclass(frozen=True)

@@ -9,22 +9,26 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import islice
+from operator import attrgetter
 
-import numpy as np
 import xxhash
 
 from engine.batch import ScheduledBatch
-from engine.block_manager import BlockManager, signed64
+from engine.block_manager import BlockManager, int32_bytes, signed64
 from engine.config import Config
 from engine.policy import PolicyError, Step, make_policy
 from engine.sequence import PENDING_TOKEN, Sequence, SequenceStatus
 from tracing.events import EventBuffer
 from tracing.schema import NO_HASH, NO_SEQ, encode_stop
 
+_seq_id = attrgetter("seq_id")
+_num_tokens = attrgetter("num_tokens")
+
 
 def output_hash(token_ids: list[int]) -> int:
     """xxhash64 of a completion's token ids (signed 64-bit), so replay notices a changed token."""
-    return signed64(xxhash.xxh64_intdigest(np.asarray(token_ids, dtype=np.int32).tobytes()))
+    return signed64(xxhash.xxh64_intdigest(int32_bytes(token_ids)))
 
 
 @dataclass
@@ -64,6 +68,10 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()  # in admission order
         self.priorities: dict[int, int] = {}  # seq id -> priority, where not 0
+        # Running sequences that have not sampled since they were admitted: every other running
+        # sequence is decoding (one token left to compute, its prompt done), which lets a step
+        # of decodes alone be built in bulk (``_decode_all``).
+        self.prefilling: set[int] = set()
         self.num_preemptions = 0
 
     # --- requests ---------------------------------------------------------------------------------
@@ -193,9 +201,7 @@ class Scheduler:
             raise RuntimeError(
                 f"executor returned {len(token_ids)} tokens for {len(sampled)} sampled sequences"
             )
-        self.events.emit_tokens_sampled(
-            seq_ids=[seq.seq_id for seq in sampled], token_ids=token_ids
-        )
+        self.events.emit_tokens_sampled(seq_ids=list(map(_seq_id, sampled)), token_ids=token_ids)
         return [seq for seq, _ in self._append_sampled(batch, token_ids)]
 
     # --- helpers: building a step ----------------------------------------------------------------
@@ -218,6 +224,7 @@ class Scheduler:
             else:
                 waiting.remove(seq)
             self.running.append(seq)
+            self.prefilling.add(seq.seq_id)
             batch.prefills.append(seq)
             batch.prefill_tokens.append(query_len)
             step._charge(query_len)
@@ -226,6 +233,8 @@ class Scheduler:
         """Visit the running sequences in admission order while the budgets last: one still in
         its prompt gets its next chunk, one decoding gets one token (``_claim_decode_slot``)."""
         running, bm = self.running, self.block_manager
+        if not self.prefilling and self._decode_all(step, batch):
+            return
         visited: list[Sequence] = []
         while running and step.tokens_left > 0 and step.seqs_left > 0:
             seq = running.popleft()
@@ -243,6 +252,31 @@ class Scheduler:
             visited.append(seq)
             step._charge(query_len)
         running.extendleft(reversed(visited))
+
+    def _decode_all(self, step: Step, batch: _StepBatch) -> bool:
+        """``_run_running`` in bulk when every running sequence is decoding and the free blocks
+        cover every new block the visited ones need: exactly the loop's decisions and events
+        (it visits the same sequences in the same order, none is preempted, and a sequence
+        that neither starts nor fills a block has nothing to do), in O(sequences that start or
+        fill a block) Python work. False (nothing done): the loop must decide."""
+        running, block_size = self.running, self.block_size
+        count = min(len(running), step.seqs_left, step.tokens_left)
+        if count <= 0:
+            return False
+        decodes = list(running) if count == len(running) else list(islice(running, count))
+        # A decoding sequence's table holds exactly its computed tokens, so its next token
+        # starts a block when num_tokens % block_size == 1 and fills one when it is 0.
+        due = [seq for seq in decodes if seq.num_tokens % block_size < 2]
+        if due:
+            claims = sum(seq.num_tokens > len(seq.block_table) * block_size for seq in due)
+            if claims > len(self.block_manager.free_block_ids):
+                return False
+            may_append = self.block_manager.may_append
+            for seq in due:
+                may_append(seq)
+        batch.decodes = decodes
+        step._charge(count, count)
+        return True
 
     def _chunk(self, seq: Sequence, remaining: int, step: Step) -> int:
         """The policy's chunk for ``seq``, checked against what is left to compute and to spend."""
@@ -286,8 +320,8 @@ class Scheduler:
     ) -> ScheduledBatch:
         """The step's batch, recorded. Emits: ``batch_scheduled``, ``seq_scheduled`` per seq."""
         if kind == "decode":
-            context_lens = [seq.num_tokens for seq in seqs]
-            cached = [n - 1 for n in context_lens]
+            context_lens = list(map(_num_tokens, seqs))
+            cached = list(map((-1).__add__, context_lens))
             sample = None
             sampled = seqs
         else:
@@ -298,14 +332,15 @@ class Scheduler:
             if len(sampled) == len(seqs):
                 sample = None
         num_batched = sum(new_tokens)
-        self.block_manager.touch(seqs, self.events.step)
+        seq_ids = list(map(_seq_id, seqs))
+        self.block_manager.touch(seq_ids, self.events.step)
         self.events.emit_batch(
             kind=kind,
             num_batched_tokens=num_batched,
             num_waiting=len(self.waiting),
             num_running=len(self.running),
             free_blocks=len(self.block_manager.free_block_ids),
-            seq_ids=[seq.seq_id for seq in seqs],
+            seq_ids=seq_ids,
             num_new_tokens=new_tokens,
             num_cached_tokens=cached,
             context_lens=context_lens,
@@ -328,6 +363,7 @@ class Scheduler:
         Emits: ``block_freed`` per block, then ``preempted``.
         """
         seq.status = SequenceStatus.WAITING
+        self.prefilling.discard(seq.seq_id)
         seq.num_preemptions += 1
         released = self.block_manager.deallocate(seq)
         self.events.emit_preempted(
@@ -354,20 +390,22 @@ class Scheduler:
             for seq, ctx, sample in zip(batch.seqs, batch.context_lens, batch.sample):
                 if not sample:
                     seq.num_computed_tokens = ctx
+        if self.prefilling:  # a sequence that samples is decoding from then on
+            self.prefilling.difference_update(map(_seq_id, batch.sampled_seqs))
         finished: list[tuple[Sequence, int | None]] = []
         eos = self.eos
         max_model_len = self.max_model_len
         for seq, token_id in zip(batch.sampled_seqs, token_ids):
             seq.append_token(token_id)
-            pending = token_id == PENDING_TOKEN
-            if token_id == eos and not seq.ignore_eos and not pending:
+            num_tokens = seq.num_tokens
+            if token_id == eos and not seq.ignore_eos and token_id != PENDING_TOKEN:
                 reason = "eos"
-            elif seq.num_tokens - seq.num_prompt_tokens >= seq.max_tokens:
-                reason = "length"
-            elif seq.num_tokens >= max_model_len:
+            elif num_tokens - seq.num_prompt_tokens >= seq.max_tokens or \
+                    num_tokens >= max_model_len:
                 reason = "length"
             else:
                 continue
+            pending = token_id == PENDING_TOKEN
             finished.append((seq, self._finish(seq, reason, release=True, hashed=not pending)))
         if finished:
             self.running = deque(s for s in self.running if s.status is SequenceStatus.RUNNING)
@@ -382,6 +420,7 @@ class Scheduler:
         Emits: ``block_freed`` per block (``release``), then ``request_finished``.
         """
         seq.status = SequenceStatus.FINISHED
+        self.prefilling.discard(seq.seq_id)
         seq.finish_reason = reason
         if release:
             self.block_manager.deallocate(seq)

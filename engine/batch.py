@@ -53,3 +53,13 @@ class StepOutput:
     # Tokens the forward computed, padding included (a CUDA-graph prefill's captured size);
     # 0: the step's own tokens.
     padded_tokens: int = 0
+
+
+@dataclass
+class StepWork:
+    """The work of the step the scheduler is building: prompt chunks (admissions included) and
+    decodes."""
+
+    prefills: list[Sequence] = field(default_factory=list)
+    prefill_tokens: list[int] = field(default_factory=list)
+    decodes: list[Sequence] = field(default_factory=list)

@@ -39,6 +39,11 @@ def int32_bytes(token_ids: list[int]) -> bytes:
     return array(_INT32, token_ids).tobytes()
 
 
+def output_hash(token_ids: list[int]) -> int:
+    """xxhash64 of a completion's token ids (signed 64-bit), so replay notices a changed token."""
+    return signed64(xxhash.xxh64_intdigest(int32_bytes(token_ids)))
+
+
 def chain_hash(token_ids: list[int], parent_hash: int, seed: int) -> int:
     """xxhash64 of (parent hash, token ids) as a signed 64-bit integer (the trace column type)."""
     hasher = xxhash.xxh64(seed=seed)

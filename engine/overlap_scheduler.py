@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from engine.batch import ScheduledBatch
-from engine.scheduler import Scheduler, output_hash
+from engine.block_manager import output_hash
+from engine.scheduler import Scheduler
 from engine.sequence import PENDING_TOKEN, Sequence
 
 

@@ -8,14 +8,11 @@ reads a clock, so the same inputs give the same decisions live, in replay and in
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from itertools import islice
 from operator import attrgetter
 
-import xxhash
-
-from engine.batch import ScheduledBatch
-from engine.block_manager import BlockManager, int32_bytes, signed64
+from engine.batch import ScheduledBatch, StepWork
+from engine.block_manager import BlockManager, output_hash
 from engine.config import Config
 from engine.policy import PolicyError, Step, make_policy
 from engine.sequence import PENDING_TOKEN, Sequence, SequenceStatus
@@ -24,20 +21,6 @@ from tracing.schema import NO_HASH, NO_SEQ, encode_stop
 
 _seq_id = attrgetter("seq_id")
 _num_tokens = attrgetter("num_tokens")
-
-
-def output_hash(token_ids: list[int]) -> int:
-    """xxhash64 of a completion's token ids (signed 64-bit), so replay notices a changed token."""
-    return signed64(xxhash.xxh64_intdigest(int32_bytes(token_ids)))
-
-
-@dataclass
-class _StepBatch:
-    """The work of the step being built: prompt chunks (admissions included) and decodes."""
-
-    prefills: list[Sequence] = field(default_factory=list)
-    prefill_tokens: list[int] = field(default_factory=list)
-    decodes: list[Sequence] = field(default_factory=list)
 
 
 class Scheduler:
@@ -87,16 +70,9 @@ class Scheduler:
         Emits: ``request_added``; for a rejected request then ``request_finished`` (rejected).
         """
         self.events.emit_request_added(
-            seq_id=seq.seq_id,
-            arrival_s=seq.arrival_s,
-            prompt_token_ids=seq.token_ids,
-            temperature=seq.temperature,
-            max_tokens=seq.max_tokens,
-            ignore_eos=seq.ignore_eos,
-            top_p=seq.top_p,
-            top_k=seq.top_k,
-            seed=seq.seed,
-            stop=encode_stop(seq.stop),
+            seq_id=seq.seq_id, arrival_s=seq.arrival_s, prompt_token_ids=seq.token_ids,
+            temperature=seq.temperature, max_tokens=seq.max_tokens, ignore_eos=seq.ignore_eos,
+            top_p=seq.top_p, top_k=seq.top_k, seed=seq.seed, stop=encode_stop(seq.stop),
             priority=priority,
         )
         if priority:
@@ -158,14 +134,9 @@ class Scheduler:
         each preemption (``block_freed`` then ``preempted``), in the order the policy visits the
         sequences; then ``batch_scheduled`` and ``seq_scheduled`` per sequence.
         """
-        step = Step(
-            self.max_num_batched_tokens,
-            self.max_num_seqs,
-            self._num_free_blocks,
-            self.block_manager.can_allocate,
-            self.priority,
-        )
-        batch = _StepBatch()
+        step = Step(self.max_num_batched_tokens, self.max_num_seqs, self._num_free_blocks,
+                    self.block_manager.can_allocate, self.priority)
+        batch = StepWork()
         if self.policy.mixed_batches:
             self._run_running(step, batch)
             self._admit(step, batch)
@@ -205,7 +176,7 @@ class Scheduler:
         return [seq for seq, _ in self._append_sampled(batch, token_ids)]
 
     # --- helpers: building a step ----------------------------------------------------------------
-    def _admit(self, step: Step, batch: _StepBatch) -> None:
+    def _admit(self, step: Step, batch: StepWork) -> None:
         """Admit what the policy offers while it finds room; record each admission's chunk."""
         waiting, bm = self.waiting, self.block_manager
         for seq in self.policy.admit(tuple(waiting), step):
@@ -229,7 +200,7 @@ class Scheduler:
             batch.prefill_tokens.append(query_len)
             step._charge(query_len)
 
-    def _run_running(self, step: Step, batch: _StepBatch) -> None:
+    def _run_running(self, step: Step, batch: StepWork) -> None:
         """Visit the running sequences in admission order while the budgets last: one still in
         its prompt gets its next chunk, one decoding gets one token (``_claim_decode_slot``)."""
         running, bm = self.running, self.block_manager
@@ -253,7 +224,7 @@ class Scheduler:
             step._charge(query_len)
         running.extendleft(reversed(visited))
 
-    def _decode_all(self, step: Step, batch: _StepBatch) -> bool:
+    def _decode_all(self, step: Step, batch: StepWork) -> bool:
         """``_run_running`` in bulk when every running sequence is decoding and the free blocks
         cover every new block the visited ones need: exactly the loop's decisions and events
         (it visits the same sequences in the same order, none is preempted, and a sequence
@@ -335,26 +306,15 @@ class Scheduler:
         seq_ids = list(map(_seq_id, seqs))
         self.block_manager.touch(seq_ids, self.events.step)
         self.events.emit_batch(
-            kind=kind,
-            num_batched_tokens=num_batched,
-            num_waiting=len(self.waiting),
-            num_running=len(self.running),
-            free_blocks=len(self.block_manager.free_block_ids),
-            seq_ids=seq_ids,
-            num_new_tokens=new_tokens,
-            num_cached_tokens=cached,
+            kind=kind, num_batched_tokens=num_batched, num_waiting=len(self.waiting),
+            num_running=len(self.running), free_blocks=len(self.block_manager.free_block_ids),
+            seq_ids=seq_ids, num_new_tokens=new_tokens, num_cached_tokens=cached,
             context_lens=context_lens,
         )
         return ScheduledBatch(
-            step=self.events.step,
-            kind=kind,
-            seqs=seqs,
-            num_new_tokens=new_tokens,
-            context_lens=context_lens,
-            num_prefill_seqs=num_prefill,
-            sample=sample,
-            num_batched_tokens=num_batched,
-            sampled_seqs=sampled,
+            step=self.events.step, kind=kind, seqs=seqs, num_new_tokens=new_tokens,
+            context_lens=context_lens, num_prefill_seqs=num_prefill, sample=sample,
+            num_batched_tokens=num_batched, sampled_seqs=sampled,
         )
 
     def _preempt(self, seq: Sequence, for_seq: Sequence) -> None:

@@ -13,7 +13,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
     --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 MODEL=$REPLAYLLM_CACHE/models/qwen3-0.6b
-python3 -c "from engine.model.checkpoint import make_model; make_model('qwen3-0.6b', '$MODEL')" || exit 1
+[ -f "$MODEL/config.json" ] || python3 -c "from engine.model.checkpoint import make_model; make_model('qwen3-0.6b', '$MODEL')" || exit 1
 ONLY=(); [ $# -gt 0 ] && ONLY=(--only "$@")
 python3 -m benchmarks.matrix record "$MODEL" .matrix /tmp/matrix "${ONLY[@]}" \
     --repeat "${REPEAT:-1}" 2>&1 \

@@ -15,7 +15,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
     --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 MODEL=$REPLAYLLM_CACHE/models/qwen3-0.6b
-python3 -c "from engine.model.checkpoint import make_model; make_model('qwen3-0.6b', '$MODEL')" || exit 1
+[ -f "$MODEL/config.json" ] || python3 -c "from engine.model.checkpoint import make_model; make_model('qwen3-0.6b', '$MODEL')" || exit 1
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 if has ktests; then  # the Triton kernels, compiled
     timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider -rs -x \

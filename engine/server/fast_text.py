@@ -14,8 +14,13 @@ from engine.detokenizer import IncrementalDetokenizer
 
 
 def backend_decoder(tokenizer: Any) -> Any:
-    """The tokenizer's Rust ``decode`` where it is the same function as its ``decode`` (a
-    ``tokenizers``-backed tokenizer that cleans up no spaces); None otherwise."""
+    """The tokenizer's Rust ``decode`` where it is the same function as its ``decode`` (our
+    ``FastTokenizer``, or a ``tokenizers``-backed transformers tokenizer that cleans up no
+    spaces); None otherwise."""
+    from engine.model.fast_tokenizer import FastTokenizer
+
+    if isinstance(tokenizer, FastTokenizer):  # its decode is the backend's, unwrapped
+        return tokenizer.backend.decode
     backend = getattr(tokenizer, "_tokenizer", None)
     if backend is None or not hasattr(backend, "decode"):
         return None

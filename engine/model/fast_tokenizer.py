@@ -91,6 +91,11 @@ class FastTokenizer:
         """The vocabulary size with the added tokens (``len`` of transformers' tokenizer)."""
         return self.backend.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def vocab_size(self) -> int:
+        """The base vocabulary size without the added tokens (transformers' ``vocab_size``)."""
+        return self.backend.get_vocab_size(with_added_tokens=False)
+
     def convert_tokens_to_ids(self, token: str) -> int | None:
         """The id of the token string ``token`` (None where it is not in the vocabulary)."""
         return self.backend.token_to_id(token)

@@ -78,6 +78,7 @@ def pair(tiny: Path) -> tuple[FastTokenizer, object]:
 def test_encode_and_decode_match_transformers(pair: tuple[FastTokenizer, object]) -> None:
     fast, hf = pair
     assert len(fast) == len(hf) and fast.eos_token_id == hf.eos_token_id
+    assert fast.vocab_size == hf.vocab_size
     for text in TEXTS:
         for add in (False, True):
             ids = fast.encode(text, add_special_tokens=add)

@@ -46,9 +46,14 @@ def load(path: Path) -> RecordedEvents:
 
 
 def signature(events: RecordedEvents) -> tuple:
+    """The workload as far as decisions go: prompt lengths, max_tokens and priorities (a trace
+    whose requests carry other priorities is another workload, not another config)."""
     added = events.tables["request_added"]
-    return tuple(zip(np.asarray(added["prompt_len"]).tolist(),
-                     np.asarray(added["max_tokens"]).tolist()))
+    lens = np.asarray(added["prompt_len"])
+    priority = added.get("priority")
+    priorities = np.zeros(len(lens), int) if priority is None else np.asarray(priority)
+    return tuple(zip(lens.tolist(), np.asarray(added["max_tokens"]).tolist(),
+                     priorities.tolist()))
 
 
 def token_independent(events: RecordedEvents) -> bool:

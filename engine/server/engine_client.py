@@ -18,9 +18,9 @@ from engine.errors import ReplayLLMError
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
-from engine.server.engine_loop import NO_SEQ, EngineStopped, RequestStream
+from engine.server.engine_loop import NO_SEQ, RequestIntake, RequestStream
 from engine.server.engine_proc import EngineInfo, EngineSpec, spawn_engine
-from engine.server.step_stats import StatsApplier, StepStats
+from engine.server.step_stats import StepStats
 from tracing.events import NullEventBuffer
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ START_TIMEOUT_S = 3600.0  # a large checkpoint's load and graph capture
 CLOSE_TIMEOUT_S = 300.0  # the engine closing its trace after ``stop``
 
 
-class EngineProcess:
+class EngineProcess(RequestIntake):
     """Starts the engine process (blocking until its model is loaded) and talks to it.
 
     ``start(loop)`` starts the reader thread delivering to ``loop``; ``shutdown(grace_s)``
@@ -60,18 +60,13 @@ class EngineProcess:
         # For ``admission_error`` only: the same rule the engine's scheduler applies.
         self._admission = Scheduler(self.config, self.config.num_kvcache_blocks,
                                     NullEventBuffer())
-        self.metrics = metrics
-        self._stats = StatsApplier(metrics)
+        super().__init__(metrics)
         self._streams: dict[int, RequestStream] = {}  # event-loop thread only
         self._ids = itertools.count()
-        self._cond = threading.Condition()
-        self._num_active = 0  # guarded by _cond
-        self._accepting = True
         self._send_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         self._closed = threading.Event()
-        self.error: BaseException | None = None
         self.summary: dict[str, Any] | None = None
 
     # --- what the frontend needs of the engine ----------------------------------------------------
@@ -86,20 +81,12 @@ class EngineProcess:
     def admission_error(self, token_ids: list[int], params: SamplingParams) -> str | None:
         return self._admission.admission_error(Sequence(NO_SEQ, token_ids, params))
 
-    def set_metrics(self, metrics: Any) -> None:
-        self.metrics = metrics
-        self._stats = StatsApplier(metrics)
-
     def now(self) -> float:
         return time.perf_counter() - self.info.start_time
 
     @property
     def healthy(self) -> bool:
         return self.error is None and not self._closed.is_set() and self.process.is_alive()
-
-    @property
-    def num_active(self) -> int:
-        return self._num_active
 
     # --- requests (event-loop thread) -------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -111,10 +98,7 @@ class EngineProcess:
     def submit(self, stream: RequestStream) -> None:
         """Send a request to the engine; ``EngineStopped`` when not accepting."""
         with self._cond:
-            if not self._accepting or self.error is not None:
-                raise EngineStopped("the server is shutting down" if self.error is None
-                                    else f"the engine failed: {self.error}")
-            self._num_active += 1
+            self._count_in()
         stream.seq_id = next(self._ids)
         self._streams[stream.seq_id] = stream
         self._send(("add", stream.seq_id, stream.token_ids, stream.params, stream.arrival_s))
@@ -131,11 +115,6 @@ class EngineProcess:
                 self.conn.send(message)
         except OSError as exc:
             self.error = self.error or exc
-
-    def _retire(self, count: int) -> None:
-        with self._cond:
-            self._num_active -= count
-            self._cond.notify_all()
 
     # --- outputs (reader thread, then the event loop) ---------------------------------------------
     def _on_readable(self) -> None:
@@ -203,13 +182,7 @@ class EngineProcess:
         """Stop intake; wait up to ``grace_s`` for running requests; have the engine abort the
         rest and close the trace; its summary. Blocks; idempotent."""
         with self._cond:
-            self._accepting = False
-            deadline = time.monotonic() + grace_s
-            while self._num_active and not self._closed.is_set():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._cond.wait(min(left, 0.5))
+            self._drain(grace_s, self._closed.is_set)
         if not self._closed.is_set():
             self._send(("stop",))
             if not self._started:  # never started: read the engine's last words here

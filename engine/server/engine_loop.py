@@ -52,7 +52,52 @@ class RequestStream:
     seq_id: int = NO_SEQ  # set by the engine thread when it is added
 
 
-class EngineLoop:
+class RequestIntake:
+    """What both engine handles (``EngineLoop`` here, ``EngineProcess`` in engine_client.py)
+    keep of the requests they hold: the intake gate, the count of requests submitted and not yet
+    finished (guarded by ``_cond``), and the metrics the engine's state goes to."""
+
+    def __init__(self, metrics: Any) -> None:
+        self._cond = threading.Condition()
+        self._num_active = 0
+        self._accepting = True
+        self.error: BaseException | None = None
+        self.set_metrics(metrics)
+
+    @property
+    def num_active(self) -> int:
+        return self._num_active
+
+    def set_metrics(self, metrics: Any) -> None:
+        self.metrics = metrics
+        self._stats = StatsApplier(metrics)
+
+    def _count_in(self) -> None:
+        """Count one more request in (``_cond`` held); ``EngineStopped`` when not accepting."""
+        if not self._accepting or self.error is not None:
+            raise EngineStopped("the server is shutting down" if self.error is None
+                                else f"the engine failed: {self.error}")
+        self._num_active += 1
+
+    def _retire(self, count: int) -> None:
+        if count:
+            with self._cond:
+                self._num_active -= count
+                self._cond.notify_all()
+
+    def _drain(self, grace_s: float, gone: Any) -> None:
+        """Stop intake and wait (``_cond`` held) up to ``grace_s`` seconds for every request to
+        finish, or for ``gone()``: the engine can finish no more."""
+        self._accepting = False
+        deadline = time.monotonic() + grace_s
+        while self._num_active and not gone():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._cond.wait(min(left, IDLE_WAIT_S))
+
+
+class EngineLoop(RequestIntake):
     """Runs an ``LLMEngine`` in its own thread over the requests the frontend submits.
 
     ``metrics`` (``engine.server.metrics.ServerMetrics``) gets the engine's state after every
@@ -61,19 +106,14 @@ class EngineLoop:
     """
 
     def __init__(self, llm: LLMEngine, metrics: Any = None) -> None:
+        super().__init__(metrics)
         self.llm = llm
         self.core: EngineCore = llm.core
-        self.metrics = metrics
-        self._cond = threading.Condition()
         self._commands: deque[tuple[str, RequestStream, str]] = deque()
         self._streams: dict[int, RequestStream] = {}  # engine thread only
-        self._num_active = 0  # submitted and not yet finished (guarded by _cond)
-        self._accepting = True
         self._stop = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._stats = StatsApplier(metrics)
-        self.error: BaseException | None = None
         self.summary: dict[str, Any] | None = None
 
     # --- frontend side (any thread) ---------------------------------------------------------------
@@ -94,10 +134,6 @@ class EngineLoop:
         """Why the engine could never serve this request (``Scheduler.admission_error``)."""
         return self.core.scheduler.admission_error(Sequence(NO_SEQ, token_ids, params))
 
-    def set_metrics(self, metrics: Any) -> None:
-        self.metrics = metrics
-        self._stats = StatsApplier(metrics)
-
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._thread = threading.Thread(target=self._run, name="replayllm-engine", daemon=True)
@@ -111,17 +147,10 @@ class EngineLoop:
     def healthy(self) -> bool:
         return self.error is None and self._thread is not None and self._thread.is_alive()
 
-    @property
-    def num_active(self) -> int:
-        return self._num_active
-
     def submit(self, stream: RequestStream) -> None:
         """Queue a request for the next step boundary; ``EngineStopped`` when not accepting."""
         with self._cond:
-            if not self._accepting or self.error is not None:
-                raise EngineStopped("the server is shutting down" if self.error is None
-                                    else f"the engine failed: {self.error}")
-            self._num_active += 1
+            self._count_in()
             self._commands.append(("add", stream, ""))
             self._cond.notify()
 
@@ -135,13 +164,7 @@ class EngineLoop:
         """Stop intake; wait up to ``grace_s`` for running requests; abort the rest; close the
         trace (its summary is returned). Blocks; idempotent."""
         with self._cond:
-            self._accepting = False
-            deadline = time.monotonic() + grace_s
-            while self._num_active and self.error is None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._cond.wait(min(left, IDLE_WAIT_S))
+            self._drain(grace_s, lambda: self.error is not None)
             self._stop = True
             self._cond.notify()
         if self._thread is not None:
@@ -233,12 +256,6 @@ class EngineLoop:
         self._deliver(deliveries)
         if self.metrics is not None:
             self._observe(result)
-
-    def _retire(self, count: int) -> None:
-        if count:
-            with self._cond:
-                self._num_active -= count
-                self._cond.notify_all()
 
     def _deliver(self, deliveries: list) -> None:
         if deliveries and self._loop is not None:

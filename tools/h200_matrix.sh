@@ -8,12 +8,7 @@
 set -u
 OUT=${OUT:-out/h200}
 mkdir -p "$OUT" /tmp/matrix
-export PYTHONUNBUFFERED=1 REPLAYLLM_CACHE=/tmp/replayllm-cache
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-MODEL=$REPLAYLLM_CACHE/models/qwen3-0.6b
-[ -f "$MODEL/config.json" ] || python3 -c "from engine.model.checkpoint import make_model; make_model('qwen3-0.6b', '$MODEL')" || exit 1
+source tools/h200_env.sh
 ONLY=(); [ $# -gt 0 ] && ONLY=(--only "$@")
 python3 -m benchmarks.matrix record "$MODEL" .matrix /tmp/matrix "${ONLY[@]}" \
     --repeat "${REPEAT:-1}" 2>&1 \

@@ -10,12 +10,7 @@ set -u
 STAGES=${1:-tests,constrained}
 OUT=${OUT:-out/h200}
 mkdir -p "$OUT" /tmp/traces
-export PYTHONUNBUFFERED=1 REPLAYLLM_CACHE=/tmp/replayllm-cache
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-MODEL=$REPLAYLLM_CACHE/models/qwen3-0.6b
-[ -f "$MODEL/config.json" ] || python3 -c "from engine.model.checkpoint import make_model; make_model('qwen3-0.6b', '$MODEL')" || exit 1
+source tools/h200_env.sh
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 if has ktests; then  # the Triton kernels, compiled
     timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider -rs -x \

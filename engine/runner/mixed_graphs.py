@@ -32,10 +32,9 @@ from engine.runner.graph_capture import (
     ROW_IDS,
     ROW_POSITIONS,
     ROW_SLOTS,
-    CapturedGraphs,
     ModelFn,
 )
-from engine.runner.prefill_graphs import ROW_SAMPLE, STAGED_ROWS, stage_prefill
+from engine.runner.prefill_graphs import StagedGraphs, stage_prefill
 
 __all__ = ["MixedGraphs", "mixed_decode_sizes", "mixed_graph_key", "stage_mixed"]
 
@@ -88,7 +87,7 @@ def graph_rows(sample_rows: Sequence[int], prefill_tokens: int, padded_tokens: i
     return [r if r < prefill_tokens else r + shift for r in sample_rows]
 
 
-class MixedGraphs(CapturedGraphs):
+class MixedGraphs(StagedGraphs):
     """Persistent mixed-step inputs and one CUDA graph per (prefill tokens, decode rows)."""
 
     def __init__(
@@ -107,26 +106,12 @@ class MixedGraphs(CapturedGraphs):
         keys = [(t, d) for t in prefill_sizes for d in decode_sizes]
         self.prefill_sizes = sorted(prefill_sizes)
         self.decode_sizes = sorted(decode_sizes)
-        max_rows = max(prefill_sizes) + max(decode_sizes)
-        super().__init__(keys, torch.zeros(max_rows, hidden_size, dtype=dtype, device=device))
         self.max_prefill_seqs = s = max_prefill_seqs
         self.max_decodes = max(decode_sizes)
         self.block_size = block_size
-        self.table_width = table_width
-        pin = device.type == "cuda"
         slots = s + self.max_decodes
-        self.host_i64 = torch.zeros(STAGED_ROWS, max_rows, dtype=torch.int64, pin_memory=pin)
-        self.host_temps = torch.zeros(slots, dtype=torch.float32, pin_memory=pin)
-        self.host_i32 = torch.zeros(s + 1 + slots + slots * table_width, dtype=torch.int32,
-                                    pin_memory=pin)
-        self._np_i64 = self.host_i64.numpy()
-        self._np_i32 = self.host_i32[: s + 1 + slots].numpy()
-        self._np_tables = self.host_i32[s + 1 + slots :].view(slots, table_width).numpy()
-        self._np_i64[ROW_SLOTS] = PAD_SLOT
-        self.dev_i64 = torch.zeros_like(self.host_i64, device=device)
-        self.dev_i32 = torch.zeros_like(self.host_i32, device=device)
-        self.dev_temps = torch.zeros_like(self.host_temps, device=device)
-        self.dev_i64[ROW_SLOTS] = PAD_SLOT
+        super().__init__(keys, max(prefill_sizes) + max(decode_sizes), hidden_size, dtype, device,
+                         header_ints=s + 1 + slots, slots=slots, table_width=table_width)
 
     def rows(self, key: Any) -> int:
         tokens, decodes = key
@@ -150,22 +135,12 @@ class MixedGraphs(CapturedGraphs):
     ) -> None:
         """Write one mixed step's inputs, its sampled rows (flat-batch numbering) and their
         temperatures to the host buffers and copy them to the device."""
-        if len(sample_rows) != len(temperatures) or len(sample_rows) > len(self.host_temps):
-            raise ValueError("one temperature per sampled row, at most one row per sequence")
+        self._check_samples(sample_rows, temperatures)
         stage_mixed(self._np_i64, self._np_i32, self._np_tables, input_ids, query_lens,
                     context_lens, block_tables, num_prefill_seqs, self.block_size, key,
                     self.max_prefill_seqs)
         prefill_tokens = int(sum(query_lens[:num_prefill_seqs]))
-        rows = graph_rows(sample_rows, prefill_tokens, key[0])
-        self._np_i64[ROW_SAMPLE, : len(rows)] = rows
-        self.host_temps.numpy()[: len(temperatures)] = temperatures
-        self.dev_i64.copy_(self.host_i64, non_blocking=True)
-        self.dev_i32.copy_(self.host_i32, non_blocking=True)
-        self.dev_temps.copy_(self.host_temps, non_blocking=True)
-
-    def sampled(self, hidden: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The hidden states of the ``rows`` staged sample rows, and their temperatures."""
-        return hidden.index_select(0, self.dev_i64[ROW_SAMPLE, :rows]), self.dev_temps[:rows]
+        self._upload(graph_rows(sample_rows, prefill_tokens, key[0]), temperatures)
 
     def metadata(self, key: MixedKey) -> AttentionMetadata:
         """Metadata of graph ``key`` over the staged buffers (views: stable addresses)."""

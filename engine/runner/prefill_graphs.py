@@ -43,7 +43,7 @@ from engine.runner.graph_capture import (
     ModelFn,
 )
 
-__all__ = ["PrefillGraphs", "stage_prefill"]
+__all__ = ["PrefillGraphs", "StagedGraphs", "stage_prefill"]
 
 # The int64 staging block's fourth row: the rows sampled.
 ROW_SAMPLE = 3
@@ -92,7 +92,50 @@ def stage_prefill(
     i32[max_seqs + 1 + num_seqs : 2 * max_seqs + 1] = 0
 
 
-class PrefillGraphs(CapturedGraphs):
+class StagedGraphs(CapturedGraphs):
+    """Captured graphs over one set of staging buffers, pinned on the host and mirrored on the
+    device: an int64 block ``[STAGED_ROWS, max_rows]`` (``ROW_*``: ids, positions, slots, the
+    rows sampled), an int32 block of ``header_ints`` (``cu_seqlens_q``, context lengths) followed
+    by ``slots`` block-table rows of ``table_width``, and one temperature per slot. A subclass
+    fills the host views (``_np_i64``, ``_np_i32``, ``_np_tables``) and calls ``_upload``."""
+
+    def __init__(self, sizes: Sequence[Any], max_rows: int, hidden_size: int, dtype: torch.dtype,
+                 device: torch.device, header_ints: int, slots: int, table_width: int) -> None:
+        super().__init__(sizes, torch.zeros(max_rows, hidden_size, dtype=dtype, device=device))
+        self.table_width = table_width
+        pin = device.type == "cuda"
+        self.host_i64 = torch.zeros(STAGED_ROWS, max_rows, dtype=torch.int64, pin_memory=pin)
+        self.host_temps = torch.zeros(slots, dtype=torch.float32, pin_memory=pin)
+        self.host_i32 = torch.zeros(header_ints + slots * table_width, dtype=torch.int32,
+                                    pin_memory=pin)
+        self._np_i64 = self.host_i64.numpy()
+        self._np_i32 = self.host_i32[:header_ints].numpy()
+        self._np_tables = self.host_i32[header_ints:].view(slots, table_width).numpy()
+        self._np_i64[ROW_SLOTS] = PAD_SLOT
+        self.dev_i64 = torch.zeros_like(self.host_i64, device=device)
+        self.dev_i32 = torch.zeros_like(self.host_i32, device=device)
+        self.dev_temps = torch.zeros_like(self.host_temps, device=device)
+        self.dev_i64[ROW_SLOTS] = PAD_SLOT
+
+    def _check_samples(self, sample_rows: Sequence[int], temperatures: Sequence[float]) -> None:
+        if len(sample_rows) != len(temperatures) or len(sample_rows) > len(self.host_temps):
+            raise ValueError("one temperature per sampled row, at most one row per sequence")
+
+    def _upload(self, sample_rows: Sequence[int], temperatures: Sequence[float]) -> None:
+        """Write the rows sampled (in the graph's row numbering) and their temperatures, then
+        copy every host buffer to the device without blocking (pinned memory)."""
+        self._np_i64[ROW_SAMPLE, : len(sample_rows)] = sample_rows
+        self.host_temps.numpy()[: len(temperatures)] = temperatures
+        self.dev_i64.copy_(self.host_i64, non_blocking=True)
+        self.dev_i32.copy_(self.host_i32, non_blocking=True)
+        self.dev_temps.copy_(self.host_temps, non_blocking=True)
+
+    def sampled(self, hidden: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The hidden states of the ``rows`` staged sample rows, and their temperatures."""
+        return hidden.index_select(0, self.dev_i64[ROW_SAMPLE, :rows]), self.dev_temps[:rows]
+
+
+class PrefillGraphs(StagedGraphs):
     """Persistent prefill inputs and one CUDA graph per captured token count."""
 
     def __init__(
@@ -108,26 +151,13 @@ class PrefillGraphs(CapturedGraphs):
         if not sizes:
             raise ValueError("PrefillGraphs needs at least one token count to capture")
         max_tokens = max(sizes)
-        super().__init__(sizes, torch.zeros(max_tokens, hidden_size, dtype=dtype, device=device))
-        self.max_seqs = max_seqs
-        self.block_size = block_size
-        self.table_width = table_width
         if max_seqs > max_tokens:
             raise ValueError(f"{max_seqs} sequences cannot fit the largest graph's {max_tokens} "
                              "tokens")
-        pin = device.type == "cuda"
-        self.host_i64 = torch.zeros(STAGED_ROWS, max_tokens, dtype=torch.int64, pin_memory=pin)
-        self.host_temps = torch.zeros(max_seqs, dtype=torch.float32, pin_memory=pin)
-        ints = 2 * max_seqs + 1 + max_seqs * table_width
-        self.host_i32 = torch.zeros(ints, dtype=torch.int32, pin_memory=pin)
-        self._np_i64 = self.host_i64.numpy()
-        self._np_i32 = self.host_i32[: 2 * max_seqs + 1].numpy()
-        self._np_tables = self.host_i32[2 * max_seqs + 1 :].view(max_seqs, table_width).numpy()
-        self._np_i64[ROW_SLOTS] = PAD_SLOT
-        self.dev_i64 = torch.zeros_like(self.host_i64, device=device)
-        self.dev_i32 = torch.zeros_like(self.host_i32, device=device)
-        self.dev_temps = torch.zeros_like(self.host_temps, device=device)
-        self.dev_i64[ROW_SLOTS] = PAD_SLOT
+        super().__init__(sizes, max_tokens, hidden_size, dtype, device,
+                         header_ints=2 * max_seqs + 1, slots=max_seqs, table_width=table_width)
+        self.max_seqs = max_seqs
+        self.block_size = block_size
 
     def padded_size(self, tokens: int, num_seqs: int) -> int:
         """The captured token count for this prefill; 0: it runs eager."""
@@ -145,19 +175,10 @@ class PrefillGraphs(CapturedGraphs):
     ) -> None:
         """Write one prefill's inputs (and the rows it samples, with their temperatures) to the
         host buffers and copy them to the device."""
-        if len(sample_rows) != len(temperatures) or len(sample_rows) > self.max_seqs:
-            raise ValueError("one temperature per sampled row, at most one row per sequence")
+        self._check_samples(sample_rows, temperatures)
         stage_prefill(self._np_i64, self._np_i32, self._np_tables, input_ids, query_lens,
                       context_lens, block_tables, self.block_size, padded_tokens, self.max_seqs)
-        self._np_i64[ROW_SAMPLE, : len(sample_rows)] = sample_rows
-        self.host_temps.numpy()[: len(temperatures)] = temperatures
-        self.dev_i64.copy_(self.host_i64, non_blocking=True)
-        self.dev_i32.copy_(self.host_i32, non_blocking=True)
-        self.dev_temps.copy_(self.host_temps, non_blocking=True)
-
-    def sampled(self, hidden: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The hidden states of the ``rows`` staged sample rows, and their temperatures."""
-        return hidden.index_select(0, self.dev_i64[ROW_SAMPLE, :rows]), self.dev_temps[:rows]
+        self._upload(sample_rows, temperatures)
 
     def metadata(self, padded_tokens: int) -> AttentionMetadata:
         """Metadata over the staged buffers (views: stable addresses for capture and replay)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from engine.config import Config
+from engine.policy import policy_class
 
 SMALL_GRAPH_SIZES = (1, 2, 4, 8)
 GRAPH_SIZE_STEP = 16
@@ -88,6 +89,14 @@ def mixed_decode_sizes(max_batch: int) -> list[int]:
     sizes = [d for d in MIXED_DECODE_SIZES if d < max_batch]
     return [*sizes, max_batch] if max_batch >= 1 else []
 
+
+
+def mixed_graph_decode_sizes(config: Config) -> list[int]:
+    """The decode capacities of the mixed-step graphs a runner under ``config`` captures beside
+    its prefill graphs; empty where its policy never schedules prompt chunks beside decodes."""
+    if not policy_class(config.policy).mixed_batches:
+        return []
+    return mixed_decode_sizes(min(config.max_num_seqs, MAX_GRAPH_BATCH))
 
 def mixed_graph_key(
     prefill_sizes: Sequence[int],

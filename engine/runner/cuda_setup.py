@@ -22,13 +22,17 @@ import torch
 
 from engine.config import BLAS_LIBRARIES, Config
 from engine.errors import ConfigError
-from engine.graph_sizes import MAX_GRAPH_BATCH, prefill_graph_limit, prefill_graph_sizes
+from engine.graph_sizes import (
+    MAX_GRAPH_BATCH,
+    mixed_graph_decode_sizes,
+    prefill_graph_limit,
+    prefill_graph_sizes,
+)
 from engine.model.attention_metadata import build_attention_metadata
-from engine.policy import policy_class
 from engine.runner.cuda_step import CudaStepper
 from engine.runner.decode_graphs import DecodeBuffers, DecodeGraphs
 from engine.runner.graph_capture import ModelFn
-from engine.runner.mixed_graphs import MixedGraphs, mixed_decode_sizes
+from engine.runner.mixed_graphs import MixedGraphs
 from engine.runner.prefill_graphs import PrefillGraphs
 
 # Kept out of the KV pool for the decode CUDA graphs' shared pool and the step buffers; their
@@ -163,11 +167,12 @@ def build_stepper(
         prefill_graphs = PrefillGraphs(prefill_sizes, width, block_size, hidden_size, dtype, device)
         prefill_graphs.capture(model)
     mixed_graphs = None
-    if prefill_graphs is not None and policy_class(config.policy).mixed_batches:
-        # Only a policy with mixed batches schedules prompt chunks beside decodes. The mixed
-        # graphs share the prefill graphs' pool (captured after them, never replayed at once).
-        mixed_graphs = MixedGraphs(prefill_sizes, mixed_decode_sizes(max_batch), width,
-                                   block_size, hidden_size, dtype, device)
+    mixed_rows = mixed_graph_decode_sizes(config)
+    if prefill_graphs is not None and mixed_rows:
+        # The mixed graphs share the prefill graphs' pool (captured after them, never replayed
+        # at once).
+        mixed_graphs = MixedGraphs(prefill_sizes, mixed_rows, width, block_size, hidden_size,
+                                   dtype, device)
         mixed_graphs.capture(model, prefill_graphs.pool)
     return CudaStepper(model, buffers, graphs, prefill_graphs, *stepper_args,
                        mixed_graphs=mixed_graphs)

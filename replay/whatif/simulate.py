@@ -26,8 +26,7 @@ from engine.config import AUTO_SIZED_BLOCKS, Config
 from engine.drive import drive
 from engine.engine_core import EngineCore, StepResult
 from engine.errors import ConfigError
-from engine.graph_sizes import MAX_GRAPH_BATCH, mixed_decode_sizes, prefill_graph_limit
-from engine.policy import policy_class
+from engine.graph_sizes import mixed_graph_decode_sizes, prefill_graph_limit
 from engine.sequence import Sequence
 from replay.metrics import compute
 from replay.recorded import RecordedEvents, from_columns, from_trace
@@ -252,12 +251,10 @@ def build_engine(
                 "set num_kvcache_blocks")
     clock = SimClock(0.0)
     use_graphs = not config.enforce_eager
-    # The runner captures mixed graphs only for a policy that schedules mixed batches.
-    mixed_sizes = (mixed_decode_sizes(min(config.max_num_seqs, MAX_GRAPH_BATCH))
-                   if policy_class(config.policy).mixed_batches else [])
     executor = SimExecutor(config.num_kvcache_blocks, clock, cost, use_graphs, eos=config.eos,
                            prefill_graph_tokens=prefill_graph_limit(config),
-                           one_off_costs=cold_start is not False, mixed_decode_sizes=mixed_sizes)
+                           one_off_costs=cold_start is not False,
+                           mixed_decode_sizes=mixed_graph_decode_sizes(config))
     header = {k: v for k, v in source_header.items() if k not in ("executor", "config")}
     header["simulated_from"] = source_name
     core = EngineCore(config, executor, sink=sink, header=header, clock=clock)

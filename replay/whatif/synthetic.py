@@ -28,7 +28,6 @@ from engine.batch import ScheduledBatch, StepOutput
 from engine.config import Config
 from engine.engine_core import EngineCore, batch_features
 from engine.executor import NullExecutor
-from engine.policy import policy_class
 from replay.recorded import RecordedEvents, from_columns
 from replay.whatif.cost.overlap import interval
 from replay.whatif.sim_executor import SimClock
@@ -220,9 +219,7 @@ def record_workload(
         sizes, mixed = [], []
         if prefill_graphs and graph_sizes.prefill_graph_limit(config):
             sizes = graph_sizes.prefill_graph_sizes(graph_sizes.prefill_graph_limit(config))
-            if policy_class(config.policy).mixed_batches:
-                mixed = graph_sizes.mixed_decode_sizes(
-                    min(config.max_num_seqs, graph_sizes.MAX_GRAPH_BATCH))
+            mixed = graph_sizes.mixed_graph_decode_sizes(config)
         executor = LawExecutor(config.num_kvcache_blocks, clock, law, seed,
                                graphs=not config.enforce_eager, host=host,
                                overlap=config.async_scheduling, prefill_graph_sizes=sizes,

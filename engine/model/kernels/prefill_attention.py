@@ -32,9 +32,8 @@ LONG_PREFILL_TOKENS = 8192
 LONG_FRESH_TILING = (128, 128, 8, 3)
 LONG_PAGED_TILING = (128, 128, 8, 2)
 # One long fresh prompt through PyTorch's flash SDPA instead (``flash_sdpa_fits``): faster per
-# layer in the kernel sweep, but the one engine-level 32k step measured with it was slower than
-# the session before; off until an A/B in one process (``benchmarks.engine --long-prefill``)
-# settles it (docs/gpu-notes.md, session 6).
+# layer in the kernel sweep, but slower than this kernel for a whole 32k engine step in the A/B
+# of one process (``benchmarks.engine --long-prefill``; docs/BENCHMARKS.md section 8a), so off.
 LONG_FRESH_SDPA = False
 
 

@@ -181,6 +181,26 @@ def soak(requests: int, concurrency: int, rss_bound_mb: float, settings: list[st
 
 # --- gpu and its CPU proxy --------------------------------------------------------------------
 WARM_REQUESTS = 32
+# A streamed request silent this long fails the run (and the server is asked for its state)
+# instead of hanging it.
+STALL_TIMEOUT_S = 60.0
+
+
+def _load(server: Server, requests: list, label: str, **kwargs: Any) -> tuple[list, float]:
+    """``run_load`` against ``server``; where requests failed, the server (and its engine
+    process) log their view of the pipe and their stacks (SIGUSR1) before the run goes on."""
+    from replay.loadgen.runner import run_load
+
+    print(f"[{time.strftime('%H:%M:%S')}] {label}: {len(requests)} requests", flush=True)
+    measured, wall = run_load(requests, server.url, use_tqdm=False,
+                              stall_timeout_s=STALL_TIMEOUT_S, **kwargs)
+    failed = [m for m in measured if m is not None and m.error]
+    print(f"[{time.strftime('%H:%M:%S')}] {label}: {wall:.1f} s, {len(failed)} failed"
+          + (f" (first: {failed[0].error})" if failed else ""), flush=True)
+    if failed and server.proc.poll() is None:
+        server.proc.send_signal(signal.SIGUSR1)
+        time.sleep(3.0)
+    return measured, wall
 
 
 def poisson_workload(workload: list, rate: float, count: int) -> list:
@@ -207,7 +227,6 @@ def server_runs(make_server: Any, workload: list, offline_tok_s: float, mean_tok
     import numpy as np
 
     from replay.loadgen.result import requests_frame, summarize
-    from replay.loadgen.runner import run_load
     from replay.metrics import compute
     from replay.recorded import from_trace
     from tracing import read_trace
@@ -216,9 +235,9 @@ def server_runs(make_server: Any, workload: list, offline_tok_s: float, mean_tok
     out: dict[str, Any] = {}
     server = make_server(workdir / "all-at-once")
     try:
-        run_load(workload, server.url, use_tqdm=False, workers=workers)  # warm-up
+        _load(server, workload, "all at once, warm-up", workers=workers)
         before = server.cpu_s()
-        measured, wall = run_load(workload, server.url, use_tqdm=False, workers=workers)
+        measured, wall = _load(server, workload, "all at once", workers=workers)
         after = server.cpu_s()
     finally:
         server.stop()
@@ -234,10 +253,10 @@ def server_runs(make_server: Any, workload: list, offline_tok_s: float, mean_tok
     trace_dir = workdir / "poisson"
     server = make_server(trace_dir)
     try:
-        run_load(workload[:WARM_REQUESTS], server.url, use_tqdm=False)  # warm-up, recorded
+        _load(server, workload[:WARM_REQUESTS], "poisson, warm-up (recorded)")
         before = server.cpu_s()
-        measured, wall = run_load(poisson_workload(workload, rate, poisson_requests),
-                                  server.url, use_tqdm=False, workers=workers)
+        measured, wall = _load(server, poisson_workload(workload, rate, poisson_requests),
+                               f"poisson at {rate:.1f} req/s", workers=workers)
         after = server.cpu_s()
     finally:
         server.stop()

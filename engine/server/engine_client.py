@@ -2,7 +2,9 @@
 interface as the in-thread ``EngineLoop`` (submit, finish, shutdown, now, ...).
 
 The event loop reads the pipe itself (``add_reader``): each engine step's message is one read,
-and each request's tokens go to its ``RequestStream`` queue.
+and each request's tokens go to its ``RequestStream`` queue. The event loop never writes to the
+pipe: a sender thread does. Were the loop to block in a write (the engine's end full while the
+engine itself waits to write its outputs, which only this loop reads), neither side could go on.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import queue
 import threading
 import time
 from typing import Any
@@ -63,7 +66,11 @@ class EngineProcess(RequestIntake):
         super().__init__(metrics)
         self._streams: dict[int, RequestStream] = {}  # event-loop thread only
         self._ids = itertools.count()
-        self._send_lock = threading.Lock()
+        self._outbox: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
+        self._sender = threading.Thread(target=self._send_loop, name="replayllm-engine-send",
+                                        daemon=True)
+        self._sender.start()
+        self.counts = PipeCounts()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         self._closed = threading.Event()
@@ -110,11 +117,21 @@ class EngineProcess(RequestIntake):
             self._send(("finish", stream.seq_id, reason))
 
     def _send(self, message: tuple) -> None:
-        try:
-            with self._send_lock:
+        """Queue ``message`` for the sender thread (never blocks)."""
+        self._outbox.put(message)
+
+    def _send_loop(self) -> None:
+        """The sender thread: the queued messages to the pipe, in order, until ``None``."""
+        while True:
+            message = self._outbox.get()
+            if message is None:
+                return
+            try:
                 self.conn.send(message)
-        except OSError as exc:
-            self.error = self.error or exc
+            except OSError as exc:
+                self.error = self.error or exc
+                return
+            self.counts.sent(message[0])
 
     # --- outputs (reader thread, then the event loop) ---------------------------------------------
     def _on_readable(self) -> None:
@@ -122,8 +139,12 @@ class EngineProcess(RequestIntake):
         try:
             while self.conn.poll():
                 message = self.conn.recv()
+                self.counts.received(message)
                 if message[0] == "out":
-                    self._dispatch(message)
+                    try:
+                        self._dispatch(message)
+                    except Exception:  # noqa: BLE001 - one bad message must not stall the rest
+                        log.exception("dispatching the engine's output failed")
                 elif message[0] == "closed":
                     self._on_closed(message)
                     return
@@ -190,7 +211,13 @@ class EngineProcess(RequestIntake):
             elif not self._closed.wait(CLOSE_TIMEOUT_S):
                 log.error("the engine process did not close its trace in time")
         self.process.join(CLOSE_TIMEOUT_S)
+        self._outbox.put(None)
         return self.summary
+
+    def report(self) -> str:
+        """One line on the pipe and the open requests (the server logs it on SIGUSR1)."""
+        return f"frontend: {self.counts}, open streams {len(self._streams)}, " \
+               f"active {self.num_active}, outbox {self._outbox.qsize()}"
 
     def _drain_until_closed(self) -> None:
         while self.conn.poll(CLOSE_TIMEOUT_S):
@@ -204,3 +231,26 @@ class EngineProcess(RequestIntake):
                     self.error = ReplayLLMError(message[2])
                 break
         self._closed.set()
+
+
+class PipeCounts:
+    """Messages through the engine pipe, by kind, seen from the frontend (for diagnosis)."""
+
+    def __init__(self) -> None:
+        self.adds = self.finishes = self.outs = self.tokens = self.finished = 0
+
+    def sent(self, kind: str) -> None:
+        if kind == "add":
+            self.adds += 1
+        elif kind == "finish":
+            self.finishes += 1
+
+    def received(self, message: tuple) -> None:
+        if message[0] == "out":
+            self.outs += 1
+            self.tokens += len(message[2])
+            self.finished += len(message[3]) + len(message[4])
+
+    def __str__(self) -> str:
+        return (f"sent {self.adds} adds and {self.finishes} finishes; received {self.outs} "
+                f"outputs, {self.tokens} tokens, {self.finished} finishes")

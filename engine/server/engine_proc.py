@@ -28,6 +28,7 @@ sent in ``EngineInfo``: CLOCK_MONOTONIC is one clock for every process of the ma
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import multiprocessing
 import os
@@ -110,6 +111,7 @@ def engine_main(conn: Connection, spec: EngineSpec) -> None:
     core: EngineCore = engine.core
     conn.send(("ready", EngineInfo(engine.config, engine.vocab_size, core.start_time)))
     inputs = PipeInputs(conn, core)
+    signal.signal(signal.SIGUSR1, lambda *_: _report(inputs))
     error: str | None = None
     try:
         from engine.drive import drive
@@ -129,6 +131,13 @@ def engine_main(conn: Connection, spec: EngineSpec) -> None:
         conn.send(("closed", summary, error))
     except OSError:
         pass  # the frontend is gone
+
+
+def _report(inputs: PipeInputs) -> None:
+    """SIGUSR1 (the frontend forwards its own): the engine's side of the pipe and its stacks,
+    to stderr, for a server that seems stuck."""
+    print(f"replayllm engine: {inputs.report()}", file=sys.stderr, flush=True)
+    faulthandler.dump_traceback(sys.stderr, all_threads=True)
 
 
 def _die_with_parent() -> None:
@@ -158,6 +167,15 @@ class PipeInputs:
         self.seq_of: dict[int, int] = {}  # frontend rid -> engine seq_id
         self.stopping = False
         self.done = False
+        self.adds = self.finishes = self.outs = self.tokens = self.finished = 0
+
+    def report(self) -> str:
+        """One line: messages through the pipe and what the scheduler holds."""
+        scheduler = self.core.scheduler
+        return (f"received {self.adds} adds and {self.finishes} finishes; sent {self.outs} "
+                f"outputs, {self.tokens} tokens, {self.finished} finishes; holding "
+                f"{len(self.rid_of)} requests ({len(scheduler.running)} running, "
+                f"{len(scheduler.waiting)} waiting); stopping {self.stopping}")
 
     def wait(self, due: float) -> None:
         if not self.stopping:
@@ -177,8 +195,10 @@ class PipeInputs:
                 message = ("stop",)
             kind = message[0]
             if kind == "add":
+                self.adds += 1
                 self._add(core, message, errors)
             elif kind == "finish":
+                self.finishes += 1
                 seq_id = self.seq_of.pop(message[1], None)
                 if seq_id is not None:
                     del self.rid_of[seq_id]
@@ -235,6 +255,9 @@ class PipeInputs:
 
     def _send(self, rids: list, tokens: list, finishes: list, errors: list,
               stats: tuple | None) -> None:
+        self.outs += 1
+        self.tokens += len(tokens)
+        self.finished += len(finishes) + len(errors)
         try:
             self.conn.send(("out", rids, tokens, finishes, errors, stats))
         except OSError:  # the frontend is gone: the next feed stops

@@ -15,6 +15,25 @@ DEFAULT_GRACE_S = 30.0
 ENGINE_MODES = ("process", "thread")
 
 
+def _report_on_sigusr1(engine: Any) -> None:
+    """SIGUSR1: the frontend's view of its requests and every thread's stack to stderr, and the
+    same asked of the engine process (diagnosis of a server that seems stuck)."""
+    import faulthandler
+    import os
+    import signal
+    import sys
+
+    def report(*_: Any) -> None:
+        line = engine.report() if hasattr(engine, "report") else f"active {engine.num_active}"
+        print(f"replayllm serve: {line}", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(sys.stderr, all_threads=True)
+        process = getattr(engine, "process", None)
+        if process is not None and process.pid is not None:
+            os.kill(process.pid, signal.SIGUSR1)
+
+    signal.signal(signal.SIGUSR1, report)
+
+
 def serve(
     model: str | None,
     trace_dir: str | None = None,
@@ -72,6 +91,7 @@ def serve(
             def wrap_sink(sink: Any) -> Any:
                 return KVEventTap(sink, publisher)
         engine = EngineLoop(spec.build(wrap_sink), ServerMetrics(name))
+    _report_on_sigusr1(engine)
     app = create_app(engine, name)
     config = uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=grace_s,
                             log_level="warning", access_log=False)

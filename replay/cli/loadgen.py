@@ -26,13 +26,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=1, metavar="N",
                    help="client processes sharing the sessions (for rates one event loop "
                    "cannot read)")
+    p.add_argument("--stall-timeout", type=float, default=None, metavar="S",
+                   help="fail a request whose server sends nothing for S seconds (default "
+                   "600)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"result file (default {DEFAULT_OUT})")
 
 
 def run(args: argparse.Namespace) -> int:
     from engine.errors import InvalidRequestError
     from replay.loadgen.result import requests_frame, summarize, table_row, write_result
-    from replay.loadgen.runner import run_load
+    from replay.loadgen.runner import DEFAULT_STALL_TIMEOUT_S, run_load
     from replay.whatif.report import variants_table
     from replay.workloads.builtin import reference_workload
     from replay.workloads.store import load_workload
@@ -42,9 +45,10 @@ def run(args: argparse.Namespace) -> int:
         if args.num_requests < 1:
             raise InvalidRequestError(f"--num-requests must be >= 1, got {args.num_requests}")
         requests = requests[: args.num_requests]
+    stall = DEFAULT_STALL_TIMEOUT_S if args.stall_timeout is None else args.stall_timeout
     measured, wall_s = run_load(requests, args.url, args.model, args.time_scale,
                                 args.max_concurrency, tokenizer=args.tokenizer,
-                                workers=args.workers)
+                                workers=args.workers, stall_timeout_s=stall)
     frame = requests_frame(measured)
     summary = summarize(frame, wall_s)
     settings = {"url": args.url, "model": args.model, "workload": args.workload,

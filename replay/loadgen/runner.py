@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import time
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -26,6 +27,8 @@ from replay.workloads.request import Request
 
 # Per request: connecting and reading may take as long as a long answer does.
 REQUEST_TIMEOUT_S = 3600.0
+# A stream that sends nothing (not even its headers) for this long is an error, not a hang.
+DEFAULT_STALL_TIMEOUT_S = 600.0
 # Client processes start (import) before the run's clock starts; then they all begin together.
 WORKER_READY_TIMEOUT_S = 120.0
 
@@ -48,6 +51,18 @@ def sessions_of(requests: list[Request]) -> list[list[int]]:
     return sessions
 
 
+@dataclass(frozen=True)
+class ClientSettings:
+    """How every client process sends: the server, the model name, the arrival scale, the
+    closed-loop limit (None: open loop) and the stall timeout (seconds without a byte)."""
+
+    url: str
+    model: str | None
+    time_scale: float
+    max_concurrency: int | None
+    stall_timeout_s: float
+
+
 def run_load(
     requests: list[Request],
     url: str,
@@ -57,6 +72,7 @@ def run_load(
     use_tqdm: bool = True,
     tokenizer: Any = None,
     workers: int = 1,
+    stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
 ) -> tuple[list[Measured], float]:
     """Send ``requests`` to ``url`` (a server's base URL, e.g. http://127.0.0.1:8000);
     returns what was measured per request (workload order) and the wall seconds of the run.
@@ -65,7 +81,8 @@ def run_load(
     turn) is sent ``arrival_s * time_scale`` seconds after the start, whatever is in flight.
     Closed loop: sessions go in workload order, at most ``max_concurrency`` in flight, the
     next one as soon as one ends. ``tokenizer`` (a checkpoint directory or a loaded tokenizer)
-    turns token-id prompts of conversations into the text of their chat messages.
+    turns token-id prompts of conversations into the text of their chat messages. A request
+    whose server sends nothing for ``stall_timeout_s`` seconds fails with a read timeout.
     """
     if time_scale <= 0:
         raise ReplayLLMError(f"--time-scale must be > 0, got {time_scale}")
@@ -73,20 +90,22 @@ def run_load(
         raise ReplayLLMError(f"--max-concurrency must be >= 1, got {max_concurrency}")
     if workers < 1:
         raise ReplayLLMError(f"--workers must be >= 1, got {workers}")
+    if not stall_timeout_s > 0:
+        raise ReplayLLMError(f"--stall-timeout must be > 0 seconds, got {stall_timeout_s}")
     if not requests:
         raise ReplayLLMError("the workload has no requests")
     url = url.rstrip("/")
     if model is None:
         model = asyncio.run(_served_model(url))
+    settings = ClientSettings(url, model, time_scale, max_concurrency, stall_timeout_s)
     sessions = sessions_of(requests)
     texts = _turn_texts(requests, sessions, tokenizer)
     if workers == 1 or len(sessions) == 1:
         start = time.perf_counter()
-        measured = asyncio.run(_run(requests, sessions, texts, url, model, time_scale,
-                                    max_concurrency, use_tqdm, start))
+        measured = asyncio.run(_run(requests, sessions, texts, settings, use_tqdm, start))
         return measured, time.perf_counter() - start
-    return _run_workers(requests, sessions, texts, url, model, time_scale, max_concurrency,
-                        min(workers, len(sessions)), use_tqdm)
+    return _run_workers(requests, sessions, texts, settings, min(workers, len(sessions)),
+                        use_tqdm)
 
 
 def _turn_texts(requests: list[Request], sessions: list[list[int]],
@@ -116,10 +135,11 @@ def _turn_texts(requests: list[Request], sessions: list[list[int]],
 
 
 async def _run(requests: list[Request], sessions: list[list[int]], texts: dict[int, str],
-               url: str, model: str | None, time_scale: float, max_concurrency: int | None,
-               use_tqdm: bool, start: float) -> list[Measured]:
+               settings: ClientSettings, use_tqdm: bool, start: float) -> list[Measured]:
     """Run ``sessions`` on one event loop; the measured requests, in ``requests`` order (None
     where a request belongs to another worker's sessions)."""
+    url, model, time_scale = settings.url, settings.model, settings.time_scale
+    max_concurrency = settings.max_concurrency
     limit = max_concurrency or sum(map(len, sessions))
     limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
     bar = tqdm(total=sum(map(len, sessions)), desc="loadgen", disable=not use_tqdm,
@@ -134,7 +154,8 @@ async def _run(requests: list[Request], sessions: list[list[int]], texts: dict[i
                                    if max_concurrency is None and i == session[0] else 0.0)
     errors = 0
 
-    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
+    timeout = httpx.Timeout(REQUEST_TIMEOUT_S, read=settings.stall_timeout_s, pool=None)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         async def one(i: int, body: dict[str, Any], endpoint: str) -> Measured:
             nonlocal errors
             out = await send(client, url + endpoint, body, measured[i], clock)
@@ -188,16 +209,17 @@ async def _run(requests: list[Request], sessions: list[list[int]], texts: dict[i
 
 
 def _run_workers(requests: list[Request], sessions: list[list[int]], texts: dict[int, str],
-                 url: str, model: str | None, time_scale: float, max_concurrency: int | None,
-                 workers: int, use_tqdm: bool) -> tuple[list[Measured], float]:
+                 settings: ClientSettings, workers: int,
+                 use_tqdm: bool) -> tuple[list[Measured], float]:
     """Sessions dealt round-robin to ``workers`` client processes, started together."""
     context = multiprocessing.get_context("spawn")
-    per_worker = max_concurrency and max(1, max_concurrency // workers)
+    limit = settings.max_concurrency
+    per_worker = replace(settings, max_concurrency=limit and max(1, limit // workers))
     procs, conns = [], []
     for w in range(workers):
         parent, child = context.Pipe()
         proc = context.Process(target=_worker_main, daemon=True, args=(
-            child, requests, sessions[w::workers], texts, url, model, time_scale, per_worker))
+            child, requests, sessions[w::workers], texts, per_worker))
         proc.start()
         child.close()
         procs.append(proc)
@@ -226,12 +248,10 @@ def _run_workers(requests: list[Request], sessions: list[list[int]], texts: dict
 
 
 def _worker_main(conn: Connection, requests: list[Request], sessions: list[list[int]],
-                 texts: dict[int, str], url: str, model: str | None, time_scale: float,
-                 max_concurrency: int | None) -> None:
+                 texts: dict[int, str], settings: ClientSettings) -> None:
     conn.send("ready")
     start = conn.recv()
-    conn.send(asyncio.run(_run(requests, sessions, texts, url, model, time_scale,
-                               max_concurrency, False, start)))
+    conn.send(asyncio.run(_run(requests, sessions, texts, settings, False, start)))
 
 
 async def _served_model(url: str) -> str | None:

@@ -1,10 +1,11 @@
 """The frontend's handle on the engine process (``engine.server.engine_proc``): the same
 interface as the in-thread ``EngineLoop`` (submit, finish, shutdown, now, ...).
 
-The event loop reads the pipe itself (``add_reader``): each engine step's message is one read,
-and each request's tokens go to its ``RequestStream`` queue. The event loop never writes to the
-pipe: a sender thread does. Were the loop to block in a write (the engine's end full while the
-engine itself waits to write its outputs, which only this loop reads), neither side could go on.
+The event loop reads the engine's outputs itself (``add_reader`` on the output pipe, read as
+``engine.server.frames`` messages, that end non-blocking); each request's
+tokens go to its ``RequestStream`` queue. The event loop never writes to the command pipe: a
+sender thread does. Were the loop to block in a write (the engine's end full while the engine
+itself waits to write its outputs, which only this loop reads), neither side could go on.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -23,6 +25,7 @@ from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.server.engine_loop import NO_SEQ, RequestIntake, RequestStream
 from engine.server.engine_proc import EngineInfo, EngineSpec, spawn_engine
+from engine.server.frames import MessageReader
 from engine.server.step_stats import StepStats
 from tracing.events import NullEventBuffer
 
@@ -43,16 +46,17 @@ class EngineProcess(RequestIntake):
     def __init__(self, spec: EngineSpec, metrics: Any = None) -> None:
         from engine.model.tokenizer import load_tokenizer
 
-        self.process, self.conn = spawn_engine(spec)
-        if not self.conn.poll(START_TIMEOUT_S):
-            self.process.kill()
-            raise ReplayLLMError("the engine process did not start")
+        self.process, self.conn, self._outputs = spawn_engine(spec)
+        self._reader = MessageReader(self._outputs.fileno())
         try:
-            message = self.conn.recv()
+            message = self._reader.read_one(START_TIMEOUT_S)
         except EOFError:
             self.process.join(5)
             raise ReplayLLMError(f"the engine process exited ({self.process.exitcode}) "
                                  "while starting") from None
+        if message is None:
+            self.process.kill()
+            raise ReplayLLMError("the engine process did not start")
         if message[0] == "failed":
             self.process.join(30)
             raise ReplayLLMError(message[1])
@@ -100,7 +104,8 @@ class EngineProcess(RequestIntake):
         """Read the engine's outputs on ``loop`` itself (no thread: no GIL hand-over per step)."""
         self._loop = loop
         self._started = True
-        loop.add_reader(self.conn.fileno(), self._on_readable)
+        os.set_blocking(self._outputs.fileno(), False)  # uvloop would, asyncio does not
+        loop.add_reader(self._outputs.fileno(), self._on_readable)
 
     def submit(self, stream: RequestStream) -> None:
         """Send a request to the engine; ``EngineStopped`` when not accepting."""
@@ -137,8 +142,7 @@ class EngineProcess(RequestIntake):
     def _on_readable(self) -> None:
         """Every message the engine has sent so far (on the event loop)."""
         try:
-            while self.conn.poll():
-                message = self.conn.recv()
+            for message in self._reader.read_available():
                 self.counts.received(message)
                 if message[0] == "out":
                     try:
@@ -165,7 +169,7 @@ class EngineProcess(RequestIntake):
 
     def _stop_reading(self) -> None:
         if self._loop is not None:
-            self._loop.remove_reader(self.conn.fileno())
+            self._loop.remove_reader(self._outputs.fileno())
 
     def _dispatch(self, message: tuple) -> None:
         _, rids, tokens, finishes, errors, stats = message
@@ -220,10 +224,12 @@ class EngineProcess(RequestIntake):
                f"active {self.num_active}, outbox {self._outbox.qsize()}"
 
     def _drain_until_closed(self) -> None:
-        while self.conn.poll(CLOSE_TIMEOUT_S):
+        while True:
             try:
-                message = self.conn.recv()
-            except EOFError:
+                message = self._reader.read_one(CLOSE_TIMEOUT_S)
+            except (EOFError, OSError):
+                break
+            if message is None:
                 break
             if message[0] == "closed":
                 self.summary = message[1]

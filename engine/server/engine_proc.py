@@ -2,7 +2,8 @@
 the recorder run there; HTTP, tokenization, detokenization, stop strings and streaming stay in
 the frontend process, so neither waits on the other's interpreter.
 
-Across one ``multiprocessing`` pipe, as pickled tuples:
+Across two pipes, as pickled tuples (commands on a ``multiprocessing`` pipe; outputs as
+``engine.server.frames`` messages, which the frontend's event loop reads without blocking):
 
 - frontend -> engine: ``("add", rid, token_ids, params, arrival_s)``, ``("finish", rid,
   reason)`` (the client left: ``aborted``; a stop string: ``stop``), ``("stop",)`` (the grace
@@ -39,6 +40,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from engine.engine_core import EngineCore, StepResult
+from engine.server.frames import widen_pipe, write_message
 from engine.server.step_stats import step_stats
 
 log = logging.getLogger(__name__)
@@ -85,13 +87,15 @@ class EngineInfo:
     start_time: float  # the engine clock's zero on time.perf_counter
 
 
-def engine_main(conn: Connection, spec: EngineSpec) -> None:
-    """The engine process: build the engine, then drive it over the pipe until ``stop`` (or the
-    frontend is gone); the trace is closed on the way out."""
+def engine_main(conn: Connection, outputs: Connection, spec: EngineSpec) -> None:
+    """The engine process: build the engine, then drive it with the commands from ``conn``,
+    its outputs to ``outputs``, until ``stop`` (or the frontend is gone); the trace is closed
+    on the way out."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the frontend decides when to stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent()
     publisher = None
+    out_fd = outputs.fileno()
     try:
         wrap_sink = None
         if spec.kv_events_endpoint is not None:
@@ -104,13 +108,14 @@ def engine_main(conn: Connection, spec: EngineSpec) -> None:
                 return KVEventTap(sink, publisher)
         engine = spec.build(wrap_sink)
     except BaseException as exc:  # noqa: BLE001 - the frontend prints it as one line
-        conn.send(("failed", f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc)))
+        write_message(out_fd, ("failed", str(exc) or type(exc).__name__))
         if publisher is not None:
             publisher.close()
         return
     core: EngineCore = engine.core
-    conn.send(("ready", EngineInfo(engine.config, engine.vocab_size, core.start_time)))
-    inputs = PipeInputs(conn, core)
+    write_message(out_fd, ("ready", EngineInfo(engine.config, engine.vocab_size,
+                                                core.start_time)))
+    inputs = PipeInputs(conn, out_fd, core)
     signal.signal(signal.SIGUSR1, lambda *_: _report(inputs))
     error: str | None = None
     try:
@@ -128,7 +133,7 @@ def engine_main(conn: Connection, spec: EngineSpec) -> None:
     if publisher is not None:
         publisher.close()
     try:
-        conn.send(("closed", summary, error))
+        write_message(out_fd, ("closed", summary, error))
     except OSError:
         pass  # the frontend is gone
 
@@ -160,8 +165,9 @@ def _die_with_parent() -> None:
 class PipeInputs:
     """The engine process's ``Inputs``: commands from the pipe, outputs back once per step."""
 
-    def __init__(self, conn: Connection, core: EngineCore) -> None:
+    def __init__(self, conn: Connection, out_fd: int, core: EngineCore) -> None:
         self.conn = conn
+        self.out_fd = out_fd
         self.core = core
         self.rid_of: dict[int, int] = {}  # engine seq_id -> frontend rid, while running
         self.seq_of: dict[int, int] = {}  # frontend rid -> engine seq_id
@@ -259,17 +265,22 @@ class PipeInputs:
         self.tokens += len(tokens)
         self.finished += len(finishes) + len(errors)
         try:
-            self.conn.send(("out", rids, tokens, finishes, errors, stats))
+            write_message(self.out_fd, ("out", rids, tokens, finishes, errors, stats))
         except OSError:  # the frontend is gone: the next feed stops
             self.stopping = True
 
 
-def spawn_engine(spec: EngineSpec) -> tuple[multiprocessing.process.BaseProcess, Connection]:
-    """Start the engine process (spawned: no CUDA state is inherited); its pipe end."""
+def spawn_engine(spec: EngineSpec) -> tuple[multiprocessing.process.BaseProcess, Connection,
+                                            Connection]:
+    """Start the engine process (spawned: no CUDA state is inherited); the frontend's ends of
+    its pipes: commands (write) and outputs (read, ``frames`` messages)."""
     context = multiprocessing.get_context("spawn")
-    parent, child = context.Pipe(duplex=True)
-    process = context.Process(target=engine_main, args=(child, spec), name="replayllm-engine",
-                              daemon=True)
+    command_reader, command_writer = context.Pipe(duplex=False)
+    output_reader, output_writer = context.Pipe(duplex=False)
+    widen_pipe(output_writer.fileno())
+    process = context.Process(target=engine_main, args=(command_reader, output_writer, spec),
+                              name="replayllm-engine", daemon=True)
     process.start()
-    child.close()
-    return process, parent
+    command_reader.close()
+    output_writer.close()
+    return process, command_writer, output_reader

@@ -27,11 +27,13 @@ from replay.whatif.cost import fit as fitting
 from replay.whatif.cost.features import (
     CLASSES,
     FEATURES,
+    LONGEST,
     POOLED,
     STEP_CLASSES,
     LinearFit,
     Steps,
     calibration_steps,
+    kv_heads_of,
 )
 
 PROFILE_MODES = ("blend", "pooled", "profile")
@@ -68,6 +70,8 @@ class CostOptions:
     engine_host: bool = True
     profile_mode: str = "blend"
     profile_scale: bool = True
+    longest_program: bool = True
+    shared_kv: bool = False
 
     def __post_init__(self) -> None:
         if self.profile_mode not in PROFILE_MODES:
@@ -107,9 +111,11 @@ def read_profile(profile: str | Path | dict[str, Any]) -> tuple[dict[str, Any], 
     return load_profile(profile), str(profile)
 
 
-def profile_steps(profile: dict[str, Any], measured_host: bool, overhead_s: float) -> Steps:
-    """The profile's rows as fit rows (``features.calibration_steps``)."""
-    return calibration_steps(profile["rows"], measured_host, overhead_s)
+def profile_steps(profile: dict[str, Any], measured_host: bool, overhead_s: float,
+                  kv_heads: int) -> Steps:
+    """The profile's rows as fit rows (``features.calibration_steps``) of a model of
+    ``kv_heads`` KV heads (the source's: a profile of another model is refused by its key)."""
+    return calibration_steps(profile["rows"], measured_host, overhead_s, kv_heads)
 
 
 def _ranges(x: np.ndarray, classes: np.ndarray) -> dict[str, dict[str, list[float]]]:
@@ -158,7 +164,9 @@ class ProfilePrior:
         device time where ``steps`` measured host time, else intervals); ``own_fits``: the
         classes the source fitted itself; ``header``: the source trace's."""
         measured = bool(np.isfinite(steps.host[~steps.is_calibration]).any())
-        rows = profile_steps(profile, measured, overhead_s)
+        rows = profile_steps(profile, measured, overhead_s, kv_heads_of(header))
+        if not options.longest_program:
+            rows.x[:, FEATURES.index(LONGEST)] = 0.0
         fits, _ = fitting.fit_all(rows)
         fits.pop(POOLED, None)
         scale: dict[str, float] = {}

@@ -288,11 +288,13 @@ def longest_program_tokens(longest_context: float, batch_size: int, kv_heads: in
 def decode_features(contexts: Sequence[int], block_tables: Sequence[Sequence[int]],
                     block_size: int, batch_size: int, kv_heads: int) -> tuple[float, float]:
     """(``decode_kv_tokens``, ``decode_longest_tokens``) of a step's decode rows, from their
-    contexts and block tables: a block in several rows' tables is read once."""
+    contexts and block tables: a block in several rows' tables is read once (``block_size``
+    0: every row's context counted)."""
     if not contexts:
         return 0.0, 0.0
-    blocks = sum(map(len, block_tables))
-    shared = blocks - len(set().union(*block_tables)) if blocks else 0
+    shared = 0
+    if block_size:  # 0: sharing not counted (no need to look at the tables)
+        shared = sum(map(len, block_tables)) - len(set().union(*block_tables))
     return (float(sum(contexts) - shared * block_size),
             longest_program_tokens(max(contexts), batch_size, kv_heads))
 

@@ -1,14 +1,14 @@
 """A device profile (engine/profiling.py) as the step-time model's prior, and the model's switches.
 
-A source trace prices well the steps it ran; a profile times every step shape the model can take
-on the device. ``ProfilePrior`` fits each class on the profile's rows (the same candidates and
+A source trace prices well the steps it ran; a profile times every step shape the model can take on
+the device. ``ProfilePrior`` fits each class on the profile's rows (the same candidates and
 selection as a trace's: ``fit.fit_all``; their features have a physical meaning: tokens for the
-GEMMs' FLOPs and weight reads, ``prefill_attn_work`` for attention FLOPs,
-``decode_context_tokens`` for KV bytes read, sequences for per-sequence work, the intercept and
-floor for per-launch costs), scales each class by what the source's own steps of it took over
-what the profile predicts for them (another process, clock or build on the same device), and
-prices a step where the source's fit does not reach: ``priced_by`` says which of the two
-prices a step, and whether it lies outside both.
+GEMMs' FLOPs and weight reads, ``prefill_attn_work`` for attention FLOPs, ``decode_kv_tokens`` for
+KV bytes read, ``decode_longest_tokens`` for the attention kernel's last wave, sequences for
+per-sequence work, the intercept and floor for per-launch costs), scales each class by what the
+source's own steps of it took over what the profile predicts for them (another process, clock or
+build on the same device), and prices a step where the source's fit does not reach: ``priced_by``
+says which of the two prices a step, and whether it lies outside both.
 
 ``CostOptions`` switches each mechanism of the model, so that a validation matrix can compare
 the model with and without it; the defaults are the model without a profile.

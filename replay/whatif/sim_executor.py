@@ -32,12 +32,8 @@ from typing import Any
 from engine.batch import ScheduledBatch, StepOutput
 from engine.engine_core import batch_features
 from engine.graph_sizes import mixed_graph_key, padded_decode_size, padded_prefill_tokens
-from replay.whatif.cost.features import (
-    StepFeatures,
-    computed_tokens,
-    decode_features,
-    step_class,
-)
+from replay.whatif.cost.decode_attention import decode_features
+from replay.whatif.cost.features import StepFeatures, computed_tokens, step_class
 from replay.whatif.cost.model import CostModel
 
 # Synthetic tokens: a fixed affine walk over a small id range (any id below every vocab size).

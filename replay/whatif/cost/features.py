@@ -19,6 +19,11 @@ import numpy as np
 
 from engine.attention_splits import choose_num_splits
 from replay.recorded import RecordedEvents
+from replay.whatif.cost.decode_attention import (
+    DEFAULT_KV_HEADS,
+    kv_heads_of,
+    longest_decode_contexts,
+)
 from tracing.schema import NOT_PADDED
 
 
@@ -44,7 +49,6 @@ class StepFeatures(NamedTuple):
 FEATURES: tuple[str, ...] = StepFeatures._fields
 PADDED_TOKENS = "padded_tokens"
 RECORDED_FEATURES = FEATURES[:FEATURES.index(PADDED_TOKENS)]
-DEFAULT_KV_HEADS = 1  # a trace whose header names no model: one program per sequence and split
 
 
 @dataclass(frozen=True)
@@ -273,32 +277,6 @@ def step_intervals(events: RecordedEvents) -> np.ndarray:
     return interval
 
 
-def kv_heads_of(header: Mapping[str, Any]) -> int:
-    """The model's KV heads (the decode-attention kernel runs a program per sequence, KV head and
-    split), from a trace header."""
-    return int((header.get("model") or {}).get("num_kv_heads") or DEFAULT_KV_HEADS)
-
-
-def longest_program_tokens(longest_context: float, batch_size: int, kv_heads: int) -> float:
-    """The KV tokens the longest decode-attention program reads: the longest decode context over
-    the splits the kernel cuts each context into for a batch of ``batch_size`` rows."""
-    return longest_context / choose_num_splits(batch_size, kv_heads)
-
-
-def decode_features(contexts: Sequence[int], block_tables: Sequence[Sequence[int]],
-                    block_size: int, batch_size: int, kv_heads: int) -> tuple[float, float]:
-    """(``decode_kv_tokens``, ``decode_longest_tokens``) of a step's decode rows, from their
-    contexts and block tables: a block in several rows' tables is read once (``block_size``
-    0: every row's context counted)."""
-    if not contexts:
-        return 0.0, 0.0
-    shared = 0
-    if block_size:  # 0: sharing not counted (no need to look at the tables)
-        shared = sum(map(len, block_tables)) - len(set().union(*block_tables))
-    return (float(sum(contexts) - shared * block_size),
-            longest_program_tokens(max(contexts), batch_size, kv_heads))
-
-
 def _feature_matrix(columns: Mapping[str, Any], n: int, longest_context: np.ndarray,
                     kv_heads: int) -> np.ndarray:
     """(n x len(FEATURES)) floats from the recorded feature columns and each step's longest
@@ -317,22 +295,6 @@ def _feature_matrix(columns: Mapping[str, Any], n: int, longest_context: np.ndar
     values["decode_longest_tokens"] = longest / np.array([splits[b] for b in batch.tolist()],
                                                          dtype=float).reshape(n)
     return np.column_stack([values[name] for name in FEATURES]).reshape(n, len(FEATURES))
-
-
-def longest_decode_contexts(events: RecordedEvents) -> np.ndarray:
-    """Each step's longest decode context, from its scheduled rows (a decode row computes one
-    token)."""
-    steps = np.asarray(events.tables["model_step"]["step"], dtype=np.int64)
-    out = np.zeros(len(steps))
-    scheduled = events.tables.get("seq_scheduled") or {}
-    if not len(steps) or not len(scheduled.get("step", ())):
-        return out
-    decode = np.asarray(scheduled["num_new_tokens"]) == 1
-    rows = np.searchsorted(steps, np.asarray(scheduled["step"], dtype=np.int64)[decode])
-    ok = (rows < len(steps))
-    ok[ok] = steps[rows[ok]] == np.asarray(scheduled["step"], dtype=np.int64)[decode][ok]
-    np.maximum.at(out, rows[ok], np.asarray(scheduled["context_len"], dtype=float)[decode][ok])
-    return out
 
 
 def feature_matrix(events: RecordedEvents) -> tuple[np.ndarray, np.ndarray]:

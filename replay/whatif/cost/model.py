@@ -28,6 +28,7 @@ from replay.metrics import has_timings
 from replay.recorded import RecordedEvents
 from replay.whatif.cost import explain, features, graphs
 from replay.whatif.cost import fit as fitting
+from replay.whatif.cost.decode_attention import DEFAULT_KV_HEADS, kv_heads_of
 from replay.whatif.cost.features import MIN_STEP_S, MODES, LinearFit, Steps
 from replay.whatif.cost.overlap import OverlapModel, interval
 from replay.whatif.cost.profile import CostOptions, ProfilePrior, profile_steps, read_profile
@@ -85,7 +86,7 @@ class CostModel:
     prefill_graph_sizes: list[int] = field(default_factory=list)
     prefill_graph_max_seqs: int = 0
     prior: ProfilePrior | None = None  # a device profile pricing what the source did not run
-    kv_heads: int = features.DEFAULT_KV_HEADS  # the model's (``features.longest_program_tokens``)
+    kv_heads: int = DEFAULT_KV_HEADS  # the model's (``decode_attention.longest_program_tokens``)
     shared_kv: bool = False  # ``CostOptions.shared_kv``: the simulator counts shared blocks once
     options: dict[str, Any] = field(default_factory=dict)  # ``CostOptions`` changed from default
     _times: dict[str, _ClassTimes] = field(default_factory=dict, init=False, repr=False,
@@ -113,7 +114,7 @@ class CostModel:
                           else (np.zeros(len(own), dtype=bool), {}))
         calibration = steps.rows(steps.is_calibration & options.calibration)
         loaded = read_profile(profile) if profile is not None else None
-        kv_heads = features.kv_heads_of(events.header)
+        kv_heads = kv_heads_of(events.header)
         overhead_s = features.engine_overhead_s(events)
         if loaded is not None and options.profile_mode == "pooled":
             calibration = calibration.concat(profile_steps(loaded[0], host_times, overhead_s,

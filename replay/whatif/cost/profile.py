@@ -24,6 +24,7 @@ import numpy as np
 
 from engine.profiling import load_profile, profile_key
 from replay.whatif.cost import fit as fitting
+from replay.whatif.cost.decode_attention import kv_heads_of
 from replay.whatif.cost.features import (
     CLASSES,
     FEATURES,
@@ -33,7 +34,6 @@ from replay.whatif.cost.features import (
     LinearFit,
     Steps,
     calibration_steps,
-    kv_heads_of,
 )
 
 PROFILE_MODES = ("blend", "pooled", "profile")

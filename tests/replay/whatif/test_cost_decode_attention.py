@@ -10,14 +10,13 @@ from engine.batch import ScheduledBatch
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from replay.recorded import RecordedEvents
+from replay.whatif.cost.decode_attention import decode_features, longest_decode_contexts
 from replay.whatif.cost.features import (
     FEATURES,
     KV,
     LONGEST,
     StepFeatures,
     calibration_features,
-    decode_features,
-    longest_decode_contexts,
 )
 from replay.whatif.cost.fit import select
 from replay.whatif.cost.model import StepTime
@@ -40,10 +39,11 @@ def test_a_recorded_step_s_longest_decode_context_comes_from_its_scheduled_rows(
     steps = np.array([0, 1, 2])
     tables = {
         "model_step": {"step": steps},
-        # Step 0 a prefill (8 new tokens), step 1 two decodes, step 2 a prefill and a decode.
-        "seq_scheduled": {"step": np.array([0, 1, 1, 2, 2]),
-                          "num_new_tokens": np.array([8, 1, 1, 5, 1]),
-                          "context_len": np.array([8, 9, 30, 5, 12])},
+        # Step 0 a prefill (8 new tokens), step 1 two decodes, step 2 a prefill and a decode;
+        # step 3's row has no model step (a recording cut short): ignored.
+        "seq_scheduled": {"step": np.array([0, 1, 1, 2, 2, 3]),
+                          "num_new_tokens": np.array([8, 1, 1, 5, 1, 1]),
+                          "context_len": np.array([8, 9, 30, 5, 12, 99])},
     }
     events = RecordedEvents({}, tables, 2)
     assert longest_decode_contexts(events).tolist() == [0.0, 30.0, 12.0]

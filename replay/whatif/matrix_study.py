@@ -24,7 +24,9 @@ STALL_FACTOR = 10.0
 STALL_MIN_S = 0.1
 # The switches an ablation turns off one at a time (``CostOptions``), and the profile settings.
 SWITCHES = ("warmup_steps", "warmup_window", "window_bound", "calibration", "overlap",
-            "class_offsets", "engine_host", "profile_scale")
+            "class_offsets", "engine_host", "profile_scale", "longest_program")
+# Mechanisms off by default that an ablation turns on (``CostOptions``).
+OPT_IN = ("shared_kv",)
 
 
 def step_errors(model: CostModel, events: Any) -> dict[str, Any]:
@@ -81,12 +83,15 @@ def step_errors_markdown(cells: dict[str, dict[str, Any]]) -> str:
 
 
 def ablation_variants(base: CostOptions, with_profile: bool) -> dict[str, CostOptions | None]:
-    """The model as configured (``base``), then each switch off in turn; with a profile also
-    the other profile modes; ``None``: no profile at all."""
+    """The model as configured (``base``), then each switch off in turn (each opt-in one on);
+    with a profile also the other profile modes; ``None``: no profile at all."""
     out: dict[str, CostOptions | None] = {"all mechanisms": base}
     for name in SWITCHES:
         if getattr(base, name):
             out[f"{name}=off"] = replace(base, **{name: False})
+    for name in OPT_IN:
+        if not getattr(base, name):
+            out[f"{name}=on"] = replace(base, **{name: True})
     if with_profile:
         for mode in ("blend", "pooled", "profile"):
             if mode != base.profile_mode:

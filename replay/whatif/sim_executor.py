@@ -32,6 +32,7 @@ from typing import Any
 from engine.batch import ScheduledBatch, StepOutput
 from engine.engine_core import batch_features
 from engine.graph_sizes import mixed_graph_key, padded_decode_size, padded_prefill_tokens
+from replay.whatif.cost.decode_attention import decode_features
 from replay.whatif.cost.features import StepFeatures, computed_tokens, step_class
 from replay.whatif.cost.model import CostModel
 
@@ -73,6 +74,7 @@ class SimExecutor:
         prefill_graph_tokens: int = 0,
         one_off_costs: bool = True,
         mixed_decode_sizes: Sequence[int] = (),
+        block_size: int = 0,
     ) -> None:
         self.num_kvcache_blocks = num_kvcache_blocks
         self.clock = clock
@@ -96,6 +98,10 @@ class SimExecutor:
         self._one_off_costs = one_off_costs
         self.steps = 0
         self.overlapped_steps = 0  # batches the engine launched overlapped
+        # Of the KV cache: the tokens of a block shared by several decode rows, read once (0:
+        # every row's context counted, ``CostOptions.shared_kv`` off).
+        self._block_size = block_size if cost is not None and cost.shared_kv else 0
+        self._kv_heads = cost.kv_heads if cost is not None else 1
 
     def bind(self, seq_id: int, tokens: Sequence[int] | None) -> None:
         """Give sequence ``seq_id`` (ids are handed out in order) its recorded completion (a list
@@ -163,10 +169,15 @@ class SimExecutor:
         first = self._one_off_costs and cls not in self._seen_classes
         if first:
             self._seen_classes.add(cls)
+        first_decode = num_seqs - decode_seqs
+        kv_tokens, longest = decode_features(
+            batch.context_lens[first_decode:], [s.block_table for s in batch.seqs[first_decode:]],
+            self._block_size, padded, self._kv_heads)
         features = StepFeatures(
             num_seqs=num_seqs, prefill_tokens=prefill_tokens, prefill_attn_work=work,
             decode_seqs=decode_seqs, decode_context_tokens=context, padded_batch_size=padded,
-            padded_tokens=computed_tokens(padded_tokens, prefill_tokens, decode_seqs))
+            padded_tokens=computed_tokens(padded_tokens, prefill_tokens, decode_seqs),
+            decode_kv_tokens=kv_tokens, decode_longest_tokens=longest)
         time = cost.predict(features, cls, batch.overlapped, first)
         self.clock.now += time.interval_s
         self.last_interval_s = time.interval_s

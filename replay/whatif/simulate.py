@@ -254,7 +254,8 @@ def build_engine(
     executor = SimExecutor(config.num_kvcache_blocks, clock, cost, use_graphs, eos=config.eos,
                            prefill_graph_tokens=prefill_graph_limit(config),
                            one_off_costs=cold_start is not False,
-                           mixed_decode_sizes=mixed_graph_decode_sizes(config))
+                           mixed_decode_sizes=mixed_graph_decode_sizes(config),
+                           block_size=config.kvcache_block_size)
     header = {k: v for k, v in source_header.items() if k not in ("executor", "config")}
     header["simulated_from"] = source_name
     core = EngineCore(config, executor, sink=sink, header=header, clock=clock)

@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.attention_splits import choose_num_splits
+
 # Keys per inner-loop tile: 64 rows x 128 dims of bf16 K and V is 32 KiB per tile in flight.
 DECODE_BLOCK_N = 64
 DECODE_NUM_WARPS = 4
@@ -29,10 +31,6 @@ DECODE_NUM_STAGES = 3
 DECODE_HEADS_FASTEST = True
 # tl.dot needs at least 16 rows: a GQA group (2 heads for Qwen3-0.6B) is padded up to this.
 MIN_DOT_ROWS = 16
-# Aim for at least this many programs per launch (a few per multiprocessor) when choosing how
-# many splits to cut each context into; more splits only add merge work.
-TARGET_PROGRAMS = 1024
-MAX_SPLITS = 16
 LOG2E = 1.4426950408889634
 
 
@@ -172,17 +170,6 @@ def _decode_merge_kernel(
     out = tl.sum(acc * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
     o_offs = seq.to(tl.int64) * out_stride_seq + head * out_stride_head + dims
     tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
-
-
-def choose_num_splits(num_seqs: int, num_kv_heads: int) -> int:
-    """Splits per context so that a launch has about ``TARGET_PROGRAMS`` programs.
-
-    A power of two, so only a handful of kernel variants (the split count is a compile-time
-    constant) are ever compiled.
-    """
-    programs = max(1, num_seqs * num_kv_heads)
-    wanted = triton.cdiv(TARGET_PROGRAMS, programs)
-    return min(MAX_SPLITS, triton.next_power_of_2(wanted))
 
 
 def paged_decode_attention(

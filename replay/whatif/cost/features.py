@@ -17,7 +17,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from engine.attention_splits import choose_num_splits
 from replay.recorded import RecordedEvents
+from replay.whatif.cost.decode_attention import (
+    DEFAULT_KV_HEADS,
+    kv_heads_of,
+    longest_decode_contexts,
+)
 from tracing.schema import NOT_PADDED
 
 
@@ -30,13 +36,19 @@ class StepFeatures(NamedTuple):
     decode_seqs: float
     decode_context_tokens: float
     padded_batch_size: float
-    # The tokens the forward computed (``computed_tokens``): not a column of older traces, so last.
+    # The tokens the forward computed (``computed_tokens``): not a column of older traces.
     padded_tokens: float
+    # Derived, not recorded (``decode_features``): the decode rows' KV tokens read from memory,
+    # a block shared by several rows (a common prefix) counted once, since the other rows read
+    # it from L2; and the KV tokens of the longest attention program (the longest decode
+    # context over the kernel's splits), which bounds the kernel's last wave.
+    decode_kv_tokens: float
+    decode_longest_tokens: float
 
 
 FEATURES: tuple[str, ...] = StepFeatures._fields
 PADDED_TOKENS = "padded_tokens"
-RECORDED_FEATURES = FEATURES[:-1]
+RECORDED_FEATURES = FEATURES[:FEATURES.index(PADDED_TOKENS)]
 
 
 @dataclass(frozen=True)
@@ -60,8 +72,9 @@ POOLED = "pooled"  # the fit over every step: a class without a related fit's la
 COMPOSITE = "composite"  # a mixed step: the prefill fit plus the decode slopes
 GRAPH_FROM_EAGER = "graph_from_eager"  # a graph prefill: the eager prefill fit's compute part
 MODES = ("sequential", "overlapped")  # how a step was launched (``model_step.overlapped``)
-_MIXED_SETS = (("prefill_tokens", "decode_context_tokens"),
-               ("prefill_tokens", "prefill_attn_work", "decode_seqs", "decode_context_tokens"))
+KV, LONGEST = "decode_kv_tokens", "decode_longest_tokens"
+_MIXED_SETS = (("prefill_tokens", KV),
+               ("prefill_tokens", "prefill_attn_work", "decode_seqs", KV))
 CLASSES: dict[str, ClassSpec] = {spec.name: spec for spec in (
     # An eager prefill. A graph prefill's fit has no launch floor (may be low): its last resort.
     # Host work: an eager step's is its kernel launches, a mixed step's like a prefill's.
@@ -77,12 +90,11 @@ CLASSES: dict[str, ClassSpec] = {spec.name: spec for spec in (
                (PADDED_TOKENS, "prefill_attn_work", "num_seqs")),
               ("prefill", "mixed", POOLED), ("decode_graph",)),
     ClassSpec("decode_graph", False, "num_seqs",
-              (("decode_context_tokens",), ("padded_batch_size", "decode_context_tokens"),
-               ("decode_seqs", "decode_context_tokens"),
-               ("padded_batch_size", "decode_seqs", "decode_context_tokens")),
+              ((KV,), ("padded_batch_size", KV), ("decode_seqs", KV),
+               ("padded_batch_size", "decode_seqs", KV), ("padded_batch_size", KV, LONGEST)),
               ("decode_eager", POOLED), ("prefill_graph", "decode_eager")),
     ClassSpec("decode_eager", True, "num_seqs",
-              (("decode_context_tokens",), ("decode_seqs", "decode_context_tokens")),
+              ((KV,), ("decode_seqs", KV), ("decode_seqs", KV, LONGEST)),
               ("decode_graph", POOLED), ("decode_graph",)),
     ClassSpec("mixed", True, "prefill_tokens", _MIXED_SETS, (POOLED,), ("prefill",)),
     # A mixed step replayed from a CUDA graph (where the runner captures them): no launch floor.
@@ -185,7 +197,8 @@ def composite_mixed(fits: Mapping[str, LinearFit]) -> LinearFit:
         # A mixed step runs eager: a graph fit's padding slope is paid per real sequence.
         per_decode_seq = decode.coef[at("decode_seqs")] + decode.coef[at("padded_batch_size")]
         coef[at("decode_seqs")] = per_decode_seq - prefill.coef[at("num_seqs")]
-        coef[at("decode_context_tokens")] = decode.coef[at("decode_context_tokens")]
+        for name in (KV, LONGEST):
+            coef[at(name)] = decode.coef[at(name)]
     return LinearFit(prefill.intercept, tuple(coef), prefill.features, 0, prefill.floor)
 
 
@@ -264,14 +277,23 @@ def step_intervals(events: RecordedEvents) -> np.ndarray:
     return interval
 
 
-def _feature_matrix(columns: Mapping[str, Any], n: int) -> np.ndarray:
-    """(n x len(FEATURES)) floats from the recorded feature columns."""
+def _feature_matrix(columns: Mapping[str, Any], n: int, longest_context: np.ndarray,
+                    kv_heads: int) -> np.ndarray:
+    """(n x len(FEATURES)) floats from the recorded feature columns and each step's longest
+    decode context. A recording names no blocks per step: its KV tokens read are its decode
+    context (exact where no two decode rows share a prefix block)."""
     values = {name: np.asarray(columns[name], dtype=float) for name in RECORDED_FEATURES}
     padded = columns.get(PADDED_TOKENS)
     padded = np.full(n, float(NOT_PADDED)) if padded is None else np.asarray(padded, dtype=float)
     values[PADDED_TOKENS] = np.array(
         [computed_tokens(*row) for row in zip(padded.tolist(), values["prefill_tokens"].tolist(),
                                                values["decode_seqs"].tolist())], dtype=float)
+    values["decode_kv_tokens"] = values["decode_context_tokens"]
+    batch = values["padded_batch_size"].astype(int)
+    splits = {size: choose_num_splits(size, kv_heads) for size in set(batch.tolist())}
+    longest = np.where(values["decode_seqs"] > 0, np.asarray(longest_context, dtype=float), 0.0)
+    values["decode_longest_tokens"] = longest / np.array([splits[b] for b in batch.tolist()],
+                                                         dtype=float).reshape(n)
     return np.column_stack([values[name] for name in FEATURES]).reshape(n, len(FEATURES))
 
 
@@ -280,14 +302,20 @@ def feature_matrix(events: RecordedEvents) -> tuple[np.ndarray, np.ndarray]:
     ms = events.tables["model_step"]
     kinds = np.asarray(ms["kind"]).astype(str)
     classes = step_class(kinds, np.asarray(ms["graph_used"], dtype=bool))
-    return _feature_matrix(ms, len(kinds)), classes
+    return (_feature_matrix(ms, len(kinds), longest_decode_contexts(events),
+                            kv_heads_of(events.header)), classes)
 
 
-def calibration_features(rows: list[Mapping[str, Any]]) -> np.ndarray:
-    """(rows x len(FEATURES)) features of header calibration rows."""
+def calibration_features(rows: list[Mapping[str, Any]], kv_heads: int = DEFAULT_KV_HEADS
+                         ) -> np.ndarray:
+    """(rows x len(FEATURES)) features of header calibration rows (or a profile's): a row's
+    longest decode context is its ``decode_context_max`` where it has one, else its decode rows
+    are of one length."""
     columns: dict[str, Any] = {name: [row[name] for row in rows] for name in RECORDED_FEATURES}
     columns[PADDED_TOKENS] = [row.get(PADDED_TOKENS, NOT_PADDED) for row in rows]
-    return _feature_matrix(columns, len(rows))
+    longest = np.array([float(row.get("decode_context_max") or -(-int(
+        row["decode_context_tokens"]) // max(int(row["decode_seqs"]), 1))) for row in rows])
+    return _feature_matrix(columns, len(rows), longest, kv_heads)
 
 
 HOST_MEASURED_S = 1e-6  # a real step's host work takes microseconds at least
@@ -323,7 +351,8 @@ def steps_of(events: RecordedEvents, host_times: bool = True) -> Steps:
     rows = events.header.get("calibration") or []
     if not rows:
         return own
-    return own.concat(calibration_steps(rows, measured_host, engine_overhead_s(events)))
+    return own.concat(calibration_steps(rows, measured_host, engine_overhead_s(events),
+                                        kv_heads_of(events.header)))
 
 
 def engine_overhead_s(events: RecordedEvents) -> float:
@@ -335,7 +364,7 @@ def engine_overhead_s(events: RecordedEvents) -> float:
 
 
 def calibration_steps(rows: Sequence[Mapping[str, Any]], measured_host: bool,
-                      overhead_s: float) -> Steps:
+                      overhead_s: float, kv_heads: int = DEFAULT_KV_HEADS) -> Steps:
     """Timed synthetic steps (a header's calibration rows, a device profile's) as fit rows. A
     row's ``interval_s`` times the executor call alone, less its ``wait_s`` (for the device):
     its host work. Fitted on intervals (``measured_host`` False), a row is charged
@@ -349,5 +378,6 @@ def calibration_steps(rows: Sequence[Mapping[str, Any]], measured_host: bool,
                          else float(row["interval_s"]) - float(row["wait_s"]) for row in rows])
     no = np.zeros(len(rows), dtype=bool)
     classes = step_class([row["kind"] for row in rows], [row["graph_used"] for row in rows])
-    return Steps(x=calibration_features(list(rows)), classes=classes, time=time, host=cal_host,
-                 interval=called, overlapped=no, is_calibration=~no, window=no.copy())
+    return Steps(x=calibration_features(list(rows), kv_heads), classes=classes, time=time,
+                 host=cal_host, interval=called, overlapped=no, is_calibration=~no,
+                 window=no.copy())

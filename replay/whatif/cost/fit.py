@@ -2,13 +2,13 @@
 
 Each class's candidates (``ClassSpec.feature_sets``, simplest first) are linear in its features,
 since a step's time is linear in its work when the GPU is the bound (weights read once per step: a
-constant; KV read: ``decode_context_tokens``; per-sequence and per-token compute); an eager class
-(``ClassSpec.eager``) also tries ``max(floor, linear)``, its launch-bound floor being the median of
-the steps below a knee. The candidate with the lowest held-out error wins, the simpler on a tie:
-a richer model must earn its parameters on steps it did not see. A CUDA-graph class is scored by
-extrapolation where it spans enough sizes (a per-sequence slope measured on small batches is what
-extrapolates worst), an eager one on every ``HOLDOUT_EVERY``-th step (along its size it changes
-regime: floor, then compute).
+constant; KV read: ``decode_kv_tokens``; the longest attention program: ``decode_longest_tokens``;
+per-sequence and per-token compute); an eager class (``ClassSpec.eager``) also tries ``max(floor,
+linear)``, its launch-bound floor being the median of the steps below a knee. The candidate with
+the lowest held-out error wins, the simpler on a tie: a richer model must earn its parameters on
+steps it did not see. A CUDA-graph class is scored by extrapolation where it spans enough sizes (a
+per-sequence slope measured on small batches is what extrapolates worst), an eager one on every
+``HOLDOUT_EVERY``-th step (along its size it changes regime: floor, then compute).
 
 Warm-up: a class's first step far slower than the others predict (a JIT compilation) is a one-off,
 kept out and charged once per simulated run (``warmup_steps``). The run's first steps, up to the

@@ -28,11 +28,12 @@ from replay.metrics import has_timings
 from replay.recorded import RecordedEvents
 from replay.whatif.cost import explain, features, graphs
 from replay.whatif.cost import fit as fitting
+from replay.whatif.cost.decode_attention import DEFAULT_KV_HEADS, kv_heads_of
 from replay.whatif.cost.features import MIN_STEP_S, MODES, LinearFit, Steps
 from replay.whatif.cost.overlap import OverlapModel, interval
 from replay.whatif.cost.profile import CostOptions, ProfilePrior, profile_steps, read_profile
 
-MODEL_VERSION = 5  # of the saved JSON (``to_dict``); a file of another version is refused
+MODEL_VERSION = 6  # of the saved JSON (``to_dict``); a file of another version is refused
 
 
 class CostModelError(ReplayLLMError):
@@ -85,6 +86,8 @@ class CostModel:
     prefill_graph_sizes: list[int] = field(default_factory=list)
     prefill_graph_max_seqs: int = 0
     prior: ProfilePrior | None = None  # a device profile pricing what the source did not run
+    kv_heads: int = DEFAULT_KV_HEADS  # the model's (``decode_attention.longest_program_tokens``)
+    shared_kv: bool = False  # ``CostOptions.shared_kv``: the simulator counts shared blocks once
     options: dict[str, Any] = field(default_factory=dict)  # ``CostOptions`` changed from default
     _times: dict[str, _ClassTimes] = field(default_factory=dict, init=False, repr=False,
                                            compare=False)
@@ -111,10 +114,14 @@ class CostModel:
                           else (np.zeros(len(own), dtype=bool), {}))
         calibration = steps.rows(steps.is_calibration & options.calibration)
         loaded = read_profile(profile) if profile is not None else None
+        kv_heads = kv_heads_of(events.header)
         overhead_s = features.engine_overhead_s(events)
         if loaded is not None and options.profile_mode == "pooled":
-            calibration = calibration.concat(profile_steps(loaded[0], host_times, overhead_s))
+            calibration = calibration.concat(profile_steps(loaded[0], host_times, overhead_s,
+                                                           kv_heads))
         fitted = own.rows(~warm).concat(calibration)
+        if not options.longest_program:
+            fitted.x[:, features.FEATURES.index(features.LONGEST)] = 0.0
         fits, reports = fitting.fit_all(fitted, options.window_bound)
         if not fits:
             raise CostModelError(f"{name} has too few steps to fit a model")
@@ -122,7 +129,8 @@ class CostModel:
         model = cls(fits, source=source, graph_sizes=graphs.observed_graph_sizes(events),
                     warmup_s=warmup_s, selection=reports, window_steps=leading,
                     prefill_graph_sizes=prefill_sizes, prefill_graph_max_seqs=prefill_max_seqs,
-                    options=options.changed())
+                    options=options.changed(), kv_heads=kv_heads,
+                    shared_kv=options.shared_kv)
         for cls_name, report in reports.items():
             mask = fitted.classes == cls_name
             model.coverage[cls_name] = explain.class_coverage(

@@ -1,14 +1,14 @@
 """A device profile (engine/profiling.py) as the step-time model's prior, and the model's switches.
 
-A source trace prices well the steps it ran; a profile times every step shape the model can take
-on the device. ``ProfilePrior`` fits each class on the profile's rows (the same candidates and
+A source trace prices well the steps it ran; a profile times every step shape the model can take on
+the device. ``ProfilePrior`` fits each class on the profile's rows (the same candidates and
 selection as a trace's: ``fit.fit_all``; their features have a physical meaning: tokens for the
-GEMMs' FLOPs and weight reads, ``prefill_attn_work`` for attention FLOPs,
-``decode_context_tokens`` for KV bytes read, sequences for per-sequence work, the intercept and
-floor for per-launch costs), scales each class by what the source's own steps of it took over
-what the profile predicts for them (another process, clock or build on the same device), and
-prices a step where the source's fit does not reach: ``priced_by`` says which of the two
-prices a step, and whether it lies outside both.
+GEMMs' FLOPs and weight reads, ``prefill_attn_work`` for attention FLOPs, ``decode_kv_tokens`` for
+KV bytes read, ``decode_longest_tokens`` for the attention kernel's last wave, sequences for
+per-sequence work, the intercept and floor for per-launch costs), scales each class by what the
+source's own steps of it took over what the profile predicts for them (another process, clock or
+build on the same device), and prices a step where the source's fit does not reach: ``priced_by``
+says which of the two prices a step, and whether it lies outside both.
 
 ``CostOptions`` switches each mechanism of the model, so that a validation matrix can compare
 the model with and without it; the defaults are the model without a profile.
@@ -24,9 +24,11 @@ import numpy as np
 
 from engine.profiling import load_profile, profile_key
 from replay.whatif.cost import fit as fitting
+from replay.whatif.cost.decode_attention import kv_heads_of
 from replay.whatif.cost.features import (
     CLASSES,
     FEATURES,
+    LONGEST,
     POOLED,
     STEP_CLASSES,
     LinearFit,
@@ -68,6 +70,8 @@ class CostOptions:
     engine_host: bool = True
     profile_mode: str = "blend"
     profile_scale: bool = True
+    longest_program: bool = True
+    shared_kv: bool = False
 
     def __post_init__(self) -> None:
         if self.profile_mode not in PROFILE_MODES:
@@ -107,9 +111,11 @@ def read_profile(profile: str | Path | dict[str, Any]) -> tuple[dict[str, Any], 
     return load_profile(profile), str(profile)
 
 
-def profile_steps(profile: dict[str, Any], measured_host: bool, overhead_s: float) -> Steps:
-    """The profile's rows as fit rows (``features.calibration_steps``)."""
-    return calibration_steps(profile["rows"], measured_host, overhead_s)
+def profile_steps(profile: dict[str, Any], measured_host: bool, overhead_s: float,
+                  kv_heads: int) -> Steps:
+    """The profile's rows as fit rows (``features.calibration_steps``) of a model of
+    ``kv_heads`` KV heads (the source's: a profile of another model is refused by its key)."""
+    return calibration_steps(profile["rows"], measured_host, overhead_s, kv_heads)
 
 
 def _ranges(x: np.ndarray, classes: np.ndarray) -> dict[str, dict[str, list[float]]]:
@@ -158,7 +164,9 @@ class ProfilePrior:
         device time where ``steps`` measured host time, else intervals); ``own_fits``: the
         classes the source fitted itself; ``header``: the source trace's."""
         measured = bool(np.isfinite(steps.host[~steps.is_calibration]).any())
-        rows = profile_steps(profile, measured, overhead_s)
+        rows = profile_steps(profile, measured, overhead_s, kv_heads_of(header))
+        if not options.longest_program:
+            rows.x[:, FEATURES.index(LONGEST)] = 0.0
         fits, _ = fitting.fit_all(rows)
         fits.pop(POOLED, None)
         scale: dict[str, float] = {}

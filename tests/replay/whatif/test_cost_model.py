@@ -57,7 +57,7 @@ def test_a_noise_free_linear_law_is_recovered(noise_free_trace) -> None:
     assert set(model.fits) >= {"prefill", "decode_graph"}
     for name in ("prefill", "decode_graph", "all"):
         assert model.heldout[name]["mape_pct"] < 0.01, (name, model.heldout[name])
-    ctx = model.fits["decode_graph"].coef[FEATURES.index("decode_context_tokens")]
+    ctx = model.fits["decode_graph"].coef[FEATURES.index("decode_kv_tokens")]
     assert ctx == pytest.approx(NOISE_FREE.per_context_token_s, rel=1e-6)
 
 
@@ -263,7 +263,8 @@ def saturating_decodes(lo: int, hi: int, n: int, rng: np.random.Generator):
     x = np.zeros((n, len(FEATURES)))
     for name in ("num_seqs", "decode_seqs", "padded_batch_size"):
         x[:, FEATURES.index(name)] = seqs
-    x[:, FEATURES.index("decode_context_tokens")] = ctx
+    for name in ("decode_context_tokens", "decode_kv_tokens"):
+        x[:, FEATURES.index(name)] = ctx
     y = (1.5e-3 + 3e-8 * ctx + 2e-5 * np.minimum(seqs, 16)) * np.exp(rng.normal(0, 0.03, n))
     return x, y
 
@@ -274,11 +275,11 @@ def test_decode_features_are_chosen_by_how_they_extrapolate_to_larger_batches() 
     x, y = saturating_decodes(1, 64, 2000, rng)
     fit, report = select("decode_graph", x, y)
     assert fit is not None and report["holdout"] == "extrapolation"
-    assert fit.features == ("decode_context_tokens",)
+    assert fit.features == ("decode_kv_tokens",)
     # Interpolating, the per-sequence slope would have won; at 128-256 sequences it loses.
     test = np.zeros(len(y), dtype=bool)
     test[4::5] = True
-    richer = ("decode_seqs", "decode_context_tokens")
+    richer = ("decode_seqs", "decode_kv_tokens")
 
     def mape(f, xs, ys):
         return float(np.mean(np.abs(f.predict(xs) - ys) / ys))
@@ -351,10 +352,10 @@ def test_decode_batches_far_beyond_the_source_are_flagged() -> None:
 
 def test_a_model_file_of_another_version_is_refused(noise_free_trace, tmp_path) -> None:
     data = CostModel.fit(noise_free_trace, source="t").to_dict()
-    data["version"] = 4
-    path = tmp_path / "v4.json"
+    data["version"] = 5
+    path = tmp_path / "v5.json"
     path.write_text(json.dumps(data))
-    with pytest.raises(CostModelError, match="cost model version 4, expected 5"):
+    with pytest.raises(CostModelError, match="cost model version 5, expected 6"):
         CostModel.load(path)
 
 

@@ -113,7 +113,7 @@ def test_the_law_is_recovered_in_overlap_mode(recordings) -> None:
     assert overlapped_fraction(trace) > 0.75
     model = CostModel.fit(trace, source="A")
     assert model.mode == "overlap"
-    ctx = model.fits["decode_graph"].coef[FEATURES.index("decode_context_tokens")]
+    ctx = model.fits["decode_graph"].coef[FEATURES.index("decode_kv_tokens")]
     assert ctx == pytest.approx(LAW.per_context_token_s, rel=1e-6)
     host = model.overlap.host["decode_graph"]
     assert host.intercept == pytest.approx(HOST.base_s, rel=1e-6)

@@ -11,6 +11,7 @@ from replay.whatif.cost.features import FEATURES, LinearFit, Steps, class_fit, s
 from replay.whatif.cost.overlap import engine_host_s
 from replay.whatif.cost.profile import CostOptions
 from replay.whatif.matrix_study import (
+    OPT_IN,
     SWITCHES,
     ablation_markdown,
     ablation_summary,
@@ -55,7 +56,9 @@ def test_a_mixed_step_from_a_cuda_graph_is_its_own_class_and_never_has_the_eager
 def test_the_ablation_switches_each_mechanism_off_once_and_sums_misses() -> None:
     variants = ablation_variants(CostOptions(profile_mode="profile"), with_profile=True)
     assert set(variants) == {"all mechanisms", "no profile", "profile_mode=blend",
-                             "profile_mode=pooled", *(f"{s}=off" for s in SWITCHES)}
+                             "profile_mode=pooled", *(f"{s}=off" for s in SWITCHES),
+                             *(f"{s}=on" for s in OPT_IN)}
+    assert variants["shared_kv=on"].shared_kv and not variants["all mechanisms"].shared_kv
     assert variants["no profile"] is None
     assert not variants["overlap=off"].overlap and variants["overlap=off"].engine_host
     targets = {"makespan_s": 0.03, "ttft_mean_s": 0.10}

@@ -1,0 +1,18 @@
+"""The decode-attention kernel's split rule, torch-free (the what-if prices decodes by it)."""
+
+from engine.attention_splits import MAX_SPLITS, TARGET_PROGRAMS, choose_num_splits
+
+
+def test_splits_fill_the_target_program_count_in_powers_of_two() -> None:
+    for kv_heads in (1, 2, 8):
+        for seqs in range(1, 600):
+            splits = choose_num_splits(seqs, kv_heads)
+            assert splits & (splits - 1) == 0 and 1 <= splits <= MAX_SPLITS
+            # The fewest splits that reach the target, unless capped.
+            assert splits == MAX_SPLITS or seqs * kv_heads * splits >= TARGET_PROGRAMS
+            assert splits == 1 or seqs * kv_heads * (splits // 2) < TARGET_PROGRAMS
+
+
+def test_a_large_batch_runs_one_program_per_sequence_and_head() -> None:
+    assert choose_num_splits(128, 8) == 1 and choose_num_splits(4, 8) == MAX_SPLITS
+    assert choose_num_splits(0, 8) == MAX_SPLITS  # an empty launch: nothing to divide by zero

@@ -186,6 +186,24 @@ WARM_REQUESTS = 32
 STALL_TIMEOUT_S = 60.0
 
 
+def _frontend_ttft(server: Server) -> tuple[float, float]:
+    """The server's own TTFT histogram so far (``vllm:time_to_first_token_seconds``: route entry
+    to the first token in the frontend): its sum and count."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(server.url + "/metrics", timeout=30).text
+    total = count = 0.0
+    for family in text_string_to_metric_families(text):
+        if family.name == "vllm:time_to_first_token_seconds":
+            for sample in family.samples:
+                if sample.name.endswith("_sum"):
+                    total += sample.value
+                elif sample.name.endswith("_count"):
+                    count += sample.value
+    return total, count
+
+
 def _load(server: Server, requests: list, label: str, **kwargs: Any) -> tuple[list, float]:
     """``run_load`` against ``server``; where requests failed, the server (and its engine
     process) log their view of the pipe and their stacks (SIGUSR1) before the run goes on."""
@@ -254,10 +272,10 @@ def server_runs(make_server: Any, workload: list, offline_tok_s: float, mean_tok
     server = make_server(trace_dir)
     try:
         _load(server, workload[:WARM_REQUESTS], "poisson, warm-up (recorded)")
-        before = server.cpu_s()
+        before, ttft_before = server.cpu_s(), _frontend_ttft(server)
         measured, wall = _load(server, poisson_workload(workload, rate, poisson_requests),
                                f"poisson at {rate:.1f} req/s", workers=workers)
-        after = server.cpu_s()
+        after, ttft_after = server.cpu_s(), _frontend_ttft(server)
     finally:
         server.stop()
     frame = requests_frame(measured)
@@ -268,6 +286,8 @@ def server_runs(make_server: Any, workload: list, offline_tok_s: float, mean_tok
     server_ttft = server_ttft[min(WARM_REQUESTS, len(workload)):]
     client_ttft = frame.sort_values("sent_s")["ttft_s"].to_numpy(dtype=float)
     server_p50 = float(np.nanpercentile(server_ttft, 50))
+    frontend_count = ttft_after[1] - ttft_before[1]
+    frontend_mean = (ttft_after[0] - ttft_before[0]) / frontend_count if frontend_count else None
     paired = (client_ttft - server_ttft) if len(client_ttft) == len(server_ttft) else None
     out["poisson"] = {
         "load": load, "rate_req_s": round(rate, 2), "requests": poisson_requests,
@@ -279,6 +299,12 @@ def server_runs(make_server: Any, workload: list, offline_tok_s: float, mean_tok
         "added_per_request_p90_ms": (round(1e3 * float(np.nanpercentile(paired, 90)), 2)
                                      if paired is not None else None),
         "send_lag_p50_ms": round(1e3 * float(frame["send_lag_s"].median()), 2),
+        # Where the added time goes, in means: the trace's TTFT, the frontend's (route entry
+        # to its first token: + HTTP intake and the pipe back), the client's (+ the SSE path).
+        "ttft_mean_ms": {"trace": round(1e3 * float(np.nanmean(server_ttft)), 2),
+                         "frontend": (round(1e3 * frontend_mean, 2)
+                                      if frontend_mean is not None else None),
+                         "client": round(1e3 * client["ttft_mean_s"], 2)},
         "client_tok_s": round(client["throughput_tok_s"], 1), "errors": client["errors"],
         **_cpu_per_ktok(before, after, client["completion_tokens"]),
     }

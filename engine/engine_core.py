@@ -14,6 +14,7 @@ from typing import Any
 
 from engine.batch import ScheduledBatch, StepOutput
 from engine.config import AUTO_SIZED_BLOCKS, Config
+from engine.decode_stretch import DecodeStretch
 from engine.errors import InvalidRequestError
 from engine.executor import Executor, PendingStep
 from engine.overlap_scheduler import OverlapScheduler, PendingTokens
@@ -24,6 +25,10 @@ from tracing.events import EventBuffer, NullEventBuffer
 from tracing.sink import EventSink
 
 INT32_MAX = 2**31 - 1
+# The model_step columns of a step but its ids, in ``EventBuffer.emit_model_step``'s order.
+_MODEL_ROW_COLUMNS = ("kind", "duration_s", "num_seqs", "prefill_tokens", "prefill_attn_work",
+                      "decode_seqs", "decode_context_tokens", "padded_batch_size", "graph_used",
+                      "wall_time_s", "overlapped", "host_s", "padded_tokens")
 INT32_MIN = -(2**31)
 
 
@@ -117,6 +122,9 @@ class EngineCore:
         self._deferred_last = False  # the last scheduled step was post-processed before its tokens
         self._ready: deque[StepResult] = deque()
         self._sink_s = 0.0  # the sink's time at the last step end, charged to the next step
+        # Set by a driver whose executor prices decode stretches (``_advance_stretch``): when the
+        # next input is due on the clock (inf: none).
+        self.decode_horizon: Callable[[], float] | None = None
         self.header = {
             **(header or {}),
             "config": config.to_dict(),
@@ -215,6 +223,9 @@ class EngineCore:
     def _advance_loop(self) -> bool:
         """Schedule and launch one step, resolving the one in flight; False when idle."""
         flight = self._in_flight
+        if self.decode_horizon is not None and flight is None and not self._async and \
+                self._advance_stretch():
+            return True
         scheduler = self.scheduler
         if flight is not None and scheduler.schedule_needs_tokens():
             self._resolve(flight)
@@ -261,6 +272,54 @@ class EngineCore:
             return True
         output = handle.result()
         self._complete(batch, output, host_s, launched, self.clock())
+        return True
+
+    def _advance_stretch(self) -> bool:
+        """Run the decode steps before the next input is due as one stretch where the scheduler
+        proves one (``engine.decode_stretch``): each step priced, flagged and recorded as the
+        sequential path does it, one result returned (the last step's, with every sequence
+        finished in the stretch). False: nothing done, take one step. Emits what those steps
+        emit, in the same order, with the same values."""
+        until = self.decode_horizon()  # type: ignore[misc]
+        executor = self.executor
+        stretch = DecodeStretch.plan(self.scheduler, executor.steps_within(until))
+        if stretch is None:
+            return False
+        clock, start, sink_s = self.clock, self.start_time, self._sink_s
+        overlapped = self._deferred_last  # the first step's flag: a decode with nothing waiting
+        defer = self.config.async_scheduling  # every step of a stretch can be deferred
+        rows: dict[str, list] = {name: [] for name in _MODEL_ROW_COLUMNS}
+        for num_seqs, context in zip(stretch.num_seqs, stretch.context_tokens):
+            if rows["kind"] and clock() >= until:
+                break
+            # Only the executor moves a simulated clock: host time as ``_advance_loop`` and
+            # ``_complete`` add it up (scheduling and post-processing take none of it).
+            began = clock()
+            output = executor.price_decode(num_seqs, context, overlapped)
+            ended = clock()
+            host_s = (began - began) + (ended - began - output.wait_s) + (ended - ended)
+            for name, value in zip(_MODEL_ROW_COLUMNS, (
+                    "decode", output.duration_s, num_seqs, 0, 0, num_seqs, context,
+                    output.padded_batch_size or num_seqs, output.graph_used, ended - start,
+                    overlapped, host_s + sink_s, output.padded_tokens)):
+                rows[name].append(value)
+            overlapped = defer
+        steps, first = len(rows["kind"]), self.step_index
+        stretch.bind_tokens(executor.decode_tokens(stretch.seq_ids, stretch.completions, steps))
+        finished = stretch.run(steps, first, rows)
+        executor.count_sampled(stretch.seq_ids, stretch.completions, stretch.sampled(steps))
+        self._deferred_last = defer
+        self.step_index = first + steps
+        self.events.step = self.step_index
+        self.num_completion_tokens += sum(stretch.num_seqs[:steps])
+        batch, tokens = stretch.last_batch(steps, first)
+        output.token_ids = tokens
+        if self.sink is not None:
+            began = clock()
+            self.sink.on_step_end(self.events)
+            self._sink_s = clock() - began
+        self._ready.append(StepResult(first + steps - 1, batch, output, finished,
+                                      output.duration_s))  # type: ignore[arg-type]
         return True
 
     def _emit_model_step(self, batch: ScheduledBatch, output: StepOutput | None) -> int | None:

@@ -1,0 +1,212 @@
+"""A stretch of steady decode steps, run in bulk: the decisions and events of step-by-step decoding.
+
+When every running sequence is decoding, nothing waits, every running sequence fits one step's
+budgets, no token can end a sequence early (``ignore_eos``, or no EOS token) and the free KV blocks
+cover every block the running sequences will claim over the stretch (with room left for every
+step to be deferred), the scheduler's next steps are known in advance: each decodes all running
+sequences in admission order, a sequence finishes at its length limit, and nothing is admitted or
+preempted (the driver that asks for a stretch ends it before its next input is due:
+``EngineCore.decode_horizon``). ``DecodeStretch`` gives each step's batch size and context
+tokens up front (numpy over the stretch), so its step times can be priced before anything runs;
+``run`` then makes the stretch's decisions with no Python work per sequence and step: the
+``BlockManager`` makes every block decision (``may_append``, and ``deallocate`` through
+``Scheduler.finish``) in the order and at the step the per-step loop makes it, a ``Sequence`` is
+brought up to date (``Sequence.extend_tokens``) only where the block manager reads it (a token that
+starts or fills a block), when it finishes and when the stretch ends, and the rows of the steps'
+``batch_scheduled``, ``seq_scheduled``, ``model_step`` and ``token_sampled`` events are built
+column by column, with the event ids the per-step loop gives them.
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from engine.batch import ScheduledBatch
+from engine.policy import BUILTIN_POLICIES
+
+if TYPE_CHECKING:
+    from engine.overlap_scheduler import OverlapScheduler
+    from engine.sequence import Sequence
+
+MAX_STRETCH_STEPS = 256  # the most steps one stretch plans
+_BUILTIN = tuple(BUILTIN_POLICIES.values())  # policies that admit only from the waiting queue
+_seq_id = attrgetter("seq_id")
+_num_tokens = attrgetter("num_tokens")
+_num_prompt_tokens = attrgetter("num_prompt_tokens")
+_max_tokens = attrgetter("max_tokens")
+_ignore_eos = attrgetter("ignore_eos")
+_block_table = attrgetter("block_table")
+
+
+def _ints(values: object, count: int) -> np.ndarray:
+    return np.fromiter(values, np.int64, count)  # type: ignore[call-overload]
+
+
+class DecodeStretch:
+    """Up to ``num_steps`` decode steps of the running sequences (see the module docstring):
+    ``plan`` (None where a stretch cannot be proven), ``bind_tokens``, then ``run``."""
+
+    def __init__(self, scheduler: OverlapScheduler, seqs: list[Sequence], num_tokens: np.ndarray,
+                 last_step: np.ndarray, num_steps: int) -> None:
+        self.scheduler = scheduler
+        self.seqs = seqs
+        self.num_steps = num_steps
+        self.seq_ids = _ints(map(_seq_id, seqs), len(seqs))
+        self.completions = num_tokens - _ints(map(_num_prompt_tokens, seqs), len(seqs))
+        self._num_tokens = num_tokens  # at the stretch's first step
+        self._last_step = last_step  # the step (from 0) whose token finishes each sequence
+        steps = np.arange(num_steps)
+        self._running = steps <= last_step[:, None]  # sequence x step: still running then
+        counts = self._running.sum(axis=0)
+        self._counts = counts
+        self.num_seqs: list[int] = counts.tolist()  # each step's batch
+        self.context_tokens: list[int] = (  # each step's sum of context lengths
+            (num_tokens[:, None] + steps) * self._running).sum(axis=0).tolist()
+        # A decoding sequence's next token starts a block when num_tokens % block_size == 1 and
+        # fills one when it is 0 (as ``Scheduler._decode_all``): those visit the block manager.
+        due = ((num_tokens[:, None] + steps) % scheduler.block_size < 2) & self._running
+        due_steps, due_seqs = np.nonzero(due.T)  # by step, then in running order
+        self._due: dict[int, list[int]] = {}
+        for step, index in zip(due_steps.tolist(), due_seqs.tolist()):
+            self._due.setdefault(step, []).append(index)
+        self._finishing: dict[int, list[int]] = {}
+        for index in np.flatnonzero(last_step < num_steps).tolist():
+            self._finishing.setdefault(int(last_step[index]), []).append(index)
+        self._caught = [0] * len(seqs)  # steps whose tokens each Sequence holds
+        self._tokens = np.zeros((len(seqs), num_steps), np.int64)
+
+    @classmethod
+    def plan(cls, scheduler: OverlapScheduler, max_steps: int) -> DecodeStretch | None:
+        """The stretch the scheduler's state proves, of at most ``max_steps`` steps, or None
+        (the per-step path decides). Emits: nothing."""
+        running = scheduler.running
+        if scheduler.waiting or scheduler.prefilling or not running or max_steps < 1:
+            return None
+        block_manager = scheduler.block_manager
+        if len(running) > min(scheduler.max_num_seqs, scheduler.max_num_batched_tokens) or \
+                block_manager.pending_hashes or type(scheduler.policy) not in _BUILTIN:
+            return None
+        seqs = list(running)
+        if scheduler.eos >= 0 and not all(map(_ignore_eos, seqs)):
+            return None
+        count = len(seqs)
+        num_tokens = _ints(map(_num_tokens, seqs), count)
+        # ``Scheduler._append_sampled``'s length rule: done once num_tokens reaches this.
+        limit = np.minimum(_ints(map(_num_prompt_tokens, seqs), count)
+                           + _ints(map(_max_tokens, seqs), count), scheduler.max_model_len)
+        last_step = limit - num_tokens - 1
+        num_steps = int(min(max_steps, MAX_STRETCH_STEPS, int(last_step.max()) + 1))
+        # Every block the sequences claim over the stretch must be free now: then no step of it
+        # can preempt, whatever the finishes free on the way; and the defer rule must hold with
+        # the fewest free blocks and the most running sequences any step can have.
+        block_size = scheduler.block_size
+        held = _ints(map(len, map(_block_table, seqs)), count)
+        peak = num_tokens + np.minimum(last_step, num_steps - 1)
+        claims = int(np.maximum((peak + block_size - 1) // block_size - held, 0).sum())
+        free = len(block_manager.free_block_ids)
+        if claims > free or not scheduler.blocks_allow_defer(free - claims, count, _unknown):
+            return None
+        return cls(scheduler, seqs, num_tokens, last_step, num_steps)
+
+    def bind_tokens(self, tokens: np.ndarray) -> None:
+        """The token each sequence samples at each step (sequences by row, steps by column)."""
+        self._tokens = tokens
+
+    def run(self, steps: int, first_step: int, model_rows: dict[str, list]) -> list[Sequence]:
+        """Make the decisions of the stretch's first ``steps`` steps (numbered from
+        ``first_step``) and record them, ``model_rows`` holding the ``model_step`` columns of
+        each step but its ids; returns the sequences finished, in order.
+
+        Emits, per step and in the per-step loop's order (event ids included): the block events
+        of the sequences whose token starts or fills a block (``block_allocated``,
+        ``block_hashed``), ``batch_scheduled``, ``seq_scheduled`` per sequence, ``model_step``,
+        ``token_sampled`` per sequence, then per finished sequence ``block_freed`` per block and
+        ``request_finished``.
+        """
+        scheduler = self.scheduler
+        block_manager, events, seqs = scheduler.block_manager, scheduler.events, self.seqs
+        free_after: list[int] = []
+        first_ids: list[int] = []
+        finished: list[Sequence] = []
+        for step in range(steps):
+            events.step = first_step + step
+            for index in self._due.get(step, ()):
+                self._catch_up(index, step)
+                block_manager.may_append(seqs[index])
+            free_after.append(len(block_manager.free_block_ids))
+            # The step's batch, sequence, model-step and token rows: appended below.
+            first_ids.append(events.reserve_ids(2 + 2 * self.num_seqs[step]))
+            for index in self._finishing.get(step, ()):
+                seq = seqs[index]
+                self._catch_up(index, step + 1)
+                block_manager.touch([seq.seq_id], events.step)
+                scheduler.finish(seq, "length")  # as postprocess: blocks freed, then the request
+                finished.append(seq)
+        self._emit_rows(steps, first_step, np.asarray(first_ids, np.int64), free_after,
+                        model_rows)
+        still = np.flatnonzero(self._last_step >= steps).tolist()
+        block_manager.touch(self.seq_ids[still].tolist(), first_step + steps - 1)
+        rows = self._tokens[still, :steps].tolist()
+        for index, row in zip(still, rows):
+            done = self._caught[index]
+            seqs[index].extend_tokens(row[done:] if done else row)
+        return finished
+
+    def last_batch(self, steps: int, first_step: int) -> tuple[ScheduledBatch, list[int]]:
+        """The batch of the stretch's last step of ``steps`` and the tokens it sampled."""
+        last = steps - 1
+        index = np.flatnonzero(self._running[:, last])
+        seqs = [self.seqs[i] for i in index.tolist()]
+        context_lens = (self._num_tokens[index] + last).tolist()
+        batch = ScheduledBatch(
+            step=first_step + last, kind="decode", seqs=seqs, num_new_tokens=[1] * len(seqs),
+            context_lens=context_lens, num_prefill_seqs=0, num_batched_tokens=len(seqs),
+            sampled_seqs=seqs)
+        return batch, self._tokens[index, last].tolist()
+
+    def sampled(self, steps: int) -> np.ndarray:
+        """How many tokens each sequence sampled in the stretch's first ``steps`` steps."""
+        return np.minimum(self._last_step + 1, steps)
+
+    def _emit_rows(self, steps: int, first_step: int, first_ids: np.ndarray,
+                   free_after: list[int], model_rows: dict[str, list]) -> None:
+        """The steps' batch, sequence, model-step and token rows, with their reserved ids."""
+        events, counts = self.scheduler.events, self._counts[:steps]
+        step_of, seq_of = np.nonzero(self._running[:, :steps].T)  # by step, in running order
+        starts = np.cumsum(counts) - counts
+        rank = np.arange(len(step_of)) - starts[step_of]
+        seq_ids = self.seq_ids[seq_of].tolist()
+        step_col = (step_of + first_step).tolist()
+        context = self._num_tokens[seq_of] + step_of
+        row_ids = first_ids[step_of] + rank
+        num_seqs = counts.tolist()
+        waiting = len(self.scheduler.waiting)
+        events.extend_rows("batch_scheduled", {
+            "event_id": first_ids.tolist(), "step": list(range(first_step, first_step + steps)),
+            "kind": ["decode"] * steps, "num_seqs": num_seqs, "num_batched_tokens": num_seqs,
+            "num_waiting": [waiting] * steps, "num_running": num_seqs, "free_blocks": free_after})
+        events.extend_rows("seq_scheduled", {
+            "event_id": (row_ids + 1).tolist(), "step": step_col, "seq_id": seq_ids,
+            "num_new_tokens": [1] * len(seq_ids), "num_cached_tokens": (context - 1).tolist(),
+            "context_len": context.tolist()})
+        events.extend_rows("model_step", {
+            "event_id": (first_ids + counts + 1).tolist(),
+            "step": list(range(first_step, first_step + steps)), **model_rows})
+        events.extend_rows("token_sampled", {
+            "event_id": (row_ids + counts[step_of] + 2).tolist(), "step": step_col,
+            "seq_id": seq_ids, "token_id": self._tokens[seq_of, step_of].tolist()})
+
+    def _catch_up(self, index: int, steps: int) -> None:
+        """Give sequence ``index`` the tokens it sampled in the stretch's first ``steps`` steps."""
+        done = self._caught[index]
+        if done < steps:
+            self.seqs[index].extend_tokens(self._tokens[index, done:steps].tolist())
+            self._caught[index] = steps
+
+
+def _unknown() -> int:
+    """A count of claimed blocks not worked out: more than any pool holds."""
+    return 1 << 62

@@ -32,6 +32,10 @@ if TYPE_CHECKING:
     from engine.sequence import Sequence
 
 MAX_STRETCH_STEPS = 256  # the most steps one stretch plans
+# The model_step columns of a step but its ids, in ``EventBuffer.emit_model_step``'s order.
+MODEL_ROW_COLUMNS = ("kind", "duration_s", "num_seqs", "prefill_tokens", "prefill_attn_work",
+                     "decode_seqs", "decode_context_tokens", "padded_batch_size", "graph_used",
+                     "wall_time_s", "overlapped", "host_s", "padded_tokens")
 _BUILTIN = tuple(BUILTIN_POLICIES.values())  # policies that admit only from the waiting queue
 _seq_id = attrgetter("seq_id")
 _num_tokens = attrgetter("num_tokens")

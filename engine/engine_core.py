@@ -12,24 +12,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.batch import ScheduledBatch, StepOutput
+from engine.batch import ScheduledBatch, StepOutput, batch_features
 from engine.config import AUTO_SIZED_BLOCKS, Config
-from engine.decode_stretch import DecodeStretch
-from engine.errors import InvalidRequestError
+from engine.decode_stretch import MODEL_ROW_COLUMNS, DecodeStretch
 from engine.executor import Executor, PendingStep
 from engine.overlap_scheduler import OverlapScheduler, PendingTokens
 from engine.policy import policy_source
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, check_recordable
 from engine.sequence import Sequence
 from tracing.events import EventBuffer, NullEventBuffer
 from tracing.sink import EventSink
-
-INT32_MAX = 2**31 - 1
-# The model_step columns of a step but its ids, in ``EventBuffer.emit_model_step``'s order.
-_MODEL_ROW_COLUMNS = ("kind", "duration_s", "num_seqs", "prefill_tokens", "prefill_attn_work",
-                      "decode_seqs", "decode_context_tokens", "padded_batch_size", "graph_used",
-                      "wall_time_s", "overlapped", "host_s", "padded_tokens")
-INT32_MIN = -(2**31)
 
 
 @dataclass
@@ -54,35 +46,6 @@ class _InFlight:
     step: int
     launched: float
     host_s: float
-
-
-def check_recordable(token_ids: list[int], params: SamplingParams) -> None:
-    """Raise ``InvalidRequestError`` for a request the trace's int32 columns cannot hold."""
-    if params.max_tokens > INT32_MAX:
-        raise InvalidRequestError(f"max_tokens must be <= {INT32_MAX}, got {params.max_tokens}")
-    if len(token_ids) > INT32_MAX:
-        raise InvalidRequestError(f"a prompt may hold at most {INT32_MAX} tokens")
-    # min/max run in C: cheap next to the request's own scheduling.
-    # A negative id or one past the vocabulary is recordable: such a request is rejected (and
-    # recorded); only a value no int32 column holds is refused here.
-    if token_ids and (min(token_ids) < INT32_MIN or max(token_ids) > INT32_MAX):
-        bad = next(t for t in token_ids if not INT32_MIN <= t <= INT32_MAX)
-        raise InvalidRequestError(f"token id {bad} does not fit a trace's int32 column")
-
-
-def batch_features(batch: ScheduledBatch) -> tuple[int, int, int, int]:
-    """(prefill tokens, sum of query x context over prefill work, decode seqs, decode context)."""
-    num_prefill = batch.num_prefill_seqs
-    if num_prefill == 0:
-        return 0, 0, len(batch.seqs), sum(batch.context_lens)
-    new = batch.num_new_tokens[:num_prefill]
-    ctx = batch.context_lens[:num_prefill]
-    return (
-        sum(new),
-        sum(q * c for q, c in zip(new, ctx)),
-        len(batch.seqs) - num_prefill,
-        sum(batch.context_lens[num_prefill:]),
-    )
 
 
 class EngineCore:
@@ -276,10 +239,9 @@ class EngineCore:
 
     def _advance_stretch(self) -> bool:
         """Run the decode steps before the next input is due as one stretch where the scheduler
-        proves one (``engine.decode_stretch``): each step priced, flagged and recorded as the
-        sequential path does it, one result returned (the last step's, with every sequence
-        finished in the stretch). False: nothing done, take one step. Emits what those steps
-        emit, in the same order, with the same values."""
+        proves one (``engine.decode_stretch``), each priced, flagged and recorded as the
+        sequential path does it; one result (the last step's, with every sequence finished in
+        the stretch). False: nothing done. Emits what those steps emit, in the same order."""
         until = self.decode_horizon()  # type: ignore[misc]
         executor = self.executor
         stretch = DecodeStretch.plan(self.scheduler, executor.steps_within(until))
@@ -288,7 +250,7 @@ class EngineCore:
         clock, start, sink_s = self.clock, self.start_time, self._sink_s
         overlapped = self._deferred_last  # the first step's flag: a decode with nothing waiting
         defer = self.config.async_scheduling  # every step of a stretch can be deferred
-        rows: dict[str, list] = {name: [] for name in _MODEL_ROW_COLUMNS}
+        rows: dict[str, list] = {name: [] for name in MODEL_ROW_COLUMNS}
         for num_seqs, context in zip(stretch.num_seqs, stretch.context_tokens):
             if rows["kind"] and clock() >= until:
                 break
@@ -298,7 +260,7 @@ class EngineCore:
             output = executor.price_decode(num_seqs, context, overlapped)
             ended = clock()
             host_s = (began - began) + (ended - began - output.wait_s) + (ended - ended)
-            for name, value in zip(_MODEL_ROW_COLUMNS, (
+            for name, value in zip(MODEL_ROW_COLUMNS, (
                     "decode", output.duration_s, num_seqs, 0, 0, num_seqs, context,
                     output.padded_batch_size or num_seqs, output.graph_used, ended - start,
                     overlapped, host_s + sink_s, output.padded_tokens)):

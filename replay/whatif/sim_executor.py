@@ -31,9 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.batch import ScheduledBatch, StepOutput
+from engine.batch import ScheduledBatch, StepOutput, batch_features
 from engine.decode_stretch import MAX_STRETCH_STEPS
-from engine.engine_core import batch_features
 from engine.graph_sizes import mixed_graph_key, padded_decode_size, padded_prefill_tokens
 from replay.whatif.cost.features import StepFeatures, computed_tokens, step_class
 from replay.whatif.cost.model import CostModel

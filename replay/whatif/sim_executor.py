@@ -99,6 +99,7 @@ class SimExecutor:
         self.steps = 0
         self.overlapped_steps = 0  # batches the engine launched overlapped
         self.last_interval_s = 0.0  # the last step's simulated interval
+        self._decode_interval_s = 0.0  # the last decode step's (the pace of a decode stretch)
 
     def bind(self, seq_id: int, tokens: Sequence[int] | None) -> None:
         """Give sequence ``seq_id`` (ids are handed out in order) its recorded completion (a list
@@ -168,14 +169,15 @@ class SimExecutor:
                                            0).sum())
 
     def steps_within(self, until: float) -> int:
-        """About how many steps fit before ``until`` on the clock at the last step's pace, with
-        room to spare (how far ahead a decode stretch plans; it stops at ``until`` anyway)."""
-        ahead = until - self.clock.now
+        """About how many steps fit before ``until`` on the clock at the last decode step's
+        pace, with room to spare (how far ahead a decode stretch plans; it stops at ``until``
+        whatever the guess)."""
+        ahead, pace = until - self.clock.now, self._decode_interval_s
         if ahead <= 0:
             return 1
-        if self.last_interval_s <= 0 or ahead == float("inf"):
+        if pace <= 0 or ahead == float("inf"):
             return MAX_STRETCH_STEPS
-        return min(int(ahead / self.last_interval_s * 1.5) + 2, MAX_STRETCH_STEPS)
+        return min(int(ahead / pace * 1.5) + 2, MAX_STRETCH_STEPS)
 
     def execute(self, batch: ScheduledBatch) -> StepOutput:
         out = self._sample(batch.sampled_seqs)
@@ -224,6 +226,8 @@ class SimExecutor:
         time = cost.predict(features, cls, overlapped, first)
         self.clock.now += time.interval_s
         self.last_interval_s = time.interval_s
+        if kind == "decode":
+            self._decode_interval_s = time.interval_s
         return StepOutput(token_ids=out, duration_s=time.device_s, padded_batch_size=padded,
                           graph_used=graph, wait_s=max(time.interval_s - time.host_s, 0.0),
                           padded_tokens=padded_tokens)

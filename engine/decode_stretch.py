@@ -103,6 +103,8 @@ class DecodeStretch:
                            + _ints(map(_max_tokens, seqs), count), scheduler.max_model_len)
         last_step = limit - num_tokens - 1
         num_steps = int(min(max_steps, MAX_STRETCH_STEPS, int(last_step.max()) + 1))
+        if num_steps < 1:  # (a running sequence is never past its limit: postprocess ends it)
+            return None
         # Every block the sequences claim over the stretch must be free now: then no step of it
         # can preempt, whatever the finishes free on the way; and the defer rule must hold with
         # the fewest free blocks and the most running sequences any step can have.

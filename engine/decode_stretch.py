@@ -121,10 +121,13 @@ class DecodeStretch:
         """The token each sequence samples at each step (sequences by row, steps by column)."""
         self._tokens = tokens
 
-    def run(self, steps: int, first_step: int, model_rows: dict[str, list]) -> list[Sequence]:
+    def run(self, steps: int, first_step: int, model_rows: dict[str, list],
+            sequence_rows: bool = True) -> list[Sequence]:
         """Make the decisions of the stretch's first ``steps`` steps (numbered from
         ``first_step``) and record them, ``model_rows`` holding the ``model_step`` columns of
-        each step but its ids; returns the sequences finished, in order.
+        each step but its ids; returns the sequences finished, in order. ``sequence_rows``
+        False: the ``seq_scheduled`` and ``token_sampled`` rows are left out (their ids are
+        taken all the same), for a sink that folds ``sampled``'s counts instead.
 
         Emits, per step and in the per-step loop's order (event ids included): the block events
         of the sequences whose token starts or fills a block (``block_allocated``,
@@ -152,7 +155,7 @@ class DecodeStretch:
                 scheduler.finish(seq, "length")  # as postprocess: blocks freed, then the request
                 finished.append(seq)
         self._emit_rows(steps, first_step, np.asarray(first_ids, np.int64), free_after,
-                        model_rows)
+                        model_rows, sequence_rows)
         still = np.flatnonzero(self._last_step >= steps).tolist()
         block_manager.touch(self.seq_ids[still].tolist(), first_step + steps - 1)
         rows = self._tokens[still, :steps].tolist()
@@ -178,9 +181,22 @@ class DecodeStretch:
         return np.minimum(self._last_step + 1, steps)
 
     def _emit_rows(self, steps: int, first_step: int, first_ids: np.ndarray,
-                   free_after: list[int], model_rows: dict[str, list]) -> None:
-        """The steps' batch, sequence, model-step and token rows, with their reserved ids."""
+                   free_after: list[int], model_rows: dict[str, list],
+                   sequence_rows: bool) -> None:
+        """The steps' batch, model-step (and sequence and token) rows, with their reserved
+        ids."""
         events, counts = self.scheduler.events, self._counts[:steps]
+        num_seqs = counts.tolist()
+        waiting = len(self.scheduler.waiting)
+        events.extend_rows("batch_scheduled", {
+            "event_id": first_ids.tolist(), "step": list(range(first_step, first_step + steps)),
+            "kind": ["decode"] * steps, "num_seqs": num_seqs, "num_batched_tokens": num_seqs,
+            "num_waiting": [waiting] * steps, "num_running": num_seqs, "free_blocks": free_after})
+        events.extend_rows("model_step", {
+            "event_id": (first_ids + counts + 1).tolist(),
+            "step": list(range(first_step, first_step + steps)), **model_rows})
+        if not sequence_rows:
+            return
         step_of, seq_of = np.nonzero(self._running[:, :steps].T)  # by step, in running order
         starts = np.cumsum(counts) - counts
         rank = np.arange(len(step_of)) - starts[step_of]
@@ -188,19 +204,10 @@ class DecodeStretch:
         step_col = (step_of + first_step).tolist()
         context = self._num_tokens[seq_of] + step_of
         row_ids = first_ids[step_of] + rank
-        num_seqs = counts.tolist()
-        waiting = len(self.scheduler.waiting)
-        events.extend_rows("batch_scheduled", {
-            "event_id": first_ids.tolist(), "step": list(range(first_step, first_step + steps)),
-            "kind": ["decode"] * steps, "num_seqs": num_seqs, "num_batched_tokens": num_seqs,
-            "num_waiting": [waiting] * steps, "num_running": num_seqs, "free_blocks": free_after})
         events.extend_rows("seq_scheduled", {
             "event_id": (row_ids + 1).tolist(), "step": step_col, "seq_id": seq_ids,
             "num_new_tokens": [1] * len(seq_ids), "num_cached_tokens": (context - 1).tolist(),
             "context_len": context.tolist()})
-        events.extend_rows("model_step", {
-            "event_id": (first_ids + counts + 1).tolist(),
-            "step": list(range(first_step, first_step + steps)), **model_rows})
         events.extend_rows("token_sampled", {
             "event_id": (row_ids + counts[step_of] + 2).tolist(), "step": step_col,
             "seq_id": seq_ids, "token_id": self._tokens[seq_of, step_of].tolist()})

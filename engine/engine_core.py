@@ -268,8 +268,14 @@ class EngineCore:
             overlapped = defer
         steps, first = len(rows["kind"]), self.step_index
         stretch.bind_tokens(executor.decode_tokens(stretch.seq_ids, stretch.completions, steps))
-        finished = stretch.run(steps, first, rows)
-        executor.count_sampled(stretch.seq_ids, stretch.completions, stretch.sampled(steps))
+        # A sink that folds the counts itself (``StreamingMetrics`` writing nothing on) gets
+        # them instead of the sequence and token rows (their event ids are taken all the same).
+        counts_only = getattr(self.sink, "takes_decode_stretches", False)
+        finished = stretch.run(steps, first, rows, sequence_rows=not counts_only)
+        sampled = stretch.sampled(steps)
+        if counts_only:
+            self.sink.add_decode_stretch(stretch.seq_ids, first, sampled)  # type: ignore
+        executor.count_sampled(stretch.seq_ids, stretch.completions, sampled)
         self._deferred_last = defer
         self.step_index = first + steps
         self.events.step = self.step_index

@@ -6,6 +6,8 @@ What these tests prove:
   metrics to the last bit, under configs with prefix hits, a small pool (stretches refused where
   a preemption could happen), chunked prefill, priorities, no overlap, small blocks and untimed;
   and stretches of several steps with finishes inside them did run;
+- without a downstream sink ``StreamingMetrics`` folds a stretch's counts instead of its
+  sequence and token rows (``add_decode_stretch``), to the same metrics;
 - a trace written in segments (``--trace-out``) holds the same rows either way;
 - ``DecodeStretch.plan`` refuses what it cannot prove: a request waiting, a sequence that
   watches for EOS, claims beyond the free blocks, a user policy.
@@ -22,6 +24,7 @@ from engine.policy import Policy
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
+from replay.stream_metrics import StreamingMetrics
 from replay.whatif.cost.model import CostModel
 from replay.whatif.stream import WorkloadSource, simulate_stream
 from replay.whatif.synthetic import StepLaw, record_workload
@@ -69,10 +72,14 @@ def requests(count: int, seed: int = 0) -> list[Request]:
 
 
 def run(reqs: list[Request], overrides: dict, cost: CostModel | None, stretches: bool,
-        monkeypatch: pytest.MonkeyPatch, **kwargs) -> tuple:
-    """A streamed run (stretches on or off) and its events; counts the stretches run."""
+        monkeypatch: pytest.MonkeyPatch, keep_events: bool = True, **kwargs) -> tuple:
+    """A streamed run (stretches on or off) and its events (``keep_events``: a ``MemorySink``
+    downstream, which needs every row; else the metrics fold a stretch's counts); counts the
+    stretches run (the finishes in each) and the stretches folded as counts."""
     ran: list[int] = []
+    folded: list[int] = []
     plan = DecodeStretch.plan.__func__  # type: ignore[attr-defined]
+    add = StreamingMetrics.add_decode_stretch
 
     def counted(cls, scheduler, max_steps):
         stretch = plan(cls, scheduler, max_steps) if stretches else None
@@ -80,11 +87,18 @@ def run(reqs: list[Request], overrides: dict, cost: CostModel | None, stretches:
             ran.append(len(stretch._finishing))
         return stretch
 
+    def add_counted(self, *args) -> None:
+        folded.append(1)
+        add(self, *args)
+
     with monkeypatch.context() as patch:
         patch.setattr(DecodeStretch, "plan", classmethod(counted))
+        patch.setattr(StreamingMetrics, "add_decode_stretch", add_counted)
         sink = MemorySink()
         result = simulate_stream(WorkloadSource(reqs, TIMING, "w"), overrides, cost,
-                                 downstream=None if kwargs else sink, **kwargs)
+                                 downstream=sink if keep_events and not kwargs else None,
+                                 **kwargs)
+    assert bool(folded) == (bool(ran) and not keep_events and not kwargs)
     return result, sink, ran
 
 
@@ -98,9 +112,12 @@ def test_stretches_write_the_per_step_events(cost, name, monkeypatch) -> None:
     assert stepped.ok and fast.ok
     assert fast.steps is not None and len(fast.steps) > len(ran)  # stretches of several steps
     assert bulk.tables == per_step.tables
+    # Without a downstream sink the metrics fold each stretch's counts, not its rows.
+    counted, _, _ = run(reqs, CONFIGS[name], cost, True, monkeypatch, keep_events=False)
     for key, value in stepped.metrics.items():
         assert repr(fast.metrics[key]) == repr(value), key
-    assert fast.notes == stepped.notes
+        assert repr(counted.metrics[key]) == repr(value), key
+    assert fast.notes == stepped.notes == counted.notes
 
 
 def test_stretches_untimed(monkeypatch) -> None:

@@ -19,12 +19,13 @@ column by column, with the event ids the per-step loop gives them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.batch import ScheduledBatch
+from engine.batch import ScheduledBatch, StepOutput
 from engine.policy import BUILTIN_POLICIES
 
 if TYPE_CHECKING:
@@ -51,7 +52,8 @@ def _ints(values: object, count: int) -> np.ndarray:
 
 class DecodeStretch:
     """Up to ``num_steps`` decode steps of the running sequences (see the module docstring):
-    ``plan`` (None where a stretch cannot be proven), ``bind_tokens``, then ``run``."""
+    ``plan`` (None where a stretch cannot be proven), ``price``, ``bind_tokens``, ``run``, then
+    ``last_batch``."""
 
     def __init__(self, scheduler: OverlapScheduler, seqs: list[Sequence], num_tokens: np.ndarray,
                  last_step: np.ndarray, num_steps: int) -> None:
@@ -117,6 +119,32 @@ class DecodeStretch:
             return None
         return cls(scheduler, seqs, num_tokens, last_step, num_steps)
 
+    def price(self, executor: Any, clock: Callable[[], float], until: float, overlapped: bool,
+              defer: bool, start: float, sink_s: float) -> dict[str, list]:
+        """The ``model_step`` columns (but ids) of the steps that start before ``until`` on
+        ``clock`` (at least one), each priced by ``executor.price_decode`` as
+        ``EngineCore``'s sequential path prices and records a step: ``overlapped`` is the first
+        step's flag, ``defer`` every later one's; ``start``: the engine's start on the clock;
+        ``sink_s``: the sink time charged to each step."""
+        rows: dict[str, list] = {name: [] for name in MODEL_ROW_COLUMNS}
+        for num_seqs, context in zip(self.num_seqs, self.context_tokens):
+            if rows["kind"] and clock() >= until:
+                break
+            # Only the executor moves a simulated clock: host time as ``_advance_loop`` and
+            # ``_complete`` add it up (scheduling and post-processing take none of it).
+            began = clock()
+            output = executor.price_decode(num_seqs, context, overlapped)
+            ended = clock()
+            host_s = (began - began) + (ended - began - output.wait_s) + (ended - ended)
+            for name, value in zip(MODEL_ROW_COLUMNS, (
+                    "decode", output.duration_s, num_seqs, 0, 0, num_seqs, context,
+                    output.padded_batch_size or num_seqs, output.graph_used, ended - start,
+                    overlapped, host_s + sink_s, output.padded_tokens)):
+                rows[name].append(value)
+            overlapped = defer
+            self._last_output = output
+        return rows
+
     def bind_tokens(self, tokens: np.ndarray) -> None:
         """The token each sequence samples at each step (sequences by row, steps by column)."""
         self._tokens = tokens
@@ -164,8 +192,9 @@ class DecodeStretch:
             seqs[index].extend_tokens(row[done:] if done else row)
         return finished
 
-    def last_batch(self, steps: int, first_step: int) -> tuple[ScheduledBatch, list[int]]:
-        """The batch of the stretch's last step of ``steps`` and the tokens it sampled."""
+    def last_batch(self, steps: int, first_step: int) -> tuple[ScheduledBatch, StepOutput]:
+        """The batch of the stretch's last step of ``steps`` and its output (``price``'s, with
+        the tokens it sampled)."""
         last = steps - 1
         index = np.flatnonzero(self._running[:, last])
         seqs = [self.seqs[i] for i in index.tolist()]
@@ -174,7 +203,9 @@ class DecodeStretch:
             step=first_step + last, kind="decode", seqs=seqs, num_new_tokens=[1] * len(seqs),
             context_lens=context_lens, num_prefill_seqs=0, num_batched_tokens=len(seqs),
             sampled_seqs=seqs)
-        return batch, self._tokens[index, last].tolist()
+        output = self._last_output
+        output.token_ids = self._tokens[index, last].tolist()
+        return batch, output
 
     def sampled(self, steps: int) -> np.ndarray:
         """How many tokens each sequence sampled in the stretch's first ``steps`` steps."""

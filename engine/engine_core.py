@@ -14,7 +14,7 @@ from typing import Any
 
 from engine.batch import ScheduledBatch, StepOutput, batch_features
 from engine.config import AUTO_SIZED_BLOCKS, Config
-from engine.decode_stretch import MODEL_ROW_COLUMNS, DecodeStretch
+from engine.decode_stretch import DecodeStretch
 from engine.executor import Executor, PendingStep
 from engine.overlap_scheduler import OverlapScheduler, PendingTokens
 from engine.policy import policy_source
@@ -247,29 +247,12 @@ class EngineCore:
         stretch = DecodeStretch.plan(self.scheduler, executor.steps_within(until))
         if stretch is None:
             return False
-        clock, start, sink_s = self.clock, self.start_time, self._sink_s
-        overlapped = self._deferred_last  # the first step's flag: a decode with nothing waiting
         defer = self.config.async_scheduling  # every step of a stretch can be deferred
-        rows: dict[str, list] = {name: [] for name in MODEL_ROW_COLUMNS}
-        for num_seqs, context in zip(stretch.num_seqs, stretch.context_tokens):
-            if rows["kind"] and clock() >= until:
-                break
-            # Only the executor moves a simulated clock: host time as ``_advance_loop`` and
-            # ``_complete`` add it up (scheduling and post-processing take none of it).
-            began = clock()
-            output = executor.price_decode(num_seqs, context, overlapped)
-            ended = clock()
-            host_s = (began - began) + (ended - began - output.wait_s) + (ended - ended)
-            for name, value in zip(MODEL_ROW_COLUMNS, (
-                    "decode", output.duration_s, num_seqs, 0, 0, num_seqs, context,
-                    output.padded_batch_size or num_seqs, output.graph_used, ended - start,
-                    overlapped, host_s + sink_s, output.padded_tokens)):
-                rows[name].append(value)
-            overlapped = defer
+        rows = stretch.price(executor, self.clock, until, self._deferred_last, defer,
+                             self.start_time, self._sink_s)
         steps, first = len(rows["kind"]), self.step_index
         stretch.bind_tokens(executor.decode_tokens(stretch.seq_ids, stretch.completions, steps))
-        # A sink that folds the counts itself (``StreamingMetrics`` writing nothing on) gets
-        # them instead of the sequence and token rows (their event ids are taken all the same).
+        # A sink that folds the counts itself gets them instead of the sequence and token rows.
         counts_only = getattr(self.sink, "takes_decode_stretches", False)
         finished = stretch.run(steps, first, rows, sequence_rows=not counts_only)
         sampled = stretch.sampled(steps)
@@ -280,12 +263,11 @@ class EngineCore:
         self.step_index = first + steps
         self.events.step = self.step_index
         self.num_completion_tokens += sum(stretch.num_seqs[:steps])
-        batch, tokens = stretch.last_batch(steps, first)
-        output.token_ids = tokens
+        batch, output = stretch.last_batch(steps, first)
         if self.sink is not None:
-            began = clock()
+            began = self.clock()
             self.sink.on_step_end(self.events)
-            self._sink_s = clock() - began
+            self._sink_s = self.clock() - began
         self._ready.append(StepResult(first + steps - 1, batch, output, finished,
                                       output.duration_s))  # type: ignore[arg-type]
         return True

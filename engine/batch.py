@@ -63,3 +63,18 @@ class StepWork:
     prefills: list[Sequence] = field(default_factory=list)
     prefill_tokens: list[int] = field(default_factory=list)
     decodes: list[Sequence] = field(default_factory=list)
+
+
+def batch_features(batch: ScheduledBatch) -> tuple[int, int, int, int]:
+    """(prefill tokens, sum of query x context over prefill work, decode seqs, decode context)."""
+    num_prefill = batch.num_prefill_seqs
+    if num_prefill == 0:
+        return 0, 0, len(batch.seqs), sum(batch.context_lens)
+    new = batch.num_new_tokens[:num_prefill]
+    ctx = batch.context_lens[:num_prefill]
+    return (
+        sum(new),
+        sum(q * c for q, c in zip(new, ctx)),
+        len(batch.seqs) - num_prefill,
+        sum(batch.context_lens[num_prefill:]),
+    )

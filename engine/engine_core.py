@@ -12,19 +12,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.batch import ScheduledBatch, StepOutput
+from engine.batch import ScheduledBatch, StepOutput, batch_features
 from engine.config import AUTO_SIZED_BLOCKS, Config
-from engine.errors import InvalidRequestError
+from engine.decode_stretch import DecodeStretch
 from engine.executor import Executor, PendingStep
 from engine.overlap_scheduler import OverlapScheduler, PendingTokens
 from engine.policy import policy_source
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, check_recordable
 from engine.sequence import Sequence
 from tracing.events import EventBuffer, NullEventBuffer
 from tracing.sink import EventSink
-
-INT32_MAX = 2**31 - 1
-INT32_MIN = -(2**31)
 
 
 @dataclass
@@ -49,35 +46,6 @@ class _InFlight:
     step: int
     launched: float
     host_s: float
-
-
-def check_recordable(token_ids: list[int], params: SamplingParams) -> None:
-    """Raise ``InvalidRequestError`` for a request the trace's int32 columns cannot hold."""
-    if params.max_tokens > INT32_MAX:
-        raise InvalidRequestError(f"max_tokens must be <= {INT32_MAX}, got {params.max_tokens}")
-    if len(token_ids) > INT32_MAX:
-        raise InvalidRequestError(f"a prompt may hold at most {INT32_MAX} tokens")
-    # min/max run in C: cheap next to the request's own scheduling.
-    # A negative id or one past the vocabulary is recordable: such a request is rejected (and
-    # recorded); only a value no int32 column holds is refused here.
-    if token_ids and (min(token_ids) < INT32_MIN or max(token_ids) > INT32_MAX):
-        bad = next(t for t in token_ids if not INT32_MIN <= t <= INT32_MAX)
-        raise InvalidRequestError(f"token id {bad} does not fit a trace's int32 column")
-
-
-def batch_features(batch: ScheduledBatch) -> tuple[int, int, int, int]:
-    """(prefill tokens, sum of query x context over prefill work, decode seqs, decode context)."""
-    num_prefill = batch.num_prefill_seqs
-    if num_prefill == 0:
-        return 0, 0, len(batch.seqs), sum(batch.context_lens)
-    new = batch.num_new_tokens[:num_prefill]
-    ctx = batch.context_lens[:num_prefill]
-    return (
-        sum(new),
-        sum(q * c for q, c in zip(new, ctx)),
-        len(batch.seqs) - num_prefill,
-        sum(batch.context_lens[num_prefill:]),
-    )
 
 
 class EngineCore:
@@ -117,6 +85,9 @@ class EngineCore:
         self._deferred_last = False  # the last scheduled step was post-processed before its tokens
         self._ready: deque[StepResult] = deque()
         self._sink_s = 0.0  # the sink's time at the last step end, charged to the next step
+        # Set by a driver whose executor prices decode stretches (``_advance_stretch``): when the
+        # next input is due on the clock (inf: none).
+        self.decode_horizon: Callable[[], float] | None = None
         self.header = {
             **(header or {}),
             "config": config.to_dict(),
@@ -215,6 +186,9 @@ class EngineCore:
     def _advance_loop(self) -> bool:
         """Schedule and launch one step, resolving the one in flight; False when idle."""
         flight = self._in_flight
+        if self.decode_horizon is not None and flight is None and not self._async and \
+                self._advance_stretch():
+            return True
         scheduler = self.scheduler
         if flight is not None and scheduler.schedule_needs_tokens():
             self._resolve(flight)
@@ -261,6 +235,41 @@ class EngineCore:
             return True
         output = handle.result()
         self._complete(batch, output, host_s, launched, self.clock())
+        return True
+
+    def _advance_stretch(self) -> bool:
+        """Run the decode steps before the next input is due as one stretch where the scheduler
+        proves one (``engine.decode_stretch``), each priced, flagged and recorded as the
+        sequential path does it; one result (the last step's, with every sequence finished in
+        the stretch). False: nothing done. Emits what those steps emit, in the same order."""
+        until = self.decode_horizon()  # type: ignore[misc]
+        executor = self.executor
+        stretch = DecodeStretch.plan(self.scheduler, executor.steps_within(until))
+        if stretch is None:
+            return False
+        defer = self.config.async_scheduling  # every step of a stretch can be deferred
+        rows = stretch.price(executor, self.clock, until, self._deferred_last, defer,
+                             self.start_time, self._sink_s)
+        steps, first = len(rows["kind"]), self.step_index
+        stretch.bind_tokens(executor.decode_tokens(stretch.seq_ids, stretch.completions, steps))
+        # A sink that folds the counts itself gets them instead of the sequence and token rows.
+        counts_only = getattr(self.sink, "takes_decode_stretches", False)
+        finished = stretch.run(steps, first, rows, sequence_rows=not counts_only)
+        sampled = stretch.sampled(steps)
+        if counts_only:
+            self.sink.add_decode_stretch(stretch.seq_ids, first, sampled)  # type: ignore
+        executor.count_sampled(stretch.seq_ids, stretch.completions, sampled)
+        self._deferred_last = defer
+        self.step_index = first + steps
+        self.events.step = self.step_index
+        self.num_completion_tokens += sum(stretch.num_seqs[:steps])
+        batch, output = stretch.last_batch(steps, first)
+        if self.sink is not None:
+            began = self.clock()
+            self.sink.on_step_end(self.events)
+            self._sink_s = self.clock() - began
+        self._ready.append(StepResult(first + steps - 1, batch, output, finished,
+                                      output.duration_s))  # type: ignore[arg-type]
         return True
 
     def _emit_model_step(self, batch: ScheduledBatch, output: StepOutput | None) -> int | None:

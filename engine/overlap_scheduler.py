@@ -8,6 +8,7 @@ decisions and events are exactly those of the sequential ``postprocess``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -47,12 +48,18 @@ class OverlapScheduler(Scheduler):
             return False
         if self.eos >= 0 and not all(map(attrgetter("ignore_eos"), batch.sampled_seqs)):
             return False
-        free = len(self.block_manager.free_block_ids)
-        if free >= len(self.running):
+        return self.blocks_allow_defer(len(self.block_manager.free_block_ids), len(self.running),
+                                       lambda: self._blocks_next_decodes_claim(batch))
+
+    def blocks_allow_defer(self, free: int, num_running: int, claims: Callable[[], int]) -> bool:
+        """The block part of ``can_defer``: ``free`` blocks after the batch's own allocations,
+        ``num_running`` running sequences and ``claims()`` the blocks the next decodes claim
+        (asked only when the rule needs it). Also used by ``DecodeStretch``. Emits: nothing."""
+        if free >= num_running:
             return True
         if self.config.defer_block_rule == "per_running":
             return False
-        return free >= self._blocks_next_decodes_claim(batch)
+        return free >= claims()
 
     def schedule_needs_tokens(self) -> bool:
         """Whether the next schedule could read the prefix cache after appending decode tokens

@@ -113,3 +113,11 @@ class Sequence:
         self.token_ids.append(token_id)
         self.last_token = token_id
         self.num_tokens += 1
+
+    def extend_tokens(self, token_ids: list[int]) -> None:
+        """``append_token`` for each of ``token_ids`` in turn (none pending), in one call."""
+        if token_ids:
+            self.token_ids.extend(token_ids)
+            self.last_token = token_ids[-1]
+            self.num_tokens += len(token_ids)
+            self.num_computed_tokens = self.num_tokens - 1

@@ -32,6 +32,7 @@ from tracing.events import EventBuffer
 from tracing.sink import EventSink
 
 FOLD_EVENTS = 1 << 16  # token_sampled rows buffered before a fold
+FOLD_REQUESTS = 256  # or request_added rows (each holds its prompt), when stretches sample
 NOT_YET = -1  # a step column of a request that has not reached that point
 STEP_KINDS = ("prefill", "decode", "mixed")
 
@@ -41,6 +42,13 @@ _NEVER = np.iinfo(np.int64).max
 
 def _ints(values: list) -> np.ndarray:
     return np.fromiter(values, np.int64, len(values))
+
+
+def _keep_earliest(mine: np.ndarray, first: np.ndarray) -> None:
+    """Set each of ``mine`` (``NOT_YET`` where unknown) to ``first`` where that is earlier
+    (``_NEVER``: no row): any order of folds gives the earliest step."""
+    update = (first != _NEVER) & ((mine == NOT_YET) | (first < mine))
+    mine[update] = first[update]
 
 
 def _first_steps(seq: np.ndarray, step: np.ndarray, size: int) -> np.ndarray:
@@ -125,8 +133,32 @@ class StreamingMetrics:
         if self.downstream is not None:
             self.fold(buffer)
             self.downstream.on_step_end(self._relay)
-        elif len(buffer.tables["token_sampled"]["seq_id"]) >= self.fold_events:
+        elif len(buffer.tables["token_sampled"]["seq_id"]) >= self.fold_events or \
+                len(buffer.tables["request_added"]["seq_id"]) >= FOLD_REQUESTS:
             self.fold(buffer)
+
+    @property
+    def takes_decode_stretches(self) -> bool:
+        """Whether a decode stretch may hand this sink ``add_decode_stretch``'s counts instead
+        of its ``seq_scheduled`` and ``token_sampled`` rows: no downstream sink needs them."""
+        return self.downstream is None
+
+    def add_decode_stretch(self, seq_ids: np.ndarray, first_step: int,
+                           sampled: np.ndarray) -> None:
+        """Fold what a decode stretch's ``seq_scheduled`` and ``token_sampled`` rows hold
+        (``engine.decode_stretch``): sequence ``seq_ids[i]`` (each once) was scheduled and
+        sampled a token at each of the ``sampled[i]`` steps from ``first_step`` on."""
+        size = int(seq_ids.max()) + 1
+        for column in (self.first_step, self.last_step, self.tokens, self.scheduled_step):
+            column.reserve(size)
+        first = np.full(len(seq_ids), first_step, dtype=np.int64)
+        for column in (self.first_step, self.scheduled_step):
+            mine = column.data[seq_ids]
+            _keep_earliest(mine, first)
+            column.data[seq_ids] = mine
+        last = self.last_step.data
+        last[seq_ids] = np.maximum(last[seq_ids], first + sampled - 1)
+        self.tokens.data[seq_ids] += sampled.astype(np.int32)
 
     def close(self, buffer: EventBuffer, summary: dict[str, Any]) -> None:
         self.fold(buffer)
@@ -166,20 +198,16 @@ class StreamingMetrics:
             seq = _ints(ts["seq_id"])
             lo, hi = int(seq.min()), int(seq.max()) + 1  # the requests in flight, a window
             seq -= lo
-            first = _first_steps(seq, _ints(ts["step"]), hi - lo)
-            mine = self.first_step.data[lo:hi]
-            fresh = (first != _NEVER) & (mine == NOT_YET)
-            mine[fresh] = first[fresh]
-            np.maximum.at(self.last_step.data[lo:hi], seq, _ints(ts["step"]))
+            steps = _ints(ts["step"])
+            _keep_earliest(self.first_step.data[lo:hi], _first_steps(seq, steps, hi - lo))
+            np.maximum.at(self.last_step.data[lo:hi], seq, steps)
             self.tokens.data[lo:hi] += np.bincount(seq, minlength=hi - lo).astype(np.int32)
         ss = tables["seq_scheduled"]
         if ss["seq_id"]:
             seq = _ints(ss["seq_id"])
             lo, hi = int(seq.min()), int(seq.max()) + 1
-            first = _first_steps(seq - lo, _ints(ss["step"]), hi - lo)
-            mine = self.scheduled_step.data[lo:hi]
-            fresh = (first != _NEVER) & (mine == NOT_YET)
-            mine[fresh] = first[fresh]
+            _keep_earliest(self.scheduled_step.data[lo:hi],
+                           _first_steps(seq - lo, _ints(ss["step"]), hi - lo))
         pe = tables["preempted"]["seq_id"]
         if pe:
             unique, counts = np.unique(np.asarray(pe, dtype=np.int64), return_counts=True)

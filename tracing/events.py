@@ -254,6 +254,22 @@ class EventBuffer:
     # An overlapped step (engine/engine_core.py) emits its events in their final order before its
     # tokens are back from the device, with placeholder values, and fills them in here before
     # the buffer is drained. Rows are indices into the current (undrained) tables.
+    def reserve_ids(self, count: int) -> int:
+        """Hand out ``count`` consecutive event ids for rows ``extend_rows`` appends later (a
+        caller that builds many rows at once); returns the first."""
+        first = self.next_event_id
+        self.next_event_id = first + count
+        return first
+
+    def extend_rows(self, kind: str, columns: dict[str, list]) -> None:
+        """Append rows of ``kind`` given column by column: every column of its table (ids from
+        ``reserve_ids``), each the same length."""
+        table = self.tables[kind]
+        if columns.keys() != table.keys() or len({len(v) for v in columns.values()}) > 1:
+            raise ValueError(f"{kind}: rows need the columns {list(table)}, of one length")
+        for name, values in columns.items():
+            table[name].extend(values)
+
     def patch_model_step(
         self, row: int, duration_s: float, wall_time_s: float, host_s: float
     ) -> None:
@@ -297,3 +313,4 @@ class NullEventBuffer(EventBuffer):
     patch_output_hash = _noop  # type: ignore[assignment]
     patch_block_hash = _noop  # type: ignore[assignment]
     patch_last_rejection = _noop  # type: ignore[assignment]
+    extend_rows = _noop  # type: ignore[assignment]

@@ -9,7 +9,13 @@ from tracing.schema import EVENT_KINDS, all_columns
 
 
 class EventSink(Protocol):
-    """Where events go. The engine owns the ``EventBuffer``; a sink decides when to drain it."""
+    """Where events go. The engine owns the ``EventBuffer``; a sink decides when to drain it.
+
+    A sink that needs no per-sequence rows may also say so (``takes_decode_stretches``: True)
+    and take ``add_decode_stretch(seq_ids, first_step, sampled)`` instead of a decode stretch's
+    ``seq_scheduled`` and ``token_sampled`` rows (``engine/decode_stretch.py``; the
+    simulator's ``StreamingMetrics`` does when nothing is written on).
+    """
 
     def open(self, header: dict[str, Any]) -> None: ...
 

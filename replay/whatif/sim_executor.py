@@ -29,10 +29,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from engine.batch import ScheduledBatch, StepOutput
-from engine.engine_core import batch_features
+import numpy as np
+
+from engine.batch import ScheduledBatch, StepOutput, batch_features
+from engine.decode_stretch import MAX_STRETCH_STEPS
 from engine.graph_sizes import mixed_graph_key, padded_decode_size, padded_prefill_tokens
-from replay.whatif.cost.decode_attention import decode_features
+from replay.whatif.cost.decode_attention import decode_features, longest_program_tokens
 from replay.whatif.cost.features import StepFeatures, computed_tokens, step_class
 from replay.whatif.cost.model import CostModel
 
@@ -102,6 +104,8 @@ class SimExecutor:
         # every row's context counted, ``CostOptions.shared_kv`` off).
         self._block_size = block_size if cost is not None and cost.shared_kv else 0
         self._kv_heads = cost.kv_heads if cost is not None else 1
+        self.last_interval_s = 0.0  # the last step's simulated interval
+        self._decode_interval_s = 0.0  # the last decode step's (the pace of a decode stretch)
 
     def bind(self, seq_id: int, tokens: Sequence[int] | None) -> None:
         """Give sequence ``seq_id`` (ids are handed out in order) its recorded completion (a list
@@ -139,48 +143,119 @@ class SimExecutor:
             return out
         return [self._token(s.seq_id, s.num_tokens - s.num_prompt_tokens) for s in sampled]
 
+    def decode_tokens(self, seq_ids: np.ndarray, completions: np.ndarray,
+                      steps: int) -> np.ndarray:
+        """The tokens of ``steps`` samplings of each sequence (``completions``: the tokens each
+        has sampled so far), sequences by row: what ``_sample`` would give them one by one (a
+        decode stretch, ``engine.decode_stretch``). Counts nothing: see ``count_sampled``."""
+        tokens = (seq_ids[:, None] * SYNTHETIC_STRIDE + completions[:, None]
+                  + np.arange(steps)) % SYNTHETIC_RANGE
+        if 0 <= self.eos < SYNTHETIC_RANGE:
+            tokens[tokens == self.eos] += 1
+        recorded = self.tokens
+        if recorded:
+            for row, seq_id in enumerate(seq_ids.tolist()):
+                mine = recorded.get(seq_id, ())
+                start = int(completions[row])
+                if start < len(mine):
+                    head = np.asarray(mine[start:start + steps], dtype=np.int64)
+                    tokens[row, :len(head)] = head
+        return tokens
+
+    def count_sampled(self, seq_ids: np.ndarray, completions: np.ndarray,
+                      sampled: np.ndarray) -> None:
+        """Count the synthetic ones among ``decode_tokens``' tokens that were sampled (the first
+        ``sampled`` of each sequence), as ``_sample`` counts them."""
+        if not self.tokens:
+            self.synthesized += int(sampled.sum())
+            return
+        have = np.fromiter((len(self.tokens.get(s, ())) for s in seq_ids.tolist()), np.int64,
+                           len(seq_ids))
+        self.synthesized += int(np.maximum(completions + sampled - np.maximum(completions, have),
+                                           0).sum())
+
+    def steps_within(self, until: float) -> int:
+        """About how many steps fit before ``until`` on the clock at the last decode step's
+        pace, with room to spare (how far ahead a decode stretch plans; it stops at ``until``
+        whatever the guess)."""
+        ahead, pace = until - self.clock.now, self._decode_interval_s
+        if ahead <= 0:
+            return 1
+        if pace <= 0 or ahead == float("inf"):
+            return MAX_STRETCH_STEPS
+        return min(int(ahead / pace * 1.5) + 2, MAX_STRETCH_STEPS)
+
+    @property
+    def prices_stretches(self) -> bool:
+        """Whether ``price_decode`` prices a decode step as ``execute`` would: not where shared
+        KV blocks are counted (that needs each step's block tables)."""
+        return not self._block_size
+
     def execute(self, batch: ScheduledBatch) -> StepOutput:
         out = self._sample(batch.sampled_seqs)
-        num_seqs = len(batch.seqs)
+        prefill_tokens, work, decode_seqs, context = batch_features(batch)
+        first_decode = len(batch.seqs) - decode_seqs
+        contexts = batch.context_lens[first_decode:]
+        kv_tokens, _ = decode_features(
+            contexts, [s.block_table for s in batch.seqs[first_decode:]], self._block_size, 1,
+            self._kv_heads)
+        return self._price(out, batch.kind, len(batch.seqs), prefill_tokens, work, decode_seqs,
+                           context, batch.overlapped, kv_tokens,
+                           max(contexts) if decode_seqs else 0)
+
+    def price_decode(self, num_seqs: int, context_tokens: int, overlapped: bool,
+                     longest_context: int) -> StepOutput:
+        """``execute`` of a decode step of ``num_seqs`` sequences holding ``context_tokens``
+        tokens in all, the longest ``longest_context``, its tokens left out (a decode
+        stretch's: ``decode_tokens``; only where ``prices_stretches``)."""
+        return self._price([], "decode", num_seqs, 0, 0, num_seqs, context_tokens, overlapped,
+                           float(context_tokens), longest_context)
+
+    def _price(self, out: list[int], kind: str, num_seqs: int, prefill_tokens: int, work: int,
+               decode_seqs: int, context: int, overlapped: bool, kv_tokens: float,
+               longest_context: int) -> StepOutput:
+        """Time a step (its batch features given: ``kv_tokens`` and ``longest_context`` of its
+        decode rows as ``cost.decode_attention`` counts them) and advance the clock by its
+        interval."""
         self.steps += 1
-        self.overlapped_steps += batch.overlapped
+        self.overlapped_steps += overlapped
         self.last_interval_s = 0.0
         cost = self.cost
         if cost is None:
             return StepOutput(token_ids=out, duration_s=0.0, padded_batch_size=num_seqs)
-        prefill_tokens, work, decode_seqs, context = batch_features(batch)
         padded, graph, padded_tokens = num_seqs, False, 0
-        if self._graph_sizes and batch.kind == "decode":
+        if self._graph_sizes and kind == "decode":
             size = self._padded.get(num_seqs)
             if size is None:
                 size = self._padded[num_seqs] = padded_decode_size(self._graph_sizes, num_seqs)
             if size:
                 padded, graph = size, True
-        elif self._prefill_sizes and batch.kind == "prefill":
+        elif self._prefill_sizes and kind == "prefill":
             padded_tokens = padded_prefill_tokens(self._prefill_sizes, prefill_tokens, num_seqs,
                                                   self._prefill_max_seqs)
             graph = padded_tokens > 0
-        elif self._mixed_decode_sizes and batch.kind == "mixed":
+        elif self._mixed_decode_sizes and kind == "mixed":
             key = mixed_graph_key(self._prefill_sizes, self._mixed_decode_sizes, prefill_tokens,
                                   num_seqs - decode_seqs, decode_seqs)
             if key is not None:
                 graph, padded_tokens = True, key[0] + key[1]
-        cls = step_class(batch.kind, graph)
+        cls = step_class(kind, graph)
         first = self._one_off_costs and cls not in self._seen_classes
         if first:
             self._seen_classes.add(cls)
-        first_decode = num_seqs - decode_seqs
-        kv_tokens, longest = decode_features(
-            batch.context_lens[first_decode:], [s.block_table for s in batch.seqs[first_decode:]],
-            self._block_size, padded, self._kv_heads)
         features = StepFeatures(
             num_seqs=num_seqs, prefill_tokens=prefill_tokens, prefill_attn_work=work,
             decode_seqs=decode_seqs, decode_context_tokens=context, padded_batch_size=padded,
             padded_tokens=computed_tokens(padded_tokens, prefill_tokens, decode_seqs),
-            decode_kv_tokens=kv_tokens, decode_longest_tokens=longest)
-        time = cost.predict(features, cls, batch.overlapped, first)
+            decode_kv_tokens=kv_tokens,
+            decode_longest_tokens=(longest_program_tokens(longest_context, padded,
+                                                          self._kv_heads)
+                                   if decode_seqs else 0.0))
+        time = cost.predict(features, cls, overlapped, first)
         self.clock.now += time.interval_s
         self.last_interval_s = time.interval_s
+        if kind == "decode":
+            self._decode_interval_s = time.interval_s
         return StepOutput(token_ids=out, duration_s=time.device_s, padded_batch_size=padded,
                           graph_used=graph, wait_s=max(time.interval_s - time.host_s, 0.0),
                           padded_tokens=padded_tokens)

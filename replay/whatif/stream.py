@@ -135,6 +135,15 @@ class StreamInputs:
         self.first_problem = ""
         self._last_due = -np.inf
         self._next: SimRequest | None = next(self.requests, None)
+        if executor.prices_stretches:  # decode steps in stretches up to the next arrival
+            core.decode_horizon = self.horizon
+
+    def horizon(self) -> float:
+        """When the next request is due on the engine's clock (inf: none is left; -inf: one
+        is due at a step of an untimed run, which has no clock to run a stretch up to)."""
+        if self._next is None:
+            return float("inf")
+        return self._next.arrival_s if self.timed else -float("inf")
 
     def _due(self, request: SimRequest) -> float:
         return request.arrival_s if self.timed else 0.0

@@ -1,0 +1,258 @@
+"""A stretch of steady decode steps, run in bulk: the decisions and events of step-by-step decoding.
+
+When every running sequence is decoding, nothing waits, every running sequence fits one step's
+budgets, no token can end a sequence early (``ignore_eos``, or no EOS token) and the free KV blocks
+cover every block the running sequences will claim over the stretch (with room left for every
+step to be deferred), the scheduler's next steps are known in advance: each decodes all running
+sequences in admission order, a sequence finishes at its length limit, and nothing is admitted or
+preempted (the driver that asks for a stretch ends it before its next input is due:
+``EngineCore.decode_horizon``). ``DecodeStretch`` gives each step's batch size and context
+tokens up front (numpy over the stretch), so its step times can be priced before anything runs;
+``run`` then makes the stretch's decisions with no Python work per sequence and step: the
+``BlockManager`` makes every block decision (``may_append``, and ``deallocate`` through
+``Scheduler.finish``) in the order and at the step the per-step loop makes it, a ``Sequence`` is
+brought up to date (``Sequence.extend_tokens``) only where the block manager reads it (a token that
+starts or fills a block), when it finishes and when the stretch ends, and the rows of the steps'
+``batch_scheduled``, ``seq_scheduled``, ``model_step`` and ``token_sampled`` events are built
+column by column, with the event ids the per-step loop gives them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from engine.batch import ScheduledBatch, StepOutput
+from engine.policy import BUILTIN_POLICIES
+
+if TYPE_CHECKING:
+    from engine.overlap_scheduler import OverlapScheduler
+    from engine.sequence import Sequence
+
+MAX_STRETCH_STEPS = 256  # the most steps one stretch plans
+# The model_step columns of a step but its ids, in ``EventBuffer.emit_model_step``'s order.
+MODEL_ROW_COLUMNS = ("kind", "duration_s", "num_seqs", "prefill_tokens", "prefill_attn_work",
+                     "decode_seqs", "decode_context_tokens", "padded_batch_size", "graph_used",
+                     "wall_time_s", "overlapped", "host_s", "padded_tokens")
+_BUILTIN = tuple(BUILTIN_POLICIES.values())  # policies that admit only from the waiting queue
+_seq_id = attrgetter("seq_id")
+_num_tokens = attrgetter("num_tokens")
+_num_prompt_tokens = attrgetter("num_prompt_tokens")
+_max_tokens = attrgetter("max_tokens")
+_ignore_eos = attrgetter("ignore_eos")
+_block_table = attrgetter("block_table")
+
+
+def _ints(values: object, count: int) -> np.ndarray:
+    return np.fromiter(values, np.int64, count)  # type: ignore[call-overload]
+
+
+class DecodeStretch:
+    """Up to ``num_steps`` decode steps of the running sequences (see the module docstring):
+    ``plan`` (None where a stretch cannot be proven), ``price``, ``bind_tokens``, ``run``, then
+    ``last_batch``."""
+
+    def __init__(self, scheduler: OverlapScheduler, seqs: list[Sequence], num_tokens: np.ndarray,
+                 last_step: np.ndarray, num_steps: int) -> None:
+        self.scheduler = scheduler
+        self.seqs = seqs
+        self.num_steps = num_steps
+        self.seq_ids = _ints(map(_seq_id, seqs), len(seqs))
+        self.completions = num_tokens - _ints(map(_num_prompt_tokens, seqs), len(seqs))
+        self._num_tokens = num_tokens  # at the stretch's first step
+        self._last_step = last_step  # the step (from 0) whose token finishes each sequence
+        steps = np.arange(num_steps)
+        self._running = steps <= last_step[:, None]  # sequence x step: still running then
+        counts = self._running.sum(axis=0)
+        self._counts = counts
+        self.num_seqs: list[int] = counts.tolist()  # each step's batch
+        contexts = (num_tokens[:, None] + steps) * self._running
+        self.context_tokens: list[int] = contexts.sum(axis=0).tolist()  # each step's sum
+        self.longest_contexts: list[int] = contexts.max(axis=0).tolist()  # and longest
+        # A decoding sequence's next token starts a block when num_tokens % block_size == 1 and
+        # fills one when it is 0 (as ``Scheduler._decode_all``): those visit the block manager.
+        due = ((num_tokens[:, None] + steps) % scheduler.block_size < 2) & self._running
+        due_steps, due_seqs = np.nonzero(due.T)  # by step, then in running order
+        self._due: dict[int, list[int]] = {}
+        for step, index in zip(due_steps.tolist(), due_seqs.tolist()):
+            self._due.setdefault(step, []).append(index)
+        self._finishing: dict[int, list[int]] = {}
+        for index in np.flatnonzero(last_step < num_steps).tolist():
+            self._finishing.setdefault(int(last_step[index]), []).append(index)
+        self._caught = [0] * len(seqs)  # steps whose tokens each Sequence holds
+        self._tokens = np.zeros((len(seqs), num_steps), np.int64)
+
+    @classmethod
+    def plan(cls, scheduler: OverlapScheduler, max_steps: int) -> DecodeStretch | None:
+        """The stretch the scheduler's state proves, of at most ``max_steps`` steps, or None
+        (the per-step path decides). Emits: nothing."""
+        running = scheduler.running
+        if scheduler.waiting or scheduler.prefilling or not running or max_steps < 1:
+            return None
+        block_manager = scheduler.block_manager
+        if len(running) > min(scheduler.max_num_seqs, scheduler.max_num_batched_tokens) or \
+                block_manager.pending_hashes or type(scheduler.policy) not in _BUILTIN:
+            return None
+        seqs = list(running)
+        if scheduler.eos >= 0 and not all(map(_ignore_eos, seqs)):
+            return None
+        count = len(seqs)
+        num_tokens = _ints(map(_num_tokens, seqs), count)
+        # ``Scheduler._append_sampled``'s length rule: done once num_tokens reaches this.
+        limit = np.minimum(_ints(map(_num_prompt_tokens, seqs), count)
+                           + _ints(map(_max_tokens, seqs), count), scheduler.max_model_len)
+        last_step = limit - num_tokens - 1
+        num_steps = int(min(max_steps, MAX_STRETCH_STEPS, int(last_step.max()) + 1))
+        if num_steps < 1:  # (a running sequence is never past its limit: postprocess ends it)
+            return None
+        # Every block the sequences claim over the stretch must be free now: then no step of it
+        # can preempt, whatever the finishes free on the way; and the defer rule must hold with
+        # the fewest free blocks and the most running sequences any step can have.
+        block_size = scheduler.block_size
+        held = _ints(map(len, map(_block_table, seqs)), count)
+        peak = num_tokens + np.minimum(last_step, num_steps - 1)
+        claims = int(np.maximum((peak + block_size - 1) // block_size - held, 0).sum())
+        free = len(block_manager.free_block_ids)
+        if claims > free or not scheduler.blocks_allow_defer(free - claims, count, _unknown):
+            return None
+        return cls(scheduler, seqs, num_tokens, last_step, num_steps)
+
+    def price(self, executor: Any, clock: Callable[[], float], until: float, overlapped: bool,
+              defer: bool, start: float, sink_s: float) -> dict[str, list]:
+        """The ``model_step`` columns (but ids) of the steps that start before ``until`` on
+        ``clock`` (at least one), each priced by ``executor.price_decode`` as
+        ``EngineCore``'s sequential path prices and records a step: ``overlapped`` is the first
+        step's flag, ``defer`` every later one's; ``start``: the engine's start on the clock;
+        ``sink_s``: the sink time charged to each step."""
+        rows: dict[str, list] = {name: [] for name in MODEL_ROW_COLUMNS}
+        for num_seqs, context, longest in zip(self.num_seqs, self.context_tokens,
+                                              self.longest_contexts):
+            if rows["kind"] and clock() >= until:
+                break
+            # Only the executor moves a simulated clock: host time as ``_advance_loop`` and
+            # ``_complete`` add it up (scheduling and post-processing take none of it).
+            began = clock()
+            output = executor.price_decode(num_seqs, context, overlapped, longest)
+            ended = clock()
+            host_s = (began - began) + (ended - began - output.wait_s) + (ended - ended)
+            for name, value in zip(MODEL_ROW_COLUMNS, (
+                    "decode", output.duration_s, num_seqs, 0, 0, num_seqs, context,
+                    output.padded_batch_size or num_seqs, output.graph_used, ended - start,
+                    overlapped, host_s + sink_s, output.padded_tokens)):
+                rows[name].append(value)
+            overlapped = defer
+            self._last_output = output
+        return rows
+
+    def bind_tokens(self, tokens: np.ndarray) -> None:
+        """The token each sequence samples at each step (sequences by row, steps by column)."""
+        self._tokens = tokens
+
+    def run(self, steps: int, first_step: int, model_rows: dict[str, list],
+            sequence_rows: bool = True) -> list[Sequence]:
+        """Make the decisions of the stretch's first ``steps`` steps (numbered from
+        ``first_step``) and record them, ``model_rows`` holding the ``model_step`` columns of
+        each step but its ids; returns the sequences finished, in order. ``sequence_rows``
+        False: the ``seq_scheduled`` and ``token_sampled`` rows are left out (their ids are
+        taken all the same), for a sink that folds ``sampled``'s counts instead.
+
+        Emits, per step and in the per-step loop's order (event ids included): the block events
+        of the sequences whose token starts or fills a block (``block_allocated``,
+        ``block_hashed``), ``batch_scheduled``, ``seq_scheduled`` per sequence, ``model_step``,
+        ``token_sampled`` per sequence, then per finished sequence ``block_freed`` per block and
+        ``request_finished``.
+        """
+        scheduler = self.scheduler
+        block_manager, events, seqs = scheduler.block_manager, scheduler.events, self.seqs
+        free_after: list[int] = []
+        first_ids: list[int] = []
+        finished: list[Sequence] = []
+        for step in range(steps):
+            events.step = first_step + step
+            for index in self._due.get(step, ()):
+                self._catch_up(index, step)
+                block_manager.may_append(seqs[index])
+            free_after.append(len(block_manager.free_block_ids))
+            # The step's batch, sequence, model-step and token rows: appended below.
+            first_ids.append(events.reserve_ids(2 + 2 * self.num_seqs[step]))
+            for index in self._finishing.get(step, ()):
+                seq = seqs[index]
+                self._catch_up(index, step + 1)
+                block_manager.touch([seq.seq_id], events.step)
+                scheduler.finish(seq, "length")  # as postprocess: blocks freed, then the request
+                finished.append(seq)
+        self._emit_rows(steps, first_step, np.asarray(first_ids, np.int64), free_after,
+                        model_rows, sequence_rows)
+        still = np.flatnonzero(self._last_step >= steps).tolist()
+        block_manager.touch(self.seq_ids[still].tolist(), first_step + steps - 1)
+        rows = self._tokens[still, :steps].tolist()
+        for index, row in zip(still, rows):
+            done = self._caught[index]
+            seqs[index].extend_tokens(row[done:] if done else row)
+        return finished
+
+    def last_batch(self, steps: int, first_step: int) -> tuple[ScheduledBatch, StepOutput]:
+        """The batch of the stretch's last step of ``steps`` and its output (``price``'s, with
+        the tokens it sampled)."""
+        last = steps - 1
+        index = np.flatnonzero(self._running[:, last])
+        seqs = [self.seqs[i] for i in index.tolist()]
+        context_lens = (self._num_tokens[index] + last).tolist()
+        batch = ScheduledBatch(
+            step=first_step + last, kind="decode", seqs=seqs, num_new_tokens=[1] * len(seqs),
+            context_lens=context_lens, num_prefill_seqs=0, num_batched_tokens=len(seqs),
+            sampled_seqs=seqs)
+        output = self._last_output
+        output.token_ids = self._tokens[index, last].tolist()
+        return batch, output
+
+    def sampled(self, steps: int) -> np.ndarray:
+        """How many tokens each sequence sampled in the stretch's first ``steps`` steps."""
+        return np.minimum(self._last_step + 1, steps)
+
+    def _emit_rows(self, steps: int, first_step: int, first_ids: np.ndarray,
+                   free_after: list[int], model_rows: dict[str, list],
+                   sequence_rows: bool) -> None:
+        """The steps' batch, model-step (and sequence and token) rows, with their reserved
+        ids."""
+        events, counts = self.scheduler.events, self._counts[:steps]
+        num_seqs = counts.tolist()
+        waiting = len(self.scheduler.waiting)
+        events.extend_rows("batch_scheduled", {
+            "event_id": first_ids.tolist(), "step": list(range(first_step, first_step + steps)),
+            "kind": ["decode"] * steps, "num_seqs": num_seqs, "num_batched_tokens": num_seqs,
+            "num_waiting": [waiting] * steps, "num_running": num_seqs, "free_blocks": free_after})
+        events.extend_rows("model_step", {
+            "event_id": (first_ids + counts + 1).tolist(),
+            "step": list(range(first_step, first_step + steps)), **model_rows})
+        if not sequence_rows:
+            return
+        step_of, seq_of = np.nonzero(self._running[:, :steps].T)  # by step, in running order
+        starts = np.cumsum(counts) - counts
+        rank = np.arange(len(step_of)) - starts[step_of]
+        seq_ids = self.seq_ids[seq_of].tolist()
+        step_col = (step_of + first_step).tolist()
+        context = self._num_tokens[seq_of] + step_of
+        row_ids = first_ids[step_of] + rank
+        events.extend_rows("seq_scheduled", {
+            "event_id": (row_ids + 1).tolist(), "step": step_col, "seq_id": seq_ids,
+            "num_new_tokens": [1] * len(seq_ids), "num_cached_tokens": (context - 1).tolist(),
+            "context_len": context.tolist()})
+        events.extend_rows("token_sampled", {
+            "event_id": (row_ids + counts[step_of] + 2).tolist(), "step": step_col,
+            "seq_id": seq_ids, "token_id": self._tokens[seq_of, step_of].tolist()})
+
+    def _catch_up(self, index: int, steps: int) -> None:
+        """Give sequence ``index`` the tokens it sampled in the stretch's first ``steps`` steps."""
+        done = self._caught[index]
+        if done < steps:
+            self.seqs[index].extend_tokens(self._tokens[index, done:steps].tolist())
+            self._caught[index] = steps
+
+
+def _unknown() -> int:
+    """A count of claimed blocks not worked out: more than any pool holds."""
+    return 1 << 62

@@ -1,0 +1,179 @@
+"""Decode stretches make exactly the per-step loop's decisions and events.
+
+What these tests prove:
+- a streamed simulation with decode stretches writes every event of the per-step loop, row for
+  row and column for column (event ids, steps, block ids, token ids, times), and gives the same
+  metrics to the last bit, under configs with prefix hits, a small pool (stretches refused where
+  a preemption could happen), chunked prefill, priorities, no overlap, small blocks and untimed;
+  and stretches of several steps with finishes inside them did run;
+- without a downstream sink ``StreamingMetrics`` folds a stretch's counts instead of its
+  sequence and token rows (``add_decode_stretch``), to the same metrics;
+- a trace written in segments (``--trace-out``) holds the same rows either way;
+- ``DecodeStretch.plan`` refuses what it cannot prove: a request waiting, a sequence that
+  watches for EOS, claims beyond the free blocks, a user policy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.config import Config
+from engine.decode_stretch import DecodeStretch
+from engine.policy import Policy
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+from replay.stream_metrics import StreamingMetrics
+from replay.whatif.cost.model import CostModel
+from replay.whatif.stream import WorkloadSource, simulate_stream
+from replay.whatif.synthetic import StepLaw, record_workload
+from replay.workloads.builtin import reference_workload
+from replay.workloads.request import Request
+from tracing.reader import read_trace
+from tracing.sink import MemorySink
+
+TIMING = Config(num_kvcache_blocks=400, max_num_seqs=64)
+CONFIGS = {
+    "as timed": {},
+    "small pool preempts": {"num_kvcache_blocks": 60, "max_num_seqs": 32},
+    "chunked": {"policy": "chunked", "max_num_batched_tokens": 512},
+    "priority": {"policy": "priority"},
+    "no overlap": {"async_scheduling": False},
+    "small blocks, no prefix cache": {"kvcache_block_size": 16, "enable_prefix_caching": False},
+    "eos watched": {"eos": 3},
+    "lru, small pool": {"eviction": "lru", "num_kvcache_blocks": 90, "max_num_seqs": 24},
+}
+
+
+class _UserPolicy(Policy):
+    name = "user"
+
+
+@pytest.fixture(scope="module")
+def cost() -> CostModel:
+    return CostModel.fit(record_workload(TIMING, reference_workload(num_seqs=48), StepLaw(),
+                                         seed=1))
+
+
+def requests(count: int, seed: int = 0) -> list[Request]:
+    """Poisson arrivals at 40 req/s, half sharing a prompt prefix, most ``ignore_eos``."""
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1 / 40, count))
+    shared = rng.integers(0, 10000, 512).tolist()
+    out = []
+    for i in range(count):
+        length = int(rng.integers(48, 600))
+        prompt = (shared[:length // 2] if i % 2 else []) + \
+            rng.integers(0, 10000, length - length // 2 * (i % 2)).tolist()
+        out.append(Request(prompt, int(rng.integers(1, 200)), temperature=0.0,
+                           ignore_eos=i % 7 != 3, arrival_s=float(arrivals[i])))
+    return out
+
+
+def run(reqs: list[Request], overrides: dict, cost: CostModel | None, stretches: bool,
+        monkeypatch: pytest.MonkeyPatch, keep_events: bool = True, **kwargs) -> tuple:
+    """A streamed run (stretches on or off) and its events (``keep_events``: a ``MemorySink``
+    downstream, which needs every row; else the metrics fold a stretch's counts); counts the
+    stretches run (the finishes in each) and the stretches folded as counts."""
+    ran: list[int] = []
+    folded: list[int] = []
+    plan = DecodeStretch.plan.__func__  # type: ignore[attr-defined]
+    add = StreamingMetrics.add_decode_stretch
+
+    def counted(cls, scheduler, max_steps):
+        stretch = plan(cls, scheduler, max_steps) if stretches else None
+        if stretch is not None:
+            ran.append(len(stretch._finishing))
+        return stretch
+
+    def add_counted(self, *args) -> None:
+        folded.append(1)
+        add(self, *args)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(DecodeStretch, "plan", classmethod(counted))
+        patch.setattr(StreamingMetrics, "add_decode_stretch", add_counted)
+        sink = MemorySink()
+        result = simulate_stream(WorkloadSource(reqs, TIMING, "w"), overrides, cost,
+                                 downstream=sink if keep_events and not kwargs else None,
+                                 **kwargs)
+    assert bool(folded) == (bool(ran) and not keep_events and not kwargs)
+    return result, sink, ran
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_stretches_write_the_per_step_events(cost, name, monkeypatch) -> None:
+    reqs = requests(120, seed=5)
+    stepped, per_step, none = run(reqs, CONFIGS[name], cost, False, monkeypatch)
+    fast, bulk, ran = run(reqs, CONFIGS[name], cost, True, monkeypatch)
+    assert not none and ran, "stretches must have run"
+    assert any(ran), "some stretch must hold a finish"
+    assert stepped.ok and fast.ok
+    assert fast.steps is not None and len(fast.steps) > len(ran)  # stretches of several steps
+    assert bulk.tables == per_step.tables
+    # Without a downstream sink the metrics fold each stretch's counts, not its rows.
+    counted, _, _ = run(reqs, CONFIGS[name], cost, True, monkeypatch, keep_events=False)
+    for key, value in stepped.metrics.items():
+        assert repr(fast.metrics[key]) == repr(value), key
+        assert repr(counted.metrics[key]) == repr(value), key
+    assert fast.notes == stepped.notes == counted.notes
+
+
+def test_stretches_untimed(monkeypatch) -> None:
+    reqs = requests(40, seed=6)
+    _, per_step, _ = run(reqs, CONFIGS["small pool preempts"], None, False, monkeypatch)
+    _, bulk, ran = run(reqs, CONFIGS["small pool preempts"], None, True, monkeypatch)
+    assert ran and bulk.tables == per_step.tables
+
+
+def test_trace_out_holds_every_step_of_a_stretch(cost, tmp_path, monkeypatch) -> None:
+    reqs = requests(80, seed=7)
+    run(reqs, {}, cost, False, monkeypatch, trace_out=tmp_path / "stepped")
+    _, _, ran = run(reqs, {}, cost, True, monkeypatch, trace_out=tmp_path / "stretched")
+    assert ran
+    stepped, stretched = read_trace(tmp_path / "stepped"), read_trace(tmp_path / "stretched")
+    assert stepped.complete and stretched.complete and stepped.kinds == stretched.kinds
+    for kind in stepped.kinds:
+        assert stretched.table(kind).equals(stepped.table(kind)), kind
+    # The engine's summary is the same; the recorder's segments hold more steps each (it
+    # flushes by the engine's step-end calls, one per stretch).
+    for key in ("steps", "requests", "rejected", "completion_tokens", "preemptions", "elapsed_s"):
+        assert stepped.summary[key] == stretched.summary[key], key
+
+
+def _decoding_scheduler(config: Config, ignore_eos: bool = True) -> Scheduler:
+    """A scheduler with two admitted, decoding sequences and nothing waiting."""
+    from engine.engine_core import EngineCore
+    from replay.whatif.sim_executor import SimClock, SimExecutor
+
+    core = EngineCore(config, SimExecutor(config.num_kvcache_blocks, SimClock()))
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=ignore_eos)
+    for start in (0, 100):
+        core.add_request(list(range(start, start + 30)), params)
+    core.step()  # the prefill
+    core.step()  # a decode: both have sampled
+    return core.scheduler
+
+
+def test_plan_proves_a_stretch_of_steady_decodes() -> None:
+    stretch = DecodeStretch.plan(_decoding_scheduler(Config(num_kvcache_blocks=40)), 100)
+    assert stretch is not None and stretch.num_seqs[0] == 2
+    assert stretch.num_steps == 39 - 1  # until both finish (40 tokens, two sampled)
+
+
+def test_plan_refuses_what_it_cannot_prove() -> None:
+    config = Config(num_kvcache_blocks=40, kvcache_block_size=16)
+    scheduler = _decoding_scheduler(config)
+    assert DecodeStretch.plan(scheduler, 0) is None
+    scheduler.waiting.append(Sequence(9, [1, 2], SamplingParams(max_tokens=2)))
+    assert DecodeStretch.plan(scheduler, 10) is None  # a request waits
+    scheduler.waiting.clear()
+    assert DecodeStretch.plan(scheduler, 10) is not None
+    eos = _decoding_scheduler(config.replace(eos=5), ignore_eos=False)
+    assert DecodeStretch.plan(eos, 10) is None  # an EOS could end a sequence early
+    small = _decoding_scheduler(config.replace(num_kvcache_blocks=6))  # 4 held, 2 free
+    assert DecodeStretch.plan(small, 1) is not None
+    assert DecodeStretch.plan(small, 38) is None  # claims more blocks than are free
+    user = _decoding_scheduler(config.replace(policy=f"{__name__}:_UserPolicy"))
+    assert DecodeStretch.plan(user, 10) is None  # a user policy might admit otherwise

@@ -114,7 +114,7 @@ def _proc_cpu_s(pid: int) -> float:
 def soak(requests: int, concurrency: int, rss_bound_mb: float, settings: list[str]) -> dict:
     import asyncio
 
-    import httpx
+    import aiohttp
 
     from replay.loadgen.client import Measured, monotonic_clock, request_body, send
     from replay.verify import verify
@@ -136,8 +136,9 @@ def soak(requests: int, concurrency: int, rss_bound_mb: float, settings: list[st
         done = 0
         clock = monotonic_clock(time.perf_counter())
         queue = iter(range(requests))
-        limits = httpx.Limits(max_connections=concurrency)
-        async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        connector = aiohttp.TCPConnector(limit=concurrency)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600),
+                                         connector=connector) as client:
             async def worker() -> None:
                 nonlocal done, errors
                 for i in queue:
@@ -202,6 +203,70 @@ def _frontend_ttft(server: Server) -> tuple[float, float]:
                 elif sample.name.endswith("_count"):
                     count += sample.value
     return total, count
+
+
+class RawProbe:
+    """A thread sending one streamed request at a time (every ``gap_s``) over a bare socket and
+    timing its first chunk with text: the TTFT a client with no HTTP library of its own sees,
+    beside ``loadgen``'s under the same load."""
+
+    def __init__(self, url: str, prompt: list[int], gap_s: float = 0.3) -> None:
+        import threading
+
+        self.host, port = url.split("//", 1)[1].split(":")
+        self.port = int(port)
+        body = json.dumps({"prompt": prompt, "max_tokens": 8, "temperature": 0.0,
+                           "stream": True, "ignore_eos": True}).encode()
+        self.request = (f"POST /v1/completions HTTP/1.1\r\nHost: {self.host}\r\n"
+                        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                        "Connection: close\r\n\r\n").encode() + body
+        self.gap_s = gap_s
+        self.ttfts: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _one(self) -> float | None:
+        with socket.create_connection((self.host, self.port), timeout=30) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            began = time.perf_counter()
+            sock.sendall(self.request)
+            seen, first = b"", None
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return first
+                seen += chunk
+                if first is None and b'"text": "' in seen.replace(b'"text": ""', b""):
+                    first = time.perf_counter() - began
+                if b"[DONE]" in seen:
+                    return first
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.gap_s):
+            ttft = self._one()
+            if ttft is not None:
+                self.ttfts.append(ttft)
+
+    def stop(self) -> dict[str, Any]:
+        import numpy as np
+
+        self._stop.set()
+        self._thread.join(60)
+        values = np.asarray(self.ttfts)
+        return {"requests": len(values),
+                "ttft_mean_ms": round(1e3 * float(values.mean()), 2) if len(values) else None,
+                "ttft_p50_ms": (round(1e3 * float(np.median(values)), 2) if len(values)
+                                else None)}
+
+
+def _probe_prompt(workload: list) -> list[int]:
+    """The raw probe's prompt: the first request's tokens, cut to a length no request of the
+    workload has (so the trace tells the probe's requests from the load's)."""
+    lengths = {len(r.prompt) for r in workload}
+    length = next(n for n in range(16, 1 << 20) if n not in lengths)
+    prompt = list(workload[0].prompt)
+    return (prompt * (length // len(prompt) + 1))[:length]
 
 
 def _load(server: Server, requests: list, label: str, **kwargs: Any) -> tuple[list, float]:
@@ -273,14 +338,17 @@ def server_runs(make_server: Any, workload: list, offline_tok_s: float, mean_tok
     try:
         _load(server, workload[:WARM_REQUESTS], "poisson, warm-up (recorded)")
         before, ttft_before = server.cpu_s(), _frontend_ttft(server)
+        probe = RawProbe(server.url, _probe_prompt(workload))
         measured, wall = _load(server, poisson_workload(workload, rate, poisson_requests),
                                f"poisson at {rate:.1f} req/s", workers=workers)
+        raw = probe.stop()
         after, ttft_after = server.cpu_s(), _frontend_ttft(server)
     finally:
         server.stop()
     frame = requests_frame(measured)
     client = summarize(frame, wall)
     recorded = compute(from_trace(read_trace(trace_dir))).requests
+    recorded = recorded[recorded["prompt_len"] != len(_probe_prompt(workload))]  # the load's
     # The Poisson run's requests, in arrival order; the client's in send order.
     server_ttft = recorded.sort_values("arrival_s")["ttft_s"].to_numpy(dtype=float)
     server_ttft = server_ttft[min(WARM_REQUESTS, len(workload)):]
@@ -305,6 +373,7 @@ def server_runs(make_server: Any, workload: list, offline_tok_s: float, mean_tok
                          "frontend": (round(1e3 * frontend_mean, 2)
                                       if frontend_mean is not None else None),
                          "client": round(1e3 * client["ttft_mean_s"], 2)},
+        "raw_socket_probe": raw,  # its requests are in the frontend's histogram too
         "client_tok_s": round(client["throughput_tok_s"], 1), "errors": client["errors"],
         **_cpu_per_ktok(before, after, client["completion_tokens"]),
     }

@@ -135,3 +135,47 @@ def test_conversations_send_each_turn_after_the_answer(tmp_path: Path) -> None:
     extending = [p for p in prompts
                  if any(len(q) < len(p) and p[:len(q) - 1] == q[:-1] for q in prompts)]
     assert len(extending) == 4
+
+
+def test_a_stalled_stream_fails_after_the_stall_timeout(workload: Path, tmp_path: Path) -> None:
+    """A server that lists its model, then never answers a completion: each request fails with
+    a read timeout after ``--stall-timeout`` instead of hanging the run."""
+    import asyncio
+    import threading
+    import time
+
+    from server_process import free_port
+
+    port = free_port()
+    ready = threading.Event()
+    stop: list[asyncio.AbstractEventLoop] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await reader.readuntil(b"\r\n\r\n")
+        if request.startswith(b"GET /v1/models"):
+            body = b'{"data": [{"id": "m"}]}'
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+        await asyncio.sleep(3600)  # a completion: silence
+
+    def serve() -> None:
+        async def main_() -> None:
+            stop.append(asyncio.get_running_loop())
+            await asyncio.start_server(handle, "127.0.0.1", port)
+            ready.set()
+            await asyncio.sleep(3600)
+        try:
+            asyncio.run(main_())
+        except RuntimeError:
+            pass  # the loop stopped from the test
+
+    threading.Thread(target=serve, daemon=True).start()
+    assert ready.wait(10)
+    began = time.perf_counter()
+    status = main(["loadgen", str(workload), "--url", f"http://127.0.0.1:{port}",
+                   "--num-requests", "2", "--stall-timeout", "1", "--out", str(tmp_path / "r")])
+    assert status == 1 and time.perf_counter() - began < 30
+    frame, _, _ = read_result(tmp_path / "r")
+    assert len(frame) == 2 and all("Timeout" in e for e in frame["error"])
+    stop[0].call_soon_threadsafe(stop[0].stop)

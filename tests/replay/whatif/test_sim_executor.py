@@ -63,14 +63,15 @@ def test_decode_tokens_are_the_tokens_sampled_step_by_step() -> None:
 def test_price_decode_answers_as_execute() -> None:
     cost = CostModel.fit(record_workload(Config(num_kvcache_blocks=400, max_num_seqs=64),
                                          reference_workload(num_seqs=16), StepLaw(), seed=1))
-    seqs = [Sequence(i, [1] * 30, SamplingParams(max_tokens=20)) for i in range(6)]
+    seqs = [Sequence(i, [1] * (30 + 7 * i), SamplingParams(max_tokens=20)) for i in range(6)]
     for overlapped in (False, True):
         stepped = SimExecutor(100, SimClock(), cost, use_graphs=True)
         bulk = SimExecutor(100, SimClock(), cost, use_graphs=True)
         batch = _batch(seqs)
         batch.overlapped = overlapped
         want = stepped.execute(batch)
-        got = bulk.price_decode(len(seqs), sum(batch.context_lens), overlapped)
+        got = bulk.price_decode(len(seqs), sum(batch.context_lens), overlapped,
+                                max(batch.context_lens))
         assert got.token_ids == [] and want.token_ids
         got.token_ids = want.token_ids
         assert got == want and bulk.clock.now == stepped.clock.now > 0

@@ -114,7 +114,7 @@ def _proc_cpu_s(pid: int) -> float:
 def soak(requests: int, concurrency: int, rss_bound_mb: float, settings: list[str]) -> dict:
     import asyncio
 
-    import aiohttp
+    import httpx
 
     from replay.loadgen.client import Measured, monotonic_clock, request_body, send
     from replay.verify import verify
@@ -136,9 +136,8 @@ def soak(requests: int, concurrency: int, rss_bound_mb: float, settings: list[st
         done = 0
         clock = monotonic_clock(time.perf_counter())
         queue = iter(range(requests))
-        connector = aiohttp.TCPConnector(limit=concurrency)
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600),
-                                         connector=connector) as client:
+        limits = httpx.Limits(max_connections=concurrency)
+        async with httpx.AsyncClient(timeout=600, limits=limits) as client:
             async def worker() -> None:
                 nonlocal done, errors
                 for i in queue:

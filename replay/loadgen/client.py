@@ -1,9 +1,4 @@
-"""One streamed request to an OpenAI-compatible ``/v1/completions``, timed on the client.
-
-The HTTP client is aiohttp, as vLLM's and AIPerf's load generators use: under load a client's
-own per-chunk work is part of the TTFT it reports, and aiohttp's is a fraction of httpx's
-(docs/BENCHMARKS.md section 9: a bare-socket probe against both on the H200).
-"""
+"""One streamed request to an OpenAI-compatible ``/v1/completions``, timed on the client."""
 
 from __future__ import annotations
 
@@ -12,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
+import httpx
 
 from replay.workloads.request import Request
 
@@ -62,25 +57,24 @@ def chat_body(messages: list[dict[str, str]], request: Request,
     return body
 
 
-async def send(session: aiohttp.ClientSession, url: str, body: dict[str, Any], out: Measured,
+async def send(client: httpx.AsyncClient, url: str, body: dict[str, Any], out: Measured,
                clock: Any) -> Measured:
-    """POST ``body`` and read its event stream into ``out``; errors are recorded, not raised
-    (a read timeout of ``session``: the stream stalled)."""
+    """POST ``body`` and read its event stream into ``out``; errors are recorded, not raised."""
     out.sent_s = clock()
     try:
-        async with session.post(url, json=body) as response:
-            if response.status != 200:
-                text = (await response.read()).decode("utf-8", "replace")
-                out.error = f"HTTP {response.status}: {_error_message(text)}"
+        async with client.stream("POST", url, json=body) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode("utf-8", "replace")
+                out.error = f"HTTP {response.status_code}: {_error_message(text)}"
                 return out
-            async for raw in response.content:  # one line at a time
-                if not raw.startswith(b"data: "):
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
                     continue
-                data = raw[len(b"data: "):].strip()
-                if data == b"[DONE]":
+                data = line[len("data: "):]
+                if data == "[DONE]":
                     break
                 _read_chunk(json.loads(data), out, clock())
-    except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError, ValueError) as exc:
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
         out.error = f"{type(exc).__name__}: {exc}"
     if not out.error and not out.finish_reason:
         out.error = "the stream ended without a finish reason"

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
-import aiohttp
+import httpx
 from tqdm.auto import tqdm
 
 from engine.errors import ReplayLLMError
@@ -141,6 +141,7 @@ async def _run(requests: list[Request], sessions: list[list[int]], texts: dict[i
     url, model, time_scale = settings.url, settings.model, settings.time_scale
     max_concurrency = settings.max_concurrency
     limit = max_concurrency or sum(map(len, sessions))
+    limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
     bar = tqdm(total=sum(map(len, sessions)), desc="loadgen", disable=not use_tqdm,
                dynamic_ncols=True)
     clock = monotonic_clock(start)
@@ -153,10 +154,8 @@ async def _run(requests: list[Request], sessions: list[list[int]], texts: dict[i
                                    if max_concurrency is None and i == session[0] else 0.0)
     errors = 0
 
-    timeout = aiohttp.ClientTimeout(total=None, connect=REQUEST_TIMEOUT_S,
-                                    sock_read=settings.stall_timeout_s)
-    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as client:
+    timeout = httpx.Timeout(REQUEST_TIMEOUT_S, read=settings.stall_timeout_s, pool=None)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         async def one(i: int, body: dict[str, Any], endpoint: str) -> Measured:
             nonlocal errors
             out = await send(client, url + endpoint, body, measured[i], clock)
@@ -258,11 +257,9 @@ def _worker_main(conn: Connection, requests: list[Request], sessions: list[list[
 async def _served_model(url: str) -> str | None:
     """The first model ``/v1/models`` lists (servers that need a model name get one)."""
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as client:
-            async with client.get(url + "/v1/models") as response:
-                listing = await response.json(content_type=None)
-        data: Any = listing.get("data") or []
+        async with httpx.AsyncClient(timeout=30) as client:
+            response = await client.get(url + "/v1/models")
+        data: Any = response.json().get("data") or []
         return str(data[0]["id"]) if data else None
-    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, IndexError,
-            AttributeError) as exc:
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, AttributeError) as exc:
         raise ReplayLLMError(f"cannot reach {url}/v1/models: {exc}") from None

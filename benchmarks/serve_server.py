@@ -1,0 +1,175 @@
+"""The server a ``benchmarks.serve`` run measures: a ``replayllm serve`` subprocess (its RSS and
+CPU from /proc), its own TTFT histogram from ``/metrics``, and a bare-socket probe client that
+times first chunks with no HTTP library of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 600.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """A ``replayllm serve`` subprocess recording to ``trace_dir``."""
+
+    def __init__(self, trace_dir: Path, model: str | None, settings: list[str],
+                 engine: str = "process", proxy_trace: str | None = None,
+                 slowdown: float = 1.0) -> None:
+        import httpx
+
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        if proxy_trace is not None:  # the CPU proxy: this module's ``proxy-server`` mode
+            args = [sys.executable, "-m", "benchmarks.serve", "proxy-server",
+                    "--step-trace", proxy_trace, "--slowdown", str(slowdown)]
+        else:
+            args = [sys.executable, "-m", "replay.cli.main", "serve"]
+        args += ["--port", str(self.port), "--trace-dir", str(trace_dir), "--engine", engine]
+        if model is not None:
+            args += ["--model", model]
+        for setting in settings:
+            args += ["--set", setting]
+        self.proc = subprocess.Popen(args, cwd=ROOT)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {self.proc.returncode}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError("the server did not start")
+
+    def rss_mb(self) -> float:
+        """Resident set size of the server process (Linux /proc), MiB."""
+        with open(f"/proc/{self.proc.pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def cpu_s(self) -> dict[str, float]:
+        """CPU seconds (user + system) so far of the server process and of its children (the
+        engine process), from /proc (Linux)."""
+        out = {"frontend": _proc_cpu_s(self.proc.pid)}
+        try:
+            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
+                children = [int(c) for c in f.read().split()]
+        except OSError:
+            children = []
+        out["children"] = sum(_proc_cpu_s(c) for c in children)
+        return out
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(120)
+
+
+def _proc_cpu_s(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def frontend_ttft(server: Server) -> tuple[float, float]:
+    """The server's own TTFT histogram so far (``vllm:time_to_first_token_seconds``: route entry
+    to the first token in the frontend): its sum and count."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(server.url + "/metrics", timeout=30).text
+    total = count = 0.0
+    for family in text_string_to_metric_families(text):
+        if family.name == "vllm:time_to_first_token_seconds":
+            for sample in family.samples:
+                if sample.name.endswith("_sum"):
+                    total += sample.value
+                elif sample.name.endswith("_count"):
+                    count += sample.value
+    return total, count
+
+
+class RawProbe:
+    """A thread sending one streamed request at a time (every ``gap_s``) over a bare socket and
+    timing its first chunk with text: the TTFT a client with no HTTP library of its own sees,
+    beside ``loadgen``'s under the same load."""
+
+    def __init__(self, url: str, prompt: list[int], gap_s: float = 0.3) -> None:
+        import threading
+
+        self.host, port = url.split("//", 1)[1].split(":")
+        self.port = int(port)
+        body = json.dumps({"prompt": prompt, "max_tokens": 8, "temperature": 0.0,
+                           "stream": True, "ignore_eos": True}).encode()
+        self.request = (f"POST /v1/completions HTTP/1.1\r\nHost: {self.host}\r\n"
+                        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                        "Connection: close\r\n\r\n").encode() + body
+        self.gap_s = gap_s
+        self.ttfts: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _one(self) -> float | None:
+        with socket.create_connection((self.host, self.port), timeout=30) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            began = time.perf_counter()
+            sock.sendall(self.request)
+            seen, first = b"", None
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return first
+                seen += chunk
+                if first is None and b'"text": "' in seen.replace(b'"text": ""', b""):
+                    first = time.perf_counter() - began
+                if b"[DONE]" in seen:
+                    return first
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.gap_s):
+            ttft = self._one()
+            if ttft is not None:
+                self.ttfts.append(ttft)
+
+    def stop(self) -> dict[str, Any]:
+        import numpy as np
+
+        self._stop.set()
+        self._thread.join(60)
+        values = np.asarray(self.ttfts)
+        return {"requests": len(values),
+                "ttft_mean_ms": round(1e3 * float(values.mean()), 2) if len(values) else None,
+                "ttft_p50_ms": (round(1e3 * float(np.median(values)), 2) if len(values)
+                                else None)}
+
+
+def probe_prompt(workload: list) -> list[int]:
+    """The raw probe's prompt: the first request's tokens, cut to a length no request of the
+    workload has (so the trace tells the probe's requests from the load's)."""
+    lengths = {len(r.prompt) for r in workload}
+    length = next(n for n in range(16, 1 << 20) if n not in lengths)
+    prompt = list(workload[0].prompt)
+    return (prompt * (length // len(prompt) + 1))[:length]

@@ -196,9 +196,11 @@ class SimExecutor:
         prefill_tokens, work, decode_seqs, context = batch_features(batch)
         first_decode = len(batch.seqs) - decode_seqs
         contexts = batch.context_lens[first_decode:]
-        kv_tokens, _ = decode_features(
-            contexts, [s.block_table for s in batch.seqs[first_decode:]], self._block_size, 1,
-            self._kv_heads)
+        kv_tokens = float(context)  # every row's context (``context`` is their sum)
+        if self._block_size:  # shared blocks read once: only then are the tables looked at
+            kv_tokens, _ = decode_features(
+                contexts, [s.block_table for s in batch.seqs[first_decode:]], self._block_size,
+                1, self._kv_heads)
         return self._price(out, batch.kind, len(batch.seqs), prefill_tokens, work, decode_seqs,
                            context, batch.overlapped, kv_tokens,
                            max(contexts) if decode_seqs else 0)

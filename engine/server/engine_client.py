@@ -24,7 +24,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.server.engine_loop import NO_SEQ, RequestIntake, RequestStream
-from engine.server.engine_proc import EngineInfo, EngineSpec, spawn_engine
+from engine.server.engine_proc import EngineInfo, EngineSpec, PipeCounts, spawn_engine
 from engine.server.frames import MessageReader
 from engine.server.step_stats import StepStats
 from tracing.events import NullEventBuffer
@@ -74,7 +74,7 @@ class EngineProcess(RequestIntake):
         self._sender = threading.Thread(target=self._send_loop, name="replayllm-engine-send",
                                         daemon=True)
         self._sender.start()
-        self.counts = PipeCounts()
+        self.counts = PipeCounts("sent", "received")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         self._closed = threading.Event()
@@ -136,15 +136,15 @@ class EngineProcess(RequestIntake):
             except OSError as exc:
                 self.error = self.error or exc
                 return
-            self.counts.sent(message[0])
+            self.counts.command(message[0])
 
     # --- outputs (reader thread, then the event loop) ---------------------------------------------
     def _on_readable(self) -> None:
         """Every message the engine has sent so far (on the event loop)."""
         try:
             for message in self._reader.read_available():
-                self.counts.received(message)
                 if message[0] == "out":
+                    self.counts.output(message[2], message[3], message[4])
                     try:
                         self._dispatch(message)
                     except Exception:  # noqa: BLE001 - one bad message must not stall the rest
@@ -238,25 +238,3 @@ class EngineProcess(RequestIntake):
                 break
         self._closed.set()
 
-
-class PipeCounts:
-    """Messages through the engine pipe, by kind, seen from the frontend (for diagnosis)."""
-
-    def __init__(self) -> None:
-        self.adds = self.finishes = self.outs = self.tokens = self.finished = 0
-
-    def sent(self, kind: str) -> None:
-        if kind == "add":
-            self.adds += 1
-        elif kind == "finish":
-            self.finishes += 1
-
-    def received(self, message: tuple) -> None:
-        if message[0] == "out":
-            self.outs += 1
-            self.tokens += len(message[2])
-            self.finished += len(message[3]) + len(message[4])
-
-    def __str__(self) -> str:
-        return (f"sent {self.adds} adds and {self.finishes} finishes; received {self.outs} "
-                f"outputs, {self.tokens} tokens, {self.finished} finishes")

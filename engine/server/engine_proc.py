@@ -173,15 +173,14 @@ class PipeInputs:
         self.seq_of: dict[int, int] = {}  # frontend rid -> engine seq_id
         self.stopping = False
         self.done = False
-        self.adds = self.finishes = self.outs = self.tokens = self.finished = 0
+        self.counts = PipeCounts("received", "sent")
 
     def report(self) -> str:
         """One line: messages through the pipe and what the scheduler holds."""
         scheduler = self.core.scheduler
-        return (f"received {self.adds} adds and {self.finishes} finishes; sent {self.outs} "
-                f"outputs, {self.tokens} tokens, {self.finished} finishes; holding "
-                f"{len(self.rid_of)} requests ({len(scheduler.running)} running, "
-                f"{len(scheduler.waiting)} waiting); stopping {self.stopping}")
+        return (f"{self.counts}; holding {len(self.rid_of)} requests "
+                f"({len(scheduler.running)} running, {len(scheduler.waiting)} waiting); "
+                f"stopping {self.stopping}")
 
     def wait(self, due: float) -> None:
         if not self.stopping:
@@ -200,11 +199,10 @@ class PipeInputs:
             except (EOFError, OSError):  # the frontend is gone: abort all, close the trace
                 message = ("stop",)
             kind = message[0]
+            self.counts.command(kind)
             if kind == "add":
-                self.adds += 1
                 self._add(core, message, errors)
             elif kind == "finish":
-                self.finishes += 1
                 seq_id = self.seq_of.pop(message[1], None)
                 if seq_id is not None:
                     del self.rid_of[seq_id]
@@ -261,13 +259,38 @@ class PipeInputs:
 
     def _send(self, rids: list, tokens: list, finishes: list, errors: list,
               stats: tuple | None) -> None:
-        self.outs += 1
-        self.tokens += len(tokens)
-        self.finished += len(finishes) + len(errors)
+        self.counts.output(tokens, finishes, errors)
         try:
             write_message(self.out_fd, ("out", rids, tokens, finishes, errors, stats))
         except OSError:  # the frontend is gone: the next feed stops
             self.stopping = True
+
+
+class PipeCounts:
+    """The messages through the engine's pipes as one end sees them (for diagnosis: the two
+    ends' counts side by side say where a request was lost). ``commands`` / ``outputs``: the
+    verb for each direction at this end ("sent" or "received")."""
+
+    def __init__(self, commands: str, outputs: str) -> None:
+        self.verbs = commands, outputs
+        self.adds = self.finishes = self.outs = self.tokens = self.finished = 0
+
+    def command(self, kind: str) -> None:
+        if kind == "add":
+            self.adds += 1
+        elif kind == "finish":
+            self.finishes += 1
+
+    def output(self, tokens: list, finishes: list, errors: list) -> None:
+        """An ``out`` message: its tokens, and its finishes and errors (each ends a request)."""
+        self.outs += 1
+        self.tokens += len(tokens)
+        self.finished += len(finishes) + len(errors)
+
+    def __str__(self) -> str:
+        commands, outputs = self.verbs
+        return (f"{commands} {self.adds} adds and {self.finishes} finishes; {outputs} "
+                f"{self.outs} outputs, {self.tokens} tokens, {self.finished} finishes")
 
 
 def spawn_engine(spec: EngineSpec) -> tuple[multiprocessing.process.BaseProcess, Connection,

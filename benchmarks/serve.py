@@ -187,7 +187,7 @@ def server_runs(make_server: Any, workload: list, offline_tok_s: float, mean_tok
     frame = requests_frame(measured)
     client = summarize(frame, wall)
     recorded = compute(from_trace(read_trace(trace_dir))).requests
-    recorded = recorded[recorded["prompt_len"] != len(probe_prompt(workload))]  # the load's
+    recorded = recorded[recorded["prompt_len"] != len(probe.prompt)]  # the load's
     # The Poisson run's requests, in arrival order; the client's in send order.
     server_ttft = recorded.sort_values("arrival_s")["ttft_s"].to_numpy(dtype=float)
     server_ttft = server_ttft[min(WARM_REQUESTS, len(workload)):]

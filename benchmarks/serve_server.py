@@ -119,6 +119,7 @@ class RawProbe:
     def __init__(self, url: str, prompt: list[int], gap_s: float = 0.3) -> None:
         import threading
 
+        self.prompt = prompt
         self.host, port = url.split("//", 1)[1].split(":")
         self.port = int(port)
         body = json.dumps({"prompt": prompt, "max_tokens": 8, "temperature": 0.0,

@@ -36,7 +36,7 @@ from benchmarks.serve_server import ROOT, RawProbe, Server, frontend_ttft, probe
 def soak(requests: int, concurrency: int, rss_bound_mb: float, settings: list[str]) -> dict:
     import asyncio
 
-    import httpx
+    import aiohttp
 
     from replay.loadgen.client import Measured, monotonic_clock, request_body, send
     from replay.verify import verify
@@ -58,8 +58,9 @@ def soak(requests: int, concurrency: int, rss_bound_mb: float, settings: list[st
         done = 0
         clock = monotonic_clock(time.perf_counter())
         queue = iter(range(requests))
-        limits = httpx.Limits(max_connections=concurrency)
-        async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        connector = aiohttp.TCPConnector(limit=concurrency)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600),
+                                         connector=connector) as client:
             async def worker() -> None:
                 nonlocal done, errors
                 for i in queue:
@@ -187,7 +188,9 @@ def server_runs(make_server: Any, workload: list, offline_tok_s: float, mean_tok
     frame = requests_frame(measured)
     client = summarize(frame, wall)
     recorded = compute(from_trace(read_trace(trace_dir))).requests
-    recorded = recorded[recorded["prompt_len"] != len(probe.prompt)]  # the load's
+    probed = recorded["prompt_len"] == len(probe.prompt)
+    raw.update(probe.added(recorded[probed].sort_values("arrival_s")["ttft_s"].to_numpy()))
+    recorded = recorded[~probed]  # the load's
     # The Poisson run's requests, in arrival order; the client's in send order.
     server_ttft = recorded.sort_values("arrival_s")["ttft_s"].to_numpy(dtype=float)
     server_ttft = server_ttft[min(WARM_REQUESTS, len(workload)):]
@@ -372,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="gpu: only the first N reference requests (a smoke run)")
     parser.add_argument("--engines", default="process,thread",
                         help="gpu/proxy: the server's engine kinds to measure (process, thread)")
-    parser.add_argument("--client-workers", type=int, default=4,
+    parser.add_argument("--client-workers", type=int, default=8,
                         help="gpu/proxy: loadgen client processes")
     parser.add_argument("--step-trace", default=str(ROOT / "traces" / "h200-reference"),
                         help="proxy: the GPU trace whose step times the proxy takes")

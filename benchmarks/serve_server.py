@@ -152,19 +152,30 @@ class RawProbe:
     def _run(self) -> None:
         while not self._stop.wait(self.gap_s):
             ttft = self._one()
-            if ttft is not None:
-                self.ttfts.append(ttft)
+            self.ttfts.append(float("nan") if ttft is None else ttft)
 
     def stop(self) -> dict[str, Any]:
         import numpy as np
 
         self._stop.set()
         self._thread.join(60)
-        values = np.asarray(self.ttfts)
+        values = np.asarray([t for t in self.ttfts if t == t])  # the ones that got text
         return {"requests": len(values),
                 "ttft_mean_ms": round(1e3 * float(values.mean()), 2) if len(values) else None,
                 "ttft_p50_ms": (round(1e3 * float(np.median(values)), 2) if len(values)
                                 else None)}
+
+    def added(self, recorded_ttft_s: Any) -> dict[str, Any]:
+        """The probe's own TTFTs over the trace's for the same requests (``recorded_ttft_s``,
+        in arrival order): what the server adds as a bare socket sees it, request by request.
+        Empty where a probe request failed (the two lists no longer pair)."""
+        import numpy as np
+
+        if len(recorded_ttft_s) != len(self.ttfts) or not self.ttfts:
+            return {}
+        added = np.asarray(self.ttfts) - np.asarray(recorded_ttft_s, dtype=float)
+        return {"added_p50_ms": round(1e3 * float(np.nanmedian(added)), 2),
+                "added_mean_ms": round(1e3 * float(np.nanmean(added)), 2)}
 
 
 def probe_prompt(workload: list) -> list[int]:

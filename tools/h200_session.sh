@@ -80,7 +80,7 @@ if has profile; then
 fi
 if has serve; then  # issue 15: offline, then the server per engine kind (SERVE_ENGINES)
     timeout "${SERVE_TIMEOUT:-570}" python3 -m benchmarks.serve gpu --model "$MODEL" \
-        --engines "${SERVE_ENGINES:-process,thread}" --client-workers "${CLIENT_WORKERS:-4}" \
+        --engines "${SERVE_ENGINES:-process,thread}" --client-workers "${CLIENT_WORKERS:-8}" \
         --set calibration_repeats=0 --json "$OUT/serve.json" > "$OUT/serve.log" 2>&1
     grep -v fix_mistral_regex "$OUT/serve.log" | tail -90
 fi

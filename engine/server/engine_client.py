@@ -3,9 +3,12 @@ interface as the in-thread ``EngineLoop`` (submit, finish, shutdown, now, ...).
 
 The event loop reads the engine's outputs itself (``add_reader`` on the output pipe, read as
 ``engine.server.frames`` messages, that end non-blocking); each request's
-tokens go to its ``RequestStream`` queue. The event loop never writes to the command pipe: a
-sender thread does. Were the loop to block in a write (the engine's end full while the engine
-itself waits to write its outputs, which only this loop reads), neither side could go on.
+tokens go to its ``RequestStream`` queue. The event loop never blocks on the command pipe: it
+writes a command itself only when nothing is queued before it and the pipe has room for it
+(``frames.pipe_room``), and otherwise leaves it to a sender thread. Were the loop to block in a
+write (the engine's end full while the engine itself waits to write its outputs, which only
+this loop reads), neither side could go on; were every command left to the thread, an add would
+wait for the thread to get the interpreter, which a busy loop holds for milliseconds.
 """
 
 from __future__ import annotations
@@ -17,15 +20,16 @@ import os
 import queue
 import threading
 import time
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from engine.errors import ReplayLLMError
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
-from engine.server.engine_loop import NO_SEQ, RequestIntake, RequestStream
+from engine.server.engine_loop import NO_SEQ, RequestIntake, RequestStream, put_all
 from engine.server.engine_proc import EngineInfo, EngineSpec, PipeCounts, spawn_engine
-from engine.server.frames import MessageReader
+from engine.server.frames import MessageReader, pipe_room
 from engine.server.step_stats import StepStats
 from tracing.events import NullEventBuffer
 
@@ -70,7 +74,10 @@ class EngineProcess(RequestIntake):
         super().__init__(metrics)
         self._streams: dict[int, RequestStream] = {}  # event-loop thread only
         self._ids = itertools.count()
-        self._outbox: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[tuple[str, bytes] | None] = queue.SimpleQueue()
+        self._write_lock = threading.Lock()  # one writer of the command pipe at a time
+        self._queue_lock = threading.Lock()
+        self._queued = 0  # commands in the outbox or being written by the sender thread
         self._sender = threading.Thread(target=self._send_loop, name="replayllm-engine-send",
                                         daemon=True)
         self._sender.start()
@@ -122,21 +129,42 @@ class EngineProcess(RequestIntake):
             self._send(("finish", stream.seq_id, reason))
 
     def _send(self, message: tuple) -> None:
-        """Queue ``message`` for the sender thread (never blocks)."""
-        self._outbox.put(message)
-
-    def _send_loop(self) -> None:
-        """The sender thread: the queued messages to the pipe, in order, until ``None``."""
-        while True:
-            message = self._outbox.get()
-            if message is None:
-                return
+        """Write ``message`` to the engine now where that cannot block (nothing queued before
+        it, room for it in the pipe); otherwise queue it for the sender thread. Never blocks."""
+        payload = bytes(ForkingPickler.dumps(message))  # what ``Connection.send`` writes
+        if self._write_lock.acquire(blocking=False):
             try:
-                self.conn.send(message)
+                room = pipe_room(self.conn.fileno())
+                if not self._queued and room is not None and len(payload) + 16 <= room:
+                    self.conn.send_bytes(payload)
+                    self.counts.command(message[0])
+                    return
             except OSError as exc:
                 self.error = self.error or exc
                 return
-            self.counts.command(message[0])
+            finally:
+                self._write_lock.release()
+        with self._queue_lock:
+            self._queued += 1
+        self._outbox.put((message[0], payload))
+
+    def _send_loop(self) -> None:
+        """The sender thread: the queued commands to the pipe, in order, until ``None``."""
+        while True:
+            item = self._outbox.get()
+            if item is None:
+                return
+            kind, payload = item
+            try:
+                with self._write_lock:
+                    self.conn.send_bytes(payload)
+            except OSError as exc:
+                self.error = self.error or exc
+                return
+            finally:
+                with self._queue_lock:
+                    self._queued -= 1
+            self.counts.command(kind)
 
     # --- outputs (reader thread, then the event loop) ---------------------------------------------
     def _on_readable(self) -> None:
@@ -172,23 +200,26 @@ class EngineProcess(RequestIntake):
             self._loop.remove_reader(self._outputs.fileno())
 
     def _dispatch(self, message: tuple) -> None:
+        """Hand one step's tokens, finishes and errors to their streams (``put_all``)."""
         _, rids, tokens, finishes, errors, stats = message
         streams = self._streams
+        deliveries = []
         for rid, token in zip(rids, tokens):
             stream = streams.get(rid)
             if stream is not None:
-                stream.queue.put_nowait(([token], None, None))
+                deliveries.append((stream, [token], None, None))
         done = 0
         for rid, reason in finishes:
             stream = streams.pop(rid, None)
             if stream is not None:
-                stream.queue.put_nowait(([], reason, None))
+                deliveries.append((stream, [], reason, None))
                 done += 1
         for rid, error in errors:
             stream = streams.pop(rid, None)
             if stream is not None:
-                stream.queue.put_nowait(([], None, error))
+                deliveries.append((stream, [], None, error))
                 done += 1
+        put_all(deliveries)
         if done:
             self._retire(done)
         if stats is not None and self.metrics is not None:

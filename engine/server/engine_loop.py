@@ -50,6 +50,7 @@ class RequestStream:
     arrival_s: float  # on the engine's clock (``EngineLoop.now``)
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     seq_id: int = NO_SEQ  # set by the engine thread when it is added
+    answered: bool = False  # a token has been handed to ``queue`` (``put_all``)
 
 
 class RequestIntake:
@@ -259,7 +260,7 @@ class EngineLoop(RequestIntake):
 
     def _deliver(self, deliveries: list) -> None:
         if deliveries and self._loop is not None:
-            self._loop.call_soon_threadsafe(_put_all, deliveries)
+            self._loop.call_soon_threadsafe(put_all, deliveries)
 
     def _fail_all(self, message: str) -> None:
         with self._cond:
@@ -276,6 +277,19 @@ class EngineLoop(RequestIntake):
         self._stats.apply(step_stats(self.core, result))
 
 
-def _put_all(deliveries: list) -> None:
-    for stream, tokens, reason, error in deliveries:
+def put_all(deliveries: list[tuple[RequestStream, list[int], str | None, str | None]]) -> None:
+    """Put each ``(stream, tokens, finish_reason, error)`` on its stream's queue (event-loop
+    thread), first tokens before the rest: the streams' tasks run in the order their queues
+    got an item, and a request's first token would otherwise wait, as its TTFT, behind the
+    chunks of every other stream of the step. A stream's own items keep their order."""
+    later = []
+    for delivery in deliveries:
+        stream, tokens = delivery[0], delivery[1]
+        if tokens and not stream.answered:
+            stream.answered = True
+            stream.queue.put_nowait(delivery[1:])
+        else:
+            later.append(delivery)
+    for stream, tokens, reason, error in later:
+        stream.answered = stream.answered or bool(tokens)
         stream.queue.put_nowait((tokens, reason, error))

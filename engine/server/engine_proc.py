@@ -301,6 +301,7 @@ def spawn_engine(spec: EngineSpec) -> tuple[multiprocessing.process.BaseProcess,
     command_reader, command_writer = context.Pipe(duplex=False)
     output_reader, output_writer = context.Pipe(duplex=False)
     widen_pipe(output_writer.fileno())
+    widen_pipe(command_writer.fileno())
     process = context.Process(target=engine_main, args=(command_reader, output_writer, spec),
                               name="replayllm-engine", daemon=True)
     process.start()

@@ -20,6 +20,9 @@ HEADER = struct.Struct("!Q")  # the payload's length in bytes
 READ_SIZE = 1 << 20
 PIPE_SIZE = 1 << 20  # room for many steps' outputs while the frontend is busy (Linux)
 F_SETPIPE_SZ = 1031
+F_GETPIPE_SZ = 1032
+# A pipe holds its bytes in page-sized slots, which a write may not fill: count on half.
+PIPE_SLACK = 2
 
 
 def widen_pipe(fd: int) -> None:
@@ -31,6 +34,20 @@ def widen_pipe(fd: int) -> None:
         fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_SIZE)
     except (ImportError, OSError):
         pass
+
+
+def pipe_room(fd: int) -> int | None:
+    """Bytes a blocking write to the pipe end ``fd`` can surely take without waiting: half its
+    capacity less what the reader has not read yet (Linux); None where that is not known."""
+    try:
+        import fcntl
+        import termios
+
+        capacity = fcntl.fcntl(fd, F_GETPIPE_SZ)
+        unread = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except (ImportError, OSError, AttributeError):
+        return None
+    return capacity // PIPE_SLACK - unread
 
 
 def write_message(fd: int, message: Any) -> None:

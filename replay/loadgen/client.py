@@ -1,4 +1,9 @@
-"""One streamed request to an OpenAI-compatible ``/v1/completions``, timed on the client."""
+"""One streamed request to an OpenAI-compatible ``/v1/completions``, timed on the client.
+
+The HTTP client is aiohttp, as vLLM's and AIPerf's load generators use, on uvloop where it is
+installed (``runner.run_loop``): under load a client's own work per request and per chunk is
+part of the TTFT it reports (docs/BENCHMARKS.md section 9 measures it).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 
 from replay.workloads.request import Request
+
+JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 @dataclass
@@ -57,24 +64,27 @@ def chat_body(messages: list[dict[str, str]], request: Request,
     return body
 
 
-async def send(client: httpx.AsyncClient, url: str, body: dict[str, Any], out: Measured,
+async def send(session: aiohttp.ClientSession, url: str, body: dict[str, Any], out: Measured,
                clock: Any) -> Measured:
-    """POST ``body`` and read its event stream into ``out``; errors are recorded, not raised."""
+    """POST ``body`` and read its event stream into ``out``; errors are recorded, not raised
+    (a read timeout of ``session``: the stream stalled). The body is encoded before the clock
+    starts: ``sent_s`` is when the request begins to go out."""
+    data = json.dumps(body).encode()
     out.sent_s = clock()
     try:
-        async with client.stream("POST", url, json=body) as response:
-            if response.status_code != 200:
-                text = (await response.aread()).decode("utf-8", "replace")
-                out.error = f"HTTP {response.status_code}: {_error_message(text)}"
+        async with session.post(url, data=data, headers=JSON_HEADERS) as response:
+            if response.status != 200:
+                text = (await response.read()).decode("utf-8", "replace")
+                out.error = f"HTTP {response.status}: {_error_message(text)}"
                 return out
-            async for line in response.aiter_lines():
-                if not line.startswith("data: "):
+            async for line in response.content:  # one line at a time
+                if not line.startswith(b"data: "):
                     continue
-                data = line[len("data: "):]
-                if data == "[DONE]":
+                event = line[len(b"data: "):].strip()
+                if event == b"[DONE]":
                     break
-                _read_chunk(json.loads(data), out, clock())
-    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+                _read_chunk(json.loads(event), out, clock())
+    except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError, ValueError) as exc:
         out.error = f"{type(exc).__name__}: {exc}"
     if not out.error and not out.finish_reason:
         out.error = "the stream ended without a finish reason"

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 
 import pytest
 
-from engine.server.frames import HEADER, MessageReader, write_message
+from engine.server.frames import HEADER, MessageReader, pipe_room, write_message
 
 
 def _pipe() -> tuple[int, int]:
@@ -46,3 +47,16 @@ def test_read_one_waits_then_reads_what_write_message_wrote() -> None:
     with pytest.raises(EOFError):
         reader.read_one(1.0)
     os.close(read_fd)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pipe sizes are Linux's")
+def test_pipe_room_counts_unread_bytes_against_half_the_capacity() -> None:
+    """The frontend writes a command itself only within ``pipe_room``: it must shrink by what
+    the reader has not read and grow back when it reads."""
+    read_fd, write_fd = _pipe()
+    empty = pipe_room(write_fd)
+    assert empty is not None and empty > 0
+    os.write(write_fd, b"x" * 1000)
+    assert pipe_room(write_fd) == empty - 1000
+    os.read(read_fd, 600)
+    assert pipe_room(write_fd) == empty - 400

@@ -116,6 +116,13 @@ class SimExecutor:
         if tokens is not None and len(tokens):
             self.tokens[seq_id] = tokens
 
+    def admit(self, prompt_tokens: int, arrival_s: float) -> None:
+        """Advance the clock by the host time the live loop takes to add a request of
+        ``prompt_tokens`` that arrived at ``arrival_s`` (``CostModel.add``): the adds of a batch
+        follow one another, each starting at its arrival at the earliest."""
+        if self.cost is not None:
+            self.clock.now = max(self.clock.now, arrival_s) + self.cost.add.seconds(prompt_tokens)
+
     def release(self, seq_id: int) -> None:
         """Forget a finished sequence's recorded tokens (it samples no more)."""
         self.tokens.pop(seq_id, None)

@@ -59,7 +59,8 @@ class CostOptions:
     (``overlap.engine_host_s``), which a timed executor call lacks.
     ``profile_mode``: with a profile, ``blend`` (the source's fit within its range, the profile
     beyond), ``pooled`` (profile rows fitted with the source's as calibration rows) or
-    ``profile`` (the profile's fits only). ``profile_scale``: scale them to the source."""
+    ``profile`` (the profile's fits only). ``profile_scale``: scale them to the source.
+    ``request_add``: the live loop's host time to add each request (``arrivals``)."""
 
     warmup_steps: bool = True
     warmup_window: bool = True
@@ -72,6 +73,7 @@ class CostOptions:
     profile_scale: bool = True
     longest_program: bool = True
     shared_kv: bool = False
+    request_add: bool = True
 
     def __post_init__(self) -> None:
         if self.profile_mode not in PROFILE_MODES:

@@ -27,7 +27,7 @@ from engine.graph_sizes import padded_decode_size
 from replay.metrics import compute
 from replay.whatif.cost.features import FEATURES, feature_matrix, step_intervals
 from replay.whatif.cost.fit import fit_linear, select
-from replay.whatif.cost.model import CostModel, CostModelError
+from replay.whatif.cost.model import MODEL_VERSION, CostModel, CostModelError
 from replay.whatif.simulate import simulate
 from replay.whatif.synthetic import StepLaw, record_workload
 from replay.workloads.builtin import reference_workload
@@ -352,10 +352,11 @@ def test_decode_batches_far_beyond_the_source_are_flagged() -> None:
 
 def test_a_model_file_of_another_version_is_refused(noise_free_trace, tmp_path) -> None:
     data = CostModel.fit(noise_free_trace, source="t").to_dict()
-    data["version"] = 5
-    path = tmp_path / "v5.json"
+    data["version"] = MODEL_VERSION - 1
+    path = tmp_path / "old.json"
     path.write_text(json.dumps(data))
-    with pytest.raises(CostModelError, match="cost model version 5, expected 6"):
+    with pytest.raises(CostModelError, match=f"cost model version {MODEL_VERSION - 1}, "
+                                             f"expected {MODEL_VERSION}"):
         CostModel.load(path)
 
 

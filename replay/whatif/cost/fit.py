@@ -38,6 +38,7 @@ from replay.whatif.cost.features import (
     Steps,
     first_of_class,
 )
+from replay.whatif.cost.roofline import with_roofline
 
 SAMPLES_PER_PARAM = 4  # a class is fitted with k parameters only on at least 4k steps
 HOLDOUT_EVERY = 5
@@ -78,6 +79,8 @@ def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray, names: Sequence[str], const
         if (slopes < 0).any():
             active.pop(int(np.argmin(slopes)))
         elif keep_constant_positive and k and solution[0] < 0:
+            if not cols:  # nothing left to fit through the origin: no time at all
+                return np.zeros(k), slopes, active
             constants = constants[:, :0]
         else:
             return solution[:k], slopes, active
@@ -279,10 +282,11 @@ def fit_class(name: str, x: np.ndarray, y: np.ndarray, window: np.ndarray,
     return bounded or fit, report
 
 
-def fit_all(steps: Steps, bound: bool = True
+def fit_all(steps: Steps, bound: bool = True, roofline: bool = True
             ) -> tuple[dict[str, LinearFit], dict[str, dict[str, Any]]]:
     """Each class's fit of ``steps.time`` where it has enough steps, and the pooled fit; per
-    class also how its fit was chosen. ``bound`` False: no ``bound_by_window``."""
+    class also how its fit was chosen. ``bound`` False: no ``bound_by_window``; ``roofline``
+    False: no prefill attention roofline (``roofline.with_roofline``)."""
     fits: dict[str, LinearFit] = {}
     reports: dict[str, dict[str, Any]] = {}
     for name in STEP_CLASSES:
@@ -291,6 +295,9 @@ def fit_all(steps: Steps, bound: bool = True
                   if mask.any() else None)
         if result is not None:
             fits[name], reports[name] = result
+    if roofline:
+        steady = ~steps.window
+        fits = with_roofline(fits, steps.x[steady], steps.time[steady], steps.classes[steady])
     pooled = widest_fit(POOLED, steps.x, steps.time)
     if pooled is not None:
         fits[POOLED] = pooled

@@ -18,6 +18,7 @@ import numpy as np
 
 from replay.whatif.cost.features import CLASSES
 from replay.whatif.cost.linear import FEATURES, MIN_STEP_S, PREFILL_LONGEST, LinearFit
+from replay.whatif.cost.lstsq import fit_linear
 
 # The class the roofline is fitted on, else the next that ran (the first with steps it binds).
 FITTED_ON = ("prefill_graph", "mixed_graph", "prefill", "mixed")
@@ -39,8 +40,6 @@ def _with_slope(fit: LinearFit, slope: float, x: np.ndarray, y: np.ndarray,
     refitted work slope (``REFITS`` rounds). A fit with a launch floor keeps its linear part
     (the floor's knee was chosen with it). ``names``: the features to refit on (a slope the
     roofline's steps had pushed negative may come back)."""
-    from replay.whatif.cost.fit import fit_linear  # the one least-squares rule
-
     with_slope = replace(fit, prefill_longest_s=slope)
     if fit.floor or not slope:
         return with_slope

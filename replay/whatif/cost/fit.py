@@ -13,10 +13,10 @@ per-sequence slope measured on small batches is what extrapolates worst), an eag
 Warm-up: a class's first step far slower than the others predict (a JIT compilation) is a one-off,
 kept out and charged once per simulated run (``warmup_steps``). The run's first steps, up to the
 first of its most frequent class that the class's fit explains, form a warm-up window
-(``warmup_window``): left out of a fit where later steps cover their range, an upper bound where
-none do (``bound_by_window``). Host time (``fit_host``): a constant per class plus per-sequence
-and per-token costs shared by every class (the same bookkeeping whatever the step, so a slope
-shown by decodes also prices a mixed step the source never ran).
+(``warmup_window``): left out of a fit where later steps cover their range. Host time
+(``fit_host``): a constant per class plus per-sequence and per-token costs shared by every class
+(the same bookkeeping whatever the step, so a slope shown by decodes also prices a mixed step the
+source never ran).
 """
 
 from __future__ import annotations
@@ -190,54 +190,29 @@ def widest_fit(name: str, x: np.ndarray, y: np.ndarray) -> LinearFit | None:
     return None
 
 
-def bound_by_window(fit: LinearFit, name: str, x_window: np.ndarray, y_window: np.ndarray,
-                    steady_max: float) -> LinearFit | None:
-    """A floor-only fit, extended beyond the steady steps' largest size by the warm-up-window
-    steps larger than that: warm-up only adds time, so each bounds the cost from above, and
-    the tightest bound (the least time per unit of size among them) is the compute slope.
-    None: no window step lies beyond the steady range (or the fit is not floor-only)."""
-    if fit.features or fit.floor <= 0:
-        return None
-    size_feature = CLASSES[name].size_feature
-    size = FEATURES.index(size_feature)
-    s = x_window[:, size]
-    beyond = s > steady_max
-    if not beyond.any():
-        return None
-    coef = np.zeros(len(FEATURES))
-    coef[size] = float(np.min(y_window[beyond] / s[beyond]))
-    return LinearFit(0.0, tuple(coef.tolist()), (size_feature,), fit.samples, fit.floor)
-
-
 # --- every class, with the run's warm-up kept out -------------------------------------------------
-def fit_class(name: str, x: np.ndarray, y: np.ndarray, window: np.ndarray,
-              bound: bool = True) -> tuple[LinearFit, dict[str, Any]] | None:
+def fit_class(name: str, x: np.ndarray, y: np.ndarray, window: np.ndarray
+              ) -> tuple[LinearFit, dict[str, Any]] | None:
     """One class's fit on its steps outside the warm-up window (on all of them where too few
-    lie outside), extended by the window's steps beyond the steady range (``bound_by_window``)."""
+    lie outside)."""
     steady = ~window
-    enough = steady.sum() >= SAMPLES_PER_PARAM * 2
-    use = steady if enough else np.ones(len(y), dtype=bool)
+    use = steady if steady.sum() >= SAMPLES_PER_PARAM * 2 else np.ones(len(y), dtype=bool)
     fit, report = select(name, x[use], y[use])
     if fit is None:
         return None
-    bounded = None
-    if bound and enough and window.any():
-        size = FEATURES.index(CLASSES[name].size_feature)
-        bounded = bound_by_window(fit, name, x[window], y[window], float(x[steady, size].max()))
-    report["window_bound"] = bounded is not None
-    return bounded or fit, report
+    return fit, report
 
 
-def fit_all(steps: Steps, bound: bool = True, roofline: bool = True
+def fit_all(steps: Steps, roofline: bool = True
             ) -> tuple[dict[str, LinearFit], dict[str, dict[str, Any]]]:
     """Each class's fit of ``steps.time`` where it has enough steps, and the pooled fit; per
-    class also how its fit was chosen. ``bound`` False: no ``bound_by_window``; ``roofline``
-    False: no prefill attention roofline (``roofline.with_roofline``)."""
+    class also how its fit was chosen. ``roofline`` False: no prefill attention roofline
+    (``roofline.with_roofline``)."""
     fits: dict[str, LinearFit] = {}
     reports: dict[str, dict[str, Any]] = {}
     for name in STEP_CLASSES:
         mask = steps.classes == name
-        result = (fit_class(name, steps.x[mask], steps.time[mask], steps.window[mask], bound)
+        result = (fit_class(name, steps.x[mask], steps.time[mask], steps.window[mask])
                   if mask.any() else None)
         if result is not None:
             fits[name], reports[name] = result

@@ -124,7 +124,7 @@ class CostModel:
         fitted = own.rows(~warm).concat(calibration)
         if not options.longest_program:
             fitted.x[:, features.FEATURES.index(features.LONGEST)] = 0.0
-        fits, reports = fitting.fit_all(fitted, options.window_bound, options.prefill_roofline)
+        fits, reports = fitting.fit_all(fitted, options.prefill_roofline)
         if not fits:
             raise CostModelError(f"{name} has too few steps to fit a model")
         prefill_sizes, prefill_max_seqs = graphs.source_prefill_graphs(events)

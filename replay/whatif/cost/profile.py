@@ -51,7 +51,6 @@ class CostOptions:
 
     ``warmup_steps``: a class's far-too-slow first step kept out of its fit, charged once.
     ``warmup_window``: the run's leading warm-up steps kept out where later steps cover them.
-    ``window_bound``: such steps beyond the steady range bound a floor-only fit.
     ``calibration``: the header's start-up calibration rows fitted with the run's steps.
     ``overlap``: overlap mode (device time, host time and offsets) where host time was measured.
     ``class_offsets``: per class and launch mode offsets (off: the sequential steps' sync
@@ -66,7 +65,6 @@ class CostOptions:
 
     warmup_steps: bool = True
     warmup_window: bool = True
-    window_bound: bool = True
     calibration: bool = True
     overlap: bool = True
     class_offsets: bool = True

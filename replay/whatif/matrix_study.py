@@ -27,7 +27,7 @@ SWITCHES = ("warmup_steps", "warmup_window", "calibration", "overlap",
             "class_offsets", "engine_host", "profile_scale", "longest_program", "request_add",
             "prefill_roofline")
 # Mechanisms off by default that an ablation turns on (``CostOptions``).
-OPT_IN = ("shared_kv",)
+OPT_IN = ("shared_kv", "host_stalls")
 
 
 def step_errors(model: CostModel, events: Any) -> dict[str, Any]:

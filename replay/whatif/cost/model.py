@@ -62,6 +62,7 @@ class _ClassTimes:
     sequential_s: float = 0.0
     overlapped_s: float = 0.0
     host_warmup_s: float = 0.0
+    stall_rate: float = 0.0  # ``OverlapModel.stall_rate``
 
 
 @dataclass
@@ -146,7 +147,7 @@ class CostModel:
             run = own.rows(~warm)
             timed = calibration.rows(np.isfinite(calibration.host))
             model.overlap = OverlapModel.fit(run, timed, options.class_offsets,
-                                             options.engine_host)
+                                             options.engine_host, options.host_stalls)
             model.overlap.heldout = _overlap_heldout(run, timed, calibration)
         return model
 
@@ -183,6 +184,8 @@ class CostModel:
         if times.host is None:
             return StepTime(device, 0.0, device)
         host = max(times.host.linear_at(step), 0.0)
+        if times.parallel:  # an eager step's kernels wait for the host's stalled launches
+            device += times.stall_rate * host
         if first:
             host += times.host_warmup_s
         offset = times.overlapped_s if overlapped else times.sequential_s
@@ -200,7 +203,8 @@ class CostModel:
                 times.device, times.parallel, times.warmup_s, host=overlap.host_fit(cls_name),
                 sequential_s=overlap.offset("sequential", cls_name),
                 overlapped_s=overlap.offset("overlapped", cls_name),
-                host_warmup_s=overlap.host_warmup_s.get(cls_name, 0.0))
+                host_warmup_s=overlap.host_warmup_s.get(cls_name, 0.0),
+                stall_rate=overlap.stall_rate)
         (self._times if prior is None else self._prior_times)[cls_name] = times
         return times
 

@@ -61,7 +61,9 @@ class CostOptions:
     beyond), ``pooled`` (profile rows fitted with the source's as calibration rows) or
     ``profile`` (the profile's fits only). ``profile_scale``: scale them to the source.
     ``request_add``: the live loop's host time to add each request (``arrivals``).
-    ``prefill_roofline``: prefill attention bounded by its longest program (``roofline``)."""
+    ``prefill_roofline``: prefill attention bounded by its longest program (``roofline``).
+    ``host_stalls`` (opt-in): an eager step's device time pays the host's stalls at the rate
+    the source's host times show (``overlap.host_stall_rate``)."""
 
     warmup_steps: bool = True
     warmup_window: bool = True
@@ -75,6 +77,7 @@ class CostOptions:
     shared_kv: bool = False
     request_add: bool = True
     prefill_roofline: bool = True
+    host_stalls: bool = False
 
     def __post_init__(self) -> None:
         if self.profile_mode not in PROFILE_MODES:

@@ -20,7 +20,7 @@ from replay.whatif.cost.features import CLASSES
 from replay.whatif.cost.linear import FEATURES, MIN_STEP_S, PREFILL_LONGEST, LinearFit
 from replay.whatif.cost.lstsq import fit_linear
 
-# The class the roofline is fitted on, else the next that ran (the first with steps it binds).
+# The classes that run prefill attention; the roofline is fitted on the first of them that ran.
 FITTED_ON = ("prefill_graph", "mixed_graph", "prefill", "mixed")
 PREFILL_CLASSES = frozenset(FITTED_ON)
 # Candidate slopes: the quantiles of what each latency-bound step implies (and none at all).

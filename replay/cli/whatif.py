@@ -66,7 +66,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="fit step times on this trace (or load a saved model) instead")
     p.add_argument("--profile", metavar="PROFILE.json",
                    help="a device profile (replayllm profile) pricing the steps the timing "
-                   "trace did not run")
+                   "trace did not run; several, comma-separated, are pooled point by point")
     p.add_argument("--cost-option", dest="cost_options", action="append", default=[],
                    metavar="NAME=VALUE", help="switch a step-time model mechanism, e.g. "
                    "warmup_window=off, profile_mode=pooled (replay/whatif/cost/profile.py)")

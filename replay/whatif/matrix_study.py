@@ -23,10 +23,11 @@ from replay.whatif.cost.profile import CostOptions
 STALL_FACTOR = 10.0
 STALL_MIN_S = 0.1
 # The switches an ablation turns off one at a time (``CostOptions``), and the profile settings.
-SWITCHES = ("warmup_steps", "warmup_window", "window_bound", "calibration", "overlap",
-            "class_offsets", "engine_host", "profile_scale", "longest_program")
+SWITCHES = ("warmup_steps", "warmup_window", "calibration", "overlap",
+            "class_offsets", "engine_host", "profile_scale", "longest_program", "request_add",
+            "prefill_roofline")
 # Mechanisms off by default that an ablation turns on (``CostOptions``).
-OPT_IN = ("shared_kv",)
+OPT_IN = ("shared_kv", "host_stalls")
 
 
 def step_errors(model: CostModel, events: Any) -> dict[str, Any]:

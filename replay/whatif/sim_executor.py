@@ -116,6 +116,13 @@ class SimExecutor:
         if tokens is not None and len(tokens):
             self.tokens[seq_id] = tokens
 
+    def admit(self, prompt_tokens: int, arrival_s: float) -> None:
+        """Advance the clock by the host time the live loop takes to add a request of
+        ``prompt_tokens`` that arrived at ``arrival_s`` (``CostModel.add``): the adds of a batch
+        follow one another, each starting at its arrival at the earliest."""
+        if self.cost is not None:
+            self.clock.now = max(self.clock.now, arrival_s) + self.cost.add.seconds(prompt_tokens)
+
     def release(self, seq_id: int) -> None:
         """Forget a finished sequence's recorded tokens (it samples no more)."""
         self.tokens.pop(seq_id, None)
@@ -203,7 +210,8 @@ class SimExecutor:
                 1, self._kv_heads)
         return self._price(out, batch.kind, len(batch.seqs), prefill_tokens, work, decode_seqs,
                            context, batch.overlapped, kv_tokens,
-                           max(contexts) if decode_seqs else 0)
+                           max(contexts) if decode_seqs else 0,
+                           max(batch.context_lens[:first_decode]) if first_decode else 0)
 
     def price_decode(self, num_seqs: int, context_tokens: int, overlapped: bool,
                      longest_context: int) -> StepOutput:
@@ -215,10 +223,10 @@ class SimExecutor:
 
     def _price(self, out: list[int], kind: str, num_seqs: int, prefill_tokens: int, work: int,
                decode_seqs: int, context: int, overlapped: bool, kv_tokens: float,
-               longest_context: int) -> StepOutput:
+               longest_context: int, longest_prefill: int = 0) -> StepOutput:
         """Time a step (its batch features given: ``kv_tokens`` and ``longest_context`` of its
-        decode rows as ``cost.decode_attention`` counts them) and advance the clock by its
-        interval."""
+        decode rows as ``cost.decode_attention`` counts them, ``longest_prefill`` of its prompt
+        rows) and advance the clock by its interval."""
         self.steps += 1
         self.overlapped_steps += overlapped
         self.last_interval_s = 0.0
@@ -252,7 +260,8 @@ class SimExecutor:
             decode_kv_tokens=kv_tokens,
             decode_longest_tokens=(longest_program_tokens(longest_context, padded,
                                                           self._kv_heads)
-                                   if decode_seqs else 0.0))
+                                   if decode_seqs else 0.0),
+            prefill_longest_tokens=longest_prefill)
         time = cost.predict(features, cls, overlapped, first)
         self.clock.now += time.interval_s
         self.last_interval_s = time.interval_s

@@ -7,9 +7,10 @@ executor is ``SimExecutor``: recorded tokens by sequence position, a clock advan
 step-time model. Nothing here decides anything the scheduler decides.
 
 Arrivals: with a step-time model, a request joins once the simulated clock passes its arrival
-time (as ``replay.cli.live`` does on a real clock); the clock starts when the source's first step
-began (after every request it had added before it). Without one there is no clock, and a request
-joins at the step the recording added it (or at once, when the engine would otherwise idle).
+time (as ``replay.cli.live`` does on a real clock), and adding it takes the loop's host time
+(``SimExecutor.admit``); the requests the source added before its first step are added in one go,
+the clock starting at the first of them. Without a model there is no clock, and a request joins
+at the step the recording added it (or at once, when the engine would otherwise idle).
 """
 
 from __future__ import annotations
@@ -153,6 +154,7 @@ class _WorkloadInputs:
             seq = core.add_request(request.prompt, request.params, arrival_s=request.arrival_s,
                                    error=request.precheck_error, priority=request.priority)
             self.executor.bind(seq.seq_id, request.tokens)
+            self.executor.admit(len(request.prompt), request.arrival_s)
             self.seq_of[index] = seq.seq_id
             self.next_add += 1
         aborts = self.aborts
@@ -177,9 +179,10 @@ def _run_workload(core: EngineCore, executor: SimExecutor, workload: SimWorkload
                   timed: bool, host_lags: bool = False) -> None:
     """Feed requests and aborts at their times (or steps) and step until everything is done.
 
-    Timed: the simulated clock starts at the source's start and jumps to the next arrival when
-    the engine idles. Untimed: inputs join at the step the source added them, or at once when
-    the engine would otherwise idle.
+    Timed: the simulated clock starts at the first request the source added before its first
+    step, those requests are all added before that step (as recorded), and the clock jumps to
+    the next arrival when the engine idles. Untimed: inputs join at the step the source added
+    them, or at once when the engine would otherwise idle.
 
     ``host_lags``: the live engine overlaps steps on an asynchronous device, so after a step it
     deferred, its loop takes in arrivals when the step before finished (it returns from
@@ -188,14 +191,15 @@ def _run_workload(core: EngineCore, executor: SimExecutor, workload: SimWorkload
     clock = executor.clock
     floor = [-np.inf]  # untimed: inputs due up to here join even if the step index lags behind
     if timed:
-        clock.now = workload.start_s
+        clock.now = workload.start_s if workload.first_s is None else workload.first_s
 
     def now() -> float:
         if not timed:
             return max(core.step_index, floor[0])
         if host_lags and core.last_step_deferred:
             return clock.now - executor.last_interval_s
-        return clock.now
+        # Before the first step: every request the source added before it is due.
+        return clock.now if core.step_index else max(clock.now, workload.start_s)
 
     def wait_until(due: float) -> None:
         if timed:
@@ -225,6 +229,7 @@ def _workload_file_inputs(core: EngineCore, executor: SimExecutor, workload: Sim
         seq = core.add_request(prompt, requests[index].params, arrival_s=due,  # type: ignore
                                priority=requests[index].priority)
         executor.bind(seq.seq_id, requests[index].tokens)
+        executor.admit(len(prompt), due)
         return seq
 
     assert workload.workload is not None

@@ -51,13 +51,16 @@ class SimWorkload:
     header: dict[str, Any]
     requests: list[SimRequest]
     aborts: list[tuple[float, int, int]] = field(default_factory=list)  # (time, step, request)
-    start_s: float = 0.0
+    start_s: float = 0.0  # the last arrival before the source's first step
     recorded: RecordedEvents | None = None
     # A workload's own requests (no recording): fed through ``WorkloadInputs``, which sends a
     # conversation's later turn once the simulated previous turn finished.
     workload: list[Request] | None = None
     # Requests finished by a stop string found in their text, fed like aborts: (time, step, request)
     stops: list[tuple[float, int, int]] = field(default_factory=list)
+    # The first arrival before the source's first step (None: ``start_s``): where an engine
+    # stamped each request as it added it, the batch took from here to ``start_s`` to add.
+    first_s: float | None = None
 
     @property
     def timed_source(self) -> bool:
@@ -106,6 +109,7 @@ def workload_from_recorded(events: RecordedEvents, name: str = "trace") -> SimWo
     first_step = int(steps[0]) if len(steps) else 0
     starting = [r.arrival_s for r in requests if r.step <= first_step]
     start = max(starting) if starting else 0.0
+    first = min(starting) if starting else 0.0
     aborts, stops = [], []
     for seq_id, step, reason in zip(np.asarray(finished["seq_id"]).tolist(),
                                     np.asarray(finished["step"]).tolist(),
@@ -115,7 +119,7 @@ def workload_from_recorded(events: RecordedEvents, name: str = "trace") -> SimWo
             at = float(ends[before]) if before >= 0 else start
             (aborts if reason == "aborted" else stops).append((at, int(step), index_of[seq_id]))
     return SimWorkload(name, config, dict(events.header), requests, aborts, start, events,
-                       stops=stops)
+                       stops=stops, first_s=first)
 
 
 def workload_from_requests(requests: list[Request], config: Config, name: str) -> SimWorkload:

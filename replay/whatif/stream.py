@@ -161,10 +161,11 @@ class StreamInputs:
 
     def _add(self, core: EngineCore, request: SimRequest) -> None:
         self._last_due = self._due(request)
-        seq = core.add_request(prompt_ids(request.prompt), request.params,
-                               arrival_s=request.arrival_s, error=request.precheck_error,
-                               priority=request.priority)
+        prompt = prompt_ids(request.prompt)
+        seq = core.add_request(prompt, request.params, arrival_s=request.arrival_s,
+                               error=request.precheck_error, priority=request.priority)
         self.executor.bind(seq.seq_id, request.tokens)
+        self.executor.admit(len(prompt), request.arrival_s)
         reason = core.rejections.get(seq.seq_id)
         if reason is not None and request.precheck_error is None and \
                 not request.rejected_in_source:

@@ -1,8 +1,11 @@
-"""What a decode's attention reads, for the step-time model's two decode features
-(``features.StepFeatures.decode_kv_tokens``, ``decode_longest_tokens``): the paged kernel runs
-a program per sequence, KV head and split (``engine.attention_splits``), so its last wave waits
-for the longest context over its splits; a KV block that several rows of a step read (a shared
-prefix) comes from memory once."""
+"""What attention reads, for the step-time model's attention features
+(``features.StepFeatures.decode_kv_tokens``, ``decode_longest_tokens``,
+``prefill_longest_tokens``): the paged decode kernel runs a program per sequence, KV head and
+split (``engine.attention_splits``), so its last wave waits for the longest context over its
+splits; a KV block that several rows of a step read (a shared prefix) comes from memory once.
+The prefill kernel runs a program per query tile, sequence and KV head, each reading the keys
+up to its tile: the longest reads the longest prefill context, all of it (a prompt's new tokens
+over its cached prefix), however few tokens are new."""
 
 from __future__ import annotations
 
@@ -43,17 +46,18 @@ def decode_features(contexts: Sequence[int], block_tables: Sequence[Sequence[int
             longest_program_tokens(max(contexts), batch_size, kv_heads))
 
 
-def longest_decode_contexts(events: RecordedEvents) -> np.ndarray:
-    """Each step's longest decode context, from its scheduled rows (a decode row computes one
-    token)."""
+def longest_contexts(events: RecordedEvents, decode: bool = True) -> np.ndarray:
+    """Each step's longest decode context (``decode``) or longest prefill context, from its
+    scheduled rows (a decode row computes one token, a prefill row more)."""
     steps = np.asarray(events.tables["model_step"]["step"], dtype=np.int64)
     out = np.zeros(len(steps))
     scheduled = events.tables.get("seq_scheduled") or {}
     if not len(steps) or not len(scheduled.get("step", ())):
         return out
-    decode = np.asarray(scheduled["num_new_tokens"]) == 1
-    of_step = np.asarray(scheduled["step"], dtype=np.int64)[decode]
+    rows_of_kind = (np.asarray(scheduled["num_new_tokens"]) == 1) == decode
+    of_step = np.asarray(scheduled["step"], dtype=np.int64)[rows_of_kind]
     rows = np.minimum(np.searchsorted(steps, of_step), len(steps) - 1)
     ok = steps[rows] == of_step  # a row of a step the recording does not hold: ignored
-    np.maximum.at(out, rows[ok], np.asarray(scheduled["context_len"], dtype=float)[decode][ok])
+    np.maximum.at(out, rows[ok],
+                  np.asarray(scheduled["context_len"], dtype=float)[rows_of_kind][ok])
     return out

@@ -2,8 +2,8 @@
 
 A fit is only as good as the range of steps it saw. Per class the model keeps the range of the
 class's size (``class_coverage``: prompt tokens for eager prefill and mixed steps, padded tokens
-for graph prefills, sequences for decode steps), whether an eager class's launch floor was
-identified, and whether part of its range was seen only in the source run's warm-up window.
+for graph prefills, sequences for decode steps) and whether an eager class's launch floor was
+identified.
 ``caveats`` says what the source cannot identify; ``target_warnings`` where a target's steps (a
 simulation's, or a recording's) lie well outside the source's range, so that a prediction
 carries its own caveat; ``fallback_words`` what a class without a fit of its own is priced from.
@@ -47,7 +47,6 @@ def class_coverage(name: str, x: np.ndarray, steady: np.ndarray, fit: LinearFit,
         "steps": int(len(s)),
         "window_steps": int((~steady).sum()),
         "floor_known": fit.floor > 0 or name not in EAGER_CLASSES,
-        "window_bound": bool(report.get("window_bound")),
     }
 
 
@@ -76,7 +75,7 @@ def _heldout_words(err: dict[str, Any] | None) -> str:
             f"sum {err['sum_error_pct']:+.2f}%")
 
 
-def coverage_caveats(coverage: dict[str, dict[str, Any]], window: int) -> list[str]:
+def coverage_caveats(coverage: dict[str, dict[str, Any]]) -> list[str]:
     """What the source's range of steps cannot identify, one line each."""
     lines = []
     for name, cov in coverage.items():
@@ -87,12 +86,6 @@ def coverage_caveats(coverage: dict[str, dict[str, Any]], window: int) -> list[s
                 f"{name}: its {cov['steps']} steps all had between {cov['min']:,.0f} and "
                 f"{_size(cov['max'], size)}, none on an eager launch floor: the floor is unknown "
                 "and much smaller steps are predicted from the compute slope alone (may be low)"
-            )
-        if cov["window_bound"]:
-            lines.append(
-                f"{name}: steps above {_size(cov['steady_max'], size)} were seen only in the "
-                f"source's first {window} steps (possible warm-up): predicted from the fastest "
-                "of them, an upper bound, and may be high"
             )
     return lines
 
@@ -125,14 +118,13 @@ def caveats(model: Any) -> list[str]:
         graphs.append("prefill_graph: the source captured prefill CUDA graphs but no step "
                       "it timed ran through one: a graph prefill is priced from "
                       f"{model.fallback('prefill_graph')}")
-    return coverage_caveats(model.coverage, model.window_steps) + overlap + graphs
+    return coverage_caveats(model.coverage) + overlap + graphs
 
 
 def target_warnings(model: Any, x: np.ndarray, classes: np.ndarray) -> list[str]:
     """Where a target's steps (``x``, ``classes``) lie well outside the range of a
     ``CostModel``'s source for their class."""
     lines = []
-    window = model.window_steps
     for name in sorted(set(np.unique(classes).astype(str))):
         rows = classes == name
         count = int(rows.sum())
@@ -158,15 +150,6 @@ def target_warnings(model: Any, x: np.ndarray, classes: np.ndarray) -> list[str]
                 f"(up to {_size(s.max(), size)}; the source's largest had "
                 f"{_size(cov['max'], size)}): cost extrapolated"
             )
-        if cov["window_bound"] and cov["steady_max"] is not None:
-            beyond = s > cov["steady_max"]
-            if beyond.any():
-                lines.append(
-                    f"{int(beyond.sum())} of {count} {name} steps above "
-                    f"{_size(cov['steady_max'], size)}, a range the source saw only in its "
-                    f"first {window} steps (possible warm-up): predicted from the fastest of "
-                    "them, may be high"
-                )
     return lines
 
 

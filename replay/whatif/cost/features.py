@@ -1,4 +1,5 @@
-"""What the step-time model prices: each step's features and class, and the form of a class's time.
+"""What the step-time model prices: each step's features and class (the features themselves and
+a class's linear form of time: ``linear``).
 
 ``CLASSES`` says how each step class is fitted and, where the source ran none of it, which fits
 price it (``class_fit``). ``steps_of`` reads a trace into ``Steps``: its own steps, then its
@@ -12,8 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from operator import mul
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -22,33 +22,18 @@ from replay.recorded import RecordedEvents
 from replay.whatif.cost.decode_attention import (
     DEFAULT_KV_HEADS,
     kv_heads_of,
-    longest_decode_contexts,
+    longest_contexts,
+)
+from replay.whatif.cost.linear import (  # noqa: F401 (re-exported: the model's vocabulary)
+    FEATURES,
+    MIN_STEP_S,
+    PADDED_TOKENS,
+    PREFILL_LONGEST,
+    RECORDED_FEATURES,
+    LinearFit,
+    StepFeatures,
 )
 from tracing.schema import NOT_PADDED
-
-
-class StepFeatures(NamedTuple):
-    """One step's batch features, in the order of every coefficient vector (``FEATURES``)."""
-
-    num_seqs: float
-    prefill_tokens: float
-    prefill_attn_work: float
-    decode_seqs: float
-    decode_context_tokens: float
-    padded_batch_size: float
-    # The tokens the forward computed (``computed_tokens``): not a column of older traces.
-    padded_tokens: float
-    # Derived, not recorded (``decode_features``): the decode rows' KV tokens read from memory,
-    # a block shared by several rows (a common prefix) counted once, since the other rows read
-    # it from L2; and the KV tokens of the longest attention program (the longest decode
-    # context over the kernel's splits), which bounds the kernel's last wave.
-    decode_kv_tokens: float
-    decode_longest_tokens: float
-
-
-FEATURES: tuple[str, ...] = StepFeatures._fields
-PADDED_TOKENS = "padded_tokens"
-RECORDED_FEATURES = FEATURES[:FEATURES.index(PADDED_TOKENS)]
 
 
 @dataclass(frozen=True)
@@ -134,41 +119,6 @@ def first_of_class(classes: np.ndarray) -> np.ndarray:
     return mask
 
 
-# --- the time of a class as a function of its features -----------------------------------------
-MIN_STEP_S = 1e-6  # a step always takes some time (a fit may extrapolate to <= 0)
-
-
-@dataclass
-class LinearFit:
-    """time = max(floor, intercept + coef . features) (coef over ``FEATURES``, zero for unused
-    ones; floor 0: a plain linear fit)."""
-
-    intercept: float
-    coef: tuple[float, ...]
-    features: tuple[str, ...]
-    samples: int
-    floor: float = 0.0
-
-    def linear(self, x: np.ndarray) -> np.ndarray:
-        return self.intercept + x @ np.asarray(self.coef)
-
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        return np.maximum(self.linear(x), max(self.floor, MIN_STEP_S))
-
-    def linear_at(self, features: Sequence[float]) -> float:
-        """``linear`` of one step in plain floats (numpy per step would cost the simulator more)."""
-        return self.intercept + sum(map(mul, self.coef, features))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"intercept": self.intercept, "coef": dict(zip(FEATURES, self.coef)),
-                "features": list(self.features), "samples": self.samples, "floor": self.floor}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LinearFit:
-        return cls(float(data["intercept"]), tuple(float(data["coef"][n]) for n in FEATURES),
-                   tuple(data["features"]), int(data["samples"]), float(data["floor"]))
-
-
 def graph_prefill_from_eager(fit: LinearFit) -> LinearFit | None:
     """A CUDA-graph prefill priced from an eager prefill fit: its compute part (one graph launch:
     no launch floor), the per-token slope charged on the padded tokens its GEMMs compute. None:
@@ -182,7 +132,8 @@ def graph_prefill_from_eager(fit: LinearFit) -> LinearFit | None:
     coef[at("prefill_tokens")] = 0.0
     features = tuple(dict.fromkeys(
         "padded_tokens" if name == "prefill_tokens" else name for name in fit.features))
-    return LinearFit(fit.intercept, tuple(coef), features, 0)
+    return LinearFit(fit.intercept, tuple(coef), features, 0,
+                     prefill_longest_s=fit.prefill_longest_s)
 
 
 def composite_mixed(fits: Mapping[str, LinearFit]) -> LinearFit:
@@ -199,7 +150,8 @@ def composite_mixed(fits: Mapping[str, LinearFit]) -> LinearFit:
         coef[at("decode_seqs")] = per_decode_seq - prefill.coef[at("num_seqs")]
         for name in (KV, LONGEST):
             coef[at(name)] = decode.coef[at(name)]
-    return LinearFit(prefill.intercept, tuple(coef), prefill.features, 0, prefill.floor)
+    return LinearFit(prefill.intercept, tuple(coef), prefill.features, 0, prefill.floor,
+                     prefill.prefill_longest_s)
 
 
 def resolve(fits: Mapping[str, LinearFit], cls_name: str) -> str:
@@ -278,10 +230,10 @@ def step_intervals(events: RecordedEvents) -> np.ndarray:
 
 
 def _feature_matrix(columns: Mapping[str, Any], n: int, longest_context: np.ndarray,
-                    kv_heads: int) -> np.ndarray:
+                    kv_heads: int, longest_prefill: np.ndarray) -> np.ndarray:
     """(n x len(FEATURES)) floats from the recorded feature columns and each step's longest
-    decode context. A recording names no blocks per step: its KV tokens read are its decode
-    context (exact where no two decode rows share a prefix block)."""
+    decode and prefill context. A recording names no blocks per step: its KV tokens read are its
+    decode context (exact where no two decode rows share a prefix block)."""
     values = {name: np.asarray(columns[name], dtype=float) for name in RECORDED_FEATURES}
     padded = columns.get(PADDED_TOKENS)
     padded = np.full(n, float(NOT_PADDED)) if padded is None else np.asarray(padded, dtype=float)
@@ -294,6 +246,8 @@ def _feature_matrix(columns: Mapping[str, Any], n: int, longest_context: np.ndar
     longest = np.where(values["decode_seqs"] > 0, np.asarray(longest_context, dtype=float), 0.0)
     values["decode_longest_tokens"] = longest / np.array([splits[b] for b in batch.tolist()],
                                                          dtype=float).reshape(n)
+    values[PREFILL_LONGEST] = np.where(values["prefill_tokens"] > 0,
+                                       np.asarray(longest_prefill, dtype=float), 0.0)
     return np.column_stack([values[name] for name in FEATURES]).reshape(n, len(FEATURES))
 
 
@@ -302,20 +256,25 @@ def feature_matrix(events: RecordedEvents) -> tuple[np.ndarray, np.ndarray]:
     ms = events.tables["model_step"]
     kinds = np.asarray(ms["kind"]).astype(str)
     classes = step_class(kinds, np.asarray(ms["graph_used"], dtype=bool))
-    return (_feature_matrix(ms, len(kinds), longest_decode_contexts(events),
-                            kv_heads_of(events.header)), classes)
+    return (_feature_matrix(ms, len(kinds), longest_contexts(events),
+                            kv_heads_of(events.header), longest_contexts(events, decode=False)),
+            classes)
 
 
 def calibration_features(rows: list[Mapping[str, Any]], kv_heads: int = DEFAULT_KV_HEADS
                          ) -> np.ndarray:
     """(rows x len(FEATURES)) features of header calibration rows (or a profile's): a row's
     longest decode context is its ``decode_context_max`` where it has one, else its decode rows
-    are of one length."""
+    are of one length; its prompts are of one length, over equal shares of its
+    ``cached_tokens``."""
     columns: dict[str, Any] = {name: [row[name] for row in rows] for name in RECORDED_FEATURES}
     columns[PADDED_TOKENS] = [row.get(PADDED_TOKENS, NOT_PADDED) for row in rows]
     longest = np.array([float(row.get("decode_context_max") or -(-int(
         row["decode_context_tokens"]) // max(int(row["decode_seqs"]), 1))) for row in rows])
-    return _feature_matrix(columns, len(rows), longest, kv_heads)
+    prefill = np.array([-(-(int(row["prefill_tokens"]) + int(row.get("cached_tokens") or 0))
+                          // max(int(row["num_seqs"]) - int(row["decode_seqs"]), 1))
+                        for row in rows], dtype=float)
+    return _feature_matrix(columns, len(rows), longest, kv_heads, prefill)
 
 
 HOST_MEASURED_S = 1e-6  # a real step's host work takes microseconds at least

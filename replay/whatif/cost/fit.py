@@ -13,15 +13,14 @@ per-sequence slope measured on small batches is what extrapolates worst), an eag
 Warm-up: a class's first step far slower than the others predict (a JIT compilation) is a one-off,
 kept out and charged once per simulated run (``warmup_steps``). The run's first steps, up to the
 first of its most frequent class that the class's fit explains, form a warm-up window
-(``warmup_window``): left out of a fit where later steps cover their range, an upper bound where
-none do (``bound_by_window``). Host time (``fit_host``): a constant per class plus per-sequence
-and per-token costs shared by every class (the same bookkeeping whatever the step, so a slope
-shown by decodes also prices a mixed step the source never ran).
+(``warmup_window``): left out of a fit where later steps cover their range. Host time
+(``fit_host``): a constant per class plus per-sequence and per-token costs shared by every class
+(the same bookkeeping whatever the step, so a slope shown by decodes also prices a mixed step the
+source never ran).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +37,8 @@ from replay.whatif.cost.features import (
     Steps,
     first_of_class,
 )
+from replay.whatif.cost.lstsq import fit_grouped, fit_linear
+from replay.whatif.cost.roofline import with_roofline
 
 SAMPLES_PER_PARAM = 4  # a class is fitted with k parameters only on at least 4k steps
 HOLDOUT_EVERY = 5
@@ -55,58 +56,6 @@ WINDOW_SIGMA = 5.0
 # Host work grows with the sequences handled (block tables, sampling bookkeeping, events) and
 # the prompt tokens staged: the shared slopes tried, simplest first.
 HOST_FEATURE_SETS: tuple[tuple[str, ...], ...] = ((), ("num_seqs",), ("num_seqs", "prefill_tokens"))
-
-
-def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray, names: Sequence[str], constants: np.ndarray,
-                       keep_constant_positive: bool) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Least squares of ``y`` on the ``constants`` columns and the ``names`` features, with
-    non-negative slopes: a feature whose slope comes out negative (noise, collinearity) is dropped
-    and the rest refitted, so extrapolating never predicts *less* time for more work.
-    ``keep_constant_positive``: a negative constant (no work taking negative time: the features
-    barely vary) is dropped too, the rest refitted through the origin. Returns the constants,
-    slopes and features kept."""
-    active = list(names)
-    while True:
-        cols = [FEATURES.index(n) for n in active]
-        if not cols and constants.shape[1] == 0:
-            constants = np.ones((len(y), 1))  # nothing to scale: the mean
-        scale = np.maximum(np.abs(x[:, cols]).max(axis=0), 1.0) if cols else np.ones(0)
-        k = constants.shape[1]
-        solution = np.linalg.lstsq(np.column_stack([constants, x[:, cols] / scale]), y,
-                                   rcond=None)[0]
-        slopes = solution[k:] / scale
-        if (slopes < 0).any():
-            active.pop(int(np.argmin(slopes)))
-        elif keep_constant_positive and k and solution[0] < 0:
-            constants = constants[:, :0]
-        else:
-            return solution[:k], slopes, active
-
-
-def _coef(active: list[str], slopes: np.ndarray) -> tuple[float, ...]:
-    coef = np.zeros(len(FEATURES))
-    coef[[FEATURES.index(n) for n in active]] = slopes
-    return tuple(coef.tolist())
-
-
-def fit_linear(x: np.ndarray, y: np.ndarray, names: tuple[str, ...]) -> LinearFit:
-    """Least squares with non-negative slopes and intercept (``_nonnegative_lstsq``)."""
-    constant, slopes, active = _nonnegative_lstsq(x, y, names, np.ones((len(y), 1)), True)
-    intercept = float(constant[0]) if len(constant) else 0.0
-    return LinearFit(intercept, _coef(active, slopes), tuple(active), len(y))
-
-
-def fit_grouped(x: np.ndarray, y: np.ndarray, classes: np.ndarray,
-                names: tuple[str, ...]) -> dict[str, LinearFit]:
-    """Least squares of a constant per class (never negative) plus slopes shared by all classes
-    (non-negative: ``_nonnegative_lstsq``)."""
-    present = sorted(set(classes.astype(str)))
-    dummies = (classes.astype(str)[:, None] == np.array(present)[None, :]).astype(float)
-    constants, slopes, active = _nonnegative_lstsq(x, y, names, dummies, False)
-    coef = _coef(active, slopes)
-    return {name: LinearFit(max(float(constants[i]), 0.0), coef, tuple(active),
-                            int(dummies[:, i].sum()))
-            for i, name in enumerate(present)}
 
 
 def holdout_mask(classes: np.ndarray) -> np.ndarray:
@@ -241,56 +190,35 @@ def widest_fit(name: str, x: np.ndarray, y: np.ndarray) -> LinearFit | None:
     return None
 
 
-def bound_by_window(fit: LinearFit, name: str, x_window: np.ndarray, y_window: np.ndarray,
-                    steady_max: float) -> LinearFit | None:
-    """A floor-only fit, extended beyond the steady steps' largest size by the warm-up-window
-    steps larger than that: warm-up only adds time, so each bounds the cost from above, and
-    the tightest bound (the least time per unit of size among them) is the compute slope.
-    None: no window step lies beyond the steady range (or the fit is not floor-only)."""
-    if fit.features or fit.floor <= 0:
-        return None
-    size_feature = CLASSES[name].size_feature
-    size = FEATURES.index(size_feature)
-    s = x_window[:, size]
-    beyond = s > steady_max
-    if not beyond.any():
-        return None
-    coef = np.zeros(len(FEATURES))
-    coef[size] = float(np.min(y_window[beyond] / s[beyond]))
-    return LinearFit(0.0, tuple(coef.tolist()), (size_feature,), fit.samples, fit.floor)
-
-
 # --- every class, with the run's warm-up kept out -------------------------------------------------
-def fit_class(name: str, x: np.ndarray, y: np.ndarray, window: np.ndarray,
-              bound: bool = True) -> tuple[LinearFit, dict[str, Any]] | None:
+def fit_class(name: str, x: np.ndarray, y: np.ndarray, window: np.ndarray
+              ) -> tuple[LinearFit, dict[str, Any]] | None:
     """One class's fit on its steps outside the warm-up window (on all of them where too few
-    lie outside), extended by the window's steps beyond the steady range (``bound_by_window``)."""
+    lie outside)."""
     steady = ~window
-    enough = steady.sum() >= SAMPLES_PER_PARAM * 2
-    use = steady if enough else np.ones(len(y), dtype=bool)
+    use = steady if steady.sum() >= SAMPLES_PER_PARAM * 2 else np.ones(len(y), dtype=bool)
     fit, report = select(name, x[use], y[use])
     if fit is None:
         return None
-    bounded = None
-    if bound and enough and window.any():
-        size = FEATURES.index(CLASSES[name].size_feature)
-        bounded = bound_by_window(fit, name, x[window], y[window], float(x[steady, size].max()))
-    report["window_bound"] = bounded is not None
-    return bounded or fit, report
+    return fit, report
 
 
-def fit_all(steps: Steps, bound: bool = True
+def fit_all(steps: Steps, roofline: bool = True
             ) -> tuple[dict[str, LinearFit], dict[str, dict[str, Any]]]:
     """Each class's fit of ``steps.time`` where it has enough steps, and the pooled fit; per
-    class also how its fit was chosen. ``bound`` False: no ``bound_by_window``."""
+    class also how its fit was chosen. ``roofline`` False: no prefill attention roofline
+    (``roofline.with_roofline``)."""
     fits: dict[str, LinearFit] = {}
     reports: dict[str, dict[str, Any]] = {}
     for name in STEP_CLASSES:
         mask = steps.classes == name
-        result = (fit_class(name, steps.x[mask], steps.time[mask], steps.window[mask], bound)
+        result = (fit_class(name, steps.x[mask], steps.time[mask], steps.window[mask])
                   if mask.any() else None)
         if result is not None:
             fits[name], reports[name] = result
+    if roofline:
+        steady = ~steps.window
+        fits = with_roofline(fits, steps.x[steady], steps.time[steady], steps.classes[steady])
     pooled = widest_fit(POOLED, steps.x, steps.time)
     if pooled is not None:
         fits[POOLED] = pooled

@@ -28,12 +28,13 @@ from replay.metrics import has_timings
 from replay.recorded import RecordedEvents
 from replay.whatif.cost import explain, features, graphs
 from replay.whatif.cost import fit as fitting
+from replay.whatif.cost.arrivals import AddCost, fit_add_cost
 from replay.whatif.cost.decode_attention import DEFAULT_KV_HEADS, kv_heads_of
 from replay.whatif.cost.features import MIN_STEP_S, MODES, LinearFit, Steps
 from replay.whatif.cost.overlap import OverlapModel, interval
 from replay.whatif.cost.profile import CostOptions, ProfilePrior, profile_steps, read_profile
 
-MODEL_VERSION = 6  # of the saved JSON (``to_dict``); a file of another version is refused
+MODEL_VERSION = 7  # of the saved JSON (``to_dict``); a file of another version is refused
 
 
 class CostModelError(ReplayLLMError):
@@ -61,6 +62,7 @@ class _ClassTimes:
     sequential_s: float = 0.0
     overlapped_s: float = 0.0
     host_warmup_s: float = 0.0
+    stall_rate: float = 0.0  # ``OverlapModel.stall_rate``
 
 
 @dataclass
@@ -89,6 +91,7 @@ class CostModel:
     kv_heads: int = DEFAULT_KV_HEADS  # the model's (``decode_attention.longest_program_tokens``)
     shared_kv: bool = False  # ``CostOptions.shared_kv``: the simulator counts shared blocks once
     options: dict[str, Any] = field(default_factory=dict)  # ``CostOptions`` changed from default
+    add: AddCost = field(default_factory=AddCost)  # the live loop's host time to add a request
     _times: dict[str, _ClassTimes] = field(default_factory=dict, init=False, repr=False,
                                            compare=False)
     _prior_times: dict[str, _ClassTimes] = field(default_factory=dict, init=False, repr=False,
@@ -122,7 +125,7 @@ class CostModel:
         fitted = own.rows(~warm).concat(calibration)
         if not options.longest_program:
             fitted.x[:, features.FEATURES.index(features.LONGEST)] = 0.0
-        fits, reports = fitting.fit_all(fitted, options.window_bound)
+        fits, reports = fitting.fit_all(fitted, options.prefill_roofline)
         if not fits:
             raise CostModelError(f"{name} has too few steps to fit a model")
         prefill_sizes, prefill_max_seqs = graphs.source_prefill_graphs(events)
@@ -130,7 +133,8 @@ class CostModel:
                     warmup_s=warmup_s, selection=reports, window_steps=leading,
                     prefill_graph_sizes=prefill_sizes, prefill_graph_max_seqs=prefill_max_seqs,
                     options=options.changed(), kv_heads=kv_heads,
-                    shared_kv=options.shared_kv)
+                    shared_kv=options.shared_kv,
+                    add=fit_add_cost(events) if options.request_add else AddCost())
         for cls_name, report in reports.items():
             mask = fitted.classes == cls_name
             model.coverage[cls_name] = explain.class_coverage(
@@ -143,7 +147,7 @@ class CostModel:
             run = own.rows(~warm)
             timed = calibration.rows(np.isfinite(calibration.host))
             model.overlap = OverlapModel.fit(run, timed, options.class_offsets,
-                                             options.engine_host)
+                                             options.engine_host, options.host_stalls)
             model.overlap.heldout = _overlap_heldout(run, timed, calibration)
         return model
 
@@ -180,6 +184,8 @@ class CostModel:
         if times.host is None:
             return StepTime(device, 0.0, device)
         host = max(times.host.linear_at(step), 0.0)
+        if times.parallel:  # an eager step's kernels wait for the host's stalled launches
+            device += times.stall_rate * host
         if first:
             host += times.host_warmup_s
         offset = times.overlapped_s if overlapped else times.sequential_s
@@ -197,7 +203,8 @@ class CostModel:
                 times.device, times.parallel, times.warmup_s, host=overlap.host_fit(cls_name),
                 sequential_s=overlap.offset("sequential", cls_name),
                 overlapped_s=overlap.offset("overlapped", cls_name),
-                host_warmup_s=overlap.host_warmup_s.get(cls_name, 0.0))
+                host_warmup_s=overlap.host_warmup_s.get(cls_name, 0.0),
+                stall_rate=overlap.stall_rate)
         (self._times if prior is None else self._prior_times)[cls_name] = times
         return times
 
@@ -230,6 +237,7 @@ class CostModel:
         out["fits"] = {name: fit.to_dict() for name, fit in self.fits.items()}
         out["overlap"] = self.overlap.to_dict() if self.overlap is not None else None
         out["prior"] = self.prior.to_dict() if self.prior is not None else None
+        out["add"] = self.add.to_dict()
         return out
 
     def save(self, path: str | Path) -> None:
@@ -247,8 +255,9 @@ class CostModel:
             fits = {name: LinearFit.from_dict(f) for name, f in data.pop("fits").items()}
             overlap = data.pop("overlap")
             prior = data.pop("prior", None)
+            add = AddCost.from_dict(data.pop("add"))
             return cls(fits, overlap=OverlapModel.from_dict(overlap) if overlap else None,
-                       prior=ProfilePrior.from_dict(prior) if prior else None, **data)
+                       prior=ProfilePrior.from_dict(prior) if prior else None, add=add, **data)
         except OSError as exc:
             raise CostModelError(f"{path}: cannot read cost model ({exc.strerror})") from None
         except (ValueError, KeyError, TypeError, AttributeError) as exc:

@@ -52,6 +52,20 @@ def engine_host_s(run: Steps, calibration: Steps) -> float:
     return 0.0
 
 
+def host_stall_rate(run: Steps) -> float:
+    """The share of the engine's host work lost to stalls (the recorder's staging and segment
+    writes, the collector, the OS): over the run's most frequent class, the mean host time
+    over the median, less one. A typical step pays none, the mean step this share."""
+    names, counts = np.unique(run.classes, return_counts=True)
+    if not len(names):
+        return 0.0
+    host = run.host[run.classes == names[np.argmax(counts)]]
+    host = host[np.isfinite(host)]
+    if len(host) < MIN_OFFSET_STEPS or float(np.median(host)) <= 0:
+        return 0.0
+    return max(float(host.mean() / np.median(host)) - 1.0, 0.0)
+
+
 def _trimmed_mean(residuals: np.ndarray) -> float:
     lo, hi = np.quantile(residuals, [TRIM, 1 - TRIM])
     return float(residuals[(residuals >= lo) & (residuals <= hi)].mean())
@@ -72,10 +86,13 @@ class OverlapModel:
     selection: dict[str, Any] = field(default_factory=dict)
     heldout: dict[str, Any] = field(default_factory=dict)
     engine_s: float = 0.0  # the engine's work per step beyond an executor call (engine_host_s)
+    # Host stalls per second of host work (``host_stall_rate``): an eager step's device waits
+    # for its launches, so it pays them in device time too.
+    stall_rate: float = 0.0
 
     @classmethod
     def fit(cls, run: Steps, calibration: Steps, class_offsets: bool = True,
-            engine_host: bool = True) -> OverlapModel:
+            engine_host: bool = True, host_stalls: bool = False) -> OverlapModel:
         """``run``: the run's steps (``time``: device time); ``calibration``: the calibration steps
         that record their wait for the device (so their host time: sizes the run never took).
         A class's first step is left out of the host fit and, far above it, charged once.
@@ -88,7 +105,9 @@ class OverlapModel:
             calibration.host = calibration.host + engine_s
             calibration.interval = calibration.interval + engine_s
         fits, selection = fitting.fit_host(run.rows(~firsts).concat(calibration))
-        model = cls(fits, selection=selection, engine_s=engine_s)
+        steady = run.rows(~firsts & ~run.window)
+        model = cls(fits, selection=selection, engine_s=engine_s,
+                    stall_rate=host_stall_rate(steady) if host_stalls else 0.0)
         predicted = model.host_times(run.x, run.classes)
         for row in np.flatnonzero(firsts):
             name = str(run.classes[row])

@@ -16,13 +16,14 @@ the model with and without it; the defaults are the model without a profile.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from engine.profiling import load_profile, profile_key
+from engine.profiling import ProfileError, load_profile, profile_key
 from replay.whatif.cost import fit as fitting
 from replay.whatif.cost.decode_attention import kv_heads_of
 from replay.whatif.cost.features import (
@@ -50,7 +51,6 @@ class CostOptions:
 
     ``warmup_steps``: a class's far-too-slow first step kept out of its fit, charged once.
     ``warmup_window``: the run's leading warm-up steps kept out where later steps cover them.
-    ``window_bound``: such steps beyond the steady range bound a floor-only fit.
     ``calibration``: the header's start-up calibration rows fitted with the run's steps.
     ``overlap``: overlap mode (device time, host time and offsets) where host time was measured.
     ``class_offsets``: per class and launch mode offsets (off: the sequential steps' sync
@@ -59,11 +59,14 @@ class CostOptions:
     (``overlap.engine_host_s``), which a timed executor call lacks.
     ``profile_mode``: with a profile, ``blend`` (the source's fit within its range, the profile
     beyond), ``pooled`` (profile rows fitted with the source's as calibration rows) or
-    ``profile`` (the profile's fits only). ``profile_scale``: scale them to the source."""
+    ``profile`` (the profile's fits only). ``profile_scale``: scale them to the source.
+    ``request_add``: the live loop's host time to add each request (``arrivals``).
+    ``prefill_roofline``: prefill attention bounded by its longest program (``roofline``).
+    ``host_stalls`` (opt-in): an eager step's device time pays the host's stalls at the rate
+    the source's host times show (``overlap.host_stall_rate``)."""
 
     warmup_steps: bool = True
     warmup_window: bool = True
-    window_bound: bool = True
     calibration: bool = True
     overlap: bool = True
     class_offsets: bool = True
@@ -72,6 +75,9 @@ class CostOptions:
     profile_scale: bool = True
     longest_program: bool = True
     shared_kv: bool = False
+    request_add: bool = True
+    prefill_roofline: bool = True
+    host_stalls: bool = False
 
     def __post_init__(self) -> None:
         if self.profile_mode not in PROFILE_MODES:
@@ -105,10 +111,44 @@ class CostOptions:
 
 
 def read_profile(profile: str | Path | dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """A profile and its name, from a file or as loaded."""
+    """A profile and its name, from a file or as loaded; several files, comma-separated, are
+    pooled (``merge_profiles``)."""
     if isinstance(profile, dict):
         return profile, str(profile.get("path", "a profile"))
-    return load_profile(profile), str(profile)
+    paths = [part for part in str(profile).split(PROFILE_SEPARATOR) if part]
+    if len(paths) == 1:
+        return load_profile(paths[0]), paths[0]
+    return merge_profiles([load_profile(path) for path in paths], paths), str(profile)
+
+
+PROFILE_SEPARATOR = ","  # PROFILE_A,PROFILE_B: several profiles of one setup, pooled
+TIMINGS = ("interval_s", "duration_s", "wait_s", "interval_p10_s", "interval_p90_s")
+
+
+def merge_profiles(profiles: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    """One profile of several of the same setup (``key``): each point (label and launch mode)
+    timed by the median of its timings over the profiles that timed it, so a row one profile
+    timed slow by chance (the host's state, a clock) does not move the fit. A
+    ``ProfileError`` where the setups differ."""
+    keys = {json.dumps(p.get("key") or {}, sort_keys=True) for p in profiles}
+    if len(keys) > 1:
+        raise ProfileError(f"{', '.join(names)}: profiles of different setups cannot be "
+                           f"pooled ({' / '.join(sorted(keys))})")
+    points: dict[tuple[str, bool], list[dict[str, Any]]] = {}
+    for data in profiles:
+        for row in data["rows"]:
+            points.setdefault((str(row["label"]), bool(row["graph_used"])), []).append(row)
+    rows = []
+    for timed in points.values():
+        row = dict(timed[0])
+        for name in TIMINGS:
+            values = [float(r[name]) for r in timed if r.get(name) is not None]
+            if values:
+                row[name] = float(np.median(values))
+        row["profiles"] = len(timed)
+        rows.append(row)
+    return {**profiles[0], "rows": rows, "path": PROFILE_SEPARATOR.join(names),
+            "merged_from": list(names)}
 
 
 def profile_steps(profile: dict[str, Any], measured_host: bool, overhead_s: float,
@@ -139,7 +179,7 @@ def _within(ranges: dict[str, list[float]] | None, step: Any) -> bool:
 
 def _scaled(fit: LinearFit, scale: float) -> LinearFit:
     return LinearFit(fit.intercept * scale, tuple(c * scale for c in fit.coef), fit.features,
-                     fit.samples, fit.floor * scale)
+                     fit.samples, fit.floor * scale, fit.prefill_longest_s * scale)
 
 
 @dataclass
@@ -167,7 +207,7 @@ class ProfilePrior:
         rows = profile_steps(profile, measured, overhead_s, kv_heads_of(header))
         if not options.longest_program:
             rows.x[:, FEATURES.index(LONGEST)] = 0.0
-        fits, _ = fitting.fit_all(rows)
+        fits, _ = fitting.fit_all(rows, roofline=options.prefill_roofline)
         fits.pop(POOLED, None)
         scale: dict[str, float] = {}
         ratios = []

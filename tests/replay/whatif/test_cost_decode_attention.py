@@ -10,7 +10,7 @@ from engine.batch import ScheduledBatch
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from replay.recorded import RecordedEvents
-from replay.whatif.cost.decode_attention import decode_features, longest_decode_contexts
+from replay.whatif.cost.decode_attention import decode_features, longest_contexts
 from replay.whatif.cost.features import (
     FEATURES,
     KV,
@@ -35,7 +35,7 @@ def test_a_block_shared_by_several_rows_is_read_once() -> None:
     assert decode_features([], [], 16, 1, 8) == (0.0, 0.0)
 
 
-def test_a_recorded_step_s_longest_decode_context_comes_from_its_scheduled_rows() -> None:
+def test_a_recorded_step_s_longest_contexts_come_from_its_scheduled_rows() -> None:
     steps = np.array([0, 1, 2])
     tables = {
         "model_step": {"step": steps},
@@ -46,7 +46,8 @@ def test_a_recorded_step_s_longest_decode_context_comes_from_its_scheduled_rows(
                           "context_len": np.array([8, 9, 30, 5, 12, 99])},
     }
     events = RecordedEvents({}, tables, 2)
-    assert longest_decode_contexts(events).tolist() == [0.0, 30.0, 12.0]
+    assert longest_contexts(events).tolist() == [0.0, 30.0, 12.0]
+    assert longest_contexts(events, decode=False).tolist() == [8.0, 0.0, 5.0]
 
 
 def test_a_calibration_row_s_longest_context_is_its_max_else_its_mean() -> None:

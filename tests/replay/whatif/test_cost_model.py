@@ -8,8 +8,7 @@ from prefill and decode fits when the source had none; a trace without timings i
 clear message; save/load round-trips (and refuses another version's file).
 Physics: an eager launch floor, max(floor, linear), is recovered and chosen over a plain linear
 fit by held-out error; decode features are chosen by how they extrapolate to larger batches; a
-range seen only in the run's warm-up window is bounded by its fastest step, and the model says
-so; a source that cannot identify what a target needs (no step on the launch floor, batches far
+source that cannot identify what a target needs (no step on the launch floor, batches far
 beyond its own) makes the model warn; the simulator's per-step prediction applies the floors.
 """
 
@@ -27,7 +26,7 @@ from engine.graph_sizes import padded_decode_size
 from replay.metrics import compute
 from replay.whatif.cost.features import FEATURES, feature_matrix, step_intervals
 from replay.whatif.cost.fit import fit_linear, select
-from replay.whatif.cost.model import CostModel, CostModelError
+from replay.whatif.cost.model import MODEL_VERSION, CostModel, CostModelError
 from replay.whatif.simulate import simulate
 from replay.whatif.synthetic import StepLaw, record_workload
 from replay.workloads.builtin import reference_workload
@@ -302,29 +301,6 @@ def test_an_intercept_is_never_negative() -> None:
     assert fit.predict(x).sum() == pytest.approx(y.sum(), rel=0.05)
 
 
-def test_a_range_seen_only_in_the_warm_up_window_is_bounded_by_its_fastest_step() -> None:
-    """Big prefills only at the start of a cold run (each slowed by warm-up), small ones later:
-    the big ones are predicted from the least slowed of them, and the model says so."""
-    burst = [Request(list(range(i, i + 1000)), 100) for i in range(40)]
-    law = FlooredLaw(noise=0.0, flush_every=0, floor_s=FLOOR_S, warm=(2.2, 1.05, 1.5))
-    requests = burst + varied_requests(100, lo=20, hi=400, start_s=0.5, seed=3)
-    trace = record_workload(CONFIG, requests, law)
-    model = CostModel.fit(trace)
-    assert model.window_steps == 3  # the burst's prefills, before the first decode
-    x, classes = feature_matrix(trace)
-    y = step_intervals(trace)
-    big = np.flatnonzero((classes == "prefill") & (x[:, FEATURES.index("prefill_tokens")] > 400))
-    assert big.tolist() == [0, 1, 2]
-    predicted = model.fitted_times(x[big], classes[big])
-    assert (predicted <= y[big] * (1 + 1e-9)).all()  # warm-up only adds time: upper bounds
-    assert predicted[1] == pytest.approx(y[1], rel=1e-9)  # the least slowed one, 16k tokens
-    assert model.fits["prefill"].floor == pytest.approx(FLOOR_S, rel=1e-6)
-    assert "seen only in the source's first 3 steps" in model.describe()
-    target = record_workload(CONFIG, burst, FLOORED)
-    assert any("a range the source saw only in its first 3 steps" in w
-               for w in model.coverage_warnings(target))
-
-
 def test_a_source_without_small_prefills_warns_that_the_launch_floor_is_unknown() -> None:
     """Like a run whose every request arrived at once: prefills of ~16k tokens only."""
     rng = np.random.default_rng(0)
@@ -352,10 +328,11 @@ def test_decode_batches_far_beyond_the_source_are_flagged() -> None:
 
 def test_a_model_file_of_another_version_is_refused(noise_free_trace, tmp_path) -> None:
     data = CostModel.fit(noise_free_trace, source="t").to_dict()
-    data["version"] = 5
-    path = tmp_path / "v5.json"
+    data["version"] = MODEL_VERSION - 1
+    path = tmp_path / "old.json"
     path.write_text(json.dumps(data))
-    with pytest.raises(CostModelError, match="cost model version 5, expected 6"):
+    with pytest.raises(CostModelError, match=f"cost model version {MODEL_VERSION - 1}, "
+                                             f"expected {MODEL_VERSION}"):
         CostModel.load(path)
 
 

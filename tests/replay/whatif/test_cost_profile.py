@@ -92,8 +92,9 @@ def test_every_switch_fits_and_the_defaults_are_the_model_without_options(runs, 
     source, target = runs
     plain = CostModel.fit(source)
     assert plain.to_dict() == CostModel.fit(source, options=CostOptions()).to_dict()
-    off = CostOptions.parse(["warmup_steps=off", "warmup_window=off", "window_bound=off",
-                             "calibration=off", "overlap=off", "class_offsets=off"])
+    off = CostOptions.parse(["warmup_steps=off", "warmup_window=off", "calibration=off",
+                             "overlap=off", "class_offsets=off", "request_add=off",
+                             "prefill_roofline=off"])
     assert off.changed() and CostModel.fit(source, options=off).options == off.changed()
     for mode in ("blend", "pooled", "profile"):
         model = CostModel.fit(source, profile=law_profile(DEVICE, LAW),

@@ -1,0 +1,78 @@
+"""The live loop's own work on an arrival: adding a request takes host time.
+
+``EngineCore.add_request`` checks the prompt's token ids, builds the sequence, queues it and
+records its ``request_added`` event (the prompt copied in): work per request and per prompt
+token, done on the engine's thread between two steps, so the next step starts that much later.
+A batch of 256 prompts takes milliseconds to add, which every one of its requests waits before
+its prefill starts (its TTFT counts from its arrival).
+
+Measured on a source whose engine stamped each request as it was added (no ``arrival_s``
+passed): consecutive requests added before one step then lie the time of one add apart.
+A source whose arrivals are a workload's own times shows no such spacing (its stamps are equal,
+or as far apart as the workload put them) and measures nothing (``AddCost()``: free).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from replay.recorded import RecordedEvents
+
+# Stamps of one step's requests lie one add apart only if (nearly) every gap is tiny: gaps above
+# this, beyond a stray one in twenty, are a workload's own spacing, not the engine's work.
+MAX_ADD_GAP_S = 5e-4
+ADD_GAP_QUANTILE = 0.95
+MIN_ADDS = 16  # gaps needed to measure the cost (fewer: nothing measured)
+
+
+@dataclass(frozen=True)
+class AddCost:
+    """Host seconds the live loop spends adding one request: ``per_request_s`` plus
+    ``per_token_s`` a prompt token; ``samples``: the adds it was measured on (0: not measured)."""
+
+    per_request_s: float = 0.0
+    per_token_s: float = 0.0
+    samples: int = 0
+
+    def seconds(self, prompt_tokens: int) -> float:
+        return self.per_request_s + self.per_token_s * prompt_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AddCost:
+        return cls(**data)
+
+
+def add_gaps(events: RecordedEvents) -> tuple[np.ndarray, np.ndarray]:
+    """The gaps between the arrival stamps of consecutive requests added before the same step
+    (seconds), and the mean prompt length of each pair (a gap holds the end of one add and the
+    start of the next); empty where the stamps are not the engine's own (``MAX_ADD_GAP_S``)."""
+    added = events.tables["request_added"]
+    stamps = np.asarray(added["arrival_s"], dtype=float)
+    steps = np.asarray(added["step"], dtype=np.int64)
+    lengths = np.asarray(added["prompt_len"], dtype=float)
+    same = steps[1:] == steps[:-1]
+    gaps = np.diff(stamps)[same]
+    pairs = ((lengths[1:] + lengths[:-1]) / 2)[same]
+    if len(gaps) < MIN_ADDS or (gaps <= 0).any() or float(
+            np.quantile(gaps, ADD_GAP_QUANTILE)) > MAX_ADD_GAP_S:
+        return np.zeros(0), np.zeros(0)
+    return gaps, pairs
+
+
+def fit_add_cost(events: RecordedEvents) -> AddCost:
+    """The cost of adding a request on the source (``add_gaps``): least squares of the gaps on
+    the prompt length, both terms non-negative (the mean gap where the slope comes out
+    negative)."""
+    gaps, lengths = add_gaps(events)
+    if not len(gaps):
+        return AddCost()
+    slope, intercept = np.polyfit(lengths, gaps, 1) if np.ptp(lengths) > 0 else (0.0, 0.0)
+    if slope <= 0 or intercept <= 0:
+        slope, intercept = 0.0, float(gaps.mean())
+    return AddCost(float(intercept), float(slope), len(gaps))

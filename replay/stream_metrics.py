@@ -143,6 +143,12 @@ class StreamingMetrics:
         of its ``seq_scheduled`` and ``token_sampled`` rows: no downstream sink needs them."""
         return self.downstream is None
 
+    @property
+    def needs_prompt_tokens(self) -> bool:
+        """Whether the ``request_added`` rows must hold their prompts: only for a downstream
+        sink (these columns keep prompt lengths only)."""
+        return self.downstream is not None
+
     def add_decode_stretch(self, seq_ids: np.ndarray, first_step: int,
                            sampled: np.ndarray) -> None:
         """Fold what a decode stretch's ``seq_scheduled`` and ``token_sampled`` rows hold

@@ -102,6 +102,9 @@ class BlockManager:
         # (the block was hit, or released again since).
         self.free_block_ids: OrderedDict[int, int] = OrderedDict()
         self._evictable: list[tuple[Any, int, int]] = []
+        # Release order (the default) ranks free blocks by their stamp, which is the free list's
+        # own order: its first block is the one to evict, and the heap is not kept.
+        self._fifo = eviction_key is release_order
         self._releases = 0
         for block in self.blocks:
             self._release(block)
@@ -306,6 +309,8 @@ class BlockManager:
         stamp = self._releases
         self._releases += 1
         self.free_block_ids[block.block_id] = stamp
+        if self._fifo:
+            return
         key = self.eviction_key(
             FreeBlock(block.block_id, stamp, block.last_used, block.hash != NO_HASH)
         )
@@ -316,6 +321,8 @@ class BlockManager:
 
     def _next_evicted(self) -> int:
         """The free block the eviction order hands out next (the smallest key)."""
+        if self._fifo:
+            return next(iter(self.free_block_ids))
         heap, free = self._evictable, self.free_block_ids
         while free.get(heap[0][2]) != heap[0][1]:
             heapq.heappop(heap)

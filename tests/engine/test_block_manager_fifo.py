@@ -13,8 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.block_manager import BlockManager
-from engine.policy import release_order
+from engine.config import Config
+from engine.policy import Policy, release_order
 from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from tracing.events import EventBuffer
 
@@ -61,3 +63,18 @@ def test_the_fast_path_is_taken_only_for_release_order() -> None:
     events = EventBuffer()
     assert BlockManager(4, 4, events)._fifo
     assert not BlockManager(4, 4, events, eviction_key=lambda b: release_order(b))._fifo
+
+
+class _OwnEviction(Policy):
+    """A policy that ranks free blocks itself (the heap must stay)."""
+
+    def eviction_key(self, block):
+        return -block.released
+
+
+def test_the_scheduler_takes_the_fast_path_only_for_plain_release_order() -> None:
+    events = EventBuffer()
+    assert Scheduler(Config(num_kvcache_blocks=8), 8, events).block_manager._fifo
+    assert not Scheduler(Config(num_kvcache_blocks=8, eviction="lru"), 8,
+                         events).block_manager._fifo
+    assert _OwnEviction(Config(num_kvcache_blocks=8)).block_eviction_key() != release_order

@@ -27,6 +27,7 @@ import numpy as np
 
 from engine.batch import ScheduledBatch, StepOutput
 from engine.policy import BUILTIN_POLICIES
+from engine.sequence import extend_each
 
 if TYPE_CHECKING:
     from engine.overlap_scheduler import OverlapScheduler
@@ -186,12 +187,17 @@ class DecodeStretch:
                 finished.append(seq)
         self._emit_rows(steps, first_step, np.asarray(first_ids, np.int64), free_after,
                         model_rows, sequence_rows)
-        still = np.flatnonzero(self._last_step >= steps).tolist()
+        still = np.flatnonzero(self._last_step >= steps)
         block_manager.touch(self.seq_ids[still].tolist(), first_step + steps - 1)
-        rows = self._tokens[still, :steps].tolist()
-        for index, row in zip(still, rows):
-            done = self._caught[index]
-            seqs[index].extend_tokens(row[done:] if done else row)
+        caught = self._caught
+        behind = [index for index in still.tolist() if caught[index]]  # caught up in part
+        for index in behind:
+            self._catch_up(index, steps)
+        if behind:
+            still = still[[not caught[index] for index in still.tolist()]]
+        rows = self._tokens[still, :steps].astype(np.int32)
+        extend_each([seqs[index] for index in still.tolist()], rows.tobytes(), steps,
+                    rows[:, -1].tolist() if steps else [])
         return finished
 
     def last_batch(self, steps: int, first_step: int) -> tuple[ScheduledBatch, StepOutput]:

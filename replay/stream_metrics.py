@@ -157,13 +157,11 @@ class StreamingMetrics:
         size = int(seq_ids.max()) + 1
         for column in (self.first_step, self.last_step, self.tokens, self.scheduled_step):
             column.reserve(size)
-        first = np.full(len(seq_ids), first_step, dtype=np.int64)
-        for column in (self.first_step, self.scheduled_step):
+        for column in (self.first_step, self.scheduled_step):  # ``_keep_earliest`` of one step
             mine = column.data[seq_ids]
-            _keep_earliest(mine, first)
-            column.data[seq_ids] = mine
+            column.data[seq_ids[(mine == NOT_YET) | (first_step < mine)]] = first_step
         last = self.last_step.data
-        last[seq_ids] = np.maximum(last[seq_ids], first + sampled - 1)
+        last[seq_ids] = np.maximum(last[seq_ids], sampled + (first_step - 1))
         self.tokens.data[seq_ids] += sampled.astype(np.int32)
 
     def close(self, buffer: EventBuffer, summary: dict[str, Any]) -> None:

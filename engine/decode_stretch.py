@@ -128,10 +128,10 @@ class DecodeStretch:
         ``EngineCore``'s sequential path prices and records a step: ``overlapped`` is the first
         step's flag, ``defer`` every later one's; ``start``: the engine's start on the clock;
         ``sink_s``: the sink time charged to each step."""
-        rows: dict[str, list] = {name: [] for name in MODEL_ROW_COLUMNS}
+        steps: list[tuple] = []  # a row per step, turned into columns at the end
         for num_seqs, context, longest in zip(self.num_seqs, self.context_tokens,
                                               self.longest_contexts):
-            if rows["kind"] and clock() >= until:
+            if steps and clock() >= until:
                 break
             # Only the executor moves a simulated clock: host time as ``_advance_loop`` and
             # ``_complete`` add it up (scheduling and post-processing take none of it).
@@ -139,14 +139,13 @@ class DecodeStretch:
             output = executor.price_decode(num_seqs, context, overlapped, longest)
             ended = clock()
             host_s = (began - began) + (ended - began - output.wait_s) + (ended - ended)
-            for name, value in zip(MODEL_ROW_COLUMNS, (
-                    "decode", output.duration_s, num_seqs, 0, 0, num_seqs, context,
-                    output.padded_batch_size or num_seqs, output.graph_used, ended - start,
-                    overlapped, host_s + sink_s, output.padded_tokens)):
-                rows[name].append(value)
+            steps.append((
+                "decode", output.duration_s, num_seqs, 0, 0, num_seqs, context,
+                output.padded_batch_size or num_seqs, output.graph_used, ended - start,
+                overlapped, host_s + sink_s, output.padded_tokens))
             overlapped = defer
             self._last_output = output
-        return rows
+        return dict(zip(MODEL_ROW_COLUMNS, map(list, zip(*steps))))
 
     def bind_tokens(self, tokens: np.ndarray) -> None:
         """The token each sequence samples at each step (sequences by row, steps by column)."""

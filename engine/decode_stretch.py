@@ -12,7 +12,8 @@ tokens up front (numpy over the stretch), so its step times can be priced before
 ``BlockManager`` makes every block decision (``may_append``, and ``deallocate`` through
 ``Scheduler.finish``) in the order and at the step the per-step loop makes it, a ``Sequence`` is
 brought up to date (``Sequence.extend_tokens``) only where the block manager reads it (a token that
-starts or fills a block), when it finishes and when the stretch ends, and the rows of the steps'
+starts or fills a block), when it finishes and when the stretch ends (all the others at once:
+``engine.sequence.extend_each``), and the rows of the steps'
 ``batch_scheduled``, ``seq_scheduled``, ``model_step`` and ``token_sampled`` events are built
 column by column, with the event ids the per-step loop gives them.
 """

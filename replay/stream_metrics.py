@@ -32,7 +32,7 @@ from tracing.events import EventBuffer
 from tracing.sink import EventSink
 
 FOLD_EVENTS = 1 << 16  # token_sampled rows buffered before a fold
-FOLD_REQUESTS = 256  # or request_added rows (each holds its prompt), when stretches sample
+FOLD_REQUESTS = 256  # or request_added rows, when stretches sample (each may hold its prompt)
 NOT_YET = -1  # a step column of a request that has not reached that point
 STEP_KINDS = ("prefill", "decode", "mixed")
 

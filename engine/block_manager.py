@@ -18,14 +18,15 @@ from typing import Any
 import xxhash
 
 from engine.policy import FreeBlock, release_order
-from engine.sequence import PENDING_TOKEN, Sequence
+from engine.sequence import PENDING_TOKEN, TOKEN_TYPECODE, Sequence
 from tracing.events import EventBuffer
 from tracing.schema import NO_HASH
 
 _UINT64_SPAN = 1 << 64
 _INT64_MAX = (1 << 63) - 1
-_INT32 = "i"  # a C int: 32 bits where this engine runs (checked below)
+_INT32 = TOKEN_TYPECODE  # a C int: 32 bits where this engine runs (checked below)
 assert array(_INT32).itemsize == 4, "array('i') must hold 32-bit ints"
+TokenIds = list[int] | array  # a sequence's tokens, or a block's: see ``Sequence``
 
 
 def signed64(digest: int) -> int:
@@ -33,18 +34,19 @@ def signed64(digest: int) -> int:
     return digest - _UINT64_SPAN if digest > _INT64_MAX else digest
 
 
-def int32_bytes(token_ids: list[int]) -> bytes:
-    """Token ids as the bytes of a native int32 array (``np.asarray(ids, np.int32).tobytes()``,
-    made without numpy: several times faster for a block's few hundred ids)."""
+def int32_bytes(token_ids: TokenIds) -> bytes:
+    """Token ids (a list, or an ``array('i')``: then one copy) as the bytes of a native int32
+    array (``np.asarray(ids, np.int32).tobytes()``, made without numpy: several times faster for
+    a block's few hundred ids)."""
     return array(_INT32, token_ids).tobytes()
 
 
-def output_hash(token_ids: list[int]) -> int:
+def output_hash(token_ids: TokenIds) -> int:
     """xxhash64 of a completion's token ids (signed 64-bit), so replay notices a changed token."""
     return signed64(xxhash.xxh64_intdigest(int32_bytes(token_ids)))
 
 
-def chain_hash(token_ids: list[int], parent_hash: int, seed: int) -> int:
+def chain_hash(token_ids: TokenIds, parent_hash: int, seed: int) -> int:
     """xxhash64 of (parent hash, token ids) as a signed 64-bit integer (the trace column type)."""
     hasher = xxhash.xxh64(seed=seed)
     if parent_hash != NO_HASH:
@@ -63,7 +65,7 @@ class Block:
         self.ref_count = 0
         self.hash = NO_HASH
         self.parent_hash = NO_HASH
-        self.token_ids: list[int] = []
+        self.token_ids: TokenIds = []  # in its sequence's form (``Sequence.block``)
         self.last_used = -1  # the last step a scheduled holder held it (-1: never)
 
     def __repr__(self) -> str:
@@ -100,6 +102,9 @@ class BlockManager:
         # (the block was hit, or released again since).
         self.free_block_ids: OrderedDict[int, int] = OrderedDict()
         self._evictable: list[tuple[Any, int, int]] = []
+        # Release order (the default) ranks free blocks by their stamp, which is the free list's
+        # own order: its first block is the one to evict, and the heap is not kept.
+        self._fifo = eviction_key is release_order
         self._releases = 0
         for block in self.blocks:
             self._release(block)
@@ -304,6 +309,8 @@ class BlockManager:
         stamp = self._releases
         self._releases += 1
         self.free_block_ids[block.block_id] = stamp
+        if self._fifo:
+            return
         key = self.eviction_key(
             FreeBlock(block.block_id, stamp, block.last_used, block.hash != NO_HASH)
         )
@@ -314,6 +321,8 @@ class BlockManager:
 
     def _next_evicted(self) -> int:
         """The free block the eviction order hands out next (the smallest key)."""
+        if self._fifo:
+            return next(iter(self.free_block_ids))
         heap, free = self._evictable, self.free_block_ids
         while free.get(heap[0][2]) != heap[0][1]:
             heapq.heappop(heap)
@@ -349,7 +358,7 @@ class BlockManager:
         )
         return block_id
 
-    def _enter(self, block: Block, chunk: list[int], block_hash: int, parent: int) -> None:
+    def _enter(self, block: Block, chunk: TokenIds, block_hash: int, parent: int) -> None:
         """Record a full block's contents and point the cache index at it where appropriate."""
         block.hash = block_hash
         block.parent_hash = parent

@@ -12,7 +12,8 @@ tokens up front (numpy over the stretch), so its step times can be priced before
 ``BlockManager`` makes every block decision (``may_append``, and ``deallocate`` through
 ``Scheduler.finish``) in the order and at the step the per-step loop makes it, a ``Sequence`` is
 brought up to date (``Sequence.extend_tokens``) only where the block manager reads it (a token that
-starts or fills a block), when it finishes and when the stretch ends, and the rows of the steps'
+starts or fills a block), when it finishes and when the stretch ends (all the others at once:
+``engine.sequence.extend_each``), and the rows of the steps'
 ``batch_scheduled``, ``seq_scheduled``, ``model_step`` and ``token_sampled`` events are built
 column by column, with the event ids the per-step loop gives them.
 """
@@ -27,6 +28,7 @@ import numpy as np
 
 from engine.batch import ScheduledBatch, StepOutput
 from engine.policy import BUILTIN_POLICIES
+from engine.sequence import extend_each
 
 if TYPE_CHECKING:
     from engine.overlap_scheduler import OverlapScheduler
@@ -127,10 +129,10 @@ class DecodeStretch:
         ``EngineCore``'s sequential path prices and records a step: ``overlapped`` is the first
         step's flag, ``defer`` every later one's; ``start``: the engine's start on the clock;
         ``sink_s``: the sink time charged to each step."""
-        rows: dict[str, list] = {name: [] for name in MODEL_ROW_COLUMNS}
+        steps: list[tuple] = []  # a row per step, turned into columns at the end
         for num_seqs, context, longest in zip(self.num_seqs, self.context_tokens,
                                               self.longest_contexts):
-            if rows["kind"] and clock() >= until:
+            if steps and clock() >= until:
                 break
             # Only the executor moves a simulated clock: host time as ``_advance_loop`` and
             # ``_complete`` add it up (scheduling and post-processing take none of it).
@@ -138,14 +140,13 @@ class DecodeStretch:
             output = executor.price_decode(num_seqs, context, overlapped, longest)
             ended = clock()
             host_s = (began - began) + (ended - began - output.wait_s) + (ended - ended)
-            for name, value in zip(MODEL_ROW_COLUMNS, (
-                    "decode", output.duration_s, num_seqs, 0, 0, num_seqs, context,
-                    output.padded_batch_size or num_seqs, output.graph_used, ended - start,
-                    overlapped, host_s + sink_s, output.padded_tokens)):
-                rows[name].append(value)
+            steps.append((
+                "decode", output.duration_s, num_seqs, 0, 0, num_seqs, context,
+                output.padded_batch_size or num_seqs, output.graph_used, ended - start,
+                overlapped, host_s + sink_s, output.padded_tokens))
             overlapped = defer
             self._last_output = output
-        return rows
+        return dict(zip(MODEL_ROW_COLUMNS, map(list, zip(*steps))))
 
     def bind_tokens(self, tokens: np.ndarray) -> None:
         """The token each sequence samples at each step (sequences by row, steps by column)."""
@@ -186,12 +187,17 @@ class DecodeStretch:
                 finished.append(seq)
         self._emit_rows(steps, first_step, np.asarray(first_ids, np.int64), free_after,
                         model_rows, sequence_rows)
-        still = np.flatnonzero(self._last_step >= steps).tolist()
+        still = np.flatnonzero(self._last_step >= steps)
         block_manager.touch(self.seq_ids[still].tolist(), first_step + steps - 1)
-        rows = self._tokens[still, :steps].tolist()
-        for index, row in zip(still, rows):
-            done = self._caught[index]
-            seqs[index].extend_tokens(row[done:] if done else row)
+        caught = self._caught
+        behind = [index for index in still.tolist() if caught[index]]  # caught up in part
+        for index in behind:
+            self._catch_up(index, steps)
+        if behind:
+            still = still[[not caught[index] for index in still.tolist()]]
+        rows = self._tokens[still, :steps].astype(np.int32)
+        extend_each([seqs[index] for index in still.tolist()], rows.tobytes(), steps,
+                    rows[:, -1].tolist() if steps else [])
         return finished
 
     def last_batch(self, steps: int, first_step: int) -> tuple[ScheduledBatch, StepOutput]:

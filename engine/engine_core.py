@@ -69,6 +69,7 @@ class EngineCore:
         self.config = config
         self.executor = executor
         self.events: EventBuffer = EventBuffer() if record_events else NullEventBuffer()
+        self.events.keep_prompt_tokens = getattr(sink, "needs_prompt_tokens", True)
         self.scheduler = OverlapScheduler(config, config.num_kvcache_blocks, self.events)
         self.sink = sink
         self.clock = clock

@@ -165,6 +165,14 @@ class Policy:
         fresh) first; ties go to the earlier release. Default: ``Config.eviction``'s order."""
         return self._eviction(block)
 
+    def block_eviction_key(self) -> Callable[[FreeBlock], Any]:
+        """What the block manager ranks free blocks by: ``release_order`` itself where this
+        policy ranks by it (``eviction_key`` not overridden; the manager then keeps the free
+        list's own order and no heap), else ``eviction_key``."""
+        if type(self).eviction_key is Policy.eviction_key and self._eviction is release_order:
+            return release_order
+        return self.eviction_key
+
 
 class Chunked(Policy):
     """Decodes first, then prompt chunks under the token budget (vLLM v1, Sarathi)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 from engine.errors import InvalidRequestError
@@ -71,15 +72,17 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_recordable(token_ids: list[int], params: SamplingParams) -> None:
+def check_recordable(token_ids: list[int] | array, params: SamplingParams) -> None:
     """Raise ``InvalidRequestError`` for a request the trace's int32 columns cannot hold."""
     if params.max_tokens > INT32_MAX:
         raise InvalidRequestError(f"max_tokens must be <= {INT32_MAX}, got {params.max_tokens}")
     if len(token_ids) > INT32_MAX:
         raise InvalidRequestError(f"a prompt may hold at most {INT32_MAX} tokens")
-    # min/max run in C: cheap next to the request's own scheduling.
-    # A negative id or one past the vocabulary is recordable: such a request is rejected (and
-    # recorded); only a value no int32 column holds is refused here.
+    # min/max run in C: cheap next to the request's own scheduling. An int32 array holds only
+    # recordable values. A negative id or one past the vocabulary is recordable: such a request
+    # is rejected (and recorded); only a value no int32 column holds is refused here.
+    if isinstance(token_ids, array) and token_ids.typecode == "i" and token_ids.itemsize == 4:
+        return
     if token_ids and (min(token_ids) < INT32_MIN or max(token_ids) > INT32_MAX):
         bad = next(t for t in token_ids if not INT32_MIN <= t <= INT32_MAX)
         raise InvalidRequestError(f"token id {bad} does not fit a trace's int32 column")

@@ -46,7 +46,7 @@ class Scheduler:
             events,
             hash_seed=config.hash_seed,
             enable_prefix_caching=config.enable_prefix_caching,
-            eviction_key=self.policy.eviction_key,
+            eviction_key=self.policy.block_eviction_key(),
         )
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()  # in admission order

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from enum import Enum
 
 from engine.sampling_params import SamplingParams
@@ -10,6 +11,9 @@ from tracing.schema import NO_SEED
 # The token an overlapped step will sample, appended before its value is back from the device
 # (engine/engine_core.py); the scheduler writes the value in when the step resolves.
 PENDING_TOKEN = -1
+# The typecode of a sequence held as an int32 array (``array('i')``: a C int, 32 bits where this
+# engine runs; ``engine.block_manager`` checks it).
+TOKEN_TYPECODE = "i"
 
 
 class SequenceStatus(Enum):
@@ -23,6 +27,11 @@ class Sequence:
 
     ``num_cached_tokens`` counts prompt tokens served from the prefix cache at admission;
     ``num_computed_tokens`` counts tokens whose KV is in the cache (or is being written this step).
+
+    ``token_ids`` is a list of ints, or an int32 ``array('i')`` where the request came as one (the
+    streaming simulator's prompts): its blocks then hash and compare without a conversion per
+    token. Both behave alike (index, slice, append, extend); an engine's sequences should all
+    take one form, since a block of one form never equals a block of the other (no cache hit).
     """
 
     __slots__ = (
@@ -50,11 +59,17 @@ class Sequence:
     )
 
     def __init__(
-        self, seq_id: int, token_ids: list[int], params: SamplingParams, arrival_s: float = 0.0
+        self,
+        seq_id: int,
+        token_ids: list[int] | array,
+        params: SamplingParams,
+        arrival_s: float = 0.0,
     ) -> None:
         self.seq_id = seq_id
         self.status = SequenceStatus.WAITING
-        self.token_ids = list(token_ids)
+        self.token_ids: list[int] | array = (
+            array(TOKEN_TYPECODE, token_ids) if isinstance(token_ids, array) else list(token_ids)
+        )
         self.last_token = self.token_ids[-1] if self.token_ids else -1
         self.num_tokens = len(self.token_ids)
         self.num_prompt_tokens = self.num_tokens
@@ -91,19 +106,20 @@ class Sequence:
         return self.num_tokens - self.num_prompt_tokens
 
     @property
-    def prompt_token_ids(self) -> list[int]:
+    def prompt_token_ids(self) -> list[int] | array:
         return self.token_ids[: self.num_prompt_tokens]
 
     @property
-    def completion_token_ids(self) -> list[int]:
+    def completion_token_ids(self) -> list[int] | array:
         return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    def block(self, index: int, block_size: int) -> list[int]:
-        """The token ids of logical block ``index`` (the one place a block's tokens are sliced)."""
+    def block(self, index: int, block_size: int) -> list[int] | array:
+        """The token ids of logical block ``index`` (the one place a block's tokens are sliced),
+        in ``token_ids``' form."""
         return self.token_ids[index * block_size : (index + 1) * block_size]
 
     def append_token(self, token_id: int) -> None:
@@ -121,3 +137,21 @@ class Sequence:
             self.last_token = token_ids[-1]
             self.num_tokens += len(token_ids)
             self.num_computed_tokens = self.num_tokens - 1
+
+
+def extend_each(seqs: list[Sequence], tokens: bytes, width: int, last_tokens: list[int]) -> None:
+    """``Sequence.extend_tokens`` on each of ``seqs`` with ``width`` tokens: row ``i`` of
+    ``tokens``, the bytes of a native int32 matrix with a row per sequence, whose last token is
+    ``last_tokens[i]`` (an int32-array sequence takes its row without a conversion per token: a
+    decode stretch brings every running sequence up to date this way). Emits nothing."""
+    size = 4 * width
+    for offset, seq, last_token in zip(range(0, size * len(seqs), size), seqs, last_tokens):
+        row = tokens[offset : offset + size]
+        held = seq.token_ids
+        if type(held) is array:
+            held.frombytes(row)
+        else:
+            held.extend(array(TOKEN_TYPECODE, row))
+        seq.last_token = last_token
+        seq.num_tokens += width
+        seq.num_computed_tokens = seq.num_tokens - 1

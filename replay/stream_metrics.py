@@ -32,7 +32,7 @@ from tracing.events import EventBuffer
 from tracing.sink import EventSink
 
 FOLD_EVENTS = 1 << 16  # token_sampled rows buffered before a fold
-FOLD_REQUESTS = 256  # or request_added rows (each holds its prompt), when stretches sample
+FOLD_REQUESTS = 256  # or request_added rows, when stretches sample (each may hold its prompt)
 NOT_YET = -1  # a step column of a request that has not reached that point
 STEP_KINDS = ("prefill", "decode", "mixed")
 
@@ -143,6 +143,12 @@ class StreamingMetrics:
         of its ``seq_scheduled`` and ``token_sampled`` rows: no downstream sink needs them."""
         return self.downstream is None
 
+    @property
+    def needs_prompt_tokens(self) -> bool:
+        """Whether the ``request_added`` rows must hold their prompts: only for a downstream
+        sink (these columns keep prompt lengths only)."""
+        return self.downstream is not None
+
     def add_decode_stretch(self, seq_ids: np.ndarray, first_step: int,
                            sampled: np.ndarray) -> None:
         """Fold what a decode stretch's ``seq_scheduled`` and ``token_sampled`` rows hold
@@ -151,13 +157,11 @@ class StreamingMetrics:
         size = int(seq_ids.max()) + 1
         for column in (self.first_step, self.last_step, self.tokens, self.scheduled_step):
             column.reserve(size)
-        first = np.full(len(seq_ids), first_step, dtype=np.int64)
-        for column in (self.first_step, self.scheduled_step):
+        for column in (self.first_step, self.scheduled_step):  # ``_keep_earliest`` of one step
             mine = column.data[seq_ids]
-            _keep_earliest(mine, first)
-            column.data[seq_ids] = mine
+            column.data[seq_ids[(mine == NOT_YET) | (first_step < mine)]] = first_step
         last = self.last_step.data
-        last[seq_ids] = np.maximum(last[seq_ids], first + sampled - 1)
+        last[seq_ids] = np.maximum(last[seq_ids], sampled + (first_step - 1))
         self.tokens.data[seq_ids] += sampled.astype(np.int32)
 
     def close(self, buffer: EventBuffer, summary: dict[str, Any]) -> None:

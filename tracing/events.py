@@ -20,6 +20,9 @@ class EventBuffer:
     def __init__(self, first_event_id: int = 0) -> None:
         self.next_event_id = first_event_id
         self.step = 0
+        # False: ``request_added`` rows hold None for ``prompt_token_ids`` (the prompt is not
+        # copied), for a sink that reads no prompt tokens (``EventSink.needs_prompt_tokens``).
+        self.keep_prompt_tokens = True
         self.tables: dict[str, dict[str, list]] = {}
         self._reset_tables()
 
@@ -84,7 +87,7 @@ class EventBuffer:
         t["seq_id"].append(seq_id)
         t["arrival_s"].append(arrival_s)
         t["prompt_len"].append(len(prompt_token_ids))
-        t["prompt_token_ids"].append(list(prompt_token_ids))
+        t["prompt_token_ids"].append(list(prompt_token_ids) if self.keep_prompt_tokens else None)
         t["temperature"].append(temperature)
         t["max_tokens"].append(max_tokens)
         t["ignore_eos"].append(ignore_eos)

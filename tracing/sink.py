@@ -14,7 +14,9 @@ class EventSink(Protocol):
     A sink that needs no per-sequence rows may also say so (``takes_decode_stretches``: True)
     and take ``add_decode_stretch(seq_ids, first_step, sampled)`` instead of a decode stretch's
     ``seq_scheduled`` and ``token_sampled`` rows (``engine/decode_stretch.py``; the
-    simulator's ``StreamingMetrics`` does when nothing is written on).
+    simulator's ``StreamingMetrics`` does when nothing is written on). A sink that reads no
+    prompt tokens may say so too (``needs_prompt_tokens``: False): the engine's buffer then
+    leaves ``request_added.prompt_token_ids`` None instead of copying each prompt.
     """
 
     def open(self, header: dict[str, Any]) -> None: ...

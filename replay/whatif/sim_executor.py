@@ -253,15 +253,12 @@ class SimExecutor:
         first = self._one_off_costs and cls not in self._seen_classes
         if first:
             self._seen_classes.add(cls)
-        features = StepFeatures(
-            num_seqs=num_seqs, prefill_tokens=prefill_tokens, prefill_attn_work=work,
-            decode_seqs=decode_seqs, decode_context_tokens=context, padded_batch_size=padded,
-            padded_tokens=computed_tokens(padded_tokens, prefill_tokens, decode_seqs),
-            decode_kv_tokens=kv_tokens,
-            decode_longest_tokens=(longest_program_tokens(longest_context, padded,
-                                                          self._kv_heads)
-                                   if decode_seqs else 0.0),
-            prefill_longest_tokens=longest_prefill)
+        features = StepFeatures(  # positional, in ``FEATURES``' order (once per step)
+            num_seqs, prefill_tokens, work, decode_seqs, context, padded,
+            computed_tokens(padded_tokens, prefill_tokens, decode_seqs), kv_tokens,
+            longest_program_tokens(longest_context, padded, self._kv_heads)
+            if decode_seqs else 0.0,
+            longest_prefill)
         time = cost.predict(features, cls, overlapped, first)
         self.clock.now += time.interval_s
         self.last_interval_s = time.interval_s

@@ -19,6 +19,7 @@ on, and its metrics are not reported).
 from __future__ import annotations
 
 import time
+from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,8 @@ from engine.config import Config
 from engine.drive import drive
 from engine.engine_core import EngineCore, StepResult
 from engine.errors import ReplayLLMError
+from engine.sampling_params import INT32_MAX, INT32_MIN
+from engine.sequence import TOKEN_TYPECODE
 from replay.stream_metrics import StreamingMetrics
 from replay.whatif.cost.model import CostModel
 from replay.whatif.notes import variant_notes
@@ -56,13 +59,23 @@ class RequestSource(Protocol):
     def __iter__(self) -> Iterator[SimRequest]: ...
 
 
-def prompt_ids(prompt: Any) -> list[int]:
-    """A prompt (token ids, an int32 array or a recipe) as the engine's list of ints."""
+def prompt_ids(prompt: Any) -> array | list[int]:
+    """A prompt (token ids, a numpy array or a recipe) as the engine takes it: an int32
+    ``array('i')`` (one copy of the bytes; the engine then hashes its blocks without converting
+    each token: ``engine.sequence.Sequence``), or the list of ints where a value does not fit
+    int32 (the engine then refuses it with its own message)."""
     if isinstance(prompt, PromptRecipe):
-        return prompt.tokens().tolist()
+        prompt = prompt.tokens()
     if isinstance(prompt, np.ndarray):
-        return prompt.tolist()
-    return list(prompt)
+        if prompt.dtype != np.int32:
+            if len(prompt) and (prompt.min() < INT32_MIN or prompt.max() > INT32_MAX):
+                return prompt.tolist()
+            prompt = prompt.astype(np.int32)
+        return array(TOKEN_TYPECODE, prompt.tobytes())
+    try:
+        return array(TOKEN_TYPECODE, prompt)
+    except OverflowError:
+        return list(prompt)
 
 
 def sim_request(request: Request, where: str) -> SimRequest:

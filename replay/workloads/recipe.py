@@ -25,9 +25,17 @@ _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 def _mix(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser, elementwise on uint64 (wrapping arithmetic)."""
-    x = (x ^ (x >> np.uint64(30))) * _M1
-    x = (x ^ (x >> np.uint64(27))) * _M2
-    return x ^ (x >> np.uint64(31))
+    return _mix_in_place(np.array(x, dtype=np.uint64))
+
+
+def _mix_in_place(x: np.ndarray) -> np.ndarray:
+    """``_mix`` written into ``x`` (a uint64 array), which it returns."""
+    x ^= x >> np.uint64(30)
+    x *= _M1
+    x ^= x >> np.uint64(27)
+    x *= _M2
+    x ^= x >> np.uint64(31)
+    return x
 
 
 _MASK = (1 << 64) - 1
@@ -100,6 +108,18 @@ def recipe_tokens(recipes: list[PromptRecipe]) -> list[np.ndarray]:
     starts = np.cumsum(lengths) - lengths
     row_of = np.repeat(np.arange(len(recipes)), lengths)
     positions = np.arange(total, dtype=np.int64) - starts[row_of]
+    if not num_ids.any():  # no named blocks: every token is a tail token (no masks, in place)
+        salts = np.asarray([r.salt & 0xFFFFFFFFFFFFFFFF for r in recipes], dtype=np.uint64)
+        with np.errstate(over="ignore"):
+            salt = salts[row_of]
+            x = positions.astype(np.uint64)
+            x += salt * _POSITION
+            x *= _POSITION
+            x ^= _TAIL
+            x ^= salt
+            _mix_in_place(x)
+            x %= np.uint64(RECIPE_TOKEN_RANGE)
+        return np.split(x.astype(np.int32), np.cumsum(lengths)[:-1])
     head = positions < named[row_of]
     out = np.empty(total, dtype=np.uint64)
     with np.errstate(over="ignore"):

@@ -29,7 +29,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.serve_server import ROOT, RawProbe, Server, frontend_ttft, probe_prompt
+from benchmarks.serve_server import (
+    ROOT,
+    RawProbe,
+    Server,
+    frontend_ttft,
+    probe_prompt,
+    scaled_step_times,
+)
 
 
 # --- soak ---------------------------------------------------------------------------------------
@@ -271,16 +278,11 @@ def proxy(step_trace: str, load: float, settings: list[str], poisson_requests: i
     """``gpu``'s measurements on a CPU: the real engine core, scheduler and recorder over an
     executor taking the step times fitted to ``step_trace`` (times ``slowdown``), offline and
     behind the server; see ``engine.server.proxy``."""
-    from dataclasses import replace
-
     from engine.config import parse_overrides
-    from engine.server.proxy import ProxyEngine, ProxyStepTimes
+    from engine.server.proxy import ProxyEngine
     from replay.workloads.builtin import reference_workload
 
-    times = ProxyStepTimes.fit(step_trace)
-    times = replace(times, base_s=times.base_s * slowdown,
-                    prefill_token_s=times.prefill_token_s * slowdown,
-                    decode_seq_s=times.decode_seq_s * slowdown)
+    times = scaled_step_times(step_trace, slowdown)
     workload = reference_workload()[:num_requests]
     engine = ProxyEngine(times, None, **parse_overrides(settings))
     core = engine.core
@@ -318,32 +320,6 @@ def _ratios(out: dict[str, Any], engines: tuple[str, ...]) -> None:
             / max(out["thread"]["all_at_once"]["client_tok_s"], 1e-9), 3)
 
 
-def proxy_server(argv: list[str]) -> int:
-    """``replayllm serve`` over the proxy engine (what ``_ProxyServer`` starts)."""
-    from dataclasses import replace
-
-    from engine.config import parse_overrides
-    from engine.server.proxy import ProxyStepTimes
-    from engine.server.run import serve
-
-    parser = argparse.ArgumentParser(prog="benchmarks.serve proxy-server")
-    parser.add_argument("--step-trace", required=True)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--trace-dir", required=True)
-    parser.add_argument("--engine", default="process")
-    parser.add_argument("--slowdown", type=float, default=1.0)
-    parser.add_argument("--set", dest="settings", action="append", default=[])
-    args = parser.parse_args(argv)
-    slowdown, settings = args.slowdown, args.settings
-    times = ProxyStepTimes.fit(args.step_trace)
-    times = replace(times, base_s=times.base_s * slowdown,
-                    prefill_token_s=times.prefill_token_s * slowdown,
-                    decode_seq_s=times.decode_seq_s * slowdown)
-    serve(None, trace_dir=args.trace_dir, port=args.port, overrides=parse_overrides(settings),
-          engine_mode=args.engine, proxy=times)
-    return 0
-
-
 def _free_gpu() -> None:
     import gc
 
@@ -359,8 +335,6 @@ def _free_gpu() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["proxy-server"]:
-        return proxy_server(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", nargs="?", choices=["soak", "gpu", "proxy"], default="soak")
     parser.add_argument("--requests", type=int, default=5000, help="soak: requests to send")

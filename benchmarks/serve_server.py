@@ -1,6 +1,8 @@
 """The server a ``benchmarks.serve`` run measures: a ``replayllm serve`` subprocess (its RSS and
 CPU from /proc), its own TTFT histogram from ``/metrics``, and a bare-socket probe client that
-times first chunks with no HTTP library of its own."""
+times first chunks with no HTTP library of its own. Run as a script (``python -m
+benchmarks.serve_server --step-trace TRACE --port P --trace-dir DIR``) it is ``replayllm serve``
+over the proxy engine, which ``Server`` starts for the CPU proxy."""
 
 from __future__ import annotations
 
@@ -34,8 +36,8 @@ class Server:
 
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        if proxy_trace is not None:  # the CPU proxy: this module's ``proxy-server`` mode
-            args = [sys.executable, "-m", "benchmarks.serve", "proxy-server",
+        if proxy_trace is not None:  # the CPU proxy: this module run as a script
+            args = [sys.executable, "-m", "benchmarks.serve_server",
                     "--step-trace", proxy_trace, "--slowdown", str(slowdown)]
         else:
             args = [sys.executable, "-m", "replay.cli.main", "serve"]
@@ -185,3 +187,41 @@ def probe_prompt(workload: list) -> list[int]:
     length = next(n for n in range(16, 1 << 20) if n not in lengths)
     prompt = list(workload[0].prompt)
     return (prompt * (length // len(prompt) + 1))[:length]
+
+
+def scaled_step_times(step_trace: str, slowdown: float) -> Any:
+    """The proxy engine's step times fitted to ``step_trace``, each multiplied by ``slowdown``
+    (a CPU too small to keep up with the GPU's token rate)."""
+    from dataclasses import replace
+
+    from engine.server.proxy import ProxyStepTimes
+
+    times = ProxyStepTimes.fit(step_trace)
+    return replace(times, base_s=times.base_s * slowdown,
+                   prefill_token_s=times.prefill_token_s * slowdown,
+                   decode_seq_s=times.decode_seq_s * slowdown)
+
+
+def proxy_server(argv: list[str]) -> int:
+    """``replayllm serve`` over the proxy engine (what ``Server`` starts for ``proxy_trace``)."""
+    import argparse
+
+    from engine.config import parse_overrides
+    from engine.server.run import serve
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.serve_server")
+    parser.add_argument("--step-trace", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--trace-dir", required=True)
+    parser.add_argument("--engine", default="process")
+    parser.add_argument("--slowdown", type=float, default=1.0)
+    parser.add_argument("--set", dest="settings", action="append", default=[])
+    args = parser.parse_args(argv)
+    serve(None, trace_dir=args.trace_dir, port=args.port,
+          overrides=parse_overrides(args.settings), engine_mode=args.engine,
+          proxy=scaled_step_times(args.step_trace, args.slowdown))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(proxy_server(sys.argv[1:]))

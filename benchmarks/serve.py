@@ -1,8 +1,9 @@
 """``replayllm serve`` under load: a soak on CPU, and the server-overhead measurements on a GPU.
 
 ``soak`` (default; CPU, the tiny model): N requests (5,000) through a server recording a trace,
-``--concurrency`` in flight; the server's RSS is sampled as requests complete, and its growth
-after the first thousand is reported against ``--rss-bound-mb``; afterwards every request must
+``--concurrency`` in flight; the server's RSS (its process and its engine process) is sampled as
+requests complete, and its growth after the first thousand is reported against
+``--rss-bound-mb``; afterwards every request must
 be in the trace (none lost) and the trace must verify.
 
 ``gpu`` (the ``qwen3-0.6b`` preset on one GPU; the issue's two targets, in one call):
@@ -56,7 +57,8 @@ def soak(requests: int, concurrency: int, rss_bound_mb: float, settings: list[st
                 for _ in range(requests)]
     trace_dir = Path(tempfile.mkdtemp(prefix="soak-")) / "trace"
     server = Server(trace_dir, None, ["calibration_repeats=0", *settings])
-    samples: list[tuple[int, float]] = [(0, server.rss_mb())]
+    # (requests done, RSS of the server process and of its engine process, MiB)
+    samples: list[tuple[int, dict[str, float]]] = [(0, server.rss_mb())]
     errors = 0
     began = time.perf_counter()
 
@@ -78,8 +80,10 @@ def soak(requests: int, concurrency: int, rss_bound_mb: float, settings: list[st
                     done += 1
                     if done % 250 == 0:
                         samples.append((done, server.rss_mb()))
-                        print(f"  {done} requests, server RSS {samples[-1][1]:.1f} MiB",
-                              flush=True)
+                        rss = samples[-1][1]
+                        print(f"  {done} requests, server RSS {sum(rss.values()):.1f} MiB "
+                              f"(frontend {rss['frontend']:.1f}, engine "
+                              f"{rss['children']:.1f})", flush=True)
 
             await asyncio.gather(*(worker() for _ in range(concurrency)))
 
@@ -91,16 +95,20 @@ def soak(requests: int, concurrency: int, rss_bound_mb: float, settings: list[st
     recorded = trace.table("request_added").num_rows
     finished = trace.table("request_finished").num_rows
     verified = verify(trace_dir)
-    after_first = [rss for n, rss in samples if n >= 1000]
+    after_first = [sum(rss.values()) for n, rss in samples if n >= 1000]
     growth = max(after_first) - after_first[0] if after_first else float("nan")
+    parts_growth = {part: round(max(rss[part] for n, rss in samples if n >= 1000)
+                                - next(rss[part] for n, rss in samples if n >= 1000), 1)
+                    for part in samples[0][1]} if after_first else {}
     return {
         "requests": requests, "concurrency": concurrency, "wall_s": round(wall, 1),
         "requests_per_s": round(requests / wall, 1), "errors": errors,
         "rss_mb_at_1000": round(after_first[0], 1) if after_first else None,
         "rss_mb_max_after_1000": round(max(after_first), 1) if after_first else None,
         "rss_growth_after_1000_mb": round(growth, 1), "rss_bound_mb": rss_bound_mb,
+        "rss_growth_after_1000_by_process_mb": parts_growth,
         "rss_within_bound": bool(growth <= rss_bound_mb),
-        "rss_samples": [(n, round(r, 1)) for n, r in samples],
+        "rss_samples": [(n, {k: round(v, 1) for k, v in r.items()}) for n, r in samples],
         "recorded_requests": recorded, "finished_requests": finished,
         "nothing_lost": recorded == requests == finished and errors == 0,
         "trace_complete": bool(trace.complete), "exit_status": status,

@@ -60,30 +60,40 @@ class Server:
         self.stop()
         raise RuntimeError("the server did not start")
 
-    def rss_mb(self) -> float:
-        """Resident set size of the server process (Linux /proc), MiB."""
-        with open(f"/proc/{self.proc.pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-        return float("nan")
+    def rss_mb(self) -> dict[str, float]:
+        """Resident set sizes (Linux /proc), MiB: the server process (``frontend``) and its
+        children (``children``: the engine process, where it has one)."""
+        return {"frontend": _proc_rss_mb(self.proc.pid),
+                "children": sum(_proc_rss_mb(c) for c in self._children())}
 
     def cpu_s(self) -> dict[str, float]:
         """CPU seconds (user + system) so far of the server process and of its children (the
         engine process), from /proc (Linux)."""
-        out = {"frontend": _proc_cpu_s(self.proc.pid)}
+        return {"frontend": _proc_cpu_s(self.proc.pid),
+                "children": sum(_proc_cpu_s(c) for c in self._children())}
+
+    def _children(self) -> list[int]:
         try:
             with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
-                children = [int(c) for c in f.read().split()]
+                return [int(c) for c in f.read().split()]
         except OSError:
-            children = []
-        out["children"] = sum(_proc_cpu_s(c) for c in children)
-        return out
+            return []
 
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(120)
+
+
+def _proc_rss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
 
 
 def _proc_cpu_s(pid: int) -> float:

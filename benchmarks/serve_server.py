@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,45 +21,92 @@ ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 600.0
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port no socket holds now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
 class Server:
-    """A ``replayllm serve`` subprocess recording to ``trace_dir``."""
+    """A ``replayllm serve`` subprocess on a free loopback port, started and waited for (its
+    ``/health``), recording to ``trace_dir`` (None: no trace). The benchmarks' server and the
+    tests' (``tests/engine/server/server_process.py``).
 
-    def __init__(self, trace_dir: Path, model: str | None, settings: list[str],
-                 engine: str = "process", proxy_trace: str | None = None,
-                 slowdown: float = 1.0) -> None:
-        import httpx
+    ``model``: its checkpoint (None: the tiny model); ``settings``: ``--set`` values;
+    ``engine``: ``--engine`` (None: the server's default); ``proxy_trace``: run the proxy engine
+    over that trace's step times, each times ``slowdown`` (this module as a script); ``extra``:
+    more arguments; ``log``: a file taking its output (None: it writes to the caller's).
+    """
 
-        self.port = _free_port()
+    def __init__(self, trace_dir: Path | None, model: str | None = None,
+                 settings: Sequence[str] = (), engine: str | None = "process",
+                 proxy_trace: str | None = None, slowdown: float = 1.0,
+                 extra: Sequence[str] = (), log: Path | None = None,
+                 start_timeout_s: float = START_TIMEOUT_S) -> None:
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.trace_dir = trace_dir
         if proxy_trace is not None:  # the CPU proxy: this module run as a script
             args = [sys.executable, "-m", "benchmarks.serve_server",
                     "--step-trace", proxy_trace, "--slowdown", str(slowdown)]
         else:
             args = [sys.executable, "-m", "replay.cli.main", "serve"]
-        args += ["--port", str(self.port), "--trace-dir", str(trace_dir), "--engine", engine]
+        args += ["--port", str(self.port)]
+        if trace_dir is not None:
+            args += ["--trace-dir", str(trace_dir)]
+        if engine is not None:
+            args += ["--engine", engine]
         if model is not None:
             args += ["--model", model]
         for setting in settings:
             args += ["--set", setting]
-        self.proc = subprocess.Popen(args, cwd=ROOT)
-        deadline = time.monotonic() + START_TIMEOUT_S
+        args += list(extra)
+        self.log = open(log, "w+") if log is not None else None  # noqa: SIM115 - kept open
+        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=self.log,
+                                     stderr=subprocess.STDOUT if self.log else None)
+        self._wait_ready(start_timeout_s)
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.proc.returncode}")
+                raise RuntimeError(f"the server exited ({self.proc.returncode}): "
+                                   f"{self.output()}")
             try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError("the server did not start")
+            time.sleep(0.2)
+        self.kill()
+        raise RuntimeError(f"the server did not start in {timeout_s} s: {self.output()}")
+
+    def output(self) -> str:
+        """The end of what the server wrote ("" where it writes to the caller's output)."""
+        if self.log is None:
+            return ""
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()[-4000:]
+
+    def terminate(self, timeout: float = 60.0) -> int:
+        """SIGTERM and wait; the exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def stop(self) -> int:
+        """``terminate`` with the time a recording server may need to close its trace."""
+        return self.terminate(120)
+
+    def kill(self) -> None:
+        """SIGKILL (kill -9) and wait."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(30)
 
     def rss_mb(self) -> dict[str, float]:
         """Resident set sizes (Linux /proc), MiB: the server process (``frontend``) and its
@@ -78,11 +126,6 @@ class Server:
                 return [int(c) for c in f.read().split()]
         except OSError:
             return []
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(120)
 
 
 def _proc_rss_mb(pid: int) -> float:

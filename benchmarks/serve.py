@@ -95,11 +95,11 @@ def soak(requests: int, concurrency: int, rss_bound_mb: float, settings: list[st
     recorded = trace.table("request_added").num_rows
     finished = trace.table("request_finished").num_rows
     verified = verify(trace_dir)
-    after_first = [sum(rss.values()) for n, rss in samples if n >= 1000]
+    later = [rss for n, rss in samples if n >= 1000]
+    after_first = [sum(rss.values()) for rss in later]
     growth = max(after_first) - after_first[0] if after_first else float("nan")
-    parts_growth = {part: round(max(rss[part] for n, rss in samples if n >= 1000)
-                                - next(rss[part] for n, rss in samples if n >= 1000), 1)
-                    for part in samples[0][1]} if after_first else {}
+    parts_growth = {part: round(max(rss[part] for rss in later) - later[0][part], 1)
+                    for part in later[0]} if later else {}
     return {
         "requests": requests, "concurrency": concurrency, "wall_s": round(wall, 1),
         "requests_per_s": round(requests / wall, 1), "errors": errors,
@@ -310,15 +310,10 @@ def proxy(step_trace: str, load: float, settings: list[str], poisson_requests: i
     proxy_settings = [f"{k}={v}" for k, v in parse_overrides(settings).items()]
     for kind in engines:
         out[kind] = server_runs(
-            lambda d, e=kind: _ProxyServer(d, proxy_settings, e, step_trace, slowdown),
+            lambda d, e=kind: Server(d, None, proxy_settings, e, step_trace, slowdown),
             workload, offline_tok_s, tokens / len(workload), load, poisson_requests, workers)
     _ratios(out, engines)
     return out
-
-
-def _ProxyServer(trace_dir: Path, settings: list[str], engine: str, step_trace: str,
-                 slowdown: float) -> Server:
-    return Server(trace_dir, None, settings, engine, step_trace, slowdown)
 
 
 def _ratios(out: dict[str, Any], engines: tuple[str, ...]) -> None:

@@ -35,6 +35,8 @@ from tracing.events import NullEventBuffer
 
 log = logging.getLogger(__name__)
 
+# What ``Connection.send_bytes`` writes before a payload, at most (a length of 4 or 12 bytes).
+CONNECTION_HEADER_BYTES = 16
 START_TIMEOUT_S = 3600.0  # a large checkpoint's load and graph capture
 CLOSE_TIMEOUT_S = 300.0  # the engine closing its trace after ``stop``
 
@@ -135,7 +137,8 @@ class EngineProcess(RequestIntake):
         if self._write_lock.acquire(blocking=False):
             try:
                 room = pipe_room(self.conn.fileno())
-                if not self._queued and room is not None and len(payload) + 16 <= room:
+                needed = len(payload) + CONNECTION_HEADER_BYTES
+                if not self._queued and room is not None and needed <= room:
                     self.conn.send_bytes(payload)
                     self.counts.command(message[0])
                     return
@@ -166,7 +169,7 @@ class EngineProcess(RequestIntake):
                     self._queued -= 1
             self.counts.command(kind)
 
-    # --- outputs (reader thread, then the event loop) ---------------------------------------------
+    # --- outputs (the event loop) ----------------------------------------------------------------
     def _on_readable(self) -> None:
         """Every message the engine has sent so far (on the event loop)."""
         try:
@@ -268,4 +271,3 @@ class EngineProcess(RequestIntake):
                     self.error = ReplayLLMError(message[2])
                 break
         self._closed.set()
-

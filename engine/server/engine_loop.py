@@ -290,6 +290,5 @@ def put_all(deliveries: list[tuple[RequestStream, list[int], str | None, str | N
             stream.queue.put_nowait(delivery[1:])
         else:
             later.append(delivery)
-    for stream, tokens, reason, error in later:
-        stream.answered = stream.answered or bool(tokens)
+    for stream, tokens, reason, error in later:  # a token here: the stream is answered already
         stream.queue.put_nowait((tokens, reason, error))

@@ -272,12 +272,16 @@ def main(
 
 
 def _variant_overrides(spec: str) -> dict[str, Any]:
-    """``chunked`` or ``chunked-2048`` (the token budget) as Config overrides."""
-    name, _, budget = spec.partition("-")
+    """``chunked`` or ``chunked-2048`` (the token budget) as Config overrides, each optionally
+    followed by ``@KEY=VALUE`` settings (``chunked-2048@overlap_mixed_steps=false``)."""
+    from engine.config import parse_overrides
+
+    policy, *settings = spec.split("@")
+    name, _, budget = policy.partition("-")
     out: dict[str, Any] = {"policy": name}
     if budget:
         out["max_num_batched_tokens"] = int(budget)
-    return out
+    return {**out, **parse_overrides(settings)}
 
 
 def _write(json_path: str | None, result: dict[str, Any]) -> None:

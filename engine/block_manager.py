@@ -9,50 +9,16 @@ emitted to the event buffer.
 from __future__ import annotations
 
 import heapq
-from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 from itertools import repeat
 from typing import Any
 
-import xxhash
-
+from engine.block_hash import TokenIds, chain_hash
 from engine.policy import FreeBlock, release_order
-from engine.sequence import PENDING_TOKEN, TOKEN_TYPECODE, Sequence
+from engine.sequence import PENDING_TOKEN, Sequence
 from tracing.events import EventBuffer
 from tracing.schema import NO_HASH
-
-_UINT64_SPAN = 1 << 64
-_INT64_MAX = (1 << 63) - 1
-_INT32 = TOKEN_TYPECODE  # a C int: 32 bits where this engine runs (checked below)
-assert array(_INT32).itemsize == 4, "array('i') must hold 32-bit ints"
-TokenIds = list[int] | array  # a sequence's tokens, or a block's: see ``Sequence``
-
-
-def signed64(digest: int) -> int:
-    """An unsigned 64-bit digest as the signed int64 the trace columns hold."""
-    return digest - _UINT64_SPAN if digest > _INT64_MAX else digest
-
-
-def int32_bytes(token_ids: TokenIds) -> bytes:
-    """Token ids (a list, or an ``array('i')``: then one copy) as the bytes of a native int32
-    array (``np.asarray(ids, np.int32).tobytes()``, made without numpy: several times faster for
-    a block's few hundred ids)."""
-    return array(_INT32, token_ids).tobytes()
-
-
-def output_hash(token_ids: TokenIds) -> int:
-    """xxhash64 of a completion's token ids (signed 64-bit), so replay notices a changed token."""
-    return signed64(xxhash.xxh64_intdigest(int32_bytes(token_ids)))
-
-
-def chain_hash(token_ids: TokenIds, parent_hash: int, seed: int) -> int:
-    """xxhash64 of (parent hash, token ids) as a signed 64-bit integer (the trace column type)."""
-    hasher = xxhash.xxh64(seed=seed)
-    if parent_hash != NO_HASH:
-        hasher.update(parent_hash.to_bytes(8, "little", signed=True))
-    hasher.update(int32_bytes(token_ids))
-    return signed64(hasher.intdigest())
 
 
 class Block:
@@ -88,6 +54,7 @@ class BlockManager:
         hash_seed: int = 0,
         enable_prefix_caching: bool = True,
         eviction_key: Callable[[FreeBlock], Any] = release_order,
+        hold_decode_blocks: bool = False,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -95,6 +62,9 @@ class BlockManager:
         self.hash_seed = hash_seed
         self.enable_prefix_caching = enable_prefix_caching
         self.eviction_key = eviction_key
+        # A block filled by a decode's token enters the cache at the end of the schedule
+        # (``settle_held``), not in ``may_append`` (``Config.overlap_mixed_steps``).
+        self.hold_decode_blocks = hold_decode_blocks
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.hash_to_block_id: dict[int, int] = {}
         # Free block id -> its release stamp, in release order. The heap holds (eviction key,
@@ -110,8 +80,9 @@ class BlockManager:
             self._release(block)
         # Sequence id -> the last step it was scheduled (``touch``), read when it lets go.
         self._last_scheduled: dict[int, int] = {}
-        # Blocks completed by a token whose value is still on the device: (seq, logical index,
-        # parent hash, block_hashed event row). Entered into the cache by ``resolve_pending``.
+        # Blocks completed by a token whose value is still on the device, or held to the end of
+        # the schedule (``hold_decode_blocks``): (seq, logical index, parent hash, block_hashed
+        # event row). Entered into the cache by ``resolve_pending``.
         self.pending_hashes: list[tuple[Sequence, int, int, int]] = []
 
     # --- admission --------------------------------------------------------------------------------
@@ -171,11 +142,13 @@ class BlockManager:
         for logical_index in range(index, num_blocks):
             self._allocate_fresh(seq, logical_index)
 
-    def register_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
-        """Enter into the prefix cache every full block within the first ``num_tokens`` tokens.
+    def register_full_blocks(self, seq: Sequence, num_tokens: int, hold_last: bool = False
+                             ) -> None:
+        """Enter into the prefix cache every full block within the first ``num_tokens`` tokens;
+        ``hold_last``: the last of them waits in ``pending_hashes`` like a pending one.
 
         Emits: ``block_hashed`` per newly full block (hash ``NO_HASH`` for a block completed by a
-        pending token, patched by ``resolve_pending``); nothing with prefix caching off.
+        pending token or held, patched by ``resolve_pending``); nothing with prefix caching off.
         """
         if not self.enable_prefix_caching:
             return
@@ -189,7 +162,7 @@ class BlockManager:
         parent = blocks[table[index - 1]].hash if index > 0 else NO_HASH
         while index < last_full:
             chunk = seq.block(index, block_size)
-            if chunk[-1] == PENDING_TOKEN:
+            if chunk[-1] == PENDING_TOKEN or (hold_last and index == last_full - 1):
                 # Completed by a token still on the device: only the last token of a block can
                 # be pending, and no later block exists yet. Hashed when the value is in.
                 row = self.events.emit_block_hashed(
@@ -227,7 +200,35 @@ class BlockManager:
         if seq.num_tokens > len(seq.block_table) * self.block_size:
             self._allocate_fresh(seq, len(seq.block_table))
         if seq.num_tokens % self.block_size == 0:
-            self.register_full_blocks(seq, seq.num_tokens)
+            self.register_full_blocks(seq, seq.num_tokens, self.hold_decode_blocks)
+
+    def settle_held(self) -> None:
+        """The end of a schedule under ``hold_decode_blocks``: enter the held blocks now when
+        every value is in; while one is still on the device, all wait for ``resolve_pending``
+        (the same moment for the cache: only a launch comes between), in their order.
+
+        Emits: nothing new; patches the ``block_hashed.hash`` of each held block.
+        """
+        held = self.pending_hashes
+        if not held:
+            return
+        size = self.block_size
+        if all(seq.token_ids[(index + 1) * size - 1] != PENDING_TOKEN
+               for seq, index, _, _ in held):
+            self.resolve_pending()
+
+    def _settle_held_of(self, seq: Sequence) -> None:
+        """Enter ``seq``'s held blocks before it lets them go (preempted in the schedule that
+        held them, so their values are in), as ``may_append`` would have at once; a block whose
+        value is still on the device stays for ``resolve_pending`` (it only patches the event)."""
+        size, kept = self.block_size, []
+        for entry in self.pending_hashes:
+            held, index = entry[0], entry[1]
+            if held is seq and seq.token_ids[(index + 1) * size - 1] != PENDING_TOKEN:
+                self._hash_held(*entry)
+            else:
+                kept.append(entry)
+        self.pending_hashes = kept
 
     def resolve_pending(self) -> None:
         """Hash the blocks completed by pending tokens, now that their values are written.
@@ -238,14 +239,18 @@ class BlockManager:
 
         Emits: nothing new; patches the ``block_hashed.hash`` of each pending block.
         """
-        block_size = self.block_size
-        for seq, index, parent, row in self.pending_hashes:
-            chunk = seq.block(index, block_size)
-            block_hash = chain_hash(chunk, parent, self.hash_seed)
-            if seq.block_table:  # still holds its blocks (a finished sequence keeps none)
-                self._enter(self.blocks[seq.block_table[index]], chunk, block_hash, parent)
-            self.events.patch_block_hash(row, block_hash)
+        for entry in self.pending_hashes:
+            self._hash_held(*entry)
         self.pending_hashes.clear()
+
+    def _hash_held(self, seq: Sequence, index: int, parent: int, row: int) -> None:
+        """Hash one block of ``pending_hashes`` (its value is in), enter it while its sequence
+        still holds its blocks (a finished one keeps none) and patch its event."""
+        chunk = seq.block(index, self.block_size)
+        block_hash = chain_hash(chunk, parent, self.hash_seed)
+        if seq.block_table:
+            self._enter(self.blocks[seq.block_table[index]], chunk, block_hash, parent)
+        self.events.patch_block_hash(row, block_hash)
 
     def touch(self, seq_ids: list[int], step: int) -> None:
         """Note that the sequences ``seq_ids`` hold their blocks in ``step`` (for eviction by
@@ -265,6 +270,8 @@ class BlockManager:
 
         Emits: ``block_freed`` per block reference, in release order.
         """
+        if self.hold_decode_blocks and self.pending_hashes:
+            self._settle_held_of(seq)
         table = seq.block_table
         blocks = self.blocks
         free = self.free_block_ids

@@ -75,6 +75,7 @@ FIELD_RULES: dict[str, _Rule] = {
     "async_scheduling": _Rule(bool),
     "prefill_graph_tokens": _Rule(int, 0, _INT_MAX),
     "defer_block_rule": _Rule(str, choices=DEFER_BLOCK_RULES),
+    "overlap_mixed_steps": _Rule(bool),
     "fused_kernels": _Rule(bool),
     "fused_kv_store": _Rule(bool),
     "blas_library": _Rule(str, choices=BLAS_LIBRARIES),
@@ -123,6 +124,11 @@ class Config:
     prefill_graph_tokens: int = 4096
     # How overlapped scheduling makes sure the next step cannot preempt (DEFER_BLOCK_RULES).
     defer_block_rule: str = "needed"
+    # Mixed steps (prompt chunks with decodes) are deferred like decode steps. For that, a block
+    # filled by a decode's token enters the prefix cache at the end of the schedule that hashes
+    # it, not during it, so a mixed pass admits without the previous step's token values; False:
+    # at once, and a mixed step waits for its tokens (the rule of traces recorded before it).
+    overlap_mixed_steps: bool = True
     # CUDA only: fused Triton kernels for RMSNorm, QK-norm + RoPE and SwiGLU (engine/model/kernels/
     # fused.py); False runs the PyTorch code of each layer (A/B comparisons of numerics or speed).
     fused_kernels: bool = True

@@ -171,11 +171,14 @@ class DecodeStretch:
         free_after: list[int] = []
         first_ids: list[int] = []
         finished: list[Sequence] = []
+        hold = block_manager.hold_decode_blocks
         for step in range(steps):
             events.step = first_step + step
             for index in self._due.get(step, ()):
                 self._catch_up(index, step)
                 block_manager.may_append(seqs[index])
+            if hold:  # the schedule's end (``Scheduler.schedule``)
+                block_manager.settle_held()
             free_after.append(len(block_manager.free_block_ids))
             # The step's batch, sequence, model-step and token rows: appended below.
             first_ids.append(events.reserve_ids(2 + 2 * self.num_seqs[step]))

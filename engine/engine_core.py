@@ -211,7 +211,7 @@ class EngineCore:
                 )
             return False
         # A decision from scheduler state alone: replay and simulation get the same flags.
-        batch.overlapped = overlappable and batch.is_decode
+        batch.overlapped = overlappable and scheduler.takes_pending_inputs(batch)
         defer = self.config.async_scheduling and scheduler.can_defer(batch)
         self._deferred_last = defer
         if not self._async:

@@ -1,6 +1,6 @@
 """Overlapped steps: post-process a step before its token values are back from the device.
 
-``EngineCore`` uses this scheduler. When ``can_defer`` holds for a decode batch, it calls
+``EngineCore`` uses this scheduler. When ``can_defer`` holds for a batch, it calls
 ``postprocess_pending`` right after the launch (placeholder tokens, the same events in the same
 order), schedules and launches the next step, and then ``resolve`` writes the values in. The
 decisions and events are exactly those of the sequential ``postprocess``.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from engine.batch import ScheduledBatch
-from engine.block_manager import output_hash
+from engine.block_hash import output_hash
 from engine.scheduler import Scheduler
 from engine.sequence import PENDING_TOKEN, Sequence
 
@@ -35,7 +35,8 @@ class OverlapScheduler(Scheduler):
     def can_defer(self, batch: ScheduledBatch) -> bool:
         """Whether the next step may be scheduled before this batch's token values are known.
 
-        True for a decode batch whose tokens cannot end a sequence early (no EOS to watch for),
+        True for a decode batch (and a mixed one under ``Config.overlap_mixed_steps``) whose
+        tokens cannot end a sequence early (no EOS to watch for),
         when the next schedule cannot preempt: the free blocks cover every block its decodes can
         claim (``defer_block_rule`` "needed"; "per_running": at least one free block per running
         sequence, the rule of older traces). Then the values only matter for block hashes, which
@@ -44,7 +45,7 @@ class OverlapScheduler(Scheduler):
 
         Emits: nothing.
         """
-        if batch.kind != "decode":
+        if not self.takes_pending_inputs(batch):
             return False
         if self.eos >= 0 and not all(map(attrgetter("ignore_eos"), batch.sampled_seqs)):
             return False
@@ -61,12 +62,21 @@ class OverlapScheduler(Scheduler):
             return False
         return free >= claims()
 
+    def takes_pending_inputs(self, batch: ScheduledBatch) -> bool:
+        """Whether ``batch`` can be launched with input tokens still on the device (a decode;
+        a mixed batch under ``Config.overlap_mixed_steps``), and so be deferred. Emits: nothing."""
+        return batch.kind == "decode" or (batch.kind == "mixed" and self.config.overlap_mixed_steps)
+
     def schedule_needs_tokens(self) -> bool:
         """Whether the next schedule could read the prefix cache after appending decode tokens
         (a mixed-batch policy admits waiting requests in the same pass): resolve first then.
+        Never under ``Config.overlap_mixed_steps``: such blocks enter the cache only once the
+        schedule is over (``BlockManager.settle_held``).
 
         Emits: nothing.
         """
+        if self.config.overlap_mixed_steps:
+            return False
         return self.policy.mixed_batches and bool(self.waiting)
 
     def postprocess_pending(self, batch: ScheduledBatch) -> PendingTokens:

@@ -12,7 +12,8 @@ from itertools import islice
 from operator import attrgetter
 
 from engine.batch import ScheduledBatch, StepWork
-from engine.block_manager import BlockManager, output_hash
+from engine.block_hash import output_hash
+from engine.block_manager import BlockManager
 from engine.config import Config
 from engine.policy import PolicyError, Step, make_policy
 from engine.sequence import PENDING_TOKEN, Sequence, SequenceStatus
@@ -47,6 +48,7 @@ class Scheduler:
             hash_seed=config.hash_seed,
             enable_prefix_caching=config.enable_prefix_caching,
             eviction_key=self.policy.block_eviction_key(),
+            hold_decode_blocks=config.overlap_mixed_steps,
         )
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()  # in admission order
@@ -132,7 +134,9 @@ class Scheduler:
         Emits, in order: the block events of each admission (``block_hit``, ``block_allocated``,
         ``block_hashed``), of each decode's growth (``block_allocated``, ``block_hashed``) and of
         each preemption (``block_freed`` then ``preempted``), in the order the policy visits the
-        sequences; then ``batch_scheduled`` and ``seq_scheduled`` per sequence.
+        sequences; then ``batch_scheduled`` and ``seq_scheduled`` per sequence. Under
+        ``Config.overlap_mixed_steps`` a block a decode's token fills enters the prefix cache at
+        the end (``BlockManager.settle_held``): no admission of the same pass hits it.
         """
         step = Step(self.max_num_batched_tokens, self.max_num_seqs, self._num_free_blocks,
                     self.block_manager.can_allocate, self.priority)
@@ -144,6 +148,8 @@ class Scheduler:
             self._admit(step, batch)
             if not batch.prefills:
                 self._run_running(step, batch)
+        if self.block_manager.hold_decode_blocks:
+            self.block_manager.settle_held()
         if not batch.prefills and not batch.decodes:
             return None
         prefills, decodes = batch.prefills, batch.decodes

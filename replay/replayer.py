@@ -113,6 +113,8 @@ def config_from_header(header: dict[str, Any], **overrides: Any) -> Config:
     # per running sequence.
     recorded.setdefault("prefill_graph_tokens", 0)
     recorded.setdefault("defer_block_rule", "per_running")
+    # ... nor deferred a mixed step (a decode's full block entered the cache at once).
+    recorded.setdefault("overlap_mixed_steps", False)
     # Kernel and BLAS choices were environment variables then; their defaults are these.
     recorded.setdefault("fused_kernels", True)
     recorded.setdefault("fused_kv_store", True)

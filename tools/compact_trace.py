@@ -38,4 +38,6 @@ def compact(src: str, dst: str) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        raise SystemExit("usage: python tools/compact_trace.py SRC DST")
     compact(sys.argv[1], sys.argv[2])

@@ -83,9 +83,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "may_append_hashes_late",
         BM,
         "        if seq.num_tokens % self.block_size == 0:\n"
-        "            self.register_full_blocks(seq, seq.num_tokens)",
+        "            self.register_full_blocks(seq, seq.num_tokens, self.hold_decode_blocks)",
         "        if seq.num_tokens % self.block_size == 1:\n"
-        "            self.register_full_blocks(seq, seq.num_tokens)",
+        "            self.register_full_blocks(seq, seq.num_tokens, self.hold_decode_blocks)",
         "a block filled by decoding is entered into the cache one token late",
     ),
     Mutant(
@@ -337,22 +337,22 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "max_tokens_off_by_one",
         SCHED,
-        "elif seq.num_tokens - seq.num_prompt_tokens >= seq.max_tokens:",
-        "elif seq.num_tokens - seq.num_prompt_tokens > seq.max_tokens:",
+        "elif num_tokens - seq.num_prompt_tokens >= seq.max_tokens or",
+        "elif num_tokens - seq.num_prompt_tokens > seq.max_tokens or",
         "a request produces max_tokens + 1 tokens",
     ),
     Mutant(
         "max_model_len_off_by_one",
         SCHED,
-        "elif seq.num_tokens >= max_model_len:",
-        "elif seq.num_tokens > max_model_len:",
+        "        num_tokens >= max_model_len:",
+        "        num_tokens > max_model_len:",
         "a request may grow one token past max_model_len",
     ),
     Mutant(
         "eos_ignores_ignore_eos",
         SCHED,
-        "if token_id == eos and not seq.ignore_eos and not pending:",
-        "if token_id == eos and not pending:",
+        "if token_id == eos and not seq.ignore_eos and token_id != PENDING_TOKEN:",
+        "if token_id == eos and token_id != PENDING_TOKEN:",
         "EOS finishes a request even with ignore_eos",
     ),
     Mutant(

@@ -6,6 +6,7 @@ The engine builds the header (config, model, block size, ...) and passes it to t
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from datetime import datetime, timezone
@@ -76,7 +77,22 @@ def start_time() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def host_cpu() -> dict[str, Any]:
+    """The host's CPU model (``/proc/cpuinfo``'s model name where there is one, else the
+    platform's processor name) and logical CPU count: eager steps are bound by the host's
+    launch rate, so their times follow it (docs/gpu-notes.md, session 9)."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            model = next((line.split(":", 1)[1].strip() for line in info
+                          if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"model": model or platform.processor() or platform.machine(), "cpus": os.cpu_count()}
+
+
 def provenance() -> dict[str, Any]:
-    """``versions``, ``git_commit`` and ``start_time``: the part of a header that describes the
-    code and the moment, not the engine."""
-    return {"versions": package_versions(), "git_commit": git_commit(), "start_time": start_time()}
+    """``versions``, ``git_commit``, ``start_time`` and ``host``: the part of a header that
+    describes the code, the moment and the machine, not the engine."""
+    return {"versions": package_versions(), "git_commit": git_commit(), "start_time": start_time(),
+            "host": host_cpu()}

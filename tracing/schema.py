@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pyarrow as pa
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Versions this release reads. Version 1 lacks model_step.overlapped and model_step.host_s,
 # version 2 model_step.padded_tokens; the reader fills them with ADDED_COLUMN_DEFAULTS (a
 # version-1 run never overlapped its steps; no version-2 run padded a prefill). Version 4 changed
@@ -21,7 +21,7 @@ SCHEMA_VERSION = 5
 # Version 5 added request_finished.error (why a request was rejected; "" before),
 # request_added.top_p, top_k, seed and stop (older: no such settings) and request_added.priority
 # (older runs had no priorities: 0).
-READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4, 5)
+READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6)
 # model_step.padded_tokens of a step that computed its own tokens (no CUDA-graph prefill).
 NOT_PADDED = 0
 

@@ -4,9 +4,8 @@ A :class:`CudaStepper` owns the CUDA state of one model runner: the decode input
 decode and prefill CUDA graphs, the step timer and the pinned token buffers. It is built once the
 KV cache is bound (``engine/runner/cuda_setup.py``). Tokens are sampled on the GPU in one pass
 (``engine.model.kernels.sampler``), seeded by the configured seed and the step number, and each
-step's GPU time comes from two CUDA events. A decode step on one GPU returns a
-:class:`LaunchedStep` without waiting: the sampled tokens go to pinned host memory
-asynchronously, so the engine can launch the next step before it reads them.
+step's GPU time comes from two CUDA events. A decode step on one GPU, and a mixed step through
+its graph, return a ``LaunchedStep`` (``engine/runner/launched_step.py``) without waiting.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from engine.batch import ScheduledBatch, StepOutput
 from engine.executor import PendingStep
 from engine.model.layers.sampler import RowOptions, row_options, sample_option_rows
 from engine.runner.decode_graphs import NO_SOURCE, DecodeBuffers, DecodeGraphs
+from engine.runner.launched_step import LaunchedStep, StepTimer, TokenBuffers
 from engine.runner.mixed_graphs import MixedGraphs, MixedKey
 from engine.runner.prefill_graphs import PrefillGraphs
 from engine.runner.step_inputs import StepPayload, eager_inputs, token_values
@@ -39,87 +39,6 @@ def sample_on_gpu(logits: torch.Tensor, temperatures: torch.Tensor, seed: int) -
     from engine.model.kernels.sampler import sample_tokens
 
     return sample_tokens(logits, temperatures, seed)
-
-
-class StepTimer:
-    """GPU time of one step from two CUDA events; read after the step's tokens reached the host
-    (that copy already synchronised, so reading the events costs no extra sync)."""
-
-    def __init__(self) -> None:
-        self.start = torch.cuda.Event(enable_timing=True)
-        self.end = torch.cuda.Event(enable_timing=True)
-
-    def begin(self) -> None:
-        self.start.record()
-
-    def finish(self) -> None:
-        self.end.record()
-
-    def seconds(self) -> float:
-        return self.start.elapsed_time(self.end) / 1e3
-
-
-class TokenBuffers:
-    """Pinned host buffers for sampled tokens and timers, one per step that can be in flight."""
-
-    def __init__(self, max_rows: int, slots: int = 2) -> None:
-        self.host = [
-            torch.empty(max_rows, dtype=torch.int64, pin_memory=True) for _ in range(slots)
-        ]
-        self.timers = [StepTimer() for _ in range(slots)]
-        self.turn = 0
-
-    def next(self, rows: int) -> tuple[torch.Tensor, StepTimer]:
-        self.turn = (self.turn + 1) % len(self.host)
-        if rows > self.host[self.turn].numel():
-            self.host[self.turn] = torch.empty(rows, dtype=torch.int64, pin_memory=True)
-        return self.host[self.turn][:rows], self.timers[self.turn]
-
-
-class LaunchedStep:
-    """A CUDA step in flight: its sampled tokens on the device, their copy to pinned host memory
-    and the step's timing events. ``result`` waits for the copy alone, not the whole device."""
-
-    def __init__(
-        self,
-        seq_ids: list[int],
-        tokens: torch.Tensor,
-        host_tokens: torch.Tensor,
-        timer: StepTimer,
-        padded: int,
-        graph_used: bool,
-    ) -> None:
-        self.seq_ids = seq_ids
-        self.tokens = tokens
-        self.row_of = {seq_id: row for row, seq_id in enumerate(seq_ids)}
-        self._host = host_tokens
-        self._timer = timer
-        self._copied = torch.cuda.Event()
-        host_tokens.copy_(tokens, non_blocking=True)
-        self._copied.record()
-        self._launched = StepOutput(token_ids=[], padded_batch_size=padded, graph_used=graph_used)
-        self._output: StepOutput | None = None
-
-    def launch_wait_s(self) -> float:
-        return 0.0  # launching queued the work; ``result`` waits
-
-    def launched_output(self) -> StepOutput:
-        return self._launched
-
-    def result(self) -> StepOutput:
-        if self._output is None:
-            began = time.perf_counter()
-            self._copied.synchronize()
-            waited = time.perf_counter() - began
-            launched = self._launched
-            self._output = StepOutput(
-                self._host.tolist(),
-                self._timer.seconds(),
-                launched.padded_batch_size,
-                launched.graph_used,
-                waited,
-            )
-        return self._output
 
 
 class CudaStepper:
@@ -188,6 +107,36 @@ class CudaStepper:
         return LaunchedStep(
             [seq.seq_id for seq in seqs], tokens, host_tokens, timer, padded, graph_used
         )
+
+    # --- a mixed step through its graph, on one GPU --------------------------------------------
+    def mixed_key(self, batch: ScheduledBatch) -> MixedKey | None:
+        """The mixed graph ``batch`` replays; None: not a mixed step, or it runs eager."""
+        return self._mixed_key(batch.eager, batch.num_new_tokens, batch.num_prefill_seqs,
+                               len(batch.seqs))
+
+    def launch_mixed(self, batch: ScheduledBatch, payload: StepPayload, key: MixedKey,
+                     previous: LaunchedStep | None) -> LaunchedStep:
+        """A mixed step (``key``: its graph) launched without waiting for its tokens. Decode
+        rows whose input token is pending take it from ``previous`` on the device; the payload
+        holds every other input (``PENDING_TOKEN`` where the device fills one in)."""
+        assert self.mixed_graphs is not None
+        self.buffers.invalidate()  # block tables may have been rebuilt (preemption)
+        num_prefill = batch.num_prefill_seqs
+        sources = self._sources(batch.seqs[num_prefill:], previous) if previous else None
+        rows = len(payload.sample_rows)
+        graphs = self.mixed_graphs
+        graphs.stage(payload.input_ids, payload.query_lens, payload.context_lens,
+                     payload.block_tables, num_prefill, key, payload.sample_rows,
+                     payload.temperatures, sources, previous.tokens if previous else None)
+        host_tokens, timer = self.tokens.next(rows)
+        timer.begin()
+        selected, temps = graphs.sampled(graphs.replay(key), rows)
+        logits = self.model.compute_logits(selected)
+        self.num_steps += 1
+        tokens = self.sample(logits, temps, payload.row_options)
+        timer.finish()
+        return LaunchedStep([seq.seq_id for seq in batch.sampled_seqs], tokens, host_tokens,
+                            timer, len(batch.seqs), True, graphs.rows(key))
 
     @staticmethod
     def _sources(seqs: list, previous: LaunchedStep) -> list[int]:
@@ -266,14 +215,18 @@ class CudaStepper:
 
     def _mixed_graph_key(self, payload: StepPayload) -> MixedKey | None:
         """The (prefill tokens, decode rows) graph this mixed step replays; None: eager."""
+        if payload.decode:
+            return None
+        return self._mixed_key(payload.eager, payload.query_lens, payload.num_prefill_seqs,
+                               len(payload.seq_ids))
+
+    def _mixed_key(self, eager: bool, query_lens: list[int], num_prefill: int, num_seqs: int
+                   ) -> MixedKey | None:
         graphs = self.mixed_graphs
-        if graphs is None or payload.eager or payload.decode:
+        num_decodes = num_seqs - num_prefill
+        if graphs is None or eager or not num_prefill or not num_decodes:
             return None
-        num_prefill = payload.num_prefill_seqs
-        num_decodes = len(payload.seq_ids) - num_prefill
-        if not num_decodes:
-            return None
-        return graphs.key(sum(payload.query_lens[:num_prefill]), num_prefill, num_decodes)
+        return graphs.key(sum(query_lens[:num_prefill]), num_prefill, num_decodes)
 
     def mixed_graphs_rows(self, key: MixedKey) -> int:
         assert self.mixed_graphs is not None

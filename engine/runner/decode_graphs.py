@@ -24,18 +24,19 @@ import torch
 from engine.graph_sizes import decode_graph_sizes, padded_decode_size
 from engine.model.attention_metadata import AttentionMetadata
 from engine.runner.graph_capture import (
+    NO_SOURCE,
     PAD_SLOT,
     ROW_IDS,
     ROW_POSITIONS,
     ROW_SLOTS,
     CapturedGraphs,
     ModelFn,
+    take_sources,
 )
 
 # The int64 staging block's fourth row: for a token still being sampled by the previous
 # (overlapped) step, its row in that step's output.
 ROW_SOURCE = 3
-NO_SOURCE = -1
 HOST_STAGES = 2
 
 
@@ -241,10 +242,8 @@ class DecodeBuffers:
     def take_sources(self, batch: int, previous_tokens: torch.Tensor) -> None:
         """Input ids of rows with a source: the previous step's sampled token, read on the
         device (stream order puts it after that step's sampler), never through the host."""
-        ids = self.dev_i64[ROW_IDS, :batch]
-        source = self.dev_i64[ROW_SOURCE, :batch]
-        taken = previous_tokens.index_select(0, source.clamp(min=0))
-        torch.where(source >= 0, taken, ids, out=ids)
+        take_sources(self.dev_i64[ROW_IDS, :batch], self.dev_i64[ROW_SOURCE, :batch],
+                     previous_tokens)
 
     def metadata(
         self,

@@ -17,11 +17,22 @@ from engine.model.attention_metadata import AttentionMetadata
 
 # A padding row's cache slot: the KV store skips it, so padding never writes the cache.
 PAD_SLOT = -1
+# A row's source when its input token is on the host (see ``take_sources``).
+NO_SOURCE = -1
 # Rows of the int64 staging block both graph kinds share: token ids, positions, cache slots
 # (each kind adds its own rows after these).
 ROW_IDS, ROW_POSITIONS, ROW_SLOTS = 0, 1, 2
 # The forward a graph captures: model(input_ids, positions, metadata) -> hidden states.
 ModelFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
+
+
+def take_sources(ids: torch.Tensor, sources: torch.Tensor, previous_tokens: torch.Tensor) -> None:
+    """Input ids of rows with a source (``sources[row]``: the row of ``previous_tokens``, the
+    previous step's sampled tokens, holding this row's input; ``NO_SOURCE``: keep ``ids[row]``),
+    read on the device (stream order puts it after that step's sampler), never through the
+    host."""
+    taken = previous_tokens.index_select(0, sources.clamp(min=0))
+    torch.where(sources >= 0, taken, ids, out=ids)
 
 
 class CapturedGraphs:

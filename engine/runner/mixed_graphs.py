@@ -28,13 +28,15 @@ import torch
 from engine.graph_sizes import MAX_GRAPH_PREFILL_SEQS, mixed_decode_sizes, mixed_graph_key
 from engine.model.attention_metadata import AttentionMetadata
 from engine.runner.graph_capture import (
+    NO_SOURCE,
     PAD_SLOT,
     ROW_IDS,
     ROW_POSITIONS,
     ROW_SLOTS,
     ModelFn,
+    take_sources,
 )
-from engine.runner.prefill_graphs import StagedGraphs, stage_prefill
+from engine.runner.prefill_graphs import ROW_PENDING, StagedGraphs, stage_prefill
 
 __all__ = ["MixedGraphs", "mixed_decode_sizes", "mixed_graph_key", "stage_mixed"]
 
@@ -53,11 +55,14 @@ def stage_mixed(
     block_size: int,
     key: MixedKey,
     max_prefill_seqs: int = MAX_GRAPH_PREFILL_SEQS,
+    sources: Sequence[int] | None = None,
 ) -> None:
     """Fill the host staging arrays for one mixed step of graph ``key`` (numpy, in place).
 
-    ``i64`` ``[3+, rows]``: ids, positions, slots; ``i32``: ``cu_seqlens_q`` ``[S + 1]`` then
-    context lengths ``[S + max decodes]``; ``tables`` ``[S + max decodes, width]``.
+    ``i64`` ``[5, rows]``: ids, positions, slots, (sampled rows: not written here), sources;
+    ``i32``: ``cu_seqlens_q`` ``[S + 1]`` then context lengths ``[S + max decodes]``; ``tables``
+    ``[S + max decodes, width]``. ``sources``: per decode, the row of the previous step's output
+    holding its input token (``NO_SOURCE``: its id is the one given); None: every id is given.
     """
     tokens, rows = key
     s = max_prefill_seqs
@@ -77,6 +82,10 @@ def stage_mixed(
     i64[ROW_IDS, tokens + n : tokens + rows] = 0
     i64[ROW_POSITIONS, tokens + n : tokens + rows] = 0
     i64[ROW_SLOTS, tokens + n : tokens + rows] = PAD_SLOT
+    # Every row of the graph: a row left from a step of another key must not take a token.
+    i64[ROW_PENDING, : tokens + rows] = NO_SOURCE
+    if sources is not None:
+        i64[ROW_PENDING, tokens : tokens + n] = sources
     i32[2 * s + 1 : 2 * s + 1 + n] = ctx
     i32[2 * s + 1 + n : 2 * s + 1 + rows] = 0
 
@@ -132,15 +141,26 @@ class MixedGraphs(StagedGraphs):
         key: MixedKey,
         sample_rows: Sequence[int] = (),
         temperatures: Sequence[float] = (),
+        sources: Sequence[int] | None = None,
+        previous_tokens: torch.Tensor | None = None,
     ) -> None:
         """Write one mixed step's inputs, its sampled rows (flat-batch numbering) and their
-        temperatures to the host buffers and copy them to the device."""
+        temperatures to the host buffers and copy them to the device; ``sources`` (per decode,
+        see ``stage_mixed``) then take their input tokens from ``previous_tokens``, the sampled
+        tokens of the step before, on the device."""
         self._check_samples(sample_rows, temperatures)
+        self._wait_uploaded()
         stage_mixed(self._np_i64, self._np_i32, self._np_tables, input_ids, query_lens,
                     context_lens, block_tables, num_prefill_seqs, self.block_size, key,
-                    self.max_prefill_seqs)
+                    self.max_prefill_seqs, sources)
         prefill_tokens = int(sum(query_lens[:num_prefill_seqs]))
         self._upload(graph_rows(sample_rows, prefill_tokens, key[0]), temperatures)
+        if sources is not None:
+            if previous_tokens is None:
+                raise ValueError("sources given without the previous step's tokens")
+            rows = self.rows(key)
+            take_sources(self.dev_i64[ROW_IDS, :rows], self.dev_i64[ROW_PENDING, :rows],
+                         previous_tokens)
 
     def metadata(self, key: MixedKey) -> AttentionMetadata:
         """Metadata of graph ``key`` over the staged buffers (views: stable addresses)."""

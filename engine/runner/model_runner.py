@@ -34,6 +34,7 @@ from engine.model.layers.sampler import Sampler
 from engine.model.loader import build_model
 from engine.runner import cuda_setup, tp
 from engine.runner.cuda_step import CudaStepper, sample_on_gpu, sampling_seed
+from engine.runner.launched_step import LaunchedStep
 from engine.runner.step_inputs import (
     StepPayload,
     check_batch,
@@ -206,10 +207,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def launch(self, batch: ScheduledBatch, previous: PendingStep | None = None) -> PendingStep:
-        """Start one step and return without waiting for its tokens (on CUDA decode steps).
+        """Start one step and return without waiting for its tokens (on one GPU: decode steps
+        and mixed steps through their graphs).
 
         Sequences whose last token is still pending take it from ``previous``: on the device for
-        a staged CUDA decode, else from its host values (which waits for it).
+        those two, else from its host values (which waits for it).
         """
         if self.kv_cache is None:
             raise RuntimeError("ModelRunner.execute called after close()")
@@ -218,11 +220,19 @@ class ModelRunner:
         pending = any(seq.last_token == PENDING_TOKEN for seq in batch.sampled_seqs)
         if pending and previous is None:
             raise ValueError("a sequence's last token is pending but no previous step was given")
-        if batch.is_decode and self.cuda is not None and self.dist is None:
+        single_gpu = self.cuda is not None and self.dist is None
+        if batch.is_decode and single_gpu:
             return self.cuda.launch_decode(batch, previous if pending else None)
-        values = token_values(previous) if pending and previous is not None else None
+        mixed = self.cuda.mixed_key(batch) if single_gpu else None
+        on_device = previous if pending and isinstance(previous, LaunchedStep) else None
+        if mixed is None:
+            on_device = None  # the eager path takes every input from the host
+        values = token_values(previous) if pending and on_device is None else None
         check_batch(batch, self.spec.max_position_embeddings, self.block_size,
                     self.num_kvcache_blocks)
+        if mixed is not None:
+            payload = payload_from_batch(batch, decode=False, pending_values=values)
+            return self.cuda.launch_mixed(batch, payload, mixed, on_device)
         decode = batch.is_decode and self.cuda is not None
         payload = payload_from_batch(batch, decode=decode, pending_values=values)
         if self.dist is not None:

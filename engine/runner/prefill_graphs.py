@@ -19,9 +19,10 @@ The rows sampled and their temperatures are staged with the inputs (pinned, copi
 blocking): a copy from pageable memory after the replay would wait for the whole graph, and the
 logits and sampling launches would then start on an idle device.
 
-Staging is synchronous with respect to the previous prefill: a prefill step is never launched
-ahead of its predecessor's results (only decodes overlap), and its own tokens are read back
-before the next step stages, so one pinned host buffer suffices.
+One pinned host buffer serves every step of a graph kind: a mixed step may be launched while
+the previous one is in flight (``Config.overlap_mixed_steps``), so staging first waits until the
+device has taken the last copy out of it (an event recorded after the copies; a prefill step's
+tokens are read back before the next step stages, so there it never waits).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch
 from engine.graph_sizes import MAX_GRAPH_PREFILL_SEQS, padded_prefill_tokens
 from engine.model.attention_metadata import AttentionMetadata
 from engine.runner.graph_capture import (
+    NO_SOURCE,
     PAD_SLOT,
     ROW_IDS,
     ROW_POSITIONS,
@@ -45,9 +47,12 @@ from engine.runner.graph_capture import (
 
 __all__ = ["PrefillGraphs", "StagedGraphs", "stage_prefill"]
 
-# The int64 staging block's fourth row: the rows sampled.
+# The int64 staging block's fourth row: the rows sampled; its fifth: per row, the row of the
+# previous step's output holding its input token while that step is in flight (a mixed step's
+# decode rows; ``graph_capture.take_sources``), else NO_SOURCE.
 ROW_SAMPLE = 3
-STAGED_ROWS = 4
+ROW_PENDING = 4
+STAGED_ROWS = 5
 
 
 def stage_prefill(
@@ -112,10 +117,20 @@ class StagedGraphs(CapturedGraphs):
         self._np_i32 = self.host_i32[:header_ints].numpy()
         self._np_tables = self.host_i32[header_ints:].view(slots, table_width).numpy()
         self._np_i64[ROW_SLOTS] = PAD_SLOT
+        self._np_i64[ROW_PENDING] = NO_SOURCE
         self.dev_i64 = torch.zeros_like(self.host_i64, device=device)
         self.dev_i32 = torch.zeros_like(self.host_i32, device=device)
         self.dev_temps = torch.zeros_like(self.host_temps, device=device)
         self.dev_i64[ROW_SLOTS] = PAD_SLOT
+        self.dev_i64[ROW_PENDING] = NO_SOURCE
+        # Recorded after each upload: the host buffers may be rewritten once it has passed.
+        self._uploaded = torch.cuda.Event() if pin else None
+
+    def _wait_uploaded(self) -> None:
+        """Block until the device has copied the host buffers of the last upload (at once
+        unless a step launched before the last one finished is still queued ahead of it)."""
+        if self._uploaded is not None:
+            self._uploaded.synchronize()
 
     def _check_samples(self, sample_rows: Sequence[int], temperatures: Sequence[float]) -> None:
         if len(sample_rows) != len(temperatures) or len(sample_rows) > len(self.host_temps):
@@ -129,6 +144,8 @@ class StagedGraphs(CapturedGraphs):
         self.dev_i64.copy_(self.host_i64, non_blocking=True)
         self.dev_i32.copy_(self.host_i32, non_blocking=True)
         self.dev_temps.copy_(self.host_temps, non_blocking=True)
+        if self._uploaded is not None:
+            self._uploaded.record()
 
     def sampled(self, hidden: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The hidden states of the ``rows`` staged sample rows, and their temperatures."""
@@ -176,6 +193,7 @@ class PrefillGraphs(StagedGraphs):
         """Write one prefill's inputs (and the rows it samples, with their temperatures) to the
         host buffers and copy them to the device."""
         self._check_samples(sample_rows, temperatures)
+        self._wait_uploaded()
         stage_prefill(self._np_i64, self._np_i32, self._np_tables, input_ids, query_lens,
                       context_lens, block_tables, self.block_size, padded_tokens, self.max_seqs)
         self._upload(sample_rows, temperatures)

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.block_manager import chain_hash
+from engine.block_hash import chain_hash
 from engine.config import Config
 from engine.policy import BUILTIN_POLICIES, release_order
 from engine.policy import EVICTION_ORDERS as _ORDERS

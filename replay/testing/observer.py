@@ -7,7 +7,8 @@
 - ``overlapped``: ``model_step.overlapped`` is set exactly when the previous step could be
   deferred (a decode that cannot end early, with free blocks for every claim the next decodes can
   make), nothing was aborted since, no idle step came between, the policy does not admit in the
-  same pass with requests waiting, and this step decodes (any policy).
+  same pass with requests waiting (unless ``overlap_mixed_steps``), and this step decodes (or is
+  mixed, under ``overlap_mixed_steps``) (any policy).
 - For the built-in policies, their rules: ``queue_order`` (admission first come first served, by
   priority under ``priority``; preempted sequences back at the front; the running queue stays in
   admission order), ``victim`` (the newest
@@ -34,11 +35,17 @@ class Stop(Exception):
     """The run cannot continue (the engine raised)."""
 
 
+def takes_pending(config: Any, kind: str) -> bool:
+    """Whether a step of ``kind`` may run on input tokens still on the device (our reading)."""
+    return kind == "decode" or (kind == "mixed" and config.overlap_mixed_steps)
+
+
 def expected_defer(run: Run, batch: Any) -> bool:
     """Whether the engine may post-process ``batch`` before its tokens are in (our own reading
     of the rule, from the state at its launch)."""
     config = run.workload.config
-    if not config.async_scheduling or batch.kind != "decode" or run.at_launch is None:
+    if not config.async_scheduling or not takes_pending(config, batch.kind) or \
+            run.at_launch is None:
         return False
     if config.eos >= 0 and not all(seq.ignore_eos for seq in batch.sampled_seqs):
         return False
@@ -107,7 +114,10 @@ class StepObserver:
         running_before = [s.seq_id for s in scheduler.running]
         waiting_before = [s.seq_id for s in scheduler.waiting]
         free_before = len(scheduler.block_manager.free_block_ids)
-        may_overlap = self.deferred_last and not (self.mixed and waiting_before)
+        # Admitting in the pass that appends decode tokens waits for their values, unless those
+        # blocks enter the cache only after the pass (``overlap_mixed_steps``).
+        waits = self.mixed and bool(waiting_before) and not self.config.overlap_mixed_steps
+        may_overlap = self.deferred_last and not waits
         try:
             result = core.step()
         except RuntimeError as exc:
@@ -120,9 +130,10 @@ class StepObserver:
             self.deferred_last = False
             return False
         batch = result.batch
-        check(batch.overlapped == (may_overlap and batch.kind == "decode"), "overlapped",
+        expected = may_overlap and takes_pending(self.config, batch.kind)
+        check(batch.overlapped == expected, "overlapped",
               f"step {run.steps}: {batch.kind} step overlapped={batch.overlapped}, expected "
-              f"{may_overlap and batch.kind == 'decode'}")
+              f"{expected}")
         self.deferred_last = expected_defer(run, batch)
         ids = [s.seq_id for s in batch.seqs]
         new = batch.num_new_tokens

@@ -16,7 +16,7 @@ import numpy as np
 import xxhash
 
 from engine.batch import ScheduledBatch, StepOutput
-from engine.block_manager import chain_hash
+from engine.block_hash import chain_hash
 from engine.config import Config
 from engine.engine_core import EngineCore
 from engine.executor import DoneStep

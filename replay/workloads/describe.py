@@ -3,7 +3,7 @@
 Requests and conversations, time span and rate over time (of the arrivals a file states: first
 turns), prompt and output length distributions, and the share of prompt tokens an unlimited
 prefix cache would serve at a block size: a full block of a prompt whose chained hash (the
-engine's own, ``engine.block_manager.chain_hash``) an earlier prompt already had. A later turn
+engine's own, ``engine.block_hash.chain_hash``) an earlier prompt already had. A later turn
 of a conversation reuses the previous turn's whole context (prompt and answer, the answer taken
 as ``max_tokens`` long); its own new tokens are new.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.block_manager import NO_HASH, chain_hash
+from engine.block_hash import NO_HASH, chain_hash
 from replay.workloads.recipe import PromptRecipe
 from replay.workloads.request import Request
 

@@ -74,17 +74,20 @@ def _check_same(workload: Workload) -> dict[str, dict[str, list]]:
 
 
 @settings(max_examples=scaled(0.5))
-@given(workload=workloads(), roomy=st.booleans(), rule=st.sampled_from(DEFER_BLOCK_RULES))
-@example(workload=REUSE[0], roomy=False, rule="needed")
-@example(workload=REUSE[1], roomy=False, rule="needed")
+@given(workload=workloads(), roomy=st.booleans(), rule=st.sampled_from(DEFER_BLOCK_RULES),
+       mixed=st.booleans())
+@example(workload=REUSE[0], roomy=False, rule="needed", mixed=True)
+@example(workload=REUSE[1], roomy=False, rule="needed", mixed=True)
+@example(workload=REUSE[1], roomy=False, rule="needed", mixed=False)
 def test_overlapped_runs_decide_and_record_like_sequential_runs(
-    workload: Workload, roomy: bool, rule: str
+    workload: Workload, roomy: bool, rule: str, mixed: bool
 ) -> None:
     """Generated workloads (EOS, aborts, arrivals, preemption, both policies, both deferral
-    rules): the overlapped run's events equal the sequential run's, and they replay
-    identically."""
+    rules, mixed steps deferred or not): the overlapped run's events equal the sequential run's,
+    and they replay identically."""
     workload = _roomy(workload) if roomy else workload
-    workload = Workload(workload.config.replace(defer_block_rule=rule), workload.requests)
+    workload = Workload(workload.config.replace(defer_block_rule=rule,
+                                                overlap_mixed_steps=mixed), workload.requests)
     tables = _check_same(workload)
     flags = tables["model_step"]["overlapped"]
     event("some steps overlapped" if any(flags) else "no step overlapped")
@@ -157,12 +160,13 @@ def test_the_needed_rule_defers_while_free_blocks_cover_the_next_claims() -> Non
     assert overlapped["needed"] >= overlapped["per_running"] + 10, overlapped
 
 
-def _admission_in_flight_workload(policy: str) -> Workload:
+def _admission_in_flight_workload(policy: str, overlap_mixed_steps: bool) -> Workload:
     """Request 1 arrives while request 0 decodes, its prompt request 0's prompt and first
     sampled tokens: it is admitted in the schedule right after a deferred decode step (whose
     tokens are still on the device) and hits the blocks request 0's decodes completed."""
     config = Config(kvcache_block_size=2, num_kvcache_blocks=64, max_model_len=32,
-                    max_num_batched_tokens=32, max_num_seqs=4, policy=policy)
+                    max_num_batched_tokens=32, max_num_seqs=4, policy=policy,
+                    overlap_mixed_steps=overlap_mixed_steps)
     script = (2, 3, 4, 5, 2, 3, 4, 5)
     requests = (RequestSpec(0, (2, 3, 4), 8, True, script),
                 RequestSpec(5, (2, 3, 4, *script[:4]), 4, True, (4, 4, 4, 4)))
@@ -176,6 +180,7 @@ def _admissions_in_flight(workload: Workload) -> int:
     from engine.block_manager import BlockManager
     from engine.overlap_scheduler import OverlapScheduler
     from engine.sequence import PENDING_TOKEN
+    from tracing.schema import NO_HASH
 
     allocate, schedule = BlockManager.allocate, OverlapScheduler.schedule
     flight = {"now": False, "admissions": 0}
@@ -185,7 +190,11 @@ def _admissions_in_flight(workload: Workload) -> int:
         return schedule(self)
 
     def checked_allocate(self: BlockManager, seq) -> None:  # noqa: ANN001
-        assert not self.pending_hashes, "an admission read the cache with a block hash pending"
+        if self.hold_decode_blocks:  # held to the end of the pass: none of them is in the cache
+            assert all(self.blocks[s.block_table[i]].hash == NO_HASH
+                       for s, i, _, _ in self.pending_hashes), "a held block is in the cache"
+        else:
+            assert not self.pending_hashes, "an admission read the cache with a hash pending"
         assert PENDING_TOKEN not in seq.token_ids, "an admitted prompt holds a placeholder token"
         flight["admissions"] += flight["now"]
         allocate(self, seq)
@@ -199,18 +208,22 @@ def _admissions_in_flight(workload: Workload) -> int:
 
 
 @settings(max_examples=scaled(0.25))
-@given(workload=workloads(), roomy=st.booleans())
+@given(workload=workloads(), roomy=st.booleans(), mixed=st.booleans())
 def test_no_admission_reads_the_cache_while_a_block_hash_is_pending(
-    workload: Workload, roomy: bool
+    workload: Workload, roomy: bool, mixed: bool
 ) -> None:
-    """Why ``schedule_needs_tokens`` resolves first only for mixed-batch policies: a block
-    completed by a pending token is hashed by ``may_append`` in a decode pass, and a
-    whole-prompt policy (``mixed_batches`` False) admits before its decode pass and runs none in
-    a step that admitted; ``EngineCore`` resolves the step in flight before it returns, so every
-    schedule starts with no pending hash. So every admission, also one scheduled while a step's
-    tokens are still on the device, reads the cache the sequential scheduler reads (same
-    events, ``_check_same``), and no prompt it hashes holds a placeholder."""
-    admissions = _admissions_in_flight(_roomy(workload) if roomy else workload)
+    """Without ``overlap_mixed_steps``, why ``schedule_needs_tokens`` resolves first only for
+    mixed-batch policies: a block completed by a pending token is hashed by ``may_append`` in a
+    decode pass, and a whole-prompt policy (``mixed_batches`` False) admits before its decode
+    pass and runs none in a step that admitted; ``EngineCore`` resolves the step in flight
+    before it returns, so every schedule starts with no pending hash. With it, such blocks wait
+    to the end of every pass, so an admission never finds one in the cache. Either way every
+    admission, also one scheduled while a step's tokens are still on the device, reads the
+    cache the sequential scheduler reads (same events, ``_check_same``), and no prompt it
+    hashes holds a placeholder."""
+    workload = _roomy(workload) if roomy else workload
+    workload = Workload(workload.config.replace(overlap_mixed_steps=mixed), workload.requests)
+    admissions = _admissions_in_flight(workload)
     event("an admission while a step was in flight" if admissions else "none in flight")
 
 
@@ -222,8 +235,26 @@ def test_an_admission_while_a_step_is_in_flight_hits_what_the_sequential_run_hit
     (``schedule_needs_tokens``), so no admission happens in flight (without that resolve the
     check fails)."""
     for policy in ("prefill_first", "priority", "chunked"):
-        workload = _admission_in_flight_workload(policy)
+        workload = _admission_in_flight_workload(policy, overlap_mixed_steps=False)
         admissions = _admissions_in_flight(workload)
         assert admissions == 0 if policy == "chunked" else admissions >= 1, policy
         tables = _check_same(workload)
         assert [s for s in tables["block_hit"]["seq_id"] if s == 1], policy
+
+
+def test_mixed_steps_overlap_and_admit_in_flight_under_overlap_mixed_steps() -> None:
+    """``overlap_mixed_steps``: under ``chunked`` the same request is admitted while request 0's
+    tokens are still on the device (the block its last decode filled waits to the pass's end),
+    the mixed steps are launched overlapped, and every event equals the sequential run's; the
+    request still hits the blocks filled before (without the hold, the admission in flight
+    would read a cache that is missing a block whose hash is pending: the check of
+    ``_admissions_in_flight`` fails)."""
+    workload = _admission_in_flight_workload("chunked", overlap_mixed_steps=True)
+    assert _admissions_in_flight(workload) >= 1
+    tables = _check_same(workload)
+    assert [s for s in tables["block_hit"]["seq_id"] if s == 1]
+    kinds, flags = tables["model_step"]["kind"], tables["model_step"]["overlapped"]
+    assert any(f for k, f in zip(kinds, flags) if k == "mixed"), "no mixed step overlapped"
+    off = _check_same(_admission_in_flight_workload("chunked", overlap_mixed_steps=False))
+    kinds, flags = off["model_step"]["kind"], off["model_step"]["overlapped"]
+    assert not any(f for k, f in zip(kinds, flags) if k == "mixed")

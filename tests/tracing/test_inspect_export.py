@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from datetime import datetime
 from pathlib import Path
@@ -108,4 +109,6 @@ def test_header_helpers(tmp_path: Path) -> None:
     commit = git_commit()
     assert commit is None or re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", commit)
     assert git_commit(tmp_path) is None  # outside a repository: None, never an exception
-    assert set(provenance()) == {"versions", "git_commit", "start_time"}
+    assert set(provenance()) == {"versions", "git_commit", "start_time", "host"}
+    host = provenance()["host"]
+    assert host["model"] and isinstance(host["model"], str) and host["cpus"] == os.cpu_count()

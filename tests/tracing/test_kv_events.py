@@ -123,7 +123,7 @@ def test_stored_tokens_rebuild_the_hash_chain(evicting_trace: tuple[Path, list[d
                                               source: str) -> None:
     """A BlockStored's tokens and parent hash give its hash under the trace's hash seed (what
     a router that rehashes does)."""
-    from engine.block_manager import chain_hash
+    from engine.block_hash import chain_hash
 
     trace = read_trace(TRACES / "cpu-tiny-demo" if source == "demo" else evicting_trace[0])
     seed = trace.header["hash_seed"]

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from engine.graph_sizes import MAX_GRAPH_PREFILL_SEQS, prefill_graph_sizes
 from engine.model.attention_metadata import build_attention_metadata
-from engine.runner.graph_capture import PAD_SLOT, ROW_IDS, ROW_POSITIONS
+from engine.runner.graph_capture import NO_SOURCE, PAD_SLOT, ROW_IDS, ROW_POSITIONS
 from engine.runner.mixed_graphs import MixedGraphs, graph_rows, mixed_decode_sizes, mixed_graph_key
 from engine.runner.step_inputs import PREFILL_SEQ_ALIGN, aligned_prefill_part
 
@@ -139,3 +139,35 @@ def test_the_eager_alignment_changes_no_row(batch) -> None:  # type: ignore[no-u
 def test_batches_without_decodes_are_not_padded() -> None:
     batch = ([3, 2], [3, 2], [[0], [1]], 2)
     assert aligned_prefill_part(*batch) == batch
+
+
+@given(mixed_batches(), st.data())
+def test_pending_decode_inputs_are_taken_from_the_previous_steps_tokens(batch, data) -> None:  # type: ignore[no-untyped-def]
+    """A mixed step launched while the step before is in flight: its decode rows with a source
+    get that step's sampled token on the device, every other row keeps its staged id, and no
+    source staged by an earlier step (of another graph key) survives into this one."""
+    query, context, tables, p = batch
+    n = len(query) - p
+    graphs = _graphs()
+    previous = torch.arange(500, 540, dtype=torch.int64)  # the tokens the step before sampled
+    # An earlier step of a small key leaves sources in rows this step's prefill part covers.
+    graphs.stage([7] * 17, [16, 1], [16, 16], [[0], [1]], 1, (16, 32), sources=[3],
+                 previous_tokens=previous)
+    assert int(graphs.dev_i64[ROW_IDS, 16]) == 503
+    total = sum(query)
+    ids = data.draw(st.lists(st.integers(0, 400), min_size=total, max_size=total))
+    sources = data.draw(st.lists(st.sampled_from([NO_SOURCE, *range(40)]), min_size=n,
+                                 max_size=n))
+    prefill_tokens = sum(query[:p])
+    key = graphs.key(prefill_tokens, p, n)
+    assert key is not None
+    graphs.stage(ids, query, context, tables, p, key, sources=sources, previous_tokens=previous)
+    rows_of = graph_rows(range(total), prefill_tokens, key[0])
+    want = ids[:prefill_tokens] + [ids[prefill_tokens + j] if src == NO_SOURCE else 500 + src
+                                   for j, src in enumerate(sources)]
+    assert [int(graphs.dev_i64[ROW_IDS, r]) for r in rows_of] == want
+
+
+def test_sources_need_the_previous_steps_tokens() -> None:
+    with pytest.raises(ValueError, match="previous step"):
+        _graphs().stage([1, 2], [1, 1], [1, 1], [[0], [1]], 1, (16, 32), sources=[0])

@@ -25,6 +25,7 @@ import pytest
 
 from replay.metrics import has_timings
 from replay.recorded import RecordedEvents, from_trace
+from replay.replayer import config_from_header
 from replay.verify import compare_decisions
 from replay.whatif.fidelity import FIDELITY_TARGETS, fidelity
 from replay.whatif.simulate import simulate
@@ -96,8 +97,10 @@ def test_a_trace_simulated_under_its_own_config_makes_its_own_decisions(trace: P
 def test_decision_fidelity_between_committed_traces(pair: tuple[Path, Path]) -> None:
     source, target = pair
     source_events, target_events = load(source), load(target)
-    config = target_events.header["config"]
-    overrides = {k: v for k, v in config.items() if source_events.header["config"].get(k) != v}
+    # As each trace runs: an older header's config gets the defaults of its release.
+    config = config_from_header(target_events.header).to_dict()
+    recorded = config_from_header(source_events.header).to_dict()
+    overrides = {k: v for k, v in config.items() if recorded.get(k) != v}
     result = simulate(source_events, overrides, timing=None)
     assert result.ok, result.status
     assert result.events is not None

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.block_manager import NO_HASH, chain_hash
+from engine.block_hash import NO_HASH, chain_hash
 from engine.errors import InvalidRequestError
 from replay.workloads.fields import WorkloadFormatError
 from replay.workloads.recipe import PromptRecipe

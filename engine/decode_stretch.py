@@ -21,6 +21,7 @@ column by column, with the event ids the per-step loop gives them.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,6 +41,33 @@ MODEL_ROW_COLUMNS = ("kind", "duration_s", "num_seqs", "prefill_tokens", "prefil
                      "decode_seqs", "decode_context_tokens", "padded_batch_size", "graph_used",
                      "wall_time_s", "overlapped", "host_s", "padded_tokens")
 _BUILTIN = tuple(BUILTIN_POLICIES.values())  # policies that admit only from the waiting queue
+
+@dataclass
+class DecodePrices:
+    """A stretch's steps as priced (``DecodeStretch.price``; an executor's ``price_decodes``):
+    per step its clock before and after and its ``StepOutput``'s fields; ``last``: the last
+    step's output."""
+
+    began: list[float]
+    ended: list[float]
+    duration_s: list[float]
+    wait_s: list[float]
+    padded: list[int]
+    graph_used: list[bool]
+    padded_tokens: list[int]
+    last: StepOutput
+
+    def add(self, began: float, ended: float, output: StepOutput) -> None:
+        """One more step, priced from ``began`` to ``ended`` on the clock."""
+        self.began.append(began)
+        self.ended.append(ended)
+        self.duration_s.append(output.duration_s)
+        self.wait_s.append(output.wait_s)
+        self.padded.append(output.padded_batch_size)
+        self.graph_used.append(output.graph_used)
+        self.padded_tokens.append(output.padded_tokens)
+        self.last = output
+
 
 class DecodeStretch:
     """Up to ``num_steps`` decode steps of the running sequences (see the module docstring):
@@ -120,25 +148,40 @@ class DecodeStretch:
         ``clock`` (at least one), each priced by ``executor.price_decode`` as
         ``EngineCore``'s sequential path prices and records a step: ``overlapped`` is the first
         step's flag, ``defer`` every later one's; ``start``: the engine's start on the clock;
-        ``sink_s``: the sink time charged to each step."""
-        steps: list[tuple] = []  # a row per step, turned into columns at the end
+        ``sink_s``: the sink time charged to each step. An executor with ``price_decodes``
+        prices them all in one call (the same values, see ``DecodePrices``)."""
+        bulk = getattr(executor, "price_decodes", None)  # (on the clock read here)
+        priced = None if bulk is None or executor.clock is not clock else bulk(
+            self.num_seqs, self.context_tokens, self.longest_contexts, overlapped, defer, until)
+        if priced is None:
+            priced = self._price_each(executor, clock, until, overlapped, defer)
+        self._last_output = priced.last
+        count = len(priced.began)
+        num_seqs, context = self.num_seqs[:count], self.context_tokens[:count]
+        flags = [overlapped] + [defer] * (count - 1)
+        # Only the executor moves a simulated clock: host time as ``_advance_loop`` and
+        # ``_complete`` add it up (scheduling and post-processing take none of it).
+        host_s = [(began - began) + (ended - began - wait_s) + (ended - ended) + sink_s
+                  for began, ended, wait_s in zip(priced.began, priced.ended, priced.wait_s)]
+        return dict(zip(MODEL_ROW_COLUMNS, (
+            ["decode"] * count, priced.duration_s, num_seqs, [0] * count, [0] * count,
+            num_seqs, context, [padded or seqs for padded, seqs in zip(priced.padded, num_seqs)],
+            priced.graph_used, [ended - start for ended in priced.ended], flags, host_s,
+            priced.padded_tokens)))
+
+    def _price_each(self, executor: Any, clock: Callable[[], float], until: float,
+                    overlapped: bool, defer: bool) -> DecodePrices:
+        """``price``'s steps priced one ``executor.price_decode`` call each."""
+        priced = DecodePrices([], [], [], [], [], [], [], None)  # type: ignore[arg-type]
         for num_seqs, context, longest in zip(self.num_seqs, self.context_tokens,
                                               self.longest_contexts):
-            if steps and clock() >= until:
+            if priced.began and clock() >= until:
                 break
-            # Only the executor moves a simulated clock: host time as ``_advance_loop`` and
-            # ``_complete`` add it up (scheduling and post-processing take none of it).
             began = clock()
             output = executor.price_decode(num_seqs, context, overlapped, longest)
-            ended = clock()
-            host_s = (began - began) + (ended - began - output.wait_s) + (ended - ended)
-            steps.append((
-                "decode", output.duration_s, num_seqs, 0, 0, num_seqs, context,
-                output.padded_batch_size or num_seqs, output.graph_used, ended - start,
-                overlapped, host_s + sink_s, output.padded_tokens))
+            priced.add(began, clock(), output)
             overlapped = defer
-            self._last_output = output
-        return dict(zip(MODEL_ROW_COLUMNS, map(list, zip(*steps))))
+        return priced
 
     def bind_tokens(self, tokens: np.ndarray) -> None:
         """The token each sequence samples at each step (sequences by row, steps by column)."""

@@ -232,13 +232,14 @@ class DecodeStretch:
         behind = [index for index in survivor_list if caught[index]]  # caught up in part
         for index in behind:
             self._catch_up(index, steps)
-        still = survivor_list
+        kept = [seqs[index] for index in survivor_list]
+        still, to_extend = survivor_list, kept
         if behind:
             still = [index for index in survivor_list if not caught[index]]
+            to_extend = [seqs[index] for index in still]
         rows = self._tokens[still, :steps].astype(np.int32)
-        extend_each([seqs[index] for index in still], rows.tobytes(), steps,
-                    rows[:, -1].tolist() if steps else [])
-        self.columns.keep(survivors, [seqs[index] for index in survivor_list], steps)
+        extend_each(to_extend, rows.tobytes(), steps, rows[:, -1].tolist() if steps else [])
+        self.columns.keep(survivors, kept, steps)
         return finished
 
     def last_batch(self, steps: int, first_step: int) -> tuple[ScheduledBatch, StepOutput]:

@@ -32,12 +32,13 @@ class RunningColumns:
     length rule ends it, whether it watches for EOS (not ``ignore_eos``), token count and blocks
     in its block table (see the column numbers above; the views ``seq_ids``, ``num_tokens``...)."""
 
-    __slots__ = ("seqs", "table", "_token_counts")
+    __slots__ = ("seqs", "table", "_token_counts", "_watching")
 
     def __init__(self) -> None:
         self.seqs: list[Sequence] = []
         self.table = np.zeros((0, 6), np.int64)
         self._token_counts: list[int] = []  # ``num_tokens`` as a list, to compare with
+        self._watching = False  # whether any row watches for EOS
 
     @property
     def seq_ids(self) -> np.ndarray:
@@ -61,7 +62,7 @@ class RunningColumns:
 
     def watches_eos(self) -> bool:
         """Whether any running sequence watches for EOS."""
-        return bool(self.table[:, WATCH_EOS].any())
+        return self._watching
 
     def refresh(self, seqs: list[Sequence], max_model_len: int) -> None:
         """Make the columns those of ``seqs`` (the running sequences, in order): the kept rows
@@ -74,6 +75,7 @@ class RunningColumns:
                 self._append(seqs[kept:], max_model_len)
             return
         self.seqs, self.table, self._token_counts = [], self.table[:0], []
+        self._watching = False
         self._append(seqs, max_model_len)
 
     def _append(self, seqs: list[Sequence], max_model_len: int) -> None:
@@ -84,6 +86,7 @@ class RunningColumns:
         self.seqs = self.seqs + seqs
         self.table = np.concatenate([self.table, rows])
         self._token_counts = self._token_counts + rows[:, NUM_TOKENS].tolist()
+        self._watching = self._watching or bool(rows[:, WATCH_EOS].any())
 
     def keep(self, rows: np.ndarray, seqs: list[Sequence], steps: int) -> None:
         """Keep only ``rows`` (indices, in order), which are now ``seqs``, each ``steps`` tokens
@@ -92,3 +95,5 @@ class RunningColumns:
         table[:, NUM_TOKENS] += steps
         self.seqs, self.table = seqs, table
         self._token_counts = table[:, NUM_TOKENS].tolist()
+        if self._watching:
+            self._watching = bool(table[:, WATCH_EOS].any())

@@ -79,14 +79,13 @@ class RunningColumns:
         self._append(seqs, max_model_len)
 
     def _append(self, seqs: list[Sequence], max_model_len: int) -> None:
-        rows = np.array([
-            (seq.seq_id, seq.num_prompt_tokens,
-             min(seq.num_prompt_tokens + seq.max_tokens, max_model_len), not seq.ignore_eos,
-             seq.num_tokens, len(seq.block_table)) for seq in seqs], np.int64).reshape(-1, 6)
+        rows = [(seq.seq_id, seq.num_prompt_tokens,
+                 min(seq.num_prompt_tokens + seq.max_tokens, max_model_len), not seq.ignore_eos,
+                 seq.num_tokens, len(seq.block_table)) for seq in seqs]
         self.seqs = self.seqs + seqs
-        self.table = np.concatenate([self.table, rows])
-        self._token_counts = self._token_counts + rows[:, NUM_TOKENS].tolist()
-        self._watching = self._watching or bool(rows[:, WATCH_EOS].any())
+        self.table = np.concatenate([self.table, np.array(rows, np.int64).reshape(-1, 6)])
+        self._token_counts = self._token_counts + [row[NUM_TOKENS] for row in rows]
+        self._watching = self._watching or any(row[WATCH_EOS] for row in rows)
 
     def keep(self, rows: np.ndarray, seqs: list[Sequence], steps: int) -> None:
         """Keep only ``rows`` (indices, in order), which are now ``seqs``, each ``steps`` tokens

@@ -15,7 +15,9 @@ brought up to date (``Sequence.extend_tokens``) only where the block manager rea
 starts or fills a block), when it finishes and when the stretch ends (all the others at once:
 ``engine.sequence.extend_each``), and the rows of the steps'
 ``batch_scheduled``, ``seq_scheduled``, ``model_step`` and ``token_sampled`` events are built
-column by column, with the event ids the per-step loop gives them.
+column by column, with the event ids the per-step loop gives them. The running sequences'
+columns a stretch plans from are kept from one stretch to the next (``engine.running_columns``),
+and an executor with ``price_decodes`` prices all its steps in one call (``DecodePrices``).
 """
 
 from __future__ import annotations

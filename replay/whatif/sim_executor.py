@@ -228,9 +228,10 @@ class SimExecutor:
         ``defer``), stopping before a step that would start at or after ``until`` on the clock
         (at least one), in one call: the same features, ``CostModel.predict`` calls and clock
         as step by step, without a ``StepOutput`` per step. None (price them one by one) where
-        no model prices or a step would be the first of its class (one-off costs)."""
+        no model prices, there is no step, or a step would be the first of its class (one-off
+        costs)."""
         cost = self.cost
-        if cost is None:
+        if cost is None or not num_seqs:
             return None
         padding = [self._decode_padding(n) for n in num_seqs]
         if self._one_off_costs and not self._seen_classes.issuperset(

@@ -132,3 +132,4 @@ def test_price_decodes_leaves_a_first_step_of_its_class_to_price_decode() -> Non
     assert cold.price_decodes([4, 4], [40, 44], [10, 11], False, True, 1.0) is None
     assert cold.steps == 0 and cold.clock.now == 0.0
     assert SimExecutor(100, SimClock()).price_decodes([4], [40], [10], False, True, 1.0) is None
+    assert cold.price_decodes([], [], [], False, True, 1.0) is None

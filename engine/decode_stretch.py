@@ -152,8 +152,9 @@ class DecodeStretch:
         step's flag, ``defer`` every later one's; ``start``: the engine's start on the clock;
         ``sink_s``: the sink time charged to each step. An executor with ``price_decodes``
         prices them all in one call (the same values, see ``DecodePrices``)."""
-        bulk = getattr(executor, "price_decodes", None)  # (on the clock read here)
-        priced = None if bulk is None or executor.clock is not clock else bulk(
+        # In one call only where the executor moves the very clock read here.
+        bulk = getattr(executor, "price_decodes", None)
+        priced = None if bulk is None or getattr(executor, "clock", None) is not clock else bulk(
             self.num_seqs, self.context_tokens, self.longest_contexts, overlapped, defer, until)
         if priced is None:
             priced = self._price_each(executor, clock, until, overlapped, defer)

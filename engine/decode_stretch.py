@@ -15,19 +15,22 @@ brought up to date (``Sequence.extend_tokens``) only where the block manager rea
 starts or fills a block), when it finishes and when the stretch ends (all the others at once:
 ``engine.sequence.extend_each``), and the rows of the steps'
 ``batch_scheduled``, ``seq_scheduled``, ``model_step`` and ``token_sampled`` events are built
-column by column, with the event ids the per-step loop gives them.
+column by column, with the event ids the per-step loop gives them. The running sequences'
+columns a stretch plans from are kept from one stretch to the next (``engine.running_columns``),
+and an executor with ``price_decodes`` prices all its steps in one call (``DecodePrices``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from operator import attrgetter
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from engine.batch import ScheduledBatch, StepOutput
 from engine.policy import BUILTIN_POLICIES
+from engine.running_columns import RunningColumns
 from engine.sequence import extend_each
 
 if TYPE_CHECKING:
@@ -40,16 +43,32 @@ MODEL_ROW_COLUMNS = ("kind", "duration_s", "num_seqs", "prefill_tokens", "prefil
                      "decode_seqs", "decode_context_tokens", "padded_batch_size", "graph_used",
                      "wall_time_s", "overlapped", "host_s", "padded_tokens")
 _BUILTIN = tuple(BUILTIN_POLICIES.values())  # policies that admit only from the waiting queue
-_seq_id = attrgetter("seq_id")
-_num_tokens = attrgetter("num_tokens")
-_num_prompt_tokens = attrgetter("num_prompt_tokens")
-_max_tokens = attrgetter("max_tokens")
-_ignore_eos = attrgetter("ignore_eos")
-_block_table = attrgetter("block_table")
 
+@dataclass
+class DecodePrices:
+    """A stretch's steps as priced (``DecodeStretch.price``; an executor's ``price_decodes``):
+    per step its clock before and after and its ``StepOutput``'s fields; ``last``: the last
+    step's output."""
 
-def _ints(values: object, count: int) -> np.ndarray:
-    return np.fromiter(values, np.int64, count)  # type: ignore[call-overload]
+    began: list[float]
+    ended: list[float]
+    duration_s: list[float]
+    wait_s: list[float]
+    padded: list[int]
+    graph_used: list[bool]
+    padded_tokens: list[int]
+    last: StepOutput
+
+    def add(self, began: float, ended: float, output: StepOutput) -> None:
+        """One more step, priced from ``began`` to ``ended`` on the clock."""
+        self.began.append(began)
+        self.ended.append(ended)
+        self.duration_s.append(output.duration_s)
+        self.wait_s.append(output.wait_s)
+        self.padded.append(output.padded_batch_size)
+        self.graph_used.append(output.graph_used)
+        self.padded_tokens.append(output.padded_tokens)
+        self.last = output
 
 
 class DecodeStretch:
@@ -57,13 +76,15 @@ class DecodeStretch:
     ``plan`` (None where a stretch cannot be proven), ``price``, ``bind_tokens``, ``run``, then
     ``last_batch``."""
 
-    def __init__(self, scheduler: OverlapScheduler, seqs: list[Sequence], num_tokens: np.ndarray,
+    def __init__(self, scheduler: OverlapScheduler, columns: RunningColumns,
                  last_step: np.ndarray, num_steps: int) -> None:
         self.scheduler = scheduler
-        self.seqs = seqs
+        self.columns = columns
+        self.seqs = seqs = columns.seqs
         self.num_steps = num_steps
-        self.seq_ids = _ints(map(_seq_id, seqs), len(seqs))
-        self.completions = num_tokens - _ints(map(_num_prompt_tokens, seqs), len(seqs))
+        self.seq_ids = columns.seq_ids
+        num_tokens = columns.num_tokens
+        self.completions = num_tokens - columns.prompt_lens
         self._num_tokens = num_tokens  # at the stretch's first step
         self._last_step = last_step  # the step (from 0) whose token finishes each sequence
         steps = np.arange(num_steps)
@@ -71,13 +92,14 @@ class DecodeStretch:
         counts = self._running.sum(axis=0)
         self._counts = counts
         self.num_seqs: list[int] = counts.tolist()  # each step's batch
-        contexts = (num_tokens[:, None] + steps) * self._running
+        grid = num_tokens[:, None] + steps  # each sequence's token count at each step
+        contexts = grid * self._running
         self.context_tokens: list[int] = contexts.sum(axis=0).tolist()  # each step's sum
         self.longest_contexts: list[int] = contexts.max(axis=0).tolist()  # and longest
         # A decoding sequence's next token starts a block when num_tokens % block_size == 1 and
         # fills one when it is 0 (as ``Scheduler._decode_all``): those visit the block manager.
-        due = ((num_tokens[:, None] + steps) % scheduler.block_size < 2) & self._running
-        due_steps, due_seqs = np.nonzero(due.T)  # by step, then in running order
+        grid %= scheduler.block_size
+        due_steps, due_seqs = np.nonzero(((grid < 2) & self._running).T)  # by step, in order
         self._due: dict[int, list[int]] = {}
         for step, index in zip(due_steps.tolist(), due_seqs.tolist()):
             self._due.setdefault(step, []).append(index)
@@ -88,9 +110,11 @@ class DecodeStretch:
         self._tokens = np.zeros((len(seqs), num_steps), np.int64)
 
     @classmethod
-    def plan(cls, scheduler: OverlapScheduler, max_steps: int) -> DecodeStretch | None:
+    def plan(cls, scheduler: OverlapScheduler, max_steps: int,
+             columns: RunningColumns | None = None) -> DecodeStretch | None:
         """The stretch the scheduler's state proves, of at most ``max_steps`` steps, or None
-        (the per-step path decides). Emits: nothing."""
+        (the per-step path decides). ``columns``: the running sequences' columns kept from the
+        last stretch (``engine.running_columns``; None: gathered afresh). Emits: nothing."""
         running = scheduler.running
         if scheduler.waiting or scheduler.prefilling or not running or max_steps < 1:
             return None
@@ -98,15 +122,13 @@ class DecodeStretch:
         if len(running) > min(scheduler.max_num_seqs, scheduler.max_num_batched_tokens) or \
                 block_manager.pending_hashes or type(scheduler.policy) not in _BUILTIN:
             return None
-        seqs = list(running)
-        if scheduler.eos >= 0 and not all(map(_ignore_eos, seqs)):
+        columns = columns if columns is not None else RunningColumns()
+        columns.refresh(list(running), scheduler.max_model_len)
+        if scheduler.eos >= 0 and columns.watches_eos():
             return None
-        count = len(seqs)
-        num_tokens = _ints(map(_num_tokens, seqs), count)
-        # ``Scheduler._append_sampled``'s length rule: done once num_tokens reaches this.
-        limit = np.minimum(_ints(map(_num_prompt_tokens, seqs), count)
-                           + _ints(map(_max_tokens, seqs), count), scheduler.max_model_len)
-        last_step = limit - num_tokens - 1
+        num_tokens = columns.num_tokens
+        # ``Scheduler._append_sampled``'s length rule: done once num_tokens reaches the limit.
+        last_step = columns.limits - num_tokens - 1
         num_steps = int(min(max_steps, MAX_STRETCH_STEPS, int(last_step.max()) + 1))
         if num_steps < 1:  # (a running sequence is never past its limit: postprocess ends it)
             return None
@@ -114,13 +136,13 @@ class DecodeStretch:
         # can preempt, whatever the finishes free on the way; and the defer rule must hold with
         # the fewest free blocks and the most running sequences any step can have.
         block_size = scheduler.block_size
-        held = _ints(map(len, map(_block_table, seqs)), count)
         peak = num_tokens + np.minimum(last_step, num_steps - 1)
-        claims = int(np.maximum((peak + block_size - 1) // block_size - held, 0).sum())
+        claims = int(np.maximum((peak + block_size - 1) // block_size - columns.held, 0).sum())
         free = len(block_manager.free_block_ids)
-        if claims > free or not scheduler.blocks_allow_defer(free - claims, count, _unknown):
+        if claims > free or not scheduler.blocks_allow_defer(free - claims, len(running),
+                                                             _unknown):
             return None
-        return cls(scheduler, seqs, num_tokens, last_step, num_steps)
+        return cls(scheduler, columns, last_step, num_steps)
 
     def price(self, executor: Any, clock: Callable[[], float], until: float, overlapped: bool,
               defer: bool, start: float, sink_s: float) -> dict[str, list]:
@@ -128,25 +150,41 @@ class DecodeStretch:
         ``clock`` (at least one), each priced by ``executor.price_decode`` as
         ``EngineCore``'s sequential path prices and records a step: ``overlapped`` is the first
         step's flag, ``defer`` every later one's; ``start``: the engine's start on the clock;
-        ``sink_s``: the sink time charged to each step."""
-        steps: list[tuple] = []  # a row per step, turned into columns at the end
+        ``sink_s``: the sink time charged to each step. An executor with ``price_decodes``
+        prices them all in one call (the same values, see ``DecodePrices``)."""
+        # In one call only where the executor moves the very clock read here.
+        bulk = getattr(executor, "price_decodes", None)
+        priced = None if bulk is None or getattr(executor, "clock", None) is not clock else bulk(
+            self.num_seqs, self.context_tokens, self.longest_contexts, overlapped, defer, until)
+        if priced is None:
+            priced = self._price_each(executor, clock, until, overlapped, defer)
+        self._last_output = priced.last
+        count = len(priced.began)
+        num_seqs, context = self.num_seqs[:count], self.context_tokens[:count]
+        flags = [overlapped] + [defer] * (count - 1)
+        # Only the executor moves a simulated clock: host time as ``_advance_loop`` and
+        # ``_complete`` add it up (scheduling and post-processing take none of it).
+        host_s = [(began - began) + (ended - began - wait_s) + (ended - ended) + sink_s
+                  for began, ended, wait_s in zip(priced.began, priced.ended, priced.wait_s)]
+        return dict(zip(MODEL_ROW_COLUMNS, (
+            ["decode"] * count, priced.duration_s, num_seqs, [0] * count, [0] * count,
+            num_seqs, context, [padded or seqs for padded, seqs in zip(priced.padded, num_seqs)],
+            priced.graph_used, [ended - start for ended in priced.ended], flags, host_s,
+            priced.padded_tokens)))
+
+    def _price_each(self, executor: Any, clock: Callable[[], float], until: float,
+                    overlapped: bool, defer: bool) -> DecodePrices:
+        """``price``'s steps priced one ``executor.price_decode`` call each."""
+        priced = DecodePrices([], [], [], [], [], [], [], None)  # type: ignore[arg-type]
         for num_seqs, context, longest in zip(self.num_seqs, self.context_tokens,
                                               self.longest_contexts):
-            if steps and clock() >= until:
+            if priced.began and clock() >= until:
                 break
-            # Only the executor moves a simulated clock: host time as ``_advance_loop`` and
-            # ``_complete`` add it up (scheduling and post-processing take none of it).
             began = clock()
             output = executor.price_decode(num_seqs, context, overlapped, longest)
-            ended = clock()
-            host_s = (began - began) + (ended - began - output.wait_s) + (ended - ended)
-            steps.append((
-                "decode", output.duration_s, num_seqs, 0, 0, num_seqs, context,
-                output.padded_batch_size or num_seqs, output.graph_used, ended - start,
-                overlapped, host_s + sink_s, output.padded_tokens))
+            priced.add(began, clock(), output)
             overlapped = defer
-            self._last_output = output
-        return dict(zip(MODEL_ROW_COLUMNS, map(list, zip(*steps))))
+        return priced
 
     def bind_tokens(self, tokens: np.ndarray) -> None:
         """The token each sequence samples at each step (sequences by row, steps by column)."""
@@ -172,11 +210,14 @@ class DecodeStretch:
         first_ids: list[int] = []
         finished: list[Sequence] = []
         hold = block_manager.hold_decode_blocks
+        held = self.columns.held  # brought up to date where the block manager grows a table
         for step in range(steps):
             events.step = first_step + step
             for index in self._due.get(step, ()):
                 self._catch_up(index, step)
-                block_manager.may_append(seqs[index])
+                seq = seqs[index]
+                block_manager.may_append(seq)
+                held[index] = len(seq.block_table)
             if hold:  # the schedule's end (``Scheduler.schedule``)
                 block_manager.settle_held()
             free_after.append(len(block_manager.free_block_ids))
@@ -190,17 +231,21 @@ class DecodeStretch:
                 finished.append(seq)
         self._emit_rows(steps, first_step, np.asarray(first_ids, np.int64), free_after,
                         model_rows, sequence_rows)
-        still = np.flatnonzero(self._last_step >= steps)
-        block_manager.touch(self.seq_ids[still].tolist(), first_step + steps - 1)
+        survivors = np.flatnonzero(self._last_step >= steps)
+        survivor_list = survivors.tolist()
+        block_manager.touch(self.seq_ids[survivors].tolist(), first_step + steps - 1)
         caught = self._caught
-        behind = [index for index in still.tolist() if caught[index]]  # caught up in part
+        behind = [index for index in survivor_list if caught[index]]  # caught up in part
         for index in behind:
             self._catch_up(index, steps)
+        kept = [seqs[index] for index in survivor_list]
+        still, to_extend = survivor_list, kept
         if behind:
-            still = still[[not caught[index] for index in still.tolist()]]
+            still = [index for index in survivor_list if not caught[index]]
+            to_extend = [seqs[index] for index in still]
         rows = self._tokens[still, :steps].astype(np.int32)
-        extend_each([seqs[index] for index in still.tolist()], rows.tobytes(), steps,
-                    rows[:, -1].tolist() if steps else [])
+        extend_each(to_extend, rows.tobytes(), steps, rows[:, -1].tolist() if steps else [])
+        self.columns.keep(survivors, kept, steps)
         return finished
 
     def last_batch(self, steps: int, first_step: int) -> tuple[ScheduledBatch, StepOutput]:

@@ -18,6 +18,7 @@ from engine.decode_stretch import DecodeStretch
 from engine.executor import Executor, PendingStep
 from engine.overlap_scheduler import OverlapScheduler, PendingTokens
 from engine.policy import policy_source
+from engine.running_columns import RunningColumns
 from engine.sampling_params import SamplingParams, check_recordable
 from engine.sequence import Sequence
 from tracing.events import EventBuffer, NullEventBuffer
@@ -89,6 +90,7 @@ class EngineCore:
         # Set by a driver whose executor prices decode stretches (``_advance_stretch``): when the
         # next input is due on the clock (inf: none).
         self.decode_horizon: Callable[[], float] | None = None
+        self._running_columns = RunningColumns()  # what the last stretch left (its survivors)
         self.header = {
             **(header or {}),
             "config": config.to_dict(),
@@ -245,7 +247,8 @@ class EngineCore:
         the stretch). False: nothing done. Emits what those steps emit, in the same order."""
         until = self.decode_horizon()  # type: ignore[misc]
         executor = self.executor
-        stretch = DecodeStretch.plan(self.scheduler, executor.steps_within(until))
+        stretch = DecodeStretch.plan(self.scheduler, executor.steps_within(until),
+                                     self._running_columns)
         if stretch is None:
             return False
         defer = self.config.async_scheduling  # every step of a stretch can be deferred

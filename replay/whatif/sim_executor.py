@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from engine.batch import ScheduledBatch, StepOutput, batch_features
-from engine.decode_stretch import MAX_STRETCH_STEPS
+from engine.decode_stretch import MAX_STRETCH_STEPS, DecodePrices
 from engine.graph_sizes import mixed_graph_key, padded_decode_size, padded_prefill_tokens
 from replay.whatif.cost.decode_attention import decode_features, longest_program_tokens
 from replay.whatif.cost.features import StepFeatures, computed_tokens, step_class
@@ -221,6 +221,63 @@ class SimExecutor:
         return self._price([], "decode", num_seqs, 0, 0, num_seqs, context_tokens, overlapped,
                            float(context_tokens), longest_context)
 
+    def price_decodes(self, num_seqs: list[int], contexts: list[int], longest: list[int],
+                      overlapped: bool, defer: bool, until: float) -> DecodePrices | None:
+        """``price_decode`` of a decode stretch's steps in turn (``num_seqs``, ``contexts`` and
+        ``longest`` contexts of each; the first launched ``overlapped``, every later one
+        ``defer``), stopping before a step that would start at or after ``until`` on the clock
+        (at least one), in one call: the same features, ``CostModel.predict`` calls and clock
+        as step by step, without a ``StepOutput`` per step. None (price them one by one) where
+        no model prices, there is no step, or a step would be the first of its class (one-off
+        costs)."""
+        cost = self.cost
+        if cost is None or not num_seqs:
+            return None
+        padding = [self._decode_padding(n) for n in num_seqs]
+        if self._one_off_costs and not self._seen_classes.issuperset(
+                step_class("decode", graph) for _, graph in padding):
+            return None
+        clock, kv_heads, predict = self.clock, self._kv_heads, cost.predict
+        priced = DecodePrices([], [], [], [], [], [], [], None)  # type: ignore[arg-type]
+        began, durations, waits = priced.began, priced.duration_s, priced.wait_s
+        flag = overlapped
+        for n, context, longest_context, (padded, graph) in zip(num_seqs, contexts, longest,
+                                                                padding):
+            if began and clock.now >= until:
+                break
+            features = StepFeatures(  # ``_price``'s, for a decode step
+                n, 0, 0, n, context, padded, computed_tokens(0, 0, n), float(context),
+                longest_program_tokens(longest_context, padded, kv_heads), 0)
+            time = predict(features, step_class("decode", graph), flag, False)
+            began.append(clock.now)
+            clock.now += time.interval_s
+            durations.append(time.device_s)
+            waits.append(max(time.interval_s - time.host_s, 0.0))
+            priced.padded.append(padded)
+            priced.graph_used.append(graph)
+            flag = defer
+        count = len(began)
+        priced.ended = began[1:] + [clock.now]
+        priced.padded_tokens = [0] * count
+        self.steps += count
+        self.overlapped_steps += overlapped + defer * (count - 1)
+        self.last_interval_s = self._decode_interval_s = time.interval_s
+        priced.last = StepOutput(token_ids=[], duration_s=durations[-1],
+                                 padded_batch_size=priced.padded[-1],
+                                 graph_used=priced.graph_used[-1], wait_s=waits[-1])
+        return priced
+
+    def _decode_padding(self, num_seqs: int) -> tuple[int, bool]:
+        """The rows a decode step of ``num_seqs`` runs (its CUDA-graph size, else its own) and
+        whether a graph runs it."""
+        if self._graph_sizes:
+            size = self._padded.get(num_seqs)
+            if size is None:
+                size = self._padded[num_seqs] = padded_decode_size(self._graph_sizes, num_seqs)
+            if size:
+                return size, True
+        return num_seqs, False
+
     def _price(self, out: list[int], kind: str, num_seqs: int, prefill_tokens: int, work: int,
                decode_seqs: int, context: int, overlapped: bool, kv_tokens: float,
                longest_context: int, longest_prefill: int = 0) -> StepOutput:
@@ -234,12 +291,8 @@ class SimExecutor:
         if cost is None:
             return StepOutput(token_ids=out, duration_s=0.0, padded_batch_size=num_seqs)
         padded, graph, padded_tokens = num_seqs, False, 0
-        if self._graph_sizes and kind == "decode":
-            size = self._padded.get(num_seqs)
-            if size is None:
-                size = self._padded[num_seqs] = padded_decode_size(self._graph_sizes, num_seqs)
-            if size:
-                padded, graph = size, True
+        if kind == "decode":
+            padded, graph = self._decode_padding(num_seqs)
         elif self._prefill_sizes and kind == "prefill":
             padded_tokens = padded_prefill_tokens(self._prefill_sizes, prefill_tokens, num_seqs,
                                                   self._prefill_max_seqs)

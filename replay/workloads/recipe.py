@@ -101,25 +101,15 @@ def recipe_tokens(recipes: list[PromptRecipe]) -> list[np.ndarray]:
     if not recipes:
         return []
     lengths = np.fromiter((r.length for r in recipes), np.int64, len(recipes))
-    block = np.fromiter((r.block_size for r in recipes), np.int64, len(recipes))
     num_ids = np.fromiter((len(r.hash_ids) for r in recipes), np.int64, len(recipes))
+    if not num_ids.any():  # no named blocks: every token is a tail token
+        return _tail_tokens(recipes, lengths)
+    block = np.fromiter((r.block_size for r in recipes), np.int64, len(recipes))
     named = np.minimum(num_ids * block, lengths)
     total = int(lengths.sum())
     starts = np.cumsum(lengths) - lengths
     row_of = np.repeat(np.arange(len(recipes)), lengths)
     positions = np.arange(total, dtype=np.int64) - starts[row_of]
-    if not num_ids.any():  # no named blocks: every token is a tail token (no masks, in place)
-        salts = np.asarray([r.salt & 0xFFFFFFFFFFFFFFFF for r in recipes], dtype=np.uint64)
-        with np.errstate(over="ignore"):
-            salt = salts[row_of]
-            x = positions.astype(np.uint64)
-            x += salt * _POSITION
-            x *= _POSITION
-            x ^= _TAIL
-            x ^= salt
-            _mix_in_place(x)
-            x %= np.uint64(RECIPE_TOKEN_RANGE)
-        return np.split(x.astype(np.int32), np.cumsum(lengths)[:-1])
     head = positions < named[row_of]
     out = np.empty(total, dtype=np.uint64)
     with np.errstate(over="ignore"):
@@ -139,3 +129,26 @@ def recipe_tokens(recipes: list[PromptRecipe]) -> list[np.ndarray]:
             out[tail] = _mix(((where + salt * _POSITION) * _POSITION) ^ _TAIL ^ salt)
         tokens = (out % np.uint64(RECIPE_TOKEN_RANGE)).astype(np.int32)
     return np.split(tokens, np.cumsum(lengths)[:-1])
+
+
+def _tail_tokens(recipes: list[PromptRecipe], lengths: np.ndarray) -> list[np.ndarray]:
+    """``recipe_tokens`` of recipes that name no blocks: the tail rule,
+    ``_mix(((position + salt * P) * P) ^ TAIL ^ salt) % RECIPE_TOKEN_RANGE``, in place over the
+    concatenated positions. Wrapping uint64 arithmetic is exact modulo 2**64, so ``position +
+    salt * P`` is taken as ``index + (salt * P - start)``, the per-prompt terms repeated once
+    each rather than computed per token, and ``_mix`` reuses one scratch array."""
+    ends = np.cumsum(lengths)
+    salts = np.fromiter((r.salt & 0xFFFFFFFFFFFFFFFF for r in recipes), np.uint64, len(recipes))
+    with np.errstate(over="ignore"):
+        x = np.arange(int(ends[-1]), dtype=np.uint64)
+        x += np.repeat(salts * _POSITION - (ends - lengths).astype(np.uint64), lengths)
+        x *= _POSITION
+        x ^= np.repeat(salts ^ _TAIL, lengths)
+        scratch = np.empty_like(x)
+        for shift, factor in ((30, _M1), (27, _M2), (31, None)):  # ``_mix_in_place``'s steps
+            np.right_shift(x, np.uint64(shift), out=scratch)
+            x ^= scratch
+            if factor is not None:
+                x *= factor
+        x %= np.uint64(RECIPE_TOKEN_RANGE)
+    return np.split(x.astype(np.int32), ends[:-1])

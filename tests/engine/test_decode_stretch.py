@@ -81,8 +81,8 @@ def run(reqs: list[Request], overrides: dict, cost: CostModel | None, stretches:
     plan = DecodeStretch.plan.__func__  # type: ignore[attr-defined]
     add = StreamingMetrics.add_decode_stretch
 
-    def counted(cls, scheduler, max_steps):
-        stretch = plan(cls, scheduler, max_steps) if stretches else None
+    def counted(cls, scheduler, max_steps, columns=None):
+        stretch = plan(cls, scheduler, max_steps, columns) if stretches else None
         if stretch is not None:
             ran.append(len(stretch._finishing))
         return stretch

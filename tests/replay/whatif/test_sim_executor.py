@@ -14,10 +14,14 @@ from engine.batch import ScheduledBatch
 from engine.config import Config
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
+from replay.recorded import from_trace
 from replay.whatif.cost.model import CostModel
 from replay.whatif.sim_executor import SimClock, SimExecutor
 from replay.whatif.synthetic import StepLaw, record_workload
 from replay.workloads.builtin import reference_workload
+from tracing.reader import read_trace
+
+H200_TRACE = "traces/h200-reference"
 
 
 def _batch(seqs: list[Sequence]) -> ScheduledBatch:
@@ -77,3 +81,55 @@ def test_price_decode_answers_as_execute() -> None:
         assert got == want and bulk.clock.now == stepped.clock.now > 0
         assert (bulk.steps, bulk.overlapped_steps, bulk.last_interval_s) == \
             (stepped.steps, stepped.overlapped_steps, stepped.last_interval_s)
+
+
+def test_price_decodes_answers_as_price_decode_step_by_step() -> None:
+    # The H200 reference trace's model: overlap mode (host time, offsets by launch mode), CUDA
+    # graphs up to 512 rows.
+    cost = CostModel.fit(from_trace(read_trace(H200_TRACE)), source=H200_TRACE)
+    assert cost.mode == "overlap" and max(cost.graph_sizes) < 600
+    # Batch sizes beyond the largest graph (eager steps) and across graph sizes, shrinking as
+    # sequences finish; contexts growing by a token per sequence and step.
+    num_seqs = [600, 600, 70, 69, 40, 33, 9, 2, 1]
+    contexts = [n * (500 + step) for step, n in enumerate(num_seqs)]
+    longest = [900 + step for step in range(len(num_seqs))]
+    for graphs in (False, True):
+        for overlapped, defer in ((False, True), (True, True), (True, False)):
+            stepped, bulk, probe = (SimExecutor(100, SimClock(), cost, use_graphs=graphs)
+                                    for _ in range(3))
+            for executor in (stepped, bulk, probe):  # a warm start: every class has run once
+                for n in (1, 70, 600):
+                    executor.price_decode(n, 500 * n, False, 500)
+            start = stepped.clock.now
+            starts = []  # when each step starts, priced without a stop
+            for step, (n, context, long) in enumerate(zip(num_seqs, contexts, longest)):
+                starts.append(probe.clock.now)
+                probe.price_decode(n, context, defer if step else overlapped, long)
+            until = starts[5]  # the sixth step would start then: five are priced
+            per_step = [stepped.price_decode(num_seqs[0], contexts[0], overlapped, longest[0])]
+            for n, context, long in zip(num_seqs[1:], contexts[1:], longest[1:]):
+                if stepped.clock.now >= until:
+                    break
+                per_step.append(stepped.price_decode(n, context, defer, long))
+            priced = bulk.price_decodes(num_seqs, contexts, longest, overlapped, defer, until)
+            assert priced is not None and len(priced.began) == len(per_step) == 5
+            assert priced.began == starts[:5]
+            assert priced.duration_s == [out.duration_s for out in per_step]
+            assert priced.wait_s == [out.wait_s for out in per_step]
+            assert priced.padded == [out.padded_batch_size for out in per_step]
+            assert priced.graph_used == [out.graph_used for out in per_step]
+            assert priced.began[0] == start and priced.ended[-1] == stepped.clock.now
+            assert priced.last == per_step[-1]
+            assert (bulk.clock.now, bulk.steps, bulk.overlapped_steps, bulk.last_interval_s) \
+                == (stepped.clock.now, stepped.steps, stepped.overlapped_steps,
+                    stepped.last_interval_s)
+
+
+def test_price_decodes_leaves_a_first_step_of_its_class_to_price_decode() -> None:
+    cost = CostModel.fit(record_workload(Config(num_kvcache_blocks=400, max_num_seqs=64),
+                                         reference_workload(num_seqs=16), StepLaw(), seed=1))
+    cold = SimExecutor(100, SimClock(), cost, use_graphs=True)
+    assert cold.price_decodes([4, 4], [40, 44], [10, 11], False, True, 1.0) is None
+    assert cold.steps == 0 and cold.clock.now == 0.0
+    assert SimExecutor(100, SimClock()).price_decodes([4], [40], [10], False, True, 1.0) is None
+    assert cold.price_decodes([], [], [], False, True, 1.0) is None

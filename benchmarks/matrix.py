@@ -182,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         f.add_argument("--profile", default=None)
         f.add_argument("--cost-option", dest="cost_options", action="append", default=[],
                        metavar="NAME=VALUE", help="replay.whatif.cost.profile.CostOptions")
+        f.add_argument("--target-host", action="store_true",
+                       help="price each cell's host work on its own host, measured by its "
+                            "header's start-up calibration (replay.whatif.cost.host_speed)")
     args = parser.parse_args(argv)
     if args.command == "prepare":
         return prepare(args.dir)
@@ -197,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         return ablation(targets, args.source, args.profile, options)
     from replay.whatif.fidelity import matrix_markdown, matrix_rows
 
-    print(matrix_markdown(matrix_rows(targets, args.source, args.profile, options)))
+    print(matrix_markdown(matrix_rows(targets, args.source, args.profile, options,
+                                      args.target_host)))
     return 0
 
 

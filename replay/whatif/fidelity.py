@@ -129,19 +129,22 @@ def has_arrivals(events: Any) -> bool:
 
 
 def matrix_rows(targets: list[str], source: str, profile: Any = None,
-                options: Any = None) -> list[dict[str, Any]]:
+                options: Any = None, target_host: bool = False) -> list[dict[str, Any]]:
     """Each target recording predicted from ``source``'s step-time model (and ``profile``, a
     device profile; ``options``: ``CostOptions``) under the target's own workload, arrivals and
     Config: per target the relative error of each ``MATRIX_TARGETS`` metric, whether decisions
     are identical (a workload without arrivals) and how many requests were admitted at another
     step than recorded (with arrivals); then a ``spread`` row where ``SPREAD_CELLS`` are among
     the targets, and one per cell recorded again as ``CELL-r2``, ``CELL-r3`` (``REPEAT_MARK``).
-    A target that cannot be predicted has its ``status``."""
+    A target that cannot be predicted has its ``status``. ``target_host``: each target priced
+    on its own host, measured by its header's start-up calibration (``host_speed.on_host``;
+    the ratio in ``host_ratio``)."""
     from pathlib import Path
 
     from replay.metrics import compute, relative_error
     from replay.recorded import from_trace
     from replay.verify import compare_decisions
+    from replay.whatif.cost.host_speed import on_host
     from replay.whatif.simulate import cold_start_of, load_source, run_variant
     from tracing.reader import read_trace
 
@@ -153,11 +156,14 @@ def matrix_rows(targets: list[str], source: str, profile: Any = None,
         events = from_trace(read_trace(target))
         measured = compute(events)
         recorded[Path(target).name] = measured.summary
-        predicted = run_variant(load_source(events), {}, model, Path(target).name,
+        priced = (on_host(model, events.header.get("calibration") or [], Path(target).name)
+                  if target_host else model)
+        predicted = run_variant(load_source(events), {}, priced, Path(target).name,
                                 cold_start=cold_start_of(events.header))
         row: dict[str, Any] = {"kind": "prediction", "target": Path(target).name,
                                "source": source, "status": predicted.status,
-                               "requests": len(measured.requests), "notes": predicted.notes}
+                               "requests": len(measured.requests), "notes": predicted.notes,
+                               "host_ratio": priced.host.ratio if priced.host else None}
         if predicted.ok and predicted.events is not None:
             for metric in SUMMARY_METRICS:
                 row[metric] = relative_error(predicted.metrics[metric], measured.summary[metric])
@@ -208,9 +214,12 @@ def _cell(value: Any, target: float | None) -> str:
 
 def matrix_markdown(rows: list[dict[str, Any]]) -> str:
     """The matrix rows as a Markdown table: one column per ``MATRIX_TARGETS`` metric (✗: past
-    its target, given in the header), decisions and admissions last."""
+    its target, given in the header), decisions and admissions last; where cells were priced
+    on their own hosts (``matrix_rows(target_host=True)``), each host's speed after the name."""
     names = list(MATRIX_TARGETS)
-    head = ["cell", *[f"{m} (±{100 * t:.0f}%)" for m, t in MATRIX_TARGETS.items()],
+    hosts = any(r.get("host_ratio") is not None for r in rows)
+    head = ["cell", *(["host (own calibration)"] if hosts else []),
+            *[f"{m} (±{100 * t:.0f}%)" for m, t in MATRIX_TARGETS.items()],
             "decisions / admitted elsewhere"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -225,5 +234,8 @@ def matrix_markdown(rows: list[dict[str, Any]]) -> str:
             verdict = "identical" if r["decisions_identical"] else "differ"
         else:
             verdict = f"{r['admitted_elsewhere']} of {r['requests']} requests"
+        if hosts:
+            ratio = r.get("host_ratio")
+            cells.insert(0, f"x{ratio:.2f}" if ratio is not None else "–")
         lines.append(f"| {r['target']} | " + " | ".join(cells) + f" | {verdict} |")
     return "\n".join(lines)

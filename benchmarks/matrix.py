@@ -8,6 +8,7 @@ predicted from one source on any CPU.
         [--cost-option NAME=VALUE ...]                 # a mechanism switched (an ablation)
     python -m benchmarks.matrix ablation TRACES --source TRACE [--profile PROFILE] [...]
     python -m benchmarks.matrix steps TRACES --source TRACE [--profile PROFILE] [...]
+    python -m benchmarks.matrix spread TRACES OTHER    # the same cells, two device calls
 
 ``prepare`` writes each family's workload with the project's own generators and importers;
 ``record`` runs every cell in one process after untraced warm-up engines, one per policy the
@@ -17,7 +18,12 @@ mixed steps alike, as the committed reference does); ``--repeat N`` records each
 from the source trace's step-time model (and a device profile, where given) and compares the
 prediction with the recording (``replay.whatif.fidelity.matrix_rows``); ``ablation`` sums that
 table up once per mechanism switched off; ``steps`` prices each cell's recorded steps by the
-model, per step class (``replay.whatif.matrix_study``).
+model, per step class (``replay.whatif.matrix_study``); ``spread`` reads each cell recorded in
+both directories (two device calls, hosts) as ``fidelity`` reads a prediction: OTHER's recorded
+metrics against TRACES', and OTHER's host speed by the two start-up calibrations
+(``replay.whatif.fidelity.machine_spread_rows``). ``--target-host`` prices each cell's host work
+on its own host, measured by its header's start-up calibration
+(``replay.whatif.cost.host_speed``).
 """
 
 from __future__ import annotations
@@ -175,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("out", type=Path)
     r.add_argument("--only", nargs="*", default=None)
     r.add_argument("--repeat", type=int, default=1, help="recordings of each cell")
+    spread = sub.add_parser("spread")
+    spread.add_argument("traces", type=Path)
+    spread.add_argument("other", type=Path)
     for command in ("fidelity", "ablation", "steps"):
         f = sub.add_parser(command)
         f.add_argument("traces", type=Path)
@@ -190,9 +199,11 @@ def main(argv: list[str] | None = None) -> int:
         return prepare(args.dir)
     if args.command == "record":
         return record(args.model, args.dir, args.out, args.only, max(args.repeat, 1))
+    targets = _targets(args.traces)
+    if args.command == "spread":
+        return machine_spread(targets, args.other)
     from replay.whatif.cost.profile import CostOptions
 
-    targets = _targets(args.traces)
     options = CostOptions.parse(args.cost_options)
     if args.command == "steps":
         return steps(targets, args.source, args.profile, options)
@@ -202,6 +213,16 @@ def main(argv: list[str] | None = None) -> int:
 
     print(matrix_markdown(matrix_rows(targets, args.source, args.profile, options,
                                       args.target_host)))
+    return 0
+
+
+def machine_spread(targets: list[str], other: Path) -> int:
+    """Print the spread between two device calls: each cell of ``targets`` recorded in
+    ``other`` too, against the first recording (``machine_spread_rows``)."""
+    from replay.whatif.fidelity import machine_spread_rows, matrix_markdown
+
+    pairs = [(t, str(other / Path(t).name)) for t in targets if (other / Path(t).name).is_dir()]
+    print(matrix_markdown(machine_spread_rows(pairs), host_label="host (calibrations)"))
     return 0
 
 

@@ -70,6 +70,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--cost-option", dest="cost_options", action="append", default=[],
                    metavar="NAME=VALUE", help="switch a step-time model mechanism, e.g. "
                    "warmup_window=off, profile_mode=pooled (replay/whatif/cost/profile.py)")
+    p.add_argument("--host-from", metavar="TRACE",
+                   help="price host work on the machine that recorded TRACE, measured by its "
+                   "start-up calibration (replay/whatif/cost/host_speed.py)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     p.add_argument("--jobs", type=int, default=None, help="parallel processes (default: cores)")
     p.add_argument("--executor", choices=EXECUTORS, default="process",
@@ -109,8 +112,13 @@ def _load_timing_trace(path: str, args: argparse.Namespace | None = None
     events = from_trace(read_trace(path))
     profile = getattr(args, "profile", None)
     options = _cost_options(args) if args is not None else None
-    return (CostModel.fit(events, source=path, profile=profile, options=options),
-            config_from_header(events.header))
+    model = CostModel.fit(events, source=path, profile=profile, options=options)
+    host = getattr(args, "host_from", None)
+    if host:
+        from replay.whatif.cost.host_speed import on_host
+
+        model = on_host(model, read_trace(host).header.get("calibration") or [], host)
+    return model, config_from_header(events.header)
 
 
 def _load(args: argparse.Namespace) -> tuple[SimWorkload, CostModel | None, list[str]]:
@@ -119,7 +127,8 @@ def _load(args: argparse.Namespace) -> tuple[SimWorkload, CostModel | None, list
     if args.timing_from:
         cost, timing_config = _load_timing_trace(args.timing_from, args)
     elif args.trace is not None and (getattr(args, "profile", None)
-                                     or getattr(args, "cost_options", None)):
+                                     or getattr(args, "cost_options", None)
+                                     or getattr(args, "host_from", None)):
         cost, _ = _load_timing_trace(args.trace, args)
     if args.trace is not None:
         workload = load_source(args.trace)
@@ -313,6 +322,8 @@ def _whatif(args: argparse.Namespace, overrides: dict[str, Any], grid: dict[str,
         return run_streamed(args, build_variants(overrides, grid), _load_timing_trace, _finish,
                             _sim_row)
     workload, cost, notes = _load(args)
+    if cost is not None and cost.host is not None:
+        notes = [cost.host.words(), *notes]
     for note in notes:
         print(f"note: {note}")
     if cost is not None:

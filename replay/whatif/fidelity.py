@@ -141,9 +141,8 @@ def matrix_rows(targets: list[str], source: str, profile: Any = None,
     the ratio in ``host_ratio``)."""
     from pathlib import Path
 
-    from replay.metrics import compute, relative_error
+    from replay.metrics import compute
     from replay.recorded import from_trace
-    from replay.verify import compare_decisions
     from replay.whatif.cost.host_speed import on_host
     from replay.whatif.simulate import cold_start_of, load_source, run_variant
     from tracing.reader import read_trace
@@ -165,18 +164,8 @@ def matrix_rows(targets: list[str], source: str, profile: Any = None,
                                "requests": len(measured.requests), "notes": predicted.notes,
                                "host_ratio": priced.host.ratio if priced.host else None}
         if predicted.ok and predicted.events is not None:
-            for metric in SUMMARY_METRICS:
-                row[metric] = relative_error(predicted.metrics[metric], measured.summary[metric])
-            row["request_ttft_mae"] = request_ttft_error(predicted.requests, measured.requests)
-            row["arrivals"] = has_arrivals(events)
-            if row["arrivals"]:
-                mine, theirs = _first_scheduled(predicted.events), _first_scheduled(events)
-                row["admitted_elsewhere"] = sum(mine.get(seq) != step
-                                                for seq, step in theirs.items())
-                row["decisions_identical"] = None
-            else:
-                row["admitted_elsewhere"] = None
-                row["decisions_identical"] = compare_decisions(events, predicted.events) is None
+            row.update(_errors(predicted.metrics, predicted.requests, predicted.events,
+                               measured, events))
         rows.append(row)
     groups = [list(SPREAD_CELLS)] + [
         [name, *[n for n in recorded if n.startswith(f"{name}{REPEAT_MARK}")]]
@@ -184,6 +173,55 @@ def matrix_rows(targets: list[str], source: str, profile: Any = None,
     for names in groups:
         if len(names) > 1 and all(name in recorded for name in names):
             rows.append(spread_row([recorded[name] for name in names], names))
+    return rows
+
+
+def _errors(summary: dict[str, float], requests: Any, other: Any, measured: Any,
+            events: Any) -> dict[str, Any]:
+    """One run (``summary``, ``requests`` frame and events ``other``: a prediction, or another
+    recording) against a recording (``measured = compute(events)``): each ``MATRIX_TARGETS``
+    metric's relative error, and whether decisions are identical (no arrivals) or how many
+    requests were admitted at another step (arrivals)."""
+    from replay.metrics import relative_error
+    from replay.verify import compare_decisions
+
+    row: dict[str, Any] = {m: relative_error(summary[m], measured.summary[m])
+                           for m in SUMMARY_METRICS}
+    row["request_ttft_mae"] = request_ttft_error(requests, measured.requests)
+    row["arrivals"] = has_arrivals(events)
+    if row["arrivals"]:
+        mine, theirs = _first_scheduled(other), _first_scheduled(events)
+        row["admitted_elsewhere"] = sum(mine.get(seq) != step for seq, step in theirs.items())
+        row["decisions_identical"] = None
+    else:
+        row["admitted_elsewhere"] = None
+        row["decisions_identical"] = compare_decisions(events, other) is None
+    return row
+
+
+def machine_spread_rows(pairs: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The spread between machines: per pair (a recording, the same cell recorded in another
+    device call), the second's recorded metrics against the first's, as ``matrix_rows`` reads a
+    prediction (``matrix_markdown`` prints them), with ``host_ratio`` the second's host speed
+    over the first's by their start-up calibrations (``host_speed.host_speed``)."""
+    from pathlib import Path
+
+    from replay.metrics import compute
+    from replay.recorded import from_trace
+    from replay.whatif.cost.host_speed import calibration_hosts, host_speed
+    from tracing.reader import read_trace
+
+    rows = []
+    for first, second in pairs:
+        events, other = from_trace(read_trace(first)), from_trace(read_trace(second))
+        measured, again = compute(events), compute(other)
+        speed = host_speed(calibration_hosts(events.header.get("calibration") or []),
+                           other.header.get("calibration") or [], second)
+        row: dict[str, Any] = {"kind": "machine", "target": Path(first).name, "source": second,
+                               "status": "ok", "requests": len(measured.requests),
+                               "host_ratio": speed.ratio}
+        row.update(_errors(again.summary, again.requests, other, measured, events))
+        rows.append(row)
     return rows
 
 
@@ -212,13 +250,14 @@ def _cell(value: Any, target: float | None) -> str:
     return f"{100 * value:+.1f}%{mark}"
 
 
-def matrix_markdown(rows: list[dict[str, Any]]) -> str:
+def matrix_markdown(rows: list[dict[str, Any]],
+                    host_label: str = "host (own calibration)") -> str:
     """The matrix rows as a Markdown table: one column per ``MATRIX_TARGETS`` metric (✗: past
     its target, given in the header), decisions and admissions last; where cells were priced
     on their own hosts (``matrix_rows(target_host=True)``), each host's speed after the name."""
     names = list(MATRIX_TARGETS)
     hosts = any(r.get("host_ratio") is not None for r in rows)
-    head = ["cell", *(["host (own calibration)"] if hosts else []),
+    head = ["cell", *([host_label] if hosts else []),
             *[f"{m} (±{100 * t:.0f}%)" for m, t in MATRIX_TARGETS.items()],
             "decisions / admitted elsewhere"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

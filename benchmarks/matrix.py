@@ -8,7 +8,7 @@ predicted from one source on any CPU.
         [--cost-option NAME=VALUE ...]                 # a mechanism switched (an ablation)
     python -m benchmarks.matrix ablation TRACES --source TRACE [--profile PROFILE] [...]
     python -m benchmarks.matrix steps TRACES --source TRACE [--profile PROFILE] [...]
-    python -m benchmarks.matrix spread TRACES OTHER    # the same cells, two device calls
+    python -m benchmarks.matrix spread TRACES OTHER [--summary]   # two device calls
 
 ``prepare`` writes each family's workload with the project's own generators and importers;
 ``record`` runs every cell in one process after untraced warm-up engines, one per policy the
@@ -184,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     spread = sub.add_parser("spread")
     spread.add_argument("traces", type=Path)
     spread.add_argument("other", type=Path)
+    spread.add_argument("--summary", action="store_true")
     for command in ("fidelity", "ablation", "steps"):
         f = sub.add_parser(command)
         f.add_argument("traces", type=Path)
@@ -191,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         f.add_argument("--profile", default=None)
         f.add_argument("--cost-option", dest="cost_options", action="append", default=[],
                        metavar="NAME=VALUE", help="replay.whatif.cost.profile.CostOptions")
+        f.add_argument("--only", nargs="*", default=None, help="only these cells")
+        f.add_argument("--summary", action="store_true",
+                       help="fidelity: also the mean absolute errors and misses, one row")
         f.add_argument("--target-host", action="store_true",
                        help="price each cell's host work on its own host, measured by its "
                             "header's start-up calibration (replay.whatif.cost.host_speed)")
@@ -200,8 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "record":
         return record(args.model, args.dir, args.out, args.only, max(args.repeat, 1))
     targets = _targets(args.traces)
+    if getattr(args, "only", None):
+        targets = [t for t in targets if Path(t).name in args.only]
     if args.command == "spread":
-        return machine_spread(targets, args.other)
+        return machine_spread(targets, args.other, args.summary)
     from replay.whatif.cost.profile import CostOptions
 
     options = CostOptions.parse(args.cost_options)
@@ -209,20 +215,33 @@ def main(argv: list[str] | None = None) -> int:
         return steps(targets, args.source, args.profile, options)
     if args.command == "ablation":
         return ablation(targets, args.source, args.profile, options)
-    from replay.whatif.fidelity import matrix_markdown, matrix_rows
+    from replay.whatif.fidelity import MATRIX_TARGETS, matrix_markdown, matrix_rows
+    from replay.whatif.matrix_study import ablation_markdown, ablation_summary
 
-    print(matrix_markdown(matrix_rows(targets, args.source, args.profile, options,
-                                      args.target_host)))
+    rows = matrix_rows(targets, args.source, args.profile, options, args.target_host)
+    print(matrix_markdown(rows))
+    if args.summary:
+        name = "each cell on its own host" if args.target_host else "on the source's host"
+        print("\n" + ablation_markdown({name: ablation_summary(rows, MATRIX_TARGETS)},
+                                       MATRIX_TARGETS))
     return 0
 
 
-def machine_spread(targets: list[str], other: Path) -> int:
+def machine_spread(targets: list[str], other: Path, summary: bool = False) -> int:
     """Print the spread between two device calls: each cell of ``targets`` recorded in
-    ``other`` too, against the first recording (``machine_spread_rows``)."""
-    from replay.whatif.fidelity import machine_spread_rows, matrix_markdown
+    ``other`` too, against the first recording (``machine_spread_rows``); ``summary``: also
+    the mean absolute differences and how many exceed the targets."""
+    from replay.whatif.fidelity import MATRIX_TARGETS, machine_spread_rows, matrix_markdown
+    from replay.whatif.matrix_study import ablation_markdown, ablation_summary
 
     pairs = [(t, str(other / Path(t).name)) for t in targets if (other / Path(t).name).is_dir()]
-    print(matrix_markdown(machine_spread_rows(pairs), host_label="host (calibrations)"))
+    rows = machine_spread_rows(pairs)
+    print(matrix_markdown(rows, host_label="host (calibrations)"))
+    if summary:
+        as_errors = [{**r, "kind": "prediction"} for r in rows]
+        print("\n" + ablation_markdown({f"{other.name} against {Path(targets[0]).parent.name}":
+                                        ablation_summary(as_errors, MATRIX_TARGETS)},
+                                       MATRIX_TARGETS))
     return 0
 
 

@@ -103,22 +103,25 @@ def _load_timing_trace(path: str, args: argparse.Namespace | None = None
                        ) -> tuple[CostModel, Config | None]:
     """A step-time model from a trace (with ``--profile`` and ``--cost-option``) or a saved
     model, and the trace's Config (if a trace)."""
-    if Path(path).suffix == ".json":
-        return CostModel.load(path), None
     from replay.recorded import from_trace
     from replay.replayer import config_from_header
     from tracing.reader import read_trace
 
-    events = from_trace(read_trace(path))
-    profile = getattr(args, "profile", None)
-    options = _cost_options(args) if args is not None else None
-    model = CostModel.fit(events, source=path, profile=profile, options=options)
+    config = None
+    if Path(path).suffix == ".json":
+        model = CostModel.load(path)
+    else:
+        events = from_trace(read_trace(path))
+        profile = getattr(args, "profile", None)
+        options = _cost_options(args) if args is not None else None
+        model = CostModel.fit(events, source=path, profile=profile, options=options)
+        config = config_from_header(events.header)
     host = getattr(args, "host_from", None)
     if host:
         from replay.whatif.cost.host_speed import on_host
 
         model = on_host(model, read_trace(host).header.get("calibration") or [], host)
-    return model, config_from_header(events.header)
+    return model, config
 
 
 def _load(args: argparse.Namespace) -> tuple[SimWorkload, CostModel | None, list[str]]:

@@ -90,12 +90,15 @@ def on_host(model: CostModel, rows: Sequence[Mapping[str, Any]],
     """``model`` priced on the host whose start-up calibration ``rows`` are (a trace header's
     ``calibration``): every host term times ``host_speed`` (the host fits and one-off host
     costs per class, the sequential steps' offsets, the cost of adding a request); device
-    terms unchanged. A ``HostSpeedError`` where the calibrations cannot measure it."""
+    terms unchanged (a model priced on another host already: rescaled from that host's terms).
+    A ``HostSpeedError`` where the calibrations cannot measure it."""
     if model.overlap is None or not model.host_calibration:
         raise HostSpeedError(f"{model.source or 'the source'}: no host times or eager "
                              "start-up calibration to price another host from")
     speed = host_speed(model.host_calibration, rows, name)
-    k, overlap = speed.ratio, model.overlap
+    # A model already priced on another host is rescaled from that host's terms.
+    k = speed.ratio / (model.host.ratio if model.host is not None else 1.0)
+    overlap = model.overlap
     offsets = {**overlap.offsets, "sequential": {
         c: s * k for c, s in overlap.offsets.get("sequential", {}).items()}}
     overlap = replace(overlap, host={c: _scaled(f, k) for c, f in overlap.host.items()},

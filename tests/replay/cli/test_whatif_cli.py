@@ -172,6 +172,11 @@ def test_host_from_prices_host_work_on_another_machine(tmp_path, capsys):
                             "--out", str(tmp_path / "h"))
     assert code == 0
     assert "start-up calibration (median over" in host and "calibration (median" not in plain
+    # A saved model (the plain run's) priced on the host from the command line: the same.
+    code, _, _ = run_cli(capsys, argv[0], "--timing-from", str(tmp_path / "p" / "cost_model.json"),
+                         "--host-from", "traces/matrix-call9/reference-constrained",
+                         "--no-plots", "--out", str(tmp_path / "s"))
+    assert code == 0
     ttft = [pd.read_parquet(tmp_path / d / "summary.parquet").set_index("source").loc[
-        "predicted", "ttft_mean_s"] for d in ("p", "h")]
-    assert ttft[1] > ttft[0]
+        "predicted", "ttft_mean_s"] for d in ("p", "h", "s")]
+    assert ttft[1] > ttft[0] and ttft[2] == pytest.approx(ttft[1], rel=1e-9)

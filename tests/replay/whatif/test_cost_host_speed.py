@@ -5,7 +5,8 @@ What these tests prove:
   source host work (a graph shape does not count); too few shapes in common is an error;
 - ``on_host`` multiplies every host term (host time of every class, the sequential offsets,
   the cost of adding a request) by it and leaves device time alone; on the source's own host
-  it changes no prediction; the priced host travels with a saved model;
+  it changes no prediction; the priced host travels with a saved model, and a priced model
+  priced on another host is rescaled from its host, not compounded;
 - a synthetic run on a host twice as slow is predicted from a source on the fast host much
   better with the slow host's calibration than without;
 - the source's eager calibration shapes are read from its header at fit time.
@@ -133,6 +134,13 @@ def test_the_priced_host_travels_and_a_source_without_calibration_is_refused(
     assert loaded.host == slow.host and loaded.host_calibration == slow.host_calibration
     step = _steps()["prefill"]
     assert loaded.predict(step, "prefill") == slow.predict(step, "prefill")
+    # Priced on a host once more, a priced model is rescaled from its host, not compounded.
+    again = on_host(loaded, _calibration(SLOW), "slow")
+    assert again.predict(step, "prefill").host_s == pytest.approx(
+        slow.predict(step, "prefill").host_s)
+    back = on_host(slow, _calibration(FAST), "fast")
+    assert back.predict(step, "prefill").host_s == pytest.approx(
+        model.predict(step, "prefill").host_s)
     with pytest.raises(HostSpeedError, match="no host times or eager"):
         on_host(CostModel.fit(runs["fast"]), _calibration(SLOW))
 

@@ -212,9 +212,9 @@ def main(argv: list[str] | None = None) -> int:
 
     options = CostOptions.parse(args.cost_options)
     if args.command == "steps":
-        return steps(targets, args.source, args.profile, options)
+        return steps(targets, args.source, args.profile, options, args.target_host)
     if args.command == "ablation":
-        return ablation(targets, args.source, args.profile, options)
+        return ablation(targets, args.source, args.profile, options, args.target_host)
     from replay.whatif.fidelity import MATRIX_TARGETS, matrix_markdown, matrix_rows
     from replay.whatif.matrix_study import ablation_markdown, ablation_summary
 
@@ -245,28 +245,37 @@ def machine_spread(targets: list[str], other: Path, summary: bool = False) -> in
     return 0
 
 
-def steps(targets: list[str], source: str, profile: str | None, options: Any) -> int:
+def steps(targets: list[str], source: str, profile: str | None, options: Any,
+          target_host: bool = False) -> int:
     """Print each cell's recorded steps priced by the model, per class (``step_errors``)."""
     from replay.recorded import from_trace
+    from replay.whatif.cost.host_speed import on_host
     from replay.whatif.cost.model import CostModel
     from replay.whatif.matrix_study import step_errors, step_errors_markdown
     from tracing.reader import read_trace
 
     model = CostModel.fit(from_trace(read_trace(source)), source=source, profile=profile,
                           options=options)
-    cells = {Path(t).name: step_errors(model, from_trace(read_trace(t))) for t in targets}
+    cells = {}
+    for target in targets:
+        events = from_trace(read_trace(target))
+        priced = (on_host(model, events.header.get("calibration") or [], Path(target).name)
+                  if target_host else model)
+        cells[Path(target).name] = step_errors(priced, events)
     print(step_errors_markdown(cells))
     return 0
 
 
-def ablation(targets: list[str], source: str, profile: str | None, options: Any) -> int:
+def ablation(targets: list[str], source: str, profile: str | None, options: Any,
+             target_host: bool = False) -> int:
     """Print the matrix's errors summed up once per mechanism switched off."""
     from replay.whatif.fidelity import MATRIX_TARGETS, matrix_rows
     from replay.whatif.matrix_study import ablation_markdown, ablation_summary, ablation_variants
 
     results = {}
     for name, variant in ablation_variants(options, profile is not None).items():
-        rows = matrix_rows(targets, source, profile if variant is not None else None, variant)
+        rows = matrix_rows(targets, source, profile if variant is not None else None, variant,
+                           target_host)
         results[name] = ablation_summary(rows, MATRIX_TARGETS)
         print(f"{name}: {results[name]['misses']} misses", file=sys.stderr, flush=True)
     print(ablation_markdown(results, MATRIX_TARGETS))

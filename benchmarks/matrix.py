@@ -249,7 +249,6 @@ def steps(targets: list[str], source: str, profile: str | None, options: Any,
           target_host: bool = False) -> int:
     """Print each cell's recorded steps priced by the model, per class (``step_errors``)."""
     from replay.recorded import from_trace
-    from replay.whatif.cost.host_speed import on_host
     from replay.whatif.cost.model import CostModel
     from replay.whatif.matrix_study import step_errors, step_errors_markdown
     from tracing.reader import read_trace
@@ -259,7 +258,7 @@ def steps(targets: list[str], source: str, profile: str | None, options: Any,
     cells = {}
     for target in targets:
         events = from_trace(read_trace(target))
-        priced = (on_host(model, events.header.get("calibration") or [], Path(target).name)
+        priced = (model.on_host(events.header.get("calibration") or [], Path(target).name)
                   if target_host else model)
         cells[Path(target).name] = step_errors(priced, events)
     print(step_errors_markdown(cells))

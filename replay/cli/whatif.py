@@ -118,9 +118,7 @@ def _load_timing_trace(path: str, args: argparse.Namespace | None = None
         config = config_from_header(events.header)
     host = getattr(args, "host_from", None)
     if host:
-        from replay.whatif.cost.host_speed import on_host
-
-        model = on_host(model, read_trace(host).header.get("calibration") or [], host)
+        model = model.on_host(read_trace(host).header.get("calibration") or [], host)
     return model, config
 
 

@@ -137,13 +137,12 @@ def matrix_rows(targets: list[str], source: str, profile: Any = None,
     step than recorded (with arrivals); then a ``spread`` row where ``SPREAD_CELLS`` are among
     the targets, and one per cell recorded again as ``CELL-r2``, ``CELL-r3`` (``REPEAT_MARK``).
     A target that cannot be predicted has its ``status``. ``target_host``: each target priced
-    on its own host, measured by its header's start-up calibration (``host_speed.on_host``;
+    on its own host, measured by its header's start-up calibration (``CostModel.on_host``;
     the ratio in ``host_ratio``)."""
     from pathlib import Path
 
     from replay.metrics import compute
     from replay.recorded import from_trace
-    from replay.whatif.cost.host_speed import on_host
     from replay.whatif.simulate import cold_start_of, load_source, run_variant
     from tracing.reader import read_trace
 
@@ -155,7 +154,7 @@ def matrix_rows(targets: list[str], source: str, profile: Any = None,
         events = from_trace(read_trace(target))
         measured = compute(events)
         recorded[Path(target).name] = measured.summary
-        priced = (on_host(model, events.header.get("calibration") or [], Path(target).name)
+        priced = (model.on_host(events.header.get("calibration") or [], Path(target).name)
                   if target_host else model)
         predicted = run_variant(load_source(events), {}, priced, Path(target).name,
                                 cold_start=cold_start_of(events.header))

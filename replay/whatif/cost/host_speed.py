@@ -10,7 +10,8 @@ CUDA graph's replay the same. Every engine start times the same fixed steps befo
 call's wall time less its wait for the device) is the CPU launching a whole forward, kernel by
 kernel: a measure of the host, taken like a device profile. The median over the eager shapes
 both calibrations timed of target over source is the target host's speed relative to the
-source's (``host_speed``); ``on_host`` prices a model's host terms on that host. Nothing of the
+source's (``host_speed``); ``CostModel.on_host`` prices a model's host terms on that host
+(``host_terms_scaled``). Nothing of the
 target's own traffic enters it. (A graph row's host work, a fraction of a millisecond of
 staging, moves less with the host than the engine's own work does: not used.)
 """
@@ -19,16 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from engine.errors import ReplayLLMError
 from replay.whatif.cost.arrivals import AddCost
 from replay.whatif.cost.linear import LinearFit
-
-if TYPE_CHECKING:
-    from replay.whatif.cost.model import CostModel
+from replay.whatif.cost.overlap import OverlapModel
 
 # A calibration row's shape: what both calibrations must have timed alike to compare hosts.
 SHAPE = ("kind", "graph_used", "num_seqs", "prefill_tokens", "decode_seqs",
@@ -85,24 +84,14 @@ def _scaled(fit: LinearFit, ratio: float) -> LinearFit:
                    prefill_longest_s=fit.prefill_longest_s * ratio)
 
 
-def on_host(model: CostModel, rows: Sequence[Mapping[str, Any]],
-            name: str = "the target") -> CostModel:
-    """``model`` priced on the host whose start-up calibration ``rows`` are (a trace header's
-    ``calibration``): every host term times ``host_speed`` (the host fits and one-off host
-    costs per class, the sequential steps' offsets, the cost of adding a request); device
-    terms unchanged (a model priced on another host already: rescaled from that host's terms).
-    A ``HostSpeedError`` where the calibrations cannot measure it."""
-    if model.overlap is None or not model.host_calibration:
-        raise HostSpeedError(f"{model.source or 'the source'}: no host times or eager "
-                             "start-up calibration to price another host from")
-    speed = host_speed(model.host_calibration, rows, name)
-    # A model already priced on another host is rescaled from that host's terms.
-    k = speed.ratio / (model.host.ratio if model.host is not None else 1.0)
-    overlap = model.overlap
+def host_terms_scaled(overlap: OverlapModel, add: AddCost, k: float
+                      ) -> tuple[OverlapModel, AddCost]:
+    """Every host term times ``k``: the host fits and one-off host costs per class, the
+    sequential steps' offsets (the engine's work around a step and its sync), the cost of
+    adding a request (``CostModel.on_host``)."""
     offsets = {**overlap.offsets, "sequential": {
         c: s * k for c, s in overlap.offsets.get("sequential", {}).items()}}
     overlap = replace(overlap, host={c: _scaled(f, k) for c, f in overlap.host.items()},
                       host_warmup_s={c: s * k for c, s in overlap.host_warmup_s.items()},
                       offsets=offsets, sync_s=overlap.sync_s * k)
-    add = AddCost(model.add.per_request_s * k, model.add.per_token_s * k, model.add.samples)
-    return replace(model, overlap=overlap, add=add, host=speed)
+    return overlap, AddCost(add.per_request_s * k, add.per_token_s * k, add.samples)

@@ -16,8 +16,8 @@ Every fit reports its error on held-out steps; ``save``/``load`` keep a model as
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,13 @@ from replay.whatif.cost import fit as fitting
 from replay.whatif.cost.arrivals import AddCost, fit_add_cost
 from replay.whatif.cost.decode_attention import DEFAULT_KV_HEADS, kv_heads_of
 from replay.whatif.cost.features import MIN_STEP_S, MODES, LinearFit, Steps
-from replay.whatif.cost.host_speed import HostSpeed, calibration_hosts
+from replay.whatif.cost.host_speed import (
+    HostSpeed,
+    HostSpeedError,
+    calibration_hosts,
+    host_speed,
+    host_terms_scaled,
+)
 from replay.whatif.cost.overlap import OverlapModel, interval
 from replay.whatif.cost.profile import CostOptions, ProfilePrior, profile_steps, read_profile
 
@@ -94,7 +100,7 @@ class CostModel:
     options: dict[str, Any] = field(default_factory=dict)  # ``CostOptions`` changed from default
     add: AddCost = field(default_factory=AddCost)  # the live loop's host time to add a request
     # The source's start-up calibration host work per shape (``host_speed.calibration_hosts``),
-    # and the host the model prices on where not the source's (``host_speed.on_host``).
+    # and the host the model prices on where not the source's (``on_host``).
     host_calibration: dict[str, float] = field(default_factory=dict)
     host: HostSpeed | None = None
     _times: dict[str, _ClassTimes] = field(default_factory=dict, init=False, repr=False,
@@ -213,6 +219,19 @@ class CostModel:
                 stall_rate=overlap.stall_rate)
         (self._times if prior is None else self._prior_times)[cls_name] = times
         return times
+
+    def on_host(self, rows: Sequence[Mapping[str, Any]], name: str = "the target") -> CostModel:
+        """This model priced on the host whose start-up calibration ``rows`` are (a trace
+        header's ``calibration``): every host term times ``host_speed`` (``host_terms_scaled``),
+        device terms unchanged; a model priced on another host already is rescaled from that
+        host's terms. A ``HostSpeedError`` where the calibrations cannot measure it."""
+        if self.overlap is None or not self.host_calibration:
+            raise HostSpeedError(f"{self.source or 'the source'}: no host times or eager "
+                                 "start-up calibration to price another host from")
+        speed = host_speed(self.host_calibration, rows, name)
+        k = speed.ratio / (self.host.ratio if self.host is not None else 1.0)
+        overlap, add = host_terms_scaled(self.overlap, self.add, k)
+        return replace(self, overlap=overlap, add=add, host=speed)
 
     # --- words (``explain``) ----------------------------------------------------------------------
     def fallback(self, cls_name: str) -> str:

@@ -3,9 +3,9 @@
 What these tests prove:
 - the speed is the median over the eager calibration shapes both hosts timed of target over
   source host work (a graph shape does not count); too few shapes in common is an error;
-- ``on_host`` multiplies every host term (host time of every class, the sequential offsets,
-  the cost of adding a request) by it and leaves device time alone; on the source's own host
-  it changes no prediction; the priced host travels with a saved model, and a priced model
+- ``CostModel.on_host`` multiplies every host term (host time of every class, the sequential
+  offsets, the cost of adding a request) by it and leaves device time alone; on the source's
+  own host it changes no prediction; the priced host travels with a saved model, and a priced model
   priced on another host is rescaled from its host, not compounded;
 - a synthetic run on a host twice as slow is predicted from a source on the fast host much
   better with the slow host's calibration than without;
@@ -27,7 +27,6 @@ from replay.whatif.cost.host_speed import (
     HostSpeedError,
     calibration_hosts,
     host_speed,
-    on_host,
 )
 from replay.whatif.cost.model import CostModel
 from replay.whatif.simulate import load_source, run_variant
@@ -92,7 +91,7 @@ def _steps() -> dict[str, list[float]]:
 
 
 def test_every_host_term_scales_and_device_time_does_not(model) -> None:
-    slow = on_host(model, _calibration(SLOW), "slow")
+    slow = model.on_host(_calibration(SLOW), "slow")
     assert slow.host is not None and slow.host.ratio == pytest.approx(2.0)
     for cls, step in _steps().items():
         for overlapped in (False, True):
@@ -105,7 +104,7 @@ def test_every_host_term_scales_and_device_time_does_not(model) -> None:
         assert slow.overlap.offset("sequential", cls) == pytest.approx(2 * offset)
     assert slow.overlap.offsets["overlapped"] == model.overlap.offsets["overlapped"]
     assert slow.add.seconds(1000) == pytest.approx(2 * model.add.seconds(1000))
-    same = on_host(model, _calibration(FAST), "fast")
+    same = model.on_host(_calibration(FAST), "fast")
     assert same.host is not None and same.host.ratio == 1.0
     for cls, step in _steps().items():
         assert same.predict(step, cls) == model.predict(step, cls)
@@ -117,7 +116,7 @@ def test_a_slow_host_is_predicted_from_its_calibration(runs, model) -> None:
     measured = compute(runs["slow"]).summary
     workload = load_source(runs["slow"])
     errors = {}
-    for name, priced in (("plain", model), ("on host", on_host(model, _calibration(SLOW)))):
+    for name, priced in (("plain", model), ("on host", model.on_host(_calibration(SLOW)))):
         result = run_variant(workload, {}, replace(priced, add=AddCost()), name)
         errors[name] = {m: abs(relative_error(result.metrics[m], measured[m]))
                         for m in ("ttft_mean_s", "makespan_s")}
@@ -128,21 +127,21 @@ def test_a_slow_host_is_predicted_from_its_calibration(runs, model) -> None:
 
 def test_the_priced_host_travels_and_a_source_without_calibration_is_refused(
         runs, model, tmp_path: Path) -> None:
-    slow = on_host(model, _calibration(SLOW), "slow")
+    slow = model.on_host(_calibration(SLOW), "slow")
     slow.save(tmp_path / "m.json")
     loaded = CostModel.load(tmp_path / "m.json")
     assert loaded.host == slow.host and loaded.host_calibration == slow.host_calibration
     step = _steps()["prefill"]
     assert loaded.predict(step, "prefill") == slow.predict(step, "prefill")
     # Priced on a host once more, a priced model is rescaled from its host, not compounded.
-    again = on_host(loaded, _calibration(SLOW), "slow")
+    again = loaded.on_host(_calibration(SLOW), "slow")
     assert again.predict(step, "prefill").host_s == pytest.approx(
         slow.predict(step, "prefill").host_s)
-    back = on_host(slow, _calibration(FAST), "fast")
+    back = slow.on_host(_calibration(FAST), "fast")
     assert back.predict(step, "prefill").host_s == pytest.approx(
         model.predict(step, "prefill").host_s)
     with pytest.raises(HostSpeedError, match="no host times or eager"):
-        on_host(CostModel.fit(runs["fast"]), _calibration(SLOW))
+        CostModel.fit(runs["fast"]).on_host(_calibration(SLOW))
 
 
 def test_the_source_calibration_is_read_at_fit_time() -> None:
@@ -153,4 +152,4 @@ def test_the_source_calibration_is_read_at_fit_time() -> None:
     model = CostModel.fit(events)
     assert model.host_calibration == calibration_hosts(events.header["calibration"])
     assert model.host_calibration and all("/False/" in key for key in model.host_calibration)
-    assert on_host(model, events.header["calibration"]).host.ratio == 1.0
+    assert model.on_host(events.header["calibration"]).host.ratio == 1.0

@@ -8,6 +8,7 @@ predicted from one source on any CPU.
         [--cost-option NAME=VALUE ...]                 # a mechanism switched (an ablation)
     python -m benchmarks.matrix ablation TRACES --source TRACE [--profile PROFILE] [...]
     python -m benchmarks.matrix steps TRACES --source TRACE [--profile PROFILE] [...]
+    python -m benchmarks.matrix spread TRACES OTHER [--summary]   # two device calls
 
 ``prepare`` writes each family's workload with the project's own generators and importers;
 ``record`` runs every cell in one process after untraced warm-up engines, one per policy the
@@ -17,7 +18,12 @@ mixed steps alike, as the committed reference does); ``--repeat N`` records each
 from the source trace's step-time model (and a device profile, where given) and compares the
 prediction with the recording (``replay.whatif.fidelity.matrix_rows``); ``ablation`` sums that
 table up once per mechanism switched off; ``steps`` prices each cell's recorded steps by the
-model, per step class (``replay.whatif.matrix_study``).
+model, per step class (``replay.whatif.matrix_study``); ``spread`` reads each cell recorded in
+both directories (two device calls, hosts) as ``fidelity`` reads a prediction: OTHER's recorded
+metrics against TRACES', and OTHER's host speed by the two start-up calibrations
+(``replay.whatif.fidelity.machine_spread_rows``). ``--target-host`` prices each cell's host work
+on its own host, measured by its header's start-up calibration
+(``replay.whatif.cost.host_speed``).
 """
 
 from __future__ import annotations
@@ -175,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("out", type=Path)
     r.add_argument("--only", nargs="*", default=None)
     r.add_argument("--repeat", type=int, default=1, help="recordings of each cell")
+    spread = sub.add_parser("spread")
+    spread.add_argument("traces", type=Path)
+    spread.add_argument("other", type=Path)
+    spread.add_argument("--summary", action="store_true")
     for command in ("fidelity", "ablation", "steps"):
         f = sub.add_parser(command)
         f.add_argument("traces", type=Path)
@@ -182,26 +192,61 @@ def main(argv: list[str] | None = None) -> int:
         f.add_argument("--profile", default=None)
         f.add_argument("--cost-option", dest="cost_options", action="append", default=[],
                        metavar="NAME=VALUE", help="replay.whatif.cost.profile.CostOptions")
+        f.add_argument("--only", nargs="*", default=None, help="only these cells")
+        f.add_argument("--summary", action="store_true",
+                       help="fidelity: also the mean absolute errors and misses, one row")
+        f.add_argument("--target-host", action="store_true",
+                       help="price each cell's host work on its own host, measured by its "
+                            "header's start-up calibration (replay.whatif.cost.host_speed)")
     args = parser.parse_args(argv)
     if args.command == "prepare":
         return prepare(args.dir)
     if args.command == "record":
         return record(args.model, args.dir, args.out, args.only, max(args.repeat, 1))
+    targets = _targets(args.traces)
+    if getattr(args, "only", None):
+        targets = [t for t in targets if Path(t).name in args.only]
+    if args.command == "spread":
+        return machine_spread(targets, args.other, args.summary)
     from replay.whatif.cost.profile import CostOptions
 
-    targets = _targets(args.traces)
     options = CostOptions.parse(args.cost_options)
     if args.command == "steps":
-        return steps(targets, args.source, args.profile, options)
+        return steps(targets, args.source, args.profile, options, args.target_host)
     if args.command == "ablation":
-        return ablation(targets, args.source, args.profile, options)
-    from replay.whatif.fidelity import matrix_markdown, matrix_rows
+        return ablation(targets, args.source, args.profile, options, args.target_host)
+    from replay.whatif.fidelity import MATRIX_TARGETS, matrix_markdown, matrix_rows
+    from replay.whatif.matrix_study import ablation_markdown, ablation_summary
 
-    print(matrix_markdown(matrix_rows(targets, args.source, args.profile, options)))
+    rows = matrix_rows(targets, args.source, args.profile, options, args.target_host)
+    print(matrix_markdown(rows))
+    if args.summary:
+        name = "each cell on its own host" if args.target_host else "on the source's host"
+        print("\n" + ablation_markdown({name: ablation_summary(rows, MATRIX_TARGETS)},
+                                       MATRIX_TARGETS))
     return 0
 
 
-def steps(targets: list[str], source: str, profile: str | None, options: Any) -> int:
+def machine_spread(targets: list[str], other: Path, summary: bool = False) -> int:
+    """Print the spread between two device calls: each cell of ``targets`` recorded in
+    ``other`` too, against the first recording (``machine_spread_rows``); ``summary``: also
+    the mean absolute differences and how many exceed the targets."""
+    from replay.whatif.fidelity import MATRIX_TARGETS, machine_spread_rows, matrix_markdown
+    from replay.whatif.matrix_study import ablation_markdown, ablation_summary
+
+    pairs = [(t, str(other / Path(t).name)) for t in targets if (other / Path(t).name).is_dir()]
+    rows = machine_spread_rows(pairs)
+    print(matrix_markdown(rows, host_label="host (calibrations)"))
+    if summary:
+        as_errors = [{**r, "kind": "prediction"} for r in rows]
+        print("\n" + ablation_markdown({f"{other.name} against {Path(targets[0]).parent.name}":
+                                        ablation_summary(as_errors, MATRIX_TARGETS)},
+                                       MATRIX_TARGETS))
+    return 0
+
+
+def steps(targets: list[str], source: str, profile: str | None, options: Any,
+          target_host: bool = False) -> int:
     """Print each cell's recorded steps priced by the model, per class (``step_errors``)."""
     from replay.recorded import from_trace
     from replay.whatif.cost.model import CostModel
@@ -210,19 +255,26 @@ def steps(targets: list[str], source: str, profile: str | None, options: Any) ->
 
     model = CostModel.fit(from_trace(read_trace(source)), source=source, profile=profile,
                           options=options)
-    cells = {Path(t).name: step_errors(model, from_trace(read_trace(t))) for t in targets}
+    cells = {}
+    for target in targets:
+        events = from_trace(read_trace(target))
+        priced = (model.on_host(events.header.get("calibration") or [], Path(target).name)
+                  if target_host else model)
+        cells[Path(target).name] = step_errors(priced, events)
     print(step_errors_markdown(cells))
     return 0
 
 
-def ablation(targets: list[str], source: str, profile: str | None, options: Any) -> int:
+def ablation(targets: list[str], source: str, profile: str | None, options: Any,
+             target_host: bool = False) -> int:
     """Print the matrix's errors summed up once per mechanism switched off."""
     from replay.whatif.fidelity import MATRIX_TARGETS, matrix_rows
     from replay.whatif.matrix_study import ablation_markdown, ablation_summary, ablation_variants
 
     results = {}
     for name, variant in ablation_variants(options, profile is not None).items():
-        rows = matrix_rows(targets, source, profile if variant is not None else None, variant)
+        rows = matrix_rows(targets, source, profile if variant is not None else None, variant,
+                           target_host)
         results[name] = ablation_summary(rows, MATRIX_TARGETS)
         print(f"{name}: {results[name]['misses']} misses", file=sys.stderr, flush=True)
     print(ablation_markdown(results, MATRIX_TARGETS))

@@ -70,6 +70,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--cost-option", dest="cost_options", action="append", default=[],
                    metavar="NAME=VALUE", help="switch a step-time model mechanism, e.g. "
                    "warmup_window=off, profile_mode=pooled (replay/whatif/cost/profile.py)")
+    p.add_argument("--host-from", metavar="TRACE",
+                   help="price host work on the machine that recorded TRACE, measured by its "
+                   "start-up calibration (replay/whatif/cost/host_speed.py)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     p.add_argument("--jobs", type=int, default=None, help="parallel processes (default: cores)")
     p.add_argument("--executor", choices=EXECUTORS, default="process",
@@ -100,17 +103,23 @@ def _load_timing_trace(path: str, args: argparse.Namespace | None = None
                        ) -> tuple[CostModel, Config | None]:
     """A step-time model from a trace (with ``--profile`` and ``--cost-option``) or a saved
     model, and the trace's Config (if a trace)."""
-    if Path(path).suffix == ".json":
-        return CostModel.load(path), None
     from replay.recorded import from_trace
     from replay.replayer import config_from_header
     from tracing.reader import read_trace
 
-    events = from_trace(read_trace(path))
-    profile = getattr(args, "profile", None)
-    options = _cost_options(args) if args is not None else None
-    return (CostModel.fit(events, source=path, profile=profile, options=options),
-            config_from_header(events.header))
+    config = None
+    if Path(path).suffix == ".json":
+        model = CostModel.load(path)
+    else:
+        events = from_trace(read_trace(path))
+        profile = getattr(args, "profile", None)
+        options = _cost_options(args) if args is not None else None
+        model = CostModel.fit(events, source=path, profile=profile, options=options)
+        config = config_from_header(events.header)
+    host = getattr(args, "host_from", None)
+    if host:
+        model = model.on_host(read_trace(host).header.get("calibration") or [], host)
+    return model, config
 
 
 def _load(args: argparse.Namespace) -> tuple[SimWorkload, CostModel | None, list[str]]:
@@ -119,7 +128,8 @@ def _load(args: argparse.Namespace) -> tuple[SimWorkload, CostModel | None, list
     if args.timing_from:
         cost, timing_config = _load_timing_trace(args.timing_from, args)
     elif args.trace is not None and (getattr(args, "profile", None)
-                                     or getattr(args, "cost_options", None)):
+                                     or getattr(args, "cost_options", None)
+                                     or getattr(args, "host_from", None)):
         cost, _ = _load_timing_trace(args.trace, args)
     if args.trace is not None:
         workload = load_source(args.trace)
@@ -313,6 +323,8 @@ def _whatif(args: argparse.Namespace, overrides: dict[str, Any], grid: dict[str,
         return run_streamed(args, build_variants(overrides, grid), _load_timing_trace, _finish,
                             _sim_row)
     workload, cost, notes = _load(args)
+    if cost is not None and cost.host is not None:
+        notes = [cost.host.words(), *notes]
     for note in notes:
         print(f"note: {note}")
     if cost is not None:

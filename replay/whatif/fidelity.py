@@ -129,19 +129,20 @@ def has_arrivals(events: Any) -> bool:
 
 
 def matrix_rows(targets: list[str], source: str, profile: Any = None,
-                options: Any = None) -> list[dict[str, Any]]:
+                options: Any = None, target_host: bool = False) -> list[dict[str, Any]]:
     """Each target recording predicted from ``source``'s step-time model (and ``profile``, a
     device profile; ``options``: ``CostOptions``) under the target's own workload, arrivals and
     Config: per target the relative error of each ``MATRIX_TARGETS`` metric, whether decisions
     are identical (a workload without arrivals) and how many requests were admitted at another
     step than recorded (with arrivals); then a ``spread`` row where ``SPREAD_CELLS`` are among
     the targets, and one per cell recorded again as ``CELL-r2``, ``CELL-r3`` (``REPEAT_MARK``).
-    A target that cannot be predicted has its ``status``."""
+    A target that cannot be predicted has its ``status``. ``target_host``: each target priced
+    on its own host, measured by its header's start-up calibration (``CostModel.on_host``;
+    the ratio in ``host_ratio``)."""
     from pathlib import Path
 
-    from replay.metrics import compute, relative_error
+    from replay.metrics import compute
     from replay.recorded import from_trace
-    from replay.verify import compare_decisions
     from replay.whatif.simulate import cold_start_of, load_source, run_variant
     from tracing.reader import read_trace
 
@@ -153,24 +154,17 @@ def matrix_rows(targets: list[str], source: str, profile: Any = None,
         events = from_trace(read_trace(target))
         measured = compute(events)
         recorded[Path(target).name] = measured.summary
-        predicted = run_variant(load_source(events), {}, model, Path(target).name,
+        priced = (model.on_host(events.header.get("calibration") or [], Path(target).name)
+                  if target_host else model)
+        predicted = run_variant(load_source(events), {}, priced, Path(target).name,
                                 cold_start=cold_start_of(events.header))
         row: dict[str, Any] = {"kind": "prediction", "target": Path(target).name,
                                "source": source, "status": predicted.status,
-                               "requests": len(measured.requests), "notes": predicted.notes}
+                               "requests": len(measured.requests), "notes": predicted.notes,
+                               "host_ratio": priced.host.ratio if priced.host else None}
         if predicted.ok and predicted.events is not None:
-            for metric in SUMMARY_METRICS:
-                row[metric] = relative_error(predicted.metrics[metric], measured.summary[metric])
-            row["request_ttft_mae"] = request_ttft_error(predicted.requests, measured.requests)
-            row["arrivals"] = has_arrivals(events)
-            if row["arrivals"]:
-                mine, theirs = _first_scheduled(predicted.events), _first_scheduled(events)
-                row["admitted_elsewhere"] = sum(mine.get(seq) != step
-                                                for seq, step in theirs.items())
-                row["decisions_identical"] = None
-            else:
-                row["admitted_elsewhere"] = None
-                row["decisions_identical"] = compare_decisions(events, predicted.events) is None
+            row.update(_errors(predicted.metrics, predicted.requests, predicted.events,
+                               measured, events))
         rows.append(row)
     groups = [list(SPREAD_CELLS)] + [
         [name, *[n for n in recorded if n.startswith(f"{name}{REPEAT_MARK}")]]
@@ -178,6 +172,55 @@ def matrix_rows(targets: list[str], source: str, profile: Any = None,
     for names in groups:
         if len(names) > 1 and all(name in recorded for name in names):
             rows.append(spread_row([recorded[name] for name in names], names))
+    return rows
+
+
+def _errors(summary: dict[str, float], requests: Any, other: Any, measured: Any,
+            events: Any) -> dict[str, Any]:
+    """One run (``summary``, ``requests`` frame and events ``other``: a prediction, or another
+    recording) against a recording (``measured = compute(events)``): each ``MATRIX_TARGETS``
+    metric's relative error, and whether decisions are identical (no arrivals) or how many
+    requests were admitted at another step (arrivals)."""
+    from replay.metrics import relative_error
+    from replay.verify import compare_decisions
+
+    row: dict[str, Any] = {m: relative_error(summary[m], measured.summary[m])
+                           for m in SUMMARY_METRICS}
+    row["request_ttft_mae"] = request_ttft_error(requests, measured.requests)
+    row["arrivals"] = has_arrivals(events)
+    if row["arrivals"]:
+        mine, theirs = _first_scheduled(other), _first_scheduled(events)
+        row["admitted_elsewhere"] = sum(mine.get(seq) != step for seq, step in theirs.items())
+        row["decisions_identical"] = None
+    else:
+        row["admitted_elsewhere"] = None
+        row["decisions_identical"] = compare_decisions(events, other) is None
+    return row
+
+
+def machine_spread_rows(pairs: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The spread between machines: per pair (a recording, the same cell recorded in another
+    device call), the second's recorded metrics against the first's, as ``matrix_rows`` reads a
+    prediction (``matrix_markdown`` prints them), with ``host_ratio`` the second's host speed
+    over the first's by their start-up calibrations (``host_speed.host_speed``)."""
+    from pathlib import Path
+
+    from replay.metrics import compute
+    from replay.recorded import from_trace
+    from replay.whatif.cost.host_speed import calibration_hosts, host_speed
+    from tracing.reader import read_trace
+
+    rows = []
+    for first, second in pairs:
+        events, other = from_trace(read_trace(first)), from_trace(read_trace(second))
+        measured, again = compute(events), compute(other)
+        speed = host_speed(calibration_hosts(events.header.get("calibration") or []),
+                           other.header.get("calibration") or [], second)
+        row: dict[str, Any] = {"kind": "machine", "target": Path(first).name, "source": second,
+                               "status": "ok", "requests": len(measured.requests),
+                               "host_ratio": speed.ratio}
+        row.update(_errors(again.summary, again.requests, other, measured, events))
+        rows.append(row)
     return rows
 
 
@@ -206,11 +249,15 @@ def _cell(value: Any, target: float | None) -> str:
     return f"{100 * value:+.1f}%{mark}"
 
 
-def matrix_markdown(rows: list[dict[str, Any]]) -> str:
+def matrix_markdown(rows: list[dict[str, Any]],
+                    host_label: str = "host (own calibration)") -> str:
     """The matrix rows as a Markdown table: one column per ``MATRIX_TARGETS`` metric (✗: past
-    its target, given in the header), decisions and admissions last."""
+    its target, given in the header), decisions and admissions last; where cells were priced
+    on their own hosts (``matrix_rows(target_host=True)``), each host's speed after the name."""
     names = list(MATRIX_TARGETS)
-    head = ["cell", *[f"{m} (±{100 * t:.0f}%)" for m, t in MATRIX_TARGETS.items()],
+    hosts = any(r.get("host_ratio") is not None for r in rows)
+    head = ["cell", *([host_label] if hosts else []),
+            *[f"{m} (±{100 * t:.0f}%)" for m, t in MATRIX_TARGETS.items()],
             "decisions / admitted elsewhere"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -225,5 +272,8 @@ def matrix_markdown(rows: list[dict[str, Any]]) -> str:
             verdict = "identical" if r["decisions_identical"] else "differ"
         else:
             verdict = f"{r['admitted_elsewhere']} of {r['requests']} requests"
+        if hosts:
+            ratio = r.get("host_ratio")
+            cells.insert(0, f"x{ratio:.2f}" if ratio is not None else "–")
         lines.append(f"| {r['target']} | " + " | ".join(cells) + f" | {verdict} |")
     return "\n".join(lines)

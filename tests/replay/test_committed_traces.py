@@ -10,9 +10,10 @@ from replay.verify import verify
 from tracing.reader import read_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "traces"
-# The top-level traces and the validation matrix's recordings (traces/matrix/).
+# The top-level traces and the validation matrix's recordings (traces/matrix/, and the same
+# cells from another device call, traces/matrix-call9/).
 COMMITTED = sorted(p.parent for p in TRACES.glob("*/run.json")) + sorted(
-    p.parent for p in TRACES.glob("matrix/*/run.json"))
+    p.parent for p in TRACES.glob("matrix*/*/run.json"))
 
 
 def test_the_expected_traces_are_committed() -> None:
@@ -20,9 +21,11 @@ def test_the_expected_traces_are_committed() -> None:
     names = {p.name for p in COMMITTED}
     assert {"cpu-tiny-demo", "h200-reference", "h200-constrained"} <= names
     assert sum(p.parent.name == "matrix" for p in COMMITTED) >= 12
+    assert sum(p.parent.name == "matrix-call9" for p in COMMITTED) == 13
 
 
-@pytest.mark.parametrize("trace_dir", COMMITTED, ids=[p.name for p in COMMITTED])
+@pytest.mark.parametrize("trace_dir", COMMITTED,
+                         ids=[f"{p.parent.name}/{p.name}" for p in COMMITTED])
 def test_committed_trace_verifies(trace_dir: Path) -> None:
     """Replaying the trace reproduces every recorded decision, and the trace is complete."""
     trace = read_trace(trace_dir)

@@ -16,8 +16,8 @@ Every fit reports its error on held-out steps; ``save``/``load`` keep a model as
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +31,17 @@ from replay.whatif.cost import fit as fitting
 from replay.whatif.cost.arrivals import AddCost, fit_add_cost
 from replay.whatif.cost.decode_attention import DEFAULT_KV_HEADS, kv_heads_of
 from replay.whatif.cost.features import MIN_STEP_S, MODES, LinearFit, Steps
+from replay.whatif.cost.host_speed import (
+    HostSpeed,
+    HostSpeedError,
+    calibration_hosts,
+    host_speed,
+    host_terms_scaled,
+)
 from replay.whatif.cost.overlap import OverlapModel, interval
 from replay.whatif.cost.profile import CostOptions, ProfilePrior, profile_steps, read_profile
 
-MODEL_VERSION = 7  # of the saved JSON (``to_dict``); a file of another version is refused
+MODEL_VERSION = 8  # of the saved JSON (``to_dict``); a file of another version is refused
 
 
 class CostModelError(ReplayLLMError):
@@ -92,6 +99,10 @@ class CostModel:
     shared_kv: bool = False  # ``CostOptions.shared_kv``: the simulator counts shared blocks once
     options: dict[str, Any] = field(default_factory=dict)  # ``CostOptions`` changed from default
     add: AddCost = field(default_factory=AddCost)  # the live loop's host time to add a request
+    # The source's start-up calibration host work per shape (``host_speed.calibration_hosts``),
+    # and the host the model prices on where not the source's (``on_host``).
+    host_calibration: dict[str, float] = field(default_factory=dict)
+    host: HostSpeed | None = None
     _times: dict[str, _ClassTimes] = field(default_factory=dict, init=False, repr=False,
                                            compare=False)
     _prior_times: dict[str, _ClassTimes] = field(default_factory=dict, init=False, repr=False,
@@ -134,7 +145,8 @@ class CostModel:
                     prefill_graph_sizes=prefill_sizes, prefill_graph_max_seqs=prefill_max_seqs,
                     options=options.changed(), kv_heads=kv_heads,
                     shared_kv=options.shared_kv,
-                    add=fit_add_cost(events) if options.request_add else AddCost())
+                    add=fit_add_cost(events) if options.request_add else AddCost(),
+                    host_calibration=calibration_hosts(events.header.get("calibration") or []))
         for cls_name, report in reports.items():
             mask = fitted.classes == cls_name
             model.coverage[cls_name] = explain.class_coverage(
@@ -208,6 +220,19 @@ class CostModel:
         (self._times if prior is None else self._prior_times)[cls_name] = times
         return times
 
+    def on_host(self, rows: Sequence[Mapping[str, Any]], name: str = "the target") -> CostModel:
+        """This model priced on the host whose start-up calibration ``rows`` are (a trace
+        header's ``calibration``): every host term times ``host_speed`` (``host_terms_scaled``),
+        device terms unchanged; a model priced on another host already is rescaled from that
+        host's terms. A ``HostSpeedError`` where the calibrations cannot measure it."""
+        if self.overlap is None or not self.host_calibration:
+            raise HostSpeedError(f"{self.source or 'the source'}: no host times or eager "
+                                 "start-up calibration to price another host from")
+        speed = host_speed(self.host_calibration, rows, name)
+        k = speed.ratio / (self.host.ratio if self.host is not None else 1.0)
+        overlap, add = host_terms_scaled(self.overlap, self.add, k)
+        return replace(self, overlap=overlap, add=add, host=speed)
+
     # --- words (``explain``) ----------------------------------------------------------------------
     def fallback(self, cls_name: str) -> str:
         """What a class the source has no fit for is priced from, in words ("": its own)."""
@@ -238,6 +263,7 @@ class CostModel:
         out["overlap"] = self.overlap.to_dict() if self.overlap is not None else None
         out["prior"] = self.prior.to_dict() if self.prior is not None else None
         out["add"] = self.add.to_dict()
+        out["host"] = asdict(self.host) if self.host is not None else None
         return out
 
     def save(self, path: str | Path) -> None:
@@ -256,8 +282,10 @@ class CostModel:
             overlap = data.pop("overlap")
             prior = data.pop("prior", None)
             add = AddCost.from_dict(data.pop("add"))
+            host = data.pop("host")
             return cls(fits, overlap=OverlapModel.from_dict(overlap) if overlap else None,
-                       prior=ProfilePrior.from_dict(prior) if prior else None, add=add, **data)
+                       prior=ProfilePrior.from_dict(prior) if prior else None, add=add,
+                       host=HostSpeed(**host) if host else None, **data)
         except OSError as exc:
             raise CostModelError(f"{path}: cannot read cost model ({exc.strerror})") from None
         except (ValueError, KeyError, TypeError, AttributeError) as exc:

@@ -120,6 +120,7 @@ def test_untimed_trace_says_it_cannot_predict_times(traces, tmp_path, capsys):
         (["--grid", "num_kvcache_blocks="], "--grid expects KEY=V1,V2"),
         (["--grid", "gpu_memory_utilization=0.5,2"], "gpu_memory_utilization must be float in"),
         (["--set", "max_num_seqs"], "--set expects KEY=VALUE"),
+        (["--host-from", "traces/cpu-tiny-demo"], "no host times or eager start-up calibration"),
     ],
 )
 def test_bad_input_is_one_clear_line(traces, capsys, argv, expected):
@@ -157,3 +158,25 @@ def test_fidelity_table_predicts_each_trace_from_the_other(traces) -> None:
         assert r["decisions_identical"]
         assert all(abs(r[m]) <= limit for m, limit in FIDELITY_TARGETS.items()), r
     assert fidelity_markdown(rows).count("identical") == 2
+
+
+def test_host_from_prices_host_work_on_another_machine(tmp_path, capsys):
+    """``--host-from TRACE``: the note says whose calibration priced the host, and a run
+    recorded on a slower host is predicted slower than from the source's host."""
+    argv = ("traces/matrix-call9/reference-constrained", "--timing-from",
+            "traces/h200-reference", "--no-plots")
+    code, plain, _ = run_cli(capsys, *argv, "--out", str(tmp_path / "p"))
+    assert code == 0
+    code, host, _ = run_cli(capsys, *argv, "--host-from",
+                            "traces/matrix-call9/reference-constrained",
+                            "--out", str(tmp_path / "h"))
+    assert code == 0
+    assert "start-up calibration (median over" in host and "calibration (median" not in plain
+    # A saved model (the plain run's) priced on the host from the command line: the same.
+    code, _, _ = run_cli(capsys, argv[0], "--timing-from", str(tmp_path / "p" / "cost_model.json"),
+                         "--host-from", "traces/matrix-call9/reference-constrained",
+                         "--no-plots", "--out", str(tmp_path / "s"))
+    assert code == 0
+    ttft = [pd.read_parquet(tmp_path / d / "summary.parquet").set_index("source").loc[
+        "predicted", "ttft_mean_s"] for d in ("p", "h", "s")]
+    assert ttft[1] > ttft[0] and ttft[2] == pytest.approx(ttft[1], rel=1e-9)

@@ -11,6 +11,7 @@ from engine.config import Config
 from replay.whatif.fidelity import (
     MATRIX_TARGETS,
     SPREAD_CELLS,
+    machine_spread_rows,
     matrix_markdown,
     matrix_rows,
 )
@@ -82,3 +83,23 @@ def test_the_committed_h200_traces_from_the_reference() -> None:
         assert row["decisions_identical"] is True
         for metric, target in MATRIX_TARGETS.items():
             assert abs(row[metric]) <= target, (row["target"], metric, row[metric])
+
+
+def test_a_cell_on_a_slower_host_priced_by_its_own_calibration() -> None:
+    """A committed cell recorded on a slower host (traces/matrix-call9): its TTFT error from
+    the reference is smaller priced on its own host (``target_host``, the ratio in the table's
+    host column) than on the source's; and the spread between the two device calls' recordings
+    of the cell reads as a table row with the two calibrations' host ratio."""
+    cell = "traces/matrix-call9/reference-default"
+    plain, = matrix_rows([cell], "traces/h200-reference")
+    host, = matrix_rows([cell], "traces/h200-reference", target_host=True)
+    assert plain["host_ratio"] is None and host["host_ratio"] > 1.5
+    assert host["ttft_mean_s"] > plain["ttft_mean_s"]  # slower, so nearer to the recording
+    assert abs(host["ttft_mean_s"]) < 0.75 * abs(plain["ttft_mean_s"])
+    assert f"x{host['host_ratio']:.2f}" in matrix_markdown([host])
+    assert "host (own calibration)" not in matrix_markdown([plain])
+    spread, = machine_spread_rows([("traces/matrix/reference-default", cell)])
+    assert spread["host_ratio"] > 1.5 and spread["ttft_mean_s"] > 0
+    assert spread["decisions_identical"] is not None
+    table = matrix_markdown([spread], host_label="host (calibrations)")
+    assert "host (calibrations)" in table and f"x{spread['host_ratio']:.2f}" in table

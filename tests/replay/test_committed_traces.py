@@ -11,7 +11,7 @@ from tracing.reader import read_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "traces"
 # The top-level traces and the validation matrix's recordings (traces/matrix/, and the same
-# cells from another device call, traces/matrix-call9/).
+# cells from two later device calls, traces/matrix-call9/ and traces/matrix-call9b/).
 COMMITTED = sorted(p.parent for p in TRACES.glob("*/run.json")) + sorted(
     p.parent for p in TRACES.glob("matrix*/*/run.json"))
 
@@ -22,6 +22,7 @@ def test_the_expected_traces_are_committed() -> None:
     assert {"cpu-tiny-demo", "h200-reference", "h200-constrained"} <= names
     assert sum(p.parent.name == "matrix" for p in COMMITTED) >= 12
     assert sum(p.parent.name == "matrix-call9" for p in COMMITTED) == 13
+    assert sum(p.parent.name == "matrix-call9b" for p in COMMITTED) == 13
 
 
 @pytest.mark.parametrize("trace_dir", COMMITTED,

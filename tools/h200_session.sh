@@ -2,7 +2,7 @@
 # One device call on the H200: GPU tests against transformers, the engine benchmark (with
 # transformers' generate_batch as the peer), a decode profile and the two committed traces.
 # Usage (repository root, on the device): bash tools/h200_session.sh STAGES
-#   STAGES (VARIANTS=chunked,chunked-2048 LONG_PREFILL=32768 for bench): comma-separated, any of ktests,tests,kernels,gemm,constrained,policies,bench,hf,profile,mixed,plong,serve. Results go under
+#   STAGES (VARIANTS=chunked,chunked-2048 LONG_PREFILL=32768 for bench): comma-separated, any of ktests,tests,kernels,gemm,constrained,policies,bench,hf,profile,mixed,plong,serve,gc. Results go under
 #   $OUT. bench runs tracing off/on (SKIP_OFF=1: on only) and, with COMPARE=1, tracing on
 #   without overlapped steps. mixed: the mixed-step graph and long-prefill GPU tests and the
 #   chunked fp32 runner tests; plong: the long-prefill tiling sweep (benchmarks/prefill_long.py).
@@ -77,6 +77,11 @@ fi
 if has profile; then
     python3 -m benchmarks.profile_engine --model "$MODEL" --out /tmp/profile > "$OUT/profile.log" 2>&1
     tail -12 "$OUT/profile.log"
+fi
+if has gc; then  # the collector's pauses per engine, plain and frozen (benchmarks/gc_pauses.py)
+    timeout "${GC_TIMEOUT:-300}" python3 -m benchmarks.gc_pauses --model "$MODEL" --engines 3 \
+        --freeze --json "$OUT/gc.json" > "$OUT/gc.log" 2>&1
+    tr '\r' '\n' < "$OUT/gc.log" | grep '^{' | tail -12
 fi
 if has serve; then  # issue 15: offline, then the server per engine kind (SERVE_ENGINES)
     timeout "${SERVE_TIMEOUT:-570}" python3 -m benchmarks.serve gpu --model "$MODEL" \

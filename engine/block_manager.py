@@ -210,25 +210,25 @@ class BlockManager:
         Emits: nothing new; patches the ``block_hashed.hash`` of each held block.
         """
         held = self.pending_hashes
-        if not held:
-            return
-        size = self.block_size
-        if all(seq.token_ids[(index + 1) * size - 1] != PENDING_TOKEN
-               for seq, index, _, _ in held):
+        if held and all(self._value_in(seq, index) for seq, index, _, _ in held):
             self.resolve_pending()
 
     def _settle_held_of(self, seq: Sequence) -> None:
         """Enter ``seq``'s held blocks before it lets them go (preempted in the schedule that
         held them, so their values are in), as ``may_append`` would have at once; a block whose
         value is still on the device stays for ``resolve_pending`` (it only patches the event)."""
-        size, kept = self.block_size, []
+        kept = []
         for entry in self.pending_hashes:
-            held, index = entry[0], entry[1]
-            if held is seq and seq.token_ids[(index + 1) * size - 1] != PENDING_TOKEN:
+            if entry[0] is seq and self._value_in(seq, entry[1]):
                 self._hash_held(*entry)
             else:
                 kept.append(entry)
         self.pending_hashes = kept
+
+    def _value_in(self, seq: Sequence, index: int) -> bool:
+        """Whether the last token of ``seq``'s logical block ``index`` has its value (only a
+        block's last token can be pending)."""
+        return seq.token_ids[(index + 1) * self.block_size - 1] != PENDING_TOKEN
 
     def resolve_pending(self) -> None:
         """Hash the blocks completed by pending tokens, now that their values are written.

@@ -224,9 +224,9 @@ class ModelRunner:
         if batch.is_decode and single_gpu:
             return self.cuda.launch_decode(batch, previous if pending else None)
         mixed = self.cuda.mixed_key(batch) if single_gpu else None
-        on_device = previous if pending and isinstance(previous, LaunchedStep) else None
-        if mixed is None:
-            on_device = None  # the eager path takes every input from the host
+        # A mixed graph step takes pending inputs on the device; the eager path from the host.
+        on_device = previous if mixed is not None and pending and \
+            isinstance(previous, LaunchedStep) else None
         values = token_values(previous) if pending and on_device is None else None
         check_batch(batch, self.spec.max_position_embeddings, self.block_size,
                     self.num_kvcache_blocks)

@@ -2,7 +2,7 @@
 # One device call on the H200: GPU tests against transformers, the engine benchmark (with
 # transformers' generate_batch as the peer), a decode profile and the two committed traces.
 # Usage (repository root, on the device): bash tools/h200_session.sh STAGES
-#   STAGES (VARIANTS=chunked,chunked-2048 LONG_PREFILL=32768 for bench): comma-separated, any of ktests,tests,kernels,gemm,constrained,policies,bench,hf,profile,mixed,plong,serve,gc. Results go under
+#   STAGES (VARIANTS=chunked,chunked-2048 LONG_PREFILL=32768 for bench): comma-separated, any of ktests,tests,kernels,gemm,skinny,constrained,policies,bench,hf,profile,mixed,plong,serve,gc. Results go under
 #   $OUT. bench runs tracing off/on (SKIP_OFF=1: on only) and, with COMPARE=1, tracing on
 #   without overlapped steps. mixed: the mixed-step graph and long-prefill GPU tests and the
 #   chunked fp32 runner tests; plong: the long-prefill tiling sweep (benchmarks/prefill_long.py).
@@ -35,6 +35,11 @@ fi
 if has gemm; then
     python3 -m benchmarks.gemm --out /tmp/gemm > "$OUT/gemm.log" 2>&1
     tail -30 "$OUT/gemm.log"
+fi
+if has skinny; then  # decode-sized GEMMs + consumers: cuBLAS against split-K tilings
+    timeout "${SKINNY_TIMEOUT:-330}" python3 -m benchmarks.skinny_gemm --out "$OUT" \
+        --batches "${SKINNY_BATCHES:-1,16,64,128,256}" > "$OUT/skinny.log" 2>&1
+    grep -v "^ " "$OUT/skinny.log" | tail -30
 fi
 if has mixed; then  # mixed-step graphs, long prefills against SDPA, chunked greedy identity
     timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider -rs -x \

@@ -41,21 +41,30 @@ def _rms_norm_kernel(
     HIDDEN: tl.constexpr,
     BLOCK: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    PARTS: tl.constexpr,
+    part_stride,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < HIDDEN
-    x = tl.load(x_ptr + row * x_stride + cols, mask=ok, other=0.0)
+    dtype = out_ptr.dtype.element_ty
+    if PARTS > 1:  # float32 split-K partials: summed in order, rounded once as a GEMM output
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        for part in tl.static_range(PARTS):
+            acc += tl.load(x_ptr + part * part_stride + row * x_stride + cols, mask=ok, other=0.0)
+        x = acc.to(dtype)
+    else:
+        x = tl.load(x_ptr + row * x_stride + cols, mask=ok, other=0.0)
     if HAS_RESIDUAL:
         res = tl.load(residual_ptr + row * residual_stride + cols, mask=ok, other=0.0)
         # Round the sum to the activation dtype first, as a PyTorch add would.
-        x = (x.to(tl.float32) + res.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        x = (x.to(tl.float32) + res.to(tl.float32)).to(dtype)
         tl.store(residual_out_ptr + row * HIDDEN + cols, x, mask=ok)
     xf = x.to(tl.float32)
     inv = tl.rsqrt(tl.sum(xf * xf, 0) / HIDDEN + eps)
-    normed = (xf * inv).to(x_ptr.dtype.element_ty).to(tl.float32)
+    normed = (xf * inv).to(dtype).to(tl.float32)
     w = tl.load(weight_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * HIDDEN + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=ok)
+    tl.store(out_ptr + row * HIDDEN + cols, (normed * w).to(dtype), mask=ok)
 
 
 def rms_norm(
@@ -83,12 +92,48 @@ def rms_norm(
             HIDDEN=hidden,
             BLOCK=triton.next_power_of_2(hidden),
             HAS_RESIDUAL=residual is not None,
+            PARTS=1,
+            part_stride=0,
             num_warps=ROW_NUM_WARPS,
         )
     out = out.view(x.shape)
     if residual is None:
         return out
     return out, res_out.view(x.shape)
+
+
+def rms_norm_of_parts(
+    parts: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rms_norm(sum(parts), weight, eps, residual)`` for ``parts`` ``[S, rows, hidden]``
+    float32 (a split-K GEMM's partials, ``skinny_gemm.splitk_linear``): the sum is taken in
+    order and rounded to ``residual``'s dtype, as the unsplit GEMM's output would be."""
+    splits, rows, hidden = parts.shape
+    if not parts.is_contiguous() or parts.dtype != torch.float32:
+        raise ValueError("rms_norm_of_parts needs contiguous float32 partials")
+    res2 = residual.reshape(-1, hidden)
+    if res2.shape[0] != rows:
+        raise ValueError(f"{rows} partial rows against {res2.shape[0]} residual rows")
+    out = torch.empty(rows, hidden, dtype=residual.dtype, device=parts.device)
+    res_out = torch.empty_like(out)
+    if rows:
+        _rms_norm_kernel[(rows,)](
+            parts,
+            res2,
+            weight,
+            out,
+            res_out,
+            hidden,
+            res2.stride(0),
+            eps,
+            HIDDEN=hidden,
+            BLOCK=triton.next_power_of_2(hidden),
+            HAS_RESIDUAL=True,
+            PARTS=splits,
+            part_stride=rows * hidden,
+            num_warps=ROW_NUM_WARPS,
+        )
+    return out.view(residual.shape), res_out.view(residual.shape)
 
 
 @triton.jit
@@ -245,16 +290,22 @@ def qk_norm_rope(
 
 
 @triton.jit
+def silu_mul_values(gate, up):
+    """``silu(gate) * up`` in ``gate``'s dtype (also the operand of ``skinny_gemm``'s SwiGLU)."""
+    g = gate.to(tl.float32)
+    # silu rounds to the activation dtype before the product, as F.silu(gate) * up does.
+    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
+    return (act * up.to(tl.float32)).to(gate.dtype)
+
+
+@triton.jit
 def _silu_mul_kernel(x_ptr, out_ptr, x_stride, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < WIDTH
     gate = tl.load(x_ptr + row * x_stride + cols, mask=ok, other=0.0)
     up = tl.load(x_ptr + row * x_stride + WIDTH + cols, mask=ok, other=0.0)
-    g = gate.to(tl.float32)
-    # silu rounds to the activation dtype before the product, as F.silu(gate) * up does.
-    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
-    tl.store(out_ptr + row * WIDTH + cols, (act * up.to(tl.float32)).to(gate.dtype), mask=ok)
+    tl.store(out_ptr + row * WIDTH + cols, silu_mul_values(gate, up), mask=ok)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

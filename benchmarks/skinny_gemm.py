@@ -1,0 +1,191 @@
+"""Decode-sized GEMMs with their consumers: cuBLAS against the split-K Triton kernel, per tiling.
+
+Each of Qwen3-0.6B's four projections is timed as a decode step runs it, with what consumes its
+output, over 28 distinct weights (one per layer, 28 x 4-12 MB is more than the L2 cache, so
+weights come from HBM as they do in the engine), inside a CUDA graph:
+
+- ``o_proj`` / ``down``: GEMM + residual add + RMSNorm; ``down`` also the SwiGLU before it.
+  cuBLAS: ``F.linear`` (+ ``silu_and_mul``) + ``rms_norm``; split-K: ``splitk_linear`` (SwiGLU
+  inside) + ``rms_norm_of_parts``.
+- ``qkv`` / ``gate_up``: the GEMM alone (one split: its output is a plain tensor).
+
+Every tiling that fits is checked against cuBLAS's output (relative error) before it is timed.
+Writes ``skinny_gemm.json`` with microseconds per layer and the best tiling per shape and batch.
+
+Usage (a CUDA GPU): ``python -m benchmarks.skinny_gemm --out DIR [--batches 1,16,64,128,256]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.gemm import SHAPES
+
+LAYERS = 28
+REPLAYS = 30
+MAX_REL_ERR = 2e-2
+EPS = 1e-6
+
+
+def candidate_tilings(m: int, n: int, k: int, split_ok: bool) -> list[Any]:
+    """Tilings worth timing for one product: programs between half the SMs and ~8 waves."""
+    from engine.model.layers.decode_gemm import SplitKTiling
+
+    out = []
+    for bn, bm, (bk, stages), split in itertools.product(
+        (64, 128), (16, 32, 64, 128), ((64, 4), (128, 3), (256, 2)), (1, 2, 3, 4, 8)
+    ):
+        warps = 4 if bn * bm <= 64 * 64 else 8
+        tiling = SplitKTiling(bn, bm, bk, split, warps, stages)
+        if not tiling.fits(m, n, k) or (split > 1 and not split_ok):
+            continue
+        if bm > max(16, 1 << (m - 1).bit_length()):
+            continue  # no tile wider than the (padded) batch
+        programs = (n // bn) * -(-m // bm) * split
+        if 64 <= programs <= 700:
+            out.append(tiling)
+    return out
+
+
+def time_graph(fn: Callable[[], None]) -> float:
+    """Microseconds per call of ``fn`` (which runs all layers once), replayed from a graph."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(REPLAYS):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / REPLAYS
+
+
+def rel_err(out: Any, ref: Any) -> float:
+    return float((out.double() - ref.double()).norm() / ref.double().norm())
+
+
+def run(out_dir: Path, batches: list[int]) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+
+    from engine.model.kernels import fused
+    from engine.model.kernels.skinny_gemm import splitk_linear
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    dev, bf16 = "cuda", torch.bfloat16
+    rows: list[dict[str, Any]] = []
+    best: dict[str, Any] = {}
+    norm_w = (1 + 0.1 * torch.randn(1024, device=dev, generator=gen)).to(bf16)
+    for name, k, n in SHAPES:
+        if name == "lm_head":
+            continue
+        consumer = name in ("o_proj", "down")
+        swiglu = name == "down"
+        weights = [
+            (torch.randn(n, k, device=dev, generator=gen) * k**-0.5).to(bf16) for _ in range(LAYERS)
+        ]
+        for m in batches:
+            width = 2 * k if swiglu else k
+            x = torch.randn(m, width, device=dev, generator=gen).to(bf16)
+            residual = torch.randn(m, n, device=dev, generator=gen).to(bf16)
+
+            def cublas() -> Any:
+                out = None
+                for w in weights:
+                    a = fused.silu_and_mul(x) if swiglu else x
+                    y = F.linear(a, w)
+                    out = fused.rms_norm(y, norm_w, EPS, residual) if consumer else y
+                return out
+
+            def splitk(tiling: Any) -> Callable[[], Any]:
+                def fn() -> Any:
+                    out = None
+                    for w in weights:
+                        y = splitk_linear(x, w, tiling, silu_mul=swiglu)
+                        if not consumer:
+                            out = y
+                        elif tiling.split_k > 1:
+                            out = fused.rms_norm_of_parts(y, norm_w, EPS, residual)
+                        else:
+                            out = fused.rms_norm(y, norm_w, EPS, residual)
+                    return out
+
+                return fn
+
+            ref = cublas()
+            ref = ref[0] if consumer else ref
+            base_us = time_graph(cublas) / LAYERS
+            row: dict[str, Any] = {"shape": name, "M": m, "K": k, "N": n, "cublas_us": base_us}
+            results = []
+            for tiling in candidate_tilings(m, n, k, split_ok=consumer):
+                fn = splitk(tiling)
+                try:
+                    got = fn()
+                    got = got[0] if consumer else got
+                    err = rel_err(got, ref)
+                    if err > MAX_REL_ERR:
+                        results.append({"tiling": tiling.label(), "error": f"rel err {err:.3g}"})
+                        continue
+                    us = time_graph(fn) / LAYERS
+                except Exception as exc:  # noqa: BLE001 - a tiling may not compile: report it
+                    results.append({"tiling": tiling.label(), "error": f"{type(exc).__name__}"})
+                    continue
+                results.append({"tiling": tiling.label(), "us": us, "rel_err": err, **vars(tiling)})
+            timed = [r for r in results if "us" in r]
+            row["tried"] = len(results)
+            row["failed"] = len(results) - len(timed)
+            if timed:
+                top = min(timed, key=lambda r: r["us"])
+                row.update(best_us=top["us"], best=top["tiling"], best_rel_err=top["rel_err"])
+                row["speedup"] = base_us / top["us"]
+                best[f"{name}/{m}"] = top
+                row["top5"] = sorted(timed, key=lambda r: r["us"])[:5]
+            rows.append(row)
+            print(
+                f"{name:<8} M={m:<4} cublas {base_us:6.2f} us"
+                + (
+                    f"  best {row['best_us']:6.2f} us x{row['speedup']:.2f} {row['best']}"
+                    f" (err {row['best_rel_err']:.1e}, {len(timed)}/{len(results)} ok)"
+                    if timed
+                    else "  no tiling ran"
+                ),
+                flush=True,
+            )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = {"rows": rows, "best": best, "device": torch.cuda.get_device_name()}
+    (out_dir / "skinny_gemm.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="out/skinny_gemm")
+    parser.add_argument("--batches", default="1,16,64,128,256")
+    args = parser.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("skinny_gemm: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    run(Path(args.out), [int(b) for b in args.batches.split(",")])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

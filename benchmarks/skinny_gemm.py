@@ -18,12 +18,16 @@ Usage (a CUDA GPU): ``python -m benchmarks.skinny_gemm --out DIR [--batches 1,16
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch.nn.functional as F
 
 from benchmarks.gemm import SHAPES
 
@@ -80,12 +84,66 @@ def rel_err(out: Any, ref: Any) -> float:
     return float((out.double() - ref.double()).norm() / ref.double().norm())
 
 
+@dataclass
+class Case:
+    """One projection at one batch size over ``LAYERS`` weights, with its consumer."""
+
+    weights: list[Any]
+    x: Any
+    residual: Any
+    norm_weight: Any
+    consumer: bool  # a residual add + RMSNorm reads the output (o_proj, down)
+    swiglu: bool  # the input is [gate | up] and SwiGLU precedes the GEMM (down)
+
+    def cublas(self) -> Any:
+        from engine.model.kernels import fused
+
+        out = None
+        for w in self.weights:
+            a = fused.silu_and_mul(self.x) if self.swiglu else self.x
+            y = F.linear(a, w)
+            out = fused.rms_norm(y, self.norm_weight, EPS, self.residual) if self.consumer else y
+        return out
+
+    def split_k(self, tiling: Any) -> Any:
+        from engine.model.kernels import fused
+        from engine.model.kernels.skinny_gemm import splitk_linear
+
+        out = None
+        for w in self.weights:
+            y = splitk_linear(self.x, w, tiling, silu_mul=self.swiglu)
+            if not self.consumer:
+                out = y
+            elif tiling.split_k > 1:
+                out = fused.rms_norm_of_parts(y, self.norm_weight, EPS, self.residual)
+            else:
+                out = fused.rms_norm(y, self.norm_weight, EPS, self.residual)
+        return out
+
+    def first(self, out: Any) -> Any:
+        return out[0] if self.consumer else out
+
+
+def time_tilings(case: Case, tilings: list[Any], ref: Any) -> list[dict[str, Any]]:
+    """Each tiling checked against ``ref`` (cuBLAS's output), then timed; failures reported."""
+    results: list[dict[str, Any]] = []
+    for tiling in tilings:
+        fn = functools.partial(case.split_k, tiling)
+        try:
+            err = rel_err(case.first(fn()), ref)
+            if err > MAX_REL_ERR:
+                results.append({"tiling": tiling.label(), "error": f"rel err {err:.3g}"})
+                continue
+            us = time_graph(fn) / LAYERS
+        except Exception as exc:  # noqa: BLE001 - a tiling may not compile: report it
+            results.append({"tiling": tiling.label(), "error": f"{type(exc).__name__}"})
+            continue
+        results.append({"tiling": tiling.label(), "us": us, "rel_err": err, **vars(tiling)})
+    return results
+
+
 def run(out_dir: Path, batches: list[int]) -> dict[str, Any]:
     import torch
-    import torch.nn.functional as F
-
-    from engine.model.kernels import fused
-    from engine.model.kernels.skinny_gemm import splitk_linear
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     dev, bf16 = "cuda", torch.bfloat16
@@ -95,58 +153,23 @@ def run(out_dir: Path, batches: list[int]) -> dict[str, Any]:
     for name, k, n in SHAPES:
         if name == "lm_head":
             continue
-        consumer = name in ("o_proj", "down")
-        swiglu = name == "down"
         weights = [
             (torch.randn(n, k, device=dev, generator=gen) * k**-0.5).to(bf16) for _ in range(LAYERS)
         ]
         for m in batches:
-            width = 2 * k if swiglu else k
-            x = torch.randn(m, width, device=dev, generator=gen).to(bf16)
-            residual = torch.randn(m, n, device=dev, generator=gen).to(bf16)
-
-            def cublas() -> Any:
-                out = None
-                for w in weights:
-                    a = fused.silu_and_mul(x) if swiglu else x
-                    y = F.linear(a, w)
-                    out = fused.rms_norm(y, norm_w, EPS, residual) if consumer else y
-                return out
-
-            def splitk(tiling: Any) -> Callable[[], Any]:
-                def fn() -> Any:
-                    out = None
-                    for w in weights:
-                        y = splitk_linear(x, w, tiling, silu_mul=swiglu)
-                        if not consumer:
-                            out = y
-                        elif tiling.split_k > 1:
-                            out = fused.rms_norm_of_parts(y, norm_w, EPS, residual)
-                        else:
-                            out = fused.rms_norm(y, norm_w, EPS, residual)
-                    return out
-
-                return fn
-
-            ref = cublas()
-            ref = ref[0] if consumer else ref
-            base_us = time_graph(cublas) / LAYERS
+            swiglu = name == "down"
+            case = Case(
+                weights,
+                torch.randn(m, 2 * k if swiglu else k, device=dev, generator=gen).to(bf16),
+                torch.randn(m, n, device=dev, generator=gen).to(bf16),
+                norm_w,
+                consumer=name in ("o_proj", "down"),
+                swiglu=swiglu,
+            )
+            ref = case.first(case.cublas())
+            base_us = time_graph(case.cublas) / LAYERS
             row: dict[str, Any] = {"shape": name, "M": m, "K": k, "N": n, "cublas_us": base_us}
-            results = []
-            for tiling in candidate_tilings(m, n, k, split_ok=consumer):
-                fn = splitk(tiling)
-                try:
-                    got = fn()
-                    got = got[0] if consumer else got
-                    err = rel_err(got, ref)
-                    if err > MAX_REL_ERR:
-                        results.append({"tiling": tiling.label(), "error": f"rel err {err:.3g}"})
-                        continue
-                    us = time_graph(fn) / LAYERS
-                except Exception as exc:  # noqa: BLE001 - a tiling may not compile: report it
-                    results.append({"tiling": tiling.label(), "error": f"{type(exc).__name__}"})
-                    continue
-                results.append({"tiling": tiling.label(), "us": us, "rel_err": err, **vars(tiling)})
+            results = time_tilings(case, candidate_tilings(m, n, k, case.consumer), ref)
             timed = [r for r in results if "us" in r]
             row["tried"] = len(results)
             row["failed"] = len(results) - len(timed)

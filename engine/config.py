@@ -79,6 +79,7 @@ FIELD_RULES: dict[str, _Rule] = {
     "fused_kernels": _Rule(bool),
     "fused_kv_store": _Rule(bool),
     "blas_library": _Rule(str, choices=BLAS_LIBRARIES),
+    "split_k_gemm": _Rule(bool),
 }
 
 
@@ -137,6 +138,10 @@ class Config:
     fused_kv_store: bool = True
     # CUDA only: the BLAS library of the projections (BLAS_LIBRARIES; benchmarks/gemm.py compares).
     blas_library: str = "default"
+    # CUDA only: at decode batch sizes the attention output and down projections run as split-K
+    # Triton GEMMs whose partials the next RMSNorm sums (engine/model/layers/decode_gemm.py);
+    # False: cuBLAS for every projection (the numerics of traces recorded before the field).
+    split_k_gemm: bool = True
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:

@@ -119,6 +119,8 @@ def config_from_header(header: dict[str, Any], **overrides: Any) -> Config:
     recorded.setdefault("fused_kernels", True)
     recorded.setdefault("fused_kv_store", True)
     recorded.setdefault("blas_library", "default")
+    # Every projection ran through cuBLAS before the split-K decode GEMMs existed.
+    recorded.setdefault("split_k_gemm", False)
     known = set(Config.field_names())
     unknown = sorted(set(recorded) - known)
     if unknown:

@@ -18,6 +18,7 @@ from engine.model.attention_metadata import AttentionMetadata
 from engine.model.layers.activation import SiluAndMul
 from engine.model.layers.attention import Attention, AttentionBackend
 from engine.model.layers.cuda_kernels import FusedKernels
+from engine.model.layers.decode_gemm import DecodeGemm, SplitKParts
 from engine.model.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from engine.model.layers.layernorm import RMSNorm
 from engine.model.layers.linear import (
@@ -163,6 +164,8 @@ class Qwen3Attention(nn.Module):
             bias=spec.attention_bias,
             group=group,
         )
+        if self.kernels.split_k is not None:
+            self.o_proj.use_split_k(DecodeGemm(self.kernels.split_k, "o_proj"))
         self.rotary_emb = rotary_emb
         self.attn = Attention(
             self.num_heads,
@@ -178,14 +181,17 @@ class Qwen3Attention(nn.Module):
 
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, metadata: AttentionMetadata
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | SplitKParts:
+        """The attention block's output: a tensor, or on CUDA at decode batch sizes ``o_proj``'s
+        split-K partials (the post-attention norm sums them)."""
         qkv = self.qkv_proj(hidden_states)
         kernels = self.kernels.module
         if kernels is not None:  # CUDA: q/k norms and RoPE in one launch
             # ... and, where the backend allows, the KV-cache store too (one launch fewer).
             q, k, v, stored = self._norm_rope_store(kernels, qkv, positions, metadata)
-            o = self.attn(q, k, v, metadata, kv_stored=stored)
-            return self.o_proj(o.flatten(1))
+            o = self.attn(q, k, v, metadata, kv_stored=stored).flatten(1)
+            parts = self.o_proj.split_k(o)
+            return parts if parts is not None else self.o_proj(o)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = self.q_norm(q.reshape(-1, self.num_heads, self.head_dim))
         k = self.k_norm(k.reshape(-1, self.num_kv_heads, self.head_dim))
@@ -248,9 +254,15 @@ class Qwen3MLP(nn.Module):
             spec.intermediate_size, spec.hidden_size, bias=False, group=group
         )
         self.act_fn = SiluAndMul(kernels.module if kernels is not None else None)
+        if kernels is not None and kernels.split_k is not None:
+            self.down_proj.use_split_k(DecodeGemm(kernels.split_k, "down"))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor) -> torch.Tensor | SplitKParts:
+        """The MLP's output: a tensor, or at decode batch sizes on CUDA ``down``'s split-K
+        partials with SwiGLU computed on its operand (the next norm sums them)."""
+        gate_up = self.gate_up_proj(x)
+        parts = self.down_proj.split_k(gate_up, silu_mul=True)
+        return parts if parts is not None else self.down_proj(self.act_fn(gate_up))
 
 
 class Qwen3DecoderLayer(nn.Module):
@@ -272,10 +284,10 @@ class Qwen3DecoderLayer(nn.Module):
     def forward(
         self,
         positions: torch.Tensor,
-        hidden_states: torch.Tensor,
+        hidden_states: torch.Tensor | SplitKParts,
         residual: torch.Tensor | None,
         metadata: AttentionMetadata,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor | SplitKParts, torch.Tensor]:
         if residual is None:
             residual = hidden_states
             hidden_states = self.input_layernorm(hidden_states)

@@ -29,6 +29,7 @@ from engine.graph_sizes import (
     prefill_graph_sizes,
 )
 from engine.model.attention_metadata import build_attention_metadata
+from engine.model.layers.decode_gemm import split_k_batches
 from engine.runner.cuda_step import CudaStepper
 from engine.runner.decode_graphs import DecodeBuffers, DecodeGraphs
 from engine.runner.graph_capture import ModelFn
@@ -156,6 +157,8 @@ def build_stepper(
     buffers = DecodeBuffers(max_batch, width, block_size, device)
     stepper_args = (block_size, num_kvcache_blocks, config.seed, rank, fused_kernels)
     sizes = split_variants(max_batch, num_kv_heads) if attention_backend.name == "triton" else [1]
+    # ... and one per split-K GEMM tiling, which compiles on its first batch too.
+    sizes = sorted(set(sizes) | {b for b in split_k_batches() if b <= max_batch})
     precompile(model, device, block_size, num_kvcache_blocks, max_positions, sizes)
     if not uses_cuda_graphs(config, attention_backend):
         return CudaStepper(model, buffers, None, None, *stepper_args)

@@ -116,7 +116,9 @@ class ModelRunner:
                 self.device = torch.device("cuda", torch.cuda.current_device())
             torch.cuda.set_device(self.device)
         self.group = self.dist.group if self.dist else SINGLE_PROCESS
-        self.kernels = load_fused_kernels(self.device, config.fused_kernels, config.fused_kv_store)
+        self.kernels = load_fused_kernels(
+            self.device, config.fused_kernels, config.fused_kv_store, config.split_k_gemm
+        )
         self.model = build_model(
             self.model_dir, self.attention_backend, self.device, self.dtype, self.group,
             self.kernels,

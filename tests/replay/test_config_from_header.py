@@ -20,3 +20,13 @@ def test_recorded_kernel_fields_are_kept() -> None:
     recorded = Config(fused_kernels=False, blas_library="cublaslt").to_dict()
     config = config_from_header({"config": recorded})
     assert not config.fused_kernels and config.blas_library == "cublaslt"
+
+
+def test_headers_before_split_k_gemm_replay_with_cublas_projections() -> None:
+    """A trace recorded before the split-K decode GEMMs ran every projection through cuBLAS."""
+    recorded = Config().to_dict()
+    assert recorded["split_k_gemm"] is True  # today's default
+    del recorded["split_k_gemm"]
+    assert config_from_header({"config": recorded}).split_k_gemm is False
+    recorded["split_k_gemm"] = True
+    assert config_from_header({"config": recorded}).split_k_gemm is True

@@ -2,7 +2,8 @@
 
 Layers ask their :class:`FusedKernels` for ``module``; ``None`` means "use the PyTorch code",
 which is always the path on CPU. ``Config.fused_kernels = False`` turns the fused kernels off on
-CUDA too, ``Config.fused_kv_store = False`` only the KV store inside ``qk_norm_rope``.
+CUDA too, ``Config.fused_kv_store = False`` only the KV store inside ``qk_norm_rope``,
+``Config.split_k_gemm = False`` the split-K decode GEMMs of ``layers/decode_gemm.py``.
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ class FusedKernels:
 
     ``module``: ``engine.model.kernels.fused``, or None (every layer runs its PyTorch code).
     ``kv_store``: ``qk_norm_rope`` may also write K/V to the cache (where the backend allows).
+    ``split_k``: ``engine.model.kernels.skinny_gemm`` (decode-sized ``o_proj``/``down`` GEMMs,
+    their partials summed by the following RMSNorm), or None (cuBLAS for every projection).
     The first fused store compiles that variant (``store_checked``); if it fails, the store is
     turned off for this model (``store_usable``), with a warning, rather than failing the run.
     """
 
     module: ModuleType | None = None
     kv_store: bool = True
+    split_k: ModuleType | None = None
     store_checked: bool = False
     store_usable: bool = True
 
@@ -41,14 +45,19 @@ class FusedKernels:
 
 
 def load_fused_kernels(
-    device: torch.device | str, enabled: bool = True, kv_store: bool = True
+    device: torch.device | str, enabled: bool = True, kv_store: bool = True, split_k: bool = True
 ) -> FusedKernels:
-    """The fused kernels a model on ``device`` uses: the Triton module on CUDA when ``enabled``
-    and triton imports, else none (the PyTorch code serves)."""
+    """The fused kernels a model on ``device`` uses: the Triton modules on CUDA when ``enabled``
+    (the split-K GEMMs also when ``split_k``) and triton imports, else none (the PyTorch code
+    serves)."""
     module: ModuleType | None = None
+    split_k_module: ModuleType | None = None
     if enabled and torch.device(device).type == "cuda":
         try:
             from engine.model.kernels import fused as module
+            from engine.model.kernels import skinny_gemm
         except ImportError:  # no triton: the PyTorch code serves
             module = None
-    return FusedKernels(module, kv_store)
+        else:
+            split_k_module = skinny_gemm if split_k else None
+    return FusedKernels(module, kv_store, split_k_module)

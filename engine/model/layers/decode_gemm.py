@@ -9,6 +9,9 @@ batch they do not cover keeps cuBLAS.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -36,3 +39,67 @@ class SplitKTiling:
             f"n{self.block_n}m{self.block_m}k{self.block_k}s{self.split_k}"
             f"w{self.num_warps}p{self.num_stages}"
         )
+
+
+@dataclass(frozen=True)
+class SplitKParts:
+    """A projection's output as ``[split_k, rows, N]`` float32 partials, not yet summed: only
+    :class:`~engine.model.layers.layernorm.RMSNorm` with a residual consumes it (it sums them)."""
+
+    parts: torch.Tensor
+
+
+# Tilings per projection, by the largest batch (rows) each serves, from the H200 sweep of
+# benchmarks/skinny_gemm.py (Qwen3-0.6B's o_proj K 2,048 and down K 3,072, N 1,024). Past the
+# last bucket cuBLAS is faster: there the output has enough tiles of its own.
+DECODE_TILINGS: dict[str, tuple[tuple[int, SplitKTiling], ...]] = {
+    "o_proj": (
+        (16, SplitKTiling(64, 16, 128, 4, 4, 3)),
+        (64, SplitKTiling(64, 32, 128, 4, 4, 3)),
+        (128, SplitKTiling(64, 64, 128, 4, 4, 3)),
+    ),
+    "down": (
+        (16, SplitKTiling(64, 16, 64, 8, 4, 4)),
+        (64, SplitKTiling(128, 32, 128, 8, 4, 3)),
+    ),
+}
+# The kernel accumulates in float32 from half-precision operands; float32 weights keep cuBLAS
+# (Triton's dot would round them to TF32).
+SPLIT_K_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def split_k_batches() -> list[int]:
+    """One batch size per tiling (the largest each serves): running them compiles them all."""
+    return sorted({rows for buckets in DECODE_TILINGS.values() for rows, _ in buckets})
+
+
+class DecodeGemm:
+    """The split-K choice of one row-parallel projection (``o_proj`` or ``down``) of one model.
+
+    ``kernel``: ``engine.model.kernels.skinny_gemm``. :meth:`project` returns the partials for
+    a batch a tiling serves and ``None`` for any other (the caller runs its cuBLAS path)."""
+
+    def __init__(self, kernel: ModuleType, role: str) -> None:
+        if role not in DECODE_TILINGS:
+            raise ValueError(f"no decode tilings for {role!r}: choose {', '.join(DECODE_TILINGS)}")
+        self.kernel = kernel
+        self.buckets = DECODE_TILINGS[role]
+
+    def tiling(self, rows: int, n: int, k: int) -> SplitKTiling | None:
+        """The tiling of an ``[rows, k] x [k, n]`` product, or None (cuBLAS serves)."""
+        for max_rows, tiling in self.buckets:
+            if rows <= max_rows:
+                return tiling if tiling.fits(rows, n, k) else None
+        return None
+
+    def project(
+        self, x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False
+    ) -> SplitKParts | None:
+        """``x W^T`` (of ``silu(gate) * up`` with ``silu_mul``) as partials, or None."""
+        if x.dtype not in SPLIT_K_DTYPES or x.dim() != 2:
+            return None
+        n, k = weight.shape
+        tiling = self.tiling(x.shape[0], n, k)
+        if tiling is None:
+            return None
+        return SplitKParts(self.kernel.splitk_linear(x, weight, tiling, silu_mul=silu_mul))

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.model.layers.decode_gemm import DecodeGemm, SplitKParts
 from engine.model.layers.parallel import SINGLE_PROCESS, ParallelGroup, divide
 
 # Dimension of a [out, in] weight that is split across ranks.
@@ -245,3 +246,17 @@ class RowParallelLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias if self.group.rank == 0 else None
         return self.group.all_reduce(F.linear(x, self.weight, bias))
+
+    def use_split_k(self, decode_gemm: DecodeGemm | None) -> None:
+        """Let :meth:`split_k` run decode-sized batches through ``decode_gemm`` (single rank,
+        no bias: the partials are summed by the following norm, never all-reduced)."""
+        single = self.group.world_size == 1 and self.bias is None
+        self.decode_gemm = decode_gemm if single else None
+
+    def split_k(self, x: torch.Tensor, silu_mul: bool = False) -> SplitKParts | None:
+        """This projection of ``x`` (of ``silu(gate) * up`` with ``silu_mul``) as split-K
+        partials where a decode tiling serves its batch, else None (call :meth:`forward`)."""
+        decode_gemm = getattr(self, "decode_gemm", None)
+        if decode_gemm is None:
+            return None
+        return decode_gemm.project(x, self.weight, silu_mul)

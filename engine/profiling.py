@@ -189,7 +189,7 @@ def profile_grid(config: Config, graph_shapes: Callable[[ProfilePoint], bool] | 
 def profile_key(description: dict[str, Any], engine_version: str) -> dict[str, Any]:
     """What a profile is valid for, from the executor's ``describe()``."""
     model = description.get("model") or {}
-    return {
+    key = {
         "device": description.get("device_name") or description.get("device", "unknown"),
         "architecture": model.get("architecture"),
         "dtype": description.get("dtype"),
@@ -197,6 +197,14 @@ def profile_key(description: dict[str, Any], engine_version: str) -> dict[str, A
         "attention_backend": description.get("attention_backend"),
         "engine_version": engine_version,
     }
+    if "fused_kernels" in description:  # a CUDA runner: the kernels its steps ran
+        key["kernels"] = {
+            "fused_kernels": description["fused_kernels"],
+            "blas_library": description.get("blas_library"),
+            # Absent from descriptions recorded before the split-K GEMMs existed: cuBLAS.
+            "split_k_gemm": bool(description.get("split_k_gemm", False)),
+        }
+    return key
 
 
 def run_profile(executor: Executor, config: Config, budget_s: float = DEFAULT_BUDGET_S,

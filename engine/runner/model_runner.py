@@ -29,6 +29,7 @@ from engine.errors import ConfigError
 from engine.executor import DoneStep, PendingStep
 from engine.model.layers.attention import get_attention_backend
 from engine.model.layers.cuda_kernels import load_fused_kernels
+from engine.model.layers.decode_gemm import SPLIT_K_DTYPES
 from engine.model.layers.parallel import SINGLE_PROCESS
 from engine.model.layers.sampler import Sampler
 from engine.model.loader import build_model
@@ -296,6 +297,10 @@ class ModelRunner:
         if world > 1:
             info["rank_devices"] = [str(rank_device(self.device, r)) for r in range(world)]
         info.update(self.cuda.describe() if self.cuda is not None else {"sampler": "torch"})
+        if self.cuda is not None:  # whether the model's decode projections run split-K
+            info["split_k_gemm"] = self.kernels.split_k is not None and world == 1 and (
+                self.dtype in SPLIT_K_DTYPES
+            )
         return info
 
     def close(self) -> None:

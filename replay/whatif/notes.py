@@ -17,6 +17,14 @@ UNSIMULATED_FIELDS = (
     "dtype",
     "attention_backend",
 )
+# Config fields that change only how fast the GPU kernels run (numerics, not decisions): the
+# cost model takes its step times from the timing source, recorded under the source's values.
+KERNEL_SPEED_FIELDS = (
+    "fused_kernels",
+    "fused_kv_store",
+    "blas_library",
+    "split_k_gemm",
+)
 
 
 def _prefill_graph_notes(source: Config, config: Config, cost: CostModel) -> list[str]:
@@ -55,6 +63,12 @@ def variant_notes(source: Config, config: Config, cost: CostModel | None,
     if changed:
         notes.append(f"{', '.join(changed)}: not simulated (no effect on scheduling; step times "
                      "are the timing source's); the KV pool is num_kvcache_blocks")
+    kernels = [k for k in KERNEL_SPEED_FIELDS if getattr(source, k) != getattr(config, k)]
+    if kernels:
+        recorded = ", ".join(f"{k}={getattr(source, k)}" for k in kernels)
+        notes.append(f"{', '.join(kernels)}: kernel speed only, not re-priced: step times are "
+                     f"the timing source's, recorded with {recorded} (record or profile the "
+                     "engine with the new setting to predict it)")
     if cost is not None:
         notes += _prefill_graph_notes(source, config, cost)
     if config.kvcache_block_size != source.kvcache_block_size and (

@@ -96,3 +96,18 @@ def test_a_file_that_is_not_a_profile_is_one_clear_error(tmp_path: Path) -> None
     save_profile({**profile, "version": 99}, bad)
     with pytest.raises(ProfileError, match="version 99"):
         load_profile(bad)
+
+
+def test_a_cuda_profile_key_names_the_kernels_its_steps_ran() -> None:
+    """Two profiles of one GPU differ when their projections ran different kernels (split-K
+    decode GEMMs or cuBLAS); a description from before the split-K GEMMs means cuBLAS."""
+    from engine.profiling import profile_key
+
+    cuda = {"device_name": "NVIDIA H200", "dtype": "bfloat16", "fused_kernels": True,
+            "blas_library": "Cublas", "split_k_gemm": True}
+    assert profile_key(cuda, "v")["kernels"] == {
+        "fused_kernels": True, "blas_library": "Cublas", "split_k_gemm": True,
+    }  # fmt: skip
+    older = {k: v for k, v in cuda.items() if k != "split_k_gemm"}
+    assert profile_key(older, "v")["kernels"]["split_k_gemm"] is False
+    assert "kernels" not in profile_key({"device": "cpu"}, "v")  # the CPU runner's steps

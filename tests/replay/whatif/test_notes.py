@@ -1,0 +1,33 @@
+"""A variant's notes name the settings its prediction does not model, instead of predicting
+"no change" for them silently."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from engine.config import Config
+from replay.whatif.notes import KERNEL_SPEED_FIELDS, UNSIMULATED_FIELDS, variant_notes
+
+EXECUTOR = SimpleNamespace(synthesized=0, overlapped_steps=0, steps=10)
+
+
+def test_an_unchanged_variant_has_no_notes() -> None:
+    assert variant_notes(Config(), Config(), None, EXECUTOR) == []
+
+
+def test_kernel_speed_settings_are_named_with_the_recorded_value() -> None:
+    """Turning the split-K GEMMs on for a trace recorded without them is not a prediction: the
+    note says the step times are the source's, and what the source ran."""
+    source = Config(split_k_gemm=False)
+    (note,) = variant_notes(source, Config(split_k_gemm=True), None, EXECUTOR)
+    assert note.startswith("split_k_gemm: kernel speed only")
+    assert "recorded with split_k_gemm=False" in note
+    (note,) = variant_notes(Config(), Config(fused_kernels=False, blas_library="cublaslt"),
+                            None, EXECUTOR)
+    assert note.startswith("fused_kernels, blas_library:")
+
+
+def test_kernel_and_unsimulated_fields_are_config_fields() -> None:
+    names = set(Config.field_names())
+    assert set(KERNEL_SPEED_FIELDS) <= names and set(UNSIMULATED_FIELDS) <= names
+    assert not set(KERNEL_SPEED_FIELDS) & set(UNSIMULATED_FIELDS)

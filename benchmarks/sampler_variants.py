@@ -48,6 +48,7 @@ from benchmarks.sampler_variant_kernels import (
     _sample_tiles_kernel,
     gumbel_probe,
 )
+from engine.model.kernels.launch import pdl_options
 from engine.model.kernels.sampler import (
     SAMPLE_BLOCK_V,
     SAMPLE_NUM_WARPS,
@@ -255,7 +256,9 @@ def _sample_tiles(
         return part_idx.gather(1, winner).squeeze(1).to(torch.int64)
     if finish == FINISH_KERNEL:
         pad = triton.next_power_of_2(num_splits)
-        _finish_kernel[(rows,)](part_val, part_idx, tokens, num_splits, SPLITS_PAD=pad)
+        _finish_kernel[(rows,)](
+            part_val, part_idx, tokens, num_splits, SPLITS_PAD=pad, **pdl_options()
+        )
     return tokens
 
 

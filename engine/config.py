@@ -80,6 +80,7 @@ FIELD_RULES: dict[str, _Rule] = {
     "fused_kv_store": _Rule(bool),
     "blas_library": _Rule(str, choices=BLAS_LIBRARIES),
     "split_k_gemm": _Rule(bool),
+    "programmatic_launch": _Rule(bool),
 }
 
 
@@ -142,6 +143,10 @@ class Config:
     # Triton GEMMs whose partials the next RMSNorm sums (engine/model/layers/decode_gemm.py);
     # False: cuBLAS for every projection (the numerics of traces recorded before the field).
     split_k_gemm: bool = True
+    # CUDA only, compute capability 9+: Triton kernels launch with programmatic dependent launch
+    # (engine/model/kernels/launch.py), so a kernel's launch overlaps the end of the one before;
+    # results are identical. False: plain launches (the traces recorded before the field).
+    programmatic_launch: bool = True
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:

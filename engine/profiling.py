@@ -203,6 +203,7 @@ def profile_key(description: dict[str, Any], engine_version: str) -> dict[str, A
             "blas_library": description.get("blas_library"),
             # Absent from descriptions recorded before the split-K GEMMs existed: cuBLAS.
             "split_k_gemm": bool(description.get("split_k_gemm", False)),
+            "programmatic_launch": bool(description.get("programmatic_launch", False)),
         }
     return key
 

@@ -27,6 +27,7 @@ from engine.batch import ScheduledBatch, StepOutput
 from engine.config import AUTO_SIZED_BLOCKS, Config
 from engine.errors import ConfigError
 from engine.executor import DoneStep, PendingStep
+from engine.model.kernels.launch import programmatic_launch
 from engine.model.layers.attention import get_attention_backend
 from engine.model.layers.cuda_kernels import load_fused_kernels
 from engine.model.layers.decode_gemm import SPLIT_K_DTYPES
@@ -301,6 +302,7 @@ class ModelRunner:
             info["split_k_gemm"] = self.kernels.split_k is not None and world == 1 and (
                 self.dtype in SPLIT_K_DTYPES
             )
+            info["programmatic_launch"] = programmatic_launch()
         return info
 
     def close(self) -> None:

@@ -24,6 +24,7 @@ KERNEL_SPEED_FIELDS = (
     "fused_kv_store",
     "blas_library",
     "split_k_gemm",
+    "programmatic_launch",
 )
 
 

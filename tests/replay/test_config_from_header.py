@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from engine.config import Config
 from replay.replayer import config_from_header
 
@@ -22,11 +24,13 @@ def test_recorded_kernel_fields_are_kept() -> None:
     assert not config.fused_kernels and config.blas_library == "cublaslt"
 
 
-def test_headers_before_split_k_gemm_replay_with_cublas_projections() -> None:
-    """A trace recorded before the split-K decode GEMMs ran every projection through cuBLAS."""
+@pytest.mark.parametrize("name", ["split_k_gemm", "programmatic_launch"])
+def test_headers_before_a_kernel_speed_field_replay_without_it(name: str) -> None:
+    """A trace recorded before the split-K decode GEMMs (or programmatic launch) existed ran
+    every projection through cuBLAS (launched every kernel plainly)."""
     recorded = Config().to_dict()
-    assert recorded["split_k_gemm"] is True  # today's default
-    del recorded["split_k_gemm"]
-    assert config_from_header({"config": recorded}).split_k_gemm is False
-    recorded["split_k_gemm"] = True
-    assert config_from_header({"config": recorded}).split_k_gemm is True
+    assert recorded[name] is True  # today's default
+    del recorded[name]
+    assert getattr(config_from_header({"config": recorded}), name) is False
+    recorded[name] = True
+    assert getattr(config_from_header({"config": recorded}), name) is True

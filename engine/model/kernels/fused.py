@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.model.kernels.launch import pdl_options
+
 ROW_NUM_WARPS = 4
 SILU_BLOCK = 1024
 
@@ -43,7 +45,11 @@ def _rms_norm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     PARTS: tl.constexpr,
     part_stride,
+    USE_GDC: tl.constexpr,
 ):
+    if USE_GDC:  # programmatic dependent launch: see kernels/launch.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < HIDDEN
@@ -95,6 +101,7 @@ def rms_norm(
             PARTS=1,
             part_stride=0,
             num_warps=ROW_NUM_WARPS,
+            **pdl_options(),
         )
     out = out.view(x.shape)
     if residual is None:
@@ -132,6 +139,7 @@ def rms_norm_of_parts(
             PARTS=splits,
             part_stride=rows * hidden,
             num_warps=ROW_NUM_WARPS,
+            **pdl_options(),
         )
     return out.view(residual.shape), res_out.view(residual.shape)
 
@@ -158,7 +166,11 @@ def _qk_norm_rope_kernel(
     HEAD_DIM: tl.constexpr,
     HALF_PAD: tl.constexpr,
     STORE_KV: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
+    if USE_GDC:  # programmatic dependent launch: see kernels/launch.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     # One program per token: all its q and k heads (rows) at once, halves split for RoPE.
     token = tl.program_id(0).to(tl.int64)
     half: tl.constexpr = HEAD_DIM // 2
@@ -285,6 +297,7 @@ def qk_norm_rope(
             HALF_PAD=triton.next_power_of_2(head_dim // 2),
             STORE_KV=store,
             num_warps=ROW_NUM_WARPS,
+            **pdl_options(),
         )
     return q, k, v
 
@@ -299,7 +312,12 @@ def silu_mul_values(gate, up):
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, x_stride, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+def _silu_mul_kernel(
+    x_ptr, out_ptr, x_stride, WIDTH: tl.constexpr, BLOCK: tl.constexpr, USE_GDC: tl.constexpr
+):
+    if USE_GDC:  # programmatic dependent launch: see kernels/launch.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < WIDTH
@@ -317,5 +335,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(x2.shape[0], width, dtype=x.dtype, device=x.device)
     if x2.shape[0]:
         grid = (x2.shape[0], triton.cdiv(width, SILU_BLOCK))
-        _silu_mul_kernel[grid](x2, out, x2.stride(0), WIDTH=width, BLOCK=SILU_BLOCK)
+        _silu_mul_kernel[grid](
+            x2, out, x2.stride(0), WIDTH=width, BLOCK=SILU_BLOCK, **pdl_options()
+        )
     return out.view(*x.shape[:-1], width)

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.model.kernels.launch import pdl_options
+
 # Warps per program: one token row is at most a few KiB, so a small program is enough and many
 # tokens stay in flight at once.
 KV_STORE_NUM_WARPS = 4
@@ -32,7 +34,11 @@ def _store_kv_kernel(
     HEAD_DIM: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     BLOCK_ROW: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
+    if USE_GDC:  # programmatic dependent launch: see kernels/launch.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token).to(tl.int64)
     row = tl.arange(0, BLOCK_ROW)
@@ -90,4 +96,5 @@ def store_kv(
         NUM_KV_HEADS=num_kv_heads,
         BLOCK_ROW=triton.next_power_of_2(num_kv_heads * head_dim),
         num_warps=KV_STORE_NUM_WARPS,
+        **pdl_options(),
     )

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from engine.attention_splits import choose_num_splits
+from engine.model.kernels.launch import pdl_options
 
 # Keys per inner-loop tile: 64 rows x 128 dims of bf16 K and V is 32 KiB per tile in flight.
 DECODE_BLOCK_N = 64
@@ -64,7 +65,11 @@ def _decode_split_kernel(
     NUM_SPLITS: tl.constexpr,
     IEEE: tl.constexpr,
     HEADS_FASTEST: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
+    if USE_GDC:  # programmatic dependent launch: see kernels/launch.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     if HEADS_FASTEST:
         # Neighbouring programs read neighbouring 256-byte rows of the same tokens.
         kv_head = tl.program_id(0)
@@ -147,7 +152,11 @@ def _decode_merge_kernel(
     HEAD_DIM_PAD: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
+    if USE_GDC:  # programmatic dependent launch: see kernels/launch.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     seq = tl.program_id(0)
     head = tl.program_id(1)
     num_heads = tl.num_programs(1)
@@ -249,6 +258,7 @@ def paged_decode_attention(
         HEADS_FASTEST=heads_fastest,
         num_warps=num_warps,
         num_stages=num_stages,
+        **pdl_options(),
     )
     if splits > 1:
         _decode_merge_kernel[(num_seqs, num_heads)](
@@ -262,5 +272,6 @@ def paged_decode_attention(
             HEAD_DIM_PAD=dim_pad,
             NUM_SPLITS=splits,
             SPLITS_PAD=triton.next_power_of_2(splits),
+            **pdl_options(),
         )
     return out

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.model.kernels.launch import pdl_options
 from engine.model.kernels.paged_attention import LOG2E, MIN_DOT_ROWS
 
 # Query rows per program (tokens x GQA group) and keys per inner tile.
@@ -185,7 +186,11 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr,
     IEEE: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
+    if USE_GDC:  # programmatic dependent launch: see kernels/launch.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     tile = tl.program_id(0)
     seq = tl.program_id(1)
     kv_head = tl.program_id(2)
@@ -332,5 +337,6 @@ def prefill_attention(
         IEEE=q.dtype == torch.float32,
         num_warps=num_warps,
         num_stages=num_stages,
+        **pdl_options(),
     )
     return out

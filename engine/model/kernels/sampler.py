@@ -28,6 +28,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
+from engine.model.kernels.launch import pdl_options
+
 __all__ = ["SAMPLER_VARIANT", "sample_tokens", "sampler_noise", "split_plan"]
 
 # The variant's name in benchmarks/sampler_variants.py; the trace header records it.
@@ -145,8 +147,12 @@ def _sample_kernel(
     ROUNDS: tl.constexpr,
     FAST_LOG: tl.constexpr,
     FINISH: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
     """Program (row, split): the best noisy score of its span, or the row's token (direct)."""
+    if USE_GDC:  # programmatic dependent launch: see kernels/launch.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0)
     split = tl.program_id(1)
     num_splits = tl.num_programs(1)
@@ -188,8 +194,14 @@ def _sample_kernel(
 
 
 @triton.jit
-def _finish_kernel(part_val_ptr, part_idx_ptr, out_ptr, num_splits, SPLITS_PAD: tl.constexpr):
+def _finish_kernel(
+    part_val_ptr, part_idx_ptr, out_ptr, num_splits, SPLITS_PAD: tl.constexpr,
+    USE_GDC: tl.constexpr,
+):
     """Token of each row from its splits' (best score, column): the lowest column on ties."""
+    if USE_GDC:  # programmatic dependent launch: see kernels/launch.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0)
     offs = tl.arange(0, SPLITS_PAD)
     ok = offs < num_splits
@@ -211,8 +223,12 @@ def _noise_kernel(
     BLOCK_V: tl.constexpr,
     ROUNDS: tl.constexpr,
     FAST_LOG: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
     """Test hook: the noise ``_sample_kernel`` adds to each (row, column), ``[rows, vocab]``."""
+    if USE_GDC:  # programmatic dependent launch: see kernels/launch.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)[:, None]
     t = tl.program_id(1) * BLOCK_V
     quarter: tl.constexpr = BLOCK_V // 4
@@ -293,10 +309,13 @@ def sample_tokens(
         FAST_LOG=not INTERPRETING,
         FINISH=finish,
         num_warps=SAMPLE_NUM_WARPS,
+        **pdl_options(),
     )
     if finish == FINISH_KERNEL:
         pad = triton.next_power_of_2(num_splits)
-        _finish_kernel[(rows,)](part_val, part_idx, tokens, num_splits, SPLITS_PAD=pad)
+        _finish_kernel[(rows,)](
+            part_val, part_idx, tokens, num_splits, SPLITS_PAD=pad, **pdl_options()
+        )
     return tokens
 
 
@@ -327,5 +346,6 @@ def sampler_noise(
         BLOCK_V=block_v,
         ROUNDS=PHILOX_ROUNDS,
         FAST_LOG=not INTERPRETING,
+        **pdl_options(),
     )
     return out

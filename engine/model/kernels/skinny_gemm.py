@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from engine.model.kernels.fused import silu_mul_values
+from engine.model.kernels.launch import pdl_options
 
 if TYPE_CHECKING:
     from engine.model.layers.decode_gemm import SplitKTiling
@@ -42,7 +43,11 @@ def _splitk_kernel(
     BLOCK_K: tl.constexpr,
     STAGES: tl.constexpr,
     SILU_MUL: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
+    if USE_GDC:  # programmatic dependent launch: see kernels/launch.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -103,5 +108,6 @@ def splitk_linear(
             STAGES=tiling.num_stages,
             SILU_MUL=silu_mul,
             num_warps=tiling.num_warps,
+            **pdl_options(),
         )
     return out

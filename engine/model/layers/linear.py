@@ -230,6 +230,7 @@ class RowParallelLinear(LinearBase):
             INPUT_DIM,
             group,
         )
+        self.decode_gemm: DecodeGemm | None = None  # use_split_k sets it
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
@@ -256,7 +257,6 @@ class RowParallelLinear(LinearBase):
     def split_k(self, x: torch.Tensor, silu_mul: bool = False) -> SplitKParts | None:
         """This projection of ``x`` (of ``silu(gate) * up`` with ``silu_mul``) as split-K
         partials where a decode tiling serves its batch, else None (call :meth:`forward`)."""
-        decode_gemm = getattr(self, "decode_gemm", None)
-        if decode_gemm is None:
+        if self.decode_gemm is None:
             return None
-        return decode_gemm.project(x, self.weight, silu_mul)
+        return self.decode_gemm.project(x, self.weight, silu_mul)

@@ -32,8 +32,8 @@ CALLS_PER_GRAPH = 20
 LIBRARIES = ("cublas", "cublaslt")
 
 
-def time_graph(fn: Any, reps: int = 20) -> float:
-    """Microseconds per call of ``fn``, captured ``CALLS_PER_GRAPH`` times in one CUDA graph."""
+def time_graph(fn: Any, reps: int = 20, calls: int = CALLS_PER_GRAPH) -> float:
+    """Microseconds per call of ``fn``, captured ``calls`` times in one CUDA graph."""
     import torch
 
     stream = torch.cuda.Stream()
@@ -44,7 +44,7 @@ def time_graph(fn: Any, reps: int = 20) -> float:
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(CALLS_PER_GRAPH):
+        for _ in range(calls):
             fn()
     graph.replay()
     torch.cuda.synchronize()
@@ -54,7 +54,7 @@ def time_graph(fn: Any, reps: int = 20) -> float:
         graph.replay()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (reps * CALLS_PER_GRAPH)
+    return start.elapsed_time(end) * 1e3 / (reps * calls)
 
 
 def run(out_dir: Path) -> list[dict[str, Any]]:

@@ -22,14 +22,13 @@ import functools
 import itertools
 import json
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch.nn.functional as F
 
-from benchmarks.gemm import SHAPES
+from benchmarks.gemm import SHAPES, time_graph
 
 LAYERS = 28
 REPLAYS = 30
@@ -55,29 +54,6 @@ def candidate_tilings(m: int, n: int, k: int, split_ok: bool) -> list[Any]:
         if 64 <= programs <= 700:
             out.append(tiling)
     return out
-
-
-def time_graph(fn: Callable[[], None]) -> float:
-    """Microseconds per call of ``fn`` (which runs all layers once), replayed from a graph."""
-    import torch
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(REPLAYS):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / REPLAYS
 
 
 def rel_err(out: Any, ref: Any) -> float:
@@ -134,7 +110,7 @@ def time_tilings(case: Case, tilings: list[Any], ref: Any) -> list[dict[str, Any
             if err > MAX_REL_ERR:
                 results.append({"tiling": tiling.label(), "error": f"rel err {err:.3g}"})
                 continue
-            us = time_graph(fn) / LAYERS
+            us = time_graph(fn, REPLAYS, calls=1) / LAYERS
         except Exception as exc:  # noqa: BLE001 - a tiling may not compile: report it
             results.append({"tiling": tiling.label(), "error": f"{type(exc).__name__}"})
             continue
@@ -167,7 +143,7 @@ def run(out_dir: Path, batches: list[int]) -> dict[str, Any]:
                 swiglu=swiglu,
             )
             ref = case.first(case.cublas())
-            base_us = time_graph(case.cublas) / LAYERS
+            base_us = time_graph(case.cublas, REPLAYS, calls=1) / LAYERS
             row: dict[str, Any] = {"shape": name, "M": m, "K": k, "N": n, "cublas_us": base_us}
             results = time_tilings(case, candidate_tilings(m, n, k, case.consumer), ref)
             timed = [r for r in results if "us" in r]

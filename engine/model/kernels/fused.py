@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.model.kernels.gdc import gdc_enter
 from engine.model.kernels.launch import pdl_options
 
 ROW_NUM_WARPS = 4
@@ -47,9 +48,7 @@ def _rms_norm_kernel(
     part_stride,
     USE_GDC: tl.constexpr,
 ):
-    if USE_GDC:  # programmatic dependent launch: see kernels/launch.py
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    gdc_enter(USE_GDC)  # programmatic dependent launch: kernels/launch.py
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < HIDDEN
@@ -168,9 +167,7 @@ def _qk_norm_rope_kernel(
     STORE_KV: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
-    if USE_GDC:  # programmatic dependent launch: see kernels/launch.py
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    gdc_enter(USE_GDC)  # programmatic dependent launch: kernels/launch.py
     # One program per token: all its q and k heads (rows) at once, halves split for RoPE.
     token = tl.program_id(0).to(tl.int64)
     half: tl.constexpr = HEAD_DIM // 2
@@ -315,9 +312,7 @@ def silu_mul_values(gate, up):
 def _silu_mul_kernel(
     x_ptr, out_ptr, x_stride, WIDTH: tl.constexpr, BLOCK: tl.constexpr, USE_GDC: tl.constexpr
 ):
-    if USE_GDC:  # programmatic dependent launch: see kernels/launch.py
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    gdc_enter(USE_GDC)  # programmatic dependent launch: kernels/launch.py
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < WIDTH

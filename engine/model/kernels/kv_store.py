@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.model.kernels.gdc import gdc_enter
 from engine.model.kernels.launch import pdl_options
 
 # Warps per program: one token row is at most a few KiB, so a small program is enough and many
@@ -36,9 +37,7 @@ def _store_kv_kernel(
     BLOCK_ROW: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
-    if USE_GDC:  # programmatic dependent launch: see kernels/launch.py
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    gdc_enter(USE_GDC)  # programmatic dependent launch: kernels/launch.py
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token).to(tl.int64)
     row = tl.arange(0, BLOCK_ROW)

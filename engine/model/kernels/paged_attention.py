@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from engine.attention_splits import choose_num_splits
+from engine.model.kernels.gdc import gdc_enter
 from engine.model.kernels.launch import pdl_options
 
 # Keys per inner-loop tile: 64 rows x 128 dims of bf16 K and V is 32 KiB per tile in flight.
@@ -67,9 +68,7 @@ def _decode_split_kernel(
     HEADS_FASTEST: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
-    if USE_GDC:  # programmatic dependent launch: see kernels/launch.py
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    gdc_enter(USE_GDC)  # programmatic dependent launch: kernels/launch.py
     if HEADS_FASTEST:
         # Neighbouring programs read neighbouring 256-byte rows of the same tokens.
         kv_head = tl.program_id(0)
@@ -154,9 +153,7 @@ def _decode_merge_kernel(
     SPLITS_PAD: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
-    if USE_GDC:  # programmatic dependent launch: see kernels/launch.py
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    gdc_enter(USE_GDC)  # programmatic dependent launch: kernels/launch.py
     seq = tl.program_id(0)
     head = tl.program_id(1)
     num_heads = tl.num_programs(1)

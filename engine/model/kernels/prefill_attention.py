@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.model.kernels.gdc import gdc_enter
 from engine.model.kernels.launch import pdl_options
 from engine.model.kernels.paged_attention import LOG2E, MIN_DOT_ROWS
 
@@ -188,9 +189,7 @@ def _prefill_kernel(
     IEEE: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
-    if USE_GDC:  # programmatic dependent launch: see kernels/launch.py
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    gdc_enter(USE_GDC)  # programmatic dependent launch: kernels/launch.py
     tile = tl.program_id(0)
     seq = tl.program_id(1)
     kv_head = tl.program_id(2)

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
+from engine.model.kernels.gdc import gdc_enter
 from engine.model.kernels.launch import pdl_options
 
 __all__ = ["SAMPLER_VARIANT", "sample_tokens", "sampler_noise", "split_plan"]
@@ -150,9 +151,7 @@ def _sample_kernel(
     USE_GDC: tl.constexpr,
 ):
     """Program (row, split): the best noisy score of its span, or the row's token (direct)."""
-    if USE_GDC:  # programmatic dependent launch: see kernels/launch.py
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    gdc_enter(USE_GDC)  # programmatic dependent launch: kernels/launch.py
     row = tl.program_id(0)
     split = tl.program_id(1)
     num_splits = tl.num_programs(1)
@@ -199,9 +198,7 @@ def _finish_kernel(
     USE_GDC: tl.constexpr,
 ):
     """Token of each row from its splits' (best score, column): the lowest column on ties."""
-    if USE_GDC:  # programmatic dependent launch: see kernels/launch.py
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    gdc_enter(USE_GDC)  # programmatic dependent launch: kernels/launch.py
     row = tl.program_id(0)
     offs = tl.arange(0, SPLITS_PAD)
     ok = offs < num_splits
@@ -226,9 +223,7 @@ def _noise_kernel(
     USE_GDC: tl.constexpr,
 ):
     """Test hook: the noise ``_sample_kernel`` adds to each (row, column), ``[rows, vocab]``."""
-    if USE_GDC:  # programmatic dependent launch: see kernels/launch.py
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    gdc_enter(USE_GDC)  # programmatic dependent launch: kernels/launch.py
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)[:, None]
     t = tl.program_id(1) * BLOCK_V
     quarter: tl.constexpr = BLOCK_V // 4

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from engine.model.kernels.fused import silu_mul_values
+from engine.model.kernels.gdc import gdc_enter
 from engine.model.kernels.launch import pdl_options
 
 if TYPE_CHECKING:
@@ -45,9 +46,7 @@ def _splitk_kernel(
     SILU_MUL: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
-    if USE_GDC:  # programmatic dependent launch: see kernels/launch.py
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    gdc_enter(USE_GDC)  # programmatic dependent launch: kernels/launch.py
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_s = tl.program_id(2)

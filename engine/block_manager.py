@@ -75,6 +75,8 @@ class BlockManager:
         # Release order (the default) ranks free blocks by their stamp, which is the free list's
         # own order: its first block is the one to evict, and the heap is not kept.
         self._fifo = eviction_key is release_order
+        # Whether an eviction may read the last step a holder was scheduled (``touch``).
+        self.tracks_last_use = not self._fifo
         self._releases = 0
         for block in self.blocks:
             self._release(block)
@@ -256,9 +258,12 @@ class BlockManager:
         """Note that the sequences ``seq_ids`` hold their blocks in ``step`` (for eviction by
         last use).
 
+        Nothing is noted where ``tracks_last_use`` is False: no eviction reads the steps then.
+
         Emits: nothing.
         """
-        self._last_scheduled.update(zip(seq_ids, repeat(step)))
+        if self.tracks_last_use:
+            self._last_scheduled.update(zip(seq_ids, repeat(step)))
 
     # --- release ----------------------------------------------------------------------------------
     def deallocate(self, seq: Sequence) -> int:

@@ -233,7 +233,8 @@ class DecodeStretch:
                         model_rows, sequence_rows)
         survivors = np.flatnonzero(self._last_step >= steps)
         survivor_list = survivors.tolist()
-        block_manager.touch(self.seq_ids[survivors].tolist(), first_step + steps - 1)
+        if block_manager.tracks_last_use:
+            block_manager.touch(self.seq_ids[survivors].tolist(), first_step + steps - 1)
         caught = self._caught
         behind = [index for index in survivor_list if caught[index]]  # caught up in part
         for index in behind:

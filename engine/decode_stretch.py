@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.batch import ScheduledBatch, StepOutput
+from engine.batch import ScheduledBatch, StepOutput, StepResult
 from engine.policy import BUILTIN_POLICIES
 from engine.running_columns import RunningColumns
 from engine.sequence import extend_each
@@ -249,6 +249,12 @@ class DecodeStretch:
         self.columns.keep(survivors, kept, steps)
         return finished
 
+    def result(self, steps: int, first_step: int, finished: list[Sequence]) -> StepResult:
+        """The ``StepResult`` of the stretch's first ``steps`` steps: its last step's, with
+        every sequence finished in the stretch; the batch and output are built when first read
+        (``last_batch``: a streamed run reads only ``finished``)."""
+        return StretchResult(self, steps, first_step, finished)
+
     def last_batch(self, steps: int, first_step: int) -> tuple[ScheduledBatch, StepOutput]:
         """The batch of the stretch's last step of ``steps`` and its output (``price``'s, with
         the tokens it sampled)."""
@@ -306,6 +312,32 @@ class DecodeStretch:
         if done < steps:
             self.seqs[index].extend_tokens(self._tokens[index, done:steps].tolist())
             self._caught[index] = steps
+
+
+class StretchResult(StepResult):
+    """A stretch's ``StepResult`` (``DecodeStretch.result``): ``batch`` and ``output`` are the
+    stretch's ``last_batch``, made on first read."""
+
+    def __init__(self, stretch: DecodeStretch, steps: int, first_step: int,
+                 finished: list[Sequence]) -> None:
+        self.step = first_step + steps - 1
+        self.finished = finished
+        self.duration_s = stretch._last_output.duration_s  # type: ignore[assignment]
+        self._stretch, self._steps, self._first = stretch, steps, first_step
+        self._last: tuple[ScheduledBatch, StepOutput] | None = None
+
+    def _made(self) -> tuple[ScheduledBatch, StepOutput]:
+        if self._last is None:
+            self._last = self._stretch.last_batch(self._steps, self._first)
+        return self._last
+
+    @property  # type: ignore[override]
+    def batch(self) -> ScheduledBatch:
+        return self._made()[0]
+
+    @property  # type: ignore[override]
+    def output(self) -> StepOutput:
+        return self._made()[1]
 
 
 def _unknown() -> int:

@@ -177,3 +177,34 @@ def test_plan_refuses_what_it_cannot_prove() -> None:
     assert DecodeStretch.plan(small, 38) is None  # claims more blocks than are free
     user = _decoding_scheduler(config.replace(policy=f"{__name__}:_UserPolicy"))
     assert DecodeStretch.plan(user, 10) is None  # a user policy might admit otherwise
+
+
+def test_a_stretch_result_is_its_last_steps(cost, monkeypatch) -> None:
+    """A stretch's result (its batch and output made when read) is the per-step loop's result
+    of the stretch's last step: same step, batch, tokens and duration; its ``finished`` holds
+    every sequence finished in the stretch."""
+    from replay.whatif.stream import StreamInputs
+
+    def seen(results: dict) -> object:
+        def on_result(self, result, now) -> None:
+            batch = result.batch
+            results[result.step] = (
+                batch.step, batch.kind, [s.seq_id for s in batch.seqs], batch.context_lens,
+                batch.num_new_tokens, batch.sampled_seqs == batch.seqs,
+                result.output.token_ids, result.output.padded_batch_size, result.duration_s)
+            finished.setdefault(id(results), []).extend(s.seq_id for s in result.finished)
+            on(self, result, now)
+        return on_result
+
+    on, finished = StreamInputs.on_result, {}
+    reqs = requests(60, seed=8)
+    stepped, stretched = {}, {}
+    with monkeypatch.context() as patch:
+        patch.setattr(StreamInputs, "on_result", seen(stepped))
+        run(reqs, {}, cost, False, monkeypatch)
+        patch.setattr(StreamInputs, "on_result", seen(stretched))
+        _, _, ran = run(reqs, {}, cost, True, monkeypatch)
+    assert ran and len(stretched) < len(stepped)
+    for step, values in stretched.items():
+        assert values == stepped[step], step
+    assert finished[id(stretched)] == finished[id(stepped)]

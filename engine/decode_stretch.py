@@ -107,7 +107,7 @@ class DecodeStretch:
         for index in np.flatnonzero(last_step < num_steps).tolist():
             self._finishing.setdefault(int(last_step[index]), []).append(index)
         self._caught = [0] * len(seqs)  # steps whose tokens each Sequence holds
-        self._tokens = np.zeros((len(seqs), num_steps), np.int64)
+        self._tokens = np.zeros((0, 0), np.int64)  # ``bind_tokens``' (before ``run``)
 
     @classmethod
     def plan(cls, scheduler: OverlapScheduler, max_steps: int,
@@ -232,18 +232,21 @@ class DecodeStretch:
         self._emit_rows(steps, first_step, np.asarray(first_ids, np.int64), free_after,
                         model_rows, sequence_rows)
         survivors = np.flatnonzero(self._last_step >= steps)
-        survivor_list = survivors.tolist()
         if block_manager.tracks_last_use:
             block_manager.touch(self.seq_ids[survivors].tolist(), first_step + steps - 1)
         caught = self._caught
-        behind = [index for index in survivor_list if caught[index]]  # caught up in part
+        if len(survivors) < len(seqs):
+            kept = [seqs[index] for index in survivors.tolist()]
+        else:
+            kept = seqs  # (``RunningColumns.keep`` takes it as the new list: never changed)
+        # The survivors caught up in part (a block's token) take the rest one by one.
+        behind = [index for index in survivors.tolist() if caught[index]] if any(caught) else []
         for index in behind:
             self._catch_up(index, steps)
-        kept = [seqs[index] for index in survivor_list]
-        still, to_extend = survivor_list, kept
+        still, to_extend = survivors, kept
         if behind:
-            still = [index for index in survivor_list if not caught[index]]
-            to_extend = [seqs[index] for index in still]
+            still = survivors[np.asarray(caught, bool)[survivors] == 0]
+            to_extend = [seqs[index] for index in still.tolist()]
         rows = self._tokens[still, :steps].astype(np.int32)
         extend_each(to_extend, rows.tobytes(), steps, rows[:, -1].tolist() if steps else [])
         self.columns.keep(survivors, kept, steps)

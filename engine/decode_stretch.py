@@ -87,25 +87,41 @@ class DecodeStretch:
         self.completions = num_tokens - columns.prompt_lens
         self._num_tokens = num_tokens  # at the stretch's first step
         self._last_step = last_step  # the step (from 0) whose token finishes each sequence
-        steps = np.arange(num_steps)
-        self._running = steps <= last_step[:, None]  # sequence x step: still running then
-        counts = self._running.sum(axis=0)
-        self._counts = counts
-        self.num_seqs: list[int] = counts.tolist()  # each step's batch
-        grid = num_tokens[:, None] + steps  # each sequence's token count at each step
-        contexts = grid * self._running
-        self.context_tokens: list[int] = contexts.sum(axis=0).tolist()  # each step's sum
-        self.longest_contexts: list[int] = contexts.max(axis=0).tolist()  # and longest
-        # A decoding sequence's next token starts a block when num_tokens % block_size == 1 and
-        # fills one when it is 0 (as ``Scheduler._decode_all``): those visit the block manager.
-        grid %= scheduler.block_size
-        due_steps, due_seqs = np.nonzero(((grid < 2) & self._running).T)  # by step, in order
-        self._due: dict[int, list[int]] = {}
-        for step, index in zip(due_steps.tolist(), due_seqs.tolist()):
-            self._due.setdefault(step, []).append(index)
+        # Each step's batch, context tokens and longest context, from the sums over all the
+        # running sequences less those finished by then (few: a stretch ends at the next
+        # arrival), in the order they finish: no sequence x step matrix.
+        finishing = np.flatnonzero(last_step < num_steps).tolist()
         self._finishing: dict[int, list[int]] = {}
-        for index in np.flatnonzero(last_step < num_steps).tolist():
+        for index in finishing:
             self._finishing.setdefault(int(last_step[index]), []).append(index)
+        running, tokens, longest = len(seqs), int(num_tokens.sum()), int(num_tokens.max())
+        gone: list[int] = []  # the sequences finished so far
+        num_seqs, context_tokens, longest_contexts = [], [], []
+        for step in range(num_steps):
+            for index in self._finishing.get(step - 1, ()):  # finished at the step before
+                count = int(num_tokens[index])
+                running -= 1
+                tokens -= count
+                gone.append(index)
+                if count == longest:  # the longest left: the longest of the others
+                    longest = int(np.delete(num_tokens, gone).max())
+            num_seqs.append(running)
+            context_tokens.append(tokens + step * running)
+            longest_contexts.append(longest + step)
+        self.num_seqs: list[int] = num_seqs  # each step's batch
+        self.context_tokens: list[int] = context_tokens  # each step's sum
+        self.longest_contexts: list[int] = longest_contexts  # and longest
+        # A decoding sequence's next token starts a block when num_tokens % block_size == 1 and
+        # fills one when it is 0 (as ``Scheduler._decode_all``): those visit the block manager,
+        # at a step it still runs.
+        grid = num_tokens[:, None] + np.arange(num_steps)  # each sequence's count at each step
+        grid %= scheduler.block_size
+        due_steps, due_seqs = np.nonzero((grid < 2).T)  # by step, in running order
+        self._due: dict[int, list[int]] = {}
+        ends = {index: int(last_step[index]) for index in finishing}
+        for step, index in zip(due_steps.tolist(), due_seqs.tolist()):
+            if step <= ends.get(index, step):
+                self._due.setdefault(step, []).append(index)
         self._caught = [0] * len(seqs)  # steps whose tokens each Sequence holds
         self._tokens = np.zeros((0, 0), np.int64)  # ``bind_tokens``' (before ``run``)
 
@@ -262,7 +278,7 @@ class DecodeStretch:
         """The batch of the stretch's last step of ``steps`` and its output (``price``'s, with
         the tokens it sampled)."""
         last = steps - 1
-        index = np.flatnonzero(self._running[:, last])
+        index = np.flatnonzero(self._last_step >= last)
         seqs = [self.seqs[i] for i in index.tolist()]
         context_lens = (self._num_tokens[index] + last).tolist()
         batch = ScheduledBatch(
@@ -282,8 +298,8 @@ class DecodeStretch:
                    sequence_rows: bool) -> None:
         """The steps' batch, model-step (and sequence and token) rows, with their reserved
         ids."""
-        events, counts = self.scheduler.events, self._counts[:steps]
-        num_seqs = counts.tolist()
+        events, num_seqs = self.scheduler.events, self.num_seqs[:steps]
+        counts = np.asarray(num_seqs, np.int64)
         waiting = len(self.scheduler.waiting)
         events.extend_rows("batch_scheduled", {
             "event_id": first_ids.tolist(), "step": list(range(first_step, first_step + steps)),
@@ -294,7 +310,8 @@ class DecodeStretch:
             "step": list(range(first_step, first_step + steps)), **model_rows})
         if not sequence_rows:
             return
-        step_of, seq_of = np.nonzero(self._running[:, :steps].T)  # by step, in running order
+        running = np.arange(steps) <= self._last_step[:, None]  # sequence x step
+        step_of, seq_of = np.nonzero(running.T)  # by step, in running order
         starts = np.cumsum(counts) - counts
         rank = np.arange(len(step_of)) - starts[step_of]
         seq_ids = self.seq_ids[seq_of].tolist()

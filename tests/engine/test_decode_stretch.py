@@ -208,3 +208,42 @@ def test_a_stretch_result_is_its_last_steps(cost, monkeypatch) -> None:
     for step, values in stretched.items():
         assert values == stepped[step], step
     assert finished[id(stretched)] == finished[id(stepped)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_stretchs_steps_are_its_running_sequences(seed) -> None:
+    """Each step's batch size, context tokens, longest context, block visits and finishes, as
+    a stretch plans them, are those of the sequences still running at that step (the
+    definition, as a sequence x step matrix), also where the longest sequences finish first."""
+    from engine.engine_core import EngineCore
+    from replay.whatif.sim_executor import SimClock, SimExecutor
+
+    rng = np.random.default_rng(seed)
+    config = Config(num_kvcache_blocks=400, kvcache_block_size=16)
+    core = EngineCore(config, SimExecutor(config.num_kvcache_blocks, SimClock()))
+    lengths = rng.integers(20, 300, 12)
+    for length, count in zip(lengths, rng.integers(2, 40, 12)):
+        # The longest prompts sample the fewest tokens: they finish first.
+        tokens = int(count) if length < lengths.max() - 60 else int(rng.integers(2, 5))
+        core.add_request(rng.integers(0, 9000, int(length)).tolist(),
+                         SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True))
+    while core.scheduler.waiting or core.scheduler.prefilling:
+        core.step()
+    stretch = DecodeStretch.plan(core.scheduler, 200)
+    assert stretch is not None
+    num_tokens, last = stretch._num_tokens, stretch._last_step
+    steps = np.arange(stretch.num_steps)
+    running = steps <= last[:, None]
+    contexts = (num_tokens[:, None] + steps) * running
+    assert stretch.num_seqs == running.sum(axis=0).tolist()
+    assert stretch.context_tokens == contexts.sum(axis=0).tolist()
+    assert stretch.longest_contexts == contexts.max(axis=0).tolist()
+    due_steps, due_seqs = np.nonzero((((num_tokens[:, None] + steps) % 16 < 2) & running).T)
+    due: dict[int, list[int]] = {}
+    for step, index in zip(due_steps.tolist(), due_seqs.tolist()):
+        due.setdefault(step, []).append(index)
+    assert stretch._due == due and due
+    assert sorted(i for f in stretch._finishing.values() for i in f) == \
+        np.flatnonzero(last < stretch.num_steps).tolist()
+    top = int(num_tokens.max())  # the longest finished inside the stretch:
+    assert any(longest != top + step for step, longest in enumerate(stretch.longest_contexts))

@@ -141,8 +141,7 @@ class BlockManager:
         seq.num_cached_tokens = index * block_size
         seq.num_computed_tokens = seq.num_cached_tokens
         seq.num_hashed_blocks = index
-        for logical_index in range(index, num_blocks):
-            self._allocate_fresh(seq, logical_index)
+        self._allocate_fresh_blocks(seq, index, num_blocks)
 
     def register_full_blocks(self, seq: Sequence, num_tokens: int, hold_last: bool = False
                              ) -> None:
@@ -355,20 +354,25 @@ class BlockManager:
         block.parent_hash = NO_HASH
         block.token_ids = []
 
-    def _allocate_fresh(self, seq: Sequence, logical_index: int) -> int:
+    def _allocate_fresh(self, seq: Sequence, logical_index: int) -> None:
         """Append the next free block to ``seq``'s table. Emits: ``block_allocated``."""
-        block_id = self._next_evicted()
-        block = self._take_free_block(block_id)
-        self._forget_contents(block)
-        seq.block_table.append(block_id)
-        self.events.emit_block_allocated(
-            seq_id=seq.seq_id,
-            block_id=block_id,
-            logical_index=logical_index,
-            refcount=1,
-            free_blocks=len(self.free_block_ids),
-        )
-        return block_id
+        self._allocate_fresh_blocks(seq, logical_index, logical_index + 1)
+
+    def _allocate_fresh_blocks(self, seq: Sequence, first: int, end: int) -> None:
+        """Append the next free blocks to ``seq``'s table, as its logical blocks ``first`` to
+        ``end - 1``, each taken as ``_allocate_fresh`` takes one, recorded in one call.
+
+        Emits: ``block_allocated`` per block."""
+        free = self.free_block_ids
+        block_ids: list[int] = []
+        free_after: list[int] = []
+        for _ in range(first, end):
+            block_id = self._next_evicted()
+            self._forget_contents(self._take_free_block(block_id))
+            block_ids.append(block_id)
+            free_after.append(len(free))
+        seq.block_table.extend(block_ids)
+        self.events.emit_blocks_allocated(seq.seq_id, block_ids, range(first, end), free_after)
 
     def _enter(self, block: Block, chunk: TokenIds, block_hash: int, parent: int) -> None:
         """Record a full block's contents and point the cache index at it where appropriate."""

@@ -245,7 +245,7 @@ class DecodeStretch:
                 block_manager.touch([seq.seq_id], events.step)
                 scheduler.finish(seq, "length")  # as postprocess: blocks freed, then the request
                 finished.append(seq)
-        self._emit_rows(steps, first_step, np.asarray(first_ids, np.int64), free_after,
+        self._emit_rows(steps, first_step, first_ids, free_after,
                         model_rows, sequence_rows)
         survivors = np.flatnonzero(self._last_step >= steps)
         if block_manager.tracks_last_use:
@@ -293,23 +293,23 @@ class DecodeStretch:
         """How many tokens each sequence sampled in the stretch's first ``steps`` steps."""
         return np.minimum(self._last_step + 1, steps)
 
-    def _emit_rows(self, steps: int, first_step: int, first_ids: np.ndarray,
+    def _emit_rows(self, steps: int, first_step: int, first_ids: list[int],
                    free_after: list[int], model_rows: dict[str, list],
                    sequence_rows: bool) -> None:
         """The steps' batch, model-step (and sequence and token) rows, with their reserved
         ids."""
         events, num_seqs = self.scheduler.events, self.num_seqs[:steps]
-        counts = np.asarray(num_seqs, np.int64)
         waiting = len(self.scheduler.waiting)
         events.extend_rows("batch_scheduled", {
-            "event_id": first_ids.tolist(), "step": list(range(first_step, first_step + steps)),
+            "event_id": first_ids, "step": list(range(first_step, first_step + steps)),
             "kind": ["decode"] * steps, "num_seqs": num_seqs, "num_batched_tokens": num_seqs,
             "num_waiting": [waiting] * steps, "num_running": num_seqs, "free_blocks": free_after})
         events.extend_rows("model_step", {
-            "event_id": (first_ids + counts + 1).tolist(),
+            "event_id": [first + count + 1 for first, count in zip(first_ids, num_seqs)],
             "step": list(range(first_step, first_step + steps)), **model_rows})
         if not sequence_rows:
             return
+        counts, firsts = np.asarray(num_seqs, np.int64), np.asarray(first_ids, np.int64)
         running = np.arange(steps) <= self._last_step[:, None]  # sequence x step
         step_of, seq_of = np.nonzero(running.T)  # by step, in running order
         starts = np.cumsum(counts) - counts
@@ -317,7 +317,7 @@ class DecodeStretch:
         seq_ids = self.seq_ids[seq_of].tolist()
         step_col = (step_of + first_step).tolist()
         context = self._num_tokens[seq_of] + step_of
-        row_ids = first_ids[step_of] + rank
+        row_ids = firsts[step_of] + rank
         events.extend_rows("seq_scheduled", {
             "event_id": (row_ids + 1).tolist(), "step": step_col, "seq_id": seq_ids,
             "num_new_tokens": [1] * len(seq_ids), "num_cached_tokens": (context - 1).tolist(),

@@ -365,14 +365,15 @@ class BlockManager:
         Emits: ``block_allocated`` per block."""
         free = self.free_block_ids
         block_ids: list[int] = []
-        free_after: list[int] = []
+        free_counts: list[int] = []
         for _ in range(first, end):
             block_id = self._next_evicted()
-            self._forget_contents(self._take_free_block(block_id))
+            block = self._take_free_block(block_id)
+            self._forget_contents(block)
             block_ids.append(block_id)
-            free_after.append(len(free))
+            free_counts.append(len(free))
         seq.block_table.extend(block_ids)
-        self.events.emit_blocks_allocated(seq.seq_id, block_ids, range(first, end), free_after)
+        self.events.emit_blocks_allocated(seq.seq_id, block_ids, range(first, end), free_counts)
 
     def _enter(self, block: Block, chunk: TokenIds, block_hash: int, parent: int) -> None:
         """Record a full block's contents and point the cache index at it where appropriate."""

@@ -56,6 +56,17 @@ class StepOutput:
 
 
 @dataclass
+class StepResult:
+    """What one step did: the batch, its output and the sequences that finished in it."""
+
+    step: int
+    batch: ScheduledBatch
+    output: StepOutput
+    finished: list[Sequence]
+    duration_s: float
+
+
+@dataclass
 class StepWork:
     """The work of the step the scheduler is building: prompt chunks (admissions included) and
     decodes."""

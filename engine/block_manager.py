@@ -75,6 +75,8 @@ class BlockManager:
         # Release order (the default) ranks free blocks by their stamp, which is the free list's
         # own order: its first block is the one to evict, and the heap is not kept.
         self._fifo = eviction_key is release_order
+        # Whether an eviction may read the last step a holder was scheduled (``touch``).
+        self.tracks_last_use = not self._fifo
         self._releases = 0
         for block in self.blocks:
             self._release(block)
@@ -139,8 +141,7 @@ class BlockManager:
         seq.num_cached_tokens = index * block_size
         seq.num_computed_tokens = seq.num_cached_tokens
         seq.num_hashed_blocks = index
-        for logical_index in range(index, num_blocks):
-            self._allocate_fresh(seq, logical_index)
+        self._allocate_fresh_blocks(seq, index, num_blocks)
 
     def register_full_blocks(self, seq: Sequence, num_tokens: int, hold_last: bool = False
                              ) -> None:
@@ -256,9 +257,12 @@ class BlockManager:
         """Note that the sequences ``seq_ids`` hold their blocks in ``step`` (for eviction by
         last use).
 
+        Nothing is noted where ``tracks_last_use`` is False: no eviction reads the steps then.
+
         Emits: nothing.
         """
-        self._last_scheduled.update(zip(seq_ids, repeat(step)))
+        if self.tracks_last_use:
+            self._last_scheduled.update(zip(seq_ids, repeat(step)))
 
     # --- release ----------------------------------------------------------------------------------
     def deallocate(self, seq: Sequence) -> int:
@@ -350,20 +354,26 @@ class BlockManager:
         block.parent_hash = NO_HASH
         block.token_ids = []
 
-    def _allocate_fresh(self, seq: Sequence, logical_index: int) -> int:
+    def _allocate_fresh(self, seq: Sequence, logical_index: int) -> None:
         """Append the next free block to ``seq``'s table. Emits: ``block_allocated``."""
-        block_id = self._next_evicted()
-        block = self._take_free_block(block_id)
-        self._forget_contents(block)
-        seq.block_table.append(block_id)
-        self.events.emit_block_allocated(
-            seq_id=seq.seq_id,
-            block_id=block_id,
-            logical_index=logical_index,
-            refcount=1,
-            free_blocks=len(self.free_block_ids),
-        )
-        return block_id
+        self._allocate_fresh_blocks(seq, logical_index, logical_index + 1)
+
+    def _allocate_fresh_blocks(self, seq: Sequence, first: int, end: int) -> None:
+        """Append the next free blocks to ``seq``'s table, as its logical blocks ``first`` to
+        ``end - 1``, each taken as ``_allocate_fresh`` takes one, recorded in one call.
+
+        Emits: ``block_allocated`` per block."""
+        free = self.free_block_ids
+        block_ids: list[int] = []
+        free_counts: list[int] = []
+        for _ in range(first, end):
+            block_id = self._next_evicted()
+            block = self._take_free_block(block_id)
+            self._forget_contents(block)
+            block_ids.append(block_id)
+            free_counts.append(len(free))
+        seq.block_table.extend(block_ids)
+        self.events.emit_blocks_allocated(seq.seq_id, block_ids, range(first, end), free_counts)
 
     def _enter(self, block: Block, chunk: TokenIds, block_hash: int, parent: int) -> None:
         """Record a full block's contents and point the cache index at it where appropriate."""

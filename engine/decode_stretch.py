@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.batch import ScheduledBatch, StepOutput
+from engine.batch import ScheduledBatch, StepOutput, StepResult
 from engine.policy import BUILTIN_POLICIES
 from engine.running_columns import RunningColumns
 from engine.sequence import extend_each
@@ -87,27 +87,43 @@ class DecodeStretch:
         self.completions = num_tokens - columns.prompt_lens
         self._num_tokens = num_tokens  # at the stretch's first step
         self._last_step = last_step  # the step (from 0) whose token finishes each sequence
-        steps = np.arange(num_steps)
-        self._running = steps <= last_step[:, None]  # sequence x step: still running then
-        counts = self._running.sum(axis=0)
-        self._counts = counts
-        self.num_seqs: list[int] = counts.tolist()  # each step's batch
-        grid = num_tokens[:, None] + steps  # each sequence's token count at each step
-        contexts = grid * self._running
-        self.context_tokens: list[int] = contexts.sum(axis=0).tolist()  # each step's sum
-        self.longest_contexts: list[int] = contexts.max(axis=0).tolist()  # and longest
-        # A decoding sequence's next token starts a block when num_tokens % block_size == 1 and
-        # fills one when it is 0 (as ``Scheduler._decode_all``): those visit the block manager.
-        grid %= scheduler.block_size
-        due_steps, due_seqs = np.nonzero(((grid < 2) & self._running).T)  # by step, in order
-        self._due: dict[int, list[int]] = {}
-        for step, index in zip(due_steps.tolist(), due_seqs.tolist()):
-            self._due.setdefault(step, []).append(index)
+        # Each step's batch, context tokens and longest context, from the sums over all the
+        # running sequences less those finished by then (few: a stretch ends at the next
+        # arrival), in the order they finish: no sequence x step matrix.
+        finishing = np.flatnonzero(last_step < num_steps).tolist()
         self._finishing: dict[int, list[int]] = {}
-        for index in np.flatnonzero(last_step < num_steps).tolist():
+        for index in finishing:
             self._finishing.setdefault(int(last_step[index]), []).append(index)
+        running, tokens, longest = len(seqs), int(num_tokens.sum()), int(num_tokens.max())
+        gone: list[int] = []  # the sequences finished so far
+        num_seqs, context_tokens, longest_contexts = [], [], []
+        for step in range(num_steps):
+            for index in self._finishing.get(step - 1, ()):  # finished at the step before
+                count = int(num_tokens[index])
+                running -= 1
+                tokens -= count
+                gone.append(index)
+                if count == longest:  # the longest left: the longest of the others
+                    longest = int(np.delete(num_tokens, gone).max())
+            num_seqs.append(running)
+            context_tokens.append(tokens + step * running)
+            longest_contexts.append(longest + step)
+        self.num_seqs: list[int] = num_seqs  # each step's batch
+        self.context_tokens: list[int] = context_tokens  # each step's sum
+        self.longest_contexts: list[int] = longest_contexts  # and longest
+        # A decoding sequence's next token starts a block when num_tokens % block_size == 1 and
+        # fills one when it is 0 (as ``Scheduler._decode_all``): those visit the block manager,
+        # at a step it still runs.
+        grid = num_tokens[:, None] + np.arange(num_steps)  # each sequence's count at each step
+        grid %= scheduler.block_size
+        due_steps, due_seqs = np.nonzero((grid < 2).T)  # by step, in running order
+        self._due: dict[int, list[int]] = {}
+        ends = {index: int(last_step[index]) for index in finishing}
+        for step, index in zip(due_steps.tolist(), due_seqs.tolist()):
+            if step <= ends.get(index, step):
+                self._due.setdefault(step, []).append(index)
         self._caught = [0] * len(seqs)  # steps whose tokens each Sequence holds
-        self._tokens = np.zeros((len(seqs), num_steps), np.int64)
+        self._tokens = np.zeros((0, 0), np.int64)  # ``bind_tokens``' (before ``run``)
 
     @classmethod
     def plan(cls, scheduler: OverlapScheduler, max_steps: int,
@@ -229,30 +245,40 @@ class DecodeStretch:
                 block_manager.touch([seq.seq_id], events.step)
                 scheduler.finish(seq, "length")  # as postprocess: blocks freed, then the request
                 finished.append(seq)
-        self._emit_rows(steps, first_step, np.asarray(first_ids, np.int64), free_after,
+        self._emit_rows(steps, first_step, first_ids, free_after,
                         model_rows, sequence_rows)
         survivors = np.flatnonzero(self._last_step >= steps)
-        survivor_list = survivors.tolist()
-        block_manager.touch(self.seq_ids[survivors].tolist(), first_step + steps - 1)
+        if block_manager.tracks_last_use:
+            block_manager.touch(self.seq_ids[survivors].tolist(), first_step + steps - 1)
         caught = self._caught
-        behind = [index for index in survivor_list if caught[index]]  # caught up in part
+        if len(survivors) < len(seqs):
+            kept = [seqs[index] for index in survivors.tolist()]
+        else:
+            kept = seqs  # (``RunningColumns.keep`` takes it as the new list: never changed)
+        # The survivors caught up in part (a block's token) take the rest one by one.
+        behind = [index for index in survivors.tolist() if caught[index]] if any(caught) else []
         for index in behind:
             self._catch_up(index, steps)
-        kept = [seqs[index] for index in survivor_list]
-        still, to_extend = survivor_list, kept
+        still, to_extend = survivors, kept
         if behind:
-            still = [index for index in survivor_list if not caught[index]]
-            to_extend = [seqs[index] for index in still]
+            still = survivors[np.asarray(caught, bool)[survivors] == 0]
+            to_extend = [seqs[index] for index in still.tolist()]
         rows = self._tokens[still, :steps].astype(np.int32)
         extend_each(to_extend, rows.tobytes(), steps, rows[:, -1].tolist() if steps else [])
         self.columns.keep(survivors, kept, steps)
         return finished
 
+    def result(self, steps: int, first_step: int, finished: list[Sequence]) -> StepResult:
+        """The ``StepResult`` of the stretch's first ``steps`` steps: its last step's, with
+        every sequence finished in the stretch; the batch and output are built when first read
+        (``last_batch``: a streamed run reads only ``finished``)."""
+        return StretchResult(self, steps, first_step, finished)
+
     def last_batch(self, steps: int, first_step: int) -> tuple[ScheduledBatch, StepOutput]:
         """The batch of the stretch's last step of ``steps`` and its output (``price``'s, with
         the tokens it sampled)."""
         last = steps - 1
-        index = np.flatnonzero(self._running[:, last])
+        index = np.flatnonzero(self._last_step >= last)
         seqs = [self.seqs[i] for i in index.tolist()]
         context_lens = (self._num_tokens[index] + last).tolist()
         batch = ScheduledBatch(
@@ -267,30 +293,31 @@ class DecodeStretch:
         """How many tokens each sequence sampled in the stretch's first ``steps`` steps."""
         return np.minimum(self._last_step + 1, steps)
 
-    def _emit_rows(self, steps: int, first_step: int, first_ids: np.ndarray,
+    def _emit_rows(self, steps: int, first_step: int, first_ids: list[int],
                    free_after: list[int], model_rows: dict[str, list],
                    sequence_rows: bool) -> None:
         """The steps' batch, model-step (and sequence and token) rows, with their reserved
         ids."""
-        events, counts = self.scheduler.events, self._counts[:steps]
-        num_seqs = counts.tolist()
+        events, num_seqs = self.scheduler.events, self.num_seqs[:steps]
         waiting = len(self.scheduler.waiting)
         events.extend_rows("batch_scheduled", {
-            "event_id": first_ids.tolist(), "step": list(range(first_step, first_step + steps)),
+            "event_id": first_ids, "step": list(range(first_step, first_step + steps)),
             "kind": ["decode"] * steps, "num_seqs": num_seqs, "num_batched_tokens": num_seqs,
             "num_waiting": [waiting] * steps, "num_running": num_seqs, "free_blocks": free_after})
         events.extend_rows("model_step", {
-            "event_id": (first_ids + counts + 1).tolist(),
+            "event_id": [first + count + 1 for first, count in zip(first_ids, num_seqs)],
             "step": list(range(first_step, first_step + steps)), **model_rows})
         if not sequence_rows:
             return
-        step_of, seq_of = np.nonzero(self._running[:, :steps].T)  # by step, in running order
+        counts, firsts = np.asarray(num_seqs, np.int64), np.asarray(first_ids, np.int64)
+        running = np.arange(steps) <= self._last_step[:, None]  # sequence x step
+        step_of, seq_of = np.nonzero(running.T)  # by step, in running order
         starts = np.cumsum(counts) - counts
         rank = np.arange(len(step_of)) - starts[step_of]
         seq_ids = self.seq_ids[seq_of].tolist()
         step_col = (step_of + first_step).tolist()
         context = self._num_tokens[seq_of] + step_of
-        row_ids = first_ids[step_of] + rank
+        row_ids = firsts[step_of] + rank
         events.extend_rows("seq_scheduled", {
             "event_id": (row_ids + 1).tolist(), "step": step_col, "seq_id": seq_ids,
             "num_new_tokens": [1] * len(seq_ids), "num_cached_tokens": (context - 1).tolist(),
@@ -305,6 +332,32 @@ class DecodeStretch:
         if done < steps:
             self.seqs[index].extend_tokens(self._tokens[index, done:steps].tolist())
             self._caught[index] = steps
+
+
+class StretchResult(StepResult):
+    """A stretch's ``StepResult`` (``DecodeStretch.result``): ``batch`` and ``output`` are the
+    stretch's ``last_batch``, made on first read."""
+
+    def __init__(self, stretch: DecodeStretch, steps: int, first_step: int,
+                 finished: list[Sequence]) -> None:
+        self.step = first_step + steps - 1
+        self.finished = finished
+        self.duration_s = stretch._last_output.duration_s  # type: ignore[assignment]
+        self._stretch, self._steps, self._first = stretch, steps, first_step
+        self._last: tuple[ScheduledBatch, StepOutput] | None = None
+
+    def _made(self) -> tuple[ScheduledBatch, StepOutput]:
+        if self._last is None:
+            self._last = self._stretch.last_batch(self._steps, self._first)
+        return self._last
+
+    @property  # type: ignore[override]
+    def batch(self) -> ScheduledBatch:
+        return self._made()[0]
+
+    @property  # type: ignore[override]
+    def output(self) -> StepOutput:
+        return self._made()[1]
 
 
 def _unknown() -> int:

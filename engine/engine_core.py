@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.batch import ScheduledBatch, StepOutput, batch_features
+from engine.batch import ScheduledBatch, StepOutput, StepResult, batch_features
 from engine.config import AUTO_SIZED_BLOCKS, Config
 from engine.decode_stretch import DecodeStretch
 from engine.executor import Executor, PendingStep
@@ -23,17 +23,6 @@ from engine.sampling_params import SamplingParams, check_recordable
 from engine.sequence import Sequence
 from tracing.events import EventBuffer, NullEventBuffer
 from tracing.sink import EventSink
-
-
-@dataclass
-class StepResult:
-    """What one step did: the batch, its output and the sequences that finished in it."""
-
-    step: int
-    batch: ScheduledBatch
-    output: StepOutput
-    finished: list[Sequence]
-    duration_s: float
 
 
 @dataclass
@@ -267,13 +256,11 @@ class EngineCore:
         self.step_index = first + steps
         self.events.step = self.step_index
         self.num_completion_tokens += sum(stretch.num_seqs[:steps])
-        batch, output = stretch.last_batch(steps, first)
         if self.sink is not None:
             began = self.clock()
             self.sink.on_step_end(self.events)
             self._sink_s = self.clock() - began
-        self._ready.append(StepResult(first + steps - 1, batch, output, finished,
-                                      output.duration_s))  # type: ignore[arg-type]
+        self._ready.append(stretch.result(steps, first, finished))
         return True
 
     def _emit_model_step(self, batch: ScheduledBatch, output: StepOutput | None) -> int | None:

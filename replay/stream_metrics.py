@@ -33,6 +33,7 @@ from tracing.sink import EventSink
 
 FOLD_EVENTS = 1 << 16  # token_sampled rows buffered before a fold
 FOLD_REQUESTS = 256  # or request_added rows, when stretches sample (each may hold its prompt)
+FOLD_STRETCHES = 64  # decode stretches' counts held before they are folded together
 NOT_YET = -1  # a step column of a request that has not reached that point
 STEP_KINDS = ("prefill", "decode", "mixed")
 
@@ -122,6 +123,8 @@ class StreamingMetrics:
         self.preemptions = 0
         self.block_hits = 0
         self.prefill_tokens = 0
+        # Decode stretches' counts not folded yet: (seq ids, first step, tokens sampled each).
+        self._stretches: list[tuple[np.ndarray, int, np.ndarray]] = []
 
     # --- EventSink --------------------------------------------------------------------------------
     def open(self, header: dict[str, Any]) -> None:
@@ -153,16 +156,31 @@ class StreamingMetrics:
                            sampled: np.ndarray) -> None:
         """Fold what a decode stretch's ``seq_scheduled`` and ``token_sampled`` rows hold
         (``engine.decode_stretch``): sequence ``seq_ids[i]`` (each once) was scheduled and
-        sampled a token at each of the ``sampled[i]`` steps from ``first_step`` on."""
-        size = int(seq_ids.max()) + 1
+        sampled a token at each of the ``sampled[i]`` steps from ``first_step`` on. Held and
+        folded ``FOLD_STRETCHES`` stretches at a time (the folds are order-free: earliest step,
+        latest step, sums), and at every ``fold``; ``seq_ids`` must not change meanwhile."""
+        self._stretches.append((seq_ids, first_step, sampled))
+        if len(self._stretches) >= FOLD_STRETCHES:
+            self._fold_stretches()
+
+    def _fold_stretches(self) -> None:
+        """Fold the held stretches' counts into the per-request columns, all at once."""
+        held, self._stretches = self._stretches, []
+        if not held:
+            return
+        seq_ids = np.concatenate([ids for ids, _, _ in held])
+        sizes = [len(ids) for ids, _, _ in held]
+        first = np.repeat(np.array([step for _, step, _ in held], np.int64), sizes)
+        sampled = np.concatenate([counts for _, _, counts in held])
+        lo, hi = int(seq_ids.min()), int(seq_ids.max()) + 1  # the requests in flight, a window
         for column in (self.first_step, self.last_step, self.tokens, self.scheduled_step):
-            column.reserve(size)
-        for column in (self.first_step, self.scheduled_step):  # ``_keep_earliest`` of one step
-            mine = column.data[seq_ids]
-            column.data[seq_ids[(mine == NOT_YET) | (first_step < mine)]] = first_step
-        last = self.last_step.data
-        last[seq_ids] = np.maximum(last[seq_ids], sampled + (first_step - 1))
-        self.tokens.data[seq_ids] += sampled.astype(np.int32)
+            column.reserve(hi)
+        seq = seq_ids - lo
+        earliest = _first_steps(seq, first, hi - lo)
+        _keep_earliest(self.first_step.data[lo:hi], earliest)
+        _keep_earliest(self.scheduled_step.data[lo:hi], earliest)
+        np.maximum.at(self.last_step.data[lo:hi], seq, sampled + (first - 1))
+        np.add.at(self.tokens.data[lo:hi], seq, sampled.astype(np.int32))
 
     def close(self, buffer: EventBuffer, summary: dict[str, Any]) -> None:
         self.fold(buffer)
@@ -175,6 +193,7 @@ class StreamingMetrics:
         """Fold everything buffered into the columns and drain the buffer (into the relay
         buffer of a downstream sink, if any)."""
         tables = buffer.drain()
+        self._fold_stretches()
         self._fold(tables)
         if self.downstream is not None:
             relay = self._relay

@@ -179,8 +179,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "reused_block_keeps_hash",
         BM,
-        "        block = self._take_free_block(block_id)\n        self._forget_contents(block)",
-        "        block = self._take_free_block(block_id)",
+        "            block = self._take_free_block(block_id)\n"
+        "            self._forget_contents(block)",
+        "            block = self._take_free_block(block_id)",
         "a cached block handed out fresh keeps its hash and index entry",
     ),
     Mutant(

@@ -6,6 +6,8 @@ event, which keeps recording cheap at hundreds of sequences per step.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from tracing.schema import EVENT_KINDS, NO_SEED, NOT_PADDED, all_columns
 
 
@@ -125,16 +127,19 @@ class EventBuffer:
         s["num_cached_tokens"].extend(num_cached_tokens)
         s["context_len"].extend(context_lens)
 
-    def emit_block_allocated(
-        self, seq_id: int, block_id: int, logical_index: int, refcount: int, free_blocks: int
+    def emit_blocks_allocated(
+        self, seq_id: int, block_ids: list[int], logical_indices: Iterable[int],
+        free_blocks: list[int]
     ) -> None:
+        """Fresh blocks (refcount 1) given to one sequence in turn: a ``block_allocated`` row
+        each, ``free_blocks`` counted after each."""
         t = self._ba
-        self._id(t)
-        t["seq_id"].append(seq_id)
-        t["block_id"].append(block_id)
-        t["logical_index"].append(logical_index)
-        t["refcount"].append(refcount)
-        t["free_blocks"].append(free_blocks)
+        self._ids(t, len(block_ids))
+        t["seq_id"].extend([seq_id] * len(block_ids))
+        t["block_id"].extend(block_ids)
+        t["logical_index"].extend(logical_indices)
+        t["refcount"].extend([1] * len(block_ids))
+        t["free_blocks"].extend(free_blocks)
 
     def emit_block_hit(
         self,
@@ -303,7 +308,7 @@ class NullEventBuffer(EventBuffer):
 
     emit_request_added = _noop  # type: ignore[assignment]
     emit_batch = _noop  # type: ignore[assignment]
-    emit_block_allocated = _noop  # type: ignore[assignment]
+    emit_blocks_allocated = _noop  # type: ignore[assignment]
     emit_block_hit = _noop  # type: ignore[assignment]
     emit_block_hashed = _noop  # type: ignore[assignment]
     emit_blocks_freed = _noop  # type: ignore[assignment]

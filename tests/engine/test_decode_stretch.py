@@ -177,3 +177,73 @@ def test_plan_refuses_what_it_cannot_prove() -> None:
     assert DecodeStretch.plan(small, 38) is None  # claims more blocks than are free
     user = _decoding_scheduler(config.replace(policy=f"{__name__}:_UserPolicy"))
     assert DecodeStretch.plan(user, 10) is None  # a user policy might admit otherwise
+
+
+def test_a_stretch_result_is_its_last_steps(cost, monkeypatch) -> None:
+    """A stretch's result (its batch and output made when read) is the per-step loop's result
+    of the stretch's last step: same step, batch, tokens and duration; its ``finished`` holds
+    every sequence finished in the stretch."""
+    from replay.whatif.stream import StreamInputs
+
+    def seen(results: dict) -> object:
+        def on_result(self, result, now) -> None:
+            batch = result.batch
+            results[result.step] = (
+                batch.step, batch.kind, [s.seq_id for s in batch.seqs], batch.context_lens,
+                batch.num_new_tokens, batch.sampled_seqs == batch.seqs,
+                result.output.token_ids, result.output.padded_batch_size, result.duration_s)
+            finished.setdefault(id(results), []).extend(s.seq_id for s in result.finished)
+            on(self, result, now)
+        return on_result
+
+    on, finished = StreamInputs.on_result, {}
+    reqs = requests(60, seed=8)
+    stepped, stretched = {}, {}
+    with monkeypatch.context() as patch:
+        patch.setattr(StreamInputs, "on_result", seen(stepped))
+        run(reqs, {}, cost, False, monkeypatch)
+        patch.setattr(StreamInputs, "on_result", seen(stretched))
+        _, _, ran = run(reqs, {}, cost, True, monkeypatch)
+    assert ran and len(stretched) < len(stepped)
+    for step, values in stretched.items():
+        assert values == stepped[step], step
+    assert finished[id(stretched)] == finished[id(stepped)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_stretchs_steps_are_its_running_sequences(seed) -> None:
+    """Each step's batch size, context tokens, longest context, block visits and finishes, as
+    a stretch plans them, are those of the sequences still running at that step (the
+    definition, as a sequence x step matrix), also where the longest sequences finish first."""
+    from engine.engine_core import EngineCore
+    from replay.whatif.sim_executor import SimClock, SimExecutor
+
+    rng = np.random.default_rng(seed)
+    config = Config(num_kvcache_blocks=400, kvcache_block_size=16)
+    core = EngineCore(config, SimExecutor(config.num_kvcache_blocks, SimClock()))
+    lengths = rng.integers(20, 300, 12)
+    for length, count in zip(lengths, rng.integers(2, 40, 12)):
+        # The longest prompts sample the fewest tokens: they finish first.
+        tokens = int(count) if length < lengths.max() - 60 else int(rng.integers(2, 5))
+        core.add_request(rng.integers(0, 9000, int(length)).tolist(),
+                         SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True))
+    while core.scheduler.waiting or core.scheduler.prefilling:
+        core.step()
+    stretch = DecodeStretch.plan(core.scheduler, 200)
+    assert stretch is not None
+    num_tokens, last = stretch._num_tokens, stretch._last_step
+    steps = np.arange(stretch.num_steps)
+    running = steps <= last[:, None]
+    contexts = (num_tokens[:, None] + steps) * running
+    assert stretch.num_seqs == running.sum(axis=0).tolist()
+    assert stretch.context_tokens == contexts.sum(axis=0).tolist()
+    assert stretch.longest_contexts == contexts.max(axis=0).tolist()
+    due_steps, due_seqs = np.nonzero((((num_tokens[:, None] + steps) % 16 < 2) & running).T)
+    due: dict[int, list[int]] = {}
+    for step, index in zip(due_steps.tolist(), due_seqs.tolist()):
+        due.setdefault(step, []).append(index)
+    assert stretch._due == due and due
+    assert sorted(i for f in stretch._finishing.values() for i in f) == \
+        np.flatnonzero(last < stretch.num_steps).tolist()
+    top = int(num_tokens.max())  # the longest finished inside the stretch:
+    assert any(longest != top + step for step, longest in enumerate(stretch.longest_contexts))

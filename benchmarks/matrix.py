@@ -8,6 +8,7 @@ predicted from one source on any CPU.
         [--cost-option NAME=VALUE ...]                 # a mechanism switched (an ablation)
     python -m benchmarks.matrix ablation TRACES --source TRACE [--profile PROFILE] [...]
     python -m benchmarks.matrix steps TRACES --source TRACE [--profile PROFILE] [...]
+    python -m benchmarks.matrix drift TRACES --source TRACE [--profile PROFILE] [...]
     python -m benchmarks.matrix spread TRACES OTHER [--summary]   # two device calls
 
 ``prepare`` writes each family's workload with the project's own generators and importers;
@@ -18,9 +19,12 @@ mixed steps alike, as the committed reference does); ``--repeat N`` records each
 from the source trace's step-time model (and a device profile, where given) and compares the
 prediction with the recording (``replay.whatif.fidelity.matrix_rows``); ``ablation`` sums that
 table up once per mechanism switched off; ``steps`` prices each cell's recorded steps by the
-model, per step class (``replay.whatif.matrix_study``); ``spread`` reads each cell recorded in
-both directories (two device calls, hosts) as ``fidelity`` reads a prediction: OTHER's recorded
-metrics against TRACES', and OTHER's host speed by the two start-up calibrations
+model, per step class (``replay.whatif.matrix_study``); ``drift`` cuts each cell's run into
+spans of wall time and shows its host's speed moving (the median host time of its decodes and
+eager steps) and the eager steps' device time following it (``host_drift``); ``spread`` reads
+each cell recorded in both directories (two device calls, hosts) as ``fidelity`` reads a
+prediction: OTHER's recorded metrics against TRACES', and OTHER's host speed by the two start-up
+calibrations
 (``replay.whatif.fidelity.machine_spread_rows``). ``--target-host`` prices each cell's host work
 on its own host, measured by its header's start-up calibration
 (``replay.whatif.cost.host_speed``).
@@ -185,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     spread.add_argument("traces", type=Path)
     spread.add_argument("other", type=Path)
     spread.add_argument("--summary", action="store_true")
-    for command in ("fidelity", "ablation", "steps"):
+    for command in ("fidelity", "ablation", "steps", "drift"):
         f = sub.add_parser(command)
         f.add_argument("traces", type=Path)
         f.add_argument("--source", required=True)
@@ -211,8 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     from replay.whatif.cost.profile import CostOptions
 
     options = CostOptions.parse(args.cost_options)
-    if args.command == "steps":
-        return steps(targets, args.source, args.profile, options, args.target_host)
+    if args.command in ("steps", "drift"):
+        return steps(targets, args.source, args.profile, options, args.target_host,
+                     drift=args.command == "drift")
     if args.command == "ablation":
         return ablation(targets, args.source, args.profile, options, args.target_host)
     from replay.whatif.fidelity import MATRIX_TARGETS, matrix_markdown, matrix_rows
@@ -246,11 +251,17 @@ def machine_spread(targets: list[str], other: Path, summary: bool = False) -> in
 
 
 def steps(targets: list[str], source: str, profile: str | None, options: Any,
-          target_host: bool = False) -> int:
-    """Print each cell's recorded steps priced by the model, per class (``step_errors``)."""
+          target_host: bool = False, drift: bool = False) -> int:
+    """Print each cell's recorded steps priced by the model, per class (``step_errors``), or
+    with ``drift`` per span of wall time (``host_drift``)."""
     from replay.recorded import from_trace
     from replay.whatif.cost.model import CostModel
-    from replay.whatif.matrix_study import step_errors, step_errors_markdown
+    from replay.whatif.matrix_study import (
+        host_drift,
+        host_drift_markdown,
+        step_errors,
+        step_errors_markdown,
+    )
     from tracing.reader import read_trace
 
     model = CostModel.fit(from_trace(read_trace(source)), source=source, profile=profile,
@@ -260,8 +271,8 @@ def steps(targets: list[str], source: str, profile: str | None, options: Any,
         events = from_trace(read_trace(target))
         priced = (model.on_host(events.header.get("calibration") or [], Path(target).name)
                   if target_host else model)
-        cells[Path(target).name] = step_errors(priced, events)
-    print(step_errors_markdown(cells))
+        cells[Path(target).name] = (host_drift if drift else step_errors)(priced, events)
+    print((host_drift_markdown if drift else step_errors_markdown)(cells))
     return 0
 
 

@@ -1,5 +1,6 @@
 """Studies of the validation matrix: where the step-time model's time goes wrong per step class
-(``step_errors``), and how the matrix changes with each mechanism of the model switched off
+(``step_errors``), how the host's speed moves during a run and the eager steps' device time with
+it (``host_drift``), and how the matrix changes with each mechanism of the model switched off
 (``ablation``).
 
 ``step_errors`` prices each *recorded* step of a target by the model (its recorded features,
@@ -22,6 +23,7 @@ from replay.whatif.cost.profile import CostOptions
 # A step longer than this many times its class's median, and by this many seconds, is a stall.
 STALL_FACTOR = 10.0
 STALL_MIN_S = 0.1
+DRIFT_WINDOWS = 12  # ``host_drift``: spans of wall time a run is cut into
 # The switches an ablation turns off one at a time (``CostOptions``), and the profile settings.
 SWITCHES = ("warmup_steps", "warmup_window", "calibration", "overlap",
             "class_offsets", "engine_host", "profile_scale", "longest_program", "request_add",
@@ -80,6 +82,63 @@ def step_errors_markdown(cells: dict[str, dict[str, Any]]) -> str:
                          f"{pair(row['interval_s'])} |")
         lines.append(f"| {cell} | idle between steps | | | | | {report['idle_s']:.3f} "
                      f"of {report['wall_s']:.3f} wall |")
+    return "\n".join(lines)
+
+
+def host_drift(model: CostModel, events: Any, windows: int = DRIFT_WINDOWS) -> list[dict[str, Any]]:
+    """The run cut into ``windows`` equal spans of wall time: per span with steps, how many
+    CUDA-graph decode and eager steps ended in it, the median host time of each (seconds), and
+    the eager steps' recorded and predicted device time (sums; ``model.predict`` of their
+    recorded features). An eager step's device time holds host work (its inputs are built and
+    its kernels launched after its timer starts), so where the host slows down mid-run, both
+    host medians rise and the eager device time with them, which a model priced at one host
+    speed cannot follow."""
+    steps = features.steps_of(events)
+    own = steps.rows(~steps.is_calibration)
+    wall = np.asarray(events.tables["model_step"]["wall_time_s"], dtype=float)
+    if not len(wall):
+        return []
+    eager = np.isin(own.classes, list(features.EAGER_CLASSES))
+    decode = own.classes == "decode_graph"
+    predicted = np.array([model.predict(row, str(cls), bool(over)).device_s if is_eager else 0.0
+                          for row, cls, over, is_eager in zip(own.x.tolist(), own.classes.tolist(),
+                                                              own.overlapped.tolist(),
+                                                              eager.tolist())])
+    edges = np.linspace(wall.min(), wall.max(), windows + 1)
+    span = np.clip(np.searchsorted(edges, wall, side="right") - 1, 0, windows - 1)
+    rows = []
+    for index in range(windows):
+        inside = span == index
+        if not inside.any():
+            continue
+        dec, eag = inside & decode, inside & eager
+        rows.append({
+            "start_s": float(edges[index] - edges[0]), "decode_steps": int(dec.sum()),
+            "decode_host_s": float(np.median(own.host[dec])) if dec.any() else None,
+            "eager_steps": int(eag.sum()),
+            "eager_host_s": float(np.median(own.host[eag])) if eag.any() else None,
+            "eager_device_s": [float(own.time[eag].sum()), float(predicted[eag].sum())],
+        })
+    return rows
+
+
+def host_drift_markdown(cells: dict[str, list[dict[str, Any]]]) -> str:
+    """``host_drift`` of each cell as one Markdown table (medians in ms; recorded -> predicted
+    device time of the eager steps, and their ratio)."""
+    def ms(value: float | None) -> str:
+        return "–" if value is None else f"{1e3 * value:.2f}"
+
+    lines = ["| cell | from (s) | decode steps | decode host (ms) | eager steps | "
+             "eager host (ms) | eager device s, recorded → predicted |",
+             "|---|---|---|---|---|---|---|"]
+    for cell, rows in cells.items():
+        for row in rows:
+            recorded, predicted = row["eager_device_s"]
+            device = (f"{recorded:.3f} → {predicted:.3f} (x{recorded / predicted:.2f})"
+                      if row["eager_steps"] and predicted > 0 else "–")
+            lines.append(f"| {cell} | {row['start_s']:.1f} | {row['decode_steps']} | "
+                         f"{ms(row['decode_host_s'])} | {row['eager_steps']} | "
+                         f"{ms(row['eager_host_s'])} | {device} |")
     return "\n".join(lines)
 
 

@@ -322,7 +322,7 @@ def print_table(result: dict[str, Any]) -> None:
         )
     for spec, variant in result.get("variants", {}).items():
         print(f"{'replayllm, tracing on, ' + spec:<34} {variant['tok_s']:>10,.0f}  "
-              f"{variant['vs_default']:+.1%} vs the default policy")
+              f"{variant['vs_default']:+.1%} vs the default run (tracing on)")
     if "long_prefill" in result:
         lp = result["long_prefill"]
         print(f"prefill of {lp['computed_tokens']:,} tokens ({lp['prompt_tokens']:,}-token prompt, "

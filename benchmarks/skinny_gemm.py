@@ -42,8 +42,10 @@ def candidate_tilings(m: int, n: int, k: int, split_ok: bool) -> list[Any]:
 
     out = []
     for bn, bm, (bk, stages), split in itertools.product(
-        (64, 128), (16, 32, 64, 128), ((64, 4), (128, 3), (256, 2)), (1, 2, 3, 4, 8)
+        (32, 64, 128), (16, 32, 64, 128), ((64, 4), (128, 3), (256, 2)), (1, 2, 3, 4, 8)
     ):
+        if bn == 32 and (split > 1 or bm > 32):
+            continue  # narrow tiles only where K is not split (qkv, gate_up at small batches)
         warps = 4 if bn * bm <= 64 * 64 else 8
         tiling = SplitKTiling(bn, bm, bk, split, warps, stages)
         if not tiling.fits(m, n, k) or (split > 1 and not split_ok):

@@ -72,6 +72,41 @@ def _rms_norm_kernel(
     tl.store(out_ptr + row * HIDDEN + cols, (normed * w).to(dtype), mask=ok)
 
 
+def _launch_rms_norm(
+    x: torch.Tensor,
+    x_stride: int,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    out: torch.Tensor,
+    residual_out: torch.Tensor,
+    eps: float,
+    has_residual: bool,
+    parts: int = 1,
+    part_stride: int = 0,
+) -> None:
+    """One program per row of ``out`` (``[rows, hidden]``): ``_rms_norm_kernel`` over ``x``
+    (``parts`` float32 partials ``part_stride`` apart, or one row-major tensor)."""
+    rows, hidden = out.shape
+    if rows:
+        _rms_norm_kernel[(rows,)](
+            x,
+            residual,
+            weight,
+            out,
+            residual_out,
+            x_stride,
+            residual.stride(0),
+            eps,
+            HIDDEN=hidden,
+            BLOCK=triton.next_power_of_2(hidden),
+            HAS_RESIDUAL=has_residual,
+            PARTS=parts,
+            part_stride=part_stride,
+            num_warps=ROW_NUM_WARPS,
+            **pdl_options(),
+        )
+
+
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -80,28 +115,10 @@ def rms_norm(
     x2 = x.reshape(-1, hidden)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    rows = x2.shape[0]
-    out = torch.empty(rows, hidden, dtype=x.dtype, device=x.device)
+    out = torch.empty(x2.shape[0], hidden, dtype=x.dtype, device=x.device)
     res_out = torch.empty_like(out) if residual is not None else out
     res2 = residual.reshape(-1, hidden) if residual is not None else x2
-    if rows:
-        _rms_norm_kernel[(rows,)](
-            x2,
-            res2,
-            weight,
-            out,
-            res_out,
-            x2.stride(0),
-            res2.stride(0),
-            eps,
-            HIDDEN=hidden,
-            BLOCK=triton.next_power_of_2(hidden),
-            HAS_RESIDUAL=residual is not None,
-            PARTS=1,
-            part_stride=0,
-            num_warps=ROW_NUM_WARPS,
-            **pdl_options(),
-        )
+    _launch_rms_norm(x2, x2.stride(0), res2, weight, out, res_out, eps, residual is not None)
     out = out.view(x.shape)
     if residual is None:
         return out
@@ -122,24 +139,7 @@ def rms_norm_of_parts(
         raise ValueError(f"{rows} partial rows against {res2.shape[0]} residual rows")
     out = torch.empty(rows, hidden, dtype=residual.dtype, device=parts.device)
     res_out = torch.empty_like(out)
-    if rows:
-        _rms_norm_kernel[(rows,)](
-            parts,
-            res2,
-            weight,
-            out,
-            res_out,
-            hidden,
-            res2.stride(0),
-            eps,
-            HIDDEN=hidden,
-            BLOCK=triton.next_power_of_2(hidden),
-            HAS_RESIDUAL=True,
-            PARTS=splits,
-            part_stride=rows * hidden,
-            num_warps=ROW_NUM_WARPS,
-            **pdl_options(),
-        )
+    _launch_rms_norm(parts, hidden, res2, weight, out, res_out, eps, True, splits, rows * hidden)
     return out.view(residual.shape), res_out.view(residual.shape)
 
 

@@ -26,6 +26,11 @@ _num_tokens = attrgetter("num_tokens")
 SEQ_ID, PROMPT_LEN, LIMIT, WATCH_EOS, NUM_TOKENS, HELD = range(6)
 
 
+def _column(index: int) -> property:
+    """A read-only view of column ``index`` of ``RunningColumns.table``."""
+    return property(lambda self: self.table[:, index])
+
+
 class RunningColumns:
     """Columns of ``seqs`` (the running sequences, in running order), one row each in ``table``
     (int64): seq id, prompt length, the token count at which ``Scheduler._append_sampled``'s
@@ -40,25 +45,11 @@ class RunningColumns:
         self._token_counts: list[int] = []  # ``num_tokens`` as a list, to compare with
         self._watching = False  # whether any row watches for EOS
 
-    @property
-    def seq_ids(self) -> np.ndarray:
-        return self.table[:, SEQ_ID]
-
-    @property
-    def prompt_lens(self) -> np.ndarray:
-        return self.table[:, PROMPT_LEN]
-
-    @property
-    def limits(self) -> np.ndarray:
-        return self.table[:, LIMIT]
-
-    @property
-    def num_tokens(self) -> np.ndarray:
-        return self.table[:, NUM_TOKENS]
-
-    @property
-    def held(self) -> np.ndarray:
-        return self.table[:, HELD]
+    seq_ids = _column(SEQ_ID)
+    prompt_lens = _column(PROMPT_LEN)
+    limits = _column(LIMIT)
+    num_tokens = _column(NUM_TOKENS)
+    held = _column(HELD)
 
     def watches_eos(self) -> bool:
         """Whether any running sequence watches for EOS."""

@@ -36,11 +36,29 @@ from engine.decode_stretch import MAX_STRETCH_STEPS, DecodePrices
 from engine.graph_sizes import mixed_graph_key, padded_decode_size, padded_prefill_tokens
 from replay.whatif.cost.decode_attention import decode_features, longest_program_tokens
 from replay.whatif.cost.features import StepFeatures, computed_tokens, step_class
-from replay.whatif.cost.model import CostModel
+from replay.whatif.cost.model import CostModel, StepTime
 
 # Synthetic tokens: a fixed affine walk over a small id range (any id below every vocab size).
 SYNTHETIC_RANGE = 10000
 SYNTHETIC_STRIDE = 7919
+
+
+def step_features(num_seqs: int, prefill_tokens: int, work: int, decode_seqs: int,
+                  context: int, padded: int, padded_tokens: int, kv_tokens: float,
+                  longest_context: int, longest_prefill: int, kv_heads: int) -> StepFeatures:
+    """A step's features for ``CostModel.predict``, positional in ``FEATURES``' order: its rows
+    (``padded`` where a graph runs it, ``padded_tokens`` of a graph's prompt part), ``kv_tokens``
+    and ``longest_context`` of its decode rows, ``longest_prefill`` of its prompts."""
+    return StepFeatures(
+        num_seqs, prefill_tokens, work, decode_seqs, context, padded,
+        computed_tokens(padded_tokens, prefill_tokens, decode_seqs), kv_tokens,
+        longest_program_tokens(longest_context, padded, kv_heads) if decode_seqs else 0.0,
+        longest_prefill)
+
+
+def launch_wait_s(time: StepTime) -> float:
+    """How long a step's launch waits on the device: its interval less its host work."""
+    return max(time.interval_s - time.host_s, 0.0)
 
 
 class SimClock:
@@ -245,14 +263,13 @@ class SimExecutor:
                                                                 padding):
             if began and clock.now >= until:
                 break
-            features = StepFeatures(  # ``_price``'s, for a decode step
-                n, 0, 0, n, context, padded, computed_tokens(0, 0, n), float(context),
-                longest_program_tokens(longest_context, padded, kv_heads), 0)
+            features = step_features(n, 0, 0, n, context, padded, 0, float(context),
+                                     longest_context, 0, kv_heads)
             time = predict(features, step_class("decode", graph), flag, False)
             began.append(clock.now)
             clock.now += time.interval_s
             durations.append(time.device_s)
-            waits.append(max(time.interval_s - time.host_s, 0.0))
+            waits.append(launch_wait_s(time))
             priced.padded.append(padded)
             priced.graph_used.append(graph)
             flag = defer
@@ -306,19 +323,16 @@ class SimExecutor:
         first = self._one_off_costs and cls not in self._seen_classes
         if first:
             self._seen_classes.add(cls)
-        features = StepFeatures(  # positional, in ``FEATURES``' order (once per step)
-            num_seqs, prefill_tokens, work, decode_seqs, context, padded,
-            computed_tokens(padded_tokens, prefill_tokens, decode_seqs), kv_tokens,
-            longest_program_tokens(longest_context, padded, self._kv_heads)
-            if decode_seqs else 0.0,
-            longest_prefill)
+        features = step_features(num_seqs, prefill_tokens, work, decode_seqs, context, padded,
+                                 padded_tokens, kv_tokens, longest_context, longest_prefill,
+                                 self._kv_heads)
         time = cost.predict(features, cls, overlapped, first)
         self.clock.now += time.interval_s
         self.last_interval_s = time.interval_s
         if kind == "decode":
             self._decode_interval_s = time.interval_s
         return StepOutput(token_ids=out, duration_s=time.device_s, padded_batch_size=padded,
-                          graph_used=graph, wait_s=max(time.interval_s - time.host_s, 0.0),
+                          graph_used=graph, wait_s=launch_wait_s(time),
                           padded_tokens=padded_tokens)
 
     def describe(self) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 # One device call on the H200: GPU tests against transformers, the engine benchmark (with
 # transformers' generate_batch as the peer), a decode profile and the two committed traces.
 # Usage (repository root, on the device): bash tools/h200_session.sh STAGES
-#   STAGES (VARIANTS=chunked,chunked-2048 LONG_PREFILL=32768 for bench): comma-separated, any of ktests,tests,kernels,gemm,skinny,constrained,policies,bench,hf,profile,mixed,plong,serve,gc. Results go under
+#   STAGES (VARIANTS=chunked,chunked-2048 LONG_PREFILL=32768 for bench): comma-separated, any of ktests,tests,kernels,dattn,gemm,skinny,constrained,policies,bench,hf,profile,mixed,plong,serve,gc. Results go under
 #   $OUT. bench runs tracing off/on (SKIP_OFF=1: on only) and, with COMPARE=1, tracing on
 #   without overlapped steps. mixed: the mixed-step graph and long-prefill GPU tests and the
 #   chunked fp32 runner tests; plong: the long-prefill tiling sweep (benchmarks/prefill_long.py).
@@ -31,6 +31,11 @@ if has kernels; then
     python3 -m benchmarks.kernels --only sampler --out /tmp/kernels > "$OUT/kernels.log" 2>&1
     tail -20 "$OUT/kernels.log"
     [ -d /tmp/kernels ] && tar czf "$OUT/kernels.tgz" -C /tmp kernels
+fi
+if has dattn; then  # decode attention per batch size: splits x tilings in a graph
+    timeout "${DATTN_TIMEOUT:-300}" python3 -m benchmarks.decode_attention --out "$OUT" \
+        --batches "${DATTN_BATCHES:-16,32,64,96,128,160,192,224,256}" > "$OUT/dattn.log" 2>&1
+    tail -12 "$OUT/dattn.log"
 fi
 if has gemm; then
     python3 -m benchmarks.gemm --out /tmp/gemm > "$OUT/gemm.log" 2>&1
@@ -80,8 +85,9 @@ if has bench || has hf; then
         | grep -v fix_mistral_regex | tee "$OUT/bench.log"
 fi
 if has profile; then
-    python3 -m benchmarks.profile_engine --model "$MODEL" --out /tmp/profile > "$OUT/profile.log" 2>&1
-    tail -12 "$OUT/profile.log"
+    python3 -m benchmarks.profile_engine --model "$MODEL" --out "$OUT/profile" ${PROFILE_ARGS:-} \
+        > "$OUT/profile.log" 2>&1
+    tail -40 "$OUT/profile.log"
 fi
 if has gc; then  # the collector's pauses per engine, plain and frozen (benchmarks/gc_pauses.py)
     timeout "${GC_TIMEOUT:-300}" python3 -m benchmarks.gc_pauses --model "$MODEL" --engines 3 \

@@ -8,8 +8,8 @@ workload's survivors have them when its batch has shrunk to that size (a decode 
 sequences comes ~``100 + 924 (1 - b/256)`` steps in, each context a prompt of 100-1,024 tokens
 plus those steps). Every variant is checked against a float32 reference first.
 
-Writes ``decode_attention.json``: per batch, the engine's default launch
-(``engine.attention_splits``: its split count and tiling) and every variant, with
+Writes ``decode_attention.json``: per batch, the engine's current choice
+(``engine.attention_splits.choose_num_splits`` and the kernel's defaults) and every variant, with
 microseconds per layer and TB/s of KV read.
 
 Usage (a CUDA GPU): ``python -m benchmarks.decode_attention --out DIR [--batches 32,64,...]``.
@@ -37,17 +37,15 @@ def engine_decode_lens(batch: int, rng: random.Random) -> list[int]:
 
 
 def variants(batch: int, num_kv_heads: int) -> list[dict[str, Any]]:
-    """The engine's default launch first (``Config.decode_attention_tiling``), then split counts
-    x tilings around it."""
-    from engine.attention_splits import choose_num_splits, decode_tiling
-    from engine.config import Config
+    """The engine's current launch first, then split counts x tilings around it."""
+    from engine.attention_splits import choose_num_splits
+    from engine.model.kernels import paged_attention as pa
 
-    tiling = decode_tiling(batch, Config().decode_attention_tiling)
     current = {
         "num_splits": choose_num_splits(batch, num_kv_heads),
-        "block_n": tiling.block_n,
-        "num_warps": tiling.num_warps,
-        "num_stages": tiling.num_stages,
+        "block_n": pa.DECODE_BLOCK_N,
+        "num_warps": pa.DECODE_NUM_WARPS,
+        "num_stages": pa.DECODE_NUM_STAGES,
     }
     out = [{"label": "current", **current}]
     tilings = [

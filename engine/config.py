@@ -7,7 +7,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.attention_splits import DECODE_TILING_RULES
 from engine.errors import ConfigError
 from engine.policy import EVICTION_ORDERS, WHOLE_PROMPT_POLICIES, policy_class
 
@@ -82,7 +81,6 @@ FIELD_RULES: dict[str, _Rule] = {
     "blas_library": _Rule(str, choices=BLAS_LIBRARIES),
     "split_k_gemm": _Rule(bool),
     "programmatic_launch": _Rule(bool),
-    "decode_attention_tiling": _Rule(str, choices=DECODE_TILING_RULES),
 }
 
 
@@ -149,10 +147,6 @@ class Config:
     # (engine/model/kernels/launch.py), so a kernel's launch overlaps the end of the one before;
     # results are identical. False: plain launches (the traces recorded before the field).
     programmatic_launch: bool = True
-    # CUDA, Triton attention: "by_batch" reads keys in 128-key tiles from 96 decode rows and in
-    # 64-key tiles below (engine/attention_splits.py); "fixed": 64-key tiles at every batch size
-    # (the traces recorded before the field). Tiles change the softmax's summation order.
-    decode_attention_tiling: str = "by_batch"
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:

@@ -204,7 +204,6 @@ def profile_key(description: dict[str, Any], engine_version: str) -> dict[str, A
             # Absent from descriptions recorded before the split-K GEMMs existed: cuBLAS.
             "split_k_gemm": bool(description.get("split_k_gemm", False)),
             "programmatic_launch": bool(description.get("programmatic_launch", False)),
-            "decode_attention_tiling": description.get("decode_attention_tiling", "fixed"),
         }
     return key
 

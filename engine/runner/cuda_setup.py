@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 
-from engine.attention_splits import launch_variants
 from engine.config import BLAS_LIBRARIES, Config
 from engine.errors import ConfigError
 from engine.graph_sizes import (
@@ -159,8 +158,7 @@ def build_stepper(
     width = -(-config.max_model_len // block_size)
     buffers = DecodeBuffers(max_batch, width, block_size, device)
     stepper_args = (block_size, num_kvcache_blocks, config.seed, rank, fused_kernels)
-    rule = getattr(attention_backend, "decode_tiling_rule", None)
-    sizes = launch_variants(max_batch, num_kv_heads, rule) if rule is not None else [1]
+    sizes = split_variants(max_batch, num_kv_heads) if attention_backend.name == "triton" else [1]
     # ... and one per split-K GEMM tiling, which compiles on its first batch too.
     sizes = sorted(set(sizes) | {b for b in split_k_batches() if b <= max_batch})
     precompile(model, device, block_size, num_kvcache_blocks, max_positions, sizes)
@@ -213,6 +211,16 @@ def precompile(
         )
         forward(torch.zeros(batch, dtype=torch.int64, device=device), positions, metadata)
     torch.cuda.synchronize(device)
+
+
+def split_variants(max_batch: int, num_kv_heads: int) -> list[int]:
+    """One batch size per distinct decode split count in ``[1, max_batch]``."""
+    from engine.model.kernels.paged_attention import choose_num_splits
+
+    seen: dict[int, int] = {}
+    for batch in range(1, max_batch + 1):
+        seen.setdefault(choose_num_splits(batch, num_kv_heads), batch)
+    return sorted(seen.values())
 
 
 def choose_blas_library(name: str) -> str:

@@ -95,8 +95,6 @@ class ModelRunner:
         self.dtype = _resolve_dtype(config.dtype, self.device)
         self.block_size = config.kvcache_block_size
         self.attention_backend = get_attention_backend(config.attention_backend, self.device)
-        if hasattr(self.attention_backend, "use_decode_tiling"):  # the Triton kernels
-            self.attention_backend.use_decode_tiling(config.decode_attention_tiling)
         self.dist: tp.Distributed | None = None
         self.cuda: CudaStepper | None = None
         self.kv_cache: torch.Tensor | None = None
@@ -305,9 +303,6 @@ class ModelRunner:
                 self.dtype in SPLIT_K_DTYPES
             )
             info["programmatic_launch"] = programmatic_launch()
-            rule = getattr(self.attention_backend, "decode_tiling_rule", None)
-            if rule is not None:
-                info["decode_attention_tiling"] = rule
         return info
 
     def close(self) -> None:

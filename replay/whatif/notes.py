@@ -25,7 +25,6 @@ KERNEL_SPEED_FIELDS = (
     "blas_library",
     "split_k_gemm",
     "programmatic_launch",
-    "decode_attention_tiling",
 )
 
 

@@ -107,10 +107,8 @@ def test_a_cuda_profile_key_names_the_kernels_its_steps_ran() -> None:
             "blas_library": "Cublas", "split_k_gemm": True}
     assert profile_key(cuda, "v")["kernels"] == {
         "fused_kernels": True, "blas_library": "Cublas", "split_k_gemm": True,
-        "programmatic_launch": False, "decode_attention_tiling": "fixed",
+        "programmatic_launch": False,
     }  # fmt: skip
     older = {k: v for k, v in cuda.items() if k != "split_k_gemm"}
     assert profile_key(older, "v")["kernels"]["split_k_gemm"] is False
-    wide = profile_key({**cuda, "decode_attention_tiling": "by_batch"}, "v")["kernels"]
-    assert wide["decode_attention_tiling"] == "by_batch"
     assert "kernels" not in profile_key({"device": "cpu"}, "v")  # the CPU runner's steps

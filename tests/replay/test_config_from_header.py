@@ -34,13 +34,3 @@ def test_headers_before_a_kernel_speed_field_replay_without_it(name: str) -> Non
     assert getattr(config_from_header({"config": recorded}), name) is False
     recorded[name] = True
     assert getattr(config_from_header({"config": recorded}), name) is True
-
-
-def test_headers_before_the_decode_tiling_field_replay_the_fixed_tiling() -> None:
-    """A trace recorded before ``decode_attention_tiling`` ran 64-key tiles at every batch."""
-    recorded = Config().to_dict()
-    assert recorded["decode_attention_tiling"] == "by_batch"  # today's default
-    del recorded["decode_attention_tiling"]
-    assert config_from_header({"config": recorded}).decode_attention_tiling == "fixed"
-    recorded["decode_attention_tiling"] = "by_batch"
-    assert config_from_header({"config": recorded}).decode_attention_tiling == "by_batch"

@@ -22,15 +22,14 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.attention_splits import FIXED_TILING, choose_num_splits
+from engine.attention_splits import choose_num_splits
 from engine.model.kernels.gdc import gdc_enter
 from engine.model.kernels.launch import pdl_options
 
 # Keys per inner-loop tile: 64 rows x 128 dims of bf16 K and V is 32 KiB per tile in flight.
-# (The backend picks a tiling per batch size: engine/attention_splits.decode_tiling.)
-DECODE_BLOCK_N = FIXED_TILING.block_n
-DECODE_NUM_WARPS = FIXED_TILING.num_warps
-DECODE_NUM_STAGES = FIXED_TILING.num_stages
+DECODE_BLOCK_N = 64
+DECODE_NUM_WARPS = 4
+DECODE_NUM_STAGES = 3
 DECODE_HEADS_FASTEST = True
 # tl.dot needs at least 16 rows: a GQA group (2 heads for Qwen3-0.6B) is padded up to this.
 MIN_DOT_ROWS = 16

@@ -6,18 +6,14 @@
   cached context (faster: no page lookups), else through the block table from the cache;
 - decode: flash-decoding over pages read in place (its bandwidth: docs/gpu-notes.md).
 
-The decode path depends on nothing the host must compute per step (the split count and the
-tiling are functions of the batch size only: ``engine/attention_splits.py``), so it can be
-captured in a CUDA graph.
+The decode path depends on nothing the host must compute per step (the split count is a
+function of the batch size only), so it can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
-from engine.attention_splits import decode_tiling
 from engine.model.attention_metadata import AttentionMetadata
 
 
@@ -69,13 +65,6 @@ class TritonAttentionBackend(TritonSlotStore):
 
         self._decode = paged_decode_attention
         self._prefill = prefill_attention
-        self.decode_tiling_rule = "fixed"
-
-    def use_decode_tiling(self, rule: str) -> None:
-        """``Config.decode_attention_tiling``: how decode launches pick their tiling by batch
-        size (``engine.attention_splits.decode_tiling``); set before graphs are captured."""
-        decode_tiling(1, rule)  # validates the name
-        self.decode_tiling_rule = rule
 
     def forward(
         self,
@@ -112,7 +101,6 @@ class TritonAttentionBackend(TritonSlotStore):
         if metadata.num_decode_seqs:
             if k_cache is None or v_cache is None:
                 raise ValueError("decode attention needs a KV cache")
-            tiling = decode_tiling(q.shape[0] - num_tokens, self.decode_tiling_rule)
             self._decode(
                 q[num_tokens:],
                 k_cache,
@@ -121,6 +109,5 @@ class TritonAttentionBackend(TritonSlotStore):
                 metadata.context_lens[num_prefill:],
                 scale,
                 out=out[num_tokens:],
-                **dataclasses.asdict(tiling),
             )
         return out

@@ -51,28 +51,3 @@ def test_triton_backend_matches_torch_backend_in_the_model() -> None:
     for a, b in zip(ours, ref):
         assert not torch.isnan(a).any()
         assert float((a - b).norm() / b.norm()) < REL_TOL
-
-
-def test_wide_decode_tiling_matches_torch_backend(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """Under ``decode_attention_tiling="by_batch"`` a batch from ``WIDE_TILING_MIN_SEQS`` rows
-    reads keys in 128-key tiles (lowered to 1 row here so the tiny batches take it), with the
-    same logits; the backend's default stays the fixed tiling of older traces."""
-    from engine import attention_splits
-
-    backend = attention_triton.TritonAttentionBackend()
-    assert backend.decode_tiling_rule == "fixed"
-    backend.use_decode_tiling("by_batch")
-    monkeypatch.setattr(attention_splits, "WIDE_TILING_MIN_SEQS", 1)
-    seen: list[int] = []
-    decode = backend._decode
-
-    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
-        seen.append(kwargs["block_n"])
-        return decode(*args, **kwargs)
-
-    backend._decode = spy
-    ours = run_steps(backend)
-    ref = run_steps(TorchAttentionBackend())
-    assert seen and set(seen) == {attention_splits.WIDE_TILING.block_n}  # every decode launch
-    for a, b in zip(ours, ref):
-        assert float((a - b).norm() / b.norm()) < REL_TOL

@@ -36,18 +36,23 @@ def engine_decode_lens(batch: int, rng: random.Random) -> list[int]:
     return [rng.randint(100, 1024) + steps_in for _ in range(batch)]
 
 
-def variants(batch: int, num_kv_heads: int) -> list[dict[str, Any]]:
-    """The engine's current launch first, then split counts x tilings around it."""
+def current_launch(batch: int, num_kv_heads: int) -> dict[str, int]:
+    """The engine's launch for a decode of ``batch`` rows: its split rule and the kernel's
+    default tiling."""
     from engine.attention_splits import choose_num_splits
     from engine.model.kernels import paged_attention as pa
 
-    current = {
+    return {
         "num_splits": choose_num_splits(batch, num_kv_heads),
         "block_n": pa.DECODE_BLOCK_N,
         "num_warps": pa.DECODE_NUM_WARPS,
         "num_stages": pa.DECODE_NUM_STAGES,
     }
-    out = [{"label": "current", **current}]
+
+
+def variants(current: dict[str, int], batch: int, num_kv_heads: int) -> list[dict[str, Any]]:
+    """``current`` (the engine's launch) first, then split counts x tilings around it."""
+    out: list[dict[str, Any]] = [{"label": "current", **current}]
     tilings = [
         (32, 2, 4),
         (32, 3, 4),
@@ -83,7 +88,7 @@ def run_batch(batch: int, rng: random.Random) -> dict[str, Any]:
     ref = decode_reference(q, inp, lens)
     kv_bytes = sum(lens) * NUM_KV_HEADS * HEAD_DIM * 2 * q.element_size()
     rows: list[dict[str, Any]] = []
-    for variant in variants(batch, NUM_KV_HEADS):
+    for variant in variants(current_launch(batch, NUM_KV_HEADS), batch, NUM_KV_HEADS):
         knobs = {k: v for k, v in variant.items() if k != "label"}
         out = torch.full_like(q, float("nan"))
 

@@ -5,10 +5,8 @@ import random
 
 import pytest
 
-pytest.importorskip("triton")
-
-from benchmarks.decode_attention import engine_decode_lens, variants  # noqa: E402
-from engine.attention_splits import choose_num_splits  # noqa: E402
+from benchmarks.decode_attention import engine_decode_lens, variants
+from engine.attention_splits import choose_num_splits
 
 
 def test_contexts_grow_as_the_batch_shrinks() -> None:
@@ -21,9 +19,10 @@ def test_contexts_grow_as_the_batch_shrinks() -> None:
 
 @pytest.mark.parametrize("batch", [1, 64, 256])
 def test_current_launch_first_then_distinct_variants(batch: int) -> None:
-    cases = variants(batch, 8)
-    assert cases[0]["label"] == "current"
-    assert cases[0]["num_splits"] == choose_num_splits(batch, 8)
+    current = {"num_splits": choose_num_splits(batch, 8), "block_n": 64, "num_warps": 4,
+               "num_stages": 3}  # fmt: skip
+    cases = variants(current, batch, 8)
+    assert cases[0] == {"label": "current", **current}
     knobs = [tuple(sorted((k, v) for k, v in c.items() if k != "label")) for c in cases]
     assert len(set(knobs)) == len(knobs)
     assert all(batch * 8 * c["num_splits"] <= 16384 for c in cases[1:])

@@ -30,7 +30,7 @@ from engine.executor import DoneStep, PendingStep
 from engine.model.kernels.launch import programmatic_launch
 from engine.model.layers.attention import get_attention_backend
 from engine.model.layers.cuda_kernels import load_fused_kernels
-from engine.model.layers.decode_gemm import SPLIT_K_DTYPES
+from engine.model.layers.linear import runs_split_k
 from engine.model.layers.parallel import SINGLE_PROCESS
 from engine.model.layers.sampler import Sampler
 from engine.model.loader import build_model
@@ -299,9 +299,7 @@ class ModelRunner:
             info["rank_devices"] = [str(rank_device(self.device, r)) for r in range(world)]
         info.update(self.cuda.describe() if self.cuda is not None else {"sampler": "torch"})
         if self.cuda is not None:  # whether the model's decode projections run split-K
-            info["split_k_gemm"] = self.kernels.split_k is not None and world == 1 and (
-                self.dtype in SPLIT_K_DTYPES
-            )
+            info["split_k_gemm"] = runs_split_k(self.model, self.dtype)
             info["programmatic_launch"] = programmatic_launch()
         return info
 

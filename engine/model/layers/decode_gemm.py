@@ -68,6 +68,11 @@ DECODE_TILINGS: dict[str, tuple[tuple[int, SplitKTiling], ...]] = {
 SPLIT_K_DTYPES = (torch.bfloat16, torch.float16)
 
 
+def serves_dtype(dtype: torch.dtype) -> bool:
+    """Whether the split-K kernel runs projections of this dtype (else cuBLAS does)."""
+    return dtype in SPLIT_K_DTYPES
+
+
 def split_k_batches() -> list[int]:
     """One batch size per tiling (the largest each serves): running them compiles them all."""
     return sorted({rows for buckets in DECODE_TILINGS.values() for rows, _ in buckets})
@@ -96,7 +101,7 @@ class DecodeGemm:
         self, x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False
     ) -> SplitKParts | None:
         """``x W^T`` (of ``silu(gate) * up`` with ``silu_mul``) as partials, or None."""
-        if x.dtype not in SPLIT_K_DTYPES or x.dim() != 2:
+        if not serves_dtype(x.dtype) or x.dim() != 2:
             return None
         n, k = weight.shape
         tiling = self.tiling(x.shape[0], n, k)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.model.layers.decode_gemm import DecodeGemm, SplitKParts
+from engine.model.layers.decode_gemm import DecodeGemm, SplitKParts, serves_dtype
 from engine.model.layers.parallel import SINGLE_PROCESS, ParallelGroup, divide
 
 # Dimension of a [out, in] weight that is split across ranks.
@@ -260,3 +260,11 @@ class RowParallelLinear(LinearBase):
         if self.decode_gemm is None:
             return None
         return self.decode_gemm.project(x, self.weight, silu_mul)
+
+
+def runs_split_k(model: nn.Module, dtype: torch.dtype) -> bool:
+    """Whether ``model``'s decode projections of ``dtype`` run through the split-K kernel: some
+    row-parallel projection took a :class:`DecodeGemm` (:meth:`RowParallelLinear.use_split_k`)."""
+    return serves_dtype(dtype) and any(
+        isinstance(m, RowParallelLinear) and m.decode_gemm is not None for m in model.modules()
+    )

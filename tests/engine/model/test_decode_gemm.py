@@ -96,6 +96,24 @@ def test_row_parallel_projection_takes_split_k_only_alone_and_without_bias() -> 
         assert layer.split_k(torch.randn(3, layer.input_size, dtype=torch.bfloat16)) is None
 
 
+def test_the_runner_reports_split_k_where_a_projection_took_it_in_half_precision() -> None:
+    """``runs_split_k`` (the runner's ``split_k_gemm`` description) follows what the layers
+    took and the dtype the kernel serves, not a restatement of their rule."""
+    from torch import nn
+
+    from engine.model.layers.linear import runs_split_k
+
+    alone = RowParallelLinear(2048, 1024, bias=False)
+    sharded = RowParallelLinear(2048, 1024, group=ParallelGroup(rank=0, world_size=2))
+    model = nn.ModuleList([alone, sharded])
+    assert not runs_split_k(model, torch.bfloat16)  # neither took a DecodeGemm yet
+    sharded.use_split_k(DecodeGemm(KERNEL, "o_proj"))
+    assert not runs_split_k(model, torch.bfloat16)  # a TP rank refuses it
+    alone.use_split_k(DecodeGemm(KERNEL, "o_proj"))
+    assert runs_split_k(model, torch.bfloat16) and runs_split_k(model, torch.float16)
+    assert not runs_split_k(model, torch.float32)  # float32 keeps cuBLAS
+
+
 def test_norm_sums_partials_through_the_fused_kernel_only() -> None:
     parts = SplitKParts(torch.randn(2, 3, 8))
     residual = torch.randn(3, 8)

@@ -78,8 +78,7 @@ def run_batch(batch: int, rng: random.Random) -> dict[str, Any]:
 
     from benchmarks.gemm import time_graph
     from benchmarks.gpu_timing import DTYPE, HEAD_DIM, NUM_HEADS, NUM_KV_HEADS
-    from benchmarks.kernels import decode_reference, paged_inputs, rel_err
-    from engine.model.kernels.paged_attention import paged_decode_attention
+    from benchmarks.kernels import decode_call, decode_reference, paged_inputs, rel_err
 
     lens = engine_decode_lens(batch, rng)
     gen = torch.Generator(device="cuda").manual_seed(batch)
@@ -91,18 +90,7 @@ def run_batch(batch: int, rng: random.Random) -> dict[str, Any]:
     for variant in variants(current_launch(batch, NUM_KV_HEADS), batch, NUM_KV_HEADS):
         knobs = {k: v for k, v in variant.items() if k != "label"}
         out = torch.full_like(q, float("nan"))
-
-        def call(out: Any = out, knobs: dict[str, Any] = knobs) -> None:
-            paged_decode_attention(
-                q,
-                inp["k_cache"],
-                inp["v_cache"],
-                inp["tables"],
-                inp["lens"],
-                HEAD_DIM**-0.5,
-                out=out,
-                **knobs,
-            )
+        call = decode_call(q, inp, out, knobs)
 
         try:
             call()

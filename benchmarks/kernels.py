@@ -18,6 +18,7 @@ import json
 import math
 import random
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,28 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float() - ref).norm() / ref.norm())
 
 
+def decode_call(
+    q: torch.Tensor, inp: dict[str, Any], out: torch.Tensor, knobs: dict[str, Any]
+) -> Callable[[], None]:
+    """One decode-attention launch over ``paged_inputs`` into ``out``, with ``knobs`` (split
+    count, tiling) as ``paged_decode_attention`` takes them."""
+    from engine.model.kernels.paged_attention import paged_decode_attention
+
+    def call() -> None:
+        paged_decode_attention(
+            q,
+            inp["k_cache"],
+            inp["v_cache"],
+            inp["tables"],
+            inp["lens"],
+            HEAD_DIM**-0.5,
+            out=out,
+            **knobs,
+        )
+
+    return call
+
+
 def decode_variants(batch: int) -> list[dict[str, Any]]:
     base = {"block_n": 64, "num_warps": 4, "num_stages": 2, "heads_fastest": False}
     out: list[dict[str, Any]] = []
@@ -106,8 +129,6 @@ def decode_variants(batch: int) -> list[dict[str, Any]]:
 
 
 def run_decode(batch: int, lens: list[int], label: str) -> list[dict[str, Any]]:
-    from engine.model.kernels.paged_attention import paged_decode_attention
-
     gen = torch.Generator(device="cuda").manual_seed(batch)
     inp = paged_inputs(lens, gen)
     q = torch.randn(batch, NUM_HEADS, HEAD_DIM, device="cuda", dtype=DTYPE, generator=gen)
@@ -116,19 +137,7 @@ def run_decode(batch: int, lens: list[int], label: str) -> list[dict[str, Any]]:
     rows = []
     for variant in decode_variants(batch):
         out = torch.full_like(q, float("nan"))
-
-        def call(out: torch.Tensor = out, variant: dict[str, Any] = variant) -> None:
-            paged_decode_attention(
-                q,
-                inp["k_cache"],
-                inp["v_cache"],
-                inp["tables"],
-                inp["lens"],
-                HEAD_DIM**-0.5,
-                out=out,
-                **variant,
-            )
-
+        call = decode_call(q, inp, out, variant)
         call()
         torch.cuda.synchronize()
         err = rel_err(out, ref)

@@ -22,7 +22,8 @@ shrink)
         git rm -r -q --cached "$d"; echo "/$d/" >> .git/info/exclude; echo "$d" >> "$STATE"
     done
     mkdir -p "$(dirname "$HOOK")"
-    printf '#!/bin/sh\necho "tools/device_tree.sh: the tree is shrunk for a device call; run restore first" >&2\nexit 1\n' > "$HOOK"
+    # Hooks are shared by every worktree of the repository: only the shrunk one refuses.
+    printf '#!/bin/sh\n[ -e "$(git rev-parse --git-dir)/device-tree-shrunk" ] || exit 0\necho "tools/device_tree.sh: the tree is shrunk for a device call; run restore first" >&2\nexit 1\n' > "$HOOK"
     chmod +x "$HOOK"; size ;;
 restore)
     [ -e "$STATE" ] || { echo "not shrunk"; exit 0; }

@@ -9,13 +9,17 @@ designed to cover every step any configuration can produce on that model:
   than its mean predicts: the longest row bounds its attention);
 - prefills by total tokens (to 32k) x number of prompts x cached-prefix share (the cached part
   is read through the KV cache, not computed);
+- decode batches over shared prefixes, laid out as the prefix cache lays them (the same physical
+  blocks at the head of each row's block table): batch size x context x shared share x number
+  of prefixes (a block several rows read comes from memory once, the other reads may hit L2);
 - chunked mixed batches: a prefill chunk x decode rows x decode context;
 - CUDA graph and eager (``ScheduledBatch.eager``) of each shape a graph can run.
 
 Points come in *levels*; the profiler runs level by level and, under its time budget, drops the
 remaining points in this order (``LEVELS``, last dropped first): 0 the coarse corners of every
 kind; 1 finer decode batch sizes and contexts, and prefill prompt counts; 2 the spread of
-lengths and cached prefixes; 3 eager copies of the graph shapes; 4 a denser mixed grid.
+lengths, cached prefixes and decodes over shared prefixes; 3 eager copies of the graph shapes; 4
+a denser mixed grid.
 Each timed row is a calibration row (``calibration.time_batch``) plus what the point was, so the
 what-if reads a profile as it reads a trace header's calibration. This module is torch-free.
 """
@@ -39,7 +43,7 @@ from engine.graph_sizes import mixed_graph_key
 
 PROFILE_FORMAT = "replayllm-profile"
 PROFILE_VERSION = 1
-LEVELS = ("coarse", "fine sizes", "spread and cached prefix", "eager", "dense mixed")
+LEVELS = ("coarse", "fine sizes", "spread, cached and shared prefix", "eager", "dense mixed")
 # Decode: batch sizes x mean context (capped at max_model_len and by the pool).
 DECODE_BATCHES = {0: (1, 8, 64, 256, 512), 1: (2, 4, 16, 32, 128, 192, 384)}
 DECODE_CONTEXTS = {0: (128, 1024, 8192, 32768), 1: (512, 2048, 4096, 16384)}
@@ -49,6 +53,13 @@ SPREAD_FRACTIONS = (0.125, 0.375, 1.0, 2.5)
 PREFILL_TOKENS = {0: (16, 256, 2048, 8192, 32768), 1: (64, 1024, 4096, 16384)}
 PREFILL_PROMPTS = {0: (1, 16), 1: (4, 64, 256)}
 CACHED_SHARES = (0.5, 0.9)
+# Decode over shared prefixes (level 2): batch size x context x the share of each context its
+# prefix holds (in whole blocks: the prefix cache shares full blocks only) x how many prefixes
+# the rows fall into (row i shares prefix i mod groups, as traffic with a few system prompts).
+SHARED_BATCHES = (8, 32, 128)
+SHARED_CONTEXTS = (1024, 4096)
+SHARED_SHARES = (0.25, 0.5, 0.9)
+SHARED_GROUPS = (1, 4)
 # Mixed: prefill chunk tokens x decode rows x decode context.
 MIXED_CHUNKS = {0: (256, 2048), 4: (64, 512, 1024, 8192)}
 MIXED_ROWS = {0: (16, 128), 4: (1, 64, 256)}
@@ -64,7 +75,9 @@ class ProfileError(ReplayLLMError):
 @dataclass(frozen=True)
 class ProfilePoint:
     """One grid shape. ``decode_contexts``: each decode row's context; ``prompts``: each
-    prefill (or chunk) row's (tokens computed, cached prefix tokens)."""
+    prefill (or chunk) row's (tokens computed, cached prefix tokens); ``prefix_groups``,
+    ``prefix_tokens``: the decode rows share ``prefix_tokens`` (whole blocks) of their contexts
+    with the other rows of their group (row i in group i mod ``prefix_groups``; 0: none)."""
 
     kind: str
     level: int
@@ -72,23 +85,43 @@ class ProfilePoint:
     prompts: tuple[tuple[int, int], ...] = ()
     eager: bool = False
     label: str = ""
+    prefix_groups: int = 0
+    prefix_tokens: int = 0
 
     @property
     def num_seqs(self) -> int:
         return len(self.prompts) + len(self.decode_contexts)
 
-    def blocks(self, block_size: int) -> int:
+    def block_tables(self, block_size: int) -> list[list[int]]:
+        """Each row's blocks, prefill rows first: distinct consecutive blocks (so attention reads
+        as much memory as a real batch), but a group's shared prefix is the same blocks at the
+        head of each of its rows' tables, as the prefix cache lays it out."""
         lengths = [new + cached for new, cached in self.prompts] + list(self.decode_contexts)
-        return sum((n + block_size - 1) // block_size for n in lengths)
+        shared = self.prefix_tokens // block_size if self.prefix_groups else 0
+        prefixes = [list(range(g * shared, (g + 1) * shared)) for g in range(self.prefix_groups)]
+        start = shared * self.prefix_groups
+        tables = []
+        for row, length in enumerate(lengths):
+            decode_row = row - len(self.prompts)
+            head = prefixes[decode_row % self.prefix_groups] if shared and decode_row >= 0 else []
+            own = (length + block_size - 1) // block_size - len(head)
+            tables.append(head + list(range(start, start + own)))
+            start += own
+        return tables
+
+    def blocks(self, block_size: int) -> int:
+        """The pool blocks the point holds (a shared block once)."""
+        return len({block for table in self.block_tables(block_size) for block in table})
 
     def batch(self, block_size: int) -> ScheduledBatch:
-        """The synthetic ``ScheduledBatch``: prefill rows first, decodes last, over distinct
-        consecutive free blocks (so attention reads as much memory as a real batch)."""
+        """The synthetic ``ScheduledBatch``: prefill rows first, decodes last, over the blocks
+        of ``block_tables``."""
         lengths = [new + cached for new, cached in self.prompts] + list(self.decode_contexts)
         seqs = synthetic_sequences(lengths, 0, block_size)
         new = [n for n, _ in self.prompts] + [1] * len(self.decode_contexts)
-        for seq, length, count in zip(seqs, lengths, new):
+        for seq, length, count, table in zip(seqs, lengths, new, self.block_tables(block_size)):
             seq.num_computed_tokens = length - count
+            seq.block_table = table
         return ScheduledBatch(-1, self.kind, seqs, new, lengths, len(self.prompts),
                               num_batched_tokens=sum(new), sampled_seqs=seqs, eager=self.eager)
 
@@ -135,6 +168,25 @@ def _decode_points(config: Config) -> Iterator[ProfilePoint]:
             contexts = _spread(ctx, batch, longest)
             mean = sum(contexts) // len(contexts)
             yield ProfilePoint("decode", 2, contexts, label=f"decode {batch}x~{mean} spread")
+    yield from _shared_prefix_points(config)
+
+
+def _shared_prefix_points(config: Config) -> Iterator[ProfilePoint]:
+    """Decodes whose rows share a prefix: whole blocks, each row's last block its own (the one
+    its new token is written to, as a decode's always is)."""
+    block_size = config.kvcache_block_size
+    for batch in SHARED_BATCHES:
+        for ctx in SHARED_CONTEXTS:
+            ctx = min(ctx, config.max_model_len - 1)
+            for share in SHARED_SHARES:
+                blocks = min(int(ctx * share) // block_size, (ctx - 1) // block_size)
+                for groups in SHARED_GROUPS:
+                    if blocks and groups < batch:
+                        shared = blocks * block_size
+                        yield ProfilePoint("decode", 2, (ctx,) * batch, prefix_groups=groups,
+                                           prefix_tokens=shared,
+                                           label=f"decode {batch}x{ctx}, {shared} shared in "
+                                           f"{groups}")
 
 
 def _prefill_points(config: Config) -> Iterator[ProfilePoint]:
@@ -176,7 +228,8 @@ def profile_grid(config: Config, graph_shapes: Callable[[ProfilePoint], bool] | 
     unique: dict[tuple[Any, ...], ProfilePoint] = {}
     for gen in (_decode_points, _prefill_points, _mixed_points):
         for point in gen(config):
-            shape = (point.kind, point.decode_contexts, point.prompts)
+            shape = (point.kind, point.decode_contexts, point.prompts, point.prefix_groups,
+                     point.prefix_tokens)
             if fits(point) and (shape not in unique or unique[shape].level > point.level):
                 unique[shape] = point
     points = list(unique.values())
@@ -247,6 +300,8 @@ def run_profile(executor: Executor, config: Config, budget_s: float = DEFAULT_BU
         row.update(level=point.level, label=point.label, eager=point.eager,
                    decode_context_max=max(point.decode_contexts, default=0),
                    cached_tokens=sum(c for _, c in point.prompts))
+        if point.prefix_groups:  # what the what-if counts as KV read once (docs/profile.md)
+            row.update(prefix_groups=point.prefix_groups, prefix_tokens=point.prefix_tokens)
         rows.append(row)
         if progress is not None:
             progress(f"{point.label}: {1e3 * row['interval_s']:.2f} ms")

@@ -11,6 +11,7 @@ import pytest
 from engine.config import Config
 from engine.profiling import (
     ProfileError,
+    ProfilePoint,
     load_profile,
     profile_grid,
     save_profile,
@@ -112,3 +113,76 @@ def test_a_cuda_profile_key_names_the_kernels_its_steps_ran() -> None:
     older = {k: v for k, v in cuda.items() if k != "split_k_gemm"}
     assert profile_key(older, "v")["kernels"]["split_k_gemm"] is False
     assert "kernels" not in profile_key({"device": "cpu"}, "v")  # the CPU runner's steps
+
+
+def test_shared_prefix_decodes_lay_out_blocks_as_the_prefix_cache_does() -> None:
+    """Level 2 times decodes whose rows share a prefix: a group's rows hold the same physical
+    blocks at the head of their tables (whole blocks), every other block (the last one too,
+    where the new token's KV goes) is the row's own, and the pool counts a shared block once."""
+    block = LARGE.kvcache_block_size
+    shared = [p for p in profile_grid(LARGE) if p.prefix_groups]
+    assert shared and all(p.kind == "decode" and p.level == 2 for p in shared)
+    assert {p.prefix_groups for p in shared} == {1, 4}
+    assert len({p.prefix_tokens / p.decode_contexts[0] for p in shared}) > 2  # several shares
+    for point in shared:
+        tables = point.block_tables(block)
+        heads = point.prefix_tokens // block
+        assert point.prefix_tokens % block == 0 and heads >= 1
+        for row, table in enumerate(tables):
+            assert len(table) == -(-point.decode_contexts[row] // block)
+            same_group = tables[row % point.prefix_groups]
+            assert table[:heads] == same_group[:heads]
+            others = {b for i, t in enumerate(tables) if i != row for b in t}
+            assert not set(table[heads:]) & others  # its own blocks, the last included
+        rows = len(tables)
+        assert point.blocks(block) == sum(map(len, tables)) - (rows - point.prefix_groups) * heads
+        batch = point.batch(block)
+        assert [s.block_table for s in batch.seqs] == tables
+        assert all(s.num_computed_tokens == s.num_tokens - 1 for s in batch.seqs)
+
+
+def test_a_shared_prefix_row_records_its_layout() -> None:
+    """Each timed shared-prefix row says how many prefixes its rows fall into and how long
+    each is, which the what-if reads as the KV its decode reads once; other rows say nothing."""
+    config = Config(max_model_len=2048, max_num_seqs=64, max_num_batched_tokens=4096,
+                    num_kvcache_blocks=4000)
+    rows = law_profile(config)["rows"]
+    shared = [r for r in rows if r.get("prefix_groups")]
+    assert shared and all(r["kind"] == "decode" and r["prefix_tokens"] > 0 for r in shared)
+    assert all("shared in" in r["label"] for r in shared)
+    assert not any("prefix_tokens" in r for r in rows if "shared in" not in r["label"])
+
+
+def test_the_cpu_runner_reads_a_shared_prefix_and_writes_only_its_own_blocks() -> None:
+    """A shared-prefix point through the real model runner (CPU): each row's new KV lands in its
+    own last block, none in the shared ones; and its tokens are those of the same decode over
+    private copies of the prefix (the runner reads the shared blocks as each row's prefix)."""
+    import dataclasses
+
+    import torch
+
+    from engine.model.checkpoint import default_model_dir
+    from engine.runner.model_runner import ModelRunner
+
+    block = 16
+    config = Config(model=str(default_model_dir()), kvcache_block_size=block,
+                    num_kvcache_blocks=64, max_model_len=256, max_num_batched_tokens=512)
+    runner = ModelRunner(config)
+    try:
+        point = ProfilePoint("decode", 2, (40,) * 4, prefix_groups=2, prefix_tokens=32)
+        shared = point.batch(block)
+        cache = runner.kv_cache
+        torch.manual_seed(0)
+        cache.normal_()
+        before = cache.clone()
+        tokens = runner.execute(shared).token_ids
+        written = (cache != before).flatten(0, 1).transpose(0, 1).flatten(1).any(dim=1)
+        last_blocks = {s.block_table[-1] for s in shared.seqs}
+        assert set(torch.nonzero(written).flatten().tolist()) == last_blocks
+        private = dataclasses.replace(point, prefix_groups=0, prefix_tokens=0).batch(block)
+        for own, seq in zip(private.seqs, shared.seqs):  # the prefix copied to private blocks
+            for src, dst in zip(seq.block_table, own.block_table):
+                cache[:, :, dst] = before[:, :, src]
+        assert runner.execute(private).token_ids == tokens
+    finally:
+        runner.close()

@@ -39,6 +39,7 @@ from replay.whatif.cost.features import (
 )
 from replay.whatif.cost.lstsq import fit_grouped, fit_linear
 from replay.whatif.cost.roofline import with_roofline
+from replay.whatif.cost.shared_reads import FRACTIONS, rereads, split, with_fraction
 
 SAMPLES_PER_PARAM = 4  # a class is fitted with k parameters only on at least 4k steps
 HOLDOUT_EVERY = 5
@@ -203,26 +204,57 @@ def fit_class(name: str, x: np.ndarray, y: np.ndarray, window: np.ndarray
     return fit, report
 
 
-def fit_all(steps: Steps, roofline: bool = True
+def fit_all(steps: Steps, roofline: bool = True, shared_reads: float = 1.0
             ) -> tuple[dict[str, LinearFit], dict[str, dict[str, Any]]]:
     """Each class's fit of ``steps.time`` where it has enough steps, and the pooled fit; per
     class also how its fit was chosen. ``roofline`` False: no prefill attention roofline
-    (``roofline.with_roofline``)."""
+    (``roofline.with_roofline``). ``shared_reads``: what a re-read of a block another decode
+    row of the step reads too costs, as a fraction of a read from memory (1: as much;
+    ``shared_read_fraction``), the fits stated over both KV features (``shared_reads.split``)."""
+    x = with_fraction(steps.x, shared_reads)
     fits: dict[str, LinearFit] = {}
     reports: dict[str, dict[str, Any]] = {}
     for name in STEP_CLASSES:
         mask = steps.classes == name
-        result = (fit_class(name, steps.x[mask], steps.time[mask], steps.window[mask])
+        result = (fit_class(name, x[mask], steps.time[mask], steps.window[mask])
                   if mask.any() else None)
         if result is not None:
             fits[name], reports[name] = result
     if roofline:
         steady = ~steps.window
-        fits = with_roofline(fits, steps.x[steady], steps.time[steady], steps.classes[steady])
-    pooled = widest_fit(POOLED, steps.x, steps.time)
+        fits = with_roofline(fits, x[steady], steps.time[steady], steps.classes[steady])
+    pooled = widest_fit(POOLED, x, steps.time)
     if pooled is not None:
         fits[POOLED] = pooled
-    return fits, reports
+    return {name: split(fit, shared_reads) for name, fit in fits.items()}, reports
+
+
+def shared_read_fraction(steps: Steps) -> float:
+    """The fraction of a read from memory that a decode's re-read of a shared block costs
+    (``fit_all``'s ``shared_reads``; L2 serves some of them): of ``shared_reads.FRACTIONS``, the
+    one whose refitted class fits price the steps that re-read blocks best (least mean relative
+    error), from 1 down, a lower one only where it does better. 1 where no step re-reads a block
+    (a recording's never do: it names no blocks per step)."""
+    again = rereads(steps.x) > 0
+    if not again.any():
+        return 1.0
+    best, best_error = 1.0, np.inf
+    for fraction in sorted(FRACTIONS, reverse=True):
+        x = with_fraction(steps.x, fraction)
+        error, counted = 0.0, 0
+        for name in np.unique(steps.classes[again]).astype(str).tolist():
+            rows = steps.classes == name
+            result = fit_class(name, x[rows], steps.time[rows], steps.window[rows])
+            if result is None:
+                continue
+            scored = again & rows
+            predicted = result[0].predict(x[scored])
+            error += float(np.sum(np.abs(predicted - steps.time[scored])
+                                  / np.maximum(steps.time[scored], MIN_STEP_S)))
+            counted += int(scored.sum())
+        if counted and error / counted < best_error - 1e-12:
+            best, best_error = fraction, error / counted
+    return best
 
 
 def warmup_window(steps: Steps) -> int:

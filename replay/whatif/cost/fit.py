@@ -35,6 +35,7 @@ from replay.whatif.cost.features import (
     STEP_CLASSES,
     LinearFit,
     Steps,
+    class_fit,
     first_of_class,
 )
 from replay.whatif.cost.lstsq import fit_grouped, fit_linear
@@ -208,52 +209,73 @@ def fit_all(steps: Steps, roofline: bool = True, shared_reads: float = 1.0
             ) -> tuple[dict[str, LinearFit], dict[str, dict[str, Any]]]:
     """Each class's fit of ``steps.time`` where it has enough steps, and the pooled fit; per
     class also how its fit was chosen. ``roofline`` False: no prefill attention roofline
-    (``roofline.with_roofline``). ``shared_reads``: what a re-read of a block another decode
-    row of the step reads too costs, as a fraction of a read from memory (1: as much;
-    ``shared_read_fraction``), the fits stated over both KV features (``shared_reads.split``)."""
-    x = with_fraction(steps.x, shared_reads)
+    (``roofline.with_roofline``). Steps whose decode rows re-read blocks another row reads too
+    (a profile's shared prefixes) are left out: they measure only what such a re-read costs,
+    ``shared_reads`` (a fraction of a read from memory: ``shared_read_fraction``), which the
+    fits carry (``shared_reads.split``), so the steps that share nothing are priced as
+    without them."""
+    steps = sharing_nothing(steps)
     fits: dict[str, LinearFit] = {}
     reports: dict[str, dict[str, Any]] = {}
     for name in STEP_CLASSES:
         mask = steps.classes == name
-        result = (fit_class(name, x[mask], steps.time[mask], steps.window[mask])
+        result = (fit_class(name, steps.x[mask], steps.time[mask], steps.window[mask])
                   if mask.any() else None)
         if result is not None:
             fits[name], reports[name] = result
     if roofline:
         steady = ~steps.window
-        fits = with_roofline(fits, x[steady], steps.time[steady], steps.classes[steady])
-    pooled = widest_fit(POOLED, x, steps.time)
+        fits = with_roofline(fits, steps.x[steady], steps.time[steady], steps.classes[steady])
+    pooled = widest_fit(POOLED, steps.x, steps.time)
     if pooled is not None:
         fits[POOLED] = pooled
     return {name: split(fit, shared_reads) for name, fit in fits.items()}, reports
 
 
-def shared_read_fraction(steps: Steps) -> float:
+def sharing_nothing(steps: Steps) -> Steps:
+    """``steps`` less those whose decode rows re-read blocks another row reads too (``steps``
+    itself where none does)."""
+    shared = rereads(steps.x) > 0
+    return steps.rows(~shared) if shared.any() else steps
+
+
+def shared_read_fraction(steps: Steps, roofline: bool = True) -> float:
     """The fraction of a read from memory that a decode's re-read of a shared block costs
-    (``fit_all``'s ``shared_reads``; L2 serves some of them): of ``shared_reads.FRACTIONS``, the
-    one whose refitted class fits price the steps that re-read blocks best (least mean relative
-    error), from 1 down, a lower one only where it does better. 1 where no step re-reads a block
-    (a recording's never do: it names no blocks per step)."""
-    again = rereads(steps.x) > 0
-    if not again.any():
+    (``fit_all``'s ``shared_reads``; L2 serves some of them), measured on the steps that re-read
+    blocks against their twins, the same steps over private blocks (a profile times both:
+    engine/profiling.py): of ``shared_reads.FRACTIONS``, the one with which the fits of the
+    other steps predict each such step's time over its twin's best (least mean absolute error
+    of the ratio; from 1 down, a lower one only where it does better), so that how well the
+    fits price the twin itself does not count. 1 where no step that re-reads blocks has a twin
+    (a recording's never re-read: it names no blocks per step)."""
+    again = np.flatnonzero(rereads(steps.x) > 0)
+    plain = np.flatnonzero(rereads(steps.x) <= 0)
+    twins: dict[tuple[str, tuple[float, ...]], list[float]] = {}
+    for row in plain.tolist():
+        twins.setdefault((str(steps.classes[row]), tuple(steps.x[row].tolist())),
+                         []).append(float(steps.time[row]))
+    private = with_fraction(steps.x[again], 1.0)  # each step over private blocks
+    pairs = [(row, float(np.median(twins[key]))) for row, key in zip(
+        again.tolist(), ((str(steps.classes[r]), tuple(x.tolist()))
+                         for r, x in zip(again.tolist(), private)))
+        if key in twins]
+    if not pairs:
         return 1.0
+    fits, _ = fit_all(steps, roofline)
+    rows = np.array([row for row, _ in pairs])
+    measured = steps.time[rows] / np.array([time for _, time in pairs])
+    x, classes = steps.x[rows], steps.classes[rows]
+    twin_x = with_fraction(x, 1.0)
     best, best_error = 1.0, np.inf
     for fraction in sorted(FRACTIONS, reverse=True):
-        x = with_fraction(steps.x, fraction)
-        error, counted = 0.0, 0
-        for name in np.unique(steps.classes[again]).astype(str).tolist():
-            rows = steps.classes == name
-            result = fit_class(name, x[rows], steps.time[rows], steps.window[rows])
-            if result is None:
-                continue
-            scored = again & rows
-            predicted = result[0].predict(x[scored])
-            error += float(np.sum(np.abs(predicted - steps.time[scored])
-                                  / np.maximum(steps.time[scored], MIN_STEP_S)))
-            counted += int(scored.sum())
-        if counted and error / counted < best_error - 1e-12:
-            best, best_error = fraction, error / counted
+        moved = with_fraction(x, fraction)
+        predicted = np.empty(len(rows))
+        for name in np.unique(classes).astype(str).tolist():
+            fit, of = class_fit(fits, name), classes == name
+            predicted[of] = fit.predict(moved[of]) / fit.predict(twin_x[of])
+        error = float(np.mean(np.abs(predicted - measured)))
+        if error < best_error - 1e-12:
+            best, best_error = fraction, error
     return best
 
 

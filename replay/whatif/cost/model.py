@@ -141,6 +141,9 @@ class CostModel:
         if not options.longest_program:
             fitted.x[:, features.FEATURES.index(features.LONGEST)] = 0.0
         fraction = options.shared_read_fraction(fitted)
+        # Steps that re-read shared blocks measure that fraction only (``fit.fit_all``).
+        fitted = fitting.sharing_nothing(fitted)
+        calibration = fitting.sharing_nothing(calibration)
         fits, reports = fitting.fit_all(fitted, options.prefill_roofline, fraction)
         if not fits:
             raise CostModelError(f"{name} has too few steps to fit a model")

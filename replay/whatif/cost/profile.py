@@ -114,7 +114,9 @@ class CostOptions:
         memory (``fit.fit_all``'s ``shared_reads``) under these options."""
         if self.shared_kv:
             return 0.0
-        return fitting.shared_read_fraction(steps) if self.shared_reads else 1.0
+        if not self.shared_reads:
+            return 1.0
+        return fitting.shared_read_fraction(steps, self.prefill_roofline)
 
     def changed(self) -> dict[str, Any]:
         """The options that differ from the defaults."""

@@ -23,6 +23,7 @@ from replay.whatif.cost.decode_attention import (
     DEFAULT_KV_HEADS,
     kv_heads_of,
     longest_contexts,
+    recorded_rereads,
 )
 from replay.whatif.cost.linear import (  # noqa: F401 (re-exported: the model's vocabulary)
     FEATURES,
@@ -255,13 +256,20 @@ def _feature_matrix(columns: Mapping[str, Any], n: int, longest_context: np.ndar
     return np.column_stack([values[name] for name in FEATURES]).reshape(n, len(FEATURES))
 
 
-def feature_matrix(events: RecordedEvents) -> tuple[np.ndarray, np.ndarray]:
-    """(n_steps x len(FEATURES)) float matrix, and the class name of each step."""
+def feature_matrix(events: RecordedEvents, shared_blocks: bool = False
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(n_steps x len(FEATURES)) float matrix, and the class name of each step.
+    ``shared_blocks``: each step's KV read counts a block several decode rows held once, from
+    the block events (``recorded_rereads``), as the simulator counts them where the model
+    prices re-reads apart (``CostModel.shared_kv``); else every row's whole context."""
     ms = events.tables["model_step"]
     kinds = np.asarray(ms["kind"]).astype(str)
     classes = step_class(kinds, np.asarray(ms["graph_used"], dtype=bool))
+    block_size = int((events.header.get("config") or {}).get("kvcache_block_size") or 0)
+    rereads = recorded_rereads(events, block_size) if shared_blocks and block_size else None
     return (_feature_matrix(ms, len(kinds), longest_contexts(events),
-                            kv_heads_of(events.header), longest_contexts(events, decode=False)),
+                            kv_heads_of(events.header), longest_contexts(events, decode=False),
+                            rereads),
             classes)
 
 
@@ -299,11 +307,13 @@ def has_host_times(events: RecordedEvents) -> bool:
             and float(np.median(host)) > HOST_MEASURED_S)
 
 
-def steps_of(events: RecordedEvents, host_times: bool = True) -> Steps:
+def steps_of(events: RecordedEvents, host_times: bool = True, shared_blocks: bool = False
+             ) -> Steps:
     """The trace's steps and its header's calibration steps (``calibration_steps``).
-    ``host_times`` False: fitted on intervals even where the trace measured host time."""
+    ``host_times`` False: fitted on intervals even where the trace measured host time;
+    ``shared_blocks``: as ``feature_matrix``'s."""
     ms = events.tables["model_step"]
-    x, classes = feature_matrix(events)
+    x, classes = feature_matrix(events, shared_blocks)
     n = len(classes)
     interval = step_intervals(events)
     measured_host = host_times and has_host_times(events)

@@ -75,6 +75,7 @@ def test_the_fraction_is_measured_against_the_private_twins(source, fraction: fl
     assert blend.shared_read_fraction == 1.0  # the source's own steps share nothing
     assert blend.prior.shared_read_fraction == pytest.approx(fraction)
     assert blend.shared_kv == (fraction < 1)
+    assert ("re-reads of a block" in pooled.describe()) == (fraction < 1)
 
 
 def test_without_shared_rows_or_with_the_mechanism_off_the_fits_are_as_before(source) -> None:

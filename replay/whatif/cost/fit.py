@@ -241,41 +241,37 @@ def sharing_nothing(steps: Steps) -> Steps:
 
 def shared_read_fraction(steps: Steps, roofline: bool = True) -> float:
     """The fraction of a read from memory that a decode's re-read of a shared block costs
-    (``fit_all``'s ``shared_reads``; L2 serves some of them), measured on the steps that re-read
-    blocks against their twins, the same steps over private blocks (a profile times both:
-    engine/profiling.py): of ``shared_reads.FRACTIONS``, the one with which the fits of the
-    other steps predict each such step's time over its twin's best (least mean absolute error
-    of the ratio; from 1 down, a lower one only where it does better), so that how well the
-    fits price the twin itself does not count. 1 where no step that re-reads blocks has a twin
-    (a recording's never re-read: it names no blocks per step)."""
+    (``fit_all``'s ``shared_reads``; L2 might serve some of them), measured within each shape:
+    the steps that re-read blocks and are alike but for how much they share (a profile's
+    shared-prefix rows of one batch and context, engine/profiling.py) show how their time moves
+    with their re-reads, free of how the fits price the shape itself and of the device's state
+    when the shape was timed. Of ``shared_reads.FRACTIONS``, the one with which the fits of the
+    other steps predict each such step's time over its shape's mean best (least mean absolute
+    error of that ratio; from 1 down, a lower one only where it does better). 1 where no two
+    such steps of one shape differ in re-reads (a recording's never re-read: it names no blocks
+    per step)."""
     again = np.flatnonzero(rereads(steps.x) > 0)
-    plain = np.flatnonzero(rereads(steps.x) <= 0)
-    twins: dict[tuple[str, tuple[float, ...]], list[float]] = {}
-    for row in plain.tolist():
-        twins.setdefault((str(steps.classes[row]), tuple(steps.x[row].tolist())),
-                         []).append(float(steps.time[row]))
-    private = with_fraction(steps.x[again], 1.0)  # each step over private blocks
-    pairs = [(row, float(np.median(twins[key]))) for row, key in zip(
-        again.tolist(), ((str(steps.classes[r]), tuple(x.tolist()))
-                         for r, x in zip(again.tolist(), private)))
-        if key in twins]
-    if not pairs:
+    alike: dict[tuple[str, tuple[float, ...]], list[int]] = {}
+    for row, private in zip(again.tolist(), with_fraction(steps.x[again], 1.0).tolist()):
+        alike.setdefault((str(steps.classes[row]), tuple(private)), []).append(row)
+    groups = [rows for rows in alike.values()
+              if len(set(rereads(steps.x[rows]).tolist())) > 1]
+    if not groups:
         return 1.0
     fits, _ = fit_all(steps, roofline)
-    rows = np.array([row for row, _ in pairs])
-    measured = steps.time[rows] / np.array([time for _, time in pairs])
-    x, classes = steps.x[rows], steps.classes[rows]
-    twin_x = with_fraction(x, 1.0)
+    if not fits:
+        return 1.0
     best, best_error = 1.0, np.inf
     for fraction in sorted(FRACTIONS, reverse=True):
-        moved = with_fraction(x, fraction)
-        predicted = np.empty(len(rows))
-        for name in np.unique(classes).astype(str).tolist():
-            fit, of = class_fit(fits, name), classes == name
-            predicted[of] = fit.predict(moved[of]) / fit.predict(twin_x[of])
-        error = float(np.mean(np.abs(predicted - measured)))
-        if error < best_error - 1e-12:
-            best, best_error = fraction, error
+        error = []
+        for rows in groups:
+            fit = class_fit(fits, str(steps.classes[rows[0]]))
+            predicted = fit.predict(with_fraction(steps.x[rows], fraction))
+            measured = steps.time[rows]
+            error.extend(np.abs(predicted / predicted.mean() - measured / measured.mean()))
+        mean_error = float(np.mean(error))
+        if mean_error < best_error - 1e-12:
+            best, best_error = fraction, mean_error
     return best
 
 

@@ -1,7 +1,7 @@
 """Decodes over shared prefixes: the cost of re-reading a block other rows read too, measured on
-a profile's shared-prefix rows against their private-block twins, priced by the simulator from
-each step's distinct blocks; a profile without such rows (or the mechanism off) prices as
-before."""
+a profile's shared-prefix rows of each shape (how their time moves with what they share),
+priced by the simulator from each step's distinct blocks; a profile without such rows (or the
+mechanism off) prices as before."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def test_a_profile_row_over_a_shared_prefix_reads_each_prefix_once() -> None:
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.4, 1.0])
-def test_the_fraction_is_measured_against_the_private_twins(source, fraction: float) -> None:
+def test_the_fraction_is_the_one_the_shared_rows_were_timed_at(source, fraction: float) -> None:
     """Pooled or as the profile's own prior, the fitted fraction is the one the rows were timed
     at; the simulator counts distinct blocks only where it is below 1."""
     profile = profile_with_l2(fraction)
@@ -76,6 +76,19 @@ def test_the_fraction_is_measured_against_the_private_twins(source, fraction: fl
     assert blend.prior.shared_read_fraction == pytest.approx(fraction)
     assert blend.shared_kv == (fraction < 1)
     assert ("re-reads of a block" in pooled.describe()) == (fraction < 1)
+
+
+def test_a_drift_between_levels_is_not_read_as_a_discount(source) -> None:
+    """Shared rows all 3% faster than the law whatever they share (the device's state when
+    their level ran, as in the H200 profiles): the fraction is measured within each shape, so
+    it stays 1 and the simulator counts no blocks."""
+    profile = law_profile(DEVICE, LAW)
+    for row in profile["rows"]:
+        if row.get("prefix_groups"):
+            for name in ("interval_s", "duration_s", "wait_s"):
+                row[name] *= 0.97
+    model = CostModel.fit(source, profile=profile, options=POOLED)
+    assert model.shared_read_fraction == 1.0 and not model.shared_kv
 
 
 def test_without_shared_rows_or_with_the_mechanism_off_the_fits_are_as_before(source) -> None:

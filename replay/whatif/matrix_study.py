@@ -27,7 +27,7 @@ DRIFT_WINDOWS = 12  # ``host_drift``: spans of wall time a run is cut into
 # The switches an ablation turns off one at a time (``CostOptions``), and the profile settings.
 SWITCHES = ("warmup_steps", "warmup_window", "calibration", "overlap",
             "class_offsets", "engine_host", "profile_scale", "longest_program", "request_add",
-            "prefill_roofline")
+            "prefill_roofline", "shared_reads")
 # Mechanisms off by default that an ablation turns on (``CostOptions``).
 OPT_IN = ("shared_kv", "host_stalls")
 
@@ -36,7 +36,7 @@ def step_errors(model: CostModel, events: Any) -> dict[str, Any]:
     """Per step class and launch mode of ``events``' own steps: how many, and the recorded and
     predicted sums of device time, host time and interval (seconds); the stalls among them;
     and the run's idle time (wall time between steps that no step's interval covers)."""
-    steps = features.steps_of(events)
+    steps = features.steps_of(events, shared_blocks=model.shared_kv)  # as the simulator counts
     own = steps.rows(~steps.is_calibration)
     predicted = [model.predict(row, str(cls), bool(over)) for row, cls, over in
                  zip(own.x.tolist(), own.classes.tolist(), own.overlapped.tolist())]

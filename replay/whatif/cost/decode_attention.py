@@ -61,3 +61,52 @@ def longest_contexts(events: RecordedEvents, decode: bool = True) -> np.ndarray:
     np.maximum.at(out, rows[ok],
                   np.asarray(scheduled["context_len"], dtype=float)[rows_of_kind][ok])
     return out
+
+
+def recorded_rereads(events: RecordedEvents, block_size: int) -> np.ndarray:
+    """Each step's KV tokens its decode rows read again (``shared_reads.rereads``: a block held
+    by k of them read k - 1 times more), from the block events: a sequence holds a block from
+    the step it was allocated or hit to the step of the next free of it (both included; never
+    freed: to the end). Only a block some sequence hit (a cached prefix) can be held by two."""
+    steps = np.asarray(events.tables["model_step"]["step"], dtype=np.int64)
+    out = np.zeros(len(steps))
+    hit = events.tables.get("block_hit") or {}
+    scheduled = events.tables.get("seq_scheduled") or {}
+    if not len(steps) or not len(hit.get("step", ())) or not len(scheduled.get("step", ())):
+        return out
+    shared = set(np.asarray(hit["block_id"]).tolist())
+
+    def holdings(table: Mapping[str, Any]) -> dict[tuple[int, int], list[tuple[int, int]]]:
+        """(seq, block) -> its (event id, step) in event order, of the shared blocks."""
+        out: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for event, seq, block, step in zip(*(np.asarray(table.get(name, ())).tolist() for name
+                                             in ("event_id", "seq_id", "block_id", "step"))):
+            if block in shared:
+                out.setdefault((seq, block), []).append((event, step))
+        return out
+
+    taken = holdings(events.tables.get("block_allocated") or {})
+    for key, events_of in holdings(hit).items():
+        taken.setdefault(key, []).extend(events_of)
+    freed = holdings(events.tables.get("block_freed") or {})
+    last_step = int(steps[-1])
+    held: dict[int, list[tuple[int, int, int]]] = {}  # seq -> (block, first step, last step)
+    for (seq, block), starts in taken.items():
+        ends = sorted(freed.get((seq, block), []))
+        for n, (_, first) in enumerate(sorted(starts)):
+            held.setdefault(seq, []).append(
+                (block, first, ends[n][1] if n < len(ends) else last_step))
+    decode = np.asarray(scheduled["num_new_tokens"]) == 1
+    rows_of: dict[int, list[int]] = {}
+    for step, seq in zip(np.asarray(scheduled["step"])[decode].tolist(),
+                         np.asarray(scheduled["seq_id"])[decode].tolist()):
+        if seq in held:
+            rows_of.setdefault(step, []).append(seq)
+    at = {step: i for i, step in enumerate(steps.tolist())}
+    for step, seqs in rows_of.items():
+        if step not in at or len(seqs) < 2:
+            continue
+        blocks = [block for seq in seqs for block in {b for b, first, last in held[seq]
+                                                      if first <= step <= last}]
+        out[at[step]] = float((len(blocks) - len(set(blocks))) * block_size)
+    return out

@@ -221,6 +221,13 @@ def describe(model: Any, target: Any = None) -> str:
         lines.append(f"  prefill CUDA graphs: {len(sizes)} token counts, {sizes[0]:,} to "
                      f"{sizes[-1]:,}, up to {model.prefill_graph_max_seqs} sequences each "
                      "(a prefill within them is padded to the next and runs as prefill_graph)")
+    if model.shared_kv:
+        fractions = {model.shared_read_fraction}
+        if model.prior is not None:
+            fractions.add(model.prior.shared_read_fraction)
+        lines.append("  decode re-reads of a block other rows of the step read too: "
+                     + " / ".join(f"{f:.2f}" for f in sorted(fractions))
+                     + " of a read from memory (the simulator counts each step's distinct blocks)")
     if model.overlap is not None:
         lines += overlap_lines(model.overlap)
     for name, seconds in model.warmup_s.items():

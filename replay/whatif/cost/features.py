@@ -23,6 +23,7 @@ from replay.whatif.cost.decode_attention import (
     DEFAULT_KV_HEADS,
     kv_heads_of,
     longest_contexts,
+    recorded_rereads,
 )
 from replay.whatif.cost.linear import (  # noqa: F401 (re-exported: the model's vocabulary)
     FEATURES,
@@ -148,7 +149,7 @@ def composite_mixed(fits: Mapping[str, LinearFit]) -> LinearFit:
         # A mixed step runs eager: a graph fit's padding slope is paid per real sequence.
         per_decode_seq = decode.coef[at("decode_seqs")] + decode.coef[at("padded_batch_size")]
         coef[at("decode_seqs")] = per_decode_seq - prefill.coef[at("num_seqs")]
-        for name in (KV, LONGEST):
+        for name in (KV, LONGEST, "decode_context_tokens"):  # the last: ``shared_reads.split``
             coef[at(name)] = decode.coef[at(name)]
     return LinearFit(prefill.intercept, tuple(coef), prefill.features, 0, prefill.floor,
                      prefill.prefill_longest_s)
@@ -230,17 +231,21 @@ def step_intervals(events: RecordedEvents) -> np.ndarray:
 
 
 def _feature_matrix(columns: Mapping[str, Any], n: int, longest_context: np.ndarray,
-                    kv_heads: int, longest_prefill: np.ndarray) -> np.ndarray:
+                    kv_heads: int, longest_prefill: np.ndarray,
+                    rereads: np.ndarray | None = None) -> np.ndarray:
     """(n x len(FEATURES)) floats from the recorded feature columns and each step's longest
-    decode and prefill context. A recording names no blocks per step: its KV tokens read are its
-    decode context (exact where no two decode rows share a prefix block)."""
+    decode and prefill context. Its KV tokens read (``decode_kv_tokens``) are its decode context
+    less ``rereads``, the tokens of blocks another decode row of the step reads too (None: none;
+    a recording names no blocks per step: exact where no two decode rows share a prefix
+    block)."""
     values = {name: np.asarray(columns[name], dtype=float) for name in RECORDED_FEATURES}
     padded = columns.get(PADDED_TOKENS)
     padded = np.full(n, float(NOT_PADDED)) if padded is None else np.asarray(padded, dtype=float)
     values[PADDED_TOKENS] = np.array(
         [computed_tokens(*row) for row in zip(padded.tolist(), values["prefill_tokens"].tolist(),
                                                values["decode_seqs"].tolist())], dtype=float)
-    values["decode_kv_tokens"] = values["decode_context_tokens"]
+    values["decode_kv_tokens"] = values["decode_context_tokens"] - (0.0 if rereads is None
+                                                                     else rereads)
     batch = values["padded_batch_size"].astype(int)
     splits = {size: choose_num_splits(size, kv_heads) for size in set(batch.tolist())}
     longest = np.where(values["decode_seqs"] > 0, np.asarray(longest_context, dtype=float), 0.0)
@@ -251,13 +256,20 @@ def _feature_matrix(columns: Mapping[str, Any], n: int, longest_context: np.ndar
     return np.column_stack([values[name] for name in FEATURES]).reshape(n, len(FEATURES))
 
 
-def feature_matrix(events: RecordedEvents) -> tuple[np.ndarray, np.ndarray]:
-    """(n_steps x len(FEATURES)) float matrix, and the class name of each step."""
+def feature_matrix(events: RecordedEvents, shared_blocks: bool = False
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(n_steps x len(FEATURES)) float matrix, and the class name of each step.
+    ``shared_blocks``: each step's KV read counts a block several decode rows held once, from
+    the block events (``recorded_rereads``), as the simulator counts them where the model
+    prices re-reads apart (``CostModel.shared_kv``); else every row's whole context."""
     ms = events.tables["model_step"]
     kinds = np.asarray(ms["kind"]).astype(str)
     classes = step_class(kinds, np.asarray(ms["graph_used"], dtype=bool))
+    block_size = int((events.header.get("config") or {}).get("kvcache_block_size") or 0)
+    rereads = recorded_rereads(events, block_size) if shared_blocks and block_size else None
     return (_feature_matrix(ms, len(kinds), longest_contexts(events),
-                            kv_heads_of(events.header), longest_contexts(events, decode=False)),
+                            kv_heads_of(events.header), longest_contexts(events, decode=False),
+                            rereads),
             classes)
 
 
@@ -266,7 +278,8 @@ def calibration_features(rows: list[Mapping[str, Any]], kv_heads: int = DEFAULT_
     """(rows x len(FEATURES)) features of header calibration rows (or a profile's): a row's
     longest decode context is its ``decode_context_max`` where it has one, else its decode rows
     are of one length; its prompts are of one length, over equal shares of its
-    ``cached_tokens``."""
+    ``cached_tokens``; its decode rows fall into ``prefix_groups`` sharing ``prefix_tokens`` each
+    (a profile's decodes over shared prefixes: each group's prefix read once)."""
     columns: dict[str, Any] = {name: [row[name] for row in rows] for name in RECORDED_FEATURES}
     columns[PADDED_TOKENS] = [row.get(PADDED_TOKENS, NOT_PADDED) for row in rows]
     longest = np.array([float(row.get("decode_context_max") or -(-int(
@@ -274,7 +287,10 @@ def calibration_features(rows: list[Mapping[str, Any]], kv_heads: int = DEFAULT_
     prefill = np.array([-(-(int(row["prefill_tokens"]) + int(row.get("cached_tokens") or 0))
                           // max(int(row["num_seqs"]) - int(row["decode_seqs"]), 1))
                         for row in rows], dtype=float)
-    return _feature_matrix(columns, len(rows), longest, kv_heads, prefill)
+    rereads = np.array([float((int(row["decode_seqs"]) - int(row["prefix_groups"]))
+                              * int(row.get("prefix_tokens") or 0))
+                        if row.get("prefix_groups") else 0.0 for row in rows])
+    return _feature_matrix(columns, len(rows), longest, kv_heads, prefill, rereads)
 
 
 HOST_MEASURED_S = 1e-6  # a real step's host work takes microseconds at least
@@ -291,11 +307,13 @@ def has_host_times(events: RecordedEvents) -> bool:
             and float(np.median(host)) > HOST_MEASURED_S)
 
 
-def steps_of(events: RecordedEvents, host_times: bool = True) -> Steps:
+def steps_of(events: RecordedEvents, host_times: bool = True, shared_blocks: bool = False
+             ) -> Steps:
     """The trace's steps and its header's calibration steps (``calibration_steps``).
-    ``host_times`` False: fitted on intervals even where the trace measured host time."""
+    ``host_times`` False: fitted on intervals even where the trace measured host time;
+    ``shared_blocks``: as ``feature_matrix``'s."""
     ms = events.tables["model_step"]
-    x, classes = feature_matrix(events)
+    x, classes = feature_matrix(events, shared_blocks)
     n = len(classes)
     interval = step_intervals(events)
     measured_host = host_times and has_host_times(events)

@@ -35,10 +35,12 @@ from replay.whatif.cost.features import (
     STEP_CLASSES,
     LinearFit,
     Steps,
+    class_fit,
     first_of_class,
 )
 from replay.whatif.cost.lstsq import fit_grouped, fit_linear
 from replay.whatif.cost.roofline import with_roofline
+from replay.whatif.cost.shared_reads import FRACTIONS, rereads, split, with_fraction
 
 SAMPLES_PER_PARAM = 4  # a class is fitted with k parameters only on at least 4k steps
 HOLDOUT_EVERY = 5
@@ -203,11 +205,16 @@ def fit_class(name: str, x: np.ndarray, y: np.ndarray, window: np.ndarray
     return fit, report
 
 
-def fit_all(steps: Steps, roofline: bool = True
+def fit_all(steps: Steps, roofline: bool = True, shared_reads: float = 1.0
             ) -> tuple[dict[str, LinearFit], dict[str, dict[str, Any]]]:
     """Each class's fit of ``steps.time`` where it has enough steps, and the pooled fit; per
     class also how its fit was chosen. ``roofline`` False: no prefill attention roofline
-    (``roofline.with_roofline``)."""
+    (``roofline.with_roofline``). Steps whose decode rows re-read blocks another row reads too
+    (a profile's shared prefixes) are left out: they measure only what such a re-read costs,
+    ``shared_reads`` (a fraction of a read from memory: ``shared_read_fraction``), which the
+    fits carry (``shared_reads.split``), so the steps that share nothing are priced as
+    without them."""
+    steps = sharing_nothing(steps)
     fits: dict[str, LinearFit] = {}
     reports: dict[str, dict[str, Any]] = {}
     for name in STEP_CLASSES:
@@ -222,7 +229,50 @@ def fit_all(steps: Steps, roofline: bool = True
     pooled = widest_fit(POOLED, steps.x, steps.time)
     if pooled is not None:
         fits[POOLED] = pooled
-    return fits, reports
+    return {name: split(fit, shared_reads) for name, fit in fits.items()}, reports
+
+
+def sharing_nothing(steps: Steps) -> Steps:
+    """``steps`` less those whose decode rows re-read blocks another row reads too (``steps``
+    itself where none does)."""
+    shared = rereads(steps.x) > 0
+    return steps.rows(~shared) if shared.any() else steps
+
+
+def shared_read_fraction(steps: Steps, roofline: bool = True) -> float:
+    """The fraction of a read from memory that a decode's re-read of a shared block costs
+    (``fit_all``'s ``shared_reads``; L2 might serve some of them), measured within each shape:
+    the steps that re-read blocks and are alike but for how much they share (a profile's
+    shared-prefix rows of one batch and context, engine/profiling.py) show how their time moves
+    with their re-reads, free of how the fits price the shape itself and of the device's state
+    when the shape was timed. Of ``shared_reads.FRACTIONS``, the one with which the fits of the
+    other steps predict each such step's time over its shape's mean best (least mean absolute
+    error of that ratio; from 1 down, a lower one only where it does better). 1 where no two
+    such steps of one shape differ in re-reads (a recording's never re-read: it names no blocks
+    per step)."""
+    again = np.flatnonzero(rereads(steps.x) > 0)
+    alike: dict[tuple[str, tuple[float, ...]], list[int]] = {}
+    for row, private in zip(again.tolist(), with_fraction(steps.x[again], 1.0).tolist()):
+        alike.setdefault((str(steps.classes[row]), tuple(private)), []).append(row)
+    groups = [rows for rows in alike.values()
+              if len(set(rereads(steps.x[rows]).tolist())) > 1]
+    if not groups:
+        return 1.0
+    fits, _ = fit_all(steps, roofline)
+    if not fits:
+        return 1.0
+    best, best_error = 1.0, np.inf
+    for fraction in sorted(FRACTIONS, reverse=True):
+        error = []
+        for rows in groups:
+            fit = class_fit(fits, str(steps.classes[rows[0]]))
+            predicted = fit.predict(with_fraction(steps.x[rows], fraction))
+            measured = steps.time[rows]
+            error.extend(np.abs(predicted / predicted.mean() - measured / measured.mean()))
+        mean_error = float(np.mean(error))
+        if mean_error < best_error - 1e-12:
+            best, best_error = fraction, mean_error
+    return best
 
 
 def warmup_window(steps: Steps) -> int:

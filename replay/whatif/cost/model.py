@@ -41,7 +41,7 @@ from replay.whatif.cost.host_speed import (
 from replay.whatif.cost.overlap import OverlapModel, interval
 from replay.whatif.cost.profile import CostOptions, ProfilePrior, profile_steps, read_profile
 
-MODEL_VERSION = 8  # of the saved JSON (``to_dict``); a file of another version is refused
+MODEL_VERSION = 9  # of the saved JSON (``to_dict``); a file of another version is refused
 
 
 class CostModelError(ReplayLLMError):
@@ -96,7 +96,11 @@ class CostModel:
     prefill_graph_max_seqs: int = 0
     prior: ProfilePrior | None = None  # a device profile pricing what the source did not run
     kv_heads: int = DEFAULT_KV_HEADS  # the model's (``decode_attention.longest_program_tokens``)
-    shared_kv: bool = False  # ``CostOptions.shared_kv``: the simulator counts shared blocks once
+    # What a decode's re-read of a block another row reads too costs, as a fraction of a read
+    # from memory (``fit.shared_read_fraction``); below 1 (its or its prior's) the simulator
+    # counts each step's distinct blocks (``shared_kv``).
+    shared_read_fraction: float = 1.0
+    shared_kv: bool = False
     options: dict[str, Any] = field(default_factory=dict)  # ``CostOptions`` changed from default
     add: AddCost = field(default_factory=AddCost)  # the live loop's host time to add a request
     # The source's start-up calibration host work per shape (``host_speed.calibration_hosts``),
@@ -136,7 +140,11 @@ class CostModel:
         fitted = own.rows(~warm).concat(calibration)
         if not options.longest_program:
             fitted.x[:, features.FEATURES.index(features.LONGEST)] = 0.0
-        fits, reports = fitting.fit_all(fitted, options.prefill_roofline)
+        fraction = options.shared_read_fraction(fitted)
+        # Steps that re-read shared blocks measure that fraction only (``fit.fit_all``).
+        fitted = fitting.sharing_nothing(fitted)
+        calibration = fitting.sharing_nothing(calibration)
+        fits, reports = fitting.fit_all(fitted, options.prefill_roofline, fraction)
         if not fits:
             raise CostModelError(f"{name} has too few steps to fit a model")
         prefill_sizes, prefill_max_seqs = graphs.source_prefill_graphs(events)
@@ -144,23 +152,24 @@ class CostModel:
                     warmup_s=warmup_s, selection=reports, window_steps=leading,
                     prefill_graph_sizes=prefill_sizes, prefill_graph_max_seqs=prefill_max_seqs,
                     options=options.changed(), kv_heads=kv_heads,
-                    shared_kv=options.shared_kv,
+                    shared_read_fraction=fraction, shared_kv=fraction < 1.0,
                     add=fit_add_cost(events) if options.request_add else AddCost(),
                     host_calibration=calibration_hosts(events.header.get("calibration") or []))
         for cls_name, report in reports.items():
             mask = fitted.classes == cls_name
             model.coverage[cls_name] = explain.class_coverage(
                 cls_name, fitted.x[mask], ~fitted.window[mask], fits[cls_name], report)
-        model.heldout = _device_heldout(fitted)
+        model.heldout = _device_heldout(fitted, fraction)
         if loaded is not None:
             model.prior = ProfilePrior.fit(loaded[0], loaded[1], fitted, set(reports), options,
                                            overhead_s, events.header)
+            model.shared_kv |= model.prior.shared_read_fraction < 1.0
         if host_times:
             run = own.rows(~warm)
             timed = calibration.rows(np.isfinite(calibration.host))
             model.overlap = OverlapModel.fit(run, timed, options.class_offsets,
                                              options.engine_host, options.host_stalls)
-            model.overlap.heldout = _overlap_heldout(run, timed, calibration)
+            model.overlap.heldout = _overlap_heldout(run, timed, calibration, fraction)
         return model
 
     # --- prediction -----------------------------------------------------------------------------
@@ -292,12 +301,12 @@ class CostModel:
             raise CostModelError(f"{path}: not a cost model file ({exc})") from None
 
 
-def _device_heldout(fitted: Steps) -> dict[str, Any]:
+def _device_heldout(fitted: Steps, shared_reads: float = 1.0) -> dict[str, Any]:
     """The error on the held-out steps of the class fits refitted without them."""
     test = fitting.holdout_mask(fitted.classes)
     if not test.any():
         return {}
-    train_fits, _ = fitting.fit_all(fitted.rows(~test))
+    train_fits, _ = fitting.fit_all(fitted.rows(~test), shared_reads=shared_reads)
     if not train_fits:
         return {}
     predicted = CostModel(train_fits).fitted_times(fitted.x[test], fitted.classes[test])
@@ -306,14 +315,16 @@ def _device_heldout(fitted: Steps) -> dict[str, Any]:
             "all": fitting.errors(predicted, actual)}
 
 
-def _overlap_heldout(run: Steps, timed: Steps, calibration: Steps) -> dict[str, Any]:
+def _overlap_heldout(run: Steps, timed: Steps, calibration: Steps, shared_reads: float = 1.0
+                     ) -> dict[str, Any]:
     """Held-out errors of the host fits and intervals: the run's held-out steps priced as the
     simulator does, by device fits, host fits and offsets refitted without them."""
     test = fitting.holdout_mask(run.classes)
     train = ~test
     if not (test.any() and train.any()):
         return {}
-    device_fits, _ = fitting.fit_all(run.rows(train).concat(calibration))
+    device_fits, _ = fitting.fit_all(run.rows(train).concat(calibration),
+                                     shared_reads=shared_reads)
     if not device_fits:
         return {}
     model = OverlapModel.fit(run.rows(train), timed)

@@ -63,7 +63,11 @@ class CostOptions:
     ``request_add``: the live loop's host time to add each request (``arrivals``).
     ``prefill_roofline``: prefill attention bounded by its longest program (``roofline``).
     ``host_stalls`` (opt-in): an eager step's device time pays the host's stalls at the rate
-    the source's host times show (``overlap.host_stall_rate``)."""
+    the source's host times show (``overlap.host_stall_rate``).
+    ``shared_reads``: a decode's re-reads of blocks its other rows read too priced at the
+    fraction of a read from memory that steps sharing blocks (a profile's) show
+    (``fit.shared_read_fraction``); off: every read from memory. ``shared_kv`` (opt-in): the
+    re-reads free (fraction 0)."""
 
     warmup_steps: bool = True
     warmup_window: bool = True
@@ -78,6 +82,7 @@ class CostOptions:
     request_add: bool = True
     prefill_roofline: bool = True
     host_stalls: bool = False
+    shared_reads: bool = True
 
     def __post_init__(self) -> None:
         if self.profile_mode not in PROFILE_MODES:
@@ -103,6 +108,15 @@ class CostOptions:
             else:
                 raise ValueError(f"cost option {item!r}: expected on or off")
         return cls(**values)
+
+    def shared_read_fraction(self, steps: Steps) -> float:
+        """What a shared block's re-read costs ``steps``' fits, as a fraction of a read from
+        memory (``fit.fit_all``'s ``shared_reads``) under these options."""
+        if self.shared_kv:
+            return 0.0
+        if not self.shared_reads:
+            return 1.0
+        return fitting.shared_read_fraction(steps, self.prefill_roofline)
 
     def changed(self) -> dict[str, Any]:
         """The options that differ from the defaults."""
@@ -196,6 +210,7 @@ class ProfilePrior:
     mode: str = "blend"
     # What differs between the profile's key and the source's (device, model, dtype, ...).
     mismatch: dict[str, list[Any]] = field(default_factory=dict)
+    shared_read_fraction: float = 1.0  # its fits' (``fit.shared_read_fraction``)
 
     @classmethod
     def fit(cls, profile: dict[str, Any], name: str, steps: Steps, own_fits: set[str],
@@ -207,7 +222,8 @@ class ProfilePrior:
         rows = profile_steps(profile, measured, overhead_s, kv_heads_of(header))
         if not options.longest_program:
             rows.x[:, FEATURES.index(LONGEST)] = 0.0
-        fits, _ = fitting.fit_all(rows, roofline=options.prefill_roofline)
+        fraction = options.shared_read_fraction(rows)
+        fits, _ = fitting.fit_all(rows, options.prefill_roofline, fraction)
         fits.pop(POOLED, None)
         scale: dict[str, float] = {}
         ratios = []
@@ -227,7 +243,7 @@ class ProfilePrior:
                     if v is not None and key.get(k) is not None and key.get(k) != v}
         return cls(name, key, scaled, scale, _ranges(rows.x, rows.classes),
                    {c: r for c, r in trace.items() if c in own_fits}, options.profile_mode,
-                   mismatch)
+                   mismatch, fraction)
 
     def priced_by(self, cls_name: str, step: Any) -> str:
         """Which prices a step (``TRACE``, ``PROFILE``), or ``OUTSIDE`` where neither's range

@@ -132,3 +132,49 @@ def test_shared_blocks_and_kv_heads_reach_the_model() -> None:
     assert "model" not in trace.header and off.kv_heads == 1  # a header naming no model
     trace.header["model"] = {"num_kv_heads": 8}
     assert CostModel.fit(trace).kv_heads == 8
+
+
+def test_a_recording_says_which_blocks_its_decode_rows_shared(monkeypatch) -> None:
+    """``recorded_rereads`` from a recording's block events equals, step by step, what the
+    engine's own block tables held (system prompts shared through the prefix cache, a pool
+    small enough to preempt), and ``feature_matrix(shared_blocks=True)`` reads it as KV read
+    once."""
+    import random
+
+    from engine.config import Config
+    from replay.whatif import synthetic
+    from replay.whatif.cost.decode_attention import recorded_rereads
+    from replay.whatif.cost.features import feature_matrix
+    from replay.workloads.request import Request
+
+    truth: dict[int, float] = {}
+    execute = synthetic.LawExecutor.execute
+
+    def spy(self, batch):  # the engine's tables at the step
+        rows = [(seq, ctx) for seq, new, ctx in zip(batch.seqs, batch.num_new_tokens,
+                                                     batch.context_lens) if new == 1]
+        if rows:
+            contexts = [ctx for _, ctx in rows]
+            kv, _ = decode_features(contexts, [list(s.block_table) for s, _ in rows], 16, 1, 1)
+            truth[batch.step] = sum(contexts) - kv
+        return execute(self, batch)
+
+    monkeypatch.setattr(synthetic.LawExecutor, "execute", spy)
+    rng = random.Random(0)
+    prefixes = [[rng.randint(10, 1000) for _ in range(64)] for _ in range(3)]
+    requests = [Request(prefixes[i % 3] + [rng.randint(10, 1000)
+                                           for _ in range(rng.randint(5, 40))],
+                        rng.randint(20, 60)) for i in range(40)]
+    config = Config(kvcache_block_size=16, num_kvcache_blocks=40, max_num_seqs=16,
+                    max_model_len=512)
+    events = synthetic.record_workload(config, requests, synthetic.StepLaw(noise=0.0))
+    assert len(events.tables["preempted"]["step"]) > 0
+    steps = np.asarray(events.tables["model_step"]["step"]).tolist()
+    found = dict(zip(steps, recorded_rereads(events, 16).tolist()))
+    assert sum(v > 0 for v in truth.values()) > 50
+    assert {step: found[step] for step in truth} == truth
+    x, _ = feature_matrix(events, shared_blocks=True)
+    plain, _ = feature_matrix(events)
+    at_kv, at_context = FEATURES.index(KV), FEATURES.index("decode_context_tokens")
+    assert np.array_equal(x[:, at_context] - x[:, at_kv], recorded_rereads(events, 16))
+    assert np.array_equal(plain[:, at_kv], plain[:, at_context])

@@ -7,6 +7,7 @@ batch, executes it, records the model step and post-processes the sampled tokens
 from __future__ import annotations
 
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -102,7 +103,7 @@ class EngineCore:
 
     def add_request(
         self,
-        token_ids: list[int],
+        token_ids: list[int] | array,
         params: SamplingParams,
         arrival_s: float | None = None,
         error: str | None = None,

@@ -6,7 +6,7 @@ event, which keeps recording cheap at hundreds of sequences per step.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from tracing.schema import EVENT_KINDS, NO_SEED, NOT_PADDED, all_columns
 
@@ -73,7 +73,7 @@ class EventBuffer:
         self,
         seq_id: int,
         arrival_s: float,
-        prompt_token_ids: list[int],
+        prompt_token_ids: Sequence[int],
         temperature: float,
         max_tokens: int,
         ignore_eos: bool,

@@ -5,7 +5,9 @@
 #   STAGES (VARIANTS=chunked,chunked-2048 LONG_PREFILL=32768 for bench): comma-separated, any of ktests,tests,kernels,dattn,gemm,skinny,constrained,policies,bench,hf,profile,mixed,plong,serve,gc. Results go under
 #   $OUT. bench runs tracing off/on (SKIP_OFF=1: on only) and, with COMPARE=1, tracing on
 #   without overlapped steps. mixed: the mixed-step graph and long-prefill GPU tests and the
-#   chunked fp32 runner tests; plong: the long-prefill tiling sweep (benchmarks/prefill_long.py).
+#   chunked fp32 runner tests; plong: the long-prefill tiling sweep (benchmarks/prefill_long.py);
+#   dattn: decode attention per batch size (benchmarks/decode_attention.py, DATTN_BATCHES);
+#   profile: benchmarks/profile_engine.py, PROFILE_ARGS passed on (e.g. '--set max_num_seqs=96').
 set -u
 STAGES=${1:-tests,constrained}
 OUT=${OUT:-out/h200}

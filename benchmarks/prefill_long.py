@@ -29,6 +29,9 @@ LONG_VARIANTS = [
     (128, 128, 8, 3),
     (256, 64, 8, 3),
 ]
+# The engine's long tilings once more with heaviest query tiles first (``heavy_first``; the
+# other rows launch tiles in order).
+ORDER_VARIANTS = [(128, 128, 8, 3), (128, 128, 8, 2)]
 
 
 def attention_flops(q_len: int, cached: int) -> float:
@@ -105,8 +108,11 @@ def run_prefill_long(cases: list[tuple[int, int]], variants: list[tuple[int, int
                      "rel_err": 0.0, "ok": True})
         for paged in ([False, True] if cached == 0 else [True]):
             choices: list[dict[str, Any]] = [{"engine_default": 1}]
-            choices += [{"block_rows": r, "block_n": n, "num_warps": w, "num_stages": s}
-                        for r, n, w, s in variants or LONG_VARIANTS]
+            choices += [{"block_rows": r, "block_n": n, "num_warps": w, "num_stages": s,
+                         "heavy_first": heavy}
+                        for heavy in (False, True)
+                        for r, n, w, s in (variants or LONG_VARIANTS) if not heavy
+                        or (r, n, w, s) in ([] if variants else ORDER_VARIANTS)]
             for tiling in choices:
                 out = torch.full_like(inp["q_all"][-q_len:], float("nan"))
                 kernel_args = {k: v for k, v in tiling.items() if k != "engine_default"}

@@ -81,6 +81,7 @@ FIELD_RULES: dict[str, _Rule] = {
     "blas_library": _Rule(str, choices=BLAS_LIBRARIES),
     "split_k_gemm": _Rule(bool),
     "programmatic_launch": _Rule(bool),
+    "decode_longest_first": _Rule(bool),
 }
 
 
@@ -147,6 +148,10 @@ class Config:
     # (engine/model/kernels/launch.py), so a kernel's launch overlaps the end of the one before;
     # results are identical. False: plain launches (the traces recorded before the field).
     programmatic_launch: bool = True
+    # CUDA only: a decode step's attention programs take its rows longest context first
+    # (engine/model/kernels/paged_attention.py), so the longest rows do not finish alone at the
+    # end of the launch; results are identical. False: row order (traces recorded before it).
+    decode_longest_first: bool = True
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:

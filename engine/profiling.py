@@ -258,6 +258,9 @@ def profile_key(description: dict[str, Any], engine_version: str) -> dict[str, A
             "split_k_gemm": bool(description.get("split_k_gemm", False)),
             "programmatic_launch": bool(description.get("programmatic_launch", False)),
         }
+        # Named only when on, so the keys of profiles and traces from before it stay equal.
+        if description.get("decode_longest_first"):
+            key["kernels"]["decode_longest_first"] = True
     return key
 
 

@@ -122,6 +122,7 @@ def config_from_header(header: dict[str, Any], **overrides: Any) -> Config:
     # Every projection ran through cuBLAS before the split-K decode GEMMs existed.
     recorded.setdefault("split_k_gemm", False)
     recorded.setdefault("programmatic_launch", False)
+    recorded.setdefault("decode_longest_first", False)
     known = set(Config.field_names())
     unknown = sorted(set(recorded) - known)
     if unknown:

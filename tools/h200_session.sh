@@ -6,7 +6,8 @@
 #   $OUT. bench runs tracing off/on (SKIP_OFF=1: on only) and, with COMPARE=1, tracing on
 #   without overlapped steps. mixed: the mixed-step graph and long-prefill GPU tests and the
 #   chunked fp32 runner tests; plong: the long-prefill tiling sweep (benchmarks/prefill_long.py);
-#   dattn: decode attention per batch size (benchmarks/decode_attention.py, DATTN_BATCHES);
+#   dattn: decode attention per batch size (benchmarks/decode_attention.py, DATTN_BATCHES,
+#   DATTN_LAYOUTS=token,head: the head-major cache too; DATTN_ORDERS=row,longest: rows longest first);
 #   profile: benchmarks/profile_engine.py, PROFILE_ARGS passed on (e.g. '--set max_num_seqs=96').
 set -u
 STAGES=${1:-tests,constrained}
@@ -36,8 +37,9 @@ if has kernels; then
 fi
 if has dattn; then  # decode attention per batch size: splits x tilings in a graph
     timeout "${DATTN_TIMEOUT:-300}" python3 -m benchmarks.decode_attention --out "$OUT" \
-        --batches "${DATTN_BATCHES:-16,32,64,96,128,160,192,224,256}" > "$OUT/dattn.log" 2>&1
-    tail -12 "$OUT/dattn.log"
+        --batches "${DATTN_BATCHES:-16,32,64,96,128,160,192,224,256}" \
+        --layouts "${DATTN_LAYOUTS:-token}" --orders "${DATTN_ORDERS:-row}" > "$OUT/dattn.log" 2>&1
+    tail -24 "$OUT/dattn.log"
 fi
 if has gemm; then
     python3 -m benchmarks.gemm --out /tmp/gemm > "$OUT/gemm.log" 2>&1

@@ -45,6 +45,9 @@ class AttentionMetadata:
     # Prefill keys are read through the block table even without cached context: a CUDA-graph
     # prefill (engine/runner/prefill_graphs.py), whose batch is unknown when it is captured.
     paged_prefill: bool = False
+    # int32 [num_decode_seqs]: the decode rows in the order the decode kernel's programs take
+    # them (longest context first, engine/runner/decode_graphs.py); None: row order.
+    decode_order: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -70,11 +73,13 @@ def build_attention_metadata(
     block_size: int,
     num_prefill_seqs: int,
     device: torch.device | str = "cpu",
+    longest_first: bool = False,
 ) -> tuple[torch.Tensor, AttentionMetadata]:
     """Positions of the batch's new tokens and the matching metadata.
 
     Slots are computed vectorized on the host (one small tensor per field), then moved to
-    ``device`` once.
+    ``device`` once. ``longest_first``: the metadata names the decode rows longest context
+    first (``decode_order``) for the decode kernel.
     """
     num_seqs = len(query_lens)
     if not (len(context_lens) == len(block_tables) == num_seqs):
@@ -108,6 +113,10 @@ def build_attention_metadata(
     prefill_q = query_lens[:num_prefill_seqs]
     prefill_k = context_lens[:num_prefill_seqs]
     decode_k = context_lens[num_prefill_seqs:]
+    decode_order = None
+    if longest_first and decode_k:
+        order = torch.argsort(k_lens[num_prefill_seqs:], descending=True, stable=True)
+        decode_order = order.to(device=device, dtype=torch.int32)
     metadata = AttentionMetadata(
         num_prefill_seqs=num_prefill_seqs,
         num_prefill_tokens=int(sum(prefill_q)),
@@ -123,5 +132,6 @@ def build_attention_metadata(
         max_decode_seqlen_k=max(decode_k, default=0),
         query_lens_host=tuple(int(n) for n in query_lens),
         context_lens_host=tuple(int(n) for n in context_lens),
+        decode_order=decode_order,
     )
     return positions.to(device), metadata

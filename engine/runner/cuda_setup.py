@@ -156,12 +156,13 @@ def build_stepper(
     set_programmatic_launch(config.programmatic_launch, torch.cuda.get_device_capability(device))
     max_batch = min(config.max_num_seqs, MAX_GRAPH_BATCH)
     width = -(-config.max_model_len // block_size)
-    buffers = DecodeBuffers(max_batch, width, block_size, device)
+    buffers = DecodeBuffers(max_batch, width, block_size, device, config.decode_longest_first)
     stepper_args = (block_size, num_kvcache_blocks, config.seed, rank, fused_kernels)
     sizes = split_variants(max_batch, num_kv_heads) if attention_backend.name == "triton" else [1]
     # ... and one per split-K GEMM tiling, which compiles on its first batch too.
     sizes = sorted(set(sizes) | {b for b in split_k_batches() if b <= max_batch})
-    precompile(model, device, block_size, num_kvcache_blocks, max_positions, sizes)
+    precompile(model, device, block_size, num_kvcache_blocks, max_positions, sizes,
+               config.decode_longest_first)
     if not uses_cuda_graphs(config, attention_backend):
         return CudaStepper(model, buffers, None, None, *stepper_args)
     graphs = DecodeGraphs(buffers, hidden_size, dtype, config.max_model_len)
@@ -191,12 +192,14 @@ def precompile(
     num_kvcache_blocks: int,
     max_positions: int,
     decode_batch_sizes: list[int],
+    longest_first: bool = False,
 ) -> None:
     """Compile every Triton kernel variant a run can hit before the first real step.
 
     Runs, over blocks that no sequence owns yet: a prefill with cached context (the paged
     prefill kernel and the KV store) and eager decodes at each batch size whose split count
-    differs (the decode kernel is specialised on it).
+    differs (the decode kernel is specialised on it), their rows ordered as ``longest_first``
+    says (``Config.decode_longest_first``: the kernel is specialised on that too).
     """
     num_blocks = min(2, num_kvcache_blocks)
     ctx = min(num_blocks * block_size, max_positions)
@@ -207,7 +210,7 @@ def precompile(
     forward(ids, positions, metadata)
     for batch in decode_batch_sizes:
         positions, metadata = build_attention_metadata(
-            [1] * batch, [ctx] * batch, table * batch, block_size, 0, device
+            [1] * batch, [ctx] * batch, table * batch, block_size, 0, device, longest_first
         )
         forward(torch.zeros(batch, dtype=torch.int64, device=device), positions, metadata)
     torch.cuda.synchronize(device)

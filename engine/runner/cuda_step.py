@@ -183,7 +183,8 @@ class CudaStepper:
             hidden, padded, graph_used = self._forward_staged(num_seqs, size, payload.context_lens)
         else:
             ids, positions, metadata = eager_inputs(payload, self.block_size, self.device,
-                                                   align_decodes=True)
+                                                   align_decodes=True,
+                                                   longest_first=self.buffers.longest_first)
             hidden, padded, graph_used = self.model(ids, positions, metadata), num_seqs, False
         if not payload.sample_rows:
             self.num_steps += 1

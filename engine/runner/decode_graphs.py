@@ -11,6 +11,10 @@ graphs never see another shape. Rows are updated incrementally: a sequence that 
 same row only gets its newly appended blocks written. Block tables change in two ways only:
 a decode appends blocks, or preemption frees them all and a later prefill rebuilds them; so the
 runner calls :meth:`DecodeBuffers.invalidate` after any step with prefill work.
+
+With ``longest_first`` each step also stages its rows sorted by context length, longest first
+(padding rows last): the order in which the decode attention kernel's programs take them, so a
+long row does not start last and run alone at the end of the launch (the kernel's docstring).
 """
 
 from __future__ import annotations
@@ -41,15 +45,21 @@ HOST_STAGES = 2
 
 
 class _HostStage:
-    """One set of pinned host staging arrays, and what its block-table rows hold."""
+    """One set of pinned host staging arrays, and what its block-table rows hold.
+
+    The int32 block: context lengths ``[max_batch]``, the row order ``[max_batch]``, then the
+    block tables ``[max_batch, table_width]``.
+    """
 
     def __init__(self, max_batch: int, table_width: int, pin: bool) -> None:
         self.i64 = torch.zeros(4, max_batch, dtype=torch.int64, pin_memory=pin)
-        self.i32 = torch.zeros(max_batch * (1 + table_width), dtype=torch.int32, pin_memory=pin)
+        self.i32 = torch.zeros(max_batch * (2 + table_width), dtype=torch.int32, pin_memory=pin)
         self.temps = torch.zeros(max_batch, dtype=torch.float32, pin_memory=pin)
         self.np_i64 = self.i64.numpy()
         self.np_ctx = self.i32[:max_batch].numpy()
-        self.np_tables = self.i32[max_batch:].view(max_batch, table_width).numpy()
+        self.np_order = self.i32[max_batch : 2 * max_batch].numpy()
+        self.np_order[:] = np.arange(max_batch)
+        self.np_tables = self.i32[2 * max_batch :].view(max_batch, table_width).numpy()
         self.np_temps = self.temps.numpy()
         self.np_i64[ROW_SLOTS] = PAD_SLOT
         self.np_i64[ROW_SOURCE] = NO_SOURCE
@@ -73,11 +83,13 @@ class DecodeBuffers:
     """
 
     def __init__(
-        self, max_batch: int, table_width: int, block_size: int, device: torch.device
+        self, max_batch: int, table_width: int, block_size: int, device: torch.device,
+        longest_first: bool = False,
     ) -> None:
         self.max_batch = max_batch
         self.table_width = table_width
         self.block_size = block_size
+        self.longest_first = longest_first
         pin = device.type == "cuda"
         self._stages = [_HostStage(max_batch, table_width, pin) for _ in range(HOST_STAGES)]
         self._turn = 0
@@ -92,6 +104,7 @@ class DecodeBuffers:
         stage = self._stages[index]
         self.host_i64, self.host_i32, self.host_temps = stage.i64, stage.i32, stage.temps
         self.np_i64, self.np_ctx, self.np_tables = stage.np_i64, stage.np_ctx, stage.np_tables
+        self.np_order = stage.np_order
         self.np_temps = stage.np_temps
         self._row_seq, self._row_blocks = stage.row_seq, stage.row_blocks
 
@@ -117,8 +130,12 @@ class DecodeBuffers:
         return self.dev_i32[: self.max_batch]
 
     @property
+    def row_order(self) -> torch.Tensor:
+        return self.dev_i32[self.max_batch : 2 * self.max_batch]
+
+    @property
     def block_tables(self) -> torch.Tensor:
-        return self.dev_i32[self.max_batch :].view(self.max_batch, self.table_width)
+        return self.dev_i32[2 * self.max_batch :].view(self.max_batch, self.table_width)
 
     @property
     def temperatures(self) -> torch.Tensor:
@@ -234,6 +251,9 @@ class DecodeBuffers:
         self.np_i64[ROW_POSITIONS, n:padded] = 0
         self.np_i64[ROW_SLOTS, n:padded] = PAD_SLOT
         self.np_ctx[n:padded] = 0
+        if self.longest_first:
+            # Stable, so equal contexts keep row order (and an all-padding batch is the identity).
+            self.np_order[:padded] = np.argsort(-self.np_ctx[:padded], kind="stable")
         self.dev_i64.copy_(self.host_i64, non_blocking=True)
         self.dev_i32.copy_(self.host_i32, non_blocking=True)
         self.dev_temps.copy_(self.host_temps, non_blocking=True)
@@ -255,6 +275,8 @@ class DecodeBuffers:
 
         ``cu_seqlens_k`` is not a real cumulative sum here: decode kernels read
         ``context_lens`` instead, and computing it would cost a device op per step.
+        ``decode_order`` (with ``longest_first``) holds the staged order of rows ``[0, batch)``:
+        ``batch`` must be the size :meth:`stage` padded to.
         """
         return AttentionMetadata(
             num_prefill_seqs=0,
@@ -271,6 +293,7 @@ class DecodeBuffers:
             max_decode_seqlen_k=max_context,
             query_lens_host=(1,) * batch,
             context_lens_host=context_lens_host or (max_context,) * batch,
+            decode_order=self.row_order[:batch] if self.longest_first else None,
         )
 
 

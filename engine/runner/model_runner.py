@@ -301,6 +301,7 @@ class ModelRunner:
         if self.cuda is not None:  # whether the model's decode projections run split-K
             info["split_k_gemm"] = runs_split_k(self.model, self.dtype)
             info["programmatic_launch"] = programmatic_launch()
+            info["decode_longest_first"] = self.cuda.buffers.longest_first
         return info
 
     def close(self) -> None:

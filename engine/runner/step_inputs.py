@@ -119,11 +119,13 @@ def aligned_prefill_part(
 
 
 def eager_inputs(
-    payload: StepPayload, block_size: int, device: torch.device, align_decodes: bool = False
+    payload: StepPayload, block_size: int, device: torch.device, align_decodes: bool = False,
+    longest_first: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
     """Flat input ids, positions and attention metadata of a general (eager) step;
     ``align_decodes``: a mixed step's prefill part is padded with empty sequences
-    (``aligned_prefill_part``, for the CUDA kernels)."""
+    (``aligned_prefill_part``, for the CUDA kernels); ``longest_first``: decode rows ordered
+    for the decode kernel (``build_attention_metadata``)."""
     query_lens, context_lens, block_tables, num_prefill = (
         payload.query_lens, payload.context_lens, payload.block_tables, payload.num_prefill_seqs
     )
@@ -132,7 +134,7 @@ def eager_inputs(
             list(query_lens), list(context_lens), list(block_tables), num_prefill
         )
     positions, metadata = build_attention_metadata(
-        query_lens, context_lens, block_tables, block_size, num_prefill, device
+        query_lens, context_lens, block_tables, block_size, num_prefill, device, longest_first
     )
     ids = torch.tensor(payload.input_ids, dtype=torch.int64).to(device)
     return ids, positions, metadata

@@ -25,6 +25,7 @@ KERNEL_SPEED_FIELDS = (
     "blas_library",
     "split_k_gemm",
     "programmatic_launch",
+    "decode_longest_first",
 )
 
 

@@ -112,6 +112,9 @@ def test_a_cuda_profile_key_names_the_kernels_its_steps_ran() -> None:
     }  # fmt: skip
     older = {k: v for k, v in cuda.items() if k != "split_k_gemm"}
     assert profile_key(older, "v")["kernels"]["split_k_gemm"] is False
+    ordered = profile_key({**cuda, "decode_longest_first": True}, "v")
+    assert ordered["kernels"]["decode_longest_first"] is True  # the rows' order moves step times
+    assert profile_key({**cuda, "decode_longest_first": False}, "v") == profile_key(cuda, "v")
     assert "kernels" not in profile_key({"device": "cpu"}, "v")  # the CPU runner's steps
 
 

@@ -14,6 +14,12 @@ reads is computed on the device from ``context_lens``: every split of a sequence
 share of that sequence's context, whatever its length, and nothing depends on the host.
 
 Padding rows of a graph batch have ``context_lens == 0``: they read nothing and output zeros.
+
+Why an order: programs are handed to multiprocessors roughly in launch order, and a batch's
+contexts differ several-fold, so a long sequence whose programs start last leaves most of the
+GPU idle while it finishes. With ``order`` (the rows sorted by context, longest first: the
+runner stages it with the step's inputs) the longest programs start first and the short ones
+fill in behind them. Each program computes the same values either way: outputs are identical.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ def _decode_split_kernel(
     v_cache_ptr,
     block_tables_ptr,
     context_lens_ptr,
+    order_ptr,
     out_ptr,
     part_acc_ptr,
     part_max_ptr,
@@ -66,6 +73,7 @@ def _decode_split_kernel(
     NUM_SPLITS: tl.constexpr,
     IEEE: tl.constexpr,
     HEADS_FASTEST: tl.constexpr,
+    ORDERED: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
     gdc_enter(USE_GDC)  # programmatic dependent launch: kernels/launch.py
@@ -78,6 +86,8 @@ def _decode_split_kernel(
         seq = tl.program_id(0)
         kv_head = tl.program_id(1)
         num_heads = tl.num_programs(1) * GROUP
+    if ORDERED:
+        seq = tl.load(order_ptr + seq)  # the seq-th program takes the seq-th longest row
     split = tl.program_id(2)
 
     ctx = tl.load(context_lens_ptr + seq)
@@ -191,13 +201,17 @@ def paged_decode_attention(
     num_warps: int = DECODE_NUM_WARPS,
     num_stages: int = DECODE_NUM_STAGES,
     heads_fastest: bool = DECODE_HEADS_FASTEST,
+    order: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query per sequence against its paged context.
 
     ``q`` ``[num_seqs, num_heads, head_dim]``; caches ``[num_blocks, block_size, num_kv_heads,
-    head_dim]``; ``block_tables`` int32 ``[num_seqs, width]``; ``context_lens`` int32
+    head_dim]`` (any strides with the last dimension contiguous, both caches alike);
+    ``block_tables`` int32 ``[num_seqs, width]``; ``context_lens`` int32
     ``[num_seqs]`` (0: a padding row, output zeros). ``num_splits`` None picks by batch size;
     it and the tiling arguments are fixed per call, so a captured graph replays them as is.
+    ``order`` int32 ``[num_seqs]``, a permutation of the rows: the order in which programs take
+    them (longest context first, see the module docstring); None: row order.
     """
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_dim = k_cache.shape
@@ -205,10 +219,15 @@ def paged_decode_attention(
         raise ValueError(
             f"q {tuple(q.shape)} does not fit a cache of {num_kv_heads} heads x {cache_dim}"
         )
-    if q.stride(-1) != 1 or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("q must be contiguous in its last dimension and the caches contiguous")
+    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or k_cache.stride() != v_cache.stride():
+        raise ValueError(
+            "q and the caches must be contiguous in their last dimension, and the two caches "
+            "laid out alike"
+        )
     if block_tables.stride(-1) != 1:
         raise ValueError("block_tables must be contiguous in its last dimension")
+    if order is not None and order.shape != (num_seqs,):
+        raise ValueError(f"order has shape {tuple(order.shape)}, need ({num_seqs},)")
     if out is None:
         out = torch.empty_like(q)
     if num_seqs == 0:
@@ -231,6 +250,7 @@ def paged_decode_attention(
         v_cache,
         block_tables,
         context_lens,
+        context_lens if order is None else order,  # unused without ORDERED
         out,
         part_acc,
         part_max,
@@ -253,6 +273,7 @@ def paged_decode_attention(
         NUM_SPLITS=splits,
         IEEE=q.dtype == torch.float32,
         HEADS_FASTEST=heads_fastest,
+        ORDERED=order is not None,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_options(),

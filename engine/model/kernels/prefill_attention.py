@@ -10,6 +10,13 @@ Program ``(query tile, seq, kv_head)`` takes ``TILE_TOKENS`` queries of one sequ
 the query heads that share ``kv_head`` (rows ordered token-major, head-minor), so each K/V tile
 is loaded once per GQA group. Key tiles strictly before the tile's first query need no causal
 mask; only the diagonal band is masked.
+
+Under the causal mask a query tile's work grows with its position, and programs start about in
+launch order (query tiles fastest); so with ``heavy_first`` program ``i`` takes query tile
+``tiles - 1 - i``: each head's longest tiles start first and the short ones fill the tail (what
+FlashAttention's causal schedulers do). The values each program computes are the same. It is
+part of the tiling: measured faster for long prompts with fresh keys only (through the block
+table at 32k tokens it was slower; docs/gpu-notes.md, session 12).
 """
 
 from __future__ import annotations
@@ -30,24 +37,29 @@ PREFILL_NUM_STAGES = 2
 # Prompts of at least LONG_PREFILL_TOKENS new tokens (the longest in a launch) take their own
 # tiling: enough query tiles to fill the GPU with larger ones (figures: docs/gpu-notes.md).
 LONG_PREFILL_TOKENS = 8192
-# (block_rows, block_n, num_warps, num_stages) of long prompts, keys fresh / through the cache.
-LONG_FRESH_TILING = (128, 128, 8, 3)
-LONG_PAGED_TILING = (128, 128, 8, 2)
+# (block_rows, block_n, num_warps, num_stages, heavy_first) of long prompts, keys fresh /
+# through the cache.
+LONG_FRESH_TILING = (128, 128, 8, 3, True)
+LONG_PAGED_TILING = (128, 128, 8, 2, False)
 # One long fresh prompt through PyTorch's flash SDPA instead (``flash_sdpa_fits``): faster per
 # layer in the kernel sweep, but slower than this kernel for a whole 32k engine step in the A/B
 # of one process (``benchmarks.engine --long-prefill``; docs/BENCHMARKS.md section 8a), so off.
 LONG_FRESH_SDPA = False
+# Query tiles in launch order below LONG_PREFILL_TOKENS (module docstring: ``heavy_first``).
+PREFILL_HEAVY_FIRST = False
 
 
-def prefill_tiling(max_seqlen_q: int, paged: bool = True) -> dict[str, int]:
+def prefill_tiling(max_seqlen_q: int, paged: bool = True) -> dict[str, int | bool]:
     """The kernel's tiling for a launch whose longest prompt has ``max_seqlen_q`` new tokens
     (a host value fixed per launch, so a captured graph replays it as is)."""
     if max_seqlen_q >= LONG_PREFILL_TOKENS:
-        rows, block_n, warps, stages = LONG_PAGED_TILING if paged else LONG_FRESH_TILING
+        rows, block_n, warps, stages, heavy = LONG_PAGED_TILING if paged else LONG_FRESH_TILING
     else:
-        rows, block_n, warps, stages = (PREFILL_BLOCK_ROWS, PREFILL_BLOCK_N, PREFILL_NUM_WARPS,
-                                        PREFILL_NUM_STAGES)
-    return {"block_rows": rows, "block_n": block_n, "num_warps": warps, "num_stages": stages}
+        rows, block_n, warps, stages, heavy = (PREFILL_BLOCK_ROWS, PREFILL_BLOCK_N,
+                                               PREFILL_NUM_WARPS, PREFILL_NUM_STAGES,
+                                               PREFILL_HEAVY_FIRST)
+    return {"block_rows": rows, "block_n": block_n, "num_warps": warps, "num_stages": stages,
+            "heavy_first": heavy}
 
 
 def flash_sdpa_fits(q: torch.Tensor, num_seqs: int, max_seqlen_q: int, paged: bool) -> bool:
@@ -187,10 +199,13 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr,
     IEEE: tl.constexpr,
+    HEAVY_FIRST: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
     gdc_enter(USE_GDC)  # programmatic dependent launch: kernels/launch.py
     tile = tl.program_id(0)
+    if HEAVY_FIRST:
+        tile = tl.num_programs(0) - 1 - tile
     seq = tl.program_id(1)
     kv_head = tl.program_id(2)
     row0 = tl.load(cu_seqlens_q_ptr + seq)
@@ -257,6 +272,7 @@ def prefill_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     use_sdpa: bool | None = None,
+    heavy_first: bool | None = None,
 ) -> torch.Tensor:
     """Causal varlen attention for ``num_seqs = len(context_lens)`` prefill sequences.
 
@@ -265,13 +281,14 @@ def prefill_attention(
     ``cu_seqlens_q`` int32 ``[num_seqs + 1]``. Writes ``out`` rows of these sequences only.
     Tiling arguments left None come from ``prefill_tiling``; ``use_sdpa`` None: the module's
     choice (``flash_sdpa_fits``), True: PyTorch's flash SDPA (one fresh prompt only), False:
-    always this kernel.
+    always this kernel. ``heavy_first``: query tiles launched latest first (module docstring).
     """
     tiling = prefill_tiling(max_seqlen_q, k_cache is not None)
     block_rows = tiling["block_rows"] if block_rows is None else block_rows
     block_n = tiling["block_n"] if block_n is None else block_n
     num_warps = tiling["num_warps"] if num_warps is None else num_warps
     num_stages = tiling["num_stages"] if num_stages is None else num_stages
+    heavy_first = bool(tiling["heavy_first"]) if heavy_first is None else heavy_first
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k.shape[1]
     if num_heads % num_kv_heads != 0:
@@ -334,6 +351,7 @@ def prefill_attention(
         BLOCK_N=block_n,
         PAGED=paged,
         IEEE=q.dtype == torch.float32,
+        HEAVY_FIRST=heavy_first,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_options(),

@@ -109,5 +109,6 @@ class TritonAttentionBackend(TritonSlotStore):
                 metadata.context_lens[num_prefill:],
                 scale,
                 out=out[num_tokens:],
+                order=metadata.decode_order,
             )
         return out

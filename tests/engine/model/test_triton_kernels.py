@@ -176,6 +176,64 @@ def test_paged_decode_head_dim_not_power_of_two() -> None:
     assert err < TOL[torch.float32]
 
 
+def decode_outputs(seed: int, lens: list[int], dtype: torch.dtype, num_splits: int | None,
+                   block_size: int = 8, heads: tuple[int, int, int] = (4, 2, 16),
+                   head_major: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode launch in row order and one with the rows longest first (and, with
+    ``head_major``, the caches stored ``[blocks, heads, block_size, dim]`` and read by strides)."""
+    num_heads, num_kv_heads, head_dim = heads
+    gen = torch.Generator().manual_seed(seed)
+    k_cache, v_cache, tables = make_paged(gen, lens, block_size, num_kv_heads, head_dim, dtype)
+    q = torch.randn(len(lens), num_heads, head_dim, generator=gen).to(dtype).to(DEVICE)
+    ctx = torch.tensor(lens, dtype=torch.int32)
+    order = torch.argsort(ctx, descending=True, stable=True).to(torch.int32)
+    k_cache, v_cache = k_cache.to(DEVICE), v_cache.to(DEVICE)
+    plain = torch.full_like(q, float("nan"))
+    paged.paged_decode_attention(q, k_cache, v_cache, tables.to(DEVICE), ctx.to(DEVICE),
+                                 head_dim**-0.5, out=plain, num_splits=num_splits)
+    if head_major:
+        k_cache = k_cache.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+        v_cache = v_cache.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+    ordered = torch.full_like(q, float("nan"))
+    paged.paged_decode_attention(q, k_cache, v_cache, tables.to(DEVICE), ctx.to(DEVICE),
+                                 head_dim**-0.5, out=ordered, num_splits=num_splits,
+                                 order=order.to(DEVICE))
+    return plain.cpu(), ordered.cpu()
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_paged_decode_longest_first_gives_identical_outputs(num_splits: int) -> None:
+    # The order only decides which program takes which row: every element must be the same bits,
+    # padding rows (context 0, sorted last) still zero.
+    plain, ordered = decode_outputs(5, [3, 0, 41, 9, 41, 17], torch.float32, num_splits)
+    assert not torch.isnan(ordered).any()
+    assert torch.equal(plain, ordered)
+
+
+def test_paged_decode_reads_a_head_major_cache_by_its_strides() -> None:
+    plain, strided = decode_outputs(6, [13, 30, 2], torch.float32, 2, head_major=True)
+    assert torch.equal(plain, strided)
+
+
+def test_paged_decode_refuses_an_order_of_the_wrong_length() -> None:
+    q = torch.zeros(2, 2, 16)
+    cache = torch.zeros(3, 4, 1, 16)
+    with pytest.raises(ValueError, match="order has shape"):
+        paged.paged_decode_attention(q, cache, cache, torch.zeros(2, 1, dtype=torch.int32),
+                                     torch.ones(2, dtype=torch.int32), 1.0,
+                                     order=torch.zeros(3, dtype=torch.int32))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_paged_decode_longest_first_identical_qwen3_shapes_bf16(num_splits: int) -> None:
+    gen = torch.Generator().manual_seed(13)
+    lens = torch.randint(1, 2100, (96,), generator=gen).tolist() + [0, 0, 256]
+    plain, ordered = decode_outputs(14, lens, torch.bfloat16, num_splits, 256, (16, 8, 128))
+    assert torch.equal(plain, ordered)
+
+
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("num_splits", [1, 2, 4, None])
@@ -199,7 +257,7 @@ def check_prefill(
     block_size: int,
     dtype: torch.dtype,
     paged_kv: bool,
-    **tiles: int,
+    **tiles: int | bool,
 ) -> float:
     gen = torch.Generator().manual_seed(seed)
     k_cache, v_cache, tables = make_paged(
@@ -246,9 +304,11 @@ def check_prefill(
     return rel_err(out.cpu(), torch.cat(refs))
 
 
+@pytest.mark.parametrize("heavy_first", [True, False])
 @pytest.mark.parametrize("group", [1, 2])
-def test_prefill_with_cached_context_matches_reference(group: int) -> None:
-    # (query, context): a prefix hit of whole pages, a ragged hit, a single new token, no hit.
+def test_prefill_with_cached_context_matches_reference(group: int, heavy_first: bool) -> None:
+    # (query, context): a prefix hit of whole pages, a ragged hit, a single new token, no hit;
+    # query tiles launched in either order (the longest prompt has tiles the others lack).
     query_lens, context_lens = [5, 19, 1, 23], [21, 30, 9, 23]
     err = check_prefill(
         group,
@@ -262,6 +322,7 @@ def test_prefill_with_cached_context_matches_reference(group: int) -> None:
         True,
         block_rows=16,
         block_n=16,
+        heavy_first=heavy_first,
     )
     assert err < TOL[torch.float32]
 

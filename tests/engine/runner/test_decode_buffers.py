@@ -81,3 +81,34 @@ def test_stage_rows_tables_and_padding_over_many_steps() -> None:
             # invalidates after any prefill step; the next stage must rewrite the row.
             seqs[0]["table"] = [free.pop() for _ in seqs[0]["table"]]
             buffers.invalidate()
+
+
+def test_longest_first_stages_rows_by_context_padding_last() -> None:
+    # The decode kernel's programs take rows in this order (engine/model/kernels/
+    # paged_attention.py): longest context first, ties in row order, padding rows at the end.
+    buffers = DecodeBuffers(8, WIDTH, BLOCK_SIZE, torch.device("cpu"), longest_first=True)
+    ctx = [5, 12, 5, 1, 12]
+    seqs = [{"id": i, "last": 7, "ctx": c, "table": list(range(3 * i, 3 * i + 3)), "temp": 1.0}
+            for i, c in enumerate(ctx)]
+    stage(buffers, seqs, padded=8)
+    md = buffers.metadata(8, max(ctx))
+    assert md.decode_order is not None
+    assert md.decode_order.tolist() == [1, 4, 0, 2, 3, 5, 6, 7]
+    check(buffers, seqs, 8)
+    # A smaller batch later: the order covers its own padded rows only.
+    stage(buffers, seqs[:2], padded=2)
+    assert buffers.metadata(2, 12).decode_order.tolist() == [1, 0]
+
+
+def test_row_order_unless_longest_first() -> None:
+    buffers = DecodeBuffers(4, WIDTH, BLOCK_SIZE, torch.device("cpu"))
+    stage(buffers, [{"id": 0, "last": 1, "ctx": 3, "table": [0], "temp": 1.0}], padded=4)
+    assert buffers.metadata(4, 3).decode_order is None
+
+
+def test_eager_metadata_orders_decode_rows_longest_first() -> None:
+    _, md = build_attention_metadata([4, 1, 1, 1], [4, 2, 9, 2], [[0], [1], [2, 3, 4], [5]],
+                                     BLOCK_SIZE, 1, longest_first=True)
+    assert md.decode_order is not None and md.decode_order.tolist() == [1, 0, 2]
+    _, plain = build_attention_metadata([1, 1], [2, 3], [[0], [1]], BLOCK_SIZE, 0)
+    assert plain.decode_order is None

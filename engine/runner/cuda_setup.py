@@ -178,7 +178,7 @@ def build_stepper(
         # The mixed graphs share the prefill graphs' pool (captured after them, never replayed
         # at once).
         mixed_graphs = MixedGraphs(prefill_sizes, mixed_rows, width, block_size, hidden_size,
-                                   dtype, device)
+                                   dtype, device, longest_first=config.decode_longest_first)
         mixed_graphs.capture(model, prefill_graphs.pool)
     return CudaStepper(model, buffers, graphs, prefill_graphs, *stepper_args,
                        mixed_graphs=mixed_graphs)

@@ -15,6 +15,8 @@ and slot -1. Sequence slots: ``[0, S)`` prefill (``S = MAX_GRAPH_PREFILL_SEQS``)
 decodes, so the decode part's context lengths and block tables start at aligned addresses.
 
 Which steps take which graph: ``mixed_graph_key``; the decode capacities: ``mixed_decode_sizes``.
+With ``longest_first`` the decode rows are also staged longest context first, the order the
+decode kernel's programs take them (as ``engine/runner/decode_graphs.py`` does for decodes).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ def stage_mixed(
     key: MixedKey,
     max_prefill_seqs: int = MAX_GRAPH_PREFILL_SEQS,
     sources: Sequence[int] | None = None,
+    order: np.ndarray | None = None,
 ) -> None:
     """Fill the host staging arrays for one mixed step of graph ``key`` (numpy, in place).
 
@@ -63,6 +66,8 @@ def stage_mixed(
     ``i32``: ``cu_seqlens_q`` ``[S + 1]`` then context lengths ``[S + max decodes]``; ``tables``
     ``[S + max decodes, width]``. ``sources``: per decode, the row of the previous step's output
     holding its input token (``NO_SOURCE``: its id is the one given); None: every id is given.
+    ``order`` (int32, at least the graph's decode rows): filled with the decode rows sorted by
+    context, longest first, padding rows last; None: not staged.
     """
     tokens, rows = key
     s = max_prefill_seqs
@@ -88,6 +93,8 @@ def stage_mixed(
         i64[ROW_PENDING, tokens : tokens + n] = sources
     i32[2 * s + 1 : 2 * s + 1 + n] = ctx
     i32[2 * s + 1 + n : 2 * s + 1 + rows] = 0
+    if order is not None:
+        order[:rows] = np.argsort(-i32[2 * s + 1 : 2 * s + 1 + rows], kind="stable")
 
 
 def graph_rows(sample_rows: Sequence[int], prefill_tokens: int, padded_tokens: int) -> list[int]:
@@ -109,6 +116,7 @@ class MixedGraphs(StagedGraphs):
         dtype: torch.dtype,
         device: torch.device,
         max_prefill_seqs: int = MAX_GRAPH_PREFILL_SEQS,
+        longest_first: bool = False,
     ) -> None:
         if not prefill_sizes or not decode_sizes:
             raise ValueError("MixedGraphs needs prefill token counts and decode capacities")
@@ -118,9 +126,13 @@ class MixedGraphs(StagedGraphs):
         self.max_prefill_seqs = s = max_prefill_seqs
         self.max_decodes = max(decode_sizes)
         self.block_size = block_size
+        self.longest_first = longest_first
         slots = s + self.max_decodes
+        # int32 header: cu_seqlens_q [S + 1], context lengths [slots], the decode rows' order.
+        self._order_at = s + 1 + slots
+        self._header_ints = self._order_at + self.max_decodes
         super().__init__(keys, max(prefill_sizes) + max(decode_sizes), hidden_size, dtype, device,
-                         header_ints=s + 1 + slots, slots=slots, table_width=table_width)
+                         header_ints=self._header_ints, slots=slots, table_width=table_width)
 
     def rows(self, key: Any) -> int:
         tokens, decodes = key
@@ -150,9 +162,10 @@ class MixedGraphs(StagedGraphs):
         tokens of the step before, on the device."""
         self._check_samples(sample_rows, temperatures)
         self._wait_uploaded()
-        stage_mixed(self._np_i64, self._np_i32, self._np_tables, input_ids, query_lens,
-                    context_lens, block_tables, num_prefill_seqs, self.block_size, key,
-                    self.max_prefill_seqs, sources)
+        order = self._np_i32[self._order_at :] if self.longest_first else None
+        stage_mixed(self._np_i64, self._np_i32[: self._order_at], self._np_tables, input_ids,
+                    query_lens, context_lens, block_tables, num_prefill_seqs, self.block_size,
+                    key, self.max_prefill_seqs, sources, order)
         prefill_tokens = int(sum(query_lens[:num_prefill_seqs]))
         self._upload(graph_rows(sample_rows, prefill_tokens, key[0]), temperatures)
         if sources is not None:
@@ -177,13 +190,17 @@ class MixedGraphs(StagedGraphs):
             cu_seqlens_q=cu,
             cu_seqlens_k=cu,  # unused by the paged prefill kernel
             context_lens=self.dev_i32[s + 1 : s + 1 + s + decodes],
-            block_tables=self.dev_i32[s + 1 + slots :].view(slots, self.table_width)[: s + decodes],
+            block_tables=self.dev_i32[self._header_ints :].view(slots, self.table_width)[
+                : s + decodes
+            ],
             max_seqlen_q=tokens,
             max_seqlen_k=tokens,
             max_decode_seqlen_k=0,
             query_lens_host=(0,) * s + (1,) * decodes,
             context_lens_host=(0,) * (s + decodes),
             paged_prefill=True,
+            decode_order=(self.dev_i32[self._order_at : self._order_at + decodes]
+                          if self.longest_first else None),
         )
 
     @torch.inference_mode()

@@ -110,6 +110,23 @@ def test_staged_buffers_match_the_eager_metadata(batch, data) -> None:  # type: 
     assert temps.tolist() == [0.5] * len(last)
 
 
+def test_longest_first_stages_the_decode_rows_by_context() -> None:
+    # The decode kernel takes the mixed graph's decode rows in this order (padding rows, context
+    # 0, last); without longest_first the metadata names no order.
+    graphs = MixedGraphs(prefill_graph_sizes(1024), mixed_decode_sizes(32), TABLE_WIDTH,
+                         BLOCK_SIZE, 4, torch.float32, torch.device("cpu"), longest_first=True)
+    query, context = [3, 1, 1, 1], [3, 9, 20, 9]
+    tables = [[0], [1, 2, 3], [4, 5, 6, 7, 8], [9, 10, 11]]
+    key = graphs.key(3, 1, 3)
+    assert key is not None
+    graphs.stage([1] * 6, query, context, tables, 1, key)
+    staged = graphs.metadata(key)
+    assert staged.decode_order is not None
+    assert staged.decode_order.tolist() == [1, 0, 2, *range(3, key[1])]  # within the decode part
+    assert staged.context_lens[S : S + 3].tolist() == [9, 20, 9]
+    assert _graphs().metadata(key).decode_order is None
+
+
 def test_sampled_rows_past_the_prefill_part_move_to_the_decode_rows() -> None:
     assert graph_rows([2, 5, 6, 7], 6, 16) == [2, 5, 16, 17]
 

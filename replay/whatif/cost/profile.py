@@ -164,7 +164,8 @@ def merge_profiles(profiles: list[dict[str, Any]], names: list[str]) -> dict[str
     merged = {**profiles[0], "rows": rows, "path": PROFILE_SEPARATOR.join(names),
               "merged_from": list(names)}
     if any(p.get("decode_tables") != DECODE_TABLES_OWN for p in profiles):
-        merged.pop("decode_tables", None)  # a shared-prefix row of one that did not
+        # One of them ran its shared-prefix rows over other tables: their medians say nothing.
+        merged.pop("decode_tables", None)
     return merged
 
 

@@ -14,6 +14,7 @@ with graphs off (``ScheduledBatch.eager``), so a what-if without graphs (``enfor
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import statistics
 import time
 from collections.abc import Callable, Collection
@@ -35,6 +36,11 @@ DECODE_BATCHES = (1, 16, 64)
 DECODE_CONTEXT = 256
 # Calibration sequences get ids no request can have (requests count up from 0).
 FIRST_CALIBRATION_SEQ_ID = -1000
+# Every synthetic sequence gets an id of its own, never reused: the runner keeps each decode
+# row's block table by sequence id and writes only the blocks added since (``DecodeBuffers._fill``:
+# a request's table only grows), so a step reusing an earlier step's ids would run over that
+# step's tables, not its own (docs/BENCHMARKS.md §7h).
+_synthetic_ids = itertools.count()
 # Token id fed to the synthetic prompts: an ordinary token of any Qwen vocabulary.
 FILLER_TOKEN = 13
 LOW_QUANTILE, HIGH_QUANTILE = 0.1, 0.9
@@ -42,12 +48,13 @@ LOW_QUANTILE, HIGH_QUANTILE = 0.1, 0.9
 
 def synthetic_sequences(lengths: list[int], first_block: int, block_size: int) -> list[Sequence]:
     """Sequences of filler prompts of ``lengths`` over consecutive free blocks from
-    ``first_block``, with ids no request can have."""
+    ``first_block``, with ids no request, and no other synthetic sequence, has."""
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     seqs = []
     start = first_block
-    for i, length in enumerate(lengths):
-        seq = Sequence(FIRST_CALIBRATION_SEQ_ID - i, [FILLER_TOKEN] * length, params)
+    for length in lengths:
+        seq = Sequence(FIRST_CALIBRATION_SEQ_ID - next(_synthetic_ids), [FILLER_TOKEN] * length,
+                       params)
         blocks = (length + block_size - 1) // block_size
         seq.block_table = list(range(start, start + blocks))
         start += blocks

@@ -64,6 +64,10 @@ SHARED_GROUPS = (1, 4)
 MIXED_CHUNKS = {0: (256, 2048), 4: (64, 512, 1024, 8192)}
 MIXED_ROWS = {0: (16, 128), 4: (1, 64, 256)}
 MIXED_CONTEXTS = {0: (1024,), 4: (256, 4096)}
+# A profile's ``decode_tables``: each decode ran over its own block tables (synthetic ids are
+# unique, engine/calibration.py). A profile without it ran most decodes over tables the runner
+# kept from earlier points (docs/BENCHMARKS.md §7h): its shared prefixes never shared.
+DECODE_TABLES_OWN = "own"
 DEFAULT_BUDGET_S = 170.0
 DEFAULT_REPEATS = 3
 
@@ -321,6 +325,7 @@ def run_profile(executor: Executor, config: Config, budget_s: float = DEFAULT_BU
         "levels": list(LEVELS),
         "points": len(grid),
         "skipped": skipped,
+        "decode_tables": DECODE_TABLES_OWN,
         "rows": rows,
     }
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.profiling import ProfileError, load_profile, profile_key
+from engine.profiling import DECODE_TABLES_OWN, ProfileError, load_profile, profile_key
 from replay.whatif.cost import fit as fitting
 from replay.whatif.cost.decode_attention import kv_heads_of
 from replay.whatif.cost.features import (
@@ -161,15 +161,24 @@ def merge_profiles(profiles: list[dict[str, Any]], names: list[str]) -> dict[str
                 row[name] = float(np.median(values))
         row["profiles"] = len(timed)
         rows.append(row)
-    return {**profiles[0], "rows": rows, "path": PROFILE_SEPARATOR.join(names),
-            "merged_from": list(names)}
+    merged = {**profiles[0], "rows": rows, "path": PROFILE_SEPARATOR.join(names),
+              "merged_from": list(names)}
+    if any(p.get("decode_tables") != DECODE_TABLES_OWN for p in profiles):
+        # One of them ran its shared-prefix rows over other tables: their medians say nothing.
+        merged.pop("decode_tables", None)
+    return merged
 
 
 def profile_steps(profile: dict[str, Any], measured_host: bool, overhead_s: float,
                   kv_heads: int) -> Steps:
     """The profile's rows as fit rows (``features.calibration_steps``) of a model of
-    ``kv_heads`` KV heads (the source's: a profile of another model is refused by its key)."""
-    return calibration_steps(profile["rows"], measured_host, overhead_s, kv_heads)
+    ``kv_heads`` KV heads (the source's: a profile of another model is refused by its key).
+    Its decodes over shared prefixes only where they ran over their own block tables
+    (``decode_tables``): in an older profile they ran over an earlier point's, private ones."""
+    rows = profile["rows"]
+    if profile.get("decode_tables") != DECODE_TABLES_OWN:
+        rows = [row for row in rows if not row.get("prefix_groups")]
+    return calibration_steps(rows, measured_host, overhead_s, kv_heads)
 
 
 def _ranges(x: np.ndarray, classes: np.ndarray) -> dict[str, dict[str, list[float]]]:

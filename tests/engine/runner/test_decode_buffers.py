@@ -112,3 +112,29 @@ def test_eager_metadata_orders_decode_rows_longest_first() -> None:
     assert md.decode_order is not None and md.decode_order.tolist() == [1, 0, 2]
     _, plain = build_attention_metadata([1, 1], [2, 3], [[0], [1]], BLOCK_SIZE, 0)
     assert plain.decode_order is None
+
+
+def test_synthetic_steps_one_after_another_run_over_their_own_tables() -> None:
+    """The profile's decodes, staged in the order it times them (each twice, as its repeats
+    alternate the two host stages), hold each point's own block tables: its shared prefixes
+    too. The buffers keep a row's table by sequence id, so synthetic ids must never repeat."""
+    from engine.config import Config
+    from engine.graph_sizes import padded_decode_size
+    from engine.profiling import profile_grid
+
+    config = Config(max_model_len=4096, max_num_seqs=32, max_num_batched_tokens=4096,
+                    num_kvcache_blocks=4000)
+    block = config.kvcache_block_size
+    buffers = DecodeBuffers(32, -(-config.max_model_len // block), block, torch.device("cpu"))
+    decodes = [p for p in profile_grid(config) if p.kind == "decode"]
+    assert any(p.prefix_groups for p in decodes)
+    sizes = graph_batch_sizes(32)
+    for point in decodes:
+        batch = point.batch(block)
+        for _ in range(2):
+            buffers.stage_sequences(batch.seqs, batch.context_lens,
+                                    padded_decode_size(sizes, len(batch.seqs)),
+                                    config.num_kvcache_blocks)
+            staged = [buffers.block_tables[i, : len(table)].tolist()
+                      for i, table in enumerate(point.block_tables(block))]
+            assert staged == point.block_tables(block), point.label

@@ -16,7 +16,7 @@ from replay.whatif.cost import shared_reads
 from replay.whatif.cost.features import FEATURES, calibration_features
 from replay.whatif.cost.lstsq import fit_linear
 from replay.whatif.cost.model import CostModel
-from replay.whatif.cost.profile import CostOptions
+from replay.whatif.cost.profile import CostOptions, merge_profiles
 from replay.whatif.sim_executor import SimClock, SimExecutor
 from replay.whatif.synthetic import StepLaw, law_profile, record_workload
 from replay.workloads.builtin import reference_workload
@@ -145,3 +145,19 @@ def test_a_split_fit_predicts_from_the_unmodified_features() -> None:
     assert "decode_context_tokens" in stated.features
     assert np.allclose(stated.predict(x), fit.predict(moved), rtol=1e-12)
     assert shared_reads.split(fit, 1.0) is fit and shared_reads.split(fit, 0.0) is fit
+
+
+def test_an_older_profiles_shared_rows_are_left_out(source) -> None:
+    """A profile taken before each decode ran over its own block tables (no ``decode_tables``)
+    ran its shared-prefix rows over an earlier point's private tables: they measure nothing, so
+    the model is the one without them, pooled with a newer profile too."""
+    discounted = profile_with_l2(0.4)
+    assert discounted["decode_tables"] == "own"
+    older = {k: v for k, v in discounted.items() if k != "decode_tables"}
+    without = {**discounted, "rows": [r for r in discounted["rows"] if not r.get("prefix_groups")]}
+    model = CostModel.fit(source, profile=older, options=POOLED)
+    assert model.shared_read_fraction == 1.0 and not model.shared_kv
+    assert model.fits == CostModel.fit(source, profile=without, options=POOLED).fits
+    merged = merge_profiles([discounted, older], ["new", "old"])
+    assert "decode_tables" not in merged
+    assert "decode_tables" in merge_profiles([discounted, discounted], ["a", "b"])

@@ -12,8 +12,9 @@ tokens up front (numpy over the stretch), so its step times can be priced before
 ``BlockManager`` makes every block decision (``may_append``, and ``deallocate`` through
 ``Scheduler.finish``) in the order and at the step the per-step loop makes it, a ``Sequence`` is
 brought up to date (``Sequence.extend_tokens``) only where the block manager reads it (a token that
-starts or fills a block), when it finishes and when the stretch ends (all the others at once:
-``engine.sequence.extend_each``), and the rows of the steps'
+starts or fills a block) and when it finishes; the others are left behind their columns, to be
+brought up to date when next read (``RunningColumns.sync``; without a token source, at the
+stretch's end: ``engine.sequence.extend_each``), and the rows of the steps'
 ``batch_scheduled``, ``seq_scheduled``, ``model_step`` and ``token_sampled`` events are built
 column by column, with the event ids the per-step loop gives them. The running sequences'
 columns a stretch plans from are kept from one stretch to the next (``engine.running_columns``),
@@ -30,7 +31,7 @@ import numpy as np
 
 from engine.batch import ScheduledBatch, StepOutput, StepResult
 from engine.policy import BUILTIN_POLICIES
-from engine.running_columns import RunningColumns
+from engine.running_columns import RunningColumns, TokensOf
 from engine.sequence import extend_each
 
 if TYPE_CHECKING:
@@ -77,9 +78,10 @@ class DecodeStretch:
     ``last_batch``."""
 
     def __init__(self, scheduler: OverlapScheduler, columns: RunningColumns,
-                 last_step: np.ndarray, num_steps: int) -> None:
+                 last_step: np.ndarray, num_steps: int, tokens_of: TokensOf | None = None) -> None:
         self.scheduler = scheduler
         self.columns = columns
+        self.tokens_of = tokens_of
         self.seqs = seqs = columns.seqs
         self.num_steps = num_steps
         self.seq_ids = columns.seq_ids
@@ -127,10 +129,13 @@ class DecodeStretch:
 
     @classmethod
     def plan(cls, scheduler: OverlapScheduler, max_steps: int,
-             columns: RunningColumns | None = None) -> DecodeStretch | None:
+             columns: RunningColumns | None = None,
+             tokens_of: TokensOf | None = None) -> DecodeStretch | None:
         """The stretch the scheduler's state proves, of at most ``max_steps`` steps, or None
         (the per-step path decides). ``columns``: the running sequences' columns kept from the
-        last stretch (``engine.running_columns``; None: gathered afresh). Emits: nothing."""
+        last stretch (``engine.running_columns``; None: gathered afresh); ``tokens_of``: the
+        executor's token rule, which lets the stretch leave its survivors' ``Sequence`` objects
+        behind their columns (None: it brings them up to date at its end). Emits: nothing."""
         running = scheduler.running
         if scheduler.waiting or scheduler.prefilling or not running or max_steps < 1:
             return None
@@ -139,7 +144,7 @@ class DecodeStretch:
                 block_manager.pending_hashes or type(scheduler.policy) not in _BUILTIN:
             return None
         columns = columns if columns is not None else RunningColumns()
-        columns.refresh(list(running), scheduler.max_model_len)
+        columns.refresh(list(running), scheduler.max_model_len, tokens_of)
         if scheduler.eos >= 0 and columns.watches_eos():
             return None
         num_tokens = columns.num_tokens
@@ -158,7 +163,7 @@ class DecodeStretch:
         if claims > free or not scheduler.blocks_allow_defer(free - claims, len(running),
                                                              _unknown):
             return None
-        return cls(scheduler, columns, last_step, num_steps)
+        return cls(scheduler, columns, last_step, num_steps, tokens_of)
 
     def price(self, executor: Any, clock: Callable[[], float], until: float, overlapped: bool,
               defer: bool, start: float, sink_s: float) -> dict[str, list]:
@@ -255,6 +260,9 @@ class DecodeStretch:
             kept = [seqs[index] for index in survivors.tolist()]
         else:
             kept = seqs  # (``RunningColumns.keep`` takes it as the new list: never changed)
+        if self.tokens_of is not None:  # left behind their columns until next read
+            self.columns.keep(survivors, kept, steps, lagging=True)
+            return finished
         # The survivors caught up in part (a block's token) take the rest one by one.
         behind = [index for index in survivors.tolist() if caught[index]] if any(caught) else []
         for index in behind:
@@ -327,10 +335,16 @@ class DecodeStretch:
             "seq_id": seq_ids, "token_id": self._tokens[seq_of, step_of].tolist()})
 
     def _catch_up(self, index: int, steps: int) -> None:
-        """Give sequence ``index`` the tokens it sampled in the stretch's first ``steps`` steps."""
+        """Give sequence ``index`` the tokens it sampled in the stretch's first ``steps`` steps
+        (and first those it lacks from earlier stretches, from ``tokens_of``)."""
+        seq = self.seqs[index]
+        owed = int(self._num_tokens[index]) - seq.num_tokens  # left by earlier stretches
+        if owed > 0:
+            seq.extend_tokens(self.tokens_of(  # type: ignore[misc]
+                seq.seq_id, seq.num_tokens - seq.num_prompt_tokens, owed))
         done = self._caught[index]
         if done < steps:
-            self.seqs[index].extend_tokens(self._tokens[index, done:steps].tolist())
+            seq.extend_tokens(self._tokens[index, done:steps].tolist())
             self._caught[index] = steps
 
 

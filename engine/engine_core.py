@@ -81,6 +81,8 @@ class EngineCore:
         # next input is due on the clock (inf: none).
         self.decode_horizon: Callable[[], float] | None = None
         self._running_columns = RunningColumns()  # what the last stretch left (its survivors)
+        # The executor's token rule for one sequence: lets a stretch leave its survivors behind.
+        self._tokens_of = getattr(executor, "sequence_tokens", None)
         self.header = {
             **(header or {}),
             "config": config.to_dict(),
@@ -237,10 +239,12 @@ class EngineCore:
         the stretch). False: nothing done. Emits what those steps emit, in the same order."""
         until = self.decode_horizon()  # type: ignore[misc]
         executor = self.executor
-        stretch = DecodeStretch.plan(self.scheduler, executor.steps_within(until),
-                                     self._running_columns)
+        scheduler = self.scheduler
+        stretch = DecodeStretch.plan(scheduler, executor.steps_within(until),
+                                     self._running_columns, self._tokens_of)
         if stretch is None:
             return False
+        scheduler.sync_running = None  # the stretch catches up each sequence it reads itself
         defer = self.config.async_scheduling  # every step of a stretch can be deferred
         rows = stretch.price(executor, self.clock, until, self._deferred_last, defer,
                              self.start_time, self._sink_s)
@@ -249,6 +253,8 @@ class EngineCore:
         # A sink that folds the counts itself gets them instead of the sequence and token rows.
         counts_only = getattr(self.sink, "takes_decode_stretches", False)
         finished = stretch.run(steps, first, rows, sequence_rows=not counts_only)
+        if self._running_columns.lagging:  # the survivors take their tokens when next read
+            scheduler.sync_running = self._sync_running
         sampled = stretch.sampled(steps)
         if counts_only:
             self.sink.add_decode_stretch(stretch.seq_ids, first, sampled)  # type: ignore
@@ -263,6 +269,12 @@ class EngineCore:
             self._sink_s = self.clock() - began
         self._ready.append(stretch.result(steps, first, finished))
         return True
+
+    def _sync_running(self) -> None:
+        """Bring the running sequences a stretch left behind up to date (``Scheduler
+        .sync_running``). Emits nothing."""
+        self.scheduler.sync_running = None
+        self._running_columns.sync(self._tokens_of)  # type: ignore[arg-type]
 
     def _emit_model_step(self, batch: ScheduledBatch, output: StepOutput | None) -> int | None:
         """The model step event, measurements to be patched in when the step resolves."""

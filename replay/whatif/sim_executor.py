@@ -26,6 +26,7 @@ beside decodes) runs from a graph where the target config's runner captures one 
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +35,7 @@ import numpy as np
 from engine.batch import ScheduledBatch, StepOutput, batch_features
 from engine.decode_stretch import MAX_STRETCH_STEPS, DecodePrices
 from engine.graph_sizes import mixed_graph_key, padded_decode_size, padded_prefill_tokens
+from engine.sequence import TOKEN_TYPECODE
 from replay.whatif.cost.decode_attention import decode_features, longest_program_tokens
 from replay.whatif.cost.features import StepFeatures, computed_tokens, step_class
 from replay.whatif.cost.model import CostModel, StepTime
@@ -185,6 +187,26 @@ class SimExecutor:
                 if start < len(mine):
                     head = np.asarray(mine[start:start + steps], dtype=np.int64)
                     tokens[row, :len(head)] = head
+        return tokens
+
+    def sequence_tokens(self, seq_id: int, completion: int, count: int) -> array | list[int]:
+        """``decode_tokens``' row for one sequence (``count`` samplings after its first
+        ``completion``): the tokens a decode stretch left a sequence owing (``engine
+        .running_columns``). Synthetic tokens run up by one modulo the range, so they are made
+        as ``range``s, in C. Counts nothing."""
+        recorded = self.tokens.get(seq_id, ())
+        if completion < len(recorded):
+            return self.decode_tokens(np.array([seq_id]), np.array([completion]),
+                                      count)[0].tolist()
+        tokens = array(TOKEN_TYPECODE)
+        start = (seq_id * SYNTHETIC_STRIDE + completion) % SYNTHETIC_RANGE
+        while len(tokens) < count:
+            end = min(start + count - len(tokens), SYNTHETIC_RANGE)
+            tokens.extend(range(start, end))
+            start = 0
+        eos = self.eos
+        if 0 <= eos < SYNTHETIC_RANGE and eos in tokens:
+            tokens = array(TOKEN_TYPECODE, [t + 1 if t == eos else t for t in tokens])
         return tokens
 
     def count_sampled(self, seq_ids: np.ndarray, completions: np.ndarray,

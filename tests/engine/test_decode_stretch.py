@@ -9,6 +9,9 @@ What these tests prove:
 - without a downstream sink ``StreamingMetrics`` folds a stretch's counts instead of its
   sequence and token rows (``add_decode_stretch``), to the same metrics;
 - a trace written in segments (``--trace-out``) holds the same rows either way;
+- a stretch leaves its survivors behind their token counts (not given its tokens), and bringing
+  them up to date (``Scheduler.sync_running``, which the scheduler calls before it reads them)
+  gives every running sequence exactly the tokens of the per-step loop at that step;
 - ``DecodeStretch.plan`` refuses what it cannot prove: a request waiting, a sequence that
   watches for EOS, claims beyond the free blocks, a user policy.
 """
@@ -81,8 +84,8 @@ def run(reqs: list[Request], overrides: dict, cost: CostModel | None, stretches:
     plan = DecodeStretch.plan.__func__  # type: ignore[attr-defined]
     add = StreamingMetrics.add_decode_stretch
 
-    def counted(cls, scheduler, max_steps, columns=None):
-        stretch = plan(cls, scheduler, max_steps, columns) if stretches else None
+    def counted(cls, scheduler, max_steps, *args):
+        stretch = plan(cls, scheduler, max_steps, *args) if stretches else None
         if stretch is not None:
             ran.append(len(stretch._finishing))
         return stretch
@@ -247,3 +250,36 @@ def test_a_stretchs_steps_are_its_running_sequences(seed) -> None:
         np.flatnonzero(last < stretch.num_steps).tolist()
     top = int(num_tokens.max())  # the longest finished inside the stretch:
     assert any(longest != top + step for step, longest in enumerate(stretch.longest_contexts))
+
+
+def test_lagging_sequences_sync_to_the_per_step_tokens(cost, monkeypatch) -> None:
+    """After each stretch some running sequences lack its tokens; ``sync_running`` (what the
+    scheduler calls before reading them, and ``Scheduler.finish``) gives each running sequence
+    the token ids, count and computed count the per-step loop gave it by that step."""
+    from replay.whatif.stream import StreamInputs
+
+    on = StreamInputs.on_result
+
+    def seen(states: dict, sync: bool) -> object:
+        def on_result(self, result, now) -> None:
+            scheduler = self.core.scheduler
+            lagging = scheduler.sync_running is not None
+            if sync and lagging:
+                scheduler.sync_running()
+                assert scheduler.sync_running is None
+            states[result.step] = (lagging, {s.seq_id: (list(s.token_ids), s.num_tokens,
+                                                         s.num_computed_tokens)
+                                             for s in scheduler.running})
+            on(self, result, now)
+        return on_result
+
+    reqs = requests(60, seed=5)
+    stepped, stretched = {}, {}
+    with monkeypatch.context() as patch:
+        patch.setattr(StreamInputs, "on_result", seen(stepped, False))
+        run(reqs, CONFIGS["small pool preempts"], cost, False, monkeypatch)
+        patch.setattr(StreamInputs, "on_result", seen(stretched, True))
+        _, _, ran = run(reqs, CONFIGS["small pool preempts"], cost, True, monkeypatch)
+    assert ran and sum(lagging for lagging, _ in stretched.values()) > 10
+    for step, (_, running) in stretched.items():
+        assert running == stepped[step][1], step

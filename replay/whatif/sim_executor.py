@@ -126,6 +126,7 @@ class SimExecutor:
         self._kv_heads = cost.kv_heads if cost is not None else 1
         self.last_interval_s = 0.0  # the last step's simulated interval
         self._decode_interval_s = 0.0  # the last decode step's (the pace of a decode stretch)
+        self._synthetic_cycle: array | None = None  # ``sequence_tokens``' (made on first use)
 
     def bind(self, seq_id: int, tokens: Sequence[int] | None) -> None:
         """Give sequence ``seq_id`` (ids are handed out in order) its recorded completion (a list
@@ -192,21 +193,20 @@ class SimExecutor:
     def sequence_tokens(self, seq_id: int, completion: int, count: int) -> array | list[int]:
         """``decode_tokens``' row for one sequence (``count`` samplings after its first
         ``completion``): the tokens a decode stretch left a sequence owing (``engine
-        .running_columns``). Synthetic tokens run up by one modulo the range, so they are made
-        as ``range``s, in C. Counts nothing."""
+        .running_columns``). Synthetic tokens run up by one modulo the range: they are slices
+        of one cycle of them, made once. Counts nothing."""
         recorded = self.tokens.get(seq_id, ())
         if completion < len(recorded):
             return self.decode_tokens(np.array([seq_id]), np.array([completion]),
                                       count)[0].tolist()
-        tokens = array(TOKEN_TYPECODE)
+        cycle = self._synthetic_cycle
+        if cycle is None:  # every synthetic token in order, as ``_synthetic`` gives them
+            cycle = self._synthetic_cycle = array(
+                TOKEN_TYPECODE, [self._synthetic(0, at) for at in range(SYNTHETIC_RANGE)])
         start = (seq_id * SYNTHETIC_STRIDE + completion) % SYNTHETIC_RANGE
+        tokens = cycle[start:start + count]
         while len(tokens) < count:
-            end = min(start + count - len(tokens), SYNTHETIC_RANGE)
-            tokens.extend(range(start, end))
-            start = 0
-        eos = self.eos
-        if 0 <= eos < SYNTHETIC_RANGE and eos in tokens:
-            tokens = array(TOKEN_TYPECODE, [t + 1 if t == eos else t for t in tokens])
+            tokens += cycle[:count - len(tokens)]
         return tokens
 
     def count_sampled(self, seq_ids: np.ndarray, completions: np.ndarray,

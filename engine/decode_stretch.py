@@ -14,7 +14,7 @@ tokens up front (numpy over the stretch), so its step times can be priced before
 brought up to date (``Sequence.extend_tokens``) only where the block manager reads it (a token that
 starts or fills a block) and when it finishes; the others are left behind their columns, to be
 brought up to date when next read (``RunningColumns.sync``; without a token source, at the
-stretch's end: ``engine.sequence.extend_each``), and the rows of the steps'
+stretch's end), and the rows of the steps'
 ``batch_scheduled``, ``seq_scheduled``, ``model_step`` and ``token_sampled`` events are built
 column by column, with the event ids the per-step loop gives them. The running sequences'
 columns a stretch plans from are kept from one stretch to the next (``engine.running_columns``),
@@ -32,7 +32,6 @@ import numpy as np
 from engine.batch import ScheduledBatch, StepOutput, StepResult
 from engine.policy import BUILTIN_POLICIES
 from engine.running_columns import RunningColumns, TokensOf
-from engine.sequence import extend_each
 
 if TYPE_CHECKING:
     from engine.overlap_scheduler import OverlapScheduler
@@ -124,7 +123,6 @@ class DecodeStretch:
         for step, index in zip(due_steps.tolist(), due_seqs.tolist()):
             if step <= ends.get(index, step):
                 self._due.setdefault(step, []).append(index)
-        self._caught = [0] * len(seqs)  # steps whose tokens each Sequence holds
         self._tokens = np.zeros((0, 0), np.int64)  # ``bind_tokens``' (before ``run``)
 
     @classmethod
@@ -208,7 +206,8 @@ class DecodeStretch:
         return priced
 
     def bind_tokens(self, tokens: np.ndarray) -> None:
-        """The token each sequence samples at each step (sequences by row, steps by column)."""
+        """The token each sequence samples at each step (sequences by row, steps by column):
+        needed for the ``token_sampled`` rows, and where there is no ``tokens_of``."""
         self._tokens = tokens
 
     def run(self, steps: int, first_step: int, model_rows: dict[str, list],
@@ -255,25 +254,14 @@ class DecodeStretch:
         survivors = np.flatnonzero(self._last_step >= steps)
         if block_manager.tracks_last_use:
             block_manager.touch(self.seq_ids[survivors].tolist(), first_step + steps - 1)
-        caught = self._caught
         if len(survivors) < len(seqs):
             kept = [seqs[index] for index in survivors.tolist()]
         else:
             kept = seqs  # (``RunningColumns.keep`` takes it as the new list: never changed)
-        if self.tokens_of is not None:  # left behind their columns until next read
-            self.columns.keep(survivors, kept, steps, lagging=True)
-            return finished
-        # The survivors caught up in part (a block's token) take the rest one by one.
-        behind = [index for index in survivors.tolist() if caught[index]] if any(caught) else []
-        for index in behind:
-            self._catch_up(index, steps)
-        still, to_extend = survivors, kept
-        if behind:
-            still = survivors[np.asarray(caught, bool)[survivors] == 0]
-            to_extend = [seqs[index] for index in still.tolist()]
-        rows = self._tokens[still, :steps].astype(np.int32)
-        extend_each(to_extend, rows.tobytes(), steps, rows[:, -1].tolist() if steps else [])
-        self.columns.keep(survivors, kept, steps)
+        if self.tokens_of is None:  # no token source to catch them up later: now
+            for index in survivors.tolist():
+                self._catch_up(index, steps)
+        self.columns.keep(survivors, kept, steps, lagging=self.tokens_of is not None)
         return finished
 
     def result(self, steps: int, first_step: int, finished: list[Sequence]) -> StepResult:
@@ -294,7 +282,13 @@ class DecodeStretch:
             context_lens=context_lens, num_prefill_seqs=0, num_batched_tokens=len(seqs),
             sampled_seqs=seqs)
         output = self._last_output
-        output.token_ids = self._tokens[index, last].tolist()
+        if self._tokens.shape[1] > last:
+            output.token_ids = self._tokens[index, last].tolist()
+        else:  # no tokens bound (no sequence rows were needed): the token source's
+            output.token_ids = [
+                self.tokens_of(seq_id, completion + last, 1)[0]  # type: ignore[misc]
+                for seq_id, completion in zip(self.seq_ids[index].tolist(),
+                                              self.completions[index].tolist())]
         return batch, output
 
     def sampled(self, steps: int) -> np.ndarray:
@@ -335,17 +329,17 @@ class DecodeStretch:
             "seq_id": seq_ids, "token_id": self._tokens[seq_of, step_of].tolist()})
 
     def _catch_up(self, index: int, steps: int) -> None:
-        """Give sequence ``index`` the tokens it sampled in the stretch's first ``steps`` steps
-        (and first those it lacks from earlier stretches, from ``tokens_of``)."""
+        """Give sequence ``index`` the tokens it sampled up to the stretch's first ``steps``
+        steps that it lacks (earlier stretches' too), from ``tokens_of`` (else the bound
+        tokens)."""
         seq = self.seqs[index]
-        owed = int(self._num_tokens[index]) - seq.num_tokens  # left by earlier stretches
+        owed = int(self._num_tokens[index]) + steps - seq.num_tokens
         if owed > 0:
-            seq.extend_tokens(self.tokens_of(  # type: ignore[misc]
-                seq.seq_id, seq.num_tokens - seq.num_prompt_tokens, owed))
-        done = self._caught[index]
-        if done < steps:
-            seq.extend_tokens(self._tokens[index, done:steps].tolist())
-            self._caught[index] = steps
+            if self.tokens_of is not None:
+                seq.extend_tokens(self.tokens_of(
+                    seq.seq_id, seq.num_tokens - seq.num_prompt_tokens, owed))
+            else:  # (never behind its columns then: every token owed is this stretch's)
+                seq.extend_tokens(self._tokens[index, steps - owed:steps].tolist())
 
 
 class StretchResult(StepResult):

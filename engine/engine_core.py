@@ -249,9 +249,11 @@ class EngineCore:
         rows = stretch.price(executor, self.clock, until, self._deferred_last, defer,
                              self.start_time, self._sink_s)
         steps, first = len(rows["kind"]), self.step_index
-        stretch.bind_tokens(executor.decode_tokens(stretch.seq_ids, stretch.completions, steps))
         # A sink that folds the counts itself gets them instead of the sequence and token rows.
         counts_only = getattr(self.sink, "takes_decode_stretches", False)
+        if not counts_only or self._tokens_of is None:  # (else tokens come when read)
+            stretch.bind_tokens(executor.decode_tokens(stretch.seq_ids, stretch.completions,
+                                                       steps))
         finished = stretch.run(steps, first, rows, sequence_rows=not counts_only)
         if self._running_columns.lagging:  # the survivors take their tokens when next read
             scheduler.sync_running = self._sync_running

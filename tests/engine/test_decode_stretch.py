@@ -182,7 +182,8 @@ def test_plan_refuses_what_it_cannot_prove() -> None:
     assert DecodeStretch.plan(user, 10) is None  # a user policy might admit otherwise
 
 
-def test_a_stretch_result_is_its_last_steps(cost, monkeypatch) -> None:
+@pytest.mark.parametrize("keep_events", [True, False])
+def test_a_stretch_result_is_its_last_steps(cost, monkeypatch, keep_events) -> None:
     """A stretch's result (its batch and output made when read) is the per-step loop's result
     of the stretch's last step: same step, batch, tokens and duration; its ``finished`` holds
     every sequence finished in the stretch."""
@@ -206,7 +207,7 @@ def test_a_stretch_result_is_its_last_steps(cost, monkeypatch) -> None:
         patch.setattr(StreamInputs, "on_result", seen(stepped))
         run(reqs, {}, cost, False, monkeypatch)
         patch.setattr(StreamInputs, "on_result", seen(stretched))
-        _, _, ran = run(reqs, {}, cost, True, monkeypatch)
+        _, _, ran = run(reqs, {}, cost, True, monkeypatch, keep_events=keep_events)
     assert ran and len(stretched) < len(stepped)
     for step, values in stretched.items():
         assert values == stepped[step], step
@@ -252,7 +253,8 @@ def test_a_stretchs_steps_are_its_running_sequences(seed) -> None:
     assert any(longest != top + step for step, longest in enumerate(stretch.longest_contexts))
 
 
-def test_lagging_sequences_sync_to_the_per_step_tokens(cost, monkeypatch) -> None:
+@pytest.mark.parametrize("keep_events", [True, False])
+def test_lagging_sequences_sync_to_the_per_step_tokens(cost, monkeypatch, keep_events) -> None:
     """After each stretch some running sequences lack its tokens; ``sync_running`` (what the
     scheduler calls before reading them, and ``Scheduler.finish``) gives each running sequence
     the token ids, count and computed count the per-step loop gave it by that step."""
@@ -279,7 +281,8 @@ def test_lagging_sequences_sync_to_the_per_step_tokens(cost, monkeypatch) -> Non
         patch.setattr(StreamInputs, "on_result", seen(stepped, False))
         run(reqs, CONFIGS["small pool preempts"], cost, False, monkeypatch)
         patch.setattr(StreamInputs, "on_result", seen(stretched, True))
-        _, _, ran = run(reqs, CONFIGS["small pool preempts"], cost, True, monkeypatch)
+        _, _, ran = run(reqs, CONFIGS["small pool preempts"], cost, True, monkeypatch,
+                        keep_events=keep_events)
     assert ran and sum(lagging for lagging, _ in stretched.values()) > 10
     for step, (_, running) in stretched.items():
         assert running == stepped[step][1], step

@@ -155,9 +155,16 @@ class DecodeStretch:
         # can preempt, whatever the finishes free on the way; and the defer rule must hold with
         # the fewest free blocks and the most running sequences any step can have.
         block_size = scheduler.block_size
+        free = len(block_manager.free_block_ids)
+        # A sequence's token starts a block once every block_size steps: over num_steps steps
+        # it claims at most ``most`` blocks. Where the free blocks cover that for every running
+        # sequence and still one each, both rules hold whatever the exact count (the defer
+        # rule's first case), so it is not worked out.
+        most = -(-num_steps // block_size)
+        if free >= (most + 1) * len(running):
+            return cls(scheduler, columns, last_step, num_steps, tokens_of)
         peak = num_tokens + np.minimum(last_step, num_steps - 1)
         claims = int(np.maximum((peak + block_size - 1) // block_size - columns.held, 0).sum())
-        free = len(block_manager.free_block_ids)
         if claims > free or not scheduler.blocks_allow_defer(free - claims, len(running),
                                                              _unknown):
             return None

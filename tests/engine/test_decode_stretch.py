@@ -182,6 +182,25 @@ def test_plan_refuses_what_it_cannot_prove() -> None:
     assert DecodeStretch.plan(user, 10) is None  # a user policy might admit otherwise
 
 
+def test_plan_proves_blocks_as_the_exact_claims_do() -> None:
+    """Where ``plan`` skips counting the blocks a stretch claims (free blocks for the most any
+    sequence can claim, and one more each), it decides as the exact count does: every block
+    claimed free now and one block left per running sequence."""
+    for num_blocks in range(6, 14):
+        scheduler = _decoding_scheduler(Config(num_kvcache_blocks=num_blocks,
+                                               kvcache_block_size=16))
+        for max_steps in (1, 2, 15, 16, 17, 33, 38):
+            running, free = list(scheduler.running), len(scheduler.block_manager.free_block_ids)
+            last = [min(s.num_prompt_tokens + s.max_tokens, scheduler.max_model_len)
+                    - s.num_tokens - 1 for s in running]
+            steps = min(max_steps, max(last) + 1)
+            claims = sum(max(-(-(s.num_tokens + min(end, steps - 1)) // 16)
+                             - len(s.block_table), 0) for s, end in zip(running, last))
+            proven = claims <= free and free - claims >= len(running)
+            stretch = DecodeStretch.plan(scheduler, max_steps)
+            assert (stretch is not None) == proven, (num_blocks, max_steps)
+
+
 @pytest.mark.parametrize("keep_events", [True, False])
 def test_a_stretch_result_is_its_last_steps(cost, monkeypatch, keep_events) -> None:
     """A stretch's result (its batch and output made when read) is the per-step loop's result

@@ -43,6 +43,8 @@ MODEL_ROW_COLUMNS = ("kind", "duration_s", "num_seqs", "prefill_tokens", "prefil
                      "decode_seqs", "decode_context_tokens", "padded_batch_size", "graph_used",
                      "wall_time_s", "overlapped", "host_s", "padded_tokens")
 _BUILTIN = tuple(BUILTIN_POLICIES.values())  # policies that admit only from the waiting queue
+_STEPS = np.arange(MAX_STRETCH_STEPS)  # a stretch's step numbers (sliced: no array per stretch)
+_NO_TOKENS = np.zeros((0, 0), np.int64)  # no tokens bound (``bind_tokens``)
 
 @dataclass
 class DecodePrices:
@@ -115,7 +117,7 @@ class DecodeStretch:
         # A decoding sequence's next token starts a block when num_tokens % block_size == 1 and
         # fills one when it is 0 (as ``Scheduler._decode_all``): those visit the block manager,
         # at a step it still runs.
-        grid = num_tokens[:, None] + np.arange(num_steps)  # each sequence's count at each step
+        grid = num_tokens[:, None] + _STEPS[:num_steps]  # each sequence's count at each step
         grid %= scheduler.block_size
         due_steps, due_seqs = np.nonzero((grid < 2).T)  # by step, in running order
         self._due: dict[int, list[int]] = {}
@@ -123,7 +125,7 @@ class DecodeStretch:
         for step, index in zip(due_steps.tolist(), due_seqs.tolist()):
             if step <= ends.get(index, step):
                 self._due.setdefault(step, []).append(index)
-        self._tokens = np.zeros((0, 0), np.int64)  # ``bind_tokens``' (before ``run``)
+        self._tokens = _NO_TOKENS  # ``bind_tokens``' (before ``run``)
 
     @classmethod
     def plan(cls, scheduler: OverlapScheduler, max_steps: int,
@@ -258,15 +260,15 @@ class DecodeStretch:
                 finished.append(seq)
         self._emit_rows(steps, first_step, first_ids, free_after,
                         model_rows, sequence_rows)
-        survivors = np.flatnonzero(self._last_step >= steps)
+        # The survivors: every row where nothing finished (None: ``RunningColumns.keep``
+        # takes the list as it is, never changed).
+        survivors = np.flatnonzero(self._last_step >= steps) if finished else None
+        kept = [seqs[index] for index in survivors.tolist()] if finished else seqs
         if block_manager.tracks_last_use:
-            block_manager.touch(self.seq_ids[survivors].tolist(), first_step + steps - 1)
-        if len(survivors) < len(seqs):
-            kept = [seqs[index] for index in survivors.tolist()]
-        else:
-            kept = seqs  # (``RunningColumns.keep`` takes it as the new list: never changed)
+            ids = self.seq_ids if survivors is None else self.seq_ids[survivors]
+            block_manager.touch(ids.tolist(), first_step + steps - 1)
         if self.tokens_of is None:  # no token source to catch them up later: now
-            for index in survivors.tolist():
+            for index in range(len(seqs)) if survivors is None else survivors.tolist():
                 self._catch_up(index, steps)
         self.columns.keep(survivors, kept, steps, lagging=self.tokens_of is not None)
         return finished

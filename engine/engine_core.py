@@ -260,11 +260,12 @@ class EngineCore:
         sampled = stretch.sampled(steps)
         if counts_only:
             self.sink.add_decode_stretch(stretch.seq_ids, first, sampled)  # type: ignore
-        executor.count_sampled(stretch.seq_ids, stretch.completions, sampled)
+        total = sum(stretch.num_seqs[:steps])  # the tokens sampled
+        executor.count_sampled(stretch.seq_ids, stretch.completions, sampled, total)
         self._deferred_last = defer
         self.step_index = first + steps
         self.events.step = self.step_index
-        self.num_completion_tokens += sum(stretch.num_seqs[:steps])
+        self.num_completion_tokens += total
         if self.sink is not None:
             began = self.clock()
             self.sink.on_step_end(self.events)

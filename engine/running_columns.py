@@ -108,12 +108,12 @@ class RunningColumns:
         self.table = np.concatenate([self.table, np.array(rows, np.int64).reshape(-1, 6)])
         self._watching = self._watching or any(row[WATCH_EOS] for row in rows)
 
-    def keep(self, rows: np.ndarray, seqs: list[Sequence], steps: int,
+    def keep(self, rows: np.ndarray | None, seqs: list[Sequence], steps: int,
              lagging: bool = False) -> None:
-        """Keep only ``rows`` (indices, in order), which are now ``seqs``, each ``steps`` tokens
-        longer (their ``held`` brought up to date in place by the caller); ``lagging``: some of
-        them do not hold those tokens yet (``sync``). Emits nothing."""
-        table = self.table[rows]
+        """Keep only ``rows`` (indices, in order; None: every row), which are now ``seqs``,
+        each ``steps`` tokens longer (their ``held`` brought up to date in place by the caller);
+        ``lagging``: some of them do not hold those tokens yet (``sync``). Emits nothing."""
+        table = self.table.copy() if rows is None else self.table[rows]
         table[:, NUM_TOKENS] += steps
         self.seqs, self.table = seqs, table
         self.lagging = self.lagging or lagging

@@ -210,11 +210,12 @@ class SimExecutor:
         return tokens
 
     def count_sampled(self, seq_ids: np.ndarray, completions: np.ndarray,
-                      sampled: np.ndarray) -> None:
+                      sampled: np.ndarray, total: int | None = None) -> None:
         """Count the synthetic ones among ``decode_tokens``' tokens that were sampled (the first
-        ``sampled`` of each sequence), as ``_sample`` counts them."""
+        ``sampled`` of each sequence; ``total``: their sum, where the caller has it), as
+        ``_sample`` counts them."""
         if not self.tokens:
-            self.synthesized += int(sampled.sum())
+            self.synthesized += int(sampled.sum()) if total is None else total
             return
         have = np.fromiter((len(self.tokens.get(s, ())) for s in seq_ids.tolist()), np.int64,
                            len(seq_ids))

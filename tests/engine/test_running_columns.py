@@ -55,6 +55,10 @@ def test_kept_and_appended_rows_equal_a_fresh_gather() -> None:
     seqs[4].block_table.append(99)
     columns.held[4] += 1
     columns.keep(survivors, [seqs[0], seqs[2], seqs[4]], 3)
+    everyone = [seqs[0], seqs[2], seqs[4]]
+    for seq in everyone:  # a stretch in which none finished keeps every row (None)
+        seq.extend_tokens([4])
+    columns.keep(None, everyone, 1)
     admitted = _seq(9, 33, 5, ignore_eos=False)
     running = [seqs[0], seqs[2], seqs[4], admitted]
     table = columns.table

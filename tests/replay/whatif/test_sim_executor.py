@@ -64,6 +64,9 @@ def test_decode_tokens_are_the_tokens_sampled_step_by_step() -> None:
                 mine = [c[seq_id] for c in columns if seq_id in c]
                 assert tokens[row, :len(mine)].tolist() == mine, (recorded, eos, seq_id)
             assert bulk.synthesized == stepped.synthesized, (recorded, eos)
+            summed, _, _ = _executors(recorded, eos)  # given the sum of ``sampled``
+            summed.count_sampled(ids, completions, np.array([5, 3, 5]), 13)
+            assert summed.synthesized == stepped.synthesized, (recorded, eos)
 
 
 def test_sequence_tokens_are_one_row_of_decode_tokens() -> None:

@@ -238,8 +238,7 @@ class EngineCore:
         sequential path does it; one result (the last step's, with every sequence finished in
         the stretch). False: nothing done. Emits what those steps emit, in the same order."""
         until = self.decode_horizon()  # type: ignore[misc]
-        executor = self.executor
-        scheduler = self.scheduler
+        executor, scheduler = self.executor, self.scheduler
         stretch = DecodeStretch.plan(scheduler, executor.steps_within(until),
                                      self._running_columns, self._tokens_of)
         if stretch is None:
@@ -252,8 +251,7 @@ class EngineCore:
         # A sink that folds the counts itself gets them instead of the sequence and token rows.
         counts_only = getattr(self.sink, "takes_decode_stretches", False)
         if not counts_only or self._tokens_of is None:  # (else tokens come when read)
-            stretch.bind_tokens(executor.decode_tokens(stretch.seq_ids, stretch.completions,
-                                                       steps))
+            stretch.bind_tokens(executor.decode_tokens(stretch.seq_ids, stretch.completions, steps))
         finished = stretch.run(steps, first, rows, sequence_rows=not counts_only)
         if self._running_columns.lagging:  # the survivors take their tokens when next read
             scheduler.sync_running = self._sync_running
@@ -274,8 +272,7 @@ class EngineCore:
         return True
 
     def _sync_running(self) -> None:
-        """Bring the running sequences a stretch left behind up to date (``Scheduler
-        .sync_running``). Emits nothing."""
+        """Bring the sequences a stretch left behind up to date (``sync_running``)."""
         self.scheduler.sync_running = None
         self._running_columns.sync(self._tokens_of)  # type: ignore[arg-type]
 

@@ -14,8 +14,8 @@ A stretch may leave its survivors' ``Sequence`` objects behind their token-count
 (``keep(..., lagging=True)``: their tokens not yet appended): the columns are then the truth, and
 ``sync`` appends what each lacks (from a ``TokensOf`` source: the executor's token rule) before
 anything else reads them (``EngineCore`` hands ``sync`` to the scheduler as
-``Scheduler.sync_running``). While they lag, no step outside a stretch can have moved them (that
-step would have synced them first), so ``refresh`` skips the token-count gather.
+``OverlapScheduler.sync_running``). While they lag, no step outside a stretch can have moved
+them (that step would have synced them first), so ``refresh`` skips the token-count gather.
 """
 
 from __future__ import annotations

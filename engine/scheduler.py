@@ -8,7 +8,6 @@ reads a clock, so the same inputs give the same decisions live, in replay and in
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from itertools import islice
 from operator import attrgetter
 
@@ -59,9 +58,6 @@ class Scheduler:
         # of decodes alone be built in bulk (``_decode_all``).
         self.prefilling: set[int] = set()
         self.num_preemptions = 0
-        # Set while a decode stretch left running sequences lacking tokens (engine.running_columns):
-        # brings them up to date before they are read here (visiting them, a finish).
-        self.sync_running: Callable[[], None] | None = None
 
     # --- requests ---------------------------------------------------------------------------------
     def add(
@@ -125,8 +121,6 @@ class Scheduler:
         """
         if seq.status is SequenceStatus.FINISHED:
             return
-        if self.sync_running is not None:
-            self.sync_running()
         if seq in self.waiting:
             self.waiting.remove(seq)
         if seq in self.running:
@@ -215,8 +209,6 @@ class Scheduler:
     def _run_running(self, step: Step, batch: StepWork) -> None:
         """Visit the running sequences in admission order while the budgets last: one still in
         its prompt gets its next chunk, one decoding gets one token (``_claim_decode_slot``)."""
-        if self.sync_running is not None:
-            self.sync_running()
         running, bm = self.running, self.block_manager
         if not self.prefilling and self._decode_all(step, batch):
             return

@@ -10,7 +10,7 @@ What these tests prove:
   sequence and token rows (``add_decode_stretch``), to the same metrics;
 - a trace written in segments (``--trace-out``) holds the same rows either way;
 - a stretch leaves its survivors behind their token counts (not given its tokens), and bringing
-  them up to date (``Scheduler.sync_running``, which the scheduler calls before it reads them)
+  them up to date (``OverlapScheduler.sync_running``, called before the scheduler reads them)
   gives every running sequence exactly the tokens of the per-step loop at that step;
 - ``DecodeStretch.plan`` refuses what it cannot prove: a request waiting, a sequence that
   watches for EOS, claims beyond the free blocks, a user policy.

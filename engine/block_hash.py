@@ -26,10 +26,12 @@ def signed64(digest: int) -> int:
     return digest - _UINT64_SPAN if digest > _INT64_MAX else digest
 
 
-def int32_bytes(token_ids: TokenIds) -> bytes:
-    """Token ids (a list, or an ``array('i')``: then one copy) as the bytes of a native int32
-    array (``np.asarray(ids, np.int32).tobytes()``, made without numpy: several times faster for
-    a block's few hundred ids)."""
+def int32_bytes(token_ids: TokenIds) -> bytes | array:
+    """Token ids as the bytes of a native int32 array (``np.asarray(ids, np.int32).tobytes()``,
+    made without numpy: several times faster for a block's few hundred ids), or an
+    ``array('i')`` itself, whose buffer holds those bytes (xxhash reads any buffer: no copy)."""
+    if type(token_ids) is array and token_ids.typecode == _INT32:
+        return token_ids
     return array(_INT32, token_ids).tobytes()
 
 

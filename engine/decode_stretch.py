@@ -12,8 +12,9 @@ tokens up front (numpy over the stretch), so its step times can be priced before
 ``BlockManager`` makes every block decision (``may_append``, and ``deallocate`` through
 ``Scheduler.finish``) in the order and at the step the per-step loop makes it, a ``Sequence`` is
 brought up to date (``Sequence.extend_tokens``) only where the block manager reads it (a token that
-starts or fills a block), when it finishes and when the stretch ends (all the others at once:
-``engine.sequence.extend_each``), and the rows of the steps'
+starts or fills a block) and when it finishes; the others are left behind their columns, to be
+brought up to date when next read (``RunningColumns.sync``; without a token source, at the
+stretch's end), and the rows of the steps'
 ``batch_scheduled``, ``seq_scheduled``, ``model_step`` and ``token_sampled`` events are built
 column by column, with the event ids the per-step loop gives them. The running sequences'
 columns a stretch plans from are kept from one stretch to the next (``engine.running_columns``),
@@ -30,8 +31,7 @@ import numpy as np
 
 from engine.batch import ScheduledBatch, StepOutput, StepResult
 from engine.policy import BUILTIN_POLICIES
-from engine.running_columns import RunningColumns
-from engine.sequence import extend_each
+from engine.running_columns import RunningColumns, TokensOf
 
 if TYPE_CHECKING:
     from engine.overlap_scheduler import OverlapScheduler
@@ -43,6 +43,8 @@ MODEL_ROW_COLUMNS = ("kind", "duration_s", "num_seqs", "prefill_tokens", "prefil
                      "decode_seqs", "decode_context_tokens", "padded_batch_size", "graph_used",
                      "wall_time_s", "overlapped", "host_s", "padded_tokens")
 _BUILTIN = tuple(BUILTIN_POLICIES.values())  # policies that admit only from the waiting queue
+_STEPS = np.arange(MAX_STRETCH_STEPS)  # a stretch's step numbers (sliced: no array per stretch)
+_NO_TOKENS = np.zeros((0, 0), np.int64)  # no tokens bound (``bind_tokens``)
 
 @dataclass
 class DecodePrices:
@@ -77,9 +79,10 @@ class DecodeStretch:
     ``last_batch``."""
 
     def __init__(self, scheduler: OverlapScheduler, columns: RunningColumns,
-                 last_step: np.ndarray, num_steps: int) -> None:
+                 last_step: np.ndarray, num_steps: int, tokens_of: TokensOf | None = None) -> None:
         self.scheduler = scheduler
         self.columns = columns
+        self.tokens_of = tokens_of
         self.seqs = seqs = columns.seqs
         self.num_steps = num_steps
         self.seq_ids = columns.seq_ids
@@ -114,7 +117,7 @@ class DecodeStretch:
         # A decoding sequence's next token starts a block when num_tokens % block_size == 1 and
         # fills one when it is 0 (as ``Scheduler._decode_all``): those visit the block manager,
         # at a step it still runs.
-        grid = num_tokens[:, None] + np.arange(num_steps)  # each sequence's count at each step
+        grid = num_tokens[:, None] + _STEPS[:num_steps]  # each sequence's count at each step
         grid %= scheduler.block_size
         due_steps, due_seqs = np.nonzero((grid < 2).T)  # by step, in running order
         self._due: dict[int, list[int]] = {}
@@ -122,15 +125,17 @@ class DecodeStretch:
         for step, index in zip(due_steps.tolist(), due_seqs.tolist()):
             if step <= ends.get(index, step):
                 self._due.setdefault(step, []).append(index)
-        self._caught = [0] * len(seqs)  # steps whose tokens each Sequence holds
-        self._tokens = np.zeros((0, 0), np.int64)  # ``bind_tokens``' (before ``run``)
+        self._tokens = _NO_TOKENS  # ``bind_tokens``' (before ``run``)
 
     @classmethod
     def plan(cls, scheduler: OverlapScheduler, max_steps: int,
-             columns: RunningColumns | None = None) -> DecodeStretch | None:
+             columns: RunningColumns | None = None,
+             tokens_of: TokensOf | None = None) -> DecodeStretch | None:
         """The stretch the scheduler's state proves, of at most ``max_steps`` steps, or None
         (the per-step path decides). ``columns``: the running sequences' columns kept from the
-        last stretch (``engine.running_columns``; None: gathered afresh). Emits: nothing."""
+        last stretch (``engine.running_columns``; None: gathered afresh); ``tokens_of``: the
+        executor's token rule, which lets the stretch leave its survivors' ``Sequence`` objects
+        behind their columns (None: it brings them up to date at its end). Emits: nothing."""
         running = scheduler.running
         if scheduler.waiting or scheduler.prefilling or not running or max_steps < 1:
             return None
@@ -139,7 +144,7 @@ class DecodeStretch:
                 block_manager.pending_hashes or type(scheduler.policy) not in _BUILTIN:
             return None
         columns = columns if columns is not None else RunningColumns()
-        columns.refresh(list(running), scheduler.max_model_len)
+        columns.refresh(list(running), scheduler.max_model_len, tokens_of)
         if scheduler.eos >= 0 and columns.watches_eos():
             return None
         num_tokens = columns.num_tokens
@@ -152,13 +157,20 @@ class DecodeStretch:
         # can preempt, whatever the finishes free on the way; and the defer rule must hold with
         # the fewest free blocks and the most running sequences any step can have.
         block_size = scheduler.block_size
+        free = len(block_manager.free_block_ids)
+        # A sequence's token starts a block once every block_size steps: over num_steps steps
+        # it claims at most ``most`` blocks. Where the free blocks cover that for every running
+        # sequence and still one each, both rules hold whatever the exact count (the defer
+        # rule's first case), so it is not worked out.
+        most = -(-num_steps // block_size)
+        if free >= (most + 1) * len(running):
+            return cls(scheduler, columns, last_step, num_steps, tokens_of)
         peak = num_tokens + np.minimum(last_step, num_steps - 1)
         claims = int(np.maximum((peak + block_size - 1) // block_size - columns.held, 0).sum())
-        free = len(block_manager.free_block_ids)
         if claims > free or not scheduler.blocks_allow_defer(free - claims, len(running),
                                                              _unknown):
             return None
-        return cls(scheduler, columns, last_step, num_steps)
+        return cls(scheduler, columns, last_step, num_steps, tokens_of)
 
     def price(self, executor: Any, clock: Callable[[], float], until: float, overlapped: bool,
               defer: bool, start: float, sink_s: float) -> dict[str, list]:
@@ -203,7 +215,8 @@ class DecodeStretch:
         return priced
 
     def bind_tokens(self, tokens: np.ndarray) -> None:
-        """The token each sequence samples at each step (sequences by row, steps by column)."""
+        """The token each sequence samples at each step (sequences by row, steps by column):
+        needed for the ``token_sampled`` rows, and where there is no ``tokens_of``."""
         self._tokens = tokens
 
     def run(self, steps: int, first_step: int, model_rows: dict[str, list],
@@ -247,25 +260,17 @@ class DecodeStretch:
                 finished.append(seq)
         self._emit_rows(steps, first_step, first_ids, free_after,
                         model_rows, sequence_rows)
-        survivors = np.flatnonzero(self._last_step >= steps)
+        # The survivors: every row where nothing finished (None: ``RunningColumns.keep``
+        # takes the list as it is, never changed).
+        survivors = np.flatnonzero(self._last_step >= steps) if finished else None
+        kept = [seqs[index] for index in survivors.tolist()] if finished else seqs
         if block_manager.tracks_last_use:
-            block_manager.touch(self.seq_ids[survivors].tolist(), first_step + steps - 1)
-        caught = self._caught
-        if len(survivors) < len(seqs):
-            kept = [seqs[index] for index in survivors.tolist()]
-        else:
-            kept = seqs  # (``RunningColumns.keep`` takes it as the new list: never changed)
-        # The survivors caught up in part (a block's token) take the rest one by one.
-        behind = [index for index in survivors.tolist() if caught[index]] if any(caught) else []
-        for index in behind:
-            self._catch_up(index, steps)
-        still, to_extend = survivors, kept
-        if behind:
-            still = survivors[np.asarray(caught, bool)[survivors] == 0]
-            to_extend = [seqs[index] for index in still.tolist()]
-        rows = self._tokens[still, :steps].astype(np.int32)
-        extend_each(to_extend, rows.tobytes(), steps, rows[:, -1].tolist() if steps else [])
-        self.columns.keep(survivors, kept, steps)
+            ids = self.seq_ids if survivors is None else self.seq_ids[survivors]
+            block_manager.touch(ids.tolist(), first_step + steps - 1)
+        if self.tokens_of is None:  # no token source to catch them up later: now
+            for index in range(len(seqs)) if survivors is None else survivors.tolist():
+                self._catch_up(index, steps)
+        self.columns.keep(survivors, kept, steps, lagging=self.tokens_of is not None)
         return finished
 
     def result(self, steps: int, first_step: int, finished: list[Sequence]) -> StepResult:
@@ -286,7 +291,13 @@ class DecodeStretch:
             context_lens=context_lens, num_prefill_seqs=0, num_batched_tokens=len(seqs),
             sampled_seqs=seqs)
         output = self._last_output
-        output.token_ids = self._tokens[index, last].tolist()
+        if self._tokens.shape[1] > last:
+            output.token_ids = self._tokens[index, last].tolist()
+        else:  # no tokens bound (no sequence rows were needed): the token source's
+            output.token_ids = [
+                self.tokens_of(seq_id, completion + last, 1)[0]  # type: ignore[misc]
+                for seq_id, completion in zip(self.seq_ids[index].tolist(),
+                                              self.completions[index].tolist())]
         return batch, output
 
     def sampled(self, steps: int) -> np.ndarray:
@@ -327,11 +338,17 @@ class DecodeStretch:
             "seq_id": seq_ids, "token_id": self._tokens[seq_of, step_of].tolist()})
 
     def _catch_up(self, index: int, steps: int) -> None:
-        """Give sequence ``index`` the tokens it sampled in the stretch's first ``steps`` steps."""
-        done = self._caught[index]
-        if done < steps:
-            self.seqs[index].extend_tokens(self._tokens[index, done:steps].tolist())
-            self._caught[index] = steps
+        """Give sequence ``index`` the tokens it sampled up to the stretch's first ``steps``
+        steps that it lacks (earlier stretches' too), from ``tokens_of`` (else the bound
+        tokens)."""
+        seq = self.seqs[index]
+        owed = int(self._num_tokens[index]) + steps - seq.num_tokens
+        if owed > 0:
+            if self.tokens_of is not None:
+                seq.extend_tokens(self.tokens_of(
+                    seq.seq_id, seq.num_tokens - seq.num_prompt_tokens, owed))
+            else:  # (never behind its columns then: every token owed is this stretch's)
+                seq.extend_tokens(self._tokens[index, steps - owed:steps].tolist())
 
 
 class StretchResult(StepResult):

@@ -81,6 +81,8 @@ class EngineCore:
         # next input is due on the clock (inf: none).
         self.decode_horizon: Callable[[], float] | None = None
         self._running_columns = RunningColumns()  # what the last stretch left (its survivors)
+        # The executor's token rule for one sequence: lets a stretch leave its survivors behind.
+        self._tokens_of = getattr(executor, "sequence_tokens", None)
         self.header = {
             **(header or {}),
             "config": config.to_dict(),
@@ -236,33 +238,43 @@ class EngineCore:
         sequential path does it; one result (the last step's, with every sequence finished in
         the stretch). False: nothing done. Emits what those steps emit, in the same order."""
         until = self.decode_horizon()  # type: ignore[misc]
-        executor = self.executor
-        stretch = DecodeStretch.plan(self.scheduler, executor.steps_within(until),
-                                     self._running_columns)
+        executor, scheduler = self.executor, self.scheduler
+        stretch = DecodeStretch.plan(scheduler, executor.steps_within(until),
+                                     self._running_columns, self._tokens_of)
         if stretch is None:
             return False
+        scheduler.sync_running = None  # the stretch catches up each sequence it reads itself
         defer = self.config.async_scheduling  # every step of a stretch can be deferred
         rows = stretch.price(executor, self.clock, until, self._deferred_last, defer,
                              self.start_time, self._sink_s)
         steps, first = len(rows["kind"]), self.step_index
-        stretch.bind_tokens(executor.decode_tokens(stretch.seq_ids, stretch.completions, steps))
         # A sink that folds the counts itself gets them instead of the sequence and token rows.
         counts_only = getattr(self.sink, "takes_decode_stretches", False)
+        if not counts_only or self._tokens_of is None:  # (else tokens come when read)
+            stretch.bind_tokens(executor.decode_tokens(stretch.seq_ids, stretch.completions, steps))
         finished = stretch.run(steps, first, rows, sequence_rows=not counts_only)
+        if self._running_columns.lagging:  # the survivors take their tokens when next read
+            scheduler.sync_running = self._sync_running
         sampled = stretch.sampled(steps)
         if counts_only:
             self.sink.add_decode_stretch(stretch.seq_ids, first, sampled)  # type: ignore
-        executor.count_sampled(stretch.seq_ids, stretch.completions, sampled)
+        total = sum(stretch.num_seqs[:steps])  # the tokens sampled
+        executor.count_sampled(stretch.seq_ids, stretch.completions, sampled, total)
         self._deferred_last = defer
         self.step_index = first + steps
         self.events.step = self.step_index
-        self.num_completion_tokens += sum(stretch.num_seqs[:steps])
+        self.num_completion_tokens += total
         if self.sink is not None:
             began = self.clock()
             self.sink.on_step_end(self.events)
             self._sink_s = self.clock() - began
         self._ready.append(stretch.result(steps, first, finished))
         return True
+
+    def _sync_running(self) -> None:
+        """Bring the sequences a stretch left behind up to date (``sync_running``)."""
+        self.scheduler.sync_running = None
+        self._running_columns.sync(self._tokens_of)  # type: ignore[arg-type]
 
     def _emit_model_step(self, batch: ScheduledBatch, output: StepOutput | None) -> int | None:
         """The model step event, measurements to be patched in when the step resolves."""

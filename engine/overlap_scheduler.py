@@ -12,8 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter
 
-from engine.batch import ScheduledBatch
+from engine.batch import ScheduledBatch, StepWork
 from engine.block_hash import output_hash
+from engine.policy import Step
 from engine.scheduler import Scheduler
 from engine.sequence import PENDING_TOKEN, Sequence
 
@@ -30,7 +31,24 @@ class PendingTokens:
 
 class OverlapScheduler(Scheduler):
     """The ``Scheduler`` plus the three calls of an overlapped step (in lifecycle order:
-    ``can_defer``, ``postprocess_pending``, ``resolve``) and ``schedule_needs_tokens``."""
+    ``can_defer``, ``postprocess_pending``, ``resolve``) and ``schedule_needs_tokens``; and
+    ``sync_running`` for a decode stretch's sequences."""
+
+    # Set while a decode stretch left running sequences lacking tokens (engine.running_columns):
+    # brings them up to date before they are read here (visiting them, a finish).
+    sync_running: Callable[[], None] | None = None
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """``Scheduler.finish``, the running sequences first brought up to date."""
+        if self.sync_running is not None:
+            self.sync_running()
+        super().finish(seq, reason)
+
+    def _run_running(self, step: Step, batch: StepWork) -> None:
+        """``Scheduler._run_running``, the running sequences first brought up to date."""
+        if self.sync_running is not None:
+            self.sync_running()
+        super()._run_running(step, batch)
 
     def can_defer(self, batch: ScheduledBatch) -> bool:
         """Whether the next step may be scheduled before this batch's token values are known.

@@ -130,7 +130,7 @@ class Sequence:
         self.last_token = token_id
         self.num_tokens += 1
 
-    def extend_tokens(self, token_ids: list[int]) -> None:
+    def extend_tokens(self, token_ids: list[int] | array) -> None:
         """``append_token`` for each of ``token_ids`` in turn (none pending), in one call."""
         if token_ids:
             self.token_ids.extend(token_ids)
@@ -138,20 +138,3 @@ class Sequence:
             self.num_tokens += len(token_ids)
             self.num_computed_tokens = self.num_tokens - 1
 
-
-def extend_each(seqs: list[Sequence], tokens: bytes, width: int, last_tokens: list[int]) -> None:
-    """``Sequence.extend_tokens`` on each of ``seqs`` with ``width`` tokens: row ``i`` of
-    ``tokens``, the bytes of a native int32 matrix with a row per sequence, whose last token is
-    ``last_tokens[i]`` (an int32-array sequence takes its row without a conversion per token: a
-    decode stretch brings every running sequence up to date this way). Emits nothing."""
-    size = 4 * width
-    for offset, seq, last_token in zip(range(0, size * len(seqs), size), seqs, last_tokens):
-        row = tokens[offset : offset + size]
-        held = seq.token_ids
-        if type(held) is array:
-            held.frombytes(row)
-        else:
-            held.extend(array(TOKEN_TYPECODE, row))
-        seq.last_token = last_token
-        seq.num_tokens += width
-        seq.num_computed_tokens = seq.num_tokens - 1

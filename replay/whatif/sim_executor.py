@@ -26,6 +26,7 @@ beside decodes) runs from a graph where the target config's runner captures one 
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +35,7 @@ import numpy as np
 from engine.batch import ScheduledBatch, StepOutput, batch_features
 from engine.decode_stretch import MAX_STRETCH_STEPS, DecodePrices
 from engine.graph_sizes import mixed_graph_key, padded_decode_size, padded_prefill_tokens
+from engine.sequence import TOKEN_TYPECODE
 from replay.whatif.cost.decode_attention import decode_features, longest_program_tokens
 from replay.whatif.cost.features import StepFeatures, computed_tokens, step_class
 from replay.whatif.cost.model import CostModel, StepTime
@@ -124,6 +126,7 @@ class SimExecutor:
         self._kv_heads = cost.kv_heads if cost is not None else 1
         self.last_interval_s = 0.0  # the last step's simulated interval
         self._decode_interval_s = 0.0  # the last decode step's (the pace of a decode stretch)
+        self._synthetic_cycle: array | None = None  # ``sequence_tokens``' (made on first use)
 
     def bind(self, seq_id: int, tokens: Sequence[int] | None) -> None:
         """Give sequence ``seq_id`` (ids are handed out in order) its recorded completion (a list
@@ -187,12 +190,32 @@ class SimExecutor:
                     tokens[row, :len(head)] = head
         return tokens
 
+    def sequence_tokens(self, seq_id: int, completion: int, count: int) -> array | list[int]:
+        """``decode_tokens``' row for one sequence (``count`` samplings after its first
+        ``completion``): the tokens a decode stretch left a sequence owing (``engine
+        .running_columns``). Synthetic tokens run up by one modulo the range: they are slices
+        of one cycle of them, made once. Counts nothing."""
+        recorded = self.tokens.get(seq_id, ())
+        if completion < len(recorded):
+            return self.decode_tokens(np.array([seq_id]), np.array([completion]),
+                                      count)[0].tolist()
+        cycle = self._synthetic_cycle
+        if cycle is None:  # every synthetic token in order, as ``_synthetic`` gives them
+            cycle = self._synthetic_cycle = array(
+                TOKEN_TYPECODE, [self._synthetic(0, at) for at in range(SYNTHETIC_RANGE)])
+        start = (seq_id * SYNTHETIC_STRIDE + completion) % SYNTHETIC_RANGE
+        tokens = cycle[start:start + count]
+        while len(tokens) < count:
+            tokens += cycle[:count - len(tokens)]
+        return tokens
+
     def count_sampled(self, seq_ids: np.ndarray, completions: np.ndarray,
-                      sampled: np.ndarray) -> None:
+                      sampled: np.ndarray, total: int | None = None) -> None:
         """Count the synthetic ones among ``decode_tokens``' tokens that were sampled (the first
-        ``sampled`` of each sequence), as ``_sample`` counts them."""
+        ``sampled`` of each sequence; ``total``: their sum, where the caller has it), as
+        ``_sample`` counts them."""
         if not self.tokens:
-            self.synthesized += int(sampled.sum())
+            self.synthesized += int(sampled.sum()) if total is None else total
             return
         have = np.fromiter((len(self.tokens.get(s, ())) for s in seq_ids.tolist()), np.int64,
                            len(seq_ids))

@@ -9,6 +9,9 @@ What these tests prove:
 - without a downstream sink ``StreamingMetrics`` folds a stretch's counts instead of its
   sequence and token rows (``add_decode_stretch``), to the same metrics;
 - a trace written in segments (``--trace-out``) holds the same rows either way;
+- a stretch leaves its survivors behind their token counts (not given its tokens), and bringing
+  them up to date (``OverlapScheduler.sync_running``, called before the scheduler reads them)
+  gives every running sequence exactly the tokens of the per-step loop at that step;
 - ``DecodeStretch.plan`` refuses what it cannot prove: a request waiting, a sequence that
   watches for EOS, claims beyond the free blocks, a user policy.
 """
@@ -81,8 +84,8 @@ def run(reqs: list[Request], overrides: dict, cost: CostModel | None, stretches:
     plan = DecodeStretch.plan.__func__  # type: ignore[attr-defined]
     add = StreamingMetrics.add_decode_stretch
 
-    def counted(cls, scheduler, max_steps, columns=None):
-        stretch = plan(cls, scheduler, max_steps, columns) if stretches else None
+    def counted(cls, scheduler, max_steps, *args):
+        stretch = plan(cls, scheduler, max_steps, *args) if stretches else None
         if stretch is not None:
             ran.append(len(stretch._finishing))
         return stretch
@@ -179,7 +182,27 @@ def test_plan_refuses_what_it_cannot_prove() -> None:
     assert DecodeStretch.plan(user, 10) is None  # a user policy might admit otherwise
 
 
-def test_a_stretch_result_is_its_last_steps(cost, monkeypatch) -> None:
+def test_plan_proves_blocks_as_the_exact_claims_do() -> None:
+    """Where ``plan`` skips counting the blocks a stretch claims (free blocks for the most any
+    sequence can claim, and one more each), it decides as the exact count does: every block
+    claimed free now and one block left per running sequence."""
+    for num_blocks in range(6, 14):
+        scheduler = _decoding_scheduler(Config(num_kvcache_blocks=num_blocks,
+                                               kvcache_block_size=16))
+        for max_steps in (1, 2, 15, 16, 17, 33, 38):
+            running, free = list(scheduler.running), len(scheduler.block_manager.free_block_ids)
+            last = [min(s.num_prompt_tokens + s.max_tokens, scheduler.max_model_len)
+                    - s.num_tokens - 1 for s in running]
+            steps = min(max_steps, max(last) + 1)
+            claims = sum(max(-(-(s.num_tokens + min(end, steps - 1)) // 16)
+                             - len(s.block_table), 0) for s, end in zip(running, last))
+            proven = claims <= free and free - claims >= len(running)
+            stretch = DecodeStretch.plan(scheduler, max_steps)
+            assert (stretch is not None) == proven, (num_blocks, max_steps)
+
+
+@pytest.mark.parametrize("keep_events", [True, False])
+def test_a_stretch_result_is_its_last_steps(cost, monkeypatch, keep_events) -> None:
     """A stretch's result (its batch and output made when read) is the per-step loop's result
     of the stretch's last step: same step, batch, tokens and duration; its ``finished`` holds
     every sequence finished in the stretch."""
@@ -203,7 +226,7 @@ def test_a_stretch_result_is_its_last_steps(cost, monkeypatch) -> None:
         patch.setattr(StreamInputs, "on_result", seen(stepped))
         run(reqs, {}, cost, False, monkeypatch)
         patch.setattr(StreamInputs, "on_result", seen(stretched))
-        _, _, ran = run(reqs, {}, cost, True, monkeypatch)
+        _, _, ran = run(reqs, {}, cost, True, monkeypatch, keep_events=keep_events)
     assert ran and len(stretched) < len(stepped)
     for step, values in stretched.items():
         assert values == stepped[step], step
@@ -247,3 +270,38 @@ def test_a_stretchs_steps_are_its_running_sequences(seed) -> None:
         np.flatnonzero(last < stretch.num_steps).tolist()
     top = int(num_tokens.max())  # the longest finished inside the stretch:
     assert any(longest != top + step for step, longest in enumerate(stretch.longest_contexts))
+
+
+@pytest.mark.parametrize("keep_events", [True, False])
+def test_lagging_sequences_sync_to_the_per_step_tokens(cost, monkeypatch, keep_events) -> None:
+    """After each stretch some running sequences lack its tokens; ``sync_running`` (what the
+    scheduler calls before reading them, and ``Scheduler.finish``) gives each running sequence
+    the token ids, count and computed count the per-step loop gave it by that step."""
+    from replay.whatif.stream import StreamInputs
+
+    on = StreamInputs.on_result
+
+    def seen(states: dict, sync: bool) -> object:
+        def on_result(self, result, now) -> None:
+            scheduler = self.core.scheduler
+            lagging = scheduler.sync_running is not None
+            if sync and lagging:
+                scheduler.sync_running()
+                assert scheduler.sync_running is None
+            states[result.step] = (lagging, {s.seq_id: (list(s.token_ids), s.num_tokens,
+                                                         s.num_computed_tokens)
+                                             for s in scheduler.running})
+            on(self, result, now)
+        return on_result
+
+    reqs = requests(60, seed=5)
+    stepped, stretched = {}, {}
+    with monkeypatch.context() as patch:
+        patch.setattr(StreamInputs, "on_result", seen(stepped, False))
+        run(reqs, CONFIGS["small pool preempts"], cost, False, monkeypatch)
+        patch.setattr(StreamInputs, "on_result", seen(stretched, True))
+        _, _, ran = run(reqs, CONFIGS["small pool preempts"], cost, True, monkeypatch,
+                        keep_events=keep_events)
+    assert ran and sum(lagging for lagging, _ in stretched.values()) > 10
+    for step, (_, running) in stretched.items():
+        assert running == stepped[step][1], step

@@ -4,7 +4,10 @@ What these tests prove: after ``keep`` (a stretch's survivors, a token count lat
 ``refresh`` with sequences admitted after them, every column equals a fresh gather of the same
 sequences; a sequence that moved outside a stretch (its token count changed), one removed from
 the middle or the order changed make ``refresh`` gather every row again; the EOS watch follows
-the rows kept (a watcher finishing clears it, one admitted sets it).
+the rows kept (a watcher finishing clears it, one admitted sets it); rows kept ``lagging``
+(their sequences not given the stretch's tokens) are synced to exactly the sequences that took
+them, by ``sync`` or by a ``refresh`` that must gather again, and a lagging refresh of the same
+sequences gathers nothing.
 """
 
 from __future__ import annotations
@@ -52,6 +55,10 @@ def test_kept_and_appended_rows_equal_a_fresh_gather() -> None:
     seqs[4].block_table.append(99)
     columns.held[4] += 1
     columns.keep(survivors, [seqs[0], seqs[2], seqs[4]], 3)
+    everyone = [seqs[0], seqs[2], seqs[4]]
+    for seq in everyone:  # a stretch in which none finished keeps every row (None)
+        seq.extend_tokens([4])
+    columns.keep(None, everyone, 1)
     admitted = _seq(9, 33, 5, ignore_eos=False)
     running = [seqs[0], seqs[2], seqs[4], admitted]
     table = columns.table
@@ -84,3 +91,34 @@ def test_the_eos_watch_follows_the_rows_kept() -> None:
     columns.keep(np.array([0, 2]), [seqs[0], seqs[2]], 1)  # the watcher finished
     assert not columns.watches_eos()
     _same(columns, [seqs[0], seqs[2]])
+
+
+def _tokens_of(seq_id: int, completion: int, count: int) -> list[int]:
+    return [100 * seq_id + completion + i for i in range(count)]
+
+
+def test_lagging_rows_are_synced_to_the_tokens_they_count() -> None:
+    def stretched() -> tuple[RunningColumns, list[Sequence]]:
+        seqs = [_seq(i, 20 + 9 * i, 40 + i) for i in range(3)]
+        columns = _fresh(seqs)
+        seqs[1].extend_tokens(_tokens_of(1, 1, 2))  # caught up in part inside the stretch
+        columns.keep(np.array([0, 1, 2]), seqs, 4, lagging=True)
+        return columns, seqs
+
+    expected = [_seq(i, 20 + 9 * i, 40 + i) for i in range(3)]
+    for seq in expected:
+        seq.extend_tokens(_tokens_of(seq.seq_id, 1, 4))
+    columns, seqs = stretched()
+    assert [s.num_tokens for s in seqs] != [s.num_tokens for s in expected]
+    table = columns.table
+    columns.refresh(seqs, MAX_MODEL_LEN, _tokens_of)  # nothing gathered while they lag
+    assert columns.table is table and columns.lagging
+    columns.sync(_tokens_of)
+    assert not columns.lagging
+    assert [list(s.token_ids) for s in seqs] == [list(s.token_ids) for s in expected]
+    assert [s.num_computed_tokens for s in seqs] == [s.num_computed_tokens for s in expected]
+    _same(columns, seqs)
+    columns, seqs = stretched()
+    columns.refresh(seqs[1:], MAX_MODEL_LEN, _tokens_of)  # one left: every row gathered again
+    assert [list(s.token_ids) for s in seqs] == [list(s.token_ids) for s in expected]
+    _same(columns, seqs[1:])

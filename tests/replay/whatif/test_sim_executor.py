@@ -1,8 +1,10 @@
 """The simulated executor's decode-stretch calls give what its per-step calls give.
 
 What these tests prove: ``decode_tokens`` gives each sequence the tokens ``execute`` would
-sample for it step by step (recorded ones first, then synthetic, never EOS) and
-``count_sampled`` counts the synthetic ones as ``execute`` does; ``price_decode`` moves the
+sample for it step by step (recorded ones first, then synthetic, never EOS), and
+``sequence_tokens`` gives one sequence's row of them (across the synthetic range's wrap, an EOS
+inside it, recorded tokens partly used); ``count_sampled`` counts the synthetic ones as
+``execute`` does; ``price_decode`` moves the
 clock and answers as ``execute`` of the same decode batch.
 """
 
@@ -62,6 +64,22 @@ def test_decode_tokens_are_the_tokens_sampled_step_by_step() -> None:
                 mine = [c[seq_id] for c in columns if seq_id in c]
                 assert tokens[row, :len(mine)].tolist() == mine, (recorded, eos, seq_id)
             assert bulk.synthesized == stepped.synthesized, (recorded, eos)
+            summed, _, _ = _executors(recorded, eos)  # given the sum of ``sampled``
+            summed.count_sampled(ids, completions, np.array([5, 3, 5]), 13)
+            assert summed.synthesized == stepped.synthesized, (recorded, eos)
+
+
+def test_sequence_tokens_are_one_row_of_decode_tokens() -> None:
+    for eos in (-1, 7919 % 10000, 3, 9999):
+        executor = SimExecutor(100, SimClock(), eos=eos)
+        for seq_id in range(6):
+            executor.bind(seq_id, [eos, 2, 3, 4] if seq_id == 4 else None)
+        for seq_id, completion, count in ((0, 0, 300), (1, 2070, 40), (1, 2081, 12_000),
+                                          (2, 0, 1), (4, 2, 9), (4, 4, 5), (5, 9990, 20)):
+            row = executor.decode_tokens(np.array([seq_id]), np.array([completion]), count)
+            assert list(executor.sequence_tokens(seq_id, completion, count)) == row[0].tolist(), \
+                (eos, seq_id, completion, count)
+        assert executor.synthesized == 0  # counts nothing
 
 
 def test_price_decode_answers_as_execute() -> None:

@@ -59,6 +59,17 @@ def _reuse_workload(policy: str) -> Workload:
 
 REUSE = [_reuse_workload("prefill_first"), _reuse_workload("chunked")]
 
+# Found by the deep profile: one-token blocks, a decode step deferred while another row's token
+# is still on the device, so every block that schedule held (one whose value is in too) waits
+# for resolve_pending; the property checker must not call that a missing hash.
+HELD_WHILE_ANOTHER_PENDS = Workload(
+    Config(num_kvcache_blocks=8, kvcache_block_size=1, max_model_len=12,
+           max_num_batched_tokens=12, max_num_seqs=2, enable_prefix_caching=True),
+    tuple(RequestSpec(arrival_step=0, prompt=(0,), max_tokens=n, ignore_eos=False,
+                      script=(2,) * n, abort_step=None, priority=0)
+          for n in (1, 1, 1, 1, 2, 7, 2, 1)),
+)
+
 
 def _check_same(workload: Workload) -> dict[str, dict[str, list]]:
     sequential = run_workload(workload, observe=False, overlap=False)
@@ -79,6 +90,7 @@ def _check_same(workload: Workload) -> dict[str, dict[str, list]]:
 @example(workload=REUSE[0], roomy=False, rule="needed", mixed=True)
 @example(workload=REUSE[1], roomy=False, rule="needed", mixed=True)
 @example(workload=REUSE[1], roomy=False, rule="needed", mixed=False)
+@example(workload=HELD_WHILE_ANOTHER_PENDS, roomy=False, rule="needed", mixed=True)
 def test_overlapped_runs_decide_and_record_like_sequential_runs(
     workload: Workload, roomy: bool, rule: str, mixed: bool
 ) -> None:

@@ -131,6 +131,7 @@ def run_batch(batch: int, rng: random.Random, layouts: tuple[str, ...] = ("token
     from benchmarks.gemm import time_graph
     from benchmarks.gpu_timing import DTYPE, HEAD_DIM, NUM_HEADS, NUM_KV_HEADS
     from benchmarks.kernels import decode_call, decode_reference, paged_inputs, rel_err
+    from engine.model.attention_metadata import rows_longest_first
 
     lens = engine_decode_lens(batch, rng)
     gen = torch.Generator(device="cuda").manual_seed(batch)
@@ -139,7 +140,7 @@ def run_batch(batch: int, rng: random.Random, layouts: tuple[str, ...] = ("token
     ref = decode_reference(q, inp, lens)
     kv_bytes = sum(lens) * NUM_KV_HEADS * HEAD_DIM * 2 * q.element_size()
     rows: list[dict[str, Any]] = []
-    longest_first = torch.argsort(inp["lens"], descending=True, stable=True).to(torch.int32)
+    longest_first = torch.from_numpy(rows_longest_first(lens)).to("cuda", torch.int32)
     cases = []
     for layout, order in itertools.product(layouts, orders):
         cache = inp if layout == "token" else {

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 BLOCK_TABLE_PAD = -1  # entries past a sequence's last block; kernels never read them
@@ -46,7 +47,7 @@ class AttentionMetadata:
     # prefill (engine/runner/prefill_graphs.py), whose batch is unknown when it is captured.
     paged_prefill: bool = False
     # int32 [num_decode_seqs]: the decode rows in the order the decode kernel's programs take
-    # them (longest context first, engine/runner/decode_graphs.py); None: row order.
+    # them (``rows_longest_first``, staged by engine/runner/decode_graphs.py); None: row order.
     decode_order: torch.Tensor | None = None
 
     @property
@@ -64,6 +65,13 @@ class AttentionMetadata:
             self.context_lens_host[i] > self.query_lens_host[i]
             for i in range(self.num_prefill_seqs)
         )
+
+
+def rows_longest_first(context_lens: np.ndarray | Sequence[int]) -> np.ndarray:
+    """Row indices by context length, longest first, equal lengths in row order (so padding
+    rows, context 0, come last): the order in which the decode kernel's programs take the rows
+    (``AttentionMetadata.decode_order``)."""
+    return np.argsort(-np.asarray(context_lens, dtype=np.int64), kind="stable")
 
 
 def build_attention_metadata(
@@ -115,8 +123,8 @@ def build_attention_metadata(
     decode_k = context_lens[num_prefill_seqs:]
     decode_order = None
     if longest_first and decode_k:
-        order = torch.argsort(k_lens[num_prefill_seqs:], descending=True, stable=True)
-        decode_order = order.to(device=device, dtype=torch.int32)
+        decode_order = torch.from_numpy(rows_longest_first(decode_k)).to(device=device,
+                                                                          dtype=torch.int32)
     metadata = AttentionMetadata(
         num_prefill_seqs=num_prefill_seqs,
         num_prefill_tokens=int(sum(prefill_q)),

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from engine.graph_sizes import decode_graph_sizes, padded_decode_size
-from engine.model.attention_metadata import AttentionMetadata
+from engine.model.attention_metadata import AttentionMetadata, rows_longest_first
 from engine.runner.graph_capture import (
     NO_SOURCE,
     PAD_SLOT,
@@ -57,8 +57,7 @@ class _HostStage:
         self.temps = torch.zeros(max_batch, dtype=torch.float32, pin_memory=pin)
         self.np_i64 = self.i64.numpy()
         self.np_ctx = self.i32[:max_batch].numpy()
-        self.np_order = self.i32[max_batch : 2 * max_batch].numpy()
-        self.np_order[:] = np.arange(max_batch)
+        self.np_order = self.i32[max_batch : 2 * max_batch].numpy()  # written by every stage
         self.np_tables = self.i32[2 * max_batch :].view(max_batch, table_width).numpy()
         self.np_temps = self.temps.numpy()
         self.np_i64[ROW_SLOTS] = PAD_SLOT
@@ -252,8 +251,7 @@ class DecodeBuffers:
         self.np_i64[ROW_SLOTS, n:padded] = PAD_SLOT
         self.np_ctx[n:padded] = 0
         if self.longest_first:
-            # Stable, so equal contexts keep row order (and an all-padding batch is the identity).
-            self.np_order[:padded] = np.argsort(-self.np_ctx[:padded], kind="stable")
+            self.np_order[:padded] = rows_longest_first(self.np_ctx[:padded])
         self.dev_i64.copy_(self.host_i64, non_blocking=True)
         self.dev_i32.copy_(self.host_i32, non_blocking=True)
         self.dev_temps.copy_(self.host_temps, non_blocking=True)

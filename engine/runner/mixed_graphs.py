@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from engine.graph_sizes import MAX_GRAPH_PREFILL_SEQS, mixed_decode_sizes, mixed_graph_key
-from engine.model.attention_metadata import AttentionMetadata
+from engine.model.attention_metadata import AttentionMetadata, rows_longest_first
 from engine.runner.graph_capture import (
     NO_SOURCE,
     PAD_SLOT,
@@ -94,7 +94,7 @@ def stage_mixed(
     i32[2 * s + 1 : 2 * s + 1 + n] = ctx
     i32[2 * s + 1 + n : 2 * s + 1 + rows] = 0
     if order is not None:
-        order[:rows] = np.argsort(-i32[2 * s + 1 : 2 * s + 1 + rows], kind="stable")
+        order[:rows] = rows_longest_first(i32[2 * s + 1 : 2 * s + 1 + rows])
 
 
 def graph_rows(sample_rows: Sequence[int], prefill_tokens: int, padded_tokens: int) -> list[int]:

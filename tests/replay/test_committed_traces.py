@@ -10,8 +10,9 @@ from replay.verify import verify
 from tracing.reader import read_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "traces"
-# The top-level traces and the validation matrix's recordings (traces/matrix/, and the same
-# cells from two later device calls, traces/matrix-call9/ and traces/matrix-call9b/).
+# The top-level traces and the validation matrix's recordings (traces/matrix/, the same cells
+# from two later device calls, traces/matrix-call9/ and traces/matrix-call9b/, and two calls on
+# session 13's engine, traces/matrix-s13/ and traces/matrix-s13b/).
 COMMITTED = sorted(p.parent for p in TRACES.glob("*/run.json")) + sorted(
     p.parent for p in TRACES.glob("matrix*/*/run.json"))
 
@@ -23,6 +24,8 @@ def test_the_expected_traces_are_committed() -> None:
     assert sum(p.parent.name == "matrix" for p in COMMITTED) >= 12
     assert sum(p.parent.name == "matrix-call9" for p in COMMITTED) == 13
     assert sum(p.parent.name == "matrix-call9b" for p in COMMITTED) == 13
+    assert sum(p.parent.name == "matrix-s13" for p in COMMITTED) == 4
+    assert sum(p.parent.name == "matrix-s13b" for p in COMMITTED) == 6
 
 
 @pytest.mark.parametrize("trace_dir", COMMITTED,

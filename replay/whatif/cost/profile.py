@@ -36,6 +36,7 @@ from replay.whatif.cost.features import (
     Steps,
     calibration_steps,
 )
+from replay.whatif.cost.host_speed import HostSpeedError, calibration_hosts, host_speed
 
 PROFILE_MODES = ("blend", "pooled", "profile")
 TRACE, PROFILE, OUTSIDE = "trace", "profile", "outside"
@@ -43,6 +44,9 @@ TRACE, PROFILE, OUTSIDE = "trace", "profile", "outside"
 CONTEXT = "decode_context_tokens"
 # A scale outside these bounds says the profile is of another device or model: not applied.
 SCALE_BOUNDS = (0.5, 2.0)
+# The profile's host work over the source's beyond this factor (either way) is worth a warning:
+# an eager step's interval is its host's launches (docs/BENCHMARKS.md 7i).
+HOST_WARNING_RATIO = 1.25
 
 
 @dataclass(frozen=True)
@@ -220,6 +224,10 @@ class ProfilePrior:
     # What differs between the profile's key and the source's (device, model, dtype, ...).
     mismatch: dict[str, list[Any]] = field(default_factory=dict)
     shared_read_fraction: float = 1.0  # its fits' (``fit.shared_read_fraction``)
+    # The profile's host work over the source's, on the eager shapes both the profile and the
+    # source's start-up calibration timed (``host_speed``; None: too few in common).
+    host_ratio: float | None = None
+    host_shapes: int = 0
 
     @classmethod
     def fit(cls, profile: dict[str, Any], name: str, steps: Steps, own_fits: set[str],
@@ -250,9 +258,14 @@ class ProfilePrior:
         source_key = profile_key(header.get("executor") or {}, key.get("engine_version", ""))
         mismatch = {k: [key.get(k), v] for k, v in source_key.items()
                     if v is not None and key.get(k) is not None and key.get(k) != v}
+        try:
+            host = host_speed(calibration_hosts(header.get("calibration") or []),
+                              profile["rows"], "the profile")
+        except HostSpeedError:
+            host = None
         return cls(name, key, scaled, scale, _ranges(rows.x, rows.classes),
                    {c: r for c, r in trace.items() if c in own_fits}, options.profile_mode,
-                   mismatch, fraction)
+                   mismatch, fraction, host.ratio if host else None, host.shapes if host else 0)
 
     def priced_by(self, cls_name: str, step: Any) -> str:
         """Which prices a step (``TRACE``, ``PROFILE``), or ``OUTSIDE`` where neither's range
@@ -291,6 +304,12 @@ class ProfilePrior:
         if self.mismatch:
             lines.append("the profile is not of the source's setup: " + ", ".join(
                 f"{k} {theirs} (source {ours})" for k, (theirs, ours) in self.mismatch.items()))
+        ratio = self.host_ratio
+        if ratio is not None and not 1 / HOST_WARNING_RATIO <= ratio <= HOST_WARNING_RATIO:
+            lines.append(f"the profile's host did its eager steps' host work at x{ratio:.2f} of "
+                         f"the source's (the {self.host_shapes} eager shapes the source's "
+                         "start-up calibration timed too): its rows carry that host into the "
+                         "eager steps' prices")
         for name in STEP_CLASSES:
             outside = pricing.get(name, {}).get(OUTSIDE, 0)
             if outside:

@@ -9,7 +9,11 @@ What these tests prove:
   priced on another host is rescaled from its host, not compounded;
 - a synthetic run on a host twice as slow is predicted from a source on the fast host much
   better with the slow host's calibration than without;
-- the source's eager calibration shapes are read from its header at fit time.
+- the source's eager calibration shapes are read from its header at fit time;
+- a profile taken on another host than the source's says so: the ratio of its eager rows' host
+  work to the source calibration's is measured on the shapes both timed and warned of beyond
+  ``HOST_WARNING_RATIO`` (committed H200 recordings: a host 1.56x slower than the profile's
+  warns, one within 1.16x does not), and it travels with a saved model.
 """
 
 from __future__ import annotations
@@ -153,3 +157,30 @@ def test_the_source_calibration_is_read_at_fit_time() -> None:
     assert model.host_calibration == calibration_hosts(events.header["calibration"])
     assert model.host_calibration and all("/False/" in key for key in model.host_calibration)
     assert model.on_host(events.header["calibration"]).host.ratio == 1.0
+
+
+def test_a_profile_of_another_host_is_measured_and_warned_of(tmp_path: Path) -> None:
+    from replay.recorded import from_trace
+    from replay.whatif.cost.profile import HOST_WARNING_RATIO
+    from tracing.reader import read_trace
+
+    profile = "traces/profiles/h200-qwen3-0.6b-s13-default-p1.profile.json"
+    slow = from_trace(read_trace("traces/matrix-s13b/reference-default"))
+    model = CostModel.fit(slow, profile=profile)
+    ratio = model.prior.host_ratio
+    assert model.prior.host_shapes >= 3 and ratio < 1 / HOST_WARNING_RATIO
+    x, classes = _features(slow)
+    assert any(f"x{ratio:.2f} of the source's" in line for line in model.prior.warnings(x, classes))
+    model.save(tmp_path / "m.json")
+    assert CostModel.load(tmp_path / "m.json").prior.host_ratio == ratio
+    alike = from_trace(read_trace("traces/h200-reference"))
+    near = CostModel.fit(alike, profile="traces/profiles/h200-qwen3-0.6b.profile.json")
+    assert 1 / HOST_WARNING_RATIO <= near.prior.host_ratio <= HOST_WARNING_RATIO
+    x, classes = _features(alike)
+    assert not any("the profile's host" in line for line in near.prior.warnings(x, classes))
+
+
+def _features(events):
+    from replay.whatif.cost import features
+
+    return features.feature_matrix(events)

@@ -26,7 +26,7 @@ import pytest
 from engine.config import Config
 from replay.metrics import compute, relative_error
 from replay.whatif.cost.arrivals import AddCost
-from replay.whatif.cost.features import FEATURES
+from replay.whatif.cost.features import FEATURES, feature_matrix
 from replay.whatif.cost.host_speed import (
     HostSpeedError,
     calibration_hosts,
@@ -169,18 +169,12 @@ def test_a_profile_of_another_host_is_measured_and_warned_of(tmp_path: Path) -> 
     model = CostModel.fit(slow, profile=profile)
     ratio = model.prior.host_ratio
     assert model.prior.host_shapes >= 3 and ratio < 1 / HOST_WARNING_RATIO
-    x, classes = _features(slow)
+    x, classes = feature_matrix(slow)
     assert any(f"x{ratio:.2f} of the source's" in line for line in model.prior.warnings(x, classes))
     model.save(tmp_path / "m.json")
     assert CostModel.load(tmp_path / "m.json").prior.host_ratio == ratio
     alike = from_trace(read_trace("traces/h200-reference"))
     near = CostModel.fit(alike, profile="traces/profiles/h200-qwen3-0.6b.profile.json")
     assert 1 / HOST_WARNING_RATIO <= near.prior.host_ratio <= HOST_WARNING_RATIO
-    x, classes = _features(alike)
+    x, classes = feature_matrix(alike)
     assert not any("the profile's host" in line for line in near.prior.warnings(x, classes))
-
-
-def _features(events):
-    from replay.whatif.cost import features
-
-    return features.feature_matrix(events)

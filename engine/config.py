@@ -74,6 +74,7 @@ FIELD_RULES: dict[str, _Rule] = {
     "calibration_repeats": _Rule(int, 0, 1000, allow=(AUTO_CALIBRATION,)),
     "async_scheduling": _Rule(bool),
     "prefill_graph_tokens": _Rule(int, 0, _INT_MAX),
+    "prefill_graph_seqs": _Rule(int, 1, _INT_MAX),
     "defer_block_rule": _Rule(str, choices=DEFER_BLOCK_RULES),
     "overlap_mixed_steps": _Rule(bool),
     "fused_kernels": _Rule(bool),
@@ -122,9 +123,12 @@ class Config:
     # Schedule step N+1 while step N runs on the device when N's tokens cannot change the
     # decision (engine/engine_core.py). Decisions and events are those of the sequential loop.
     async_scheduling: bool = True
-    # Prefills of up to this many tokens run through CUDA graphs captured per token count
-    # (engine/runner/prefill_graphs.py): launched in one call, not one per kernel; 0: eager.
-    prefill_graph_tokens: int = 4096
+    # Prefills of up to this many tokens (within the token budget) and prefill_graph_seqs
+    # prompts run through CUDA graphs captured per token count (engine/runner/prefill_graphs.py):
+    # launched in one call, not one per kernel, so a slow or busy host cannot stretch them; 0:
+    # eager.
+    prefill_graph_tokens: int = 16384
+    prefill_graph_seqs: int = 64
     # How overlapped scheduling makes sure the next step cannot preempt (DEFER_BLOCK_RULES).
     defer_block_rule: str = "needed"
     # Mixed steps (prompt chunks with decodes) are deferred like decode steps. For that, a block

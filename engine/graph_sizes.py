@@ -10,7 +10,11 @@ captured size that holds it, and a larger one runs eager.
 Prefills: token counts that are powers of two from ``MIN_GRAPH_TOKENS`` to ``FINE_GRAPH_TOKENS``,
 then every ``COARSE_GRAPH_STEP`` up to ``Config.prefill_graph_tokens`` (and the token budget), so
 padding wastes at most half of a small prefill and a quarter of a large one. Each graph takes up
-to ``MAX_GRAPH_PREFILL_SEQS`` sequences.
+to ``Config.prefill_graph_seqs`` sequences.
+
+Mixed steps: graphs per (prefill tokens, decode rows), the prefill part padded to the prefill
+graphs' token counts up to ``MAX_MIXED_GRAPH_TOKENS`` (each count multiplies the decode
+capacities, so fewer) over up to ``MIXED_GRAPH_PREFILL_SEQS`` sequences.
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ MAX_GRAPH_BATCH = 512  # the largest decode batch captured in a CUDA graph (Nano
 MIN_GRAPH_TOKENS = 16
 FINE_GRAPH_TOKENS = 1024
 COARSE_GRAPH_STEP = 512
-MAX_GRAPH_PREFILL_SEQS = 16
+MIXED_GRAPH_PREFILL_SEQS = 16
+MAX_MIXED_GRAPH_TOKENS = 4096
+# The sequences a prefill graph took before Config.prefill_graph_seqs (traces of that engine).
+LEGACY_PREFILL_GRAPH_SEQS = 16
 
 
 def decode_graph_sizes(max_batch: int = MAX_GRAPH_BATCH) -> list[int]:
@@ -62,7 +69,7 @@ def prefill_graph_sizes(limit: int) -> list[int]:
 
 
 def padded_prefill_tokens(sizes: Sequence[int], tokens: int, num_seqs: int,
-                          max_seqs: int = MAX_GRAPH_PREFILL_SEQS) -> int:
+                          max_seqs: int) -> int:
     """The captured token count a prefill of ``tokens`` tokens over ``num_seqs`` sequences pads
     to; 0: it runs eager (too many tokens or sequences)."""
     if num_seqs > max_seqs or num_seqs < 1:
@@ -78,6 +85,11 @@ def prefill_graph_limit(config: Config) -> int:
     return min(config.prefill_graph_tokens, config.max_num_batched_tokens)
 
 
+def mixed_prefill_sizes(prefill_sizes: Sequence[int]) -> list[int]:
+    """The prefill graphs' token counts a mixed step's prompt part may pad to."""
+    return [size for size in prefill_sizes if size <= MAX_MIXED_GRAPH_TOKENS]
+
+
 # Decode capacities captured: few, since each multiplies the prefill token counts; padding a
 # decode part costs GEMM rows only (padding rows read no KV).
 MIXED_DECODE_SIZES = (32, 128, 256, 512)
@@ -90,13 +102,13 @@ def mixed_decode_sizes(max_batch: int) -> list[int]:
     return [*sizes, max_batch] if max_batch >= 1 else []
 
 
-
 def mixed_graph_decode_sizes(config: Config) -> list[int]:
     """The decode capacities of the mixed-step graphs a runner under ``config`` captures beside
     its prefill graphs; empty where its policy never schedules prompt chunks beside decodes."""
     if not policy_class(config.policy).mixed_batches:
         return []
     return mixed_decode_sizes(min(config.max_num_seqs, MAX_GRAPH_BATCH))
+
 
 def mixed_graph_key(
     prefill_sizes: Sequence[int],
@@ -109,8 +121,9 @@ def mixed_graph_key(
     (too many tokens or sequences, or no decodes)."""
     if num_decodes < 1:
         return None
-    tokens = padded_prefill_tokens(prefill_sizes, prefill_tokens, num_prefill_seqs)
+    tokens = padded_prefill_tokens(prefill_sizes, prefill_tokens, num_prefill_seqs,
+                                   MIXED_GRAPH_PREFILL_SEQS)
     rows = padded_decode_size(decode_sizes, num_decodes)
-    if not tokens or not rows:
+    if not tokens or tokens > MAX_MIXED_GRAPH_TOKENS or not rows:
         return None
     return tokens, rows

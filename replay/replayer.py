@@ -112,6 +112,8 @@ def config_from_header(header: dict[str, Any], **overrides: Any) -> Config:
     # ... nor ran a prefill through a CUDA graph; and deferred a decode only with one free block
     # per running sequence.
     recorded.setdefault("prefill_graph_tokens", 0)
+    # Prefill graphs took up to 16 prompts before the count was a setting.
+    recorded.setdefault("prefill_graph_seqs", 16)
     recorded.setdefault("defer_block_rule", "per_running")
     # ... nor deferred a mixed step (a decode's full block entered the cache at once).
     recorded.setdefault("overlap_mixed_steps", False)

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from engine.graph_sizes import MAX_GRAPH_PREFILL_SEQS
+from engine.graph_sizes import MIXED_GRAPH_PREFILL_SEQS
 from engine.runner.mixed_graphs import stage_mixed
 from engine.runner.step_inputs import payload_from_batch
 from engine.scheduler import Scheduler
@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
     recorded = from_trace(read_trace(argv[0]))
     repeats = int(argv[1]) if len(argv) > 1 else 3
     block_size = replayer.config_from_header(recorded.header).kvcache_block_size
-    s = MAX_GRAPH_PREFILL_SEQS
+    s = MIXED_GRAPH_PREFILL_SEQS
     i64 = np.zeros((4, 1 << 14), np.int64)
     i32 = np.zeros(2 * s + 1 + 4096, np.int32)
     tables = np.zeros((s + 4096, 4096), np.int32)

@@ -25,6 +25,7 @@ from engine.errors import ConfigError
 from engine.graph_sizes import (
     MAX_GRAPH_BATCH,
     mixed_graph_decode_sizes,
+    mixed_prefill_sizes,
     prefill_graph_limit,
     prefill_graph_sizes,
 )
@@ -170,15 +171,19 @@ def build_stepper(
     prefill_graphs = None
     prefill_sizes = planned_prefill_graph_sizes(config, attention_backend)
     if prefill_sizes:
-        prefill_graphs = PrefillGraphs(prefill_sizes, width, block_size, hidden_size, dtype, device)
+        # A graph of T tokens holds at most T prompts.
+        max_seqs = min(config.prefill_graph_seqs, max(prefill_sizes))
+        prefill_graphs = PrefillGraphs(prefill_sizes, width, block_size, hidden_size, dtype, device,
+                                       max_seqs)
         prefill_graphs.capture(model)
     mixed_graphs = None
     mixed_rows = mixed_graph_decode_sizes(config)
     if prefill_graphs is not None and mixed_rows:
         # The mixed graphs share the prefill graphs' pool (captured after them, never replayed
         # at once).
-        mixed_graphs = MixedGraphs(prefill_sizes, mixed_rows, width, block_size, hidden_size,
-                                   dtype, device, longest_first=config.decode_longest_first)
+        mixed_graphs = MixedGraphs(mixed_prefill_sizes(prefill_sizes), mixed_rows, width,
+                                   block_size, hidden_size, dtype, device,
+                                   longest_first=config.decode_longest_first)
         mixed_graphs.capture(model, prefill_graphs.pool)
     return CudaStepper(model, buffers, graphs, prefill_graphs, *stepper_args,
                        mixed_graphs=mixed_graphs)

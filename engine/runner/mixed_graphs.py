@@ -4,14 +4,15 @@ Under the chunked policy most steps before the last prompt is in carry prompt ch
 running decodes together. Run eager, such a step pays the host's launch time (about 400 kernels
 from Python, docs/gpu-notes.md) and, because its decode rows start at an arbitrary row, hit
 Triton kernel variants specialised on unaligned pointers that start-up never compiled. Here a
-mixed step pads its prefill part to one of the prefill graphs' token counts ``T`` and its decode
+mixed step pads its prefill part to one of the prefill graphs' token counts ``T`` (up to
+``MAX_MIXED_GRAPH_TOKENS``: ``engine/graph_sizes.py``) and its decode
 rows to one of a few decode capacities ``D``, and replays the graph captured for ``(T, D)``.
 
 Row layout of a graph ``(T, D)``: rows ``[0, T)`` are the prefill part, exactly as in a prefill
-graph (``engine/runner/prefill_graphs.py``: up to ``MAX_GRAPH_PREFILL_SEQS`` sequences, padding
+graph (``engine/runner/prefill_graphs.py``: up to ``MIXED_GRAPH_PREFILL_SEQS`` sequences, padding
 rows inert, padding sequences empty); rows ``[T, T + D)`` are decode rows, one query each, read
 by the decode kernel; padding decode rows have context length 0 (no keys read, output zeros)
-and slot -1. Sequence slots: ``[0, S)`` prefill (``S = MAX_GRAPH_PREFILL_SEQS``), ``[S, S + D)``
+and slot -1. Sequence slots: ``[0, S)`` prefill (``S = MIXED_GRAPH_PREFILL_SEQS``), ``[S, S + D)``
 decodes, so the decode part's context lengths and block tables start at aligned addresses.
 
 Which steps take which graph: ``mixed_graph_key``; the decode capacities: ``mixed_decode_sizes``.
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.graph_sizes import MAX_GRAPH_PREFILL_SEQS, mixed_decode_sizes, mixed_graph_key
+from engine.graph_sizes import MIXED_GRAPH_PREFILL_SEQS, mixed_decode_sizes, mixed_graph_key
 from engine.model.attention_metadata import AttentionMetadata, rows_longest_first
 from engine.runner.graph_capture import (
     NO_SOURCE,
@@ -56,7 +57,7 @@ def stage_mixed(
     num_prefill_seqs: int,
     block_size: int,
     key: MixedKey,
-    max_prefill_seqs: int = MAX_GRAPH_PREFILL_SEQS,
+    max_prefill_seqs: int = MIXED_GRAPH_PREFILL_SEQS,
     sources: Sequence[int] | None = None,
     order: np.ndarray | None = None,
 ) -> None:
@@ -115,7 +116,7 @@ class MixedGraphs(StagedGraphs):
         hidden_size: int,
         dtype: torch.dtype,
         device: torch.device,
-        max_prefill_seqs: int = MAX_GRAPH_PREFILL_SEQS,
+        max_prefill_seqs: int = MIXED_GRAPH_PREFILL_SEQS,
         longest_first: bool = False,
     ) -> None:
         if not prefill_sizes or not decode_sizes:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.graph_sizes import MAX_GRAPH_PREFILL_SEQS, padded_prefill_tokens
+from engine.graph_sizes import padded_prefill_tokens
 from engine.model.attention_metadata import AttentionMetadata
 from engine.runner.graph_capture import (
     NO_SOURCE,
@@ -163,7 +163,7 @@ class PrefillGraphs(StagedGraphs):
         hidden_size: int,
         dtype: torch.dtype,
         device: torch.device,
-        max_seqs: int = MAX_GRAPH_PREFILL_SEQS,
+        max_seqs: int,
     ) -> None:
         if not sizes:
             raise ValueError("PrefillGraphs needs at least one token count to capture")
@@ -212,7 +212,9 @@ class PrefillGraphs(StagedGraphs):
             cu_seqlens_k=cu,  # unused by the paged prefill kernel
             context_lens=self.dev_i32[s + 1 : 2 * s + 1],
             block_tables=self.dev_i32[2 * s + 1 :].view(s, self.table_width),
-            max_seqlen_q=padded_tokens,
+            # The longest prompt the graph can hold picks the attention's tiling: the block
+            # table bounds it, not the padded count (prefill_attention.prefill_tiling).
+            max_seqlen_q=min(padded_tokens, self.table_width * self.block_size),
             max_seqlen_k=padded_tokens,
             max_decode_seqlen_k=0,
             query_lens_host=(0,) * s,

@@ -83,7 +83,9 @@ class SimExecutor:
     fresh process) once, as a run that starts cold pays them; False: a warm start.
     ``use_graphs``: decodes pad to the cost model's CUDA-graph sizes, as the source run did, and
     so do prefills, among the source's captured token counts up to ``prefill_graph_tokens``
-    (the target config's ``min(prefill_graph_tokens, max_num_batched_tokens)``; 0: none).
+    (the target config's ``min(prefill_graph_tokens, max_num_batched_tokens)``; 0: none) and of
+    at most as many prompts as the source's graphs took and ``prefill_graph_seqs`` (the target
+    config's; None: no bound of its own).
     """
 
     def __init__(
@@ -97,6 +99,7 @@ class SimExecutor:
         one_off_costs: bool = True,
         mixed_decode_sizes: Sequence[int] = (),
         block_size: int = 0,
+        prefill_graph_seqs: int | None = None,
     ) -> None:
         self.num_kvcache_blocks = num_kvcache_blocks
         self.clock = clock
@@ -112,6 +115,8 @@ class SimExecutor:
         self._prefill_sizes = ([size for size in cost.prefill_graph_sizes
                                 if size <= prefill_graph_tokens] if use_graphs and cost else [])
         self._prefill_max_seqs = cost.prefill_graph_max_seqs if cost is not None else 0
+        if prefill_graph_seqs is not None:
+            self._prefill_max_seqs = min(self._prefill_max_seqs, prefill_graph_seqs)
         # The decode capacities of the target's mixed graphs (empty: mixed steps run eager).
         self._mixed_decode_sizes = list(mixed_decode_sizes) if self._prefill_sizes else []
         # Classes that ran a step: the first of each pays the source's one-off costs (JIT

@@ -258,6 +258,7 @@ def build_engine(
     use_graphs = not config.enforce_eager
     executor = SimExecutor(config.num_kvcache_blocks, clock, cost, use_graphs, eos=config.eos,
                            prefill_graph_tokens=prefill_graph_limit(config),
+                           prefill_graph_seqs=config.prefill_graph_seqs,
                            one_off_costs=cold_start is not False,
                            mixed_decode_sizes=mixed_graph_decode_sizes(config),
                            block_size=config.kvcache_block_size)

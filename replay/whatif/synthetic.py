@@ -127,13 +127,15 @@ class LawExecutor(NullExecutor):
     def __init__(self, num_kvcache_blocks: int, clock: SimClock, law: StepLaw, seed: int = 0,
                  graphs: bool = True, host: HostLaw | None = None, overlap: bool = False,
                  prefill_graph_sizes: list[int] | None = None,
-                 mixed_decode_sizes: list[int] | None = None) -> None:
+                 mixed_decode_sizes: list[int] | None = None,
+                 prefill_graph_seqs: int = graph_sizes.LEGACY_PREFILL_GRAPH_SEQS) -> None:
         super().__init__(num_kvcache_blocks, seed=seed)
         self.clock = clock
         self.law = law
         self.graphs = graphs
         # Captured prefill token counts (empty: every prefill runs eager).
         self.prefill_sizes = list(prefill_graph_sizes or [])
+        self.prefill_graph_seqs = prefill_graph_seqs
         # Decode capacities of the mixed-step graphs (empty: mixed steps run eager).
         self.mixed_sizes = list(mixed_decode_sizes or []) if self.prefill_sizes else []
         self.host_law = host
@@ -174,8 +176,7 @@ class LawExecutor(NullExecutor):
         if not self.prefill_sizes or batch.kind != "prefill":
             return 0
         return graph_sizes.padded_prefill_tokens(self.prefill_sizes, batch_features(batch)[0],
-                                                   len(batch.seqs),
-                                                   graph_sizes.MAX_GRAPH_PREFILL_SEQS)
+                                                   len(batch.seqs), self.prefill_graph_seqs)
 
     def _mixed_key(self, batch: ScheduledBatch) -> tuple[int, int] | None:
         """The mixed graph a mixed step replays, as the engine decides (None: eager)."""
@@ -189,7 +190,7 @@ class LawExecutor(NullExecutor):
         out: dict[str, Any] = {"executor": "law", "device": "synthetic"}
         if self.prefill_sizes:  # as the model runner describes its captured prefill graphs
             out.update(prefill_graph_tokens=list(self.prefill_sizes),
-                       prefill_graph_max_seqs=graph_sizes.MAX_GRAPH_PREFILL_SEQS)
+                       prefill_graph_max_seqs=self.prefill_graph_seqs)
         return out
 
 
@@ -223,7 +224,8 @@ def record_workload(
         executor = LawExecutor(config.num_kvcache_blocks, clock, law, seed,
                                graphs=not config.enforce_eager, host=host,
                                overlap=config.async_scheduling, prefill_graph_sizes=sizes,
-                               mixed_decode_sizes=mixed)
+                               mixed_decode_sizes=mixed,
+                               prefill_graph_seqs=config.prefill_graph_seqs)
     sink: Any = MemorySink()
     if trace_dir is not None:
         from tracing.recorder import ParquetRecorder

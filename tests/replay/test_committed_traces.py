@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from replay.verify import verify
@@ -11,8 +12,9 @@ from tracing.reader import read_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "traces"
 # The top-level traces and the validation matrix's recordings (traces/matrix/, the same cells
-# from two later device calls, traces/matrix-call9/ and traces/matrix-call9b/, and two calls on
-# session 13's engine, traces/matrix-s13/ and traces/matrix-s13b/).
+# from two later device calls, traces/matrix-call9/ and traces/matrix-call9b/, two calls on
+# session 13's engine, traces/matrix-s13/ and traces/matrix-s13b/, and the matrix of session 14's
+# engine, traces/matrix-s14/).
 COMMITTED = sorted(p.parent for p in TRACES.glob("*/run.json")) + sorted(
     p.parent for p in TRACES.glob("matrix*/*/run.json"))
 
@@ -26,6 +28,26 @@ def test_the_expected_traces_are_committed() -> None:
     assert sum(p.parent.name == "matrix-call9b" for p in COMMITTED) == 13
     assert sum(p.parent.name == "matrix-s13" for p in COMMITTED) == 4
     assert sum(p.parent.name == "matrix-s13b" for p in COMMITTED) == 6
+    assert sum(p.parent.name == "matrix-s14" for p in COMMITTED) == 15
+
+
+@pytest.mark.parametrize("directory,graphs", [("matrix-s13", False), ("matrix-s14", True)])
+def test_the_reference_prefills_left_the_host_with_prefill_graphs_to_16k(directory: str,
+                                                                         graphs: bool) -> None:
+    """The reference's nine ~16k-token prefills of ~29 prompts ran eager under 4,096-token,
+    16-prompt prefill graphs (session 13), their host's launches three quarters of their device
+    time; under graphs to 16,384 tokens and 64 prompts (session 14) every one replays a graph
+    and the host's share falls below a quarter (docs/gpu-notes.md, session 14)."""
+    steps = read_trace(TRACES / directory / "reference-default").columns("model_step")
+    prefill = np.asarray(steps["kind"]).astype(str) == "prefill"
+    padded = np.asarray(steps["padded_tokens"])[prefill]
+    share = (np.asarray(steps["host_s"], float)[prefill].sum()
+             / np.asarray(steps["duration_s"], float)[prefill].sum())
+    assert prefill.sum() == 9
+    if graphs:
+        assert (padded > 0).all() and share < 0.25
+    else:
+        assert (padded == 0).all() and share > 0.5
 
 
 @pytest.mark.parametrize("trace_dir", COMMITTED,

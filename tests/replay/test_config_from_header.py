@@ -34,3 +34,14 @@ def test_headers_before_a_kernel_speed_field_replay_without_it(name: str) -> Non
     assert getattr(config_from_header({"config": recorded}), name) is False
     recorded[name] = True
     assert getattr(config_from_header({"config": recorded}), name) is True
+
+
+def test_headers_before_prefill_graph_seqs_took_sixteen_prompts_a_graph() -> None:
+    """The engine's prefill graphs took 16 prompts before the count became a setting; a trace
+    of that engine replays (and what-ifs) with 16, today's default is larger."""
+    recorded = Config().to_dict()
+    assert recorded["prefill_graph_seqs"] > 16
+    del recorded["prefill_graph_seqs"]
+    assert config_from_header({"config": recorded}).prefill_graph_seqs == 16
+    recorded["prefill_graph_seqs"] = 40
+    assert config_from_header({"config": recorded}).prefill_graph_seqs == 40

@@ -168,7 +168,7 @@ def _attend_tiles(
 
 
 # Values that change from step to step must not trigger a recompile.
-@triton.jit(do_not_specialize=["bt_stride_seq"])
+@triton.jit(do_not_specialize=["bt_stride_seq", "num_seqs"])
 def _prefill_kernel(
     q_ptr,
     k_ptr,
@@ -177,6 +177,7 @@ def _prefill_kernel(
     cu_seqlens_q_ptr,
     context_lens_ptr,
     out_ptr,
+    num_seqs,
     qk_scale,
     q_stride_token,
     q_stride_head,
@@ -201,15 +202,31 @@ def _prefill_kernel(
     IEEE: tl.constexpr,
     HEAVY_FIRST: tl.constexpr,
     USE_GDC: tl.constexpr,
+    FLAT_SLOTS: tl.constexpr,
 ):
     gdc_enter(USE_GDC)  # programmatic dependent launch: kernels/launch.py
     tile = tl.program_id(0)
     if HEAVY_FIRST:
         tile = tl.num_programs(0) - 1 - tile
-    seq = tl.program_id(1)
-    kv_head = tl.program_id(2)
+    if FLAT_SLOTS:
+        # Axis 0 runs over every sequence's query tiles in turn (``flat_tiles``): find the
+        # sequence whose tiles hold this one from the tile counts of all sequences.
+        slots = tl.arange(0, FLAT_SLOTS)
+        starts = tl.load(cu_seqlens_q_ptr + slots, mask=slots < num_seqs, other=0)
+        ends = tl.load(cu_seqlens_q_ptr + slots + 1, mask=slots < num_seqs, other=0)
+        tiles = (ends - starts + TILE_TOKENS - 1) // TILE_TOKENS
+        seq = tl.sum((tl.cumsum(tiles, 0) <= tile).to(tl.int32), 0)
+        tile -= tl.sum(tl.where(slots < seq, tiles, 0), 0)
+        live = seq < num_seqs  # else past every sequence's tiles: nothing to do
+        seq = tl.minimum(seq, num_seqs - 1)
+        kv_head = tl.program_id(1)
+    else:
+        seq = tl.program_id(1)
+        kv_head = tl.program_id(2)
     row0 = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - row0
+    if FLAT_SLOTS:
+        q_len = tl.where(live, q_len, 0)
     first = tile * TILE_TOKENS
     if first < q_len:
         ctx = tl.load(context_lens_ptr + seq)
@@ -273,6 +290,7 @@ def prefill_attention(
     num_stages: int | None = None,
     use_sdpa: bool | None = None,
     heavy_first: bool | None = None,
+    flat_tiles: bool = False,
 ) -> torch.Tensor:
     """Causal varlen attention for ``num_seqs = len(context_lens)`` prefill sequences.
 
@@ -282,6 +300,11 @@ def prefill_attention(
     Tiling arguments left None come from ``prefill_tiling``; ``use_sdpa`` None: the module's
     choice (``flash_sdpa_fits``), True: PyTorch's flash SDPA (one fresh prompt only), False:
     always this kernel. ``heavy_first``: query tiles launched latest first (module docstring).
+    ``flat_tiles``: one grid axis over the query tiles of all sequences together (as many
+    programs as ``tokens`` need plus one per sequence) instead of ``max_seqlen_q``'s tiles for
+    every sequence: a CUDA graph's launch, whose ``max_seqlen_q`` bounds every one of many
+    sequence slots, most of them empty. Each program computes what it computes on the other
+    grid.
     """
     tiling = prefill_tiling(max_seqlen_q, k_cache is not None)
     block_rows = tiling["block_rows"] if block_rows is None else block_rows
@@ -322,7 +345,10 @@ def prefill_attention(
         cache_strides = (0, 0, 0)
         if k.stride(-1) != 1 or v.stride(-1) != 1:
             raise ValueError("k and v must be contiguous in their last dimension")
-    grid = (triton.cdiv(max_seqlen_q, tile_tokens), num_seqs, num_kv_heads)
+    if flat_tiles:
+        grid: tuple[int, ...] = (triton.cdiv(q.shape[0], tile_tokens) + num_seqs, num_kv_heads)
+    else:
+        grid = (triton.cdiv(max_seqlen_q, tile_tokens), num_seqs, num_kv_heads)
     _prefill_kernel[grid](
         q,
         k_src,
@@ -331,6 +357,7 @@ def prefill_attention(
         cu_seqlens_q,
         context_lens,
         out,
+        num_seqs,
         scale * LOG2E,
         q.stride(0),
         q.stride(1),
@@ -352,6 +379,7 @@ def prefill_attention(
         PAGED=paged,
         IEEE=q.dtype == torch.float32,
         HEAVY_FIRST=heavy_first,
+        FLAT_SLOTS=triton.next_power_of_2(num_seqs) if flat_tiles else 0,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_options(),

@@ -97,6 +97,8 @@ class TritonAttentionBackend(TritonSlotStore):
                 v_cache=v_cache if paged else None,
                 block_tables=metadata.block_tables[:num_prefill] if paged else None,
                 out=out[:num_tokens],
+                # A graph's launch: its sequence slots are mostly empty (prefill_graphs.py).
+                flat_tiles=metadata.paged_prefill,
             )
         if metadata.num_decode_seqs:
             if k_cache is None or v_cache is None:

@@ -58,7 +58,7 @@ def source_prefill_graphs(events: RecordedEvents) -> tuple[list[int], int]:
     engine's sizes for the source's config where every one was padded as those say, else only
     the counts seen (a prefill above them is taken to run eager)."""
     executor = events.header.get("executor") or {}
-    max_seqs = graph_sizes.MAX_GRAPH_PREFILL_SEQS
+    max_seqs = graph_sizes.LEGACY_PREFILL_GRAPH_SEQS
     if executor.get("prefill_graph_tokens"):  # as the runner describes its prefill graphs
         sizes = sorted(int(s) for s in executor["prefill_graph_tokens"])
         described = executor.get("prefill_graph_max_seqs")

@@ -327,6 +327,34 @@ def test_prefill_with_cached_context_matches_reference(group: int, heavy_first: 
     assert err < TOL[torch.float32]
 
 
+@pytest.mark.parametrize("heavy_first", [True, False])
+def test_prefill_flat_tiles_identical_to_the_sequence_grid(heavy_first: bool) -> None:
+    # A CUDA graph's launch: six sequence slots (not a power of two), two of them empty (one
+    # between live ones, one last), and padding rows after the live tokens. The flat grid must
+    # write every live row exactly as the (tile, sequence, head) grid does, and no other row.
+    query_lens, context_lens = [5, 0, 19, 1, 23, 0], [21, 0, 30, 9, 23, 0]
+    gen = torch.Generator().manual_seed(5)
+    k_cache, v_cache, tables = make_paged(gen, context_lens, 2, 2, 16, torch.float32)
+    total, padded = sum(query_lens), sum(query_lens) + 7
+    q = torch.randn(padded, 4, 16, generator=gen)
+    k, v = torch.randn(padded, 2, 16, generator=gen), torch.randn(padded, 2, 16, generator=gen)
+    cu = torch.zeros(len(query_lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(torch.tensor(query_lens), 0)
+    args = [t.to(DEVICE) for t in (q, k, v, cu, torch.tensor(context_lens, dtype=torch.int32))]
+    outs = []
+    for flat in (False, True):
+        out = torch.full_like(q, float("nan")).to(DEVICE)
+        prefill.prefill_attention(
+            *args, padded, 0.25, k_cache=k_cache.to(DEVICE), v_cache=v_cache.to(DEVICE),
+            block_tables=tables.to(DEVICE), out=out, block_rows=8, block_n=16,
+            heavy_first=heavy_first, flat_tiles=flat,
+        )  # fmt: skip
+        outs.append(out.cpu())
+    assert torch.equal(outs[0][:total], outs[1][:total])
+    assert not torch.isnan(outs[1][:total]).any()
+    assert torch.isnan(outs[1][total:]).all()
+
+
 def test_prefill_fresh_kv_matches_reference() -> None:
     lens = [17, 3, 33]
     err = check_prefill(5, lens, lens, 4, 2, 16, 8, torch.float32, False, block_rows=16, block_n=16)

@@ -15,7 +15,12 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.graph_sizes import MAX_GRAPH_PREFILL_SEQS, prefill_graph_sizes
+from engine.graph_sizes import (
+    MAX_MIXED_GRAPH_TOKENS,
+    MIXED_GRAPH_PREFILL_SEQS,
+    mixed_prefill_sizes,
+    prefill_graph_sizes,
+)
 from engine.model.attention_metadata import build_attention_metadata
 from engine.runner.graph_capture import NO_SOURCE, PAD_SLOT, ROW_IDS, ROW_POSITIONS
 from engine.runner.mixed_graphs import MixedGraphs, graph_rows, mixed_decode_sizes, mixed_graph_key
@@ -23,7 +28,7 @@ from engine.runner.step_inputs import PREFILL_SEQ_ALIGN, aligned_prefill_part
 
 BLOCK_SIZE = 16
 TABLE_WIDTH = 8
-S = MAX_GRAPH_PREFILL_SEQS
+S = MIXED_GRAPH_PREFILL_SEQS
 
 
 def test_decode_capacities_end_at_the_largest_batch() -> None:
@@ -41,6 +46,15 @@ def test_graph_key_pads_both_parts_or_runs_eager() -> None:
     assert mixed_graph_key(tokens, decodes, 4097, 1, 4) is None  # too many tokens
     assert mixed_graph_key(tokens, decodes, 100, S + 1, 4) is None  # too many prompts
     assert mixed_graph_key(tokens, decodes, 100, 1, 257) is None  # too many decodes
+
+
+def test_mixed_graphs_take_prompt_parts_to_4096_tokens_whatever_the_prefill_graphs() -> None:
+    """Prefill graphs to 16,384 tokens (today's default) leave the mixed graphs' prompt parts at
+    4,096: each prompt-part count multiplies the decode capacities captured."""
+    tokens, decodes = prefill_graph_sizes(16384), mixed_decode_sizes(256)
+    assert mixed_prefill_sizes(tokens) == prefill_graph_sizes(MAX_MIXED_GRAPH_TOKENS)
+    assert mixed_graph_key(tokens, decodes, 4000, 2, 8) == (4096, 32)
+    assert mixed_graph_key(tokens, decodes, 4097, 2, 8) is None  # a prefill graph holds it
 
 
 @st.composite

@@ -15,13 +15,14 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.graph_sizes import MAX_GRAPH_PREFILL_SEQS, padded_prefill_tokens, prefill_graph_sizes
+from engine.graph_sizes import padded_prefill_tokens, prefill_graph_sizes
 from engine.model.attention_metadata import build_attention_metadata
 from engine.runner.graph_capture import PAD_SLOT, ROW_IDS, ROW_POSITIONS, ROW_SLOTS
 from engine.runner.prefill_graphs import PrefillGraphs
 
 BLOCK_SIZE = 16
 TABLE_WIDTH = 8
+SEQS = 16  # sequence slots of the graphs here
 
 
 def test_sizes_double_up_to_1024_then_step_by_512() -> None:
@@ -35,14 +36,14 @@ def test_sizes_double_up_to_1024_then_step_by_512() -> None:
 
 def test_padding_picks_the_smallest_size_that_holds_the_prefill() -> None:
     sizes = prefill_graph_sizes(4096)
-    assert padded_prefill_tokens(sizes, 1, 1) == 16
-    assert padded_prefill_tokens(sizes, 16, 1) == 16
-    assert padded_prefill_tokens(sizes, 17, 2) == 32
-    assert padded_prefill_tokens(sizes, 1025, 3) == 1536
-    assert padded_prefill_tokens(sizes, 4096, 1) == 4096
-    assert padded_prefill_tokens(sizes, 4097, 1) == 0  # too many tokens: eager
-    assert padded_prefill_tokens(sizes, 100, MAX_GRAPH_PREFILL_SEQS + 1) == 0  # too many seqs
-    assert padded_prefill_tokens([], 10, 1) == 0
+    assert padded_prefill_tokens(sizes, 1, 1, 16) == 16
+    assert padded_prefill_tokens(sizes, 16, 1, 16) == 16
+    assert padded_prefill_tokens(sizes, 17, 2, 16) == 32
+    assert padded_prefill_tokens(sizes, 1025, 3, 16) == 1536
+    assert padded_prefill_tokens(sizes, 4096, 1, 16) == 4096
+    assert padded_prefill_tokens(sizes, 4097, 1, 16) == 0  # too many tokens: eager
+    assert padded_prefill_tokens(sizes, 100, 17, 16) == 0  # too many seqs
+    assert padded_prefill_tokens([], 10, 1, 16) == 0
 
 
 @st.composite
@@ -64,15 +65,16 @@ def test_staged_buffers_match_the_eager_metadata(batch, data) -> None:  # type: 
     query, context, tables = batch
     total = sum(query)
     sizes = prefill_graph_sizes(1024)
-    padded = padded_prefill_tokens(sizes, total, len(query))
-    graphs = PrefillGraphs(sizes, TABLE_WIDTH, BLOCK_SIZE, 4, torch.float32, torch.device("cpu"))
+    padded = padded_prefill_tokens(sizes, total, len(query), SEQS)
+    graphs = PrefillGraphs(sizes, TABLE_WIDTH, BLOCK_SIZE, 4, torch.float32, torch.device("cpu"),
+                           SEQS)
     # Stale values from an earlier, larger step must not leak into this one.
     graphs.stage(list(range(100)), [100], [100], [list(range(TABLE_WIDTH))], 128)
     ids = data.draw(st.lists(st.integers(0, 1000), min_size=total, max_size=total))
     graphs.stage(ids, query, context, tables, padded)
     positions, md = build_attention_metadata(query, context, tables, BLOCK_SIZE, len(query))
     staged = graphs.metadata(padded)
-    n, s = len(query), MAX_GRAPH_PREFILL_SEQS
+    n, s = len(query), SEQS
 
     assert graphs.dev_i64[ROW_IDS, :total].tolist() == ids
     assert graphs.dev_i64[ROW_POSITIONS, :total].tolist() == positions.tolist()
@@ -86,19 +88,21 @@ def test_staged_buffers_match_the_eager_metadata(batch, data) -> None:  # type: 
     for row, table in enumerate(tables):
         assert staged.block_tables[row, : len(table)].tolist() == table
     assert staged.num_prefill_seqs == s and staged.num_prefill_tokens == padded
-    assert staged.max_seqlen_q == padded and staged.paged_prefill
+    # The tiling's bound: the longest prompt the block table holds, not the padded count.
+    assert staged.max_seqlen_q == min(padded, TABLE_WIDTH * BLOCK_SIZE) and staged.paged_prefill
     assert staged.slot_mapping.shape == (padded,)
     assert staged.block_tables.shape == (s, TABLE_WIDTH)
 
 
 def test_a_graph_needs_a_size() -> None:
     with pytest.raises(ValueError, match="token count"):
-        PrefillGraphs([], TABLE_WIDTH, BLOCK_SIZE, 4, torch.float32, torch.device("cpu"))
+        PrefillGraphs([], TABLE_WIDTH, BLOCK_SIZE, 4, torch.float32, torch.device("cpu"), SEQS)
 
 
 def test_staging_writes_positions_of_cached_context_sequences() -> None:
     # A prefix hit: 5 new tokens at positions 11..15 of a 16-token context.
-    graphs = PrefillGraphs([16], TABLE_WIDTH, BLOCK_SIZE, 4, torch.float32, torch.device("cpu"))
+    graphs = PrefillGraphs([16], TABLE_WIDTH, BLOCK_SIZE, 4, torch.float32, torch.device("cpu"),
+                           SEQS)
     graphs.stage([1, 2, 3, 4, 5], [5], [16], [[7]], 16)
     assert graphs.dev_i64[ROW_POSITIONS, :5].tolist() == [11, 12, 13, 14, 15]
     assert graphs.dev_i64[ROW_SLOTS, :5].tolist() == [7 * 16 + p for p in range(11, 16)]
@@ -108,7 +112,8 @@ def test_staging_writes_positions_of_cached_context_sequences() -> None:
 def test_sample_rows_and_temperatures_are_staged_with_the_inputs() -> None:
     """The rows sampled (each sequence's last token) and their temperatures travel with the
     inputs, so nothing is copied from pageable memory after the replay."""
-    graphs = PrefillGraphs([16], TABLE_WIDTH, BLOCK_SIZE, 4, torch.float32, torch.device("cpu"))
+    graphs = PrefillGraphs([16], TABLE_WIDTH, BLOCK_SIZE, 4, torch.float32, torch.device("cpu"),
+                           SEQS)
     graphs.stage([1, 2, 3, 4, 5], [2, 3], [2, 3], [[0], [1]], 16, [1, 4], [0.0, 0.7])
     hidden = torch.arange(16, dtype=torch.float32)[:, None].repeat(1, 4)
     selected, temps = graphs.sampled(hidden, 2)

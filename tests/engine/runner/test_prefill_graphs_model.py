@@ -15,6 +15,7 @@ from triton_env import DEVICE, load_attention_backend_module, tiny_model_with_ca
 
 attention_triton = load_attention_backend_module()
 
+from engine.config import Config  # noqa: E402
 from engine.graph_sizes import prefill_graph_sizes  # noqa: E402
 from engine.model.attention_metadata import build_attention_metadata  # noqa: E402
 from engine.runner.prefill_graphs import PrefillGraphs  # noqa: E402
@@ -43,8 +44,10 @@ def test_padded_graph_buffers_match_the_eager_prefill() -> None:
             ids = prompt_a[16:] + prompt_b
             if padded:
                 sizes = prefill_graph_sizes(64)
+                # The default graph slots: 62 of 64 empty, as in a real graph's replay.
                 graphs = PrefillGraphs(sizes, TABLE_WIDTH, BLOCK_SIZE, model.spec.hidden_size,
-                                       torch.float32, torch.device(DEVICE))
+                                       torch.float32, torch.device(DEVICE),
+                                       Config().prefill_graph_seqs)
                 size = graphs.padded_size(len(ids), len(query))
                 assert size == 32  # 17 tokens pad to 32
                 graphs.stage(ids, query, context, tables, size)

@@ -26,7 +26,7 @@ import pytest
 from _cost_helpers import predicted_intervals
 
 from engine.config import Config
-from engine.graph_sizes import MAX_GRAPH_PREFILL_SEQS, padded_prefill_tokens, prefill_graph_sizes
+from engine.graph_sizes import padded_prefill_tokens, prefill_graph_sizes
 from replay.metrics import compute
 from replay.recorded import RecordedEvents
 from replay.verify import compare_decisions
@@ -45,8 +45,10 @@ LAW = StepLaw(noise=0.0, flush_every=0)
 # An eager step's launch time (host and device alike); a graph prefill does not pay it.
 LAUNCH_S = 6e-3
 HOST = HostLaw(launch_s=LAUNCH_S, follow_engine=True)
-# Room for prompts above the default 4,096-token graph limit, which run eager.
-CONFIG = Config(num_kvcache_blocks=900, max_model_len=8192)
+# Room for prompts above a 4,096-token graph limit, which run eager; graphs of 16 prompts.
+CONFIG = Config(num_kvcache_blocks=900, max_model_len=8192, prefill_graph_tokens=4096,
+                prefill_graph_seqs=16)
+GRAPH_SEQS = CONFIG.prefill_graph_seqs
 BURST = 20  # short prompts at time 0: one prefill of more sequences than a graph takes
 LARGEST_PROMPT = 6000
 
@@ -82,9 +84,10 @@ def prefill_steps(events: RecordedEvents) -> tuple[np.ndarray, np.ndarray, np.nd
             np.asarray(ms["padded_tokens"], dtype=int)[rows])
 
 
-def expected_padding(tokens: np.ndarray, seqs: np.ndarray, limit: int) -> np.ndarray:
+def expected_padding(tokens: np.ndarray, seqs: np.ndarray, limit: int,
+                     max_seqs: int = GRAPH_SEQS) -> np.ndarray:
     sizes = prefill_graph_sizes(limit)
-    return np.array([padded_prefill_tokens(sizes, int(t), int(s), MAX_GRAPH_PREFILL_SEQS)
+    return np.array([padded_prefill_tokens(sizes, int(t), int(s), max_seqs)
                      for t, s in zip(tokens, seqs)])
 
 
@@ -139,18 +142,25 @@ def test_a_graph_prefill_is_priced_device_plus_host_not_launch_bound(source, mod
     ({"prefill_graph_tokens": 0}, 0),
     ({"enforce_eager": True}, 0),
     ({"policy": "chunked", "max_num_batched_tokens": 2048}, 2048),
-], ids=["default", "limit-1024", "graphs-off", "enforce-eager", "chunked-budget-2048"])
+    ({"prefill_graph_seqs": 2}, 4096),
+], ids=["default", "limit-1024", "graphs-off", "enforce-eager", "chunked-budget-2048",
+        "two-prompts-a-graph"])
 def test_the_simulator_pads_prefills_as_the_target_engine_would(source, model, overrides,
                                                                  limit) -> None:
     result = simulate(source, overrides, timing=model)
     assert result.ok and result.events is not None
     classes, tokens, seqs, padded = prefill_steps(result.events)
-    expected = expected_padding(tokens, seqs, limit) if limit else np.zeros(len(tokens), int)
+    # The target's prompts per graph bound the source's (a target cannot take more than the
+    # source captured: no step of such a graph was ever timed).
+    max_seqs = min(GRAPH_SEQS, overrides.get("prefill_graph_seqs", GRAPH_SEQS))
+    expected = (expected_padding(tokens, seqs, limit, max_seqs) if limit
+                else np.zeros(len(tokens), int))
     assert (padded == expected).all()
     assert (classes == np.where(expected > 0, "prefill_graph", "prefill")).all()
     if limit:
         assert (classes == "prefill_graph").any()
-        assert classes[seqs > MAX_GRAPH_PREFILL_SEQS].tolist() == ["prefill"]  # the burst
+        assert (classes[seqs > max_seqs] == "prefill").all()  # the burst, at least
+        assert (classes[seqs > GRAPH_SEQS] == "prefill").sum() == 1
     else:
         assert (classes == "prefill").all()
     if "enforce_eager" in overrides:
@@ -204,7 +214,7 @@ def test_graph_prefills_the_source_never_timed_are_priced_from_its_eager_prefill
 
 def test_captured_counts_come_from_the_header_else_from_the_steps(source, model) -> None:
     assert model.prefill_graph_sizes == prefill_graph_sizes(4096)
-    assert model.prefill_graph_max_seqs == MAX_GRAPH_PREFILL_SEQS
+    assert model.prefill_graph_max_seqs == GRAPH_SEQS
     executor = {k: v for k, v in source.header["executor"].items()
                 if not k.startswith("prefill_graph")}
     bare = RecordedEvents({**source.header, "executor": executor}, source.tables,
@@ -270,3 +280,18 @@ def test_the_prefill_graph_fields_round_trip(source, model, tmp_path) -> None:
         predicted_intervals(model, x, classes))
     assert simulate(source, {}, timing=loaded).metrics == simulate(source, {},
                                                                     timing=model).metrics
+
+
+def test_a_target_taking_fewer_prompts_a_graph_runs_the_larger_prefills_eager() -> None:
+    """``prefill_graph_seqs`` of the target bounds the source's graphs: a prefill of six prompts,
+    a graph prefill in the source, runs eager under a target whose graphs take four."""
+    burst = 6
+    source = record_workload(CONFIG, requests(count=20, burst=burst), LAW, host=HOST,
+                             prefill_graphs=True)
+    timing = CostModel.fit(source, source="graphs")
+    for seqs_a_graph, expected in ((GRAPH_SEQS, "prefill_graph"), (burst - 2, "prefill")):
+        result = simulate(source, {"prefill_graph_seqs": seqs_a_graph}, timing=timing)
+        assert result.ok and result.events is not None
+        classes, tokens, seqs, _ = prefill_steps(result.events)
+        assert classes[seqs == burst].tolist() == [expected]
+        assert (classes[(seqs == 1) & (tokens <= 4096)] == "prefill_graph").all()

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from engine import graph_sizes
 from engine.batch import ScheduledBatch, StepOutput
 from engine.config import Config
 from engine.drive import drive
@@ -112,8 +113,8 @@ def config_from_header(header: dict[str, Any], **overrides: Any) -> Config:
     # ... nor ran a prefill through a CUDA graph; and deferred a decode only with one free block
     # per running sequence.
     recorded.setdefault("prefill_graph_tokens", 0)
-    # Prefill graphs took up to 16 prompts before the count was a setting.
-    recorded.setdefault("prefill_graph_seqs", 16)
+    # Recorded before prefill_graph_seqs existed: that engine's prefill graphs took 16 prompts.
+    recorded.setdefault("prefill_graph_seqs", graph_sizes.LEGACY_PREFILL_GRAPH_SEQS)
     recorded.setdefault("defer_block_rule", "per_running")
     # ... nor deferred a mixed step (a decode's full block entered the cache at once).
     recorded.setdefault("overlap_mixed_steps", False)

@@ -295,3 +295,25 @@ def test_a_target_taking_fewer_prompts_a_graph_runs_the_larger_prefills_eager() 
         classes, tokens, seqs, _ = prefill_steps(result.events)
         assert classes[seqs == burst].tolist() == [expected]
         assert (classes[(seqs == 1) & (tokens <= 4096)] == "prefill_graph").all()
+
+
+def test_a_recording_with_16k_prefill_graphs_is_simulated_with_the_same_graphs() -> None:
+    """traces/matrix-s14/reference-default-3 (prefill graphs to 16,384 tokens and 64 prompts):
+    re-simulated under its own config, each of its nine ~16k-token, ~29-prompt prefills pads to
+    the graph it replayed; with the graphs of the engine before (4,096 tokens, 16 prompts) every
+    one runs eager."""
+    from replay.recorded import from_trace
+    from tracing.reader import read_trace
+
+    source = from_trace(read_trace("traces/matrix-s14/reference-default-3"))
+    recorded_classes, _, seqs, recorded_padded = prefill_steps(source)
+    assert (recorded_classes == "prefill_graph").all() and (seqs > 16).all()
+    timing = CostModel.fit(source, source="s14")
+    same = simulate(source, {}, timing=timing)
+    assert same.ok and same.events is not None
+    classes, _, _, padded = prefill_steps(same.events)
+    assert (classes == "prefill_graph").all() and (padded == recorded_padded).all()
+    before = simulate(source, {"prefill_graph_tokens": 4096, "prefill_graph_seqs": 16},
+                      timing=timing)
+    assert before.ok and before.events is not None
+    assert (prefill_steps(before.events)[0] == "prefill").all()

@@ -110,14 +110,16 @@ class EngineCore:
         arrival_s: float | None = None,
         error: str | None = None,
         priority: int = 0,
+        token_bounds: tuple[int, int] | None = None,
     ) -> Sequence:
         """Queue a request; ``error`` (found by the caller, e.g. a bad token id) rejects it.
 
         A value no trace column can hold (a token id or ``max_tokens`` beyond int32) raises
         ``InvalidRequestError`` before anything is recorded: the recorder must never overflow.
         The rejection reason is recorded in the request's ``request_finished.error``.
-        ``priority``: lower is served first by policies that read it (``priority``)."""
-        check_recordable(token_ids, params)
+        ``priority``: lower is served first by policies that read it (``priority``).
+        ``token_bounds``: the prompt's smallest and largest id, where the caller computed them."""
+        check_recordable(token_ids, params, token_bounds)
         seq = Sequence(
             self.next_seq_id, token_ids, params, self.now() if arrival_s is None else arrival_s
         )

@@ -150,21 +150,27 @@ class LLMEngine:
         self.vocab_size = self.runner.vocab_size
 
     # --- requests ---------------------------------------------------------------------------------
-    def _token_ids(self, prompt: Prompt) -> tuple[list[int], str | None]:
-        """Tokenize; return (token ids, rejection reason) without raising on a bad prompt."""
+    def _token_ids(self, prompt: Prompt) -> tuple[list[int], str | None, tuple[int, int] | None]:
+        """Tokenize; return (token ids, rejection reason, the smallest and largest id where
+        computed) without raising on a bad prompt."""
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt, add_special_tokens=False), None
+            return self.tokenizer.encode(prompt, add_special_tokens=False), None, None
         if not isinstance(prompt, SequenceABC) or not _all_int(prompt):
             raise InvalidRequestError(
                 f"a prompt must be a str or a list of int token ids, got {type(prompt).__name__}"
             )
         token_ids = list(prompt)
+        if not token_ids:
+            return token_ids, None, None
         # min/max run in C: a per-token Python check cost ~60 us per 560-token prompt, which
         # delayed the first step of a 256-request batch by ~17 ms (docs/gpu-notes.md, session 4).
-        if token_ids and (min(token_ids) < 0 or max(token_ids) >= self.vocab_size):
+        # The core's int32 check takes the same bounds (each pass costs ~10 ns a token).
+        bounds = min(token_ids), max(token_ids)
+        if bounds[0] < 0 or bounds[1] >= self.vocab_size:
             bad = next(t for t in token_ids if not 0 <= t < self.vocab_size)
-            return token_ids, f"token id {bad} is outside the vocabulary [0, {self.vocab_size})"
-        return token_ids, None
+            return (token_ids, f"token id {bad} is outside the vocabulary [0, {self.vocab_size})",
+                    bounds)
+        return token_ids, None, bounds
 
     def add_request(
         self,
@@ -177,9 +183,10 @@ class LLMEngine:
 
         ``priority``: lower is served first under ``policy="priority"`` (or a policy reading it).
         """
-        token_ids, error = self._token_ids(prompt)
+        token_ids, error, bounds = self._token_ids(prompt)
         seq = self.core.add_request(
-            token_ids, params, arrival_s=arrival_s, error=error, priority=priority
+            token_ids, params, arrival_s=arrival_s, error=error, priority=priority,
+            token_bounds=bounds,
         )
         reason = self.core.rejections.get(seq.seq_id)
         if reason is not None:

@@ -72,8 +72,12 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_recordable(token_ids: list[int] | array, params: SamplingParams) -> None:
-    """Raise ``InvalidRequestError`` for a request the trace's int32 columns cannot hold."""
+def check_recordable(token_ids: list[int] | array, params: SamplingParams,
+                     bounds: tuple[int, int] | None = None) -> None:
+    """Raise ``InvalidRequestError`` for a request the trace's int32 columns cannot hold.
+
+    ``bounds``: the prompt's smallest and largest token id where the caller has them (the
+    frontend's vocabulary check found them), so a long prompt is not scanned twice."""
     if params.max_tokens > INT32_MAX:
         raise InvalidRequestError(f"max_tokens must be <= {INT32_MAX}, got {params.max_tokens}")
     if len(token_ids) > INT32_MAX:
@@ -83,6 +87,8 @@ def check_recordable(token_ids: list[int] | array, params: SamplingParams) -> No
     # is rejected (and recorded); only a value no int32 column holds is refused here.
     if isinstance(token_ids, array) and token_ids.typecode == "i" and token_ids.itemsize == 4:
         return
-    if token_ids and (min(token_ids) < INT32_MIN or max(token_ids) > INT32_MAX):
+    if token_ids and bounds is None:
+        bounds = min(token_ids), max(token_ids)
+    if token_ids and (bounds[0] < INT32_MIN or bounds[1] > INT32_MAX):
         bad = next(t for t in token_ids if not INT32_MIN <= t <= INT32_MAX)
         raise InvalidRequestError(f"token id {bad} does not fit a trace's int32 column")

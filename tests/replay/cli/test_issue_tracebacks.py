@@ -70,6 +70,10 @@ def test_the_engine_refuses_values_no_trace_column_holds() -> None:
     with pytest.raises(InvalidRequestError, match="max_tokens"):
         check_recordable([1], SamplingParams(max_tokens=2**31))
     check_recordable([-(2**31), 2**31 - 1], SamplingParams(max_tokens=2**31 - 1))
+    # The bounds a frontend already found (LLM's vocabulary check) stand for a scan of their own.
+    with pytest.raises(InvalidRequestError, match="token id"):
+        check_recordable([1, 2**40], SamplingParams(max_tokens=1), bounds=(1, 2**40))
+    check_recordable([1, 2], SamplingParams(max_tokens=1), bounds=(1, 2))
 
 
 @pytest.mark.parametrize("setting,needle", [

@@ -44,6 +44,10 @@ def _prefill_graph_notes(source: Config, config: Config, cost: CostModel) -> lis
         notes.append(f"prefills of up to {limit:,} tokens may run through CUDA graphs here, the "
                      f"timing source captured them up to {sizes[-1]:,}: larger ones are "
                      "simulated eager")
+    if limit and sizes and config.prefill_graph_seqs > cost.prefill_graph_max_seqs:
+        notes.append(f"a prefill graph may take {config.prefill_graph_seqs} prompts here, the "
+                     f"timing source's took {cost.prefill_graph_max_seqs}: a prefill of more is "
+                     "simulated eager")
     # (A variant's graph prefills priced without a fit of their own: coverage_warnings says so.)
     return notes
 

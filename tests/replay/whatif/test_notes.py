@@ -31,3 +31,20 @@ def test_kernel_and_unsimulated_fields_are_config_fields() -> None:
     names = set(Config.field_names())
     assert set(KERNEL_SPEED_FIELDS) <= names and set(UNSIMULATED_FIELDS) <= names
     assert not set(KERNEL_SPEED_FIELDS) & set(UNSIMULATED_FIELDS)
+
+
+def test_prefill_graphs_larger_than_the_source_captured_are_named() -> None:
+    """A variant whose prefill graphs go past the source's (more tokens, more prompts) is told
+    which of its prefills are simulated eager, as the source ran them."""
+    from replay.whatif.cost.model import CostModel
+
+    cost = CostModel(fits={}, prefill_graph_sizes=[16, 4096], prefill_graph_max_seqs=16)
+    source = Config(prefill_graph_tokens=4096, prefill_graph_seqs=16)
+    notes = variant_notes(source, Config(prefill_graph_tokens=16384, prefill_graph_seqs=64),
+                          cost, EXECUTOR)
+    assert len(notes) == 2
+    assert "captured them up to 4,096" in notes[0]
+    assert "may take 64 prompts here, the timing source's took 16" in notes[1]
+    assert variant_notes(source, source, cost, EXECUTOR) == []
+    assert variant_notes(source, Config(prefill_graph_tokens=4096, prefill_graph_seqs=8), cost,
+                         EXECUTOR) == []  # fewer than the source's: simulated as asked

@@ -117,12 +117,10 @@ class EngineCore:
         A value no trace column can hold (a token id or ``max_tokens`` beyond int32) raises
         ``InvalidRequestError`` before anything is recorded: the recorder must never overflow.
         The rejection reason is recorded in the request's ``request_finished.error``.
-        ``priority``: lower is served first by policies that read it (``priority``).
-        ``token_bounds``: the prompt's smallest and largest id, where the caller computed them."""
+        ``priority``: lower goes first; ``token_bounds``: the prompt's (min, max) id if known."""
         check_recordable(token_ids, params, token_bounds)
-        seq = Sequence(
-            self.next_seq_id, token_ids, params, self.now() if arrival_s is None else arrival_s
-        )
+        arrival = self.now() if arrival_s is None else arrival_s
+        seq = Sequence(self.next_seq_id, token_ids, params, arrival)
         self.next_seq_id += 1
         self.sequences[seq.seq_id] = seq
         reason = self.scheduler.add(seq, precheck_error=error, priority=priority)

@@ -85,6 +85,13 @@ def prefill_graph_limit(config: Config) -> int:
     return min(config.prefill_graph_tokens, config.max_num_batched_tokens)
 
 
+def prefill_graph_prompts(config: Config) -> int:
+    """The most prompts one of ``config``'s prefill graphs takes: ``prefill_graph_seqs``, and no
+    more than its largest token count holds (0: no prefill graphs)."""
+    sizes = prefill_graph_sizes(prefill_graph_limit(config))
+    return min(config.prefill_graph_seqs, sizes[-1]) if sizes else 0
+
+
 def mixed_prefill_sizes(prefill_sizes: Sequence[int]) -> list[int]:
     """The prefill graphs' token counts a mixed step's prompt part may pad to."""
     return [size for size in prefill_sizes if size <= MAX_MIXED_GRAPH_TOKENS]

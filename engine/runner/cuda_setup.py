@@ -27,6 +27,7 @@ from engine.graph_sizes import (
     mixed_graph_decode_sizes,
     mixed_prefill_sizes,
     prefill_graph_limit,
+    prefill_graph_prompts,
     prefill_graph_sizes,
 )
 from engine.model.attention_metadata import build_attention_metadata
@@ -171,10 +172,8 @@ def build_stepper(
     prefill_graphs = None
     prefill_sizes = planned_prefill_graph_sizes(config, attention_backend)
     if prefill_sizes:
-        # A graph of T tokens holds at most T prompts.
-        max_seqs = min(config.prefill_graph_seqs, max(prefill_sizes))
         prefill_graphs = PrefillGraphs(prefill_sizes, width, block_size, hidden_size, dtype, device,
-                                       max_seqs)
+                                       prefill_graph_prompts(config))
         prefill_graphs.capture(model)
     mixed_graphs = None
     mixed_rows = mixed_graph_decode_sizes(config)

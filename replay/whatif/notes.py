@@ -4,7 +4,7 @@ check (synthetic tokens, unsimulated settings, step classes the timing source ne
 from __future__ import annotations
 
 from engine.config import Config
-from engine.graph_sizes import prefill_graph_limit
+from engine.graph_sizes import prefill_graph_limit, prefill_graph_prompts
 from replay.whatif.cost.model import CostModel
 from replay.whatif.sim_executor import SimExecutor
 
@@ -44,8 +44,9 @@ def _prefill_graph_notes(source: Config, config: Config, cost: CostModel) -> lis
         notes.append(f"prefills of up to {limit:,} tokens may run through CUDA graphs here, the "
                      f"timing source captured them up to {sizes[-1]:,}: larger ones are "
                      "simulated eager")
-    if limit and sizes and config.prefill_graph_seqs > cost.prefill_graph_max_seqs:
-        notes.append(f"a prefill graph may take {config.prefill_graph_seqs} prompts here, the "
+    prompts = prefill_graph_prompts(config)
+    if sizes and prompts > cost.prefill_graph_max_seqs:
+        notes.append(f"a prefill graph may take {prompts} prompts here, the "
                      f"timing source's took {cost.prefill_graph_max_seqs}: a prefill of more is "
                      "simulated eager")
     # (A variant's graph prefills priced without a fit of their own: coverage_warnings says so.)

@@ -27,7 +27,7 @@ from engine.config import AUTO_SIZED_BLOCKS, Config
 from engine.drive import drive
 from engine.engine_core import EngineCore, StepResult
 from engine.errors import ConfigError
-from engine.graph_sizes import mixed_graph_decode_sizes, prefill_graph_limit
+from engine.graph_sizes import mixed_graph_decode_sizes, prefill_graph_limit, prefill_graph_prompts
 from engine.sequence import Sequence
 from replay.metrics import compute
 from replay.recorded import RecordedEvents, from_columns, from_trace
@@ -258,7 +258,7 @@ def build_engine(
     use_graphs = not config.enforce_eager
     executor = SimExecutor(config.num_kvcache_blocks, clock, cost, use_graphs, eos=config.eos,
                            prefill_graph_tokens=prefill_graph_limit(config),
-                           prefill_graph_seqs=config.prefill_graph_seqs,
+                           prefill_graph_seqs=prefill_graph_prompts(config),
                            one_off_costs=cold_start is not False,
                            mixed_decode_sizes=mixed_graph_decode_sizes(config),
                            block_size=config.kvcache_block_size)

@@ -225,7 +225,7 @@ def record_workload(
                                graphs=not config.enforce_eager, host=host,
                                overlap=config.async_scheduling, prefill_graph_sizes=sizes,
                                mixed_decode_sizes=mixed,
-                               prefill_graph_seqs=config.prefill_graph_seqs)
+                               prefill_graph_seqs=graph_sizes.prefill_graph_prompts(config))
     sink: Any = MemorySink()
     if trace_dir is not None:
         from tracing.recorder import ParquetRecorder

@@ -34,6 +34,16 @@ def test_sizes_double_up_to_1024_then_step_by_512() -> None:
     assert prefill_graph_sizes(0) == []
 
 
+def test_a_graph_takes_no_more_prompts_than_its_largest_token_count_holds() -> None:
+    from engine.config import Config
+    from engine.graph_sizes import prefill_graph_prompts
+
+    assert prefill_graph_prompts(Config()) == Config().prefill_graph_seqs
+    assert prefill_graph_prompts(Config(prefill_graph_tokens=32, prefill_graph_seqs=64)) == 32
+    assert prefill_graph_prompts(Config(prefill_graph_tokens=0)) == 0
+    assert prefill_graph_prompts(Config(enforce_eager=True)) == 0
+
+
 def test_padding_picks_the_smallest_size_that_holds_the_prefill() -> None:
     sizes = prefill_graph_sizes(4096)
     assert padded_prefill_tokens(sizes, 1, 1, 16) == 16

@@ -48,3 +48,8 @@ def test_prefill_graphs_larger_than_the_source_captured_are_named() -> None:
     assert variant_notes(source, source, cost, EXECUTOR) == []
     assert variant_notes(source, Config(prefill_graph_tokens=4096, prefill_graph_seqs=8), cost,
                          EXECUTOR) == []  # fewer than the source's: simulated as asked
+    # Graphs of at most 32 tokens hold at most 32 prompts, whatever prefill_graph_seqs says:
+    # the unchanged variant of such a source (its runner took 32) gets no note.
+    small = Config(prefill_graph_tokens=32, prefill_graph_seqs=64)
+    tiny = CostModel(fits={}, prefill_graph_sizes=[16, 32], prefill_graph_max_seqs=32)
+    assert variant_notes(small, small, tiny, EXECUTOR) == []

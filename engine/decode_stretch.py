@@ -41,7 +41,7 @@ MAX_STRETCH_STEPS = 256  # the most steps one stretch plans
 # The model_step columns of a step but its ids, in ``EventBuffer.emit_model_step``'s order.
 MODEL_ROW_COLUMNS = ("kind", "duration_s", "num_seqs", "prefill_tokens", "prefill_attn_work",
                      "decode_seqs", "decode_context_tokens", "padded_batch_size", "graph_used",
-                     "wall_time_s", "overlapped", "host_s", "padded_tokens")
+                     "wall_time_s", "overlapped", "host_s", "padded_tokens", "outside_s")
 _BUILTIN = tuple(BUILTIN_POLICIES.values())  # policies that admit only from the waiting queue
 _STEPS = np.arange(MAX_STRETCH_STEPS)  # a stretch's step numbers (sliced: no array per stretch)
 _NO_TOKENS = np.zeros((0, 0), np.int64)  # no tokens bound (``bind_tokens``)
@@ -173,13 +173,15 @@ class DecodeStretch:
         return cls(scheduler, columns, last_step, num_steps, tokens_of)
 
     def price(self, executor: Any, clock: Callable[[], float], until: float, overlapped: bool,
-              defer: bool, start: float, sink_s: float) -> dict[str, list]:
+              defer: bool, start: float, sink_s: float, outside_s: float = 0.0
+              ) -> dict[str, list]:
         """The ``model_step`` columns (but ids) of the steps that start before ``until`` on
         ``clock`` (at least one), each priced by ``executor.price_decode`` as
         ``EngineCore``'s sequential path prices and records a step: ``overlapped`` is the first
         step's flag, ``defer`` every later one's; ``start``: the engine's start on the clock;
-        ``sink_s``: the sink time charged to each step. An executor with ``price_decodes``
-        prices them all in one call (the same values, see ``DecodePrices``)."""
+        ``sink_s``: the sink time charged to each step; ``outside_s``: the driver's time
+        before the stretch (``engine.outside_time``), the first step's. An executor with
+        ``price_decodes`` prices them all in one call (the same values, see ``DecodePrices``)."""
         # In one call only where the executor moves the very clock read here.
         bulk = getattr(executor, "price_decodes", None)
         priced = None if bulk is None or getattr(executor, "clock", None) is not clock else bulk(
@@ -198,7 +200,7 @@ class DecodeStretch:
             ["decode"] * count, priced.duration_s, num_seqs, [0] * count, [0] * count,
             num_seqs, context, [padded or seqs for padded, seqs in zip(priced.padded, num_seqs)],
             priced.graph_used, [ended - start for ended in priced.ended], flags, host_s,
-            priced.padded_tokens)))
+            priced.padded_tokens, [outside_s] + [0.0] * (count - 1))))
 
     def _price_each(self, executor: Any, clock: Callable[[], float], until: float,
                     overlapped: bool, defer: bool) -> DecodePrices:

@@ -39,8 +39,9 @@ def drive(
     """Feed ``inputs`` as they fall due on ``now()`` and step ``core`` until both are done.
 
     When the engine has nothing to do and the next input is not yet due, ``wait_until(due)``
-    waits for it (sleeps, moves a simulated clock, or lets the step count through). Emits only
-    what ``EngineCore`` emits for each input and step.
+    waits for it (sleeps, moves a simulated clock, or lets the step count through); the core is
+    told first (``EngineCore.waiting``), so a step's ``outside_s`` holds the driver's work and
+    not its waits. Emits only what ``EngineCore`` emits for each input and step.
     """
     while True:
         inputs.feed(core, now())
@@ -55,4 +56,5 @@ def drive(
         due = inputs.next_due()
         if due is None:
             return
+        core.waiting()  # the wait is not the driver's work (``outside_s``)
         wait_until(due)

@@ -17,6 +17,7 @@ from engine.batch import ScheduledBatch, StepOutput, StepResult, batch_features
 from engine.config import AUTO_SIZED_BLOCKS, Config
 from engine.decode_stretch import DecodeStretch
 from engine.executor import Executor, PendingStep
+from engine.outside_time import OutsideTime
 from engine.overlap_scheduler import OverlapScheduler, PendingTokens
 from engine.policy import policy_source
 from engine.running_columns import RunningColumns
@@ -65,6 +66,7 @@ class EngineCore:
         self.sink = sink
         self.clock = clock
         self.start_time = clock()
+        self.outside = OutsideTime(clock)  # the driver's time between steps (``outside_s``)
         self.step_index = 0
         self.next_seq_id = 0
         self.sequences: dict[int, Sequence] = {}
@@ -118,12 +120,14 @@ class EngineCore:
         ``InvalidRequestError`` before anything is recorded: the recorder must never overflow.
         The rejection reason is recorded in the request's ``request_finished.error``.
         ``priority``: lower goes first; ``token_bounds``: the prompt's (min, max) id if known."""
+        self.outside.input()
+        added = self.now()
         check_recordable(token_ids, params, token_bounds)
-        arrival = self.now() if arrival_s is None else arrival_s
+        arrival = added if arrival_s is None else arrival_s
         seq = Sequence(self.next_seq_id, token_ids, params, arrival)
         self.next_seq_id += 1
         self.sequences[seq.seq_id] = seq
-        reason = self.scheduler.add(seq, precheck_error=error, priority=priority)
+        reason = self.scheduler.add(seq, precheck_error=error, priority=priority, added_s=added)
         if reason is not None:
             self.rejections[seq.seq_id] = reason
             self.events.patch_last_rejection(reason)
@@ -134,12 +138,18 @@ class EngineCore:
         (``EventSink.on_idle``), so a crash while idle loses no more than its flush interval."""
         if self.sink is not None and not self.closed:
             self.sink.on_idle(self.events)
+
+    def waiting(self) -> None:
+        """The driver is about to wait for a later input: not the driver's work (``outside_s``)."""
+        self.outside.waiting()
+
     def abort(self, seq_id: int) -> None:
         self.finish(seq_id, "aborted")
 
     def finish(self, seq_id: int, reason: str) -> None:
         """Finish a request on an outside input (``aborted``, or ``stop``: a stop string found in
         its text), between steps; emits its ``block_freed`` rows and ``request_finished``."""
+        self.outside.input()
         self.drain()  # the sequence's last token must have its value before it is finished
         self._deferred_last = False  # the next step's inputs come after this change, not before
         self.scheduler.finish(self.sequences[seq_id], reason)
@@ -175,7 +185,9 @@ class EngineCore:
         decisions and the events (order and values) are exactly those of the sequential loop,
         one decision per call in both; only the returned result may lag one call behind.
         """
+        self.outside.entered()
         self._advance_loop()
+        self.outside.left()
         return self._ready.popleft() if self._ready else None
 
     def _advance_loop(self) -> bool:
@@ -246,7 +258,7 @@ class EngineCore:
         scheduler.sync_running = None  # the stretch catches up each sequence it reads itself
         defer = self.config.async_scheduling  # every step of a stretch can be deferred
         rows = stretch.price(executor, self.clock, until, self._deferred_last, defer,
-                             self.start_time, self._sink_s)
+                             self.start_time, self._sink_s, self.outside.take())
         steps, first = len(rows["kind"]), self.step_index
         # A sink that folds the counts itself gets them instead of the sequence and token rows.
         counts_only = getattr(self.sink, "takes_decode_stretches", False)
@@ -283,19 +295,12 @@ class EngineCore:
         graph_used = output.graph_used if output is not None else False
         padded_tokens = output.padded_tokens if output is not None else 0
         return self.events.emit_model_step(
-            kind=batch.kind,
-            duration_s=0.0,
-            num_seqs=len(batch.seqs),
-            prefill_tokens=prefill_tokens,
-            prefill_attn_work=prefill_work,
-            decode_seqs=decode_seqs,
-            decode_context_tokens=decode_ctx,
-            padded_batch_size=padded or len(batch.seqs),
-            graph_used=graph_used,
-            wall_time_s=0.0,
-            overlapped=batch.overlapped,
-            host_s=0.0,
-            padded_tokens=padded_tokens,
+            kind=batch.kind, duration_s=0.0, num_seqs=len(batch.seqs),
+            prefill_tokens=prefill_tokens, prefill_attn_work=prefill_work,
+            decode_seqs=decode_seqs, decode_context_tokens=decode_ctx,
+            padded_batch_size=padded or len(batch.seqs), graph_used=graph_used, wall_time_s=0.0,
+            overlapped=batch.overlapped, host_s=0.0, padded_tokens=padded_tokens,
+            outside_s=self.outside.take(),
         )
 
     def _complete(
@@ -341,17 +346,9 @@ class EngineCore:
         self._finish_step(flight.batch, output, finished, flight.model_row, duration, ended,
                           host_s, flight.step)
 
-    def _finish_step(
-        self,
-        batch: ScheduledBatch,
-        output: StepOutput,
-        finished: list[Sequence],
-        row: int | None,
-        duration: float,
-        ended: float,
-        host_s: float,
-        step: int,
-    ) -> None:
+    def _finish_step(self, batch: ScheduledBatch, output: StepOutput, finished: list[Sequence],
+                     row: int | None, duration: float, ended: float, host_s: float,
+                     step: int) -> None:
         """Patch the step's measurements, hand the events to the sink, queue the result.
 
         The sink's time (recording) is host work of the next step: it is charged there.

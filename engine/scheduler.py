@@ -42,10 +42,7 @@ class Scheduler:
         self.block_size = config.kvcache_block_size
         self.policy = make_policy(config)
         self.block_manager = BlockManager(
-            num_blocks,
-            config.kvcache_block_size,
-            events,
-            hash_seed=config.hash_seed,
+            num_blocks, config.kvcache_block_size, events, hash_seed=config.hash_seed,
             enable_prefix_caching=config.enable_prefix_caching,
             eviction_key=self.policy.block_eviction_key(),
             hold_decode_blocks=config.overlap_mixed_steps,
@@ -61,13 +58,15 @@ class Scheduler:
 
     # --- requests ---------------------------------------------------------------------------------
     def add(
-        self, seq: Sequence, precheck_error: str | None = None, priority: int = 0
+        self, seq: Sequence, precheck_error: str | None = None, priority: int = 0,
+        added_s: float = float("nan"),
     ) -> str | None:
         """Queue ``seq`` (recording it); reject it, recorded as finished, if it can never fit.
 
         ``precheck_error`` is a reason found before the scheduler (e.g. a token id outside the
         vocabulary): the request is recorded and rejected with it. ``priority``: lower is served
-        first by policies that read it. Returns the rejection reason.
+        first by policies that read it; ``added_s``: when the engine began adding it (its
+        clock, since its start; measured, not a decision). Returns the rejection reason.
 
         Emits: ``request_added``; for a rejected request then ``request_finished`` (rejected).
         """
@@ -75,7 +74,7 @@ class Scheduler:
             seq_id=seq.seq_id, arrival_s=seq.arrival_s, prompt_token_ids=seq.token_ids,
             temperature=seq.temperature, max_tokens=seq.max_tokens, ignore_eos=seq.ignore_eos,
             top_p=seq.top_p, top_k=seq.top_k, seed=seq.seed, stop=encode_stop(seq.stop),
-            priority=priority,
+            priority=priority, added_s=added_s,
         )
         if priority:
             self.priorities[seq.seq_id] = priority

@@ -82,8 +82,10 @@ class EventBuffer:
         seed: int = NO_SEED,
         stop: str = "",
         priority: int = 0,
+        added_s: float = float("nan"),
     ) -> None:
-        """A request entered the engine; ``stop`` is ``schema.encode_stop`` of its strings."""
+        """A request entered the engine; ``stop`` is ``schema.encode_stop`` of its strings;
+        ``added_s``: when the engine began adding it (``arrival_s`` may be the workload's)."""
         t = self._ra
         self._id(t)
         t["seq_id"].append(seq_id)
@@ -98,6 +100,7 @@ class EventBuffer:
         t["seed"].append(seed)
         t["stop"].append(stop)
         t["priority"].append(priority)
+        t["added_s"].append(added_s)
 
     def emit_batch(
         self,
@@ -215,6 +218,7 @@ class EventBuffer:
         overlapped: bool = False,
         host_s: float = 0.0,
         padded_tokens: int = NOT_PADDED,
+        outside_s: float = 0.0,
     ) -> int:
         """Append a model step; returns its row (see ``patch_model_step``)."""
         t = self._ms
@@ -233,6 +237,7 @@ class EventBuffer:
         t["overlapped"].append(overlapped)
         t["host_s"].append(host_s)
         t["padded_tokens"].append(padded_tokens)
+        t["outside_s"].append(outside_s)
         return row
 
     def emit_tokens_sampled(self, seq_ids: list[int], token_ids: list[int]) -> int:

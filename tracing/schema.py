@@ -13,15 +13,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pyarrow as pa
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # Versions this release reads. Version 1 lacks model_step.overlapped and model_step.host_s,
 # version 2 model_step.padded_tokens; the reader fills them with ADDED_COLUMN_DEFAULTS (a
 # version-1 run never overlapped its steps; no version-2 run padded a prefill). Version 4 changed
 # what host_s holds for a step computed inside the executor's launch (docs/trace-format.md).
 # Version 5 added request_finished.error (why a request was rejected; "" before),
 # request_added.top_p, top_k, seed and stop (older: no such settings) and request_added.priority
-# (older runs had no priorities: 0).
-READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6)
+# (older runs had no priorities: 0). Version 7 added model_step.outside_s (the driver's time
+# between steps) and request_added.added_s (when the engine began adding it); older: NaN.
+READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 # model_step.padded_tokens of a step that computed its own tokens (no CUDA-graph prefill).
 NOT_PADDED = 0
 
@@ -48,6 +49,7 @@ EVENT_COLUMNS: dict[str, dict[str, str]] = {
         "seed": "int64",
         "stop": "string",
         "priority": "int32",
+        "added_s": "float64",
     },
     "batch_scheduled": {
         "kind": "string",
@@ -112,6 +114,7 @@ EVENT_COLUMNS: dict[str, dict[str, str]] = {
         "overlapped": "bool",
         "host_s": "float64",
         "padded_tokens": "int32",
+        "outside_s": "float64",
     },
     "token_sampled": {
         "seq_id": "int64",
@@ -130,15 +133,16 @@ EVENT_KINDS: tuple[str, ...] = tuple(EVENT_COLUMNS)
 
 # Columns that hold measurements rather than decisions: replay never compares them.
 MEASURED_COLUMNS: dict[str, frozenset[str]] = {
-    "request_added": frozenset({"arrival_s"}),
-    "model_step": frozenset({"duration_s", "wall_time_s", "host_s"}),
+    "request_added": frozenset({"arrival_s", "added_s"}),
+    "model_step": frozenset({"duration_s", "wall_time_s", "host_s", "outside_s"}),
 }
 
 # Columns added after schema version 1, with the value an older trace implies.
 ADDED_COLUMN_DEFAULTS: dict[str, dict[str, object]] = {
-    "request_added": {"top_p": 1.0, "top_k": 0, "seed": NO_SEED, "stop": "", "priority": 0},
+    "request_added": {"top_p": 1.0, "top_k": 0, "seed": NO_SEED, "stop": "", "priority": 0,
+                      "added_s": float("nan")},
     "model_step": {"overlapped": False, "host_s": float("nan"),
-                   "padded_tokens": NOT_PADDED},
+                   "padded_tokens": NOT_PADDED, "outside_s": float("nan")},
     "request_finished": {"error": ""},
 }
 # Added columns whose default is not what the engine would have recorded (an older trace's

@@ -36,7 +36,8 @@ def step_errors(model: CostModel, events: Any) -> dict[str, Any]:
     """Per step class and launch mode of ``events``' own steps: how many, and the recorded and
     predicted sums of device time, host time and interval (seconds); the stalls among them;
     and the run's idle time (wall time between steps that no step's interval covers)."""
-    steps = features.steps_of(events, shared_blocks=model.shared_kv)  # as the simulator counts
+    # As the simulator counts: shared blocks, and the adds it charges as it feeds them.
+    steps = features.steps_of(events, shared_blocks=model.shared_kv, add=model.add)
     own = steps.rows(~steps.is_calibration)
     predicted = [model.predict(row, str(cls), bool(over)) for row, cls, over in
                  zip(own.x.tolist(), own.classes.tolist(), own.overlapped.tolist())]

@@ -13,8 +13,9 @@ from tracing.reader import read_trace
 TRACES = Path(__file__).resolve().parents[2] / "traces"
 # The top-level traces and the validation matrix's recordings (traces/matrix/, the same cells
 # from two later device calls, traces/matrix-call9/ and traces/matrix-call9b/, two calls on
-# session 13's engine, traces/matrix-s13/ and traces/matrix-s13b/, and the matrix of session 14's
-# engine, traces/matrix-s14/).
+# session 13's engine, traces/matrix-s13/ and traces/matrix-s13b/, the matrix of session 14's
+# engine, traces/matrix-s14/, and the same engine's matrix with schema 7's intake measurements,
+# traces/matrix-s15/).
 COMMITTED = sorted(p.parent for p in TRACES.glob("*/run.json")) + sorted(
     p.parent for p in TRACES.glob("matrix*/*/run.json"))
 
@@ -29,6 +30,32 @@ def test_the_expected_traces_are_committed() -> None:
     assert sum(p.parent.name == "matrix-s13" for p in COMMITTED) == 4
     assert sum(p.parent.name == "matrix-s13b" for p in COMMITTED) == 6
     assert sum(p.parent.name == "matrix-s14" for p in COMMITTED) == 15
+    assert sum(p.parent.name == "matrix-s15" for p in COMMITTED) == 15
+
+
+@pytest.mark.parametrize("cell", ["reference-default-3", "azure-code-default"])
+def test_the_s15_matrix_measured_its_intake(cell: str) -> None:
+    """Schema 7 recordings stamp every add (``added_s``) and each step's driver time
+    (``outside_s``): the reference's first step waited for its 256 adds, its ``outside_s`` the
+    span of their stamps and one add more; under Azure's arrivals a long prompt's add costs
+    several times a batch's in the reference (docs/BENCHMARKS.md 7k)."""
+    from replay.recorded import from_trace
+    from replay.whatif.cost.arrivals import fit_add_cost
+
+    events = from_trace(read_trace(TRACES / "matrix-s15" / cell))
+    added, steps = events.tables["request_added"], events.tables["model_step"]
+    stamps, outside = np.asarray(added["added_s"], float), np.asarray(steps["outside_s"], float)
+    assert np.isfinite(stamps).all() and np.isfinite(outside).all() and (outside >= 0).all()
+    cost = fit_add_cost(events)
+    assert cost.samples > 16
+    if cell.startswith("reference"):
+        first = stamps[np.asarray(added["step"]) == 0]
+        assert len(first) == 256
+        span = first.max() - first.min()
+        assert span < outside[0] < span + 1e-3
+        assert cost.per_token_s < 80e-9
+    else:
+        assert cost.seconds(2000) > 2e-4  # a 2,000-token prompt: over 0.2 ms on that host
 
 
 @pytest.mark.parametrize("directory,graphs", [("matrix-s13", False), ("matrix-s14", True)])

@@ -6,10 +6,12 @@ token, done on the engine's thread between two steps, so the next step starts th
 A batch of 256 prompts takes milliseconds to add, which every one of its requests waits before
 its prefill starts (its TTFT counts from its arrival).
 
-Measured on a source whose engine stamped each request as it was added (no ``arrival_s``
-passed): consecutive requests added before one step then lie the time of one add apart.
-A source whose arrivals are a workload's own times shows no such spacing (its stamps are equal,
-or as far apart as the workload put them) and measures nothing (``AddCost()``: free).
+Measured on the engine's own stamps of each add: ``request_added.added_s`` (schema 7: every
+request, whatever ``arrival_s`` the driver gave), or, in an older trace, ``arrival_s`` where the
+engine stamped it (no ``arrival_s`` passed). Consecutive requests added before one step then lie
+the time of one add apart, the driver's work for the next one included (building its prompt).
+An older source whose arrivals are a workload's own times shows no such spacing (its stamps are
+equal, or as far apart as the workload put them) and measures nothing (``AddCost()``: free).
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from replay.recorded import RecordedEvents
 MAX_ADD_GAP_S = 5e-4
 ADD_GAP_QUANTILE = 0.95
 MIN_ADDS = 16  # gaps needed to measure the cost (fewer: nothing measured)
+# Of the engine's own stamps, a gap this many times the median holds more than one add's work
+# (a wait for an arrival after a rejected request, a collector pause): left out.
+STALL_GAP_FACTOR = 10.0
 
 
 @dataclass(frozen=True)
@@ -48,19 +53,33 @@ class AddCost:
         return cls(**data)
 
 
-def add_gaps(events: RecordedEvents) -> tuple[np.ndarray, np.ndarray]:
-    """The gaps between the arrival stamps of consecutive requests added before the same step
-    (seconds), and the mean prompt length of each pair (a gap holds the end of one add and the
-    start of the next); empty where the stamps are not the engine's own (``MAX_ADD_GAP_S``)."""
+def engine_add_stamps(events: RecordedEvents) -> np.ndarray | None:
+    """Each request's ``added_s`` where the trace recorded it for every request, else None."""
     added = events.tables["request_added"]
-    stamps = np.asarray(added["arrival_s"], dtype=float)
+    if "added_s" not in added:
+        return None
+    stamps = np.asarray(added["added_s"], dtype=float)
+    return stamps if len(stamps) and bool(np.isfinite(stamps).all()) else None
+
+
+def add_gaps(events: RecordedEvents) -> tuple[np.ndarray, np.ndarray]:
+    """The gaps between the stamps of consecutive requests added before the same step
+    (seconds), and the mean prompt length of each pair (a gap holds the end of one add and the
+    start of the next): of ``engine_add_stamps`` (stalls left out: ``STALL_GAP_FACTOR``), else
+    of ``arrival_s``, empty where those are not the engine's own (``MAX_ADD_GAP_S``)."""
+    added = events.tables["request_added"]
+    own = engine_add_stamps(events)
+    stamps = own if own is not None else np.asarray(added["arrival_s"], dtype=float)
     steps = np.asarray(added["step"], dtype=np.int64)
     lengths = np.asarray(added["prompt_len"], dtype=float)
     same = steps[1:] == steps[:-1]
     gaps = np.diff(stamps)[same]
     pairs = ((lengths[1:] + lengths[:-1]) / 2)[same]
-    if len(gaps) < MIN_ADDS or (gaps <= 0).any() or float(
-            np.quantile(gaps, ADD_GAP_QUANTILE)) > MAX_ADD_GAP_S:
+    if own is not None and len(gaps):
+        keep = (gaps > 0) & (gaps <= STALL_GAP_FACTOR * max(float(np.median(gaps)), 0.0))
+        gaps, pairs = gaps[keep], pairs[keep]
+    if len(gaps) < MIN_ADDS or (own is None and ((gaps <= 0).any() or float(
+            np.quantile(gaps, ADD_GAP_QUANTILE)) > MAX_ADD_GAP_S)):
         return np.zeros(0), np.zeros(0)
     return gaps, pairs
 
@@ -76,3 +95,23 @@ def fit_add_cost(events: RecordedEvents) -> AddCost:
     if slope <= 0 or intercept <= 0:
         slope, intercept = 0.0, float(gaps.mean())
     return AddCost(float(intercept), float(slope), len(gaps))
+
+
+def adds_within(events: RecordedEvents, add: AddCost, steps: np.ndarray,
+                began: np.ndarray) -> np.ndarray:
+    """Per model step (``steps``: their step numbers, ``began``: where each one's interval
+    starts), the seconds ``add`` charges the requests added before it from that start on (by
+    their ``engine_add_stamps``, else their ``arrival_s``): the adds the step's recorded interval
+    holds."""
+    added = events.tables["request_added"]
+    out = np.zeros(len(steps))
+    if not len(steps) or not len(added["step"]):
+        return out
+    own = engine_add_stamps(events)
+    stamps = own if own is not None else np.asarray(added["arrival_s"], dtype=float)
+    rows = np.searchsorted(steps, np.asarray(added["step"], dtype=np.int64))
+    ok = rows < len(steps)
+    ok[ok] &= stamps[ok] >= began[rows[ok]]
+    charge = add.per_request_s + add.per_token_s * np.asarray(added["prompt_len"], dtype=float)
+    np.add.at(out, rows[ok], charge[ok])
+    return out

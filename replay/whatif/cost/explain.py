@@ -228,6 +228,15 @@ def describe(model: Any, target: Any = None) -> str:
         lines.append("  decode re-reads of a block other rows of the step read too: "
                      + " / ".join(f"{f:.2f}" for f in sorted(fractions))
                      + " of a read from memory (the simulator counts each step's distinct blocks)")
+    add = model.add
+    if add.samples:
+        lines.append(f"  adding a request (the live loop's intake, from {add.samples} gaps between "
+                     f"the source's add stamps): {1e6 * add.per_request_s:.1f} us + "
+                     f"{1e9 * add.per_token_s:.1f} ns a prompt token, charged as each is fed "
+                     "(as the source's driver added its requests)")
+    else:
+        lines.append("  adding a request: not measured (no add stamps of the engine's own in the "
+                     "source): adds are free")
     if model.overlap is not None:
         lines += overlap_lines(model.overlap)
     for name, seconds in model.warmup_s.items():

@@ -19,6 +19,7 @@ import numpy as np
 
 from engine.attention_splits import choose_num_splits
 from replay.recorded import RecordedEvents
+from replay.whatif.cost.arrivals import AddCost, adds_within
 from replay.whatif.cost.decode_attention import (
     DEFAULT_KV_HEADS,
     kv_heads_of,
@@ -211,9 +212,11 @@ class Steps:
                        for f in fields(self)))
 
 
-def step_intervals(events: RecordedEvents) -> np.ndarray:
+def step_intervals(events: RecordedEvents, add: AddCost | None = None) -> np.ndarray:
     """Wall seconds each step took, from the later of the previous step's end and the latest
-    arrival added before it (so an idle gap waiting for requests is not counted)."""
+    arrival added before it (so an idle gap waiting for requests is not counted); ``add``: less
+    what it charges the adds made in that time (``arrivals.adds_within``), which the simulator
+    charges as it feeds them, so a step's own interval does not count them again."""
     ms = events.tables["model_step"]
     steps = np.asarray(ms["step"], dtype=np.int64)
     end = np.asarray(ms["wall_time_s"], dtype=float)
@@ -224,7 +227,10 @@ def step_intervals(events: RecordedEvents) -> np.ndarray:
         ok = rows < len(steps)
         np.maximum.at(latest, rows[ok], np.asarray(ra["arrival_s"], dtype=float)[ok])
     previous = np.concatenate([[-np.inf], end[:-1]])
-    interval = end - np.maximum(previous, latest)
+    began = np.maximum(previous, latest)
+    interval = end - began
+    if add is not None and add.samples:
+        interval = np.maximum(interval - adds_within(events, add, steps, began), MIN_STEP_S)
     bad = ~np.isfinite(interval) | (interval <= 0)
     interval[bad] = np.asarray(ms["duration_s"], dtype=float)[bad]
     return interval
@@ -307,15 +313,15 @@ def has_host_times(events: RecordedEvents) -> bool:
             and float(np.median(host)) > HOST_MEASURED_S)
 
 
-def steps_of(events: RecordedEvents, host_times: bool = True, shared_blocks: bool = False
-             ) -> Steps:
+def steps_of(events: RecordedEvents, host_times: bool = True, shared_blocks: bool = False,
+             add: AddCost | None = None) -> Steps:
     """The trace's steps and its header's calibration steps (``calibration_steps``).
     ``host_times`` False: fitted on intervals even where the trace measured host time;
-    ``shared_blocks``: as ``feature_matrix``'s."""
+    ``shared_blocks``: as ``feature_matrix``'s; ``add``: as ``step_intervals``'."""
     ms = events.tables["model_step"]
     x, classes = feature_matrix(events, shared_blocks)
     n = len(classes)
-    interval = step_intervals(events)
+    interval = step_intervals(events, add)
     measured_host = host_times and has_host_times(events)
     host = np.asarray(ms["host_s"], dtype=float) if measured_host else np.full(n, np.nan)
     overlapped = (np.asarray(ms["overlapped"], dtype=bool) if "overlapped" in ms
@@ -328,15 +334,16 @@ def steps_of(events: RecordedEvents, host_times: bool = True, shared_blocks: boo
     rows = events.header.get("calibration") or []
     if not rows:
         return own
-    return own.concat(calibration_steps(rows, measured_host, engine_overhead_s(events),
+    return own.concat(calibration_steps(rows, measured_host, engine_overhead_s(events, add),
                                         kv_heads_of(events.header)))
 
 
-def engine_overhead_s(events: RecordedEvents) -> float:
+def engine_overhead_s(events: RecordedEvents, add: AddCost | None = None) -> float:
     """The median over the run's steps of the engine's own work around a step (scheduling,
-    post-processing, recording): its interval less the executor's duration."""
-    overhead = step_intervals(events) - np.asarray(events.tables["model_step"]["duration_s"],
-                                                    dtype=float)
+    post-processing, recording): its interval (``step_intervals``) less the executor's
+    duration."""
+    overhead = step_intervals(events, add) - np.asarray(
+        events.tables["model_step"]["duration_s"], dtype=float)
     return float(np.median(np.clip(overhead, 0.0, None))) if len(overhead) else 0.0
 
 

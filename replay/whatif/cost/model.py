@@ -124,7 +124,8 @@ class CostModel:
         if not has_timings(events):
             raise CostModelError(f"{name} has no measured step times (recorded without a model)")
         host_times = options.overlap and features.has_host_times(events)
-        steps = features.steps_of(events, host_times)
+        add = fit_add_cost(events) if options.request_add else AddCost()
+        steps = features.steps_of(events, host_times, add=add)
         own = steps.rows(~steps.is_calibration)
         leading = fitting.warmup_window(own) if options.warmup_window else 0
         own.window = np.arange(len(own)) < leading
@@ -133,7 +134,7 @@ class CostModel:
         calibration = steps.rows(steps.is_calibration & options.calibration)
         loaded = read_profile(profile) if profile is not None else None
         kv_heads = kv_heads_of(events.header)
-        overhead_s = features.engine_overhead_s(events)
+        overhead_s = features.engine_overhead_s(events, add)
         if loaded is not None and options.profile_mode == "pooled":
             calibration = calibration.concat(profile_steps(loaded[0], host_times, overhead_s,
                                                            kv_heads))
@@ -153,7 +154,7 @@ class CostModel:
                     prefill_graph_sizes=prefill_sizes, prefill_graph_max_seqs=prefill_max_seqs,
                     options=options.changed(), kv_heads=kv_heads,
                     shared_read_fraction=fraction, shared_kv=fraction < 1.0,
-                    add=fit_add_cost(events) if options.request_add else AddCost(),
+                    add=add,
                     host_calibration=calibration_hosts(events.header.get("calibration") or []))
         for cls_name, report in reports.items():
             mask = fitted.classes == cls_name

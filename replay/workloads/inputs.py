@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from engine.engine_core import EngineCore, StepResult
 from engine.errors import InvalidRequestError
 from engine.sequence import Sequence as EngineSequence
+from replay.workloads.recipe import PromptRecipe, recipe_tokens
 from replay.workloads.request import Request
 
 # submit(index of the request in the workload, its prompt, when it fell due) -> the sequence.
@@ -57,12 +58,38 @@ class WorkloadInputs:
         self.index_of: dict[int, int] = {}  # seq_id -> request index
         self.due_s: dict[int, float] = {}  # request index -> when it fell due
         self.skipped_turns = 0
+        self.prepared: dict[int, list[int]] = {}  # request index -> its prompt, built ahead
+
+    def prepare(self, max_tokens: int) -> int:
+        """Build the token-id prompts (recipes materialised, all in one pass) of the first turns
+        in arrival order, then of the later turns' own tokens, before the run, until they hold
+        ``max_tokens`` tokens; the rest are built as they fall due. A live run then spends none
+        of its loop's time between steps building them (clients send prompts ready; building a
+        long recipe prompt costs about as much as adding it, docs/BENCHMARKS.md 7k). Text
+        prompts are left to the engine's tokenizer. Returns the tokens prepared."""
+        later = sorted(set(range(len(self.requests))) - set(self.arrivals))
+        chosen, held = [], 0
+        for index in [*self.arrivals, *later]:
+            length = self.requests[index].prompt_len
+            if length is None:  # text
+                continue
+            if held + length > max_tokens:
+                break
+            chosen.append(index)
+            held += length
+        recipes = [i for i in chosen if isinstance(self.requests[i].prompt, PromptRecipe)]
+        built = recipe_tokens([self.requests[i].prompt for i in recipes])  # type: ignore[misc]
+        self.prepared.update((i, tokens.tolist()) for i, tokens in zip(recipes, built))
+        for index in chosen:
+            self.prepared.setdefault(index, self.requests[index].prompt)  # type: ignore[arg-type]
+        return held
 
     def _arrival(self, index: int) -> float:
         return self.requests[index].arrival_s if self.timed else 0.0
 
     def _prompt(self, index: int) -> list[int] | str:
-        return self.requests[index].prompt_token_ids()
+        prepared = self.prepared.pop(index, None)
+        return prepared if prepared is not None else self.requests[index].prompt_token_ids()
 
     def _user_tokens(self, index: int) -> list[int]:
         prompt = self._prompt(index)

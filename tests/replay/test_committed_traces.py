@@ -15,7 +15,7 @@ TRACES = Path(__file__).resolve().parents[2] / "traces"
 # from two later device calls, traces/matrix-call9/ and traces/matrix-call9b/, two calls on
 # session 13's engine, traces/matrix-s13/ and traces/matrix-s13b/, the matrix of session 14's
 # engine, traces/matrix-s14/, and the same engine's matrix with schema 7's intake measurements,
-# traces/matrix-s15/).
+# traces/matrix-s15/, then with prompts built before each run, traces/matrix-s15b/).
 COMMITTED = sorted(p.parent for p in TRACES.glob("*/run.json")) + sorted(
     p.parent for p in TRACES.glob("matrix*/*/run.json"))
 
@@ -31,6 +31,7 @@ def test_the_expected_traces_are_committed() -> None:
     assert sum(p.parent.name == "matrix-s13b" for p in COMMITTED) == 6
     assert sum(p.parent.name == "matrix-s14" for p in COMMITTED) == 15
     assert sum(p.parent.name == "matrix-s15" for p in COMMITTED) == 15
+    assert sum(p.parent.name == "matrix-s15b" for p in COMMITTED) == 16
 
 
 @pytest.mark.parametrize("cell", ["reference-default-3", "azure-code-default"])
@@ -56,6 +57,21 @@ def test_the_s15_matrix_measured_its_intake(cell: str) -> None:
         assert cost.per_token_s < 80e-9
     else:
         assert cost.seconds(2000) > 2e-4  # a 2,000-token prompt: over 0.2 ms on that host
+
+
+def test_prompts_built_before_the_run_left_the_engines_loop() -> None:
+    """Azure's prompts are recipes: built as each request fell due (matrix-s15) they made an add
+    cost about twice what it costs with the prompts built before the run (matrix-s15b,
+    ``WorkloadInputs.prepare``), and the driver's time between steps halved with it."""
+    from replay.recorded import from_trace
+    from replay.whatif.cost.arrivals import fit_add_cost
+
+    costs, outside = [], []
+    for directory in ("matrix-s15", "matrix-s15b"):
+        events = from_trace(read_trace(TRACES / directory / "azure-code-default"))
+        costs.append(fit_add_cost(events).seconds(2000))
+        outside.append(float(np.sum(events.tables["model_step"]["outside_s"])))
+    assert costs[1] < 0.6 * costs[0] and outside[1] < 0.6 * outside[0]
 
 
 @pytest.mark.parametrize("directory,graphs", [("matrix-s13", False), ("matrix-s14", True)])

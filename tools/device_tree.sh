@@ -5,7 +5,7 @@
 # refuses every commit (it would delete those traces), so restore first.
 # Usage (repository root): bash tools/device_tree.sh shrink [DIR...] | restore | status
 #   DIR defaults to the validation matrix's recordings of the older engines (traces/matrix,
-#   traces/matrix-call9*, traces/matrix-s14): the tree is ~47 MiB without them.
+#   traces/matrix-call9*, traces/matrix-s14, traces/matrix-s15): the tree is ~47 MiB without them.
 set -eu
 cd "$(git rev-parse --show-toplevel)"
 STATE=.git/device-tree-shrunk
@@ -17,7 +17,7 @@ shrink)
     [ -e "$STATE" ] && { echo "already shrunk ($(tr '\n' ' ' < "$STATE")): restore first" >&2; exit 2; }
     git diff --cached --quiet || { echo "the index has staged changes: commit or unstage first" >&2; exit 2; }
     [ -e "$HOOK" ] && { echo "$HOOK exists: not replacing it" >&2; exit 2; }
-    dirs=("$@"); [ ${#dirs[@]} -gt 0 ] || dirs=(traces/matrix/ traces/matrix-call9*/ traces/matrix-s14/)
+    dirs=("$@"); [ ${#dirs[@]} -gt 0 ] || dirs=(traces/matrix/ traces/matrix-call9*/ traces/matrix-s14/ traces/matrix-s15/)
     for d in "${dirs[@]}"; do
         d=${d%/}; git ls-files --error-unmatch "$d" > /dev/null 2>&1 || { echo "$d: not tracked" >&2; continue; }
         git rm -r -q --cached "$d"; echo "/$d/" >> .git/info/exclude; echo "$d" >> "$STATE"

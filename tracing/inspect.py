@@ -93,4 +93,26 @@ def describe(trace: Trace) -> str:
         f"preemptions {preempted.num_rows:,} (in {preempt_steps:,} steps); wall time {wall:.2f} s "
         f"(model {model_time:.2f} s); throughput {throughput} (completion tokens)",
     ]
+    thread = _engine_thread(steps)
+    if thread:
+        lines.append(thread)
     return "\n".join(lines)
+
+
+def _engine_thread(steps: Any) -> str | None:
+    """Where the engine's thread went: its own host work (``host_s``) and the driver's between
+    steps (``outside_s``, schema 7), with the step the driver delayed most; None where the trace
+    measured neither."""
+    names = steps.column_names
+    host = np.asarray(steps.column("host_s"), float) if "host_s" in names else np.zeros(0)
+    outside = (np.asarray(steps.column("outside_s"), float) if "outside_s" in names
+               else np.zeros(0))
+    parts = []
+    if len(host) and np.isfinite(host).all():
+        parts.append(f"its own host work {host.sum():.2f} s")
+    if len(outside) and np.isfinite(outside).all():
+        worst = int(np.argmax(outside))
+        step = int(np.asarray(steps.column("step"))[worst])
+        parts.append(f"the driver's between steps {outside.sum():.3f} s (the most before one "
+                     f"step {1e3 * outside[worst]:.1f} ms, step {step})")
+    return "engine thread: " + "; ".join(parts) if parts else None

@@ -8,6 +8,7 @@ import re
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
 import pytest
 from _trace_helpers import Req, Workload, in_memory, record, reference_like
 
@@ -39,6 +40,21 @@ def test_describe_reports_the_run(trace_dir: Path) -> None:
     assert f"preemptions {len(tables['preempted']['event_id']):,}" in text
     assert re.search(r"prefix cache hit rate \d+\.\d%", text)
     assert re.search(r"throughput [\d,]+ tok/s", text)
+
+
+def test_describe_says_where_the_engine_thread_went() -> None:
+    """A schema-7 recording's summary adds the engine's own host work and the driver's time
+    between steps (``outside_s``) with the step it delayed most; a trace that measured neither
+    has no such line."""
+    trace = read_trace(Path(__file__).parents[2] / "traces/matrix-s15b/azure-code-default")
+    steps = trace.columns("model_step")
+    worst = int(np.argmax(steps["outside_s"]))
+    line = describe(trace).splitlines()[-1]
+    assert line.startswith("engine thread: its own host work ")
+    assert f"the driver's between steps {np.sum(steps['outside_s']):.3f} s" in line
+    assert f"{1e3 * steps['outside_s'][worst]:.1f} ms, step {steps['step'][worst]})" in line
+    old = read_trace(Path(__file__).parents[2] / "traces/h200-reference")  # schema 6
+    assert "driver" not in describe(old)
 
 
 def test_hit_rate_counts_hit_blocks_over_looked_up_tokens(trace_dir: Path) -> None:

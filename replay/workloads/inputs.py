@@ -22,6 +22,7 @@ from replay.workloads.request import Request
 # submit(index of the request in the workload, its prompt, when it fell due) -> the sequence.
 Submit = Callable[[int, "list[int] | str", float], EngineSequence]
 FINISHED_NORMALLY = ("length", "eos", "stop")
+PREPARE_BATCH_TOKENS = 2**20  # recipe tokens built per numpy pass by ``prepare``
 
 
 class WorkloadInputs:
@@ -78,8 +79,15 @@ class WorkloadInputs:
             chosen.append(index)
             held += length
         recipes = [i for i in chosen if isinstance(self.requests[i].prompt, PromptRecipe)]
-        built = recipe_tokens([self.requests[i].prompt for i in recipes])  # type: ignore[misc]
-        self.prepared.update((i, tokens.tolist()) for i, tokens in zip(recipes, built))
+        batch: list[int] = []
+        tokens_in_batch = 0
+        for position, index in enumerate(recipes):  # in batches: bounded numpy temporaries
+            batch.append(index)
+            tokens_in_batch += len(self.requests[index].prompt)  # type: ignore[arg-type]
+            if position == len(recipes) - 1 or tokens_in_batch >= PREPARE_BATCH_TOKENS:
+                built = recipe_tokens([self.requests[i].prompt for i in batch])  # type: ignore
+                self.prepared.update((i, tokens.tolist()) for i, tokens in zip(batch, built))
+                batch, tokens_in_batch = [], 0
         for index in chosen:
             self.prepared.setdefault(index, self.requests[index].prompt)  # type: ignore[arg-type]
         return held

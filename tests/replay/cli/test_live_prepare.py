@@ -86,7 +86,10 @@ def test_a_later_turns_own_tokens_are_prepared() -> None:
 
 
 @pytest.mark.parametrize("budget", [0, 10**9])
-def test_preparing_changes_no_prompt(budget: int) -> None:
+def test_preparing_changes_no_prompt(budget: int, monkeypatch) -> None:
+    from replay.workloads import inputs as module
+
+    monkeypatch.setattr(module, "PREPARE_BATCH_TOKENS", 100)  # several numpy passes
     inputs = _inputs(workload())
     inputs.prepare(budget)
     assert [inputs._prompt(i) for i in range(6)] == [r.prompt_token_ids() for r in workload()]

@@ -30,6 +30,7 @@ _EXPORT_START = b'{"traceEvents":'
 _PID = 1
 _TID_STEPS = 1
 _TID_MODEL = 2
+_TID_DRIVER = 3
 _MODEL_ARGS = (
     "num_seqs",
     "prefill_tokens",
@@ -75,6 +76,7 @@ def perfetto_events(trace: Trace) -> list[dict[str, Any]]:
         {"ph": "M", "name": "process_name", "pid": _PID, "args": {"name": "replayllm engine"}},
         _meta("thread_name", _TID_STEPS, "steps"),
         _meta("thread_name", _TID_MODEL, "model"),
+        _meta("thread_name", _TID_DRIVER, "driver"),
     ]
     starts, end_of = _step_times(trace)
     ms = trace.table("model_step").to_pylist()
@@ -103,6 +105,13 @@ def perfetto_events(trace: Trace) -> list[dict[str, Any]]:
                 "args": {"step": row["step"], **{k: row[k] for k in _MODEL_ARGS}},
             }
         )
+        outside = row.get("outside_s")
+        if outside is not None and np.isfinite(outside) and outside > 0:
+            # The driver's work before the step (schema 7), drawn where the step's interval
+            # starts: it ran after the previous step's post-processing, before this schedule.
+            events.append({"ph": "X", "name": "driver", "pid": _PID, "tid": _TID_DRIVER,
+                           "ts": step_start * _US, "dur": outside * _US,
+                           "args": {"step": row["step"], "outside_s": outside}})
     for row in trace.table("batch_scheduled").to_pylist():
         ts = starts.get(row["step"])
         if ts is None:
@@ -134,6 +143,10 @@ def _request_spans(trace: Trace, end_of: dict[int, float]) -> list[dict[str, Any
     arrival = dict(
         zip(np.asarray(added.column("seq_id")).tolist(), added.column("arrival_s").to_pylist())
     )
+    # When the engine began adding each request (schema 7; NaN before): its lag after arrival.
+    added_at = (dict(zip(np.asarray(added.column("seq_id")).tolist(),
+                         added.column("added_s").to_pylist()))
+                if "added_s" in added.column_names else {})
     sampled = trace.table("token_sampled")
     first_step: dict[int, int] = {}
     for seq_id, step in zip(
@@ -150,6 +163,10 @@ def _request_spans(trace: Trace, end_of: dict[int, float]) -> list[dict[str, Any
             "reason": row["reason"],
             "completion_tokens": row["num_completion_tokens"],
         }
+        added_s = added_at.get(seq_id)
+        if added_s is not None and np.isfinite(added_s):
+            ended = max(ended, added_s)  # a request rejected as it was added: its span holds it
+            out.append({**common, "ph": "n", "name": "added", "ts": added_s * _US})
         if seq_id in first_step:
             first = _time_at_step_end(end_of, first_step[seq_id], began)
             args["ttft_s"] = first - began

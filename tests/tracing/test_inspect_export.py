@@ -13,7 +13,7 @@ import pytest
 from _trace_helpers import Req, Workload, in_memory, record, reference_like
 
 from tracing import read_trace
-from tracing.export import export_perfetto
+from tracing.export import export_perfetto, perfetto_events
 from tracing.header import git_commit, package_versions, provenance, start_time
 from tracing.inspect import describe, prefix_cache_hit_rate
 
@@ -55,6 +55,25 @@ def test_describe_says_where_the_engine_thread_went() -> None:
     assert f"{1e3 * steps['outside_s'][worst]:.1f} ms, step {steps['step'][worst]})" in line
     old = read_trace(Path(__file__).parents[2] / "traces/h200-reference")  # schema 6
     assert "driver" not in describe(old)
+
+
+def test_perfetto_export_shows_the_driver(tmp_path: Path) -> None:
+    """A schema-7 trace exports a "driver" slice for each step the driver delayed
+    (``outside_s``, their total kept) and an "added" instant in each request's span, between
+    its arrival and its end; a schema-6 trace exports neither."""
+    trace = read_trace(Path(__file__).parents[2] / "traces/matrix-s15b/bursty-default")
+    events = perfetto_events(trace)
+    driver = [e for e in events if e["ph"] == "X" and e["tid"] == 3]
+    outside = np.asarray(trace.columns("model_step")["outside_s"])
+    assert len(driver) == int((outside > 0).sum())
+    assert sum(e["dur"] for e in driver) == pytest.approx(outside.sum() * 1e6)
+    added = {e["id"]: e["ts"] for e in events if e.get("name") == "added"}
+    began = {e["id"]: e["ts"] for e in events if e.get("cat") == "request" and e["ph"] == "b"}
+    assert len(added) == trace.table("request_added").num_rows
+    assert all(added[i] >= began[i] - 1.0 for i in added)  # never before its arrival
+    old = perfetto_events(read_trace(Path(__file__).parents[2] / "traces/h200-reference"))
+    assert not any(e.get("tid") == 3 and e["ph"] == "X" for e in old)
+    assert not any(e.get("name") == "added" for e in old)
 
 
 def test_hit_rate_counts_hit_blocks_over_looked_up_tokens(trace_dir: Path) -> None:
@@ -113,7 +132,7 @@ def test_perfetto_export_of_rejected_request(tmp_path: Path) -> None:
     out = export_perfetto(read_trace(tmp_path / "t"), tmp_path / "x.json")
     events = json.loads(out.read_text())["traceEvents"]
     assert {e["id"] for e in events if e["ph"] == "b"} == {0, 1}
-    assert {e["id"] for e in events if e["ph"] == "n"} == {0}
+    assert {e["id"] for e in events if e["ph"] == "n" and e["name"] == "first token"} == {0}
 
 
 def test_header_helpers(tmp_path: Path) -> None:

@@ -37,7 +37,8 @@ def step_errors(model: CostModel, events: Any) -> dict[str, Any]:
     predicted sums of device time, host time and interval (seconds); the stalls among them;
     and the run's idle time (wall time between steps that no step's interval covers)."""
     # As the simulator counts: shared blocks, and the adds it charges as it feeds them.
-    steps = features.steps_of(events, shared_blocks=model.shared_kv, add=model.add)
+    steps = features.steps_of(events, shared_blocks=model.shared_kv, add=model.add,
+                              causal=model.causal_work)
     own = steps.rows(~steps.is_calibration)
     predicted = [model.predict(row, str(cls), bool(over)) for row, cls, over in
                  zip(own.x.tolist(), own.classes.tolist(), own.overlapped.tolist())]

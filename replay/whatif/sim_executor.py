@@ -38,6 +38,7 @@ from engine.graph_sizes import mixed_graph_key, padded_decode_size, padded_prefi
 from engine.sequence import TOKEN_TYPECODE
 from replay.whatif.cost.decode_attention import decode_features, longest_program_tokens
 from replay.whatif.cost.features import StepFeatures, computed_tokens, step_class
+from replay.whatif.cost.linear import causal_work
 from replay.whatif.cost.model import CostModel, StepTime
 
 # Synthetic tokens: a fixed affine walk over a small id range (any id below every vocab size).
@@ -128,6 +129,7 @@ class SimExecutor:
         # Of the KV cache: the tokens of a block shared by several decode rows, read once (0:
         # every row's context counted, ``CostOptions.shared_kv`` off).
         self._block_size = block_size if cost is not None and cost.shared_kv else 0
+        self._causal = bool(getattr(cost, "causal_work", False))  # ``CostOptions.causal_work``
         self._kv_heads = cost.kv_heads if cost is not None else 1
         self.last_interval_s = 0.0  # the last step's simulated interval
         self._decode_interval_s = 0.0  # the last decode step's (the pace of a decode stretch)
@@ -248,6 +250,8 @@ class SimExecutor:
         out = self._sample(batch.sampled_seqs)
         prefill_tokens, work, decode_seqs, context = batch_features(batch)
         first_decode = len(batch.seqs) - decode_seqs
+        if self._causal:
+            work = causal_work(work, sum(q * q for q in batch.num_new_tokens[:first_decode]))
         contexts = batch.context_lens[first_decode:]
         kv_tokens = float(context)  # every row's context (``context`` is their sum)
         if self._block_size:  # shared blocks read once: only then are the tables looked at

@@ -63,6 +63,23 @@ def longest_contexts(events: RecordedEvents, decode: bool = True) -> np.ndarray:
     return out
 
 
+def prompt_squares(events: RecordedEvents) -> np.ndarray:
+    """Each step's sum over its prefill rows (as ``longest_contexts`` tells them: more than one
+    new token) of the new tokens squared (``linear.causal_work``)."""
+    steps = np.asarray(events.tables["model_step"]["step"], dtype=np.int64)
+    out = np.zeros(len(steps))
+    scheduled = events.tables.get("seq_scheduled") or {}
+    if not len(steps) or not len(scheduled.get("step", ())):
+        return out
+    new = np.asarray(scheduled["num_new_tokens"], dtype=float)
+    prefill = new != 1
+    of_step = np.asarray(scheduled["step"], dtype=np.int64)[prefill]
+    rows = np.minimum(np.searchsorted(steps, of_step), len(steps) - 1)
+    ok = steps[rows] == of_step  # a row of a step the recording does not hold: ignored
+    np.add.at(out, rows[ok], (new[prefill] ** 2)[ok])
+    return out
+
+
 def recorded_rereads(events: RecordedEvents, block_size: int) -> np.ndarray:
     """Each step's KV tokens its decode rows read again (``shared_reads.rereads``: a block held
     by k of them read k - 1 times more), from the block events: a sequence holds a block from

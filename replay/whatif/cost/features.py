@@ -24,6 +24,7 @@ from replay.whatif.cost.decode_attention import (
     DEFAULT_KV_HEADS,
     kv_heads_of,
     longest_contexts,
+    prompt_squares,
     recorded_rereads,
 )
 from replay.whatif.cost.linear import (  # noqa: F401 (re-exported: the model's vocabulary)
@@ -34,6 +35,7 @@ from replay.whatif.cost.linear import (  # noqa: F401 (re-exported: the model's 
     RECORDED_FEATURES,
     LinearFit,
     StepFeatures,
+    causal_work,
 )
 from tracing.schema import NOT_PADDED
 
@@ -238,13 +240,18 @@ def step_intervals(events: RecordedEvents, add: AddCost | None = None) -> np.nda
 
 def _feature_matrix(columns: Mapping[str, Any], n: int, longest_context: np.ndarray,
                     kv_heads: int, longest_prefill: np.ndarray,
-                    rereads: np.ndarray | None = None) -> np.ndarray:
+                    rereads: np.ndarray | None = None,
+                    new_squared: np.ndarray | None = None) -> np.ndarray:
     """(n x len(FEATURES)) floats from the recorded feature columns and each step's longest
     decode and prefill context. Its KV tokens read (``decode_kv_tokens``) are its decode context
     less ``rereads``, the tokens of blocks another decode row of the step reads too (None: none;
     a recording names no blocks per step: exact where no two decode rows share a prefix
-    block)."""
+    block). ``new_squared``: each step's prompts' new tokens squared, summed: its attention work
+    is then counted causally (``linear.causal_work``; None: as recorded)."""
     values = {name: np.asarray(columns[name], dtype=float) for name in RECORDED_FEATURES}
+    if new_squared is not None:
+        values["prefill_attn_work"] = causal_work(values["prefill_attn_work"],
+                                                  np.asarray(new_squared, dtype=float))
     padded = columns.get(PADDED_TOKENS)
     padded = np.full(n, float(NOT_PADDED)) if padded is None else np.asarray(padded, dtype=float)
     values[PADDED_TOKENS] = np.array(
@@ -262,12 +269,13 @@ def _feature_matrix(columns: Mapping[str, Any], n: int, longest_context: np.ndar
     return np.column_stack([values[name] for name in FEATURES]).reshape(n, len(FEATURES))
 
 
-def feature_matrix(events: RecordedEvents, shared_blocks: bool = False
+def feature_matrix(events: RecordedEvents, shared_blocks: bool = False, causal: bool = False
                    ) -> tuple[np.ndarray, np.ndarray]:
     """(n_steps x len(FEATURES)) float matrix, and the class name of each step.
     ``shared_blocks``: each step's KV read counts a block several decode rows held once, from
     the block events (``recorded_rereads``), as the simulator counts them where the model
-    prices re-reads apart (``CostModel.shared_kv``); else every row's whole context."""
+    prices re-reads apart (``CostModel.shared_kv``); else every row's whole context.
+    ``causal``: attention work counted causally (``CostOptions.causal_work``)."""
     ms = events.tables["model_step"]
     kinds = np.asarray(ms["kind"]).astype(str)
     classes = step_class(kinds, np.asarray(ms["graph_used"], dtype=bool))
@@ -275,17 +283,18 @@ def feature_matrix(events: RecordedEvents, shared_blocks: bool = False
     rereads = recorded_rereads(events, block_size) if shared_blocks and block_size else None
     return (_feature_matrix(ms, len(kinds), longest_contexts(events),
                             kv_heads_of(events.header), longest_contexts(events, decode=False),
-                            rereads),
+                            rereads, prompt_squares(events) if causal else None),
             classes)
 
 
-def calibration_features(rows: list[Mapping[str, Any]], kv_heads: int = DEFAULT_KV_HEADS
-                         ) -> np.ndarray:
+def calibration_features(rows: list[Mapping[str, Any]], kv_heads: int = DEFAULT_KV_HEADS,
+                         causal: bool = False) -> np.ndarray:
     """(rows x len(FEATURES)) features of header calibration rows (or a profile's): a row's
     longest decode context is its ``decode_context_max`` where it has one, else its decode rows
     are of one length; its prompts are of one length, over equal shares of its
     ``cached_tokens``; its decode rows fall into ``prefix_groups`` sharing ``prefix_tokens`` each
-    (a profile's decodes over shared prefixes: each group's prefix read once)."""
+    (a profile's decodes over shared prefixes: each group's prefix read once). ``causal``: as
+    ``feature_matrix``'s (its prompts of one length)."""
     columns: dict[str, Any] = {name: [row[name] for row in rows] for name in RECORDED_FEATURES}
     columns[PADDED_TOKENS] = [row.get(PADDED_TOKENS, NOT_PADDED) for row in rows]
     longest = np.array([float(row.get("decode_context_max") or -(-int(
@@ -296,7 +305,11 @@ def calibration_features(rows: list[Mapping[str, Any]], kv_heads: int = DEFAULT_
     rereads = np.array([float((int(row["decode_seqs"]) - int(row["prefix_groups"]))
                               * int(row.get("prefix_tokens") or 0))
                         if row.get("prefix_groups") else 0.0 for row in rows])
-    return _feature_matrix(columns, len(rows), longest, kv_heads, prefill, rereads)
+    prompts = np.array([max(int(row["num_seqs"]) - int(row["decode_seqs"]), 1) for row in rows],
+                       dtype=float)
+    tokens = np.array([float(row["prefill_tokens"]) for row in rows])
+    squares = tokens * tokens / prompts if causal else None  # prompts x (tokens / prompts)^2
+    return _feature_matrix(columns, len(rows), longest, kv_heads, prefill, rereads, squares)
 
 
 HOST_MEASURED_S = 1e-6  # a real step's host work takes microseconds at least
@@ -314,12 +327,13 @@ def has_host_times(events: RecordedEvents) -> bool:
 
 
 def steps_of(events: RecordedEvents, host_times: bool = True, shared_blocks: bool = False,
-             add: AddCost | None = None) -> Steps:
+             add: AddCost | None = None, causal: bool = False) -> Steps:
     """The trace's steps and its header's calibration steps (``calibration_steps``).
     ``host_times`` False: fitted on intervals even where the trace measured host time;
-    ``shared_blocks``: as ``feature_matrix``'s; ``add``: as ``step_intervals``'."""
+    ``shared_blocks`` and ``causal``: as ``feature_matrix``'s; ``add``: as
+    ``step_intervals``'."""
     ms = events.tables["model_step"]
-    x, classes = feature_matrix(events, shared_blocks)
+    x, classes = feature_matrix(events, shared_blocks, causal)
     n = len(classes)
     interval = step_intervals(events, add)
     measured_host = host_times and has_host_times(events)
@@ -335,7 +349,7 @@ def steps_of(events: RecordedEvents, host_times: bool = True, shared_blocks: boo
     if not rows:
         return own
     return own.concat(calibration_steps(rows, measured_host, engine_overhead_s(events, add),
-                                        kv_heads_of(events.header)))
+                                        kv_heads_of(events.header), causal))
 
 
 def engine_overhead_s(events: RecordedEvents, add: AddCost | None = None) -> float:
@@ -348,11 +362,13 @@ def engine_overhead_s(events: RecordedEvents, add: AddCost | None = None) -> flo
 
 
 def calibration_steps(rows: Sequence[Mapping[str, Any]], measured_host: bool,
-                      overhead_s: float, kv_heads: int = DEFAULT_KV_HEADS) -> Steps:
+                      overhead_s: float, kv_heads: int = DEFAULT_KV_HEADS,
+                      causal: bool = False) -> Steps:
     """Timed synthetic steps (a header's calibration rows, a device profile's) as fit rows. A
     row's ``interval_s`` times the executor call alone, less its ``wait_s`` (for the device):
     its host work. Fitted on intervals (``measured_host`` False), a row is charged
-    ``overhead_s`` (``engine_overhead_s``), which a real step pays too."""
+    ``overhead_s`` (``engine_overhead_s``), which a real step pays too. ``causal``: as
+    ``calibration_features``'."""
     called = np.array([float(row["interval_s"]) for row in rows])
     if measured_host:
         time = np.array([float(row.get("duration_s", row["interval_s"])) for row in rows])
@@ -362,6 +378,6 @@ def calibration_steps(rows: Sequence[Mapping[str, Any]], measured_host: bool,
                          else float(row["interval_s"]) - float(row["wait_s"]) for row in rows])
     no = np.zeros(len(rows), dtype=bool)
     classes = step_class([row["kind"] for row in rows], [row["graph_used"] for row in rows])
-    return Steps(x=calibration_features(list(rows), kv_heads), classes=classes, time=time,
+    return Steps(x=calibration_features(list(rows), kv_heads, causal), classes=classes, time=time,
                  host=cal_host, interval=called, overlapped=no, is_calibration=~no,
                  window=no.copy())

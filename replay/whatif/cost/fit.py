@@ -205,11 +205,13 @@ def fit_class(name: str, x: np.ndarray, y: np.ndarray, window: np.ndarray
     return fit, report
 
 
-def fit_all(steps: Steps, roofline: bool = True, shared_reads: float = 1.0
+def fit_all(steps: Steps, roofline: bool = True, shared_reads: float = 1.0,
+            relative_roofline: bool = False
             ) -> tuple[dict[str, LinearFit], dict[str, dict[str, Any]]]:
     """Each class's fit of ``steps.time`` where it has enough steps, and the pooled fit; per
     class also how its fit was chosen. ``roofline`` False: no prefill attention roofline
-    (``roofline.with_roofline``). Steps whose decode rows re-read blocks another row reads too
+    (``roofline.with_roofline``; ``relative_roofline``: its linear part fitted by relative
+    error). Steps whose decode rows re-read blocks another row reads too
     (a profile's shared prefixes) are left out: they measure only what such a re-read costs,
     ``shared_reads`` (a fraction of a read from memory: ``shared_read_fraction``), which the
     fits carry (``shared_reads.split``), so the steps that share nothing are priced as
@@ -225,7 +227,8 @@ def fit_all(steps: Steps, roofline: bool = True, shared_reads: float = 1.0
             fits[name], reports[name] = result
     if roofline:
         steady = ~steps.window
-        fits = with_roofline(fits, steps.x[steady], steps.time[steady], steps.classes[steady])
+        fits = with_roofline(fits, steps.x[steady], steps.time[steady], steps.classes[steady],
+                             relative_roofline)
     pooled = widest_fit(POOLED, steps.x, steps.time)
     if pooled is not None:
         fits[POOLED] = pooled
@@ -239,7 +242,8 @@ def sharing_nothing(steps: Steps) -> Steps:
     return steps.rows(~shared) if shared.any() else steps
 
 
-def shared_read_fraction(steps: Steps, roofline: bool = True) -> float:
+def shared_read_fraction(steps: Steps, roofline: bool = True,
+                         relative_roofline: bool = False) -> float:
     """The fraction of a read from memory that a decode's re-read of a shared block costs
     (``fit_all``'s ``shared_reads``; L2 might serve some of them), measured within each shape:
     the steps that re-read blocks and are alike but for how much they share (a profile's
@@ -258,7 +262,7 @@ def shared_read_fraction(steps: Steps, roofline: bool = True) -> float:
               if len(set(rereads(steps.x[rows]).tolist())) > 1]
     if not groups:
         return 1.0
-    fits, _ = fit_all(steps, roofline)
+    fits, _ = fit_all(steps, roofline, relative_roofline=relative_roofline)
     if not fits:
         return 1.0
     best, best_error = 1.0, np.inf

@@ -12,10 +12,12 @@ from replay.whatif.cost.linear import FEATURES, LinearFit
 
 
 def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray, names: Sequence[str], constants: np.ndarray,
-                       keep_constant_positive: bool) -> tuple[np.ndarray, np.ndarray, list[str]]:
+                       keep_constant_positive: bool, weights: np.ndarray | None = None
+                       ) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Least squares of ``y`` on the ``constants`` columns and the ``names`` features, with
     non-negative slopes: a feature whose slope comes out negative (noise, collinearity) is dropped
     and the rest refitted, so extrapolating never predicts *less* time for more work.
+    ``weights``: each row's weight in the squares (None: all 1).
     ``keep_constant_positive``: a negative constant (no work taking negative time: the features
     barely vary) is dropped too, the rest refitted through the origin. Returns the constants,
     slopes and features kept."""
@@ -26,8 +28,12 @@ def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray, names: Sequence[str], const
             constants = np.ones((len(y), 1))  # nothing to scale: the mean
         scale = np.maximum(np.abs(x[:, cols]).max(axis=0), 1.0) if cols else np.ones(0)
         k = constants.shape[1]
-        solution = np.linalg.lstsq(np.column_stack([constants, x[:, cols] / scale]), y,
-                                   rcond=None)[0]
+        design = np.column_stack([constants, x[:, cols] / scale])
+        if weights is not None:
+            design, target = design * weights[:, None], y * weights
+        else:
+            target = y
+        solution = np.linalg.lstsq(design, target, rcond=None)[0]
         slopes = solution[k:] / scale
         if (slopes < 0).any():
             active.pop(int(np.argmin(slopes)))
@@ -45,9 +51,12 @@ def _coef(active: list[str], slopes: np.ndarray) -> tuple[float, ...]:
     return tuple(coef.tolist())
 
 
-def fit_linear(x: np.ndarray, y: np.ndarray, names: tuple[str, ...]) -> LinearFit:
-    """Least squares with non-negative slopes and intercept (``_nonnegative_lstsq``)."""
-    constant, slopes, active = _nonnegative_lstsq(x, y, names, np.ones((len(y), 1)), True)
+def fit_linear(x: np.ndarray, y: np.ndarray, names: tuple[str, ...],
+               weights: np.ndarray | None = None) -> LinearFit:
+    """Least squares with non-negative slopes and intercept (``_nonnegative_lstsq``), each row
+    weighted by ``weights`` (None: all 1)."""
+    constant, slopes, active = _nonnegative_lstsq(x, y, names, np.ones((len(y), 1)), True,
+                                                  weights)
     intercept = float(constant[0]) if len(constant) else 0.0
     return LinearFit(intercept, _coef(active, slopes), tuple(active), len(y))
 

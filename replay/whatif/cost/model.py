@@ -125,7 +125,7 @@ class CostModel:
             raise CostModelError(f"{name} has no measured step times (recorded without a model)")
         host_times = options.overlap and features.has_host_times(events)
         add = fit_add_cost(events) if options.request_add else AddCost()
-        steps = features.steps_of(events, host_times, add=add)
+        steps = features.steps_of(events, host_times, add=add, causal=options.causal_work)
         own = steps.rows(~steps.is_calibration)
         leading = fitting.warmup_window(own) if options.warmup_window else 0
         own.window = np.arange(len(own)) < leading
@@ -137,7 +137,7 @@ class CostModel:
         overhead_s = features.engine_overhead_s(events, add)
         if loaded is not None and options.profile_mode == "pooled":
             calibration = calibration.concat(profile_steps(loaded[0], host_times, overhead_s,
-                                                           kv_heads))
+                                                           kv_heads, options.causal_work))
         fitted = own.rows(~warm).concat(calibration)
         if not options.longest_program:
             fitted.x[:, features.FEATURES.index(features.LONGEST)] = 0.0
@@ -145,7 +145,8 @@ class CostModel:
         # Steps that re-read shared blocks measure that fraction only (``fit.fit_all``).
         fitted = fitting.sharing_nothing(fitted)
         calibration = fitting.sharing_nothing(calibration)
-        fits, reports = fitting.fit_all(fitted, options.prefill_roofline, fraction)
+        fits, reports = fitting.fit_all(fitted, options.prefill_roofline, fraction,
+                                        options.relative_roofline)
         if not fits:
             raise CostModelError(f"{name} has too few steps to fit a model")
         prefill_sizes, prefill_max_seqs = graphs.source_prefill_graphs(events)
@@ -177,6 +178,12 @@ class CostModel:
     @property
     def mode(self) -> str:
         return "interval" if self.overlap is None else "overlap"
+
+    @property
+    def causal_work(self) -> bool:
+        """Whether the fits price prefill attention work counted causally (``CostOptions``):
+        a step's features must then be counted so too (``linear.causal_work``)."""
+        return bool(self.options.get("causal_work"))
 
     def device_fit(self, cls_name: str) -> LinearFit:
         """The fit a class is priced by: its own, else related ones (``features.class_fit``)."""
@@ -255,7 +262,7 @@ class CostModel:
     def coverage_warnings(self, target: RecordedEvents) -> list[str]:
         """Where ``target``'s steps (a simulation's or a recording's) lie well outside the
         source's range for their class, so that a prediction there may be off; and why."""
-        x, classes = features.feature_matrix(target)
+        x, classes = features.feature_matrix(target, causal=self.causal_work)
         if self.prior is not None:
             return self.prior.warnings(x, classes)
         return explain.target_warnings(self, x, classes)

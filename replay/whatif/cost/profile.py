@@ -71,7 +71,11 @@ class CostOptions:
     ``shared_reads``: a decode's re-reads of blocks its other rows read too priced at the
     fraction of a read from memory that steps sharing blocks (a profile's) show
     (``fit.shared_read_fraction``); off: every read from memory. ``shared_kv`` (opt-in): the
-    re-reads free (fraction 0)."""
+    re-reads free (fraction 0). ``causal_work`` (opt-in): prefill attention work counted as the
+    causal mask computes it, ``prefill_attn_work - sum(new^2) / 2`` (``linear.causal_work``),
+    so a fresh prompt's attention is not counted twice what a cached prefix's is.
+    ``relative_roofline`` (opt-in): the roofline's linear part fitted by relative error, the
+    criterion its per-key slope is chosen by (``roofline._with_slope``). Both: BENCHMARKS 7l."""
 
     warmup_steps: bool = True
     warmup_window: bool = True
@@ -87,6 +91,8 @@ class CostOptions:
     prefill_roofline: bool = True
     host_stalls: bool = False
     shared_reads: bool = True
+    causal_work: bool = False
+    relative_roofline: bool = False
 
     def __post_init__(self) -> None:
         if self.profile_mode not in PROFILE_MODES:
@@ -120,7 +126,8 @@ class CostOptions:
             return 0.0
         if not self.shared_reads:
             return 1.0
-        return fitting.shared_read_fraction(steps, self.prefill_roofline)
+        return fitting.shared_read_fraction(steps, self.prefill_roofline,
+                                            self.relative_roofline)
 
     def changed(self) -> dict[str, Any]:
         """The options that differ from the defaults."""
@@ -174,15 +181,16 @@ def merge_profiles(profiles: list[dict[str, Any]], names: list[str]) -> dict[str
 
 
 def profile_steps(profile: dict[str, Any], measured_host: bool, overhead_s: float,
-                  kv_heads: int) -> Steps:
+                  kv_heads: int, causal: bool = False) -> Steps:
     """The profile's rows as fit rows (``features.calibration_steps``) of a model of
     ``kv_heads`` KV heads (the source's: a profile of another model is refused by its key).
     Its decodes over shared prefixes only where they ran over their own block tables
-    (``decode_tables``): in an older profile they ran over an earlier point's, private ones."""
+    (``decode_tables``): in an older profile they ran over an earlier point's, private ones.
+    ``causal``: as ``CostOptions.causal_work``."""
     rows = profile["rows"]
     if profile.get("decode_tables") != DECODE_TABLES_OWN:
         rows = [row for row in rows if not row.get("prefix_groups")]
-    return calibration_steps(rows, measured_host, overhead_s, kv_heads)
+    return calibration_steps(rows, measured_host, overhead_s, kv_heads, causal)
 
 
 def _ranges(x: np.ndarray, classes: np.ndarray) -> dict[str, dict[str, list[float]]]:
@@ -236,11 +244,13 @@ class ProfilePrior:
         device time where ``steps`` measured host time, else intervals); ``own_fits``: the
         classes the source fitted itself; ``header``: the source trace's."""
         measured = bool(np.isfinite(steps.host[~steps.is_calibration]).any())
-        rows = profile_steps(profile, measured, overhead_s, kv_heads_of(header))
+        rows = profile_steps(profile, measured, overhead_s, kv_heads_of(header),
+                             options.causal_work)
         if not options.longest_program:
             rows.x[:, FEATURES.index(LONGEST)] = 0.0
         fraction = options.shared_read_fraction(rows)
-        fits, _ = fitting.fit_all(rows, options.prefill_roofline, fraction)
+        fits, _ = fitting.fit_all(rows, options.prefill_roofline, fraction,
+                                  options.relative_roofline)
         fits.pop(POOLED, None)
         scale: dict[str, float] = {}
         ratios = []

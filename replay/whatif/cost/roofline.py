@@ -33,33 +33,39 @@ def _relative_error(fit: LinearFit, x: np.ndarray, y: np.ndarray) -> float:
 
 
 def _with_slope(fit: LinearFit, slope: float, x: np.ndarray, y: np.ndarray,
-                names: tuple[str, ...]) -> LinearFit:
+                names: tuple[str, ...], relative: bool = False) -> LinearFit:
     """``fit`` with roofline ``slope``, its linear part refitted: a step its longest program
     bounds pays ``slope`` per key instead of its work (so its work column is left out and its
     longest program's time taken off), the others their work; the split redone with the
     refitted work slope (``REFITS`` rounds). A fit with a launch floor keeps its linear part
     (the floor's knee was chosen with it). ``names``: the features to refit on (a slope the
-    roofline's steps had pushed negative may come back)."""
+    roofline's steps had pushed negative may come back). ``relative``: the linear part fitted by
+    errors relative to each step's time, the criterion ``refit`` chooses the slope by
+    (``CostOptions.relative_roofline``); else by plain least squares, which the longest steps
+    dominate."""
     with_slope = replace(fit, prefill_longest_s=slope)
     if fit.floor or not slope:
         return with_slope
     at_work, at_longest = FEATURES.index("prefill_attn_work"), FEATURES.index(PREFILL_LONGEST)
+    weights = 1.0 / np.maximum(y, MIN_STEP_S) if relative else None
     for _ in range(REFITS):
         bound = slope * x[:, at_longest] > with_slope.coef[at_work] * x[:, at_work]
         x_part, y_part = x.copy(), y.copy()
         x_part[bound, at_work] = 0.0
         y_part[bound] -= slope * x[bound, at_longest]
-        with_slope = replace(fit_linear(x_part, y_part, names), prefill_longest_s=slope)
+        with_slope = replace(fit_linear(x_part, y_part, names, weights),
+                             prefill_longest_s=slope)
     return with_slope
 
 
 def refit(fit: LinearFit, x: np.ndarray, y: np.ndarray,
-          names: tuple[str, ...] | None = None) -> LinearFit:
+          names: tuple[str, ...] | None = None, relative: bool = False) -> LinearFit:
     """``fit`` with the roofline slope (seconds per key of the longest prefill program) that
     best explains ``y`` (least mean relative error, the linear part refitted with each
     candidate); unchanged where no slope does better than none. Candidates: what each step
     implies if its longest program bound it, given the best fit so far (``REFITS`` rounds).
-    ``names``: the features its linear part is refitted on (None: ``fit``'s)."""
+    ``names``: the features its linear part is refitted on (None: ``fit``'s); ``relative``: as
+    ``_with_slope``'s."""
     longest = x[:, FEATURES.index(PREFILL_LONGEST)]
     at_work = FEATURES.index("prefill_attn_work")
     plain = replace(fit, prefill_longest_s=0.0)
@@ -71,7 +77,7 @@ def refit(fit: LinearFit, x: np.ndarray, y: np.ndarray,
         implied = implied[implied > 0]
         improved = False
         for slope in np.unique(np.quantile(implied, SLOPE_QUANTILES)) if len(implied) else ():
-            candidate = _with_slope(fit, float(slope), x, y, names or fit.features)
+            candidate = _with_slope(fit, float(slope), x, y, names or fit.features, relative)
             error = _relative_error(candidate, x, y)
             if error < best_error - 1e-12:
                 best, best_error, improved = candidate, error, True
@@ -81,16 +87,17 @@ def refit(fit: LinearFit, x: np.ndarray, y: np.ndarray,
 
 
 def with_roofline(fits: dict[str, LinearFit], x: np.ndarray, y: np.ndarray,
-                  classes: np.ndarray) -> dict[str, LinearFit]:
+                  classes: np.ndarray, relative: bool = False) -> dict[str, LinearFit]:
     """``fits`` with the roofline (``refit`` on the first of ``FITTED_ON`` that ran, whose
-    refitted fit it keeps) and its slope in every other prefill class's fit."""
+    refitted fit it keeps; ``relative``: as ``_with_slope``'s) and its slope in every other
+    prefill class's fit."""
     for name in FITTED_ON:
         rows = classes == name
         if name in fits and rows.any():
             # Refitted on the candidate set the class's fit came from (some slopes dropped).
             names = next((f for f in CLASSES[name].feature_sets
                           if set(fits[name].features) <= set(f)), fits[name].features)
-            fitted = refit(fits[name], x[rows], y[rows], names)
+            fitted = refit(fits[name], x[rows], y[rows], names, relative)
             break
     else:
         return fits

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _cost_helpers import RecordingCost
 
 from engine.batch import ScheduledBatch
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from replay.whatif.cost.fit import fit_linear
 from replay.whatif.cost.linear import FEATURES, PREFILL_LONGEST, LinearFit
-from replay.whatif.cost.model import StepTime
 from replay.whatif.cost.roofline import refit, with_roofline
 from replay.whatif.sim_executor import SimClock, SimExecutor
 
@@ -91,28 +91,11 @@ def test_the_roofline_only_adds_time_and_travels() -> None:
         assert fitted.linear_at(row.tolist()) == pytest.approx(float(fitted.linear(row[None])[0]))
 
 
-class _RecordingCost:
-    """A stand-in step-time model that keeps the features the simulator prices a step by."""
-
-    graph_sizes: list[int] = []
-    prefill_graph_sizes: list[int] = []
-    prefill_graph_max_seqs = 0
-    kv_heads, shared_kv = 8, False
-    source, mode = "test", "overlap"
-
-    def __init__(self) -> None:
-        self.seen: list = []
-
-    def predict(self, step, cls_name, overlapped=False, first=False) -> StepTime:
-        self.seen.append(step)
-        return StepTime(1e-3, 1e-4, 1e-3)
-
-
 def test_the_simulator_prices_a_step_by_its_longest_prefill_context() -> None:
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     # Two prompts: 24 new tokens over 1,000 cached, and 40 fresh ones.
     seqs = [Sequence(0, [1] * 1024, params), Sequence(1, [1] * 40, params)]
-    cost = _RecordingCost()
+    cost = RecordingCost()
     executor = SimExecutor(100, SimClock(), cost)  # type: ignore[arg-type]
     executor.execute(ScheduledBatch(0, "prefill", seqs, [24, 40], [1024, 40], 2,
                                     sampled_seqs=seqs))

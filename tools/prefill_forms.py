@@ -26,6 +26,8 @@ import numpy as np
 import pandas as pd
 
 from replay.recorded import from_trace
+from replay.whatif.cost.decode_attention import longest_contexts, prompt_squares
+from replay.whatif.cost.linear import causal_work
 from tracing.reader import read_trace
 
 FORMS = ("F0", "F1", "F2", "F3")
@@ -36,7 +38,9 @@ def profile_rows(paths: list[str]) -> pd.DataFrame:
     """A profile's graph-prefill rows (prompts of one length over equal cached shares)."""
     out = []
     for path in paths:
-        for row in json.load(open(path))["rows"]:
+        with open(path) as f:
+            rows = json.load(f)["rows"]
+        for row in rows:
             if row["kind"] != "prefill" or not row.get("graph_used"):
                 continue
             seqs, tokens = row["num_seqs"], row["prefill_tokens"]
@@ -50,27 +54,26 @@ def profile_rows(paths: list[str]) -> pd.DataFrame:
 
 
 def trace_rows(path: str) -> pd.DataFrame:
-    """A recording's graph prefills with the same columns, from its scheduled rows."""
+    """A recording's graph prefills with the same columns, from its scheduled rows (squares and
+    longest contexts as the cost model reads them)."""
     events = from_trace(read_trace(path))
     steps = pd.DataFrame({k: np.asarray(events.tables["model_step"][k]) for k in (
         "step", "kind", "graph_used", "padded_tokens", "prefill_attn_work", "duration_s")})
+    steps["squares"] = prompt_squares(events)
+    steps["longest"] = longest_contexts(events, decode=False)
     steps = steps[(steps.kind == "prefill") & steps.graph_used]
     rows = pd.DataFrame({k: np.asarray(events.tables["seq_scheduled"][k])
-                         for k in ("step", "num_new_tokens", "context_len")})
+                         for k in ("step", "num_new_tokens")})
     rows = rows[rows.num_new_tokens != 1]
-    new = rows.num_new_tokens.astype(float)
-    per_step = pd.DataFrame({"step": rows.step, "squares": new ** 2,
-                             "programs": np.ceil(new / TILE_ROWS) * KV_HEADS,
-                             "longest": rows.context_len}).groupby("step").agg(
-        squares=("squares", "sum"), programs=("programs", "sum"), longest=("longest", "max"))
-    steps = steps.join(per_step, on="step")
+    programs = (np.ceil(rows.num_new_tokens / TILE_ROWS) * KV_HEADS).groupby(rows.step).sum()
+    steps = steps.join(programs.rename("programs"), on="step")
     return pd.DataFrame({"padded": steps.padded_tokens, "work": steps.prefill_attn_work,
                          "squares": steps.squares, "longest": steps.longest,
                          "programs": steps.programs, "device": steps.duration_s})
 
 
 def attention(rows: pd.DataFrame, form: str, c: float, d: float) -> np.ndarray:
-    causal = rows.work - 0.5 * rows.squares
+    causal = causal_work(rows.work, rows.squares)
     if form == "F0":
         return np.maximum(c * rows.work, d * rows.longest)
     if form == "F1":

@@ -62,23 +62,31 @@ def engine_add_stamps(events: RecordedEvents) -> np.ndarray | None:
     return stamps if len(stamps) and bool(np.isfinite(stamps).all()) else None
 
 
+def add_stamps(events: RecordedEvents) -> tuple[np.ndarray, bool]:
+    """Each request's add stamp: its ``engine_add_stamps`` (True), else its ``arrival_s``
+    (False: the engine's own only where it stamped them)."""
+    own = engine_add_stamps(events)
+    if own is not None:
+        return own, True
+    return np.asarray(events.tables["request_added"]["arrival_s"], dtype=float), False
+
+
 def add_gaps(events: RecordedEvents) -> tuple[np.ndarray, np.ndarray]:
     """The gaps between the stamps of consecutive requests added before the same step
     (seconds), and the mean prompt length of each pair (a gap holds the end of one add and the
     start of the next): of ``engine_add_stamps`` (stalls left out: ``STALL_GAP_FACTOR``), else
     of ``arrival_s``, empty where those are not the engine's own (``MAX_ADD_GAP_S``)."""
     added = events.tables["request_added"]
-    own = engine_add_stamps(events)
-    stamps = own if own is not None else np.asarray(added["arrival_s"], dtype=float)
+    stamps, own = add_stamps(events)
     steps = np.asarray(added["step"], dtype=np.int64)
     lengths = np.asarray(added["prompt_len"], dtype=float)
     same = steps[1:] == steps[:-1]
     gaps = np.diff(stamps)[same]
     pairs = ((lengths[1:] + lengths[:-1]) / 2)[same]
-    if own is not None and len(gaps):
+    if own and len(gaps):
         keep = (gaps > 0) & (gaps <= STALL_GAP_FACTOR * max(float(np.median(gaps)), 0.0))
         gaps, pairs = gaps[keep], pairs[keep]
-    if len(gaps) < MIN_ADDS or (own is None and ((gaps <= 0).any() or float(
+    if len(gaps) < MIN_ADDS or (not own and ((gaps <= 0).any() or float(
             np.quantile(gaps, ADD_GAP_QUANTILE)) > MAX_ADD_GAP_S)):
         return np.zeros(0), np.zeros(0)
     return gaps, pairs
@@ -107,8 +115,7 @@ def adds_within(events: RecordedEvents, add: AddCost, steps: np.ndarray,
     out = np.zeros(len(steps))
     if not len(steps) or not len(added["step"]):
         return out
-    own = engine_add_stamps(events)
-    stamps = own if own is not None else np.asarray(added["arrival_s"], dtype=float)
+    stamps, _ = add_stamps(events)
     rows = np.searchsorted(steps, np.asarray(added["step"], dtype=np.int64))
     ok = rows < len(steps)
     ok[ok] &= stamps[ok] >= began[rows[ok]]

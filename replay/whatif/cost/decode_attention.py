@@ -9,7 +9,7 @@ over its cached prefix), however few tokens are new."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -46,9 +46,11 @@ def decode_features(contexts: Sequence[int], block_tables: Sequence[Sequence[int
             longest_program_tokens(max(contexts), batch_size, kv_heads))
 
 
-def longest_contexts(events: RecordedEvents, decode: bool = True) -> np.ndarray:
-    """Each step's longest decode context (``decode``) or longest prefill context, from its
-    scheduled rows (a decode row computes one token, a prefill row more)."""
+def _per_step(events: RecordedEvents, decode: bool, value: Callable[[Any], np.ndarray],
+              combine: Any) -> np.ndarray:
+    """Each step's ``value`` of its decode rows (``decode``) or prefill rows (a decode row
+    computes one token, a prefill row more) from its scheduled rows, folded by ``combine``
+    (``np.maximum.at``, ``np.add.at``); 0 for a step without such rows."""
     steps = np.asarray(events.tables["model_step"]["step"], dtype=np.int64)
     out = np.zeros(len(steps))
     scheduled = events.tables.get("seq_scheduled") or {}
@@ -58,26 +60,23 @@ def longest_contexts(events: RecordedEvents, decode: bool = True) -> np.ndarray:
     of_step = np.asarray(scheduled["step"], dtype=np.int64)[rows_of_kind]
     rows = np.minimum(np.searchsorted(steps, of_step), len(steps) - 1)
     ok = steps[rows] == of_step  # a row of a step the recording does not hold: ignored
-    np.maximum.at(out, rows[ok],
-                  np.asarray(scheduled["context_len"], dtype=float)[rows_of_kind][ok])
+    combine(out, rows[ok], value(scheduled)[rows_of_kind][ok])
     return out
+
+
+def longest_contexts(events: RecordedEvents, decode: bool = True) -> np.ndarray:
+    """Each step's longest decode context (``decode``) or longest prefill context, from its
+    scheduled rows."""
+    return _per_step(events, decode, lambda rows: np.asarray(rows["context_len"], dtype=float),
+                     np.maximum.at)
 
 
 def prompt_squares(events: RecordedEvents) -> np.ndarray:
-    """Each step's sum over its prefill rows (as ``longest_contexts`` tells them: more than one
-    new token) of the new tokens squared (``linear.causal_work``)."""
-    steps = np.asarray(events.tables["model_step"]["step"], dtype=np.int64)
-    out = np.zeros(len(steps))
-    scheduled = events.tables.get("seq_scheduled") or {}
-    if not len(steps) or not len(scheduled.get("step", ())):
-        return out
-    new = np.asarray(scheduled["num_new_tokens"], dtype=float)
-    prefill = new != 1
-    of_step = np.asarray(scheduled["step"], dtype=np.int64)[prefill]
-    rows = np.minimum(np.searchsorted(steps, of_step), len(steps) - 1)
-    ok = steps[rows] == of_step  # a row of a step the recording does not hold: ignored
-    np.add.at(out, rows[ok], (new[prefill] ** 2)[ok])
-    return out
+    """Each step's sum over its prefill rows of the new tokens squared
+    (``linear.causal_work``)."""
+    return _per_step(events, False,
+                     lambda rows: np.asarray(rows["num_new_tokens"], dtype=float) ** 2,
+                     np.add.at)
 
 
 def recorded_rereads(events: RecordedEvents, block_size: int) -> np.ndarray:

@@ -305,10 +305,12 @@ def calibration_features(rows: list[Mapping[str, Any]], kv_heads: int = DEFAULT_
     rereads = np.array([float((int(row["decode_seqs"]) - int(row["prefix_groups"]))
                               * int(row.get("prefix_tokens") or 0))
                         if row.get("prefix_groups") else 0.0 for row in rows])
-    prompts = np.array([max(int(row["num_seqs"]) - int(row["decode_seqs"]), 1) for row in rows],
-                       dtype=float)
-    tokens = np.array([float(row["prefill_tokens"]) for row in rows])
-    squares = tokens * tokens / prompts if causal else None  # prompts x (tokens / prompts)^2
+    squares = None
+    if causal:  # prompts x (tokens / prompts)^2
+        prompts = np.array([max(int(row["num_seqs"]) - int(row["decode_seqs"]), 1)
+                            for row in rows], dtype=float)
+        tokens = np.array([float(row["prefill_tokens"]) for row in rows])
+        squares = tokens * tokens / prompts
     return _feature_matrix(columns, len(rows), longest, kv_heads, prefill, rereads, squares)
 
 

@@ -43,6 +43,7 @@ PADDED_TOKENS = "padded_tokens"
 RECORDED_FEATURES = FEATURES[:FEATURES.index(PADDED_TOKENS)]
 PREFILL_LONGEST = "prefill_longest_tokens"
 MIN_STEP_S = 1e-6  # a step always takes some time (a fit may extrapolate to <= 0)
+_WORK, _LONGEST_AT = FEATURES.index("prefill_attn_work"), FEATURES.index(PREFILL_LONGEST)
 
 
 def causal_work(work: Any, new_squared: Any) -> Any:
@@ -51,7 +52,6 @@ def causal_work(work: Any, new_squared: Any) -> Any:
     prompt of n tokens counts n^2 / 2 and a few new tokens over a long cached prefix about
     their new x context (``CostOptions.causal_work``)."""
     return work - 0.5 * new_squared
-_WORK, _LONGEST_AT = FEATURES.index("prefill_attn_work"), FEATURES.index(PREFILL_LONGEST)
 
 
 @dataclass

@@ -27,9 +27,9 @@ DRIFT_WINDOWS = 12  # ``host_drift``: spans of wall time a run is cut into
 # The switches an ablation turns off one at a time (``CostOptions``), and the profile settings.
 SWITCHES = ("warmup_steps", "warmup_window", "calibration", "overlap",
             "class_offsets", "engine_host", "profile_scale", "longest_program", "request_add",
-            "prefill_roofline", "shared_reads")
+            "prefill_roofline", "shared_reads", "causal_work", "relative_roofline")
 # Mechanisms off by default that an ablation turns on (``CostOptions``).
-OPT_IN = ("shared_kv", "host_stalls")
+OPT_IN = ("shared_kv", "host_stalls", "host_spread")
 
 
 def step_errors(model: CostModel, events: Any) -> dict[str, Any]:
@@ -95,7 +95,7 @@ def host_drift(model: CostModel, events: Any, windows: int = DRIFT_WINDOWS) -> l
     its kernels launched after its timer starts), so where the host slows down mid-run, both
     host medians rise and the eager device time with them, which a model priced at one host
     speed cannot follow."""
-    steps = features.steps_of(events)
+    steps = features.steps_of(events, causal=model.causal_work)
     own = steps.rows(~steps.is_calibration)
     wall = np.asarray(events.tables["model_step"]["wall_time_s"], dtype=float)
     if not len(wall):

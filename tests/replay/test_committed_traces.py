@@ -16,7 +16,8 @@ TRACES = Path(__file__).resolve().parents[2] / "traces"
 # session 13's engine, traces/matrix-s13/ and traces/matrix-s13b/, the matrix of session 14's
 # engine, traces/matrix-s14/, and the same engine's matrix with schema 7's intake measurements,
 # traces/matrix-s15/, then with prompts built before each run, traces/matrix-s15b/ and six cells
-# of it on a second machine, traces/matrix-s15c/).
+# of it on a second machine, traces/matrix-s15c/, and the same matrix on two more machines,
+# traces/matrix-s16/ and traces/matrix-s16b/).
 COMMITTED = sorted(p.parent for p in TRACES.glob("*/run.json")) + sorted(
     p.parent for p in TRACES.glob("matrix*/*/run.json"))
 
@@ -34,6 +35,8 @@ def test_the_expected_traces_are_committed() -> None:
     assert sum(p.parent.name == "matrix-s15" for p in COMMITTED) == 15
     assert sum(p.parent.name == "matrix-s15b" for p in COMMITTED) == 16
     assert sum(p.parent.name == "matrix-s15c" for p in COMMITTED) == 6
+    assert sum(p.parent.name == "matrix-s16" for p in COMMITTED) == 16
+    assert sum(p.parent.name == "matrix-s16b" for p in COMMITTED) == 16
 
 
 @pytest.mark.parametrize("cell", ["reference-default-3", "azure-code-default"])

@@ -62,13 +62,41 @@ def fit_linear(x: np.ndarray, y: np.ndarray, names: tuple[str, ...],
 
 
 def fit_grouped(x: np.ndarray, y: np.ndarray, classes: np.ndarray,
-                names: tuple[str, ...]) -> dict[str, LinearFit]:
+                names: tuple[str, ...], own: tuple[str, ...] = (),
+                own_min_rows: int = 0) -> dict[str, LinearFit]:
     """Least squares of a constant per class (never negative) plus slopes shared by all classes
-    (non-negative: ``_nonnegative_lstsq``)."""
+    (non-negative: ``_nonnegative_lstsq``). ``own``: features (of ``names``) whose slope each
+    class with at least ``own_min_rows`` rows fits for itself, in the same least squares (a
+    slope of one class's physics: a graph prefill's host work per token is not an eager
+    prefill's launches per token); the other classes share one. An own slope that comes out
+    negative is given up: that class shares the slope again and the rest is refitted."""
     present = sorted(set(classes.astype(str)))
     dummies = (classes.astype(str)[:, None] == np.array(present)[None, :]).astype(float)
-    constants, slopes, active = _nonnegative_lstsq(x, y, names, dummies, False)
-    coef = _coef(active, slopes)
-    return {name: LinearFit(max(float(constants[i]), 0.0), coef, tuple(active),
-                            int(dummies[:, i].sum()))
-            for i, name in enumerate(present)}
+    own = tuple(n for n in own if n in names)
+    owners = [i for i in range(len(present)) if own and dummies[:, i].sum() >= max(own_min_rows, 2)]
+    while True:
+        owned = dummies[:, owners].sum(axis=1) > 0 if owners else np.zeros(len(y), dtype=bool)
+        shared_x = x.copy()
+        for name in own:  # an owner's rows give the shared slope of an own feature nothing
+            shared_x[owned, FEATURES.index(name)] = 0.0
+        columns = [dummies[:, i] * x[:, FEATURES.index(name)] for i in owners for name in own]
+        scales = [max(float(np.abs(c).max()), 1.0) for c in columns]
+        extra = np.column_stack([dummies, *[c / s for c, s in zip(columns, scales)]])
+        constants, slopes, active = _nonnegative_lstsq(shared_x, y, names, extra, False)
+        own_slopes = np.asarray(constants[len(present):]) / np.asarray(scales or [1.0])[:len(
+            constants) - len(present)]
+        negative = [owners[k // len(own)] for k in np.flatnonzero(own_slopes < 0)]
+        if not negative:
+            break
+        owners = [i for i in owners if i not in negative]
+    shared = np.asarray(_coef(active, slopes))
+    fits = {}
+    for i, name in enumerate(present):
+        coef = shared.copy()
+        if i in owners:
+            for j, feature in enumerate(own):
+                coef[FEATURES.index(feature)] = own_slopes[owners.index(i) * len(own) + j]
+        features = tuple(n for n in names if coef[FEATURES.index(n)] or n in active)
+        fits[name] = LinearFit(max(float(constants[i]), 0.0), tuple(coef.tolist()), features,
+                               int(dummies[:, i].sum()))
+    return fits

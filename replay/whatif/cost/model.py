@@ -41,7 +41,7 @@ from replay.whatif.cost.host_speed import (
 from replay.whatif.cost.overlap import OverlapModel, interval
 from replay.whatif.cost.profile import CostOptions, ProfilePrior, profile_steps, read_profile
 
-MODEL_VERSION = 9  # of the saved JSON (``to_dict``); a file of another version is refused
+MODEL_VERSION = 10  # of the saved JSON (``to_dict``); a file of another version is refused
 
 
 class CostModelError(ReplayLLMError):
@@ -70,6 +70,7 @@ class _ClassTimes:
     overlapped_s: float = 0.0
     host_warmup_s: float = 0.0
     stall_rate: float = 0.0  # ``OverlapModel.stall_rate``
+    spread: tuple[float, ...] = ()  # ``OverlapModel.spread``
 
 
 @dataclass
@@ -170,8 +171,10 @@ class CostModel:
             run = own.rows(~warm)
             timed = calibration.rows(np.isfinite(calibration.host))
             model.overlap = OverlapModel.fit(run, timed, options.class_offsets,
-                                             options.engine_host, options.host_stalls)
-            model.overlap.heldout = _overlap_heldout(run, timed, calibration, fraction)
+                                             options.engine_host, options.host_stalls,
+                                             options.host_spread)
+            model.overlap.heldout = _overlap_heldout(run, timed, calibration, fraction,
+                                                     options.host_spread)
         return model
 
     # --- prediction -----------------------------------------------------------------------------
@@ -182,8 +185,9 @@ class CostModel:
     @property
     def causal_work(self) -> bool:
         """Whether the fits price prefill attention work counted causally (``CostOptions``):
-        a step's features must then be counted so too (``linear.causal_work``)."""
-        return bool(self.options.get("causal_work"))
+        a step's features must then be counted so too (``linear.causal_work``). ``options``
+        holds what differs from the defaults: absent, the default."""
+        return bool(self.options.get("causal_work", CostOptions.causal_work))
 
     def device_fit(self, cls_name: str) -> LinearFit:
         """The fit a class is priced by: its own, else related ones (``features.class_fit``)."""
@@ -217,8 +221,10 @@ class CostModel:
             device += times.stall_rate * host
         if first:
             host += times.host_warmup_s
-        offset = times.overlapped_s if overlapped else times.sequential_s
-        return StepTime(device, host, interval(device, host, overlapped or times.parallel, offset))
+        if overlapped:
+            return StepTime(device, host, interval(device, host, True, times.overlapped_s,
+                                                   times.spread))
+        return StepTime(device, host, interval(device, host, times.parallel, times.sequential_s))
 
     def _class_times(self, cls_name: str, prior: ProfilePrior | None = None) -> _ClassTimes:
         """What prices a class: the source's fits, or with ``prior`` the profile's device fit
@@ -233,7 +239,7 @@ class CostModel:
                 sequential_s=overlap.offset("sequential", cls_name),
                 overlapped_s=overlap.offset("overlapped", cls_name),
                 host_warmup_s=overlap.host_warmup_s.get(cls_name, 0.0),
-                stall_rate=overlap.stall_rate)
+                stall_rate=overlap.stall_rate, spread=tuple(overlap.spread))
         (self._times if prior is None else self._prior_times)[cls_name] = times
         return times
 
@@ -323,8 +329,8 @@ def _device_heldout(fitted: Steps, shared_reads: float = 1.0) -> dict[str, Any]:
             "all": fitting.errors(predicted, actual)}
 
 
-def _overlap_heldout(run: Steps, timed: Steps, calibration: Steps, shared_reads: float = 1.0
-                     ) -> dict[str, Any]:
+def _overlap_heldout(run: Steps, timed: Steps, calibration: Steps, shared_reads: float = 1.0,
+                     spread: bool = False) -> dict[str, Any]:
     """Held-out errors of the host fits and intervals: the run's held-out steps priced as the
     simulator does, by device fits, host fits and offsets refitted without them."""
     test = fitting.holdout_mask(run.classes)
@@ -335,7 +341,7 @@ def _overlap_heldout(run: Steps, timed: Steps, calibration: Steps, shared_reads:
                                      shared_reads=shared_reads)
     if not device_fits:
         return {}
-    model = OverlapModel.fit(run.rows(train), timed)
+    model = OverlapModel.fit(run.rows(train), timed, spread=spread)
     x, classes, overlapped = run.x[test], run.classes[test], run.overlapped[test]
     host_pred = model.host_times(x, classes)
     device_pred = CostModel(device_fits).fitted_times(x, classes)

@@ -10,30 +10,70 @@ import numpy as np
 
 from replay.whatif.cost import features
 from replay.whatif.cost import fit as fitting
-from replay.whatif.cost.features import MIN_STEP_S, MODES, STEP_CLASSES, LinearFit, Steps
+from replay.whatif.cost.features import (
+    FEATURES,
+    MIN_STEP_S,
+    MODES,
+    STEP_CLASSES,
+    LinearFit,
+    Steps,
+)
 
 MIN_OFFSET_STEPS = 8  # an offset measured on fewer steps of its class and mode is derived
 FEW_OFFSET_STEPS = 3
 TRIM = 0.01  # offsets: the mean of residuals between these quantiles (a stray stall ignored)
+# The classes whose steps schedule prompt tokens: where the engine's work per token is measured.
+PREFILL_CLASSES = ("prefill_graph", "prefill", "mixed_graph", "mixed")
+SPREAD_QUANTILES = 16  # host_spread: the levels an overlapped step's host time is taken at
 
 
-def interval(device: float, host: float, parallel: bool, offset: float = 0.0) -> float:
+def interval(device: float, host: float, parallel: bool, offset: float = 0.0,
+             spread: tuple[float, ...] = ()) -> float:
     """The wall time a step adds to a run, from its device and host time: ``max(device, host)``
     for a ``parallel`` step (launched overlapped, its host work ran while the device was busy;
     or eager, its kernels run while the host still launches later ones), ``device + host`` for
-    a sequential CUDA-graph step; plus ``offset``, and never below ``MIN_STEP_S``."""
-    return max((max(device, host) if parallel else device + host) + offset, MIN_STEP_S)
+    a sequential CUDA-graph step; plus ``offset``, and never below ``MIN_STEP_S``. ``spread``
+    (an overlapped step's, ``host_spread``): the host time's quantiles over its mean, so the
+    overlap is the mean of ``max(device, host x r)`` over them, the steps whose host work
+    outlasts the device's paying the difference (the mean of a max exceeds the max of means)."""
+    if not parallel:
+        return max(device + host + offset, MIN_STEP_S)
+    if spread and host * spread[-1] > device:
+        base = sum(max(device, host * r) for r in spread) / len(spread)
+    else:
+        base = max(device, host)
+    return max(base + offset, MIN_STEP_S)
 
 
 def intervals(device: np.ndarray, host: np.ndarray, overlapped: np.ndarray, classes: np.ndarray,
-              offsets: np.ndarray | float = 0.0) -> np.ndarray:
-    """``interval`` of each step (an eager class is parallel when sequential too)."""
-    parallel = np.asarray(overlapped, dtype=bool) | np.isin(np.asarray(classes).astype(str),
-                                                            list(features.EAGER_CLASSES))
+              offsets: np.ndarray | float = 0.0, spread: tuple[float, ...] = ()) -> np.ndarray:
+    """``interval`` of each step (an eager class is parallel when sequential too; ``spread``
+    for the overlapped steps)."""
+    over = np.asarray(overlapped, dtype=bool)
+    parallel = over | np.isin(np.asarray(classes).astype(str), list(features.EAGER_CLASSES))
     offsets = np.broadcast_to(np.asarray(offsets, dtype=float), parallel.shape)
-    return np.array([interval(*row) for row in zip(
-        np.asarray(device, dtype=float).tolist(), np.asarray(host, dtype=float).tolist(),
-        parallel.tolist(), offsets.tolist())], dtype=float)
+    return np.array([interval(d, h, p, o, spread if launched else ()) for d, h, p, o, launched
+                     in zip(np.asarray(device, dtype=float).tolist(),
+                            np.asarray(host, dtype=float).tolist(), parallel.tolist(),
+                            offsets.tolist(), over.tolist())], dtype=float)
+
+
+def host_spread(run: Steps, predicted: np.ndarray) -> tuple[float, ...]:
+    """How a step's host time spreads about its fit: ``SPREAD_QUANTILES`` quantiles of the
+    ratio of measured to predicted host time over the run's overlapped steps of its most
+    frequent class, scaled to mean 1 (so the fit stays the mean); () where too few."""
+    names, counts = np.unique(run.classes[run.overlapped], return_counts=True)
+    if not len(names):
+        return ()
+    rows = run.overlapped & (run.classes == names[np.argmax(counts)]) & (predicted > 0)
+    rows &= np.isfinite(run.host)
+    if rows.sum() < MIN_OFFSET_STEPS * SPREAD_QUANTILES // 4:
+        return ()
+    ratio = run.host[rows] / predicted[rows]
+    levels = np.quantile(ratio, (np.arange(SPREAD_QUANTILES) + 0.5) / SPREAD_QUANTILES)
+    if levels.mean() <= 0:
+        return ()
+    return tuple(float(r) for r in levels / levels.mean())
 
 
 def engine_host_s(run: Steps, calibration: Steps) -> float:
@@ -43,13 +83,46 @@ def engine_host_s(run: Steps, calibration: Steps) -> float:
     what its calibration steps' host times predict for them (0: no such class)."""
     names, counts = np.unique(run.classes, return_counts=True)
     for name in names[np.argsort(-counts)].astype(str).tolist():
-        cal = (calibration.classes == name) & np.isfinite(calibration.host)
-        rows = run.classes == name
-        if cal.sum() < 2 or rows.sum() < MIN_OFFSET_STEPS:
-            continue
-        fit = fitting.fit_linear(calibration.x[cal], calibration.host[cal], ("num_seqs",))
-        return max(float(np.median(run.host[rows] - fit.predict(run.x[rows]))), 0.0)
+        excess = _beyond_calibration(run, calibration, name, ("num_seqs",))
+        if excess is not None:
+            return max(float(np.median(excess)), 0.0)
     return 0.0
+
+
+def engine_token_s(run: Steps, calibration: Steps, engine_s: float) -> float:
+    """The engine's own host work per prompt token scheduled, beyond ``engine_s`` a step: the
+    scheduler's block allocation and hashing, the prompt's events, its input rows, all of which
+    grow with the tokens a prefill schedules and none of which a timed executor call pays.
+    Measured on the run's prefill steps of a class with calibration steps too (the most
+    frequent): the median of their host time beyond what calibration predicts, less
+    ``engine_s``, per prompt token (0: no such class; never negative)."""
+    tokens_at = FEATURES.index("prefill_tokens")
+    names, counts = np.unique(run.classes, return_counts=True)
+    for name in names[np.argsort(-counts)].astype(str).tolist():
+        if name not in PREFILL_CLASSES:
+            continue
+        excess = _beyond_calibration(run, calibration, name, ("num_seqs", "prefill_tokens"))
+        if excess is None:
+            continue
+        tokens = run.x[run.classes == name, tokens_at]
+        keep = tokens > 0
+        if keep.sum() < FEW_OFFSET_STEPS:
+            continue
+        return max(float(np.median((excess[keep] - engine_s) / tokens[keep])), 0.0)
+    return 0.0
+
+
+def _beyond_calibration(run: Steps, calibration: Steps, name: str,
+                        by: tuple[str, ...]) -> np.ndarray | None:
+    """The host time of the run's steps of class ``name`` beyond what a fit of its calibration
+    steps' host times on ``by`` predicts for them (None: too few of either)."""
+    cal = (calibration.classes == name) & np.isfinite(calibration.host)
+    rows = (run.classes == name) & np.isfinite(run.host)
+    if cal.sum() < 2 * len(by) or rows.sum() < (MIN_OFFSET_STEPS if len(by) == 1
+                                                else FEW_OFFSET_STEPS):
+        return None
+    fit = fitting.fit_linear(calibration.x[cal], calibration.host[cal], by)
+    return run.host[rows] - fit.predict(run.x[rows])
 
 
 def host_stall_rate(run: Steps) -> float:
@@ -86,29 +159,40 @@ class OverlapModel:
     selection: dict[str, Any] = field(default_factory=dict)
     heldout: dict[str, Any] = field(default_factory=dict)
     engine_s: float = 0.0  # the engine's work per step beyond an executor call (engine_host_s)
+    engine_token_s: float = 0.0  # and per prompt token it schedules (engine_token_s)
     # Host stalls per second of host work (``host_stall_rate``): an eager step's device waits
     # for its launches, so it pays them in device time too.
     stall_rate: float = 0.0
+    # An overlapped step's host time over its fit, by quantile (``host_spread``; (): its mean).
+    spread: tuple[float, ...] = ()
 
     @classmethod
     def fit(cls, run: Steps, calibration: Steps, class_offsets: bool = True,
-            engine_host: bool = True, host_stalls: bool = False) -> OverlapModel:
+            engine_host: bool = True, host_stalls: bool = False,
+            spread: bool = False) -> OverlapModel:
         """``run``: the run's steps (``time``: device time); ``calibration``: the calibration steps
         that record their wait for the device (so their host time: sizes the run never took).
         A class's first step is left out of the host fit and, far above it, charged once.
         ``engine_host``: each calibration step is charged the engine's own work around a step
-        (``engine_host_s``), which a timed executor call lacks and every real step pays."""
+        (``engine_host_s``) and per prompt token (``engine_token_s``), which a timed executor
+        call lacks and every real step pays. ``spread``: overlapped steps priced over the
+        source's spread of host times (``host_spread``)."""
         firsts = features.first_of_class(run.classes)
-        engine_s = engine_host_s(run.rows(~firsts), calibration) if engine_host else 0.0
-        if engine_s:
+        later = run.rows(~firsts)
+        engine_s = engine_host_s(later, calibration) if engine_host else 0.0
+        token_s = engine_token_s(later, calibration, engine_s) if engine_host else 0.0
+        if engine_s or token_s:
+            charged = engine_s + token_s * calibration.x[:, FEATURES.index("prefill_tokens")]
             calibration = calibration.rows(np.ones(len(calibration), dtype=bool))
-            calibration.host = calibration.host + engine_s
-            calibration.interval = calibration.interval + engine_s
-        fits, selection = fitting.fit_host(run.rows(~firsts).concat(calibration))
+            calibration.host = calibration.host + charged
+            calibration.interval = calibration.interval + charged
+        fits, selection = fitting.fit_host(later.concat(calibration))
         steady = run.rows(~firsts & ~run.window)
-        model = cls(fits, selection=selection, engine_s=engine_s,
+        model = cls(fits, selection=selection, engine_s=engine_s, engine_token_s=token_s,
                     stall_rate=host_stall_rate(steady) if host_stalls else 0.0)
         predicted = model.host_times(run.x, run.classes)
+        if spread:
+            model.spread = host_spread(steady, predicted[~firsts & ~run.window])
         for row in np.flatnonzero(firsts):
             name = str(run.classes[row])
             others = (run.classes == name) & ~firsts
@@ -193,7 +277,7 @@ class OverlapModel:
                   classes: np.ndarray) -> np.ndarray:
         offset = np.array([self.offset(MODES[int(flag)], str(name))
                            for flag, name in zip(overlapped, classes)])
-        return intervals(device, host, overlapped, classes, offset)
+        return intervals(device, host, overlapped, classes, offset, self.spread)
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -203,4 +287,4 @@ class OverlapModel:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> OverlapModel:
         host = {name: LinearFit.from_dict(fit) for name, fit in data["host"].items()}
-        return cls(**{**data, "host": host})
+        return cls(**{**data, "host": host, "spread": tuple(data.get("spread", ()))})

@@ -59,8 +59,9 @@ class CostOptions:
     ``overlap``: overlap mode (device time, host time and offsets) where host time was measured.
     ``class_offsets``: per class and launch mode offsets (off: the sequential steps' sync
     latency and the overlapped steps' mean, for every class).
-    ``engine_host``: calibration steps charged the engine's own work per step
-    (``overlap.engine_host_s``), which a timed executor call lacks.
+    ``engine_host``: calibration steps charged the engine's own work per step and per prompt
+    token (``overlap.engine_host_s``, ``overlap.engine_token_s``), which a timed executor call
+    lacks.
     ``profile_mode``: with a profile, ``blend`` (the source's fit within its range, the profile
     beyond), ``pooled`` (profile rows fitted with the source's as calibration rows) or
     ``profile`` (the profile's fits only). ``profile_scale``: scale them to the source.
@@ -71,11 +72,13 @@ class CostOptions:
     ``shared_reads``: a decode's re-reads of blocks its other rows read too priced at the
     fraction of a read from memory that steps sharing blocks (a profile's) show
     (``fit.shared_read_fraction``); off: every read from memory. ``shared_kv`` (opt-in): the
-    re-reads free (fraction 0). ``causal_work`` (opt-in): prefill attention work counted as the
+    re-reads free (fraction 0). ``causal_work``: prefill attention work counted as the
     causal mask computes it, ``prefill_attn_work - sum(new^2) / 2`` (``linear.causal_work``),
     so a fresh prompt's attention is not counted twice what a cached prefix's is.
-    ``relative_roofline`` (opt-in): the roofline's linear part fitted by relative error, the
-    criterion its per-key slope is chosen by (``roofline._with_slope``). Both: BENCHMARKS 7l."""
+    ``relative_roofline``: the roofline's linear part fitted by relative error, the
+    criterion its per-key slope is chosen by (``roofline._with_slope``). Both: BENCHMARKS 7l,
+    on by default since 7m. ``host_spread`` (opt-in): an overlapped step priced over the
+    source's spread of host times about their fit (``overlap.host_spread``), not at their mean."""
 
     warmup_steps: bool = True
     warmup_window: bool = True
@@ -91,8 +94,9 @@ class CostOptions:
     prefill_roofline: bool = True
     host_stalls: bool = False
     shared_reads: bool = True
-    causal_work: bool = False
-    relative_roofline: bool = False
+    causal_work: bool = True
+    relative_roofline: bool = True
+    host_spread: bool = False
 
     def __post_init__(self) -> None:
         if self.profile_mode not in PROFILE_MODES:

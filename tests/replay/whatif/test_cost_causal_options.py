@@ -1,4 +1,4 @@
-"""The two opt-in cost options of BENCHMARKS 7l: ``causal_work`` and ``relative_roofline``.
+"""The two cost options of BENCHMARKS 7l, on by default: ``causal_work`` and ``relative_roofline``.
 
 What these tests prove:
 - ``causal_work`` counts a fresh prompt's attention once (n^2 / 2 of its recorded n^2) and a few
@@ -8,7 +8,7 @@ What these tests prove:
 - ``relative_roofline`` fits the roofline's linear part by relative error: on prefills whose
   longest steps the law does not explain (a 10% excess), the short latency-bound steps are priced
   closer than by plain least squares, which lets the longest steps set the linear part;
-- both travel in a fitted model's options, and the defaults leave a model as it was.
+- both are on by default; switched off, each travels in a fitted model's options.
 """
 
 from __future__ import annotations
@@ -111,12 +111,23 @@ def test_a_relative_refit_prices_the_short_steps_closer() -> None:
     assert relative.prefill_longest_s == pytest.approx(6e-7, rel=0.1)
 
 
-def test_the_options_travel_in_the_model_and_default_off() -> None:
+def test_the_options_default_on_and_switching_them_off_travels_in_the_model() -> None:
+    """Both options are on by default: a default fit counts work causally, and its ``options``
+    (which keep what differs from the defaults) name neither. Switched off, each travels in
+    the model's options as False, and ``causal_work=off`` parses to a model that counts work as
+    recorded."""
     requests = [Request(list(range(1, 1 + n)), 4, arrival_s=0.0) for n in (40, 72, 24, 96)]
     events = record_workload(Config(num_kvcache_blocks=64, max_num_seqs=8), requests,
                              StepLaw(noise=0.0, flush_every=0), seed=1)
+    assert CostOptions().causal_work and CostOptions().relative_roofline
     default = CostModel.fit(events)
-    assert not default.causal_work and "relative_roofline" not in default.options
-    both = CostModel.fit(events, options=CostOptions(causal_work=True, relative_roofline=True))
-    assert both.causal_work and both.options["relative_roofline"] is True
-    assert CostOptions.parse(["causal_work=on"]).causal_work
+    assert default.causal_work
+    assert "causal_work" not in default.options and "relative_roofline" not in default.options
+    off = CostOptions(causal_work=False, relative_roofline=False)
+    neither = CostModel.fit(events, options=off)
+    assert not neither.causal_work
+    assert neither.options["causal_work"] is False
+    assert neither.options["relative_roofline"] is False
+    parsed = CostOptions.parse(["causal_work=off"])
+    assert not parsed.causal_work and parsed.relative_roofline
+    assert not CostModel.fit(events, options=parsed).causal_work

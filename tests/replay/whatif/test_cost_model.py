@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from _cost_helpers import CausalLaw
 
 from engine.batch import ScheduledBatch
 from engine.config import Config
@@ -32,7 +33,7 @@ from replay.whatif.synthetic import StepLaw, record_workload
 from replay.workloads.builtin import reference_workload
 from replay.workloads.request import Request
 
-NOISE_FREE = StepLaw(noise=0.0, flush_every=0)
+NOISE_FREE = CausalLaw(noise=0.0, flush_every=0)
 CONFIG = Config(num_kvcache_blocks=600)
 
 
@@ -105,9 +106,9 @@ def test_mixed_steps_are_predicted_from_prefill_and_decode_fits(noise_free_trace
     """A prefill_first trace has no mixed step; chunked prefill is still predicted."""
     chunked = {"policy": "chunked", "max_num_batched_tokens": 512}
     measured = record_workload(CONFIG.replace(**chunked), staggered_requests(), NOISE_FREE)
-    x, classes = feature_matrix(measured)
-    assert (classes == "mixed").sum() > 50
     model = CostModel.fit(noise_free_trace)
+    x, classes = feature_matrix(measured, causal=model.causal_work)
+    assert (classes == "mixed").sum() > 50
     assert "mixed" not in model.fits
     predicted = model.fitted_times(x, classes)
     mixed = classes == "mixed"
@@ -183,8 +184,8 @@ def test_a_warm_start_leaves_the_one_off_out_and_compare_follows_the_target_head
 
 # --- physics: launch floors, extrapolation, warm-up, coverage ------------------------------------
 @dataclass(frozen=True)
-class FlooredLaw(StepLaw):
-    """StepLaw with an eager launch floor (a prefill takes at least ``floor_s``) and a warm-up:
+class FlooredLaw(CausalLaw):
+    """CausalLaw with an eager launch floor (a prefill takes at least ``floor_s``) and a warm-up:
     step i of the run takes ``warm[i]`` times as long."""
 
     floor_s: float = 0.0
@@ -230,7 +231,7 @@ def test_an_eager_launch_floor_is_recovered_and_chosen_by_held_out_error(floored
     assert model.heldout["prefill"]["mape_pct"] < 0.01
     # Another config's prefills, on and above the floor, predicted from this one.
     other = record_workload(CONFIG, varied_requests(seed=1), FLOORED)
-    x, classes = feature_matrix(other)
+    x, classes = feature_matrix(other, causal=model.causal_work)
     prefill = classes == "prefill"
     assert model.fitted_times(x[prefill], classes[prefill]) == pytest.approx(
         step_intervals(other)[prefill], rel=1e-6)

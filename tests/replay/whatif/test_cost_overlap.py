@@ -2,9 +2,10 @@
 by whether it was launched overlapped.
 
 What these tests prove, on synthetic recordings whose times follow a known law (device time:
-``StepLaw``, linear in the batch; host time: ``HostLaw``, c + d x sequences; a step's interval by
-the overlap rule, with a sync latency per sequential step and, for an eager step, a launch time
-its device and host work share):
+``CausalLaw``, linear in the batch, its attention work counted as the default model counts it;
+host time: ``HostLaw``, c + d x sequences; a step's interval by the overlap rule, with a sync
+latency per sequential step and, for an eager step, a launch time its device and host work
+share):
 - the law is recovered: device and host coefficients and the per-class offsets; the held-out
   error of the source's own intervals is ~0;
 - a mostly sequential run is predicted from a mostly overlapped one, and the reverse, makespan
@@ -13,6 +14,8 @@ its device and host work share):
   its class, derived from its launch floor where it has none (a chunked target's mixed steps);
 - the simulated executor charges max(device, host) to a batch flagged overlapped, device + host
   to any other, and reports them as the engine records them;
+- an overlapped step is priced at its mean host time unless ``host_spread`` (opt-in) prices it
+  over the source's spread of host times about their fit;
 - a version-1 trace (host_s NaN) or one whose host time was never measured (zeros) stays in
   interval mode; save/load keeps the mode; describe names the mode.
 
@@ -28,7 +31,7 @@ from functools import partial
 
 import numpy as np
 import pytest
-from _cost_helpers import predicted_intervals
+from _cost_helpers import CausalLaw, predicted_intervals
 
 import replay.whatif.simulate as simulate_module
 from engine.batch import ScheduledBatch
@@ -46,12 +49,14 @@ from replay.whatif.cost.features import (
 )
 from replay.whatif.cost.fit import LinearFit
 from replay.whatif.cost.model import CostModel, OverlapModel
+from replay.whatif.cost.overlap import SPREAD_QUANTILES
+from replay.whatif.cost.profile import CostOptions
 from replay.whatif.sim_executor import SimClock, SimExecutor
 from replay.whatif.simulate import SimResult, simulate
 from replay.whatif.synthetic import HostLaw, StepLaw, record_workload
 from replay.workloads.request import Request
 
-LAW = StepLaw(noise=0.0, flush_every=0)
+LAW = CausalLaw(noise=0.0, flush_every=0)
 HOST = HostLaw()
 OVERLAPPING = Config(num_kvcache_blocks=600)  # async scheduling on: most decodes overlap
 SEQUENTIAL = Config(num_kvcache_blocks=150, max_num_seqs=24, async_scheduling=False)
@@ -124,7 +129,7 @@ def test_the_law_is_recovered_in_overlap_mode(recordings) -> None:
     interval = model.overlap.heldout["interval"]
     assert interval["all"]["mape_pct"] < 0.01 and interval["overlapped"]["n"] > 100
     assert interval["sequential"]["mape_pct"] < 0.01
-    x, classes = feature_matrix(trace)
+    x, classes = feature_matrix(trace, causal=model.causal_work)
     flags = np.asarray(trace.tables["model_step"]["overlapped"])
     steady = np.arange(len(classes)) >= model.window_steps
     assert predicted_intervals(model, x, classes, flags)[steady] == pytest.approx(
@@ -179,8 +184,9 @@ def test_with_noise_the_makespan_is_still_within_one_percent(monkeypatch, source
 
 # --- an eager step's launch time, in both its device and its host time ---------------------------
 @dataclass(frozen=True)
-class LaunchBoundLaw(StepLaw):
-    """StepLaw whose eager (prefill, mixed) steps take at least their launch time on the device."""
+class LaunchBoundLaw(CausalLaw):
+    """CausalLaw whose eager (prefill, mixed) steps take at least their launch time on the
+    device."""
 
     floor_s: float = 0.0
 
@@ -286,6 +292,35 @@ def test_save_and_load_keep_the_overlap_model(recordings, monkeypatch, tmp_path)
     assert again.metrics == first.metrics
 
 
+def test_the_host_spread_is_opt_in_and_prices_an_overlapped_step_over_it() -> None:
+    """A source whose host work (about its device time) carries 20% lognormal noise. By default
+    an overlapped step is priced at its mean host time (no spread; the options name none). With
+    ``host_spread=on`` (in the model's options) the model keeps SPREAD_QUANTILES levels of mean 1
+    about the host fit, about as wide as the noise, and prices an overlapped decode at the mean
+    of max(device, host x level) plus its offset: above max(device, host), as the steps whose
+    host work outlasts the device pay the difference. A sequential step is priced alike."""
+    host = HostLaw(base_s=2.5e-3, noise=0.2)
+    source = record_workload(OVERLAPPING, REQUESTS, LAW, seed=1, host=host)
+    default = CostModel.fit(source)
+    spread = CostModel.fit(source, options=CostOptions(host_spread=True))
+    assert default.overlap.spread == () and "host_spread" not in default.options
+    assert spread.options["host_spread"] is True
+    levels = spread.overlap.spread
+    assert len(levels) == SPREAD_QUANTILES and np.mean(levels) == pytest.approx(1.0)
+    assert levels[0] < 0.8 and levels[-1] > 1.2
+    x, classes = feature_matrix(source, causal=spread.causal_work)
+    row = x[np.flatnonzero(classes == "decode_graph")[-1]].tolist()
+    plain, priced = (m.predict(row, "decode_graph", overlapped=True) for m in (default, spread))
+    assert (priced.device_s, priced.host_s) == (plain.device_s, plain.host_s)
+    offset = spread.overlap.offset("overlapped", "decode_graph")
+    assert plain.interval_s == pytest.approx(max(plain.device_s, plain.host_s) + offset)
+    assert priced.interval_s == pytest.approx(
+        np.mean([max(priced.device_s, priced.host_s * r) for r in levels]) + offset)
+    assert priced.interval_s > plain.interval_s * 1.01
+    assert (spread.predict(row, "decode_graph").interval_s
+            == default.predict(row, "decode_graph").interval_s)
+
+
 def test_a_source_without_overlapped_steps_says_what_it_cannot_measure(recordings) -> None:
     model = CostModel.fit(recordings["sequential"])
     assert overlapped_fraction(recordings["sequential"]) == 0.0
@@ -340,7 +375,9 @@ def test_a_source_that_overlapped_nearly_every_step_learns_the_rest_from_its_cal
     window), then overlapped decodes; predicted: a constrained run, sequential, preempting and
     recomputing (small prefills on the launch floor). What a sequential step pays beyond device
     and host time is unmeasurable on such a source; calibration steps that record their wait
-    for the device measure it."""
+    for the device measure it. Fitted without ``relative_roofline``: its prefill fit has 7
+    calibration rows, 5 of them on the launch floor, too few for the relative refit, which picks
+    a roofline slope the law lacks (BENCHMARKS 7m)."""
     from replay.workloads.builtin import reference_workload
 
     law = LaunchBoundLaw(noise=0.0, flush_every=0, floor_s=LAUNCH_S)
@@ -353,13 +390,14 @@ def test_a_source_that_overlapped_nearly_every_step_learns_the_rest_from_its_cal
     assert overlapped_fraction(source) > 0.99 and overlapped_fraction(target) == 0.0
     measured = compute(target).summary
 
-    blind = CostModel.fit(source)
+    options = CostOptions(relative_roofline=False)
+    blind = CostModel.fit(source, options=options)
     assert any("too few sequential steps" in line for line in blind.caveats())
     missed = predict(monkeypatch, source, reference, constrained, blind).metrics
     assert abs(missed["makespan_s"] / measured["makespan_s"] - 1) > 0.02
 
     source.header["calibration"] = _calibration_rows(reference, law, host)
-    model = CostModel.fit(source)
+    model = CostModel.fit(source, options=options)
     assert model.overlap.offset("sequential", "decode_graph") == pytest.approx(host.sync_s)
     assert model.overlap.offset("sequential", "prefill") == pytest.approx(host.sync_s)
     result = predict(monkeypatch, source, reference, constrained, model)

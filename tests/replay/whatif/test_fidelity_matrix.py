@@ -106,22 +106,54 @@ def test_a_cell_on_a_slower_host_priced_by_its_own_calibration() -> None:
 
 
 def test_the_long_prompt_cells_priced_by_a_profile_of_their_own_call() -> None:
-    """traces/matrix-s13 (one device call: the reference, bursty and Azure cells and the
-    profiles of that engine): predicted from that call's reference and profiles, the two
-    long-prompt cells meet every TTFT and TPOT target, which the reference alone (no profile:
-    its prefills are ~550-token prompts) misses by far on the Azure cell (docs/BENCHMARKS.md
-    7i)."""
+    """traces/matrix-s16b (one device call, recorded after this model was designed: a held-out
+    matrix): predicted from that call's reference and profile, the bursty cell meets every TTFT
+    and TPOT target and mooncake every TTFT target; the Azure cell's TTFT, off by far from the
+    reference alone (its prefills are ~550-token prompts), is priced closer with the profile
+    (docs/BENCHMARKS.md 7m)."""
     from replay.whatif.cost.profile import CostOptions
 
-    directory = Path("traces/matrix-s13")
-    targets = [str(directory / name) for name in ("bursty-default", "azure-code-default")]
-    source = str(directory / "reference-default")
-    profile = ",".join(f"traces/profiles/h200-qwen3-0.6b-s13-default-p{i}.profile.json"
-                       for i in (1, 2))
-    pooled = CostOptions(profile_mode="pooled")
-    metrics = [m for m in MATRIX_TARGETS if m.startswith(("ttft", "tpot"))]
-    for row in matrix_rows(targets, source, profile, pooled):
+    directory = Path("traces/matrix-s16b")
+    names = ("bursty-default", "mooncake-default", "azure-code-default")
+    targets = [str(directory / name) for name in names]
+    source = str(directory / "reference-default-3")
+    profile = "traces/profiles/h200-qwen3-0.6b-s16b.profile.json"
+    rows = {row["target"]: row for row in matrix_rows(targets, source, profile,
+                                                      CostOptions(profile_mode="pooled"))}
+    ttft = [m for m in MATRIX_TARGETS if m.startswith("ttft")]
+    for name, metrics in (("bursty-default", [*ttft, "tpot_mean_s", "tpot_p50_s", "tpot_p99_s"]),
+                          ("mooncake-default", ttft)):
         for metric in metrics:
-            assert abs(row[metric]) <= MATRIX_TARGETS[metric], (row["target"], metric, row[metric])
-    azure, = matrix_rows(targets[1:], source)
-    assert azure["ttft_mean_s"] < -0.2 and azure["tpot_mean_s"] < -0.2
+            assert abs(rows[name][metric]) <= MATRIX_TARGETS[metric], (name, metric,
+                                                                        rows[name][metric])
+    azure, = matrix_rows(targets[2:], source)
+    assert abs(azure["ttft_mean_s"]) > 0.3
+    assert abs(rows["azure-code-default"]["ttft_mean_s"]) < abs(azure["ttft_mean_s"]) / 2
+
+
+@pytest.mark.parametrize("matrix", ["matrix-s16", "matrix-s16b"])
+def test_small_and_long_graph_prefills_are_priced_on_two_machines(matrix: str) -> None:
+    """The graph prefills of six cells of a fixed-driver matrix (one prompt of 100-1,200 new
+    tokens over a cached prefix in chat and conversation, 4k-14k-token prompts in bursty,
+    mooncake and Azure, preempted re-prefills in the constrained pool), priced from the call's
+    reference recording (nine 16k-token prefills) and profile: device time within 6% where the
+    previous model priced the cached-prefix ones +34-36% (prefill attention counted causally,
+    the roofline fitted by relative error), host time within 35% where it priced them -27% to
+    -51% (the engine's work per prompt token, each class's own token slope: BENCHMARKS 7m)."""
+    from replay.recorded import from_trace
+    from replay.whatif.cost.model import CostModel
+    from replay.whatif.cost.profile import CostOptions
+    from replay.whatif.matrix_study import step_errors
+    from tracing.reader import read_trace
+
+    directory = Path("traces") / matrix
+    model = CostModel.fit(from_trace(read_trace(str(directory / "reference-default-3"))),
+                          profile=f"traces/profiles/h200-qwen3-0.6b-{matrix[7:]}.profile.json",
+                          options=CostOptions(profile_mode="pooled"))
+    for cell in ("chat-default", "conversation-default", "azure-code-default",
+                 "mooncake-default", "bursty-default", "reference-constrained"):
+        errors = step_errors(model, from_trace(read_trace(str(directory / cell))))
+        prefills = errors["classes"]["prefill_graph sequential"]
+        for what, bound in (("device_s", 0.06), ("host_s", 0.35)):
+            recorded, predicted = prefills[what]
+            assert abs(predicted / recorded - 1) <= bound, (cell, what, recorded, predicted)

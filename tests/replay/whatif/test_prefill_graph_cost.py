@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _cost_helpers import predicted_intervals
+from _cost_helpers import CausalLaw, predicted_intervals
 
 from engine.config import Config
 from engine.graph_sizes import padded_prefill_tokens, prefill_graph_sizes
@@ -41,7 +41,7 @@ from replay.whatif.simulate import simulate
 from replay.whatif.synthetic import HostLaw, StepLaw, record_workload
 from replay.workloads.request import Request
 
-LAW = StepLaw(noise=0.0, flush_every=0)
+LAW = CausalLaw(noise=0.0, flush_every=0)
 # An eager step's launch time (host and device alike); a graph prefill does not pay it.
 LAUNCH_S = 6e-3
 HOST = HostLaw(launch_s=LAUNCH_S, follow_engine=True)
@@ -127,7 +127,7 @@ def test_a_graph_prefill_is_priced_device_plus_host_not_launch_bound(source, mod
     assert host.intercept == pytest.approx(HOST.base_s, rel=1e-6)  # no launch time
     assert model.overlap.host_fit("prefill").intercept == pytest.approx(
         HOST.base_s + LAUNCH_S, rel=1e-6)
-    x, classes = feature_matrix(source)
+    x, classes = feature_matrix(source, causal=model.causal_work)
     graph = classes == "prefill_graph"
     overlapped = np.asarray(source.tables["model_step"]["overlapped"], dtype=bool)
     assert not overlapped[graph].any()  # a prefill is never launched overlapped

@@ -4,8 +4,8 @@
 # not need (they stay on disk); `restore` tracks them again. While shrunk, a pre-commit hook
 # refuses every commit (it would delete those traces), so restore first.
 # Usage (repository root): bash tools/device_tree.sh shrink [DIR...] | restore | status
-#   DIR defaults to the validation matrix's recordings of the older engines (traces/matrix,
-#   traces/matrix-call9*, traces/matrix-s14, traces/matrix-s15): the tree is ~47 MiB without them.
+#   DIR defaults to every recording of the validation matrix (traces/matrix, traces/matrix-*),
+#   which no device call reads: the tree is ~15 MiB without them (~200 MiB with).
 set -eu
 cd "$(git rev-parse --show-toplevel)"
 STATE=.git/device-tree-shrunk
@@ -17,7 +17,7 @@ shrink)
     [ -e "$STATE" ] && { echo "already shrunk ($(tr '\n' ' ' < "$STATE")): restore first" >&2; exit 2; }
     git diff --cached --quiet || { echo "the index has staged changes: commit or unstage first" >&2; exit 2; }
     [ -e "$HOOK" ] && { echo "$HOOK exists: not replacing it" >&2; exit 2; }
-    dirs=("$@"); [ ${#dirs[@]} -gt 0 ] || dirs=(traces/matrix/ traces/matrix-call9*/ traces/matrix-s14/ traces/matrix-s15/)
+    dirs=("$@"); [ ${#dirs[@]} -gt 0 ] || dirs=(traces/matrix/ traces/matrix-*/)
     for d in "${dirs[@]}"; do
         d=${d%/}; git ls-files --error-unmatch "$d" > /dev/null 2>&1 || { echo "$d: not tracked" >&2; continue; }
         git rm -r -q --cached "$d"; echo "/$d/" >> .git/info/exclude; echo "$d" >> "$STATE"

@@ -26,6 +26,7 @@ from replay.whatif.cost.features import (
     STEP_CLASSES,
 )
 from replay.whatif.cost.fit import LinearFit
+from replay.whatif.cost.overlap import PREFILL_CLASSES
 
 # "Well outside" the source's range: below half its smallest or above twice its largest size.
 OUT_OF_RANGE_FACTOR = 2.0
@@ -158,13 +159,25 @@ def overlap_lines(overlap: Any) -> list[str]:
     fits = [(name, overlap.host[name]) for name in STEP_CLASSES if name in overlap.host]
     shared = fits[0][1] if fits else None
     slopes = ", ".join(f"{1e6 * shared.coef[FEATURES.index(f)]:.3f} us x {f}"
-                       for f in shared.features) if shared is not None else ""
+                       for f in shared.features if f != "prefill_tokens"
+                       ) if shared is not None else ""
+    per_token = shared is not None and "prefill_tokens" in shared.features
     lines = ["  host time per step (the engine's own CPU work, fitted on host_s): a constant "
-             f"per class + {slopes or 'no slope'} (chosen by held-out error)"]
+             f"per class + {slopes or 'no slope'}"
+             f"{' + a per-token slope per class' if per_token else ''} (chosen by held-out "
+             "error)"]
     held = overlap.heldout.get("host", {})
+    tokens = FEATURES.index("prefill_tokens")
     for name, fit in fits:
+        own = (f" + {1e9 * fit.coef[tokens]:.1f} ns x prefill_tokens"
+               if per_token and name in PREFILL_CLASSES else "")
         lines.append(f"    {name:<{NAME_WIDTH}} {fit.samples:>6} steps  "
-                     f"{1e3 * fit.intercept:.3f} ms  {_heldout_words(held.get(name))}".rstrip())
+                     f"{1e3 * fit.intercept:.3f} ms{own}  "
+                     f"{_heldout_words(held.get(name))}".rstrip())
+    if overlap.engine_s or overlap.engine_token_s:
+        lines.append(f"  calibration and profile rows charged the engine's own work around a "
+                     f"step: {1e3 * overlap.engine_s:.3f} ms + "
+                     f"{1e9 * overlap.engine_token_s:.1f} ns a prompt token")
     steps = overlap.source_steps
     lines.append(f"  interval = device + host + offset for a sequential step "
                  f"({steps.get('sequential', 0)} in the source), max(device, host) + offset "

@@ -139,7 +139,8 @@ def test_small_and_long_graph_prefills_are_priced_on_two_machines(matrix: str) -
     reference recording (nine 16k-token prefills) and profile: device time within 6% where the
     previous model priced the cached-prefix ones +34-36% (prefill attention counted causally,
     the roofline fitted by relative error), host time within 35% where it priced them -27% to
-    -51% (the engine's work per prompt token, each class's own token slope: BENCHMARKS 7m)."""
+    -51% (the engine's work per prompt token, each class's own token slope: BENCHMARKS 7m),
+    and the model's description says so."""
     from replay.recorded import from_trace
     from replay.whatif.cost.model import CostModel
     from replay.whatif.cost.profile import CostOptions
@@ -150,6 +151,11 @@ def test_small_and_long_graph_prefills_are_priced_on_two_machines(matrix: str) -
     model = CostModel.fit(from_trace(read_trace(str(directory / "reference-default-3"))),
                           profile=f"traces/profiles/h200-qwen3-0.6b-{matrix[7:]}.profile.json",
                           options=CostOptions(profile_mode="pooled"))
+    text = model.describe()  # what priced the host: each prefill class's own token slope
+    assert "+ a per-token slope per class" in text
+    assert any(line.strip().startswith("prefill_graph") and "ns x prefill_tokens" in line
+               for line in text.splitlines())
+    assert "the engine's own work around a step" in text
     for cell in ("chat-default", "conversation-default", "azure-code-default",
                  "mooncake-default", "bursty-default", "reference-constrained"):
         errors = step_errors(model, from_trace(read_trace(str(directory / cell))))

@@ -83,8 +83,7 @@ def fit_grouped(x: np.ndarray, y: np.ndarray, classes: np.ndarray,
         scales = [max(float(np.abs(c).max()), 1.0) for c in columns]
         extra = np.column_stack([dummies, *[c / s for c, s in zip(columns, scales)]])
         constants, slopes, active = _nonnegative_lstsq(shared_x, y, names, extra, False)
-        own_slopes = np.asarray(constants[len(present):]) / np.asarray(scales or [1.0])[:len(
-            constants) - len(present)]
+        own_slopes = np.asarray(constants[len(present):]) / np.asarray(scales, dtype=float)
         negative = [owners[k // len(own)] for k in np.flatnonzero(own_slopes < 0)]
         if not negative:
             break

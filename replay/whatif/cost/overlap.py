@@ -104,7 +104,7 @@ def engine_token_s(run: Steps, calibration: Steps, engine_s: float) -> float:
         excess = _beyond_calibration(run, calibration, name, ("num_seqs", "prefill_tokens"))
         if excess is None:
             continue
-        tokens = run.x[run.classes == name, tokens_at]
+        tokens = run.x[(run.classes == name) & np.isfinite(run.host), tokens_at]  # excess's rows
         keep = tokens > 0
         if keep.sum() < FEW_OFFSET_STEPS:
             continue

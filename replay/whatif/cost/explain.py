@@ -26,7 +26,7 @@ from replay.whatif.cost.features import (
     STEP_CLASSES,
 )
 from replay.whatif.cost.fit import LinearFit
-from replay.whatif.cost.overlap import PREFILL_CLASSES
+from replay.whatif.cost.roofline import PREFILL_CLASSES
 
 # "Well outside" the source's range: below half its smallest or above twice its largest size.
 OUT_OF_RANGE_FACTOR = 2.0

@@ -365,10 +365,10 @@ def fit_host(steps: Steps) -> tuple[dict[str, LinearFit], dict[str, Any]]:
             fits = fit_grouped(x[~test], host[~test], classes[~test], features, *HOST_OWN)
             if set(np.unique(classes[test])) <= set(fits):
                 predicted = host_times(fits, x[test], classes[test])
-                ape = np.abs(predicted - host[test]) / np.maximum(host[test], MIN_STEP_S)
                 # Each class weighs alike: the shared slopes serve the few prefills too.
-                scores[features] = float(np.mean([ape[classes[test] == name].mean()
-                                                  for name in np.unique(classes[test])]))
+                per_class = class_errors(predicted, host[test], classes[test])
+                scores[features] = float(np.mean([e["mape_pct"] / 100
+                                                  for e in per_class.values()]))
     chosen = min(scores, key=lambda f: round(scores[f], 9)) if scores else options[-1]
     report = {"holdout": "interpolation",
               "candidates": {", ".join(f) or "constant": round(100 * m, 3)

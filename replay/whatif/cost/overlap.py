@@ -18,12 +18,11 @@ from replay.whatif.cost.features import (
     LinearFit,
     Steps,
 )
+from replay.whatif.cost.roofline import PREFILL_CLASSES  # the classes that schedule prompts
 
 MIN_OFFSET_STEPS = 8  # an offset measured on fewer steps of its class and mode is derived
 FEW_OFFSET_STEPS = 3
 TRIM = 0.01  # offsets: the mean of residuals between these quantiles (a stray stall ignored)
-# The classes whose steps schedule prompt tokens: where the engine's work per token is measured.
-PREFILL_CLASSES = ("prefill_graph", "prefill", "mixed_graph", "mixed")
 SPREAD_QUANTILES = 16  # host_spread: the levels an overlapped step's host time is taken at
 
 
@@ -83,7 +82,7 @@ def engine_host_s(run: Steps, calibration: Steps) -> float:
     what its calibration steps' host times predict for them (0: no such class)."""
     names, counts = np.unique(run.classes, return_counts=True)
     for name in names[np.argsort(-counts)].astype(str).tolist():
-        excess = _beyond_calibration(run, calibration, name, ("num_seqs",))
+        excess = _beyond_calibration(run, calibration, name, ("num_seqs",), MIN_OFFSET_STEPS)
         if excess is not None:
             return max(float(np.median(excess)), 0.0)
     return 0.0
@@ -101,7 +100,8 @@ def engine_token_s(run: Steps, calibration: Steps, engine_s: float) -> float:
     for name in names[np.argsort(-counts)].astype(str).tolist():
         if name not in PREFILL_CLASSES:
             continue
-        excess = _beyond_calibration(run, calibration, name, ("num_seqs", "prefill_tokens"))
+        excess = _beyond_calibration(run, calibration, name, ("num_seqs", "prefill_tokens"),
+                                     FEW_OFFSET_STEPS)
         if excess is None:
             continue
         tokens = run.x[(run.classes == name) & np.isfinite(run.host), tokens_at]  # excess's rows
@@ -112,14 +112,14 @@ def engine_token_s(run: Steps, calibration: Steps, engine_s: float) -> float:
     return 0.0
 
 
-def _beyond_calibration(run: Steps, calibration: Steps, name: str,
-                        by: tuple[str, ...]) -> np.ndarray | None:
+def _beyond_calibration(run: Steps, calibration: Steps, name: str, by: tuple[str, ...],
+                        min_rows: int) -> np.ndarray | None:
     """The host time of the run's steps of class ``name`` beyond what a fit of its calibration
-    steps' host times on ``by`` predicts for them (None: too few of either)."""
+    steps' host times on ``by`` predicts for them (None: fewer than two calibration steps a
+    feature, or than ``min_rows`` of the run's)."""
     cal = (calibration.classes == name) & np.isfinite(calibration.host)
     rows = (run.classes == name) & np.isfinite(run.host)
-    if cal.sum() < 2 * len(by) or rows.sum() < (MIN_OFFSET_STEPS if len(by) == 1
-                                                else FEW_OFFSET_STEPS):
+    if cal.sum() < 2 * len(by) or rows.sum() < min_rows:
         return None
     fit = fitting.fit_linear(calibration.x[cal], calibration.host[cal], by)
     return run.host[rows] - fit.predict(run.x[rows])

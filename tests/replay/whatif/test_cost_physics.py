@@ -102,9 +102,7 @@ def test_calibration_prefills_are_charged_the_engines_work_per_token_too() -> No
     """``OverlapModel.fit`` measures ENGINE_S on the decodes and ENGINE_TOKEN_S on the prefills,
     and charges both to each calibration step: the host fit of the prefills is then the run's
     law up to 8,192 tokens, eight times the longest prompt the run scheduled, and the decodes'
-    is theirs. (One prompt a prefill: ``fit_grouped`` fits the shared per-sequence slope
-    without the prefills' own token slopes, exact only where a class's sequences and tokens do
-    not move together.)"""
+    is theirs."""
     run = _prefill_run(np.random.default_rng(1), prompts=[1.0] * 12)
     ones, decode_seqs = [1.0] * len(CAL_TOKENS), [1.0, 16.0, 64.0]
     host = _prefill_law(ones, CAL_TOKENS, run=False) + [3e-4 + PER_SEQ_S * s

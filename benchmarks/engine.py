@@ -117,46 +117,45 @@ def decode_bandwidth(trace_dir: Path, batch: int = REFERENCE_BATCH) -> dict[str,
 
 
 def long_prefill(model_dir: Path, tokens: int) -> dict[str, Any]:
-    """One prefill step of a fresh ``tokens``-token prompt (after an untimed warm-up prompt):
-    its GPU time and TFLOP/s (2 x params x tokens for the GEMMs, plus causal attention counted
-    once)."""
+    """One prefill step of a fresh ``tokens``-token prompt through each kernel route for long
+    prompts (``long_prefill.ROUTES``, the default first and once more last), each after an
+    untimed warm-up prompt of the same length through the same route (so the same eager kernels
+    are compiled and the allocator has grown before the timed step) and each on prompts of its
+    own (no cache hit): its GPU time and TFLOP/s (2 x params x tokens for the GEMMs, plus causal
+    attention counted once). An A/B in one process (its trace's header names the default kernel
+    for every step: not a recording to time from)."""
     import random
 
     from engine import LLM, SamplingParams
+    from engine.model.kernels import launch, long_prefill
 
     rng = random.Random(0)
-    prompt = [rng.randint(0, 10000) for _ in range(tokens)]
     llm = LLM(str(model_dir), record_events=True, max_model_len=tokens + 8,
               max_num_batched_tokens=tokens + 8, max_num_seqs=1, calibration_repeats=0)
+    default = launch.long_prefill_kernel()  # Config.long_prefill_kernel, set at start-up
+    routes = [default] + [r for r in long_prefill.ROUTES if r != default] + [default]
+    seconds: dict[str, float] = {}
     try:
-        warm = [rng.randint(10001, 20000) for _ in range(min(tokens, 1024))]
-        llm.generate([warm], SamplingParams(max_tokens=1), use_tqdm=False)
-        llm.generate([prompt], SamplingParams(max_tokens=1), use_tqdm=False)
-        steps = llm.core.events.tables["model_step"]
-        seconds = steps["duration_s"][-1]
-        computed = steps["prefill_tokens"][-1]
-        # The same step with the other kernel for one long fresh prompt (flash SDPA or the
-        # Triton kernel), on a prompt of its own (no cache hit): an A/B in one process.
-        from engine.model.kernels import prefill_attention
-
-        default = prefill_attention.LONG_FRESH_SDPA
-        prefill_attention.LONG_FRESH_SDPA = not default
-        try:
-            other = [rng.randint(20001, 30000) for _ in range(tokens)]
-            llm.generate([other], SamplingParams(max_tokens=1), use_tqdm=False)
-            other_seconds = llm.core.events.tables["model_step"]["duration_s"][-1]
-        finally:
-            prefill_attention.LONG_FRESH_SDPA = default
+        for n, route in enumerate(routes):
+            launch.set_long_prefill_kernel(route)
+            ids = range(10000 * n, 10000 * (n + 1))  # no prefix shared between prompts
+            for _ in range(2):  # warm-up, then the timed step
+                prompt = [rng.choice(ids) for _ in range(tokens)]
+                llm.generate([prompt], SamplingParams(max_tokens=1), use_tqdm=False)
+            steps = llm.core.events.tables["model_step"]
+            name = route if route not in seconds else f"{route}_again"
+            seconds[name] = float(steps["duration_s"][-1])
+            computed = steps["prefill_tokens"][-1]
     finally:
+        launch.set_long_prefill_kernel(default)
         llm.close()
     layers, heads, head_dim = 28, 16, 128
     attention = 2 * 2 * layers * heads * head_dim * computed * (tokens - computed / 2)
     flops = 2 * QWEN3_06B_WEIGHT_BYTES / 2 * computed + attention
-    other_name = "triton" if default else "flash_sdpa"
     return {"prompt_tokens": tokens, "computed_tokens": int(computed),
-            "seconds": float(seconds), "tflop_s": flops / seconds / 1e12,
-            "kernel": "flash_sdpa" if default else "triton",
-            f"{other_name}_seconds": float(other_seconds)}
+            "seconds": seconds[default], "tflop_s": flops / seconds[default] / 1e12,
+            "kernel": default,
+            **{f"{name}_seconds": value for name, value in seconds.items() if name != default}}
 
 
 def main(

@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only == "prefill-long":
         from benchmarks.prefill_long import run_prefill_long
 
-        rows += run_prefill_long([(32768, 0), (16384, 16384)])
+        rows += run_prefill_long([(32768, 0), (16384, 16384), (8192, 0)])
     if args.only in ("all", "store"):
         from benchmarks.store import run_store
 
@@ -356,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
                 "num_warps",
                 "num_stages",
                 "heads_fastest",
+                "heavy_first",
+                "tma",
+                "error",
             )
             if k in row
         )

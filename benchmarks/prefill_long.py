@@ -19,19 +19,26 @@ from benchmarks.gpu_timing import BLOCK_SIZE, DTYPE, HEAD_DIM, NUM_HEADS, NUM_KV
 
 # Relative error against SDPA's bf16 flash kernel: both round P to bf16, in other orders.
 LONG_TOLERANCE = 2e-2
-# (block_rows, block_n, num_warps, num_stages); block_rows counts query rows x GQA group.
+# (block_rows, block_n, num_warps, num_stages) of the Triton kernel; block_rows counts query
+# rows x GQA group.
 LONG_VARIANTS = [
     (64, 64, 4, 2),  # the engine's default before session 6
-    (128, 64, 4, 3),
-    (128, 64, 8, 2),
-    (128, 64, 8, 3),
-    (128, 128, 8, 2),
+    (128, 128, 8, 2),  # its long tiling for keys through the cache (sessions 6-16)
     (128, 128, 8, 3),
-    (256, 64, 8, 3),
 ]
-# The engine's long tilings once more with heaviest query tiles first (``heavy_first``; the
-# other rows launch tiles in order).
-ORDER_VARIANTS = [(128, 128, 8, 3), (128, 128, 8, 2)]
+# The Triton kernel's long tilings once more with heaviest query tiles first (``heavy_first``;
+# the other rows launch tiles in order): 128/128/8/3 was its fresh-keys tiling in sessions 6-16.
+ORDER_VARIANTS = [(128, 128, 8, 3)]
+# (block_m, block_n, num_warps, num_stages, heavy_first, pair_heads) of the TMA kernel
+# (prefill_attention_tma.py; block_m counts tokens of one head). Session 17's sweeps also had
+# 128/128/8/2-4, 128/64/4/3-4, 128/32/4/2, 256/64/8/2-3, 256/128/8/2 one head a program and
+# 64/64/4/3, 64/128/4/2, 128/64/8/2, 128/128/8/2 in pairs: slower (docs/gpu-notes.md).
+TMA_VARIANTS = [
+    (128, 128, 8, 3, True, False),
+    (128, 64, 4, 2, True, False),
+    (128, 64, 8, 3, True, True),
+    (64, 64, 4, 2, True, True),
+]
 
 
 def attention_flops(q_len: int, cached: int) -> float:
@@ -77,10 +84,13 @@ def sdpa_reference(inp: dict[str, Any], q_len: int) -> tuple[torch.Tensor, Any]:
 
 
 def prefill_call(inp: dict[str, Any], q_len: int, paged: bool, out: torch.Tensor,
-                 use_sdpa: bool | None = None, **tiling: int) -> Any:
-    """A call of the engine's prefill attention on these inputs (``tiling``: the kernel's
-    keyword arguments; ``use_sdpa`` None: the engine's choice of kernel)."""
+                 route: str | None = None, tma: tuple[int, int, int, int, bool, bool]
+                 | None = None, **tiling: int) -> Any:
+    """A call of the engine's prefill attention on these inputs (``tiling``: the Triton
+    kernel's keyword arguments; ``route`` None: the engine's choice of kernel; ``tma``: the TMA
+    kernel with this tiling)."""
     from engine.model.kernels.prefill_attention import prefill_attention
+    from engine.model.kernels.prefill_attention_tma import tma_prefill_attention
 
     q = inp["q_all"][-q_len:]
     cache = ({"k_cache": inp["k_cache"], "v_cache": inp["v_cache"],
@@ -88,8 +98,11 @@ def prefill_call(inp: dict[str, Any], q_len: int, paged: bool, out: torch.Tensor
     k, v = inp["k"][-q_len:], inp["v"][-q_len:]
 
     def call() -> torch.Tensor:
+        if tma is not None:
+            return tma_prefill_attention(q, k, v, inp["cu"], inp["lens"], q_len,
+                                         HEAD_DIM**-0.5, out, **cache, tiling=tma)
         return prefill_attention(q, k, v, inp["cu"], inp["lens"], q_len, HEAD_DIM**-0.5,
-                                 out=out, use_sdpa=use_sdpa, **cache, **tiling)
+                                 out=out, route=route, **cache, **tiling)
 
     return call
 
@@ -113,11 +126,14 @@ def run_prefill_long(cases: list[tuple[int, int]], variants: list[tuple[int, int
                         for heavy in (False, True)
                         for r, n, w, s in (variants or LONG_VARIANTS) if not heavy
                         or (r, n, w, s) in ([] if variants else ORDER_VARIANTS)]
+            choices += [{"tma": t} for t in ([] if variants else TMA_VARIANTS)]
             for tiling in choices:
                 out = torch.full_like(inp["q_all"][-q_len:], float("nan"))
-                kernel_args = {k: v for k, v in tiling.items() if k != "engine_default"}
-                use_sdpa = None if "engine_default" in tiling else False
-                call = prefill_call(inp, q_len, paged, out, use_sdpa, **kernel_args)
+                kernel_args = {k: v for k, v in tiling.items() if k not in ("engine_default",
+                                                                             "tma")}
+                route = None if "engine_default" in tiling or "tma" in tiling else "triton"
+                call = prefill_call(inp, q_len, paged, out, route, tiling.get("tma"),
+                                    **kernel_args)
                 try:
                     call()
                     torch.cuda.synchronize()

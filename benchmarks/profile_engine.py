@@ -5,6 +5,10 @@ prompt is prefilled (a pure decode batch of 256), then times ``--steps`` steps: 
 scheduler, of the executor call and of post-processing (host clocks), the executor's GPU time
 (CUDA events), and a ``torch.profiler`` table of the GPU kernels (kernels inside CUDA graph
 replays included). Writes ``profile.json`` and ``kernels.txt`` under ``--out``.
+
+``--prefill-tokens N`` profiles prefill steps of one fresh N-token prompt each instead (an engine
+sized for it, one sequence; each step's prompt shares no prefix with another), after as many
+untimed ones.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="out/profile")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--set", action="append", default=[], help="config override k=v")
+    parser.add_argument("--prefill-tokens", type=int, default=0,
+                        help="profile prefills of one prompt of this many tokens")
     args = parser.parse_args(argv)
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -37,18 +43,33 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {k: parse_override(k, v) for k, _, v in (s.partition("=") for s in args.set)}
     # Sequential steps: the loop below drives scheduler and executor by hand.
     overrides.setdefault("async_scheduling", False)
+    long_prompt = args.prefill_tokens
+    if long_prompt:
+        overrides.update(max_model_len=long_prompt + 8, max_num_batched_tokens=long_prompt + 8,
+                         max_num_seqs=1)
     llm = LLM(args.model, record_events=False, **overrides)
-    for r in reference_workload():
-        llm.add_request(list(r.prompt), SamplingParams(r.temperature, r.max_tokens, True))
     core = llm.core
-    while True:  # run the prefills
-        result = core.step()
-        if result is None or result.batch.kind == "decode":
-            break
+    if not long_prompt:
+        for r in reference_workload():
+            llm.add_request(list(r.prompt), SamplingParams(r.temperature, r.max_tokens, True))
+        while True:  # run the prefills
+            result = core.step()
+            if result is None or result.batch.kind == "decode":
+                break
+    prompts = 0
+
+    def add_long_prompt() -> None:
+        nonlocal prompts
+        ids = range(1000 * prompts, 1000 * (prompts + 1))  # no prefix shared between prompts
+        llm.add_request([ids[(7 * i) % len(ids)] for i in range(long_prompt)],
+                        SamplingParams(0.0, 1, True))
+        prompts += 1
     sched_s, exec_s, post_s, gpu_s = [], [], [], []
     scheduler, executor = core.scheduler, core.executor
 
     def timed_step() -> None:
+        if long_prompt:
+            add_long_prompt()
         t0 = time.perf_counter()
         batch = scheduler.schedule()
         t1 = time.perf_counter()

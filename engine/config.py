@@ -19,6 +19,8 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
 DEFER_BLOCK_RULES = ("needed", "per_running")
 # torch.backends.cuda.preferred_blas_library for the projections; "default" leaves torch's choice.
 BLAS_LIBRARIES = ("default", "cublas", "cublaslt")
+# The kernels an eager launch of a long prompt can take (engine/model/kernels/prefill_attention.py).
+LONG_PREFILL_KERNELS = ("tma", "triton", "flash_sdpa")
 AUTO_SIZED_BLOCKS = -1
 # calibration_repeats = -1: time the start-up calibration GPU_CALIBRATION_REPEATS times on a GPU,
 # and skip it on the CPU (tens of seconds there, for a cost model that CPU runs rarely need).
@@ -83,6 +85,7 @@ FIELD_RULES: dict[str, _Rule] = {
     "split_k_gemm": _Rule(bool),
     "programmatic_launch": _Rule(bool),
     "decode_longest_first": _Rule(bool),
+    "long_prefill_kernel": _Rule(str, choices=LONG_PREFILL_KERNELS),
 }
 
 
@@ -156,6 +159,12 @@ class Config:
     # (engine/model/kernels/paged_attention.py), so the longest rows do not finish alone at the
     # end of the launch; results are identical. False: row order (traces recorded before it).
     decode_longest_first: bool = True
+    # CUDA with the Triton backend only: the kernel of an eager prefill launch whose longest
+    # prompt has >= 8,192 new tokens (long_prefill.long_prefill_route): "tma" (Hopper's bulk
+    # copies, prefill_attention_tma.py, where the launch fits it, else "triton"), "triton" (the
+    # traces recorded before the field) or "flash_sdpa" (one prompt with fresh keys). The three
+    # round bf16 differently; speeds: docs/BENCHMARKS.md 8k.
+    long_prefill_kernel: str = "tma"
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:

@@ -126,6 +126,8 @@ def config_from_header(header: dict[str, Any], **overrides: Any) -> Config:
     recorded.setdefault("split_k_gemm", False)
     recorded.setdefault("programmatic_launch", False)
     recorded.setdefault("decode_longest_first", False)
+    # Eager long prompts ran the Triton kernel before the field existed.
+    recorded.setdefault("long_prefill_kernel", "triton")
     known = set(Config.field_names())
     unknown = sorted(set(recorded) - known)
     if unknown:

@@ -2,13 +2,15 @@
 # One device call on the H200: GPU tests against transformers, the engine benchmark (with
 # transformers' generate_batch as the peer), a decode profile and the two committed traces.
 # Usage (repository root, on the device): bash tools/h200_session.sh STAGES
-#   STAGES (VARIANTS=chunked,chunked-2048 LONG_PREFILL=32768 for bench): comma-separated, any of ktests,tests,kernels,dattn,gemm,skinny,constrained,policies,bench,hf,profile,mixed,plong,serve,gc. Results go under
+#   STAGES (VARIANTS=chunked,chunked-2048 LONG_PREFILL=32768 for bench): comma-separated, any of ktests,tests,kernels,dattn,gemm,skinny,constrained,policies,bench,hf,profile,mixed,plong,lprefill,serve,gc. Results go under
 #   $OUT. bench runs tracing off/on (SKIP_OFF=1: on only) and, with COMPARE=1, tracing on
 #   without overlapped steps. mixed: the mixed-step graph and long-prefill GPU tests and the
 #   chunked fp32 runner tests; plong: the long-prefill tiling sweep (benchmarks/prefill_long.py);
 #   dattn: decode attention per batch size (benchmarks/decode_attention.py, DATTN_BATCHES,
 #   DATTN_LAYOUTS=token,head: the head-major cache too; DATTN_ORDERS=row,longest: rows longest first);
 #   profile: benchmarks/profile_engine.py, PROFILE_ARGS passed on (e.g. '--set max_num_seqs=96').
+#   lprefill: one LONG_PREFILL-token (default 32768) prefill step through each long-prompt kernel
+#   route (benchmarks.engine.long_prefill) without the reference runs.
 set -u
 STAGES=${1:-tests,constrained}
 OUT=${OUT:-out/h200}
@@ -22,6 +24,7 @@ if has ktests; then  # the Triton kernels, compiled
         tests/engine/model/test_attention_triton_backend.py \
         tests/engine/model/test_triton_sampler.py tests/benchmarks/test_sampler_variants.py \
         tests/engine/runner/test_prefill_graphs_model.py \
+        tests/engine/model/test_prefill_attention_tma.py \
         > "$OUT/ktests.log" 2>&1
     tail -5 "$OUT/ktests.log"
 fi
@@ -61,6 +64,11 @@ if has plong; then
     timeout "${PLONG_TIMEOUT:-150}" python3 -m benchmarks.kernels --only prefill-long \
         --out /tmp/plong > "$OUT/plong.log" 2>&1
     tail -40 "$OUT/plong.log"
+fi
+if has lprefill; then
+    python3 -c "import json, sys; from pathlib import Path; from benchmarks.engine import long_prefill
+print(json.dumps(long_prefill(Path(sys.argv[1]), int(sys.argv[2]))))" "$MODEL" "${LONG_PREFILL:-32768}" \
+        2>&1 | grep -v fix_mistral_regex | tee "$OUT/lprefill.log"
 fi
 if has constrained; then
     # --warm-up 1: recorded warm, like the reference (bench records after a warm-up run).

@@ -26,6 +26,7 @@ KERNEL_SPEED_FIELDS = (
     "split_k_gemm",
     "programmatic_launch",
     "decode_longest_first",
+    "long_prefill_kernel",
 )
 
 

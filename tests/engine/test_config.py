@@ -27,5 +27,8 @@ def test_bad_kernel_choices_fail_in_one_line() -> None:
         Config(blas_library="mkl")
     with pytest.raises(ConfigError, match="fused_kernels must be bool"):
         Config(fused_kernels=1)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="long_prefill_kernel must be one of"):
+        Config(long_prefill_kernel="fa3")
+    assert Config().replace(long_prefill_kernel="triton").long_prefill_kernel == "triton"
     assert parse_override("fused_kv_store", "off") is False
     assert Config().replace(fused_kernels=False).fused_kernels is False

@@ -115,6 +115,10 @@ def test_a_cuda_profile_key_names_the_kernels_its_steps_ran() -> None:
     ordered = profile_key({**cuda, "decode_longest_first": True}, "v")
     assert ordered["kernels"]["decode_longest_first"] is True  # the rows' order moves step times
     assert profile_key({**cuda, "decode_longest_first": False}, "v") == profile_key(cuda, "v")
+    # Eager long prompts' attention kernel: named unless it is the Triton kernel of before.
+    tma = profile_key({**cuda, "long_prefill_kernel": "tma"}, "v")
+    assert tma["kernels"]["long_prefill_kernel"] == "tma"
+    assert profile_key({**cuda, "long_prefill_kernel": "triton"}, "v") == profile_key(cuda, "v")
     assert "kernels" not in profile_key({"device": "cpu"}, "v")  # the CPU runner's steps
 
 

@@ -45,3 +45,14 @@ def test_headers_before_prefill_graph_seqs_took_sixteen_prompts_a_graph() -> Non
     assert config_from_header({"config": recorded}).prefill_graph_seqs == 16
     recorded["prefill_graph_seqs"] = 40
     assert config_from_header({"config": recorded}).prefill_graph_seqs == 40
+
+
+def test_headers_before_the_long_prefill_kernel_ran_the_triton_kernel() -> None:
+    """Eager long prompts took the Triton kernel before ``long_prefill_kernel`` existed; today's
+    default is the TMA kernel, and a recorded choice is kept."""
+    recorded = Config().to_dict()
+    assert recorded["long_prefill_kernel"] == "tma"
+    del recorded["long_prefill_kernel"]
+    assert config_from_header({"config": recorded}).long_prefill_kernel == "triton"
+    recorded["long_prefill_kernel"] = "flash_sdpa"
+    assert config_from_header({"config": recorded}).long_prefill_kernel == "flash_sdpa"

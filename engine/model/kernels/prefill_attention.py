@@ -27,6 +27,12 @@ import triton.language as tl
 
 from engine.model.kernels.gdc import gdc_enter
 from engine.model.kernels.launch import pdl_options
+from engine.model.kernels.long_prefill import (
+    LONG_PREFILL_TOKENS,
+    ROUTES,
+    flash_sdpa_prefill,
+    long_prefill_route,
+)
 from engine.model.kernels.paged_attention import LOG2E, MIN_DOT_ROWS
 
 # Query rows per program (tokens x GQA group) and keys per inner tile.
@@ -36,15 +42,10 @@ PREFILL_NUM_WARPS = 4
 PREFILL_NUM_STAGES = 2
 # Prompts of at least LONG_PREFILL_TOKENS new tokens (the longest in a launch) take their own
 # tiling: enough query tiles to fill the GPU with larger ones (figures: docs/gpu-notes.md).
-LONG_PREFILL_TOKENS = 8192
 # (block_rows, block_n, num_warps, num_stages, heavy_first) of long prompts, keys fresh /
 # through the cache.
 LONG_FRESH_TILING = (128, 128, 8, 3, True)
 LONG_PAGED_TILING = (128, 128, 8, 2, False)
-# One long fresh prompt through PyTorch's flash SDPA instead (``flash_sdpa_fits``): faster per
-# layer in the kernel sweep, but slower than this kernel for a whole 32k engine step in the A/B
-# of one process (``benchmarks.engine --long-prefill``; docs/BENCHMARKS.md section 8a), so off.
-LONG_FRESH_SDPA = False
 # Query tiles in launch order below LONG_PREFILL_TOKENS (module docstring: ``heavy_first``).
 PREFILL_HEAVY_FIRST = False
 
@@ -60,39 +61,6 @@ def prefill_tiling(max_seqlen_q: int, paged: bool = True) -> dict[str, int | boo
                                                PREFILL_HEAVY_FIRST)
     return {"block_rows": rows, "block_n": block_n, "num_warps": warps, "num_stages": stages,
             "heavy_first": heavy}
-
-
-def flash_sdpa_fits(q: torch.Tensor, num_seqs: int, max_seqlen_q: int, paged: bool) -> bool:
-    """Whether this launch is one long prompt with fresh keys that PyTorch's flash SDPA kernel
-    can take (half precision on CUDA), and ``LONG_FRESH_SDPA`` sends it there. Never inside
-    CUDA-graph prefills: those are paged."""
-    return (
-        LONG_FRESH_SDPA
-        and not paged
-        and num_seqs == 1
-        and max_seqlen_q >= LONG_PREFILL_TOKENS
-        and q.shape[0] == max_seqlen_q
-        and q.is_cuda
-        and q.dtype in (torch.bfloat16, torch.float16)
-        and torch.backends.cuda.flash_sdp_enabled()
-    )
-
-
-def flash_sdpa_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                       out: torch.Tensor) -> torch.Tensor:
-    """Causal attention of one fresh prompt through PyTorch's flash SDPA (K/V heads repeated
-    for the GQA groups), written into ``out``."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    group = q.shape[1] // k.shape[1]
-    qb = q.transpose(0, 1)[None]
-    kb = k.repeat_interleave(group, 1).transpose(0, 1)[None]
-    vb = v.repeat_interleave(group, 1).transpose(0, 1)[None]
-    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-        res = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, is_causal=True,
-                                                               scale=scale)
-    out.copy_(res[0].transpose(0, 1))
-    return out
 
 
 @triton.jit
@@ -288,7 +256,7 @@ def prefill_attention(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    use_sdpa: bool | None = None,
+    route: str | None = None,
     heavy_first: bool | None = None,
     flat_tiles: bool = False,
 ) -> torch.Tensor:
@@ -297,15 +265,17 @@ def prefill_attention(
     ``q`` ``[tokens, heads, dim]``; ``k``/``v`` ``[tokens, kv_heads, dim]`` (read only when no
     cache is given, then every ``context_lens[s]`` must equal the sequence's query length);
     ``cu_seqlens_q`` int32 ``[num_seqs + 1]``. Writes ``out`` rows of these sequences only.
-    Tiling arguments left None come from ``prefill_tiling``; ``use_sdpa`` None: the module's
-    choice (``flash_sdpa_fits``), True: PyTorch's flash SDPA (one fresh prompt only), False:
-    always this kernel. ``heavy_first``: query tiles launched latest first (module docstring).
+    Tiling arguments left None come from ``prefill_tiling``. ``route`` (one of ``ROUTES``) picks
+    the kernel; None: ``long_prefill_route``'s choice when no tiling argument is given, else this
+    module's kernel. "flash_sdpa" takes one fresh prompt only, "tma" what ``tma_prefill_fits``.
+    ``heavy_first``: query tiles launched latest first (module docstring).
     ``flat_tiles``: one grid axis over the query tiles of all sequences together (as many
     programs as ``tokens`` need plus one per sequence) instead of ``max_seqlen_q``'s tiles for
     every sequence: a CUDA graph's launch, whose ``max_seqlen_q`` bounds every one of many
     sequence slots, most of them empty. Each program computes what it computes on the other
     grid.
     """
+    tuned = (block_rows, block_n, num_warps, num_stages, heavy_first) != (None,) * 5
     tiling = prefill_tiling(max_seqlen_q, k_cache is not None)
     block_rows = tiling["block_rows"] if block_rows is None else block_rows
     block_n = tiling["block_n"] if block_n is None else block_n
@@ -324,12 +294,27 @@ def prefill_attention(
     num_seqs = context_lens.shape[0]
     if num_seqs == 0 or max_seqlen_q == 0:
         return out
-    if use_sdpa is None:
-        use_sdpa = flash_sdpa_fits(q, num_seqs, max_seqlen_q, paged)
-    if use_sdpa:
+    if route is None:
+        route = "triton" if tuned else long_prefill_route(q, k, v, num_seqs, max_seqlen_q,
+                                                          k_cache, v_cache, flat_tiles)
+    if route not in ROUTES:
+        raise ValueError(f"unknown prefill attention route {route!r}; one of {ROUTES}")
+    if route == "flash_sdpa":
         if paged or num_seqs != 1 or q.shape[0] != max_seqlen_q:
             raise ValueError("the flash SDPA route takes one prompt with fresh keys only")
         return flash_sdpa_prefill(q, k, v, scale, out)
+    if route == "tma":
+        from engine.model.kernels.prefill_attention_tma import (
+            TMA_PAGED_TILING,
+            tma_prefill_attention,
+            tma_prefill_fits,
+        )
+
+        if flat_tiles or not tma_prefill_fits(q, k, v, k_cache, v_cache, TMA_PAGED_TILING[1]):
+            raise ValueError("the TMA route takes eager half-precision launches on compute "
+                             "capability 9+ with 2-D-viewable Q/K/V (tma_prefill_fits)")
+        return tma_prefill_attention(q, k, v, cu_seqlens_q, context_lens, max_seqlen_q, scale,
+                                     out, k_cache, v_cache, block_tables)
     group = num_heads // num_kv_heads
     tile_tokens = max(1, block_rows // group)
     if paged:

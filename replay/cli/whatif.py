@@ -66,10 +66,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="fit step times on this trace (or load a saved model) instead")
     p.add_argument("--profile", metavar="PROFILE.json",
                    help="a device profile (replayllm profile) pricing the steps the timing "
-                   "trace did not run; several, comma-separated, are pooled point by point")
+                   "trace did not run, its rows fitted with the trace's own steps; several, "
+                   "comma-separated, are pooled point by point")
     p.add_argument("--cost-option", dest="cost_options", action="append", default=[],
                    metavar="NAME=VALUE", help="switch a step-time model mechanism, e.g. "
-                   "warmup_window=off, profile_mode=pooled (replay/whatif/cost/profile.py)")
+                   "warmup_window=off, profile_mode=blend (replay/whatif/cost/profile.py)")
     p.add_argument("--host-from", metavar="TRACE",
                    help="price host work on the machine that recorded TRACE, measured by its "
                    "start-up calibration (replay/whatif/cost/host_speed.py)")

@@ -39,9 +39,14 @@ from replay.whatif.cost.host_speed import (
     host_terms_scaled,
 )
 from replay.whatif.cost.overlap import OverlapModel, interval
-from replay.whatif.cost.profile import CostOptions, ProfilePrior, profile_steps, read_profile
+from replay.whatif.cost.profile import (
+    CostOptions,
+    ProfilePrior,
+    pooled_profile_rows,
+    read_profile,
+)
 
-MODEL_VERSION = 10  # of the saved JSON (``to_dict``); a file of another version is refused
+MODEL_VERSION = 11  # of the saved JSON (``to_dict``); a file of another version is refused
 
 
 class CostModelError(ReplayLLMError):
@@ -136,9 +141,11 @@ class CostModel:
         loaded = read_profile(profile) if profile is not None else None
         kv_heads = kv_heads_of(events.header)
         overhead_s = features.engine_overhead_s(events, add)
+        # The source's own rows, before any profile rows join them (their ranges: priced_by).
+        source_rows = fitting.sharing_nothing(own.rows(~warm).concat(calibration))
         if loaded is not None and options.profile_mode == "pooled":
-            calibration = calibration.concat(profile_steps(loaded[0], host_times, overhead_s,
-                                                           kv_heads, options.causal_work))
+            calibration = calibration.concat(pooled_profile_rows(
+                loaded[0], source_rows, options, host_times, overhead_s, kv_heads))
         fitted = own.rows(~warm).concat(calibration)
         if not options.longest_program:
             fitted.x[:, features.FEATURES.index(features.LONGEST)] = 0.0
@@ -165,7 +172,7 @@ class CostModel:
         model.heldout = _device_heldout(fitted, fraction)
         if loaded is not None:
             model.prior = ProfilePrior.fit(loaded[0], loaded[1], fitted, set(reports), options,
-                                           overhead_s, events.header)
+                                           overhead_s, events.header, source_rows)
             model.shared_kv |= model.prior.shared_read_fraction < 1.0
         if host_times:
             run = own.rows(~warm)

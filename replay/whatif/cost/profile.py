@@ -44,6 +44,8 @@ TRACE, PROFILE, OUTSIDE = "trace", "profile", "outside"
 CONTEXT = "decode_context_tokens"
 # A scale outside these bounds says the profile is of another device or model: not applied.
 SCALE_BOUNDS = (0.5, 2.0)
+# A class's own scale needs this many of the source's steps (fewer: the overall one).
+MIN_SCALE_STEPS = 8
 # The profile's host work over the source's beyond this factor (either way) is worth a warning:
 # an eager step's interval is its host's launches (docs/BENCHMARKS.md 7i).
 HOST_WARNING_RATIO = 1.25
@@ -62,9 +64,10 @@ class CostOptions:
     ``engine_host``: calibration steps charged the engine's own work per step and per prompt
     token (``overlap.engine_host_s``, ``overlap.engine_token_s``), which a timed executor call
     lacks.
-    ``profile_mode``: with a profile, ``blend`` (the source's fit within its range, the profile
-    beyond), ``pooled`` (profile rows fitted with the source's as calibration rows) or
-    ``profile`` (the profile's fits only). ``profile_scale``: scale them to the source.
+    ``profile_mode``: with a profile, ``pooled`` (profile rows fitted with the source's as
+    calibration rows; the default since BENCHMARKS 7o), ``blend`` (the source's fit within its
+    range, the profile beyond) or ``profile`` (the profile's fits only). ``profile_scale``:
+    scale them to the source.
     ``request_add``: the live loop's host time to add each request (``arrivals``).
     ``prefill_roofline``: prefill attention bounded by its longest program (``roofline``).
     ``host_stalls`` (opt-in): an eager step's device time pays the host's stalls at the rate
@@ -86,7 +89,7 @@ class CostOptions:
     overlap: bool = True
     class_offsets: bool = True
     engine_host: bool = True
-    profile_mode: str = "blend"
+    profile_mode: str = "pooled"
     profile_scale: bool = True
     longest_program: bool = True
     shared_kv: bool = False
@@ -216,6 +219,51 @@ def _within(ranges: dict[str, list[float]] | None, step: Any) -> bool:
     return all(lo <= step[FEATURES.index(axis)] <= hi for axis, (lo, hi) in ranges.items())
 
 
+def _profile_fits(rows: Steps, options: CostOptions, fraction: float) -> dict[str, LinearFit]:
+    """Each class's fit on the profile's rows alone."""
+    fits, _ = fitting.fit_all(rows, options.prefill_roofline, fraction, options.relative_roofline)
+    fits.pop(POOLED, None)
+    return fits
+
+
+def _class_scales(fits: dict[str, LinearFit], source: Steps, enabled: bool
+                  ) -> tuple[dict[str, float], float]:
+    """Per class with at least ``MIN_SCALE_STEPS`` source steps, the median of those steps'
+    time over what the profile's fit predicts for them (a ratio outside ``SCALE_BOUNDS`` is
+    not taken); and for every other class the median over all those steps together (1 where
+    there are none), so a class of a few host-bound eager steps does not set it."""
+    scale: dict[str, float] = {}
+    ratios: list[np.ndarray] = []
+    for cls_name, fit in fits.items():
+        mask = source.classes == cls_name
+        if enabled and mask.sum() >= MIN_SCALE_STEPS:
+            ratio = source.time[mask] / fit.predict(source.x[mask])
+            if SCALE_BOUNDS[0] <= float(np.median(ratio)) <= SCALE_BOUNDS[1]:
+                scale[cls_name] = float(np.median(ratio))
+                ratios.append(ratio)
+    overall = float(np.median(np.concatenate(ratios))) if ratios else 1.0
+    return scale, overall
+
+
+def pooled_profile_rows(profile: dict[str, Any], source: Steps, options: CostOptions,
+                        measured_host: bool, overhead_s: float, kv_heads: int) -> Steps:
+    """The profile's rows to pool with the source's own (``profile_mode=pooled``), each row's
+    time scaled by its class's ratio of the source's steps to the profile's fit
+    (``_class_scales``; with ``profile_scale`` off, as timed): a profile of another process,
+    clock or day joins the source's steps at the source's speed."""
+    rows = profile_steps(profile, measured_host, overhead_s, kv_heads, options.causal_work)
+    if not options.profile_scale:
+        return rows
+    probe = rows.rows(np.ones(len(rows), dtype=bool))  # a copy: the fit may zero a feature
+    if not options.longest_program:
+        probe.x[:, FEATURES.index(LONGEST)] = 0.0
+    fits = _profile_fits(probe, options, options.shared_read_fraction(probe))
+    scale, overall = _class_scales(fits, source, True)
+    factor = np.array([scale.get(c, overall) for c in rows.classes.astype(str).tolist()])
+    rows.time = rows.time * factor
+    return rows
+
+
 def _scaled(fit: LinearFit, scale: float) -> LinearFit:
     return LinearFit(fit.intercept * scale, tuple(c * scale for c in fit.coef), fit.features,
                      fit.samples, fit.floor * scale, fit.prefill_longest_s * scale)
@@ -232,7 +280,7 @@ class ProfilePrior:
     scale: dict[str, float] = field(default_factory=dict)
     profile_range: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     trace_range: dict[str, dict[str, list[float]]] = field(default_factory=dict)
-    mode: str = "blend"
+    mode: str = "pooled"
     # What differs between the profile's key and the source's (device, model, dtype, ...).
     mismatch: dict[str, list[Any]] = field(default_factory=dict)
     shared_read_fraction: float = 1.0  # its fits' (``fit.shared_read_fraction``)
@@ -243,31 +291,24 @@ class ProfilePrior:
 
     @classmethod
     def fit(cls, profile: dict[str, Any], name: str, steps: Steps, own_fits: set[str],
-            options: CostOptions, overhead_s: float, header: dict[str, Any]) -> ProfilePrior:
+            options: CostOptions, overhead_s: float, header: dict[str, Any],
+            source: Steps | None = None) -> ProfilePrior:
         """``steps``: the source's fitted steps (``time`` as the profile's rows are read:
         device time where ``steps`` measured host time, else intervals); ``own_fits``: the
-        classes the source fitted itself; ``header``: the source trace's."""
+        classes the source fitted itself; ``header``: the source trace's; ``source``: its own
+        rows where ``steps`` has the profile's pooled in (``profile_mode=pooled``), whose
+        ranges say which steps lie within the source's."""
         measured = bool(np.isfinite(steps.host[~steps.is_calibration]).any())
         rows = profile_steps(profile, measured, overhead_s, kv_heads_of(header),
                              options.causal_work)
         if not options.longest_program:
             rows.x[:, FEATURES.index(LONGEST)] = 0.0
         fraction = options.shared_read_fraction(rows)
-        fits, _ = fitting.fit_all(rows, options.prefill_roofline, fraction,
-                                  options.relative_roofline)
-        fits.pop(POOLED, None)
-        scale: dict[str, float] = {}
-        ratios = []
-        for cls_name, fit in fits.items():
-            mask = steps.classes == cls_name
-            if options.profile_scale and mask.any():
-                ratio = float(np.median(steps.time[mask] / fit.predict(steps.x[mask])))
-                if SCALE_BOUNDS[0] <= ratio <= SCALE_BOUNDS[1]:
-                    scale[cls_name] = ratio
-                    ratios.append(ratio)
-        overall = float(np.median(ratios)) if ratios else 1.0
+        fits = _profile_fits(rows, options, fraction)
+        own = source if source is not None else steps
+        scale, overall = _class_scales(fits, own, options.profile_scale)
         scaled = {c: _scaled(f, scale.get(c, overall)) for c, f in fits.items()}
-        trace = _ranges(steps.x, steps.classes) if options.profile_mode == "blend" else {}
+        trace = _ranges(own.x, own.classes) if options.profile_mode != "profile" else {}
         key = dict(profile.get("key") or {})
         source_key = profile_key(header.get("executor") or {}, key.get("engine_version", ""))
         mismatch = {k: [key.get(k), v] for k, v in source_key.items()
@@ -283,9 +324,9 @@ class ProfilePrior:
 
     def priced_by(self, cls_name: str, step: Any) -> str:
         """Which prices a step (``TRACE``, ``PROFILE``), or ``OUTSIDE`` where neither's range
-        holds it (then priced by the source's fit where it has one, else the profile's)."""
-        if self.mode == "pooled":
-            return TRACE
+        holds it (then priced by the source's fit where it has one, else the profile's). Pooled:
+        one fit of both prices every step; ``TRACE`` where the step lies within the source's
+        range, ``PROFILE`` within the profile's only."""
         if _within(self.trace_range.get(cls_name), step):
             return TRACE
         if cls_name in self.fits and _within(self.profile_range.get(cls_name), step):
@@ -313,8 +354,14 @@ class ProfilePrior:
         pricing = self.pricing(x, classes)
         trace = sum(c[TRACE] for c in pricing.values())
         profile = sum(c[PROFILE] for c in pricing.values())
-        lines = [f"priced by the source's fits on {trace} steps and the profile {self.path} "
-                 f"({self.key.get('device')}, {self.key.get('architecture')}) on {profile}"]
+        device = f"({self.key.get('device')}, {self.key.get('architecture')})"
+        if self.mode == "pooled":
+            lines = [f"priced by one fit of the source's steps pooled with the profile "
+                     f"{self.path}'s rows {device}: {trace} steps within the source's range, "
+                     f"{profile} within the profile's only"]
+        else:
+            lines = [f"priced by the source's fits on {trace} steps and the profile "
+                     f"{self.path} {device} on {profile}"]
         if self.mismatch:
             lines.append("the profile is not of the source's setup: " + ", ".join(
                 f"{k} {theirs} (source {ours})" for k, (theirs, ours) in self.mismatch.items()))

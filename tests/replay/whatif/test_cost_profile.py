@@ -35,11 +35,17 @@ def _law_times(events) -> np.ndarray:
     return np.asarray(events.tables["model_step"]["duration_s"], dtype=float)
 
 
-def test_mixed_steps_the_source_never_ran_are_priced_by_the_profile(runs) -> None:
+@pytest.mark.parametrize(("mode", "said"), [("pooled", "pooled with the profile"),
+                                           ("blend", "priced by the source's fits")])
+def test_mixed_steps_the_source_never_ran_are_priced_by_the_profile(runs, mode: str,
+                                                                    said: str) -> None:
     """The source has no mixed step; the chunked target's mixed steps are priced from the
-    profile, within 3% of the law; the source's own classes stay the source's."""
+    profile's rows (pooled: one fit of the source's steps and the profile's; blend: the
+    profile's own fit), within 3% of the law; the source's own classes lie within its range,
+    and the warnings say so."""
     source, target = runs
-    model = CostModel.fit(source, profile=law_profile(DEVICE, LAW))
+    model = CostModel.fit(source, profile=law_profile(DEVICE, LAW),
+                          options=CostOptions(profile_mode=mode))
     x, classes = feature_matrix(target)
     mixed = classes == "mixed"
     assert mixed.sum() > 10 and "mixed" not in set(feature_matrix(source)[1])
@@ -49,26 +55,29 @@ def test_mixed_steps_the_source_never_ran_are_priced_by_the_profile(runs) -> Non
     pricing = model.prior.pricing(x, classes)
     assert pricing["mixed"][PROFILE] == mixed.sum()
     assert pricing["decode_graph"][TRACE] > 0
-    assert any("priced by the source's fits" in line for line in model.coverage_warnings(target))
+    assert any(said in line for line in model.coverage_warnings(target))
 
 
-def test_a_profile_of_a_slower_device_is_scaled_to_the_source(runs) -> None:
-    """A profile whose steps take twice the law's: scaled by the source's own steps (x 0.5), it
-    prices the mixed steps as the law does; unscaled, twice too slow."""
+@pytest.mark.parametrize("mode", ["pooled", "blend"])
+def test_a_profile_of_a_slower_device_is_scaled_to_the_source(runs, mode: str) -> None:
+    """A profile whose steps take 1.8 times the law's (inside the 0.5..2 bounds a scale is
+    taken within): scaled by the source's own steps (x 1/1.8: its profile rows when pooled, its
+    fits in blend), it prices the mixed steps, which the source never ran, as the law does;
+    unscaled, 1.8 times too slow."""
     source, target = runs
-    slow = StepLaw(**{k: 2 * v if k.endswith("_s") else v
+    slow = StepLaw(**{k: 1.8 * v if k.endswith("_s") else v
                       for k, v in vars(LAW).items()})
     profile = law_profile(DEVICE, slow)
     x, classes = feature_matrix(target)
     mixed = classes == "mixed"
     truth = _law_times(target)[mixed]
-    scaled = CostModel.fit(source, profile=profile)
-    assert scaled.prior.scale and all(0.45 < s < 0.55 for s in scaled.prior.scale.values())
+    scaled = CostModel.fit(source, profile=profile, options=CostOptions(profile_mode=mode))
+    assert scaled.prior.scale and all(0.53 < s < 0.58 for s in scaled.prior.scale.values())
     assert np.median(predicted_intervals(scaled, x, classes)[mixed] / truth) == pytest.approx(
         1.0, abs=0.03)
     unscaled = CostModel.fit(source, profile=profile,
-                             options=CostOptions(profile_scale=False))
-    assert np.median(predicted_intervals(unscaled, x, classes)[mixed] / truth) > 1.8
+                             options=CostOptions(profile_mode=mode, profile_scale=False))
+    assert np.median(predicted_intervals(unscaled, x, classes)[mixed] / truth) > 1.6
 
 
 def test_steps_outside_both_ranges_are_said_so(runs) -> None:
@@ -109,3 +118,35 @@ def test_every_switch_fits_and_the_defaults_are_the_model_without_options(runs, 
         CostOptions.parse(["overlap=maybe"])
     with pytest.raises(ValueError, match="NAME=VALUE"):
         CostOptions.parse(["nonsense=on"])
+
+
+class _Unit:
+    """A profile fit that predicts one second for every step."""
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return np.ones(len(x))
+
+
+def test_a_class_of_few_source_steps_takes_the_scale_of_all_steps() -> None:
+    """``_class_scales``: a class with ``MIN_SCALE_STEPS`` source steps gets its own median
+    ratio; one with fewer (a handful of host-bound eager steps) and one the source never ran
+    take the median over every qualifying step, not a median of class ratios the few could
+    sway; a ratio outside the bounds is not taken."""
+    from replay.whatif.cost.features import Steps
+    from replay.whatif.cost.profile import MIN_SCALE_STEPS, _class_scales
+
+    many, few = 40, MIN_SCALE_STEPS - 1
+    classes = np.array(["decode_graph"] * many + ["prefill_graph"] * MIN_SCALE_STEPS
+                       + ["prefill"] * few)
+    time = np.concatenate([np.full(many, 1.02), np.full(MIN_SCALE_STEPS, 1.10),
+                           np.full(few, 1.90)])
+    n = len(classes)
+    steps = Steps(np.zeros((n, 1)), classes, time, np.full(n, np.nan), time,
+                  np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool))
+    fits = {c: _Unit() for c in ("decode_graph", "prefill_graph", "prefill", "mixed")}
+    scale, overall = _class_scales(fits, steps, True)  # type: ignore[arg-type]
+    assert scale == pytest.approx({"decode_graph": 1.02, "prefill_graph": 1.10})
+    assert overall == pytest.approx(1.02)  # 40 of the 48 qualifying steps
+    assert _class_scales(fits, steps, False) == ({}, 1.0)
+    steps.time[:] = 3.0  # beyond SCALE_BOUNDS: no scale at all
+    assert _class_scales(fits, steps, True) == ({}, 1.0)

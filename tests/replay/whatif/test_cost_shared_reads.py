@@ -26,6 +26,7 @@ SOURCE = Config(num_kvcache_blocks=2000, max_num_seqs=64)
 DEVICE = Config(max_model_len=4096, max_num_seqs=512, max_num_batched_tokens=32768,
                 num_kvcache_blocks=60000)
 POOLED = CostOptions(profile_mode="pooled")
+BLEND = CostOptions(profile_mode="blend")
 
 
 def _rereads(row: dict[str, Any]) -> int:
@@ -71,7 +72,7 @@ def test_the_fraction_is_the_one_the_shared_rows_were_timed_at(source, fraction:
     pooled = CostModel.fit(source, profile=profile, options=POOLED)
     assert pooled.shared_read_fraction == pytest.approx(fraction)
     assert pooled.shared_kv == (fraction < 1)
-    blend = CostModel.fit(source, profile=profile)
+    blend = CostModel.fit(source, profile=profile, options=BLEND)
     assert blend.shared_read_fraction == 1.0  # the source's own steps share nothing
     assert blend.prior.shared_read_fraction == pytest.approx(fraction)
     assert blend.shared_kv == (fraction < 1)

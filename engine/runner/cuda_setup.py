@@ -67,7 +67,8 @@ def warm_up_and_size(
     kv_block_bytes: int,
     max_prefill_graph_tokens: int,
 ) -> int:
-    """Run a maximum-load step without a KV cache; return how many KV blocks fit afterwards.
+    """Run a maximum-load step without a KV cache (and compile the sampler's variants); return
+    how many KV blocks fit afterwards.
 
     ``max_prefill_graph_tokens``: the largest prefill graph to be captured (0: none); its share
     of the step's activations is kept out of the pool too.
@@ -86,6 +87,9 @@ def warm_up_and_size(
     logits = compute_logits(hidden[:rows])
     temps = torch.ones(rows, dtype=torch.float32, device=device)
     sample(logits, temps)
+    from engine.model.kernels.sampler import warm_up_sampler  # Triton: imported when used
+
+    warm_up_sampler(logits.shape[-1], device)  # the sampler's other variants: none compile mid-run
     del hidden, logits
     torch.cuda.synchronize(device)
     if config.num_kvcache_blocks > 0:

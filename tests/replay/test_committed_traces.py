@@ -17,7 +17,8 @@ TRACES = Path(__file__).resolve().parents[2] / "traces"
 # engine, traces/matrix-s14/, and the same engine's matrix with schema 7's intake measurements,
 # traces/matrix-s15/, then with prompts built before each run, traces/matrix-s15b/ and six cells
 # of it on a second machine, traces/matrix-s15c/, and the same matrix on two more machines,
-# traces/matrix-s16/ and traces/matrix-s16b/).
+# traces/matrix-s16/ and traces/matrix-s16b/, and today's engine's on two machines,
+# traces/matrix-s18/ and traces/matrix-s18b/).
 COMMITTED = sorted(p.parent for p in TRACES.glob("*/run.json")) + sorted(
     p.parent for p in TRACES.glob("matrix*/*/run.json"))
 
@@ -37,6 +38,8 @@ def test_the_expected_traces_are_committed() -> None:
     assert sum(p.parent.name == "matrix-s15c" for p in COMMITTED) == 6
     assert sum(p.parent.name == "matrix-s16" for p in COMMITTED) == 16
     assert sum(p.parent.name == "matrix-s16b" for p in COMMITTED) == 16
+    assert sum(p.parent.name == "matrix-s18" for p in COMMITTED) == 16
+    assert sum(p.parent.name == "matrix-s18b" for p in COMMITTED) == 16
 
 
 @pytest.mark.parametrize("cell", ["reference-default-3", "azure-code-default"])

@@ -31,7 +31,7 @@ from triton.language.extra.cuda import libdevice
 from engine.model.kernels.gdc import gdc_enter
 from engine.model.kernels.launch import pdl_options
 
-__all__ = ["SAMPLER_VARIANT", "sample_tokens", "sampler_noise", "split_plan"]
+__all__ = ["SAMPLER_VARIANT", "sample_tokens", "sampler_noise", "split_plan", "warm_up_sampler"]
 
 # The variant's name in benchmarks/sampler_variants.py; the trace header records it.
 SAMPLER_VARIANT = "tiles-p7-fastlog"
@@ -192,7 +192,10 @@ def _sample_kernel(
         tl.store(part_idx_ptr + part, top_col)
 
 
-@triton.jit
+# ``num_splits`` follows the batch size: specialised (== 1, multiples of 16) or sized into
+# ``SPLITS_PAD`` it would compile a kernel the first time each batch size came up in a run,
+# ~75 ms on the engine thread (docs/gpu-notes.md, session 18).
+@triton.jit(do_not_specialize=["num_splits"])
 def _finish_kernel(
     part_val_ptr, part_idx_ptr, out_ptr, num_splits, SPLITS_PAD: tl.constexpr,
     USE_GDC: tl.constexpr,
@@ -307,11 +310,21 @@ def sample_tokens(
         **pdl_options(),
     )
     if finish == FINISH_KERNEL:
-        pad = triton.next_power_of_2(num_splits)
+        pad = triton.next_power_of_2(triton.cdiv(vocab, block_v))  # the most splits a row has
         _finish_kernel[(rows,)](
             part_val, part_idx, tokens, num_splits, SPLITS_PAD=pad, **pdl_options()
         )
     return tokens
+
+
+def warm_up_sampler(vocab: int, device: torch.device | str) -> None:
+    """Compile every kernel variant :func:`sample_tokens` launches for a vocabulary of
+    ``vocab`` (one split per row, several splits and the finishing kernel) on one row, so no
+    batch size of a run compiles one on the engine thread."""
+    logits = torch.zeros(1, vocab, dtype=torch.bfloat16, device=device)
+    temps = torch.ones(1, dtype=torch.float32, device=device)
+    sample_tokens(logits, temps, 0, splits=1)
+    sample_tokens(logits, temps, 0, splits=2)
 
 
 def sampler_noise(

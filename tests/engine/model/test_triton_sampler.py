@@ -143,3 +143,33 @@ def test_qwen3_vocab_bf16() -> None:
     sampled = sampler.sample_tokens(logits, temps, 5)
     assert ((sampled >= 0) & (sampled < 151936)).all()
     assert torch.equal(sampled, sampler.sample_tokens(logits, temps, 5))
+
+
+def test_warm_up_samples_one_row_in_both_variants() -> None:
+    """``warm_up_sampler`` runs the one-split and the finished variants on one row of zeros."""
+    sampler.warm_up_sampler(120, DEVICE)
+    logits = torch.zeros(1, 120, device=DEVICE)
+    for splits in (1, 2):
+        token = sampler.sample_tokens(logits, torch.zeros(1, device=DEVICE), 0, 32,
+                                      splits=splits)
+        assert token.tolist() == [0]  # greedy over ties: the lowest column
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_no_batch_size_compiles_a_kernel_after_the_warm_up() -> None:
+    """After ``warm_up_sampler`` (the engine's start-up), sampling 1..300 rows of the Qwen3
+    vocabulary compiles nothing: a compile on the engine thread stalled a step ~75 ms the first
+    time each batch size came up (docs/gpu-notes.md, session 18)."""
+    vocab = 151936
+    sampler.warm_up_sampler(vocab, "cuda")
+
+    def compiled() -> int:
+        return sum(len(kernel.device_caches[torch.cuda.current_device()][0])
+                   for kernel in (sampler._sample_kernel, sampler._finish_kernel))
+
+    before = compiled()
+    logits = torch.randn(300, vocab, device="cuda").bfloat16()
+    for rows in (1, 2, 3, 7, 16, 17, 64, 100, 127, 128, 254, 256, 300):
+        sampler.sample_tokens(logits[:rows].contiguous(), torch.ones(rows, device="cuda"), rows)
+    assert compiled() == before

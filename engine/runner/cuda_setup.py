@@ -35,7 +35,7 @@ from engine.model.kernels.launch import set_long_prefill_kernel, set_programmati
 from engine.model.layers.decode_gemm import split_k_batches
 from engine.runner.cuda_step import CudaStepper
 from engine.runner.decode_graphs import DecodeBuffers, DecodeGraphs
-from engine.runner.graph_capture import ModelFn
+from engine.runner.graph_capture import NO_SOURCE, ModelFn, take_sources
 from engine.runner.mixed_graphs import MixedGraphs
 from engine.runner.prefill_graphs import PrefillGraphs
 
@@ -84,6 +84,7 @@ def warm_up_and_size(
     ids = torch.zeros(num_seqs * seq_len, dtype=torch.int64, device=device)
     hidden = forward(ids, positions, metadata)
     rows = min(config.max_num_seqs, hidden.shape[0])
+    _warm_up_first_uses(hidden, compute_logits, rows, device)
     logits = compute_logits(hidden[:rows])
     temps = torch.ones(rows, dtype=torch.float32, device=device)
     sample(logits, temps)
@@ -116,6 +117,26 @@ def warm_up_and_size(
             "raise gpu_memory_utilization or lower max_num_batched_tokens"
         )
     return int(blocks)
+
+
+# Row counts whose LM head runs eagerly at start-up: a step's sampled rows (a prefill's prompts,
+# a decode's padded batch) pick their GEMM kernel by row count, and the first use of a kernel
+# loads its module (CUDA lazy loading): 30-50 ms on the engine thread mid-run otherwise.
+WARM_LOGITS_ROWS = 64
+
+
+def _warm_up_first_uses(hidden: torch.Tensor, compute_logits: Callable[[torch.Tensor], Any],
+                        max_rows: int, device: torch.device) -> None:
+    """Run once, before the pool is sized, what a run's first steps would otherwise load mid-run:
+    the LM head at 1..``WARM_LOGITS_ROWS`` rows and every power of two up to ``max_rows``, and
+    the decode graphs' input gather (``take_sources``). One result is alive at a time, each
+    smaller than the maximum-load step's logits, so the measured peak does not move."""
+    counts = set(range(1, min(WARM_LOGITS_ROWS, max_rows) + 1))
+    counts |= {1 << k for k in range(max_rows.bit_length()) if 1 << k <= max_rows}
+    for count in sorted(counts):
+        compute_logits(hidden[:count])  # dropped at once: one result alive at a time
+    ids = torch.zeros(2, dtype=torch.int64, device=device)
+    take_sources(ids, torch.tensor([0, NO_SOURCE], device=device), ids.clone())
 
 
 def uses_cuda_graphs(config: Config, attention_backend: Any) -> bool:

@@ -12,7 +12,6 @@ has two ~75 ms host stalls (steps 9 and 111) that its twins do not.
 from __future__ import annotations
 
 import argparse
-import collections
 import sys
 import threading
 import time
@@ -100,9 +99,7 @@ def main() -> int:
               flush=True)
         for at, name in compiles[first_compile:]:
             print(f"  compile at +{(at - began) * 1e3:.0f} ms: {name}")
-        counted = collections.Counter()
         for at, span, stack in _long_stacks(samples, args.stall_ms / 1e3):
-            counted[stack] += 1
             print(f"  stack held {span * 1e3:.0f} ms at +{(at - began) * 1e3:.0f} ms:")
             print("    " + "\n    ".join(stack))
     return 0

@@ -9,6 +9,7 @@ from typing import Any
 
 from engine.errors import ConfigError
 from engine.policy import EVICTION_ORDERS, WHOLE_PROMPT_POLICIES, policy_class
+from tracing.layout import DEFAULT_FLUSH_SECONDS, DEFAULT_FLUSH_STEPS
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -118,8 +119,8 @@ class Config:
     device: str = "auto"
     attention_backend: str = "auto"
     eos: int = -1
-    trace_flush_steps: int = 64
-    trace_flush_seconds: float = 2.0
+    trace_flush_steps: int = DEFAULT_FLUSH_STEPS
+    trace_flush_seconds: float = DEFAULT_FLUSH_SECONDS
     # Timed repetitions of each start-up calibration step (engine/calibration.py); 0: none;
     # AUTO_CALIBRATION: GPU_CALIBRATION_REPEATS on a GPU, none on the CPU.
     calibration_repeats: int = AUTO_CALIBRATION

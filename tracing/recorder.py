@@ -22,6 +22,8 @@ from tracing.errors import TraceError, one_line
 from tracing.events import EventBuffer
 from tracing.layout import (
     COMMITS_DIR,
+    DEFAULT_FLUSH_SECONDS,
+    DEFAULT_FLUSH_STEPS,
     HEADER_FILE,
     SUMMARY_FILE,
     segment_file,
@@ -40,12 +42,12 @@ from tracing.outdir import (
 from tracing.schema import EVENT_KINDS, SCHEMA_VERSION, column_types
 from tracing.segment_writer import Segment, SegmentWriter
 
-DEFAULT_FLUSH_STEPS = 64
 # Steps whose events are converted to Arrow together: per-call overhead dominates a single
 # step's conversion (~0.8 ms), while a whole segment at once stalls an overlapped engine for
 # 4-15 ms on the H200 host; 8 steps cost ~1-2 ms, inside one decode step's device time.
 STAGE_STEPS = 8
-DEFAULT_FLUSH_SECONDS = 2.0
+
+
 class ParquetRecorder:
     """Records the engine's events to a trace directory (an ``EventSink``).
 

@@ -25,8 +25,8 @@ STALL_FACTOR = 10.0
 STALL_MIN_S = 0.1
 DRIFT_WINDOWS = 12  # ``host_drift``: spans of wall time a run is cut into
 # The switches an ablation turns off one at a time (``CostOptions``), and the profile settings.
-SWITCHES = ("warmup_steps", "warmup_window", "calibration", "overlap",
-            "class_offsets", "engine_host", "profile_scale", "longest_program", "request_add",
+SWITCHES = ("warmup_steps", "warmup_window", "calibration", "overlap", "class_offsets",
+            "engine_host", "profile_scale", "run_weight", "longest_program", "request_add",
             "prefill_roofline", "shared_reads", "causal_work", "relative_roofline")
 # Mechanisms off by default that an ablation turns on (``CostOptions``).
 OPT_IN = ("shared_kv", "host_stalls", "host_spread")

@@ -26,7 +26,7 @@ import numpy as np
 from engine.errors import ReplayLLMError
 from replay.metrics import has_timings
 from replay.recorded import RecordedEvents
-from replay.whatif.cost import explain, features, graphs
+from replay.whatif.cost import explain, features, graphs, warmup
 from replay.whatif.cost import fit as fitting
 from replay.whatif.cost.arrivals import AddCost, fit_add_cost
 from replay.whatif.cost.decode_attention import DEFAULT_KV_HEADS, kv_heads_of
@@ -46,7 +46,7 @@ from replay.whatif.cost.profile import (
     read_profile,
 )
 
-MODEL_VERSION = 11  # of the saved JSON (``to_dict``); a file of another version is refused
+MODEL_VERSION = 12  # of the saved JSON (``to_dict``); a file of another version is refused
 
 
 class CostModelError(ReplayLLMError):
@@ -133,27 +133,36 @@ class CostModel:
         add = fit_add_cost(events) if options.request_add else AddCost()
         steps = features.steps_of(events, host_times, add=add, causal=options.causal_work)
         own = steps.rows(~steps.is_calibration)
-        leading = fitting.warmup_window(own) if options.warmup_window else 0
+        loaded = read_profile(profile) if profile is not None else None
+        pooling = loaded is not None and options.profile_mode == "pooled"
+        # With a pooled profile the run's early steps stay in: its rows cover the shapes the
+        # window guards, and a reference's prefills, all before its first decode, are the
+        # source's only long ones (BENCHMARKS 7q).
+        leading = warmup.warmup_window(own) if options.warmup_window and not pooling else 0
         own.window = np.arange(len(own)) < leading
-        warm, warmup_s = (fitting.warmup_steps(own) if options.warmup_steps
+        warm, warmup_s = (warmup.warmup_steps(own) if options.warmup_steps
                           else (np.zeros(len(own), dtype=bool), {}))
         calibration = steps.rows(steps.is_calibration & options.calibration)
-        loaded = read_profile(profile) if profile is not None else None
         kv_heads = kv_heads_of(events.header)
         overhead_s = features.engine_overhead_s(events, add)
         # The source's own rows, before any profile rows join them (their ranges: priced_by).
         source_rows = fitting.sharing_nothing(own.rows(~warm).concat(calibration))
-        if loaded is not None and options.profile_mode == "pooled":
+        if pooling:
             calibration = calibration.concat(pooled_profile_rows(
                 loaded[0], source_rows, options, host_times, overhead_s, kv_heads))
         fitted = own.rows(~warm).concat(calibration)
         if not options.longest_program:
             fitted.x[:, features.FEATURES.index(features.LONGEST)] = 0.0
+        weighed = fitted
+        if pooling and options.run_weight:
+            is_run = np.arange(len(fitted)) < int((~warm).sum())
+            rest = fitted.rows(~is_run)
+            weighed = fitting.weigh_run(fitted.rows(is_run), rest).concat(rest)
         fraction = options.shared_read_fraction(fitted)
         # Steps that re-read shared blocks measure that fraction only (``fit.fit_all``).
         fitted = fitting.sharing_nothing(fitted)
         calibration = fitting.sharing_nothing(calibration)
-        fits, reports = fitting.fit_all(fitted, options.prefill_roofline, fraction,
+        fits, reports = fitting.fit_all(weighed, options.prefill_roofline, fraction,
                                         options.relative_roofline)
         if not fits:
             raise CostModelError(f"{name} has too few steps to fit a model")

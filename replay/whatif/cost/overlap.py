@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from replay.whatif.cost import features
+from replay.whatif.cost import features, warmup
 from replay.whatif.cost import fit as fitting
 from replay.whatif.cost.features import (
     FEATURES,
@@ -199,7 +199,7 @@ class OverlapModel:
             if not others.any():
                 continue
             # The same one-off rule as a first step's device time (fit.warmup_steps).
-            extra = fitting.one_off_excess(float(predicted[row]), float(run.host[row]),
+            extra = warmup.one_off_excess(float(predicted[row]), float(run.host[row]),
                                            predicted[others], run.host[others])
             if extra is not None:
                 model.host_warmup_s[name] = extra

@@ -56,7 +56,8 @@ class CostOptions:
     """The model's mechanisms, each switchable (all on: the model as it has always been).
 
     ``warmup_steps``: a class's far-too-slow first step kept out of its fit, charged once.
-    ``warmup_window``: the run's leading warm-up steps kept out where later steps cover them.
+    ``warmup_window``: the run's leading warm-up steps kept out where later steps cover them
+    (without a pooled profile; with one they stay in, BENCHMARKS 7q).
     ``calibration``: the header's start-up calibration rows fitted with the run's steps.
     ``overlap``: overlap mode (device time, host time and offsets) where host time was measured.
     ``class_offsets``: per class and launch mode offsets (off: the sequential steps' sync
@@ -67,7 +68,8 @@ class CostOptions:
     ``profile_mode``: with a profile, ``pooled`` (profile rows fitted with the source's as
     calibration rows; the default since BENCHMARKS 7o), ``blend`` (the source's fit within its
     range, the profile beyond) or ``profile`` (the profile's fits only). ``profile_scale``:
-    scale them to the source.
+    scale them to the source. ``run_weight``: under ``pooled``, each class's run steps weigh
+    together as much as its calibration and profile rows (``fit.weigh_run``).
     ``request_add``: the live loop's host time to add each request (``arrivals``).
     ``prefill_roofline``: prefill attention bounded by its longest program (``roofline``).
     ``host_stalls`` (opt-in): an eager step's device time pays the host's stalls at the rate
@@ -91,6 +93,7 @@ class CostOptions:
     engine_host: bool = True
     profile_mode: str = "pooled"
     profile_scale: bool = True
+    run_weight: bool = True
     longest_program: bool = True
     shared_kv: bool = False
     request_add: bool = True

@@ -150,3 +150,48 @@ def test_a_class_of_few_source_steps_takes_the_scale_of_all_steps() -> None:
     assert _class_scales(fits, steps, False) == ({}, 1.0)
     steps.time[:] = 3.0  # beyond SCALE_BOUNDS: no scale at all
     assert _class_scales(fits, steps, True) == ({}, 1.0)
+
+
+def test_a_classs_run_steps_weigh_as_much_as_its_calibration_and_profile_rows() -> None:
+    """``weigh_run``: a class of 3 run steps beside 40 calibration and profile rows is repeated
+    13 times (40 // 3), so a least-squares level over both lands halfway between them instead
+    of at the many rows' level; a class whose run steps outnumber the others is left as it is;
+    ``cap`` bounds the repeats."""
+    from replay.whatif.cost.features import Steps
+    from replay.whatif.cost.fit import weigh_run
+
+    def steps(classes: list[str], time: float) -> Steps:
+        n = len(classes)
+        return Steps(np.zeros((n, 1)), np.array(classes), np.full(n, time),
+                     np.full(n, np.nan), np.full(n, time), np.zeros(n, bool),
+                     np.zeros(n, bool), np.zeros(n, bool))
+
+    run = steps(["prefill_graph"] * 3 + ["decode_graph"] * 100, 2.0)
+    others = steps(["prefill_graph"] * 40 + ["decode_graph"] * 10, 1.0)
+    weighed = weigh_run(run, others)
+    assert (weighed.classes == "prefill_graph").sum() == 39
+    assert (weighed.classes == "decode_graph").sum() == 100
+    pooled = weighed.concat(others)
+    prefill = pooled.time[pooled.classes == "prefill_graph"]
+    assert prefill.mean() == pytest.approx((39 * 2.0 + 40 * 1.0) / 79)  # ~1.49, not ~1.07
+    assert (weigh_run(run, others, cap=4).classes == "prefill_graph").sum() == 12
+
+
+def test_under_a_pooled_profile_the_sources_leading_prefills_are_fitted() -> None:
+    """The reference's nine 16k-token prefills all come before its first decode, so without a
+    profile they fall in the warm-up window (left out of the fits); with a pooled profile they
+    stay in, weighted as much as the start-up's and the profile's rows together, and the
+    model prices the source's own prefill steps within 3% (they were -6%: BENCHMARKS 7q)."""
+    from replay.recorded import from_trace
+    from replay.whatif.cost.model import CostModel
+    from replay.whatif.matrix_study import step_errors
+    from tracing.reader import read_trace
+
+    source = "traces/matrix-s18/reference-default-3"
+    events = from_trace(read_trace(source))
+    assert CostModel.fit(events).window_steps >= 9
+    model = CostModel.fit(events, profile="traces/profiles/h200-qwen3-0.6b-s18.profile.json")
+    assert model.window_steps == 0
+    recorded, predicted = step_errors(model, events)["classes"]["prefill_graph sequential"][
+        "device_s"]
+    assert abs(predicted / recorded - 1) <= 0.03, (recorded, predicted)

@@ -139,11 +139,13 @@ def test_small_and_long_graph_prefills_are_priced_on_two_machines(matrix: str) -
     """The graph prefills of six cells of a fixed-driver matrix (one prompt of 100-1,200 new
     tokens over a cached prefix in chat and conversation, 4k-14k-token prompts in bursty,
     mooncake and Azure, preempted re-prefills in the constrained pool), priced from the call's
-    reference recording (nine 16k-token prefills) and profile: device time within 6% where the
-    previous model priced the cached-prefix ones +34-36% (prefill attention counted causally,
-    the roofline fitted by relative error), host time within 35% where it priced them -27% to
-    -51% (the engine's work per prompt token, each class's own token slope: BENCHMARKS 7m),
-    and the model's description says so."""
+    reference recording (nine 16k-token prefills) and profile: device time within 4% (the
+    constrained pool's re-prefills within 8%: +6.4-6.7%) where an earlier model priced the
+    cached-prefix ones +34-36% (prefill attention counted causally, the roofline fitted by
+    relative error) and the source's own -6% (its run steps left out as a warm-up window and
+    outweighed by its start-up's one-prompt rows: BENCHMARKS 7q), host time within 35% where
+    it priced them -27% to -51% (the engine's work per prompt token, each class's own token
+    slope: BENCHMARKS 7m), and the model's description says so."""
     from replay.recorded import from_trace
     from replay.whatif.cost.model import CostModel
     from replay.whatif.cost.profile import CostOptions
@@ -159,22 +161,26 @@ def test_small_and_long_graph_prefills_are_priced_on_two_machines(matrix: str) -
     assert any(line.strip().startswith("prefill_graph") and "ns x prefill_tokens" in line
                for line in text.splitlines())
     assert "the engine's own work around a step" in text
-    for cell in ("chat-default", "conversation-default", "azure-code-default",
-                 "mooncake-default", "bursty-default", "reference-constrained"):
+    for cell in ("reference-default-3", "chat-default", "conversation-default",
+                 "azure-code-default", "mooncake-default", "bursty-default",
+                 "reference-constrained"):
         errors = step_errors(model, from_trace(read_trace(str(directory / cell))))
         prefills = errors["classes"]["prefill_graph sequential"]
-        for what, bound in (("device_s", 0.06), ("host_s", 0.35)):
+        device_bound = 0.08 if cell == "reference-constrained" else 0.04
+        for what, bound in (("device_s", device_bound), ("host_s", 0.35)):
             recorded, predicted = prefills[what]
             assert abs(predicted / recorded - 1) <= bound, (cell, what, recorded, predicted)
 
 
 @pytest.mark.parametrize(("target", "source"), [("matrix-s18b", "matrix-s18"),
-                                                ("matrix-s18", "matrix-s18b")])
+                                                ("matrix-s18", "matrix-s18b"),
+                                                ("matrix-s19", "matrix-s18")])
 def test_a_call_predicted_from_another_calls_source_and_profile(target: str, source: str) -> None:
-    """traces/matrix-s18 and -s18b: one engine, two calls on two machines. From one call's
+    """traces/matrix-s18 and -s18b: one engine, two calls on two machines (and -s19, a third,
+    its engine with session 18's start-up warm-ups and 256-step segments). From one call's
     reference and profile, the other call's constrained pool and chunked prefill decide
     identically with TPOT (and the chunked cell's throughput) within target, and its bursty
-    long-prompt cells meet every TTFT and TPOT target (docs/BENCHMARKS.md 7p)."""
+    long-prompt cells meet every TTFT and TPOT target (docs/BENCHMARKS.md 7p, 7q)."""
     cells = ("reference-constrained", "reference-chunked-2048", "bursty-default",
              "bursty-chunked-2048")
     rows = matrix_rows([f"traces/{target}/{cell}" for cell in cells],

@@ -42,7 +42,7 @@ from replay.whatif.cost.overlap import OverlapModel, interval
 from replay.whatif.cost.profile import (
     CostOptions,
     ProfilePrior,
-    pooled_profile_rows,
+    ScaledProfile,
     read_profile,
 )
 
@@ -147,9 +147,11 @@ class CostModel:
         overhead_s = features.engine_overhead_s(events, add)
         # The source's own rows, before any profile rows join them (their ranges: priced_by).
         source_rows = fitting.sharing_nothing(own.rows(~warm).concat(calibration))
+        read = (ScaledProfile.of(loaded[0], source_rows, options, host_times, overhead_s,
+                                 kv_heads) if loaded is not None else None)
         if pooling:
-            calibration = calibration.concat(pooled_profile_rows(
-                loaded[0], source_rows, options, host_times, overhead_s, kv_heads))
+            assert read is not None  # pooling: a profile was given
+            calibration = calibration.concat(read.pooled_rows())
         fitted = own.rows(~warm).concat(calibration)
         if not options.longest_program:
             fitted.x[:, features.FEATURES.index(features.LONGEST)] = 0.0
@@ -180,8 +182,8 @@ class CostModel:
                 cls_name, fitted.x[mask], ~fitted.window[mask], fits[cls_name], report)
         model.heldout = _device_heldout(fitted, fraction)
         if loaded is not None:
-            model.prior = ProfilePrior.fit(loaded[0], loaded[1], fitted, set(reports), options,
-                                           overhead_s, events.header, source_rows)
+            model.prior = ProfilePrior.fit(loaded[0], loaded[1], read, set(reports), options,
+                                           events.header, source_rows)
             model.shared_kv |= model.prior.shared_read_fraction < 1.0
         if host_times:
             run = own.rows(~warm)

@@ -25,7 +25,6 @@ import numpy as np
 
 from engine.profiling import DECODE_TABLES_OWN, ProfileError, load_profile, profile_key
 from replay.whatif.cost import fit as fitting
-from replay.whatif.cost.decode_attention import kv_heads_of
 from replay.whatif.cost.features import (
     CLASSES,
     FEATURES,
@@ -248,23 +247,42 @@ def _class_scales(fits: dict[str, LinearFit], source: Steps, enabled: bool
     return scale, overall
 
 
-def pooled_profile_rows(profile: dict[str, Any], source: Steps, options: CostOptions,
-                        measured_host: bool, overhead_s: float, kv_heads: int) -> Steps:
-    """The profile's rows to pool with the source's own (``profile_mode=pooled``), each row's
-    time scaled by its class's ratio of the source's steps to the profile's fit
-    (``_class_scales``; with ``profile_scale`` off, as timed): a profile of another process,
-    clock or day joins the source's steps at the source's speed."""
-    rows = profile_steps(profile, measured_host, overhead_s, kv_heads, options.causal_work)
-    if not options.profile_scale:
-        return rows
-    probe = rows.rows(np.ones(len(rows), dtype=bool))  # a copy: the fit may zero a feature
-    if not options.longest_program:
-        probe.x[:, FEATURES.index(LONGEST)] = 0.0
-    fits = _profile_fits(probe, options, options.shared_read_fraction(probe))
-    scale, overall = _class_scales(fits, source, True)
-    factor = np.array([scale.get(c, overall) for c in rows.classes.astype(str).tolist()])
-    rows.time = rows.time * factor
-    return rows
+@dataclass
+class ScaledProfile:
+    """A profile read against one source, once for the pooled rows and the prior alike: its rows
+    as fit rows (``rows``, as timed), the same rows as its class fits saw them (``fitted``), the
+    fits, their shared-read fraction, and each class's ratio of the source's steps to its fit
+    (``_class_scales``: ``scale``, the ``overall`` one for the other classes)."""
+
+    rows: Steps
+    fitted: Steps
+    fits: dict[str, LinearFit]
+    fraction: float
+    scale: dict[str, float]
+    overall: float
+
+    @classmethod
+    def of(cls, profile: dict[str, Any], source: Steps, options: CostOptions,
+           measured_host: bool, overhead_s: float, kv_heads: int) -> ScaledProfile:
+        """``profile`` against ``source`` (the source's own rows), its rows read as the
+        source's are (``measured_host``: device time and host work, else intervals)."""
+        rows = profile_steps(profile, measured_host, overhead_s, kv_heads, options.causal_work)
+        fitted = rows.rows(np.ones(len(rows), dtype=bool))  # a copy: the fit may zero a feature
+        if not options.longest_program:
+            fitted.x[:, FEATURES.index(LONGEST)] = 0.0
+        fraction = options.shared_read_fraction(fitted)
+        fits = _profile_fits(fitted, options, fraction)
+        scale, overall = _class_scales(fits, source, options.profile_scale)
+        return cls(rows, fitted, fits, fraction, scale, overall)
+
+    def pooled_rows(self) -> Steps:
+        """The profile's rows to pool with the source's own (``profile_mode=pooled``), each
+        row's time scaled by its class's ratio (with ``profile_scale`` off, as timed): a profile
+        of another process, clock or day joins the source's steps at the source's speed."""
+        out = self.rows.rows(np.ones(len(self.rows), dtype=bool))
+        factor = [self.scale.get(c, self.overall) for c in out.classes.astype(str).tolist()]
+        out.time = out.time * np.array(factor, dtype=float)
+        return out
 
 
 def _scaled(fit: LinearFit, scale: float) -> LinearFit:
@@ -293,25 +311,14 @@ class ProfilePrior:
     host_shapes: int = 0
 
     @classmethod
-    def fit(cls, profile: dict[str, Any], name: str, steps: Steps, own_fits: set[str],
-            options: CostOptions, overhead_s: float, header: dict[str, Any],
-            source: Steps | None = None) -> ProfilePrior:
-        """``steps``: the source's fitted steps (``time`` as the profile's rows are read:
-        device time where ``steps`` measured host time, else intervals); ``own_fits``: the
-        classes the source fitted itself; ``header``: the source trace's; ``source``: its own
-        rows where ``steps`` has the profile's pooled in (``profile_mode=pooled``), whose
-        ranges say which steps lie within the source's."""
-        measured = bool(np.isfinite(steps.host[~steps.is_calibration]).any())
-        rows = profile_steps(profile, measured, overhead_s, kv_heads_of(header),
-                             options.causal_work)
-        if not options.longest_program:
-            rows.x[:, FEATURES.index(LONGEST)] = 0.0
-        fraction = options.shared_read_fraction(rows)
-        fits = _profile_fits(rows, options, fraction)
-        own = source if source is not None else steps
-        scale, overall = _class_scales(fits, own, options.profile_scale)
-        scaled = {c: _scaled(f, scale.get(c, overall)) for c, f in fits.items()}
-        trace = _ranges(own.x, own.classes) if options.profile_mode != "profile" else {}
+    def fit(cls, profile: dict[str, Any], name: str, read: ScaledProfile, own_fits: set[str],
+            options: CostOptions, header: dict[str, Any], source: Steps) -> ProfilePrior:
+        """``read``: the profile read against ``source``, the source's own rows (whose ranges
+        say which steps lie within the source's); ``own_fits``: the classes the source fitted
+        itself; ``header``: the source trace's."""
+        scale, overall = read.scale, read.overall
+        scaled = {c: _scaled(f, scale.get(c, overall)) for c, f in read.fits.items()}
+        trace = _ranges(source.x, source.classes) if options.profile_mode != "profile" else {}
         key = dict(profile.get("key") or {})
         source_key = profile_key(header.get("executor") or {}, key.get("engine_version", ""))
         mismatch = {k: [key.get(k), v] for k, v in source_key.items()
@@ -321,9 +328,10 @@ class ProfilePrior:
                               profile["rows"], "the profile")
         except HostSpeedError:
             host = None
-        return cls(name, key, scaled, scale, _ranges(rows.x, rows.classes),
+        return cls(name, key, scaled, scale, _ranges(read.fitted.x, read.fitted.classes),
                    {c: r for c, r in trace.items() if c in own_fits}, options.profile_mode,
-                   mismatch, fraction, host.ratio if host else None, host.shapes if host else 0)
+                   mismatch, read.fraction, host.ratio if host else None,
+                   host.shapes if host else 0)
 
     def priced_by(self, cls_name: str, step: Any) -> str:
         """Which prices a step (``TRACE``, ``PROFILE``), or ``OUTSIDE`` where neither's range

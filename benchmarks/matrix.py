@@ -124,6 +124,20 @@ WARMUP: tuple[dict[str, Any], ...] = ({}, {"policy": "chunked", "max_num_batched
                                       {"policy": "chunked", "max_num_batched_tokens": 2048})
 
 
+def warm_up_engines(model: str | Path) -> None:
+    """Run ``WARMUP``'s untraced engines over the reference's first 64 requests, so that the
+    process's recordings after them compile and load nothing."""
+    from engine import LLM
+    from replay.cli.live import run_workload
+    from replay.workloads.builtin import reference_workload
+
+    requests = reference_workload()[:64]
+    for overrides in WARMUP:
+        warm = LLM(str(model), record_events=False, **overrides)
+        run_workload(warm, requests, use_tqdm=False)
+        warm.close()
+
+
 def recording_names(name: str, repeat: int) -> list[str]:
     """The trace names of ``repeat`` recordings of one cell: ``CELL``, ``CELL-r2``, ..."""
     from replay.whatif.fidelity import REPEAT_MARK
@@ -139,10 +153,7 @@ def record(model: Path, directory: Path, out: Path, only: list[str] | None = Non
     from replay.cli.live import run_workload
 
     cells = {name: cell for name, cell in CELLS.items() if not only or name in only}
-    for overrides in WARMUP:
-        warm = LLM(str(model), record_events=False, **overrides)
-        run_workload(warm, _requests(directory, "reference")[:64], use_tqdm=False)
-        warm.close()
+    warm_up_engines(model)
     for base, (family, overrides) in cells.items():
         for name in recording_names(base, repeat):
             _record_one(LLM, run_workload, model, out / name, _requests(directory, family),

@@ -55,7 +55,7 @@ def main() -> int:
     import numpy as np
     import triton
 
-    from benchmarks.matrix import WARMUP
+    from benchmarks.matrix import warm_up_engines
     from engine import LLM
     from replay.cli.live import run_workload
     from replay.workloads.builtin import reference_workload
@@ -69,10 +69,8 @@ def main() -> int:
 
     triton.knobs.runtime.jit_cache_hook = on_compile
     requests = reference_workload()
-    for overrides in () if args.no_warm_up else WARMUP:
-        warm = LLM(args.model, record_events=False, **overrides)
-        run_workload(warm, requests[:64], use_tqdm=False)
-        warm.close()
+    if not args.no_warm_up:
+        warm_up_engines(args.model)
     print(f"warm-up: {len(compiles)} Triton compiles", flush=True)
     for run in range(args.runs):
         samples: list = []

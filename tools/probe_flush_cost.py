@@ -55,14 +55,11 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--untraced", action="store_true", help="also a run without a trace")
     args = parser.parse_args()
-    from benchmarks.matrix import CELLS, WARMUP, _requests
+    from benchmarks.matrix import CELLS, _requests, warm_up_engines
     from engine import LLM
     from replay.cli.live import run_workload
 
-    for warm_overrides in WARMUP:
-        warm = LLM(str(args.model), record_events=False, **warm_overrides)
-        run_workload(warm, _requests(args.matrix_dir, "reference")[:64], use_tqdm=False)
-        warm.close()
+    warm_up_engines(args.model)
     variants: list[int | None] = list(args.flush) + ([None] if args.untraced else [])
     results = []
     for cell, rep, flush in [(c, r, f) for c in args.cells for r in range(1, args.repeat + 1)

@@ -284,15 +284,12 @@ def weigh_run(run: Steps, others: Steps, cap: int = RUN_WEIGHT_CAP) -> Steps:
     times (once where they are as many as ``others``' or more): in a least-squares fit over
     ``run`` and ``others`` a class's run steps then weigh together about as much as its
     ``others`` rows (integer frequency weights)."""
-    parts = [run]
+    index = [np.arange(len(run))]
     for name in np.unique(run.classes).tolist():
-        mine = run.classes == name
-        repeats = min(cap, int((others.classes == name).sum()) // int(mine.sum()))
-        parts += [run.rows(mine)] * max(repeats - 1, 0)
-    out = parts[0]
-    for part in parts[1:]:
-        out = out.concat(part)
-    return out
+        mine = np.flatnonzero(run.classes == name)
+        repeats = min(cap, int((others.classes == name).sum()) // len(mine))
+        index += [mine] * max(repeats - 1, 0)
+    return run.rows(np.concatenate(index))
 
 
 # --- host time ----------------------------------------------------------------------------------

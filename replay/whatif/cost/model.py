@@ -157,9 +157,8 @@ class CostModel:
             fitted.x[:, features.FEATURES.index(features.LONGEST)] = 0.0
         weighed = fitted
         if pooling and options.run_weight:
-            is_run = np.arange(len(fitted)) < int((~warm).sum())
-            rest = fitted.rows(~is_run)
-            weighed = fitting.weigh_run(fitted.rows(is_run), rest).concat(rest)
+            rest = fitted.rows(fitted.is_calibration)  # start-up and profile rows
+            weighed = fitting.weigh_run(fitted.rows(~fitted.is_calibration), rest).concat(rest)
         fraction = options.shared_read_fraction(fitted)
         # Steps that re-read shared blocks measure that fraction only (``fit.fit_all``).
         fitted = fitting.sharing_nothing(fitted)

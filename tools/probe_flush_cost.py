@@ -1,7 +1,7 @@
 """What the recorder's segment flushes cost the engine: one cell's workload recorded by fresh
 engines at several ``trace_flush_steps``, interleaved (and untraced), after the matrix driver's
 warm-up engines. Prints, per recording, the wall time, the mean decode step interval, and the
-median gap at flush steps beyond their ``host_s`` and ``duration_s`` against the other steps'
+median gap after a flush beyond the step's device time against the other steps'
 (``flush_gaps``). The traces stay under OUT for the CPU's metrics (``benchmarks.matrix spread``).
 
     python tools/probe_flush_cost.py MODEL_DIR MATRIX_DIR OUT [--cells chat-default ...]
@@ -25,9 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def flush_gaps(trace: Path, flush_steps: int) -> dict[str, Any]:
-    """From a recording's ``model_step`` rows: the wall gap before each step beyond the previous
-    step's ``host_s`` and ``duration_s`` (host and device work that did not overlap), median at
-    the steps after a flush (``step % flush_steps == 0``) and at the others, in ms."""
+    """From a recording's ``model_step`` rows: the wall time between the previous step's end and
+    this one's beyond this step's own device time (``duration_s``), its median at the decode
+    steps after a flush (``step % flush_steps == 0``) and at the other decode steps, and the
+    mean decode interval, in ms."""
     from tracing import read_trace
 
     ms = read_trace(str(trace)).df("model_step")

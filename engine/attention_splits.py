@@ -19,3 +19,13 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int) -> int:
     programs = max(1, num_seqs * num_kv_heads)
     wanted = -(-TARGET_PROGRAMS // programs)
     return min(MAX_SPLITS, 1 << (wanted - 1).bit_length())
+
+
+def decode_grid(num_seqs: int, num_kv_heads: int, num_splits: int,
+                heads_fastest: bool = True) -> tuple[int, int, int]:
+    """The decode kernel's launch grid: the row (the order's position, with rows longest first)
+    on the slowest axis, so every program of a row launches before any of the next row's and a
+    long row's splits all start in the first wave; KV heads (or splits) fastest."""
+    if heads_fastest:
+        return (num_kv_heads, num_splits, num_seqs)
+    return (num_splits, num_kv_heads, num_seqs)

@@ -19,7 +19,11 @@ Why an order: programs are handed to multiprocessors roughly in launch order, an
 contexts differ several-fold, so a long sequence whose programs start last leaves most of the
 GPU idle while it finishes. With ``order`` (the rows sorted by context, longest first: the
 runner stages it with the step's inputs) the longest programs start first and the short ones
-fill in behind them. Each program computes the same values either way: outputs are identical.
+fill in behind them. The row is the grid's slowest axis, so all of a row's splits launch
+together: were the split slowest, a long row among few (one 8k-token row beside short ones, 16
+splits) would start its first split in the first wave and its last ones after every short
+row's, and run about a wave longer. Each program computes the same values in any order:
+outputs are identical.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.attention_splits import choose_num_splits
+from engine.attention_splits import choose_num_splits, decode_grid
 from engine.model.kernels.gdc import gdc_enter
 from engine.model.kernels.launch import pdl_options
 
@@ -77,18 +81,20 @@ def _decode_split_kernel(
     USE_GDC: tl.constexpr,
 ):
     gdc_enter(USE_GDC)  # programmatic dependent launch: kernels/launch.py
+    # The grid is attention_splits.decode_grid's: the row slowest, so with ORDERED all of the
+    # longest row's splits start first (module docstring).
     if HEADS_FASTEST:
         # Neighbouring programs read neighbouring 256-byte rows of the same tokens.
         kv_head = tl.program_id(0)
-        seq = tl.program_id(1)
+        split = tl.program_id(1)
         num_heads = tl.num_programs(0) * GROUP
     else:
-        seq = tl.program_id(0)
+        split = tl.program_id(0)
         kv_head = tl.program_id(1)
         num_heads = tl.num_programs(1) * GROUP
+    seq = tl.program_id(2)
     if ORDERED:
-        seq = tl.load(order_ptr + seq)  # the seq-th program takes the seq-th longest row
-    split = tl.program_id(2)
+        seq = tl.load(order_ptr + seq)  # the seq-th row of programs takes the seq-th longest row
 
     ctx = tl.load(context_lens_ptr + seq)
     # Whole tiles per split, so only a sequence's last tile is ragged.
@@ -243,7 +249,7 @@ def paged_decode_attention(
         part_sum = torch.empty_like(part_max)
     else:
         part_acc = part_max = part_sum = out  # unused by the one-split path
-    grid = (num_kv_heads, num_seqs, splits) if heads_fastest else (num_seqs, num_kv_heads, splits)
+    grid = decode_grid(num_seqs, num_kv_heads, splits, heads_fastest)
     _decode_split_kernel[grid](
         q,
         k_cache,

@@ -260,8 +260,14 @@ def main(
         result["variants"][spec] = {"overrides": variant, "tok_s": statistics.median(tok_s),
                                     "vs_default": statistics.median(tok_s) / on - 1,
                                     "init_s": [r["init_s"] for r in spec_runs]}
+        if trace_out:  # its decode steps at the reference batch, as the default run's
+            result["variants"][spec]["decode_bandwidth"] = decode_bandwidth(
+                Path(f"{trace_out}-{spec}"))
+        vbw = result["variants"][spec].get("decode_bandwidth") or {}
+        at_batch = (f", decode at batch {REFERENCE_BATCH}: {vbw['median_step_ms']:.2f} ms, "
+                    f"{vbw['median_tb_s']:.2f} TB/s" if vbw else "")
         print(f"variant {spec}: {statistics.median(tok_s):,.0f} tok/s "
-              f"(init {spec_runs[0]['init_s']:.1f} s)", flush=True)
+              f"(init {spec_runs[0]['init_s']:.1f} s){at_batch}", flush=True)
         _write(json_path, result)
     if long_prefill_tokens:
         result["long_prefill"] = long_prefill(model_path, long_prefill_tokens)

@@ -174,7 +174,8 @@ def test_small_and_long_graph_prefills_are_priced_on_two_machines(matrix: str) -
 
 @pytest.mark.parametrize(("target", "source"), [("matrix-s18b", "matrix-s18"),
                                                 ("matrix-s18", "matrix-s18b"),
-                                                ("matrix-s19", "matrix-s18")])
+                                                ("matrix-s19", "matrix-s18"),
+                                                ("matrix-s20", "matrix-s19")])
 def test_a_call_predicted_from_another_calls_source_and_profile(target: str, source: str) -> None:
     """traces/matrix-s18 and -s18b: one engine, two calls on two machines (and -s19, a third,
     its engine with session 18's start-up warm-ups and 256-step segments). From one call's
@@ -202,3 +203,20 @@ def test_a_call_predicted_from_another_calls_source_and_profile(target: str, sou
             if metric.startswith(("ttft", "tpot")):
                 assert abs(rows[cell][metric]) <= MATRIX_TARGETS[metric], (cell, metric,
                                                                            rows[cell][metric])
+
+
+def test_a_long_row_among_few_decodes_is_priced_from_another_call() -> None:
+    """traces/matrix-s20 was recorded by the decode kernel that launches every split of a row
+    together (the row on the grid's slowest axis: gpu-notes session 20). Its Mooncake and Azure
+    cells, whose decodes hold one 4-8k-token row among few, are predicted from matrix-s19's
+    source and profile (another call and machine) with TPOT mean and p50 within 5%; under the
+    split-slowest grid, from s18's, they read -10..-13% (docs/BENCHMARKS.md 7q, 7r)."""
+    cells = ("mooncake-default", "azure-code-default")
+    rows = matrix_rows([f"traces/matrix-s20/{cell}" for cell in cells],
+                       "traces/matrix-s19/reference-default-3",
+                       "traces/profiles/h200-qwen3-0.6b-s19.profile.json")
+    rows = {row["target"]: row for row in rows if row["kind"] == "prediction"}
+    for cell in cells:
+        for metric in ("tpot_mean_s", "tpot_p50_s"):
+            assert abs(rows[cell][metric]) <= MATRIX_TARGETS[metric], (cell, metric,
+                                                                       rows[cell][metric])

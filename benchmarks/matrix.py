@@ -75,7 +75,7 @@ CELLS: dict[str, tuple[str, dict[str, Any]]] = {
     "reference-constrained": ("reference", CONSTRAINED),
     "reference-chunked-2048": ("reference", {"policy": "chunked", "max_num_batched_tokens": 2048}),
     "reference-mns128": ("reference", {"max_num_seqs": 128, "num_kvcache_blocks": 1000}),
-    # What `replayllm tune` chose on traces/h200-reference for ttft_p99 <= 0.5 s and
+    # What `replayllm tune` chose on traces/h200-reference-s4 for ttft_p99 <= 0.5 s and
     # tpot_p50 <= 5.5 ms (docs/BENCHMARKS.md): the recording checks the SLOs are met.
     "reference-tuned": ("reference", {"max_num_seqs": 128}),
     "chat-default": ("chat", {}),

@@ -26,7 +26,7 @@ from typing import Any
 PRIORITY_SEED = 17
 HIGH, LOW = 0, 1
 HIGH_SHARE = 3  # one request in HIGH_SHARE
-REFERENCE = "traces/h200-reference"
+REFERENCE = "traces/h200-reference-s4"
 CONSTRAINED = "traces/h200-constrained"
 # Setting -> (source trace, Config overrides, whether the requests carry the priorities). The
 # baselines carry them too: ``prefill_first`` ignores them, so their metrics are the trace's own

@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="gpu/proxy: the server's engine kinds to measure (process, thread)")
     parser.add_argument("--client-workers", type=int, default=8,
                         help="gpu/proxy: loadgen client processes")
-    parser.add_argument("--step-trace", default=str(ROOT / "traces" / "h200-reference"),
+    parser.add_argument("--step-trace", default=str(ROOT / "traces" / "h200-reference-s4"),
                         help="proxy: the GPU trace whose step times the proxy takes")
     parser.add_argument("--slowdown", type=float, default=1.0,
                         help="proxy: multiply the fitted step times (a CPU too small to "

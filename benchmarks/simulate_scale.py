@@ -2,7 +2,7 @@
 
 Run: ``python -m benchmarks.simulate_scale --sizes 4096,10000 --mode list``. The workload:
 Poisson arrivals at ``RATE`` requests per second, prompts of 128-2,048 random token ids, outputs
-of 32-512 tokens (``ignore_eos``), step times fitted on ``traces/h200-reference``, the trace's
+of 32-512 tokens (``ignore_eos``), step times fitted on ``traces/h200-reference-s4``, the trace's
 Config. Each size runs in a fresh process (peak RSS is that process's own); the figures (wall
 seconds, requests per wall-second, peak RSS, the metrics) are printed as JSON lines.
 
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-TIMING_TRACE = "traces/h200-reference"
+TIMING_TRACE = "traces/h200-reference-s4"
 RATE = 50.0  # requests per second
 SEED = 0
 PROMPT_LEN = (128, 2048)
@@ -313,7 +313,7 @@ def plot(figures_path: str, png: str) -> int:
     ax.set_title("Cost per request")
     mem.set_ylabel("peak RSS (GB)")
     mem.set_title("Peak memory")
-    fig.suptitle("Simulator at scale: Poisson 50 req/s, h200-reference step times")
+    fig.suptitle("Simulator at scale: Poisson 50 req/s, h200-reference-s4 step times")
     fig.tight_layout()
     fig.savefig(png, dpi=120)
     return 0

@@ -15,11 +15,11 @@ import sys
 from replay import simulate
 
 CASES: tuple[tuple[str, dict, str | None], ...] = (
-    ("traces/h200-reference", {}, "auto"),
-    ("traces/h200-reference", {"max_num_seqs": 64, "num_kvcache_blocks": 300}, "auto"),
-    ("traces/h200-reference", {"policy": "chunked", "max_num_batched_tokens": 2048}, "auto"),
-    ("traces/h200-reference", {"enforce_eager": True}, "auto"),
-    ("traces/h200-reference", {"prefill_graph_tokens": 0}, "auto"),
+    ("traces/h200-reference-s4", {}, "auto"),
+    ("traces/h200-reference-s4", {"max_num_seqs": 64, "num_kvcache_blocks": 300}, "auto"),
+    ("traces/h200-reference-s4", {"policy": "chunked", "max_num_batched_tokens": 2048}, "auto"),
+    ("traces/h200-reference-s4", {"enforce_eager": True}, "auto"),
+    ("traces/h200-reference-s4", {"prefill_graph_tokens": 0}, "auto"),
     ("traces/h200-constrained", {}, "auto"),
     ("traces/h200-constrained", {"max_num_seqs": 256, "num_kvcache_blocks": 4000}, "auto"),
     ("traces/h200-constrained", {"async_scheduling": False}, "auto"),

@@ -27,7 +27,7 @@ COMMITTED = sorted(p.parent for p in TRACES.glob("*/run.json")) + sorted(
 def test_the_expected_traces_are_committed() -> None:
     """The CPU sample and the two H200 ground-truth traces are present (not silently skipped)."""
     names = {p.name for p in COMMITTED}
-    assert {"cpu-tiny-demo", "h200-reference", "h200-constrained"} <= names
+    assert {"cpu-tiny-demo", "h200-reference", "h200-reference-s4", "h200-constrained"} <= names
     assert sum(p.parent.name == "matrix" for p in COMMITTED) >= 12
     assert sum(p.parent.name == "matrix-call9" for p in COMMITTED) == 13
     assert sum(p.parent.name == "matrix-call9b" for p in COMMITTED) == 13
@@ -115,7 +115,7 @@ def test_committed_trace_verifies(trace_dir: Path) -> None:
     assert result.num_events == trace.num_events
 
 
-@pytest.mark.parametrize("name", ["h200-reference", "h200-constrained"])
+@pytest.mark.parametrize("name", ["h200-reference", "h200-reference-s4", "h200-constrained"])
 def test_the_h200_ground_truth_was_recorded_warm_by_todays_engine(name: str) -> None:
     """The two H200 traces the simulator's time fidelity is measured on were both recorded after
     a warm-up run in their process (no one-off compilation in either: like with like), under

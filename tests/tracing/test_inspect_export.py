@@ -53,7 +53,7 @@ def test_describe_says_where_the_engine_thread_went() -> None:
     assert line.startswith("engine thread: its own host work ")
     assert f"the driver's between steps {np.sum(steps['outside_s']):.3f} s" in line
     assert f"{1e3 * steps['outside_s'][worst]:.1f} ms, step {steps['step'][worst]})" in line
-    old = read_trace(Path(__file__).parents[2] / "traces/h200-reference")  # schema 6
+    old = read_trace(Path(__file__).parents[2] / "traces/h200-reference-s4")  # schema 6
     assert "driver" not in describe(old)
 
 
@@ -71,7 +71,7 @@ def test_perfetto_export_shows_the_driver(tmp_path: Path) -> None:
     began = {e["id"]: e["ts"] for e in events if e.get("cat") == "request" and e["ph"] == "b"}
     assert len(added) == trace.table("request_added").num_rows
     assert all(added[i] >= began[i] - 1.0 for i in added)  # never before its arrival
-    old = perfetto_events(read_trace(Path(__file__).parents[2] / "traces/h200-reference"))
+    old = perfetto_events(read_trace(Path(__file__).parents[2] / "traces/h200-reference-s4"))
     assert not any(e.get("tid") == 3 and e["ph"] == "X" for e in old)
     assert not any(e.get("name") == "added" for e in old)
 

@@ -13,7 +13,7 @@ from replay.verify import verify
 from tracing import read_trace
 
 ROOT = Path(__file__).resolve().parents[3]
-H200 = ROOT / "traces" / "h200-reference"
+H200 = ROOT / "traces" / "h200-reference-s4"
 
 
 def test_fit_predicts_the_traces_decode_steps() -> None:

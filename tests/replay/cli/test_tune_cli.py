@@ -13,7 +13,7 @@ import pytest
 
 from replay.cli.main import main
 
-REFERENCE = "traces/h200-reference"
+REFERENCE = "traces/h200-reference-s4"
 
 
 @pytest.mark.slow

@@ -164,7 +164,7 @@ def test_host_from_prices_host_work_on_another_machine(tmp_path, capsys):
     """``--host-from TRACE``: the note says whose calibration priced the host, and a run
     recorded on a slower host is predicted slower than from the source's host."""
     argv = ("traces/matrix-call9/reference-constrained", "--timing-from",
-            "traces/h200-reference", "--no-plots")
+            "traces/h200-reference-s4", "--no-plots")
     code, plain, _ = run_cli(capsys, *argv, "--out", str(tmp_path / "p"))
     assert code == 0
     code, host, _ = run_cli(capsys, *argv, "--host-from",

@@ -152,7 +152,7 @@ def test_the_source_calibration_is_read_at_fit_time() -> None:
     from replay.recorded import from_trace
     from tracing.reader import read_trace
 
-    events = from_trace(read_trace("traces/h200-reference"))
+    events = from_trace(read_trace("traces/h200-reference-s4"))
     model = CostModel.fit(events)
     assert model.host_calibration == calibration_hosts(events.header["calibration"])
     assert model.host_calibration and all("/False/" in key for key in model.host_calibration)
@@ -173,7 +173,7 @@ def test_a_profile_of_another_host_is_measured_and_warned_of(tmp_path: Path) -> 
     assert any(f"x{ratio:.2f} of the source's" in line for line in model.prior.warnings(x, classes))
     model.save(tmp_path / "m.json")
     assert CostModel.load(tmp_path / "m.json").prior.host_ratio == ratio
-    alike = from_trace(read_trace("traces/h200-reference"))
+    alike = from_trace(read_trace("traces/h200-reference-s4"))
     near = CostModel.fit(alike, profile="traces/profiles/h200-qwen3-0.6b.profile.json")
     assert 1 / HOST_WARNING_RATIO <= near.prior.host_ratio <= HOST_WARNING_RATIO
     x, classes = feature_matrix(alike)

@@ -78,10 +78,10 @@ def test_synthetic_cells_meet_the_targets_and_the_spread_row_follows(cells) -> N
 
 
 def test_the_committed_h200_traces_from_the_reference() -> None:
-    """traces/h200-reference predicts itself and the constrained recording within the targets,
+    """traces/h200-reference-s4 predicts itself and the constrained recording within the targets,
     with identical decisions (no arrivals)."""
-    rows = matrix_rows(["traces/h200-reference", "traces/h200-constrained"],
-                       "traces/h200-reference")
+    rows = matrix_rows(["traces/h200-reference-s4", "traces/h200-constrained"],
+                       "traces/h200-reference-s4")
     for row in rows:
         assert row["decisions_identical"] is True
         for metric, target in MATRIX_TARGETS.items():
@@ -94,8 +94,8 @@ def test_a_cell_on_a_slower_host_priced_by_its_own_calibration() -> None:
     host column) than on the source's; and the spread between the two device calls' recordings
     of the cell reads as a table row with the two calibrations' host ratio."""
     cell = "traces/matrix-call9/reference-default"
-    plain, = matrix_rows([cell], "traces/h200-reference")
-    host, = matrix_rows([cell], "traces/h200-reference", target_host=True)
+    plain, = matrix_rows([cell], "traces/h200-reference-s4")
+    host, = matrix_rows([cell], "traces/h200-reference-s4", target_host=True)
     assert plain["host_ratio"] is None and host["host_ratio"] > 1.5
     assert host["ttft_mean_s"] > plain["ttft_mean_s"]  # slower, so nearer to the recording
     assert abs(host["ttft_mean_s"]) < 0.75 * abs(plain["ttft_mean_s"])
@@ -220,3 +220,21 @@ def test_a_long_row_among_few_decodes_is_priced_from_another_call() -> None:
         for metric in ("tpot_mean_s", "tpot_p50_s"):
             assert abs(rows[cell][metric]) <= MATRIX_TARGETS[metric], (cell, metric,
                                                                        rows[cell][metric])
+
+
+def test_the_issues_one_source_predicts_another_calls_cells() -> None:
+    """Issue 16's one source, traces/h200-reference (re-recorded by today's engine in session 21)
+    with the profile of the same call, predicts matrix-s20 (another call and machine): its
+    constrained pool and max_num_seqs 128 decide identically, and those cells and the chat and
+    conversation traffic under a constrained pool meet every target (docs/BENCHMARKS.md 7s:
+    16 of 144 missed over the whole matrix; from the session-4 recording, 47)."""
+    cells = ("reference-constrained", "reference-mns128", "chat-constrained",
+             "conversation-constrained")
+    rows = matrix_rows([f"traces/matrix-s20/{cell}" for cell in cells], "traces/h200-reference",
+                       "traces/profiles/h200-qwen3-0.6b-s21.profile.json")
+    rows = {row["target"]: row for row in rows if row["kind"] == "prediction"}
+    assert rows[cells[0]]["decisions_identical"] is True
+    assert rows[cells[1]]["decisions_identical"] is True
+    for cell in cells:
+        for metric, bound in MATRIX_TARGETS.items():
+            assert abs(rows[cell][metric]) <= bound, (cell, metric, rows[cell][metric])

@@ -23,7 +23,7 @@ from replay.whatif.synthetic import StepLaw, record_workload
 from replay.workloads.builtin import reference_workload
 from tracing.reader import read_trace
 
-H200_TRACE = "traces/h200-reference"
+H200_TRACE = "traces/h200-reference-s4"
 
 
 def _batch(seqs: list[Sequence]) -> ScheduledBatch:

@@ -108,7 +108,7 @@ def test_decision_fidelity_between_committed_traces(pair: tuple[Path, Path]) -> 
 
 
 # --- time fidelity on the H200 traces -----------------------------------------------------------
-REFERENCE, CONSTRAINED = "h200-reference", "h200-constrained"
+REFERENCE, CONSTRAINED = "h200-reference-s4", "h200-constrained"
 FROM_REFERENCE = (CONSTRAINED, REFERENCE)  # (predicted, from)
 FROM_CONSTRAINED = (REFERENCE, CONSTRAINED)
 DIRECTIONS = [FROM_REFERENCE, FROM_CONSTRAINED]

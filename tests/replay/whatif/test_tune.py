@@ -4,7 +4,7 @@ on the committed H200 reference trace.
 What these tests prove: a bad ``--slo`` names the metrics accepted; successive halving runs
 every valid configuration on a small subset and fewer on more requests, ending on the whole
 workload; the front keeps exactly the non-dominated runs (one of equal ones); and on
-traces/h200-reference the search finds a configuration meeting ``ttft_p99 <= 0.5 s`` and
+traces/h200-reference-s4 the search finds a configuration meeting ``ttft_p99 <= 0.5 s`` and
 ``tpot_p50 <= 5.5 ms`` that the recorded defaults (TPOT p50 6.0 ms) miss.
 """
 
@@ -27,7 +27,7 @@ from replay.whatif.tune import (
     tune,
 )
 
-REFERENCE = "traces/h200-reference"
+REFERENCE = "traces/h200-reference-s4"
 SLOS = [Slo("ttft_p99", 0.5), Slo("tpot_p50", 0.0055)]
 
 

@@ -25,7 +25,8 @@ COMMITTED = sorted(p.parent for p in TRACES.glob("*/run.json")) + sorted(
 
 
 def test_the_expected_traces_are_committed() -> None:
-    """The CPU sample and the two H200 ground-truth traces are present (not silently skipped)."""
+    """The CPU sample and the H200 ground-truth traces (today's reference, session 4's pair) are
+    present (not silently skipped)."""
     names = {p.name for p in COMMITTED}
     assert {"cpu-tiny-demo", "h200-reference", "h200-reference-s4", "h200-constrained"} <= names
     assert sum(p.parent.name == "matrix" for p in COMMITTED) >= 12
@@ -117,8 +118,9 @@ def test_committed_trace_verifies(trace_dir: Path) -> None:
 
 @pytest.mark.parametrize("name", ["h200-reference", "h200-reference-s4", "h200-constrained"])
 def test_the_h200_ground_truth_was_recorded_warm_by_todays_engine(name: str) -> None:
-    """The two H200 traces the simulator's time fidelity is measured on were both recorded after
-    a warm-up run in their process (no one-off compilation in either: like with like), under
+    """The H200 traces the simulator's time fidelity is measured on (today's reference, session 4's
+    pair) were each recorded after a warm-up run in their process (no one-off compilation in
+    any: like with like), under
     today's default deferral rule and with the start-up calibration's eager rows."""
     from engine.config import Config
 

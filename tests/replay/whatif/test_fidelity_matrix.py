@@ -49,6 +49,13 @@ def cells(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return out
 
 
+def predictions(matrix: str, cells: tuple[str, ...], source: str,
+                profile: str) -> dict[str, dict]:
+    """The prediction row of each cell of ``traces/MATRIX`` from ``source`` and ``profile``."""
+    rows = matrix_rows([f"traces/{matrix}/{cell}" for cell in cells], source, profile)
+    return {row["target"]: row for row in rows if row["kind"] == "prediction"}
+
+
 def test_synthetic_cells_meet_the_targets_and_the_spread_row_follows(cells) -> None:
     """From one source (and a profile of the same law): every cell within its targets,
     decisions identical without arrivals, admissions counted with them, and the spread of the
@@ -184,10 +191,8 @@ def test_a_call_predicted_from_another_calls_source_and_profile(target: str, sou
     long-prompt cells meet every TTFT and TPOT target (docs/BENCHMARKS.md 7p, 7q)."""
     cells = ("reference-constrained", "reference-chunked-2048", "bursty-default",
              "bursty-chunked-2048")
-    rows = matrix_rows([f"traces/{target}/{cell}" for cell in cells],
-                       f"traces/{source}/reference-default-3",
+    rows = predictions(target, cells, f"traces/{source}/reference-default-3",
                        f"traces/profiles/h200-qwen3-0.6b-{source[7:]}.profile.json")
-    rows = {row["target"]: row for row in rows if row["kind"] == "prediction"}
     # The constrained pool's throughput misses by 3.9% one way (its 153 preemptions' recompute
     # prefills): its TPOT is held here, not its throughput.
     for cell, metrics in ((cells[0], ("tpot_mean_s", "tpot_p50_s")),
@@ -212,10 +217,8 @@ def test_a_long_row_among_few_decodes_is_priced_from_another_call() -> None:
     source and profile (another call and machine) with TPOT mean and p50 within 5%; under the
     split-slowest grid, from s18's, they read -10..-13% (docs/BENCHMARKS.md 7q, 7r)."""
     cells = ("mooncake-default", "azure-code-default")
-    rows = matrix_rows([f"traces/matrix-s20/{cell}" for cell in cells],
-                       "traces/matrix-s19/reference-default-3",
+    rows = predictions("matrix-s20", cells, "traces/matrix-s19/reference-default-3",
                        "traces/profiles/h200-qwen3-0.6b-s19.profile.json")
-    rows = {row["target"]: row for row in rows if row["kind"] == "prediction"}
     for cell in cells:
         for metric in ("tpot_mean_s", "tpot_p50_s"):
             assert abs(rows[cell][metric]) <= MATRIX_TARGETS[metric], (cell, metric,
@@ -230,9 +233,8 @@ def test_the_issues_one_source_predicts_another_calls_cells() -> None:
     16 of 144 missed over the whole matrix; from the session-4 recording, 47)."""
     cells = ("reference-constrained", "reference-mns128", "chat-constrained",
              "conversation-constrained")
-    rows = matrix_rows([f"traces/matrix-s20/{cell}" for cell in cells], "traces/h200-reference",
+    rows = predictions("matrix-s20", cells, "traces/h200-reference",
                        "traces/profiles/h200-qwen3-0.6b-s21.profile.json")
-    rows = {row["target"]: row for row in rows if row["kind"] == "prediction"}
     assert rows[cells[0]]["decisions_identical"] is True
     assert rows[cells[1]]["decisions_identical"] is True
     for cell in cells:

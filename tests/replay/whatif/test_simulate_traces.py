@@ -114,10 +114,10 @@ FROM_CONSTRAINED = (REFERENCE, CONSTRAINED)
 DIRECTIONS = [FROM_REFERENCE, FROM_CONSTRAINED]
 NEEDS_H200 = pytest.mark.skipif(
     not {REFERENCE, CONSTRAINED} <= {p.name for p in GPU},
-    reason="needs the committed H200 traces (traces/h200-reference, traces/h200-constrained)")
+    reason="needs the committed H200 traces (traces/h200-reference-s4, traces/h200-constrained)")
 
 # Where a target is still missed: the figures measured (python -m benchmarks.whatif --fidelity
-# traces/h200-reference traces/h200-constrained) and why, as strict xfails (a fix that meets the
+# traces/h200-reference-s4 traces/h200-constrained) and why, as strict xfails (a fix that meets the
 # target turns one into a failure, so the mark cannot outlive the miss). None since session 4.
 MISSES: dict[tuple[tuple[str, str], str], str] = {}
 # The absolute errors achieved (%), per direction. The regression test allows

@@ -15,6 +15,7 @@ from engine.config import AUTO_CALIBRATION, GPU_CALIBRATION_REPEATS, Config
 from engine.detokenizer import IncrementalDetokenizer
 from engine.engine_core import EngineCore, StepResult
 from engine.errors import ConfigError, InvalidRequestError
+from engine.gc_heap import freeze_startup_heap, release_heap
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
@@ -148,6 +149,8 @@ class LLMEngine:
             startup.close()
         _OPEN_ENGINES.add(self)
         self.vocab_size = self.runner.vocab_size
+        if config.freeze_gc_heap:
+            freeze_startup_heap()
 
     # --- requests ---------------------------------------------------------------------------------
     def _token_ids(self, prompt: Prompt) -> tuple[list[int], str | None, tuple[int, int] | None]:
@@ -312,6 +315,8 @@ class LLMEngine:
         _OPEN_ENGINES.discard(self)
         summary = self.core.close()
         self.runner.close()
+        if self.config.freeze_gc_heap:
+            release_heap()
         return summary
 
     def __enter__(self) -> LLMEngine:

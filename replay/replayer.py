@@ -128,6 +128,8 @@ def config_from_header(header: dict[str, Any], **overrides: Any) -> Config:
     recorded.setdefault("decode_longest_first", False)
     # Eager long prompts ran the Triton kernel before the field existed.
     recorded.setdefault("long_prefill_kernel", "triton")
+    # ... and left the start-up heap to the collector's full passes.
+    recorded.setdefault("freeze_gc_heap", False)
     known = set(Config.field_names())
     unknown = sorted(set(recorded) - known)
     if unknown:

@@ -101,9 +101,11 @@ if has profile; then
         > "$OUT/profile.log" 2>&1
     tail -40 "$OUT/profile.log"
 fi
-if has gc; then  # the collector's pauses per engine, plain and frozen (benchmarks/gc_pauses.py)
-    timeout "${GC_TIMEOUT:-300}" python3 -m benchmarks.gc_pauses --model "$MODEL" --engines 3 \
-        --freeze --json "$OUT/gc.json" > "$OUT/gc.log" 2>&1
+if has gc; then  # the collector's pauses per engine, unfrozen and frozen (benchmarks/gc_pauses.py)
+    # GC_ARGS: e.g. "--workload .matrix/chat.jsonl" (carry .matrix), whose runs meet full passes
+    timeout "${GC_TIMEOUT:-300}" python3 -m benchmarks.gc_pauses --model "$MODEL" \
+        --engines "${GC_ENGINES:-3}" --unfrozen ${GC_ARGS:-} --json "$OUT/gc.json" \
+        > "$OUT/gc.log" 2>&1
     tr '\r' '\n' < "$OUT/gc.log" | grep '^{' | tail -12
 fi
 if has serve; then  # issue 15: offline, then the server per engine kind (SERVE_ENGINES)

@@ -24,6 +24,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from engine.errors import ReplayLLMError
+from engine.gc_heap import freeze_startup_heap, release_heap
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
@@ -115,6 +116,8 @@ class EngineProcess(RequestIntake):
         self._started = True
         os.set_blocking(self._outputs.fileno(), False)  # uvloop would, asyncio does not
         loop.add_reader(self._outputs.fileno(), self._on_readable)
+        if self.config.freeze_gc_heap:  # the frontend's start-up heap too (engine/gc_heap.py)
+            freeze_startup_heap()
 
     def submit(self, stream: RequestStream) -> None:
         """Send a request to the engine; ``EngineStopped`` when not accepting."""
@@ -250,6 +253,8 @@ class EngineProcess(RequestIntake):
                 log.error("the engine process did not close its trace in time")
         self.process.join(CLOSE_TIMEOUT_S)
         self._outbox.put(None)
+        if self.config.freeze_gc_heap:
+            release_heap()
         return self.summary
 
     def report(self) -> str:

@@ -18,6 +18,7 @@ import numpy as np
 
 from engine.batch import ScheduledBatch, StepOutput
 from engine.engine_core import EngineCore, batch_features
+from engine.gc_heap import freeze_startup_heap, release_heap
 
 # A KV pool that never limits the proxy (the GPU's pool is sized from its memory).
 PROXY_KV_BLOCKS = 65536
@@ -129,6 +130,11 @@ class ProxyEngine:
             sink = wrap_sink(sink)
         self.core = EngineCore(config, executor, sink=sink, header=_run_header(config, executor),
                                record_events=sink is not None)
+        if config.freeze_gc_heap:  # as the real engine does at the end of its start-up
+            freeze_startup_heap()
 
     def close(self) -> dict[str, Any]:
-        return self.core.close()
+        summary = self.core.close()
+        if self.config.freeze_gc_heap:
+            release_heap()
+        return summary

@@ -16,6 +16,7 @@ UNSIMULATED_FIELDS = (
     "kv_cache_bytes",
     "dtype",
     "attention_backend",
+    "freeze_gc_heap",
 )
 # Config fields that change only how fast the GPU kernels run (numerics, not decisions): the
 # cost model takes its step times from the timing source, recorded under the source's values.

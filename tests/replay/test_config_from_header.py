@@ -56,3 +56,12 @@ def test_headers_before_the_long_prefill_kernel_ran_the_triton_kernel() -> None:
     assert config_from_header({"config": recorded}).long_prefill_kernel == "triton"
     recorded["long_prefill_kernel"] = "flash_sdpa"
     assert config_from_header({"config": recorded}).long_prefill_kernel == "flash_sdpa"
+
+
+def test_headers_before_the_heap_freeze_left_the_heap_to_the_collector() -> None:
+    """``freeze_gc_heap`` is on by default; a header recorded before the field existed says its
+    engine left the start-up heap to the collector's full passes."""
+    recorded = Config().to_dict()
+    assert recorded["freeze_gc_heap"] is True
+    del recorded["freeze_gc_heap"]
+    assert config_from_header({"config": recorded}).freeze_gc_heap is False

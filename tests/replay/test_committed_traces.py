@@ -19,7 +19,8 @@ TRACES = Path(__file__).resolve().parents[2] / "traces"
 # of it on a second machine, traces/matrix-s15c/, and the same matrix on two more machines,
 # traces/matrix-s16/ and traces/matrix-s16b/, and today's engine's on two machines,
 # traces/matrix-s18/ and traces/matrix-s18b/, then with 256-step segments, traces/matrix-s19/,
-# then with the decode kernel's rows on its slowest grid axis, traces/matrix-s20/).
+# then with the decode kernel's rows on its slowest grid axis, traces/matrix-s20/, and today's
+# engine with the start-up heap frozen on an H100, traces/matrix-s22-h100/).
 COMMITTED = sorted(p.parent for p in TRACES.glob("*/run.json")) + sorted(
     p.parent for p in TRACES.glob("matrix*/*/run.json"))
 
@@ -44,6 +45,7 @@ def test_the_expected_traces_are_committed() -> None:
     assert sum(p.parent.name == "matrix-s18b" for p in COMMITTED) == 16
     assert sum(p.parent.name == "matrix-s19" for p in COMMITTED) == 16
     assert sum(p.parent.name == "matrix-s20" for p in COMMITTED) == 16
+    assert sum(p.parent.name == "matrix-s22-h100" for p in COMMITTED) == 16
 
 
 @pytest.mark.parametrize("cell", ["reference-default-3", "azure-code-default"])

@@ -96,3 +96,11 @@ def provenance() -> dict[str, Any]:
     describes the code, the moment and the machine, not the engine."""
     return {"versions": package_versions(), "git_commit": git_commit(), "start_time": start_time(),
             "host": host_cpu()}
+
+
+def recorded_device(header: dict[str, Any]) -> str:
+    """The device a trace was recorded on, by name where the executor gave one ("NVIDIA H200"),
+    else the header's device ("cpu"); empty where neither is there."""
+    executor = header.get("executor")
+    name = executor.get("device_name") if isinstance(executor, dict) else None
+    return str(name or header.get("device") or "")

@@ -242,6 +242,7 @@ def _compare(args: argparse.Namespace, workload: SimWorkload, cost: CostModel | 
     from replay.recorded import from_trace
     from replay.replayer import config_from_header
     from replay.verify import compare_decisions, describe_divergence
+    from replay.whatif.notes import device_note
     from replay.whatif.report import comparison_rows, comparison_table
     from tracing.reader import read_trace
 
@@ -257,7 +258,8 @@ def _compare(args: argparse.Namespace, workload: SimWorkload, cost: CostModel | 
         print(f"note: {args.compare} started {'cold' if cold else 'warm'}: the source's one-off "
               f"first-step costs are {'charged' if cold else 'left out'}")
     result = run_variant(workload, overrides, cost, name="predicted", cold_start=cold)
-    for note in result.notes:
+    device = device_note(cost, other.header)
+    for note in result.notes + ([device] if device else []):
         print(f"note: {note}")
     if not result.ok:
         print(f"predicted: {result.status}")

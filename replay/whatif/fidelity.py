@@ -143,6 +143,7 @@ def matrix_rows(targets: list[str], source: str, profile: Any = None,
 
     from replay.metrics import compute
     from replay.recorded import from_trace
+    from replay.whatif.notes import device_note
     from replay.whatif.simulate import cold_start_of, load_source, run_variant
     from tracing.reader import read_trace
 
@@ -158,9 +159,11 @@ def matrix_rows(targets: list[str], source: str, profile: Any = None,
                   if target_host else model)
         predicted = run_variant(load_source(events), {}, priced, Path(target).name,
                                 cold_start=cold_start_of(events.header))
+        device = device_note(model, events.header)
         row: dict[str, Any] = {"kind": "prediction", "target": Path(target).name,
                                "source": source, "status": predicted.status,
-                               "requests": len(measured.requests), "notes": predicted.notes,
+                               "requests": len(measured.requests),
+                               "notes": predicted.notes + ([device] if device else []),
                                "host_ratio": priced.host.ratio if priced.host else None}
         if predicted.ok and predicted.events is not None:
             row.update(_errors(predicted.metrics, predicted.requests, predicted.events,
@@ -276,4 +279,5 @@ def matrix_markdown(rows: list[dict[str, Any]],
             ratio = r.get("host_ratio")
             cells.insert(0, f"x{ratio:.2f}" if ratio is not None else "–")
         lines.append(f"| {r['target']} | " + " | ".join(cells) + f" | {verdict} |")
-    return "\n".join(lines)
+    devices = sorted({n for r in rows for n in r.get("notes", []) if n.startswith("recorded on")})
+    return "\n".join(lines + [f"\nnote: {note}" for note in devices])

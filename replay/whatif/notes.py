@@ -3,10 +3,14 @@ check (synthetic tokens, unsimulated settings, step classes the timing source ne
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from engine.config import Config
 from engine.graph_sizes import prefill_graph_limit, prefill_graph_prompts
 from replay.whatif.cost.model import CostModel
 from replay.whatif.sim_executor import SimExecutor
+from tracing.header import recorded_device
 
 # Config fields that change neither a scheduling decision nor the simulated executor: an
 # override of one is reported, not silently taken as a prediction.
@@ -29,6 +33,16 @@ KERNEL_SPEED_FIELDS = (
     "decode_longest_first",
     "long_prefill_kernel",
 )
+
+
+def device_note(cost: CostModel | None, recorded: Mapping[str, Any]) -> str | None:
+    """A note where a recording compared with a prediction ran on another device than the
+    timing source: the prediction prices the source's device, not the recording's."""
+    theirs = recorded_device(dict(recorded))
+    if cost is None or not cost.device or not theirs or theirs == cost.device:
+        return None
+    return (f"recorded on {theirs}, the timing source on {cost.device}: the prediction prices "
+            "the source's device (a profile or a source recorded on that device prices it)")
 
 
 def _prefill_graph_notes(source: Config, config: Config, cost: CostModel) -> list[str]:

@@ -45,6 +45,7 @@ from replay.whatif.cost.profile import (
     ScaledProfile,
     read_profile,
 )
+from tracing.header import recorded_device
 
 MODEL_VERSION = 12  # of the saved JSON (``to_dict``); a file of another version is refused
 
@@ -112,6 +113,7 @@ class CostModel:
     # The source's start-up calibration host work per shape (``host_speed.calibration_hosts``),
     # and the host the model prices on where not the source's (``on_host``).
     host_calibration: dict[str, float] = field(default_factory=dict)
+    device: str = ""  # the timing source's device (``tracing.header.recorded_device``)
     host: HostSpeed | None = None
     _times: dict[str, _ClassTimes] = field(default_factory=dict, init=False, repr=False,
                                            compare=False)
@@ -174,7 +176,8 @@ class CostModel:
                     options=options.changed(), kv_heads=kv_heads,
                     shared_read_fraction=fraction, shared_kv=fraction < 1.0,
                     add=add,
-                    host_calibration=calibration_hosts(events.header.get("calibration") or []))
+                    host_calibration=calibration_hosts(events.header.get("calibration") or []),
+                    device=recorded_device(events.header))
         for cls_name, report in reports.items():
             mask = fitted.classes == cls_name
             model.coverage[cls_name] = explain.class_coverage(

@@ -6,7 +6,13 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from engine.config import Config
-from replay.whatif.notes import KERNEL_SPEED_FIELDS, UNSIMULATED_FIELDS, variant_notes
+from replay.whatif.notes import (
+    KERNEL_SPEED_FIELDS,
+    UNSIMULATED_FIELDS,
+    device_note,
+    variant_notes,
+)
+from tracing.header import recorded_device
 
 EXECUTOR = SimpleNamespace(synthesized=0, overlapped_steps=0, steps=10)
 
@@ -53,3 +59,21 @@ def test_prefill_graphs_larger_than_the_source_captured_are_named() -> None:
     small = Config(prefill_graph_tokens=32, prefill_graph_seqs=64)
     tiny = CostModel(fits={}, prefill_graph_sizes=[16, 32], prefill_graph_max_seqs=32)
     assert variant_notes(small, small, tiny, EXECUTOR) == []
+
+
+def test_a_recording_on_another_device_is_noted() -> None:
+    """A recording compared with a prediction whose timing source ran on another device gets a
+    note naming both (the prediction prices the source's device); the same device, or a side
+    that does not say, none. The device is the executor's name for it where there is one."""
+    h100 = {"device": "cuda:0", "executor": {"device_name": "NVIDIA H100 80GB HBM3"}}
+    assert recorded_device(h100) == "NVIDIA H100 80GB HBM3"
+    assert recorded_device({"device": "cpu", "executor": {}}) == "cpu"
+    assert recorded_device({}) == ""
+    on_h200 = SimpleNamespace(device="NVIDIA H200")
+    note = device_note(on_h200, h100)
+    assert note is not None
+    assert "recorded on NVIDIA H100 80GB HBM3, the timing source on NVIDIA H200" in note
+    assert device_note(on_h200, {"executor": {"device_name": "NVIDIA H200"}}) is None
+    assert device_note(SimpleNamespace(device=""), h100) is None
+    assert device_note(None, h100) is None
+    assert device_note(on_h200, {}) is None

@@ -72,8 +72,8 @@ def one_engine(model: str, requests: list[Any], meter: PauseMeter, freeze: bool,
     from replay.cli.live import run_workload
 
     meter.take()
-    llm = (LLM(model, trace_dir=trace_dir, freeze_gc_heap=freeze) if trace_dir
-           else LLM(model, record_events=False, freeze_gc_heap=freeze))
+    llm = LLM(model, trace_dir=trace_dir, record_events=trace_dir is not None,
+              freeze_gc_heap=freeze)
     start = meter.take()
     began = time.perf_counter()
     run_workload(llm, requests, use_tqdm=False)

@@ -27,5 +27,6 @@ def freeze_startup_heap() -> int:
 
 
 def release_heap() -> None:
-    """Undo the freeze (an engine closed): the frozen objects are collected as usual again."""
+    """Undo the freeze (an engine closed): the frozen objects are collected as usual again,
+    those of any other engine still open in the process too (the next start-up freezes anew)."""
     gc.unfreeze()

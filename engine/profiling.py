@@ -40,6 +40,7 @@ from engine.config import Config
 from engine.errors import ReplayLLMError
 from engine.executor import Executor
 from engine.graph_sizes import mixed_graph_key
+from tracing.header import executor_device
 
 PROFILE_FORMAT = "replayllm-profile"
 PROFILE_VERSION = 1
@@ -247,7 +248,7 @@ def profile_key(description: dict[str, Any], engine_version: str) -> dict[str, A
     """What a profile is valid for, from the executor's ``describe()``."""
     model = description.get("model") or {}
     key = {
-        "device": description.get("device_name") or description.get("device", "unknown"),
+        "device": executor_device(description) or "unknown",
         "architecture": model.get("architecture"),
         "dtype": description.get("dtype"),
         "tensor_parallel_size": int(description.get("tensor_parallel_size", 1)),

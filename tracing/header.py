@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -98,9 +99,15 @@ def provenance() -> dict[str, Any]:
             "host": host_cpu()}
 
 
-def recorded_device(header: dict[str, Any]) -> str:
-    """The device a trace was recorded on, by name where the executor gave one ("NVIDIA H200"),
-    else the header's device ("cpu"); empty where neither is there."""
+def executor_device(description: Mapping[str, Any]) -> str:
+    """The device an executor describes, by name where it gives one ("NVIDIA H200"), else its
+    torch device ("cuda:0", "cpu"); empty where it says neither."""
+    return str(description.get("device_name") or description.get("device") or "")
+
+
+def recorded_device(header: Mapping[str, Any]) -> str:
+    """The device a trace was recorded on: its executor's (``executor_device``), else the
+    header's own ``device``; empty where neither is there."""
     executor = header.get("executor")
-    name = executor.get("device_name") if isinstance(executor, dict) else None
-    return str(name or header.get("device") or "")
+    named = executor_device(executor) if isinstance(executor, Mapping) else ""
+    return named or str(header.get("device") or "")

@@ -138,7 +138,8 @@ def matrix_rows(targets: list[str], source: str, profile: Any = None,
     the targets, and one per cell recorded again as ``CELL-r2``, ``CELL-r3`` (``REPEAT_MARK``).
     A target that cannot be predicted has its ``status``. ``target_host``: each target priced
     on its own host, measured by its header's start-up calibration (``CostModel.on_host``;
-    the ratio in ``host_ratio``)."""
+    the ratio in ``host_ratio``). ``device_note``: where the target ran on another device than
+    the source (``notes.device_note``), else None."""
     from pathlib import Path
 
     from replay.metrics import compute
@@ -159,11 +160,10 @@ def matrix_rows(targets: list[str], source: str, profile: Any = None,
                   if target_host else model)
         predicted = run_variant(load_source(events), {}, priced, Path(target).name,
                                 cold_start=cold_start_of(events.header))
-        device = device_note(model, events.header)
         row: dict[str, Any] = {"kind": "prediction", "target": Path(target).name,
                                "source": source, "status": predicted.status,
-                               "requests": len(measured.requests),
-                               "notes": predicted.notes + ([device] if device else []),
+                               "requests": len(measured.requests), "notes": predicted.notes,
+                               "device_note": device_note(model, events.header),
                                "host_ratio": priced.host.ratio if priced.host else None}
         if predicted.ok and predicted.events is not None:
             row.update(_errors(predicted.metrics, predicted.requests, predicted.events,
@@ -256,7 +256,8 @@ def matrix_markdown(rows: list[dict[str, Any]],
                     host_label: str = "host (own calibration)") -> str:
     """The matrix rows as a Markdown table: one column per ``MATRIX_TARGETS`` metric (✗: past
     its target, given in the header), decisions and admissions last; where cells were priced
-    on their own hosts (``matrix_rows(target_host=True)``), each host's speed after the name."""
+    on their own hosts (``matrix_rows(target_host=True)``), each host's speed after the name;
+    each distinct ``device_note`` below the table."""
     names = list(MATRIX_TARGETS)
     hosts = any(r.get("host_ratio") is not None for r in rows)
     head = ["cell", *([host_label] if hosts else []),
@@ -279,5 +280,5 @@ def matrix_markdown(rows: list[dict[str, Any]],
             ratio = r.get("host_ratio")
             cells.insert(0, f"x{ratio:.2f}" if ratio is not None else "–")
         lines.append(f"| {r['target']} | " + " | ".join(cells) + f" | {verdict} |")
-    devices = sorted({n for r in rows for n in r.get("notes", []) if n.startswith("recorded on")})
+    devices = sorted({r["device_note"] for r in rows if r.get("device_note")})
     return "\n".join(lines + [f"\nnote: {note}" for note in devices])

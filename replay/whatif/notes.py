@@ -38,7 +38,7 @@ KERNEL_SPEED_FIELDS = (
 def device_note(cost: CostModel | None, recorded: Mapping[str, Any]) -> str | None:
     """A note where a recording compared with a prediction ran on another device than the
     timing source: the prediction prices the source's device, not the recording's."""
-    theirs = recorded_device(dict(recorded))
+    theirs = recorded_device(recorded)
     if cost is None or not cost.device or not theirs or theirs == cost.device:
         return None
     return (f"recorded on {theirs}, the timing source on {cost.device}: the prediction prices "

@@ -280,8 +280,7 @@ def test_an_h100_matrix_is_predicted_from_its_own_calls_source_and_profile() -> 
     rows = predictions("matrix-s22-h100", cells, "traces/matrix-s22-h100/reference-default-3",
                        "traces/profiles/h100-qwen3-0.6b-s22.profile.json")
     assert_every_target(rows, identical=cells[:2])
-    assert not any(note.startswith("recorded on") for row in rows.values()
-                   for note in row["notes"])
+    assert all(row["device_note"] is None for row in rows.values())
 
 
 def test_a_cell_recorded_on_another_device_than_the_source_says_so() -> None:
@@ -292,6 +291,6 @@ def test_a_cell_recorded_on_another_device_than_the_source_says_so() -> None:
 
     rows = matrix_rows(["traces/matrix-s22-h100/reference-constrained"],
                        "traces/h200-reference")
-    assert any("NVIDIA H100 80GB HBM3" in note and "NVIDIA H200" in note
-               for note in rows[0]["notes"])
+    note = rows[0]["device_note"]
+    assert "NVIDIA H100 80GB HBM3" in note and "NVIDIA H200" in note
     assert "note: recorded on NVIDIA H100 80GB HBM3" in matrix_markdown(rows)

@@ -4,8 +4,9 @@ A cell of the validation matrix misses TPOT by 6%: is it the decode steps' devic
 host work, how the two overlap, or the prefills that interrupt the decodes? This predicts the
 recording from a source (as ``benchmarks.matrix fidelity`` does) and sets recorded against
 predicted per step class and, for decode steps, per bin of rows: how many steps, their median
-interval (wall time to the next step), device time and host work, and each class's share of
-the run's wall time (idle waits for arrivals left out).
+interval (the wall time each step added: from the previous step's end, or from the arrival it
+waited for, to its own end, as the cost model reads a recording), device time and host work,
+and each class's share of the run's busy wall time.
 
     python -m benchmarks.step_errors TARGET --source SOURCE [--profile PROFILE] [--json OUT]
 
@@ -24,23 +25,22 @@ import numpy as np
 
 # Decode steps are binned by rows: the fixed cost of a step changes with its CUDA graph's size.
 ROW_BINS = (1, 4, 8, 16, 32, 64, 128, 257, 1 << 20)
-# An interval longer than this holds an idle wait for arrivals, not a step: left out.
-IDLE_S = 0.2
 
 
-def step_table(model_step: Any) -> dict[str, np.ndarray]:
-    """Each step's class name (``decode_graph``, ``prefill``, ...), decode rows, interval to
-    the next step (NaN for the last and for idle waits), device time and host work."""
+def step_table(events: Any) -> dict[str, np.ndarray]:
+    """Each step of ``events`` (a ``RecordedEvents``): its class name (``decode_graph``,
+    ``prefill``, ...), decode rows, interval (``features.step_intervals``: idle waits for
+    arrivals left out), device time and host work."""
+    from replay.whatif.cost.features import step_intervals
+
+    model_step = events.tables["model_step"]
     kind = np.asarray(model_step["kind"]).astype(str)
     graph = np.asarray(model_step["graph_used"], dtype=bool)
-    wall = np.asarray(model_step["wall_time_s"], dtype=float)
-    interval = np.append(np.diff(wall), np.nan)
-    interval[interval > IDLE_S] = np.nan
     host = (np.asarray(model_step["host_s"], dtype=float) if "host_s" in model_step
             else np.full(len(kind), np.nan))
     return {"class": np.array([f"{k}_graph" if g else k for k, g in zip(kind, graph)]),
             "rows": np.asarray(model_step["num_seqs"], dtype=np.int64),
-            "interval": interval,
+            "interval": step_intervals(events),
             "device": np.asarray(model_step["duration_s"], dtype=float),
             "host": host}
 
@@ -74,8 +74,8 @@ def _summary(table: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, float]
 
 
 def compare(recorded: Any, predicted: Any) -> list[dict[str, Any]]:
-    """One row per step class (decode classes per bin of rows) of either run: the recorded and
-    predicted ``_summary`` (None where that run has no such step)."""
+    """One row per step class (decode classes per bin of rows) of either run (``RecordedEvents``
+    each): the recorded and predicted ``_summary`` (None where that run has no such step)."""
     ours, theirs = step_table(recorded), step_table(predicted)
     mine, other = _groups(ours), _groups(theirs)
     rows = []
@@ -93,8 +93,8 @@ def _order(name: str) -> tuple[str, int]:
 
 
 def predict(target: str, source: str, profile: str | None) -> tuple[Any, Any]:
-    """The target's ``model_step`` table and its prediction's from ``source`` (and ``profile``)
-    under the target's own workload, arrivals and Config."""
+    """The target's events and its prediction's from ``source`` (and ``profile``) under the
+    target's own workload, arrivals and Config."""
     from replay.recorded import from_trace
     from replay.whatif.cost.model import CostModel
     from replay.whatif.simulate import cold_start_of, load_source, run_variant
@@ -106,7 +106,7 @@ def predict(target: str, source: str, profile: str | None) -> tuple[Any, Any]:
                          cold_start=cold_start_of(events.header))
     if not result.ok or result.events is None:
         raise SystemExit(f"{target}: cannot be predicted ({result.status})")
-    return events.tables["model_step"], result.events.tables["model_step"]
+    return events, result.events
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:

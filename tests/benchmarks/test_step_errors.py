@@ -4,6 +4,7 @@ of decode rows, every step counted once, and the table's errors those of the two
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -16,22 +17,25 @@ PROFILE = TRACES / "profiles" / "h100-qwen3-0.6b-s22.profile.json"
 
 
 def test_every_step_lands_in_one_row_and_idle_waits_are_left_out() -> None:
-    """A hand-made run: two prefills, decodes of 2 and 40 rows, one idle wait of 1 s. Each
-    step is counted in exactly one row, the wait is no interval, and the wall shares sum to
-    one."""
-    steps = {"kind": ["prefill", "decode", "decode", "decode", "prefill", "decode"],
+    """A hand-made run: two prefills, decodes of 2 and 40 rows, and a wait of about 1 s for
+    the request added at step 3. Each step is counted in exactly one row, step 3's interval
+    starts at that arrival (not at the previous step's end), and the wall shares sum to one."""
+    steps = {"step": [0, 1, 2, 3, 4, 5],
+             "kind": ["prefill", "decode", "decode", "decode", "prefill", "decode"],
              "graph_used": [False, True, True, True, False, True],
-             "wall_time_s": [0.0, 0.010, 0.011, 1.011, 1.020, 1.021],
+             "wall_time_s": [0.009, 0.010, 0.011, 1.011, 1.020, 1.021],
              "num_seqs": [2, 2, 2, 40, 1, 40],
-             "duration_s": [0.009, 0.001, 0.001, 0.004, 0.008, 0.004],
+             "duration_s": [0.009, 0.001, 0.001, 0.004, 0.008, 0.001],
              "host_s": [0.001] * 6}
-    table = step_table(steps)
-    assert np.isnan(table["interval"][2]) and np.isnan(table["interval"][-1])
-    rows = compare(steps, steps)
+    added = {"step": [0, 0, 3], "arrival_s": [0.0, 0.0, 1.007]}
+    events = SimpleNamespace(tables={"model_step": steps, "request_added": added})
+    table = step_table(events)
+    assert np.allclose(table["interval"], [0.009, 0.001, 0.001, 0.004, 0.009, 0.001])
+    rows = compare(events, events)
     assert [r["steps"] for r in rows] == ["decode_graph 1-3 rows", "decode_graph 32-63 rows",
                                          "prefill"]
     assert sum(r["recorded"]["steps"] for r in rows) == 6
-    assert sum(r["recorded"]["wall_share"] for r in rows) == 1.0
+    assert abs(sum(r["recorded"]["wall_share"] for r in rows) - 1.0) < 1e-12
     assert all(r["recorded"] == r["predicted"] for r in rows)
 
 

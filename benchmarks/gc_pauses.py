@@ -12,29 +12,44 @@ during the run) and the objects it tracks. The engines run ``Config.freeze_gc_he
 off first, in the same process. ``--workload FILE`` runs a workload file (``replayllm workload``,
 e.g. the matrix's chat family, whose long runs meet full collections) instead of the reference.
 
+Each recording's host stalls (``host_stalls``: steps whose host time exceeds their class's median
+by more than 5 ms) are counted beside what overlaps them: a collector pause, the trace writer's
+segment writes, the recorder's conversions of events to Arrow (``stage``), and with ``--probe``
+a gap of ``benchmarks.host_probe`` (the machine's own stalls, seen by a process on its own CPU);
+also the hypervisor's steal time and the engine thread's involuntary context switches.
+
     python -m benchmarks.gc_pauses --model DIR [--engines 4] [--unfrozen] [--requests N]
-        [--workload FILE] [--json FILE]
+        [--workload FILE] [--probe] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+# A collector pause at least this long is kept with its time (to line up with the steps).
+LOGGED_PAUSE_S = 0.0005
+# A step whose host time exceeds its class's median by more than this is a host stall.
+STALL_S = 0.005
+
 
 class PauseMeter:
-    """Sums the collector's pauses per generation, and keeps the longest (``gc.callbacks``)."""
+    """Sums the collector's pauses per generation, and keeps the longest (``gc.callbacks``) and
+    each pause of at least ``LOGGED_PAUSE_S`` as (perf_counter start, seconds, generation)."""
 
     def __init__(self) -> None:
         self.began = 0.0
         self.seconds = [0.0, 0.0, 0.0]
         self.longest = [0.0, 0.0, 0.0]
         self.counts = [0, 0, 0]
+        self.pauses: list[tuple[float, float, int]] = []
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
@@ -45,6 +60,8 @@ class PauseMeter:
             self.seconds[generation] += pause
             self.longest[generation] = max(self.longest[generation], pause)
             self.counts[generation] += 1
+            if pause >= LOGGED_PAUSE_S:
+                self.pauses.append((self.began, pause, generation))
 
     def take(self) -> dict[str, Any]:
         out = {"gc_s": [round(s, 4) for s in self.seconds],
@@ -66,8 +83,85 @@ def eager_calibration(header: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def host_stalls(steps: dict[str, Any], start_time: float,
+                causes: dict[str, list[tuple[float, float]]]) -> dict[str, Any]:
+    """The steps whose host time exceeds their class's median (prefill, decode or mixed) by
+    more than ``STALL_S``, and how many of them overlap each cause's windows ((perf_counter
+    start, seconds) each: the collector's pauses, the probe's gaps, the trace writer's work).
+    A step spans the time from the previous step's end to its own (``wall_time_s`` is a
+    step's end on the engine clock, which starts at ``start_time``)."""
+    import numpy as np
+
+    host = np.asarray(steps["host_s"], float)
+    ends = np.asarray(steps["wall_time_s"], float) + start_time
+    begins = np.concatenate([[ends[0] - host[0]], ends[:-1]]) if len(ends) else ends
+    prefill = np.asarray(steps["prefill_tokens"]) > 0
+    decode = np.asarray(steps["decode_seqs"]) > 0
+    stalled = np.zeros(len(host), bool)
+    for members in (prefill & ~decode, decode & ~prefill, prefill & decode):
+        if members.any():
+            stalled |= members & (host > np.median(host[members]) + STALL_S)
+    out: dict[str, Any] = {"steps": len(host), "stalls": int(stalled.sum()),
+                           "stall_host_s": round(float(host[stalled].sum()), 4)}
+    explained = np.zeros(len(host), bool)
+    for name, windows in causes.items():
+        hit = np.zeros(len(host), bool)
+        for begin, seconds in windows:
+            hit |= (begins < begin + seconds) & (ends > begin)
+        out[f"stalls_with_{name}"] = int((stalled & hit).sum())
+        explained |= hit
+    out["stalls_unexplained"] = int((stalled & ~explained).sum())
+    return out
+
+
+def _steal_s() -> float:
+    """The hypervisor's steal time over every CPU so far (/proc/stat), in seconds."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def _involuntary_switches() -> int:
+    """The calling thread's involuntary context switches so far (-1 where not on Linux)."""
+    try:
+        for line in Path("/proc/thread-self/status").read_text().splitlines():
+            if line.startswith("nonvoluntary_ctxt_switches"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
+
+
+class MethodWindows:
+    """The calls of ``cls.name`` (on any thread) as (perf_counter start, seconds), for as long
+    as the wrapper is installed (``remove`` puts the method back)."""
+
+    def __init__(self, cls: type, name: str) -> None:
+        self.windows: list[tuple[float, float]] = []
+        self._cls, self._name = cls, name
+        self._original = getattr(cls, name)
+        windows, original = self.windows, self._original
+
+        def timed(obj: Any, *args: Any, **kwargs: Any) -> Any:
+            began = time.perf_counter()
+            try:
+                return original(obj, *args, **kwargs)
+            finally:
+                windows.append((began, time.perf_counter() - began))
+
+        setattr(cls, name, timed)
+
+    def remove(self) -> None:
+        setattr(self._cls, self._name, self._original)
+
+
 def one_engine(model: str, requests: list[Any], meter: PauseMeter, freeze: bool,
-               trace_dir: str | None) -> dict[str, Any]:
+               trace_dir: str | None, probe: bool = False) -> dict[str, Any]:
+    """Start an engine, run ``requests`` and report its collector pauses; with ``trace_dir``,
+    also its host stalls and their causes (with ``probe``, the machine's own gaps too)."""
+    from benchmarks.host_probe import HostProbe
     from engine import LLM
     from replay.cli.live import run_workload
 
@@ -75,18 +169,48 @@ def one_engine(model: str, requests: list[Any], meter: PauseMeter, freeze: bool,
     llm = LLM(model, trace_dir=trace_dir, record_events=trace_dir is not None,
               freeze_gc_heap=freeze)
     start = meter.take()
+    meter.pauses.clear()
+    from tracing.recorder import ParquetRecorder
+    from tracing.segment_writer import SegmentWriter
+
+    # The trace writer's segment writes (its own thread) and the recorder's conversion of a few
+    # steps' events to Arrow (the engine's thread, charged to the next step's host time).
+    writes, stages = MethodWindows(SegmentWriter, "write"), MethodWindows(ParquetRecorder, "_stage")
+    steal, switches = _steal_s(), _involuntary_switches()
     began = time.perf_counter()
-    run_workload(llm, requests, use_tqdm=False)
+    with tempfile.TemporaryDirectory() as work:
+        host_probe = HostProbe(Path(work) / "probe.json")
+        with host_probe if probe else contextlib.nullcontext():
+            run_workload(llm, requests, use_tqdm=False)
     run_s = time.perf_counter() - began
+    steal, switches = _steal_s() - steal, _involuntary_switches() - switches
+    writes.remove()
+    stages.remove()
     during = meter.take()
     header = llm.core.header
     frozen = gc.get_freeze_count()
+    start_time = llm.core.start_time
     llm.close()
-    return {"freeze": freeze, **eager_calibration(header), "start_gc_s": start["gc_s"],
-            "start_gc_counts": start["gc_counts"], "run_s": round(run_s, 3),
-            "run_gc_s": during["gc_s"], "run_gc_max_s": during["gc_max_s"],
-            "run_gc_counts": during["gc_counts"], "frozen_objects": frozen,
-            "tracked_objects": len(gc.get_objects())}
+    row = {"freeze": freeze, **eager_calibration(header), "start_gc_s": start["gc_s"],
+           "start_gc_counts": start["gc_counts"], "run_s": round(run_s, 3),
+           "run_gc_s": during["gc_s"], "run_gc_max_s": during["gc_max_s"],
+           "run_gc_counts": during["gc_counts"], "frozen_objects": frozen,
+           "tracked_objects": len(gc.get_objects()), "steal_s": round(steal, 3),
+           "involuntary_switches": switches}
+    if trace_dir is not None:
+        from replay.recorded import from_trace
+        from tracing.reader import read_trace
+
+        steps = from_trace(read_trace(trace_dir)).tables["model_step"]
+        causes = {"gc": [(b, s) for b, s, _ in meter.pauses], "writer": writes.windows,
+                  "stage": [w for w in stages.windows if w[1] >= LOGGED_PAUSE_S]}
+        if probe:
+            causes["machine"] = host_probe.gaps
+            row["machine_gaps"] = len(host_probe.gaps)
+            row["machine_gap_s"] = round(sum(s for _, s in host_probe.gaps), 4)
+        row.update(host_stalls(steps, start_time, causes))
+    meter.pauses.clear()
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=None, help="the workload's first N")
     parser.add_argument("--workload", type=Path, help="a workload file (default: the reference)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--probe", action="store_true",
+                        help="run benchmarks.host_probe beside each recording (its own CPU)")
     args = parser.parse_args(argv)
     from replay.workloads.builtin import reference_workload
     from replay.workloads.store import read_workload
@@ -117,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         for freeze in (False, True) if args.unfrozen else (True,):
             for i in range(args.engines):
                 trace = f"{work}/{'frozen' if freeze else 'plain'}-{i}"
-                rows.append(one_engine(args.model, requests, meter, freeze, trace))
+                rows.append(one_engine(args.model, requests, meter, freeze, trace, args.probe))
                 print(json.dumps(rows[-1]), flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

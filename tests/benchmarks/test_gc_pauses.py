@@ -35,3 +35,55 @@ def test_the_eager_probe_steps_come_from_the_calibration() -> None:
         row("decode", True, 0, 64, 0.0018)]}
     assert eager_calibration(header) == {"eager_prefill_1_ms": 10.5, "eager_decode_64_ms": 11.6}
     assert eager_calibration({}) == {}
+
+
+def test_a_host_stall_is_attributed_to_the_causes_that_overlap_it() -> None:
+    """A step is a stall when its host time exceeds its class's median by more than 5 ms; it
+    is counted under each cause whose window overlaps its span (previous end to own end) and
+    as unexplained when none does; a window between two steps touches neither."""
+    import numpy as np
+
+    from benchmarks.gc_pauses import host_stalls
+
+    host = [0.001, 0.001, 0.012, 0.001, 0.011, 0.001, 0.009, 0.030, 0.030]
+    steps = {"host_s": np.array(host),
+             "wall_time_s": np.array([0.01, 0.02, 0.04, 0.05, 0.07, 0.08, 0.10, 0.2, 0.3]),
+             "prefill_tokens": np.array([0] * 7 + [500, 500]),
+             "decode_seqs": np.array([4] * 7 + [0, 0])}
+    start = 100.0  # the engine clock's origin on perf_counter
+    out = host_stalls(steps, start, {"gc": [(100.025, 0.004)], "writer": [(100.061, 0.002)],
+                                     "machine": [(100.045, 0.002)]})
+    # decode median 1 ms: steps 2 (12 ms), 4 (11 ms) and 6 (9 ms) stall; prefill steps share
+    # one median (30 ms), so neither stalls
+    assert out["stalls"] == 3 and out["steps"] == 9
+    assert out["stall_host_s"] == round(0.012 + 0.011 + 0.009, 4)
+    assert out["stalls_with_gc"] == 1  # inside step 2's span (0.02, 0.04]
+    assert out["stalls_with_writer"] == 1  # inside step 4's span (0.05, 0.07]
+    assert out["stalls_with_machine"] == 0  # in step 3's span, which is no stall
+    assert out["stalls_unexplained"] == 1  # step 6
+
+
+def test_the_probe_reports_its_gaps_on_the_shared_clock() -> None:
+    """benchmarks.host_probe runs as its own process and writes the gaps it saw; a stop of the
+    probe process (SIGSTOP for 50 ms) shows as one gap of about that length, placed on the
+    perf_counter clock this process reads."""
+    import os
+    import signal
+    import time
+    from pathlib import Path
+    from tempfile import TemporaryDirectory
+
+    from benchmarks.host_probe import HostProbe
+
+    with TemporaryDirectory() as work:
+        probe = HostProbe(Path(work) / "probe.json", gap_s=0.02, cpu=0)
+        with probe:
+            time.sleep(0.1)
+            stopped = time.perf_counter()
+            os.kill(probe._process.pid, signal.SIGSTOP)
+            time.sleep(0.05)
+            os.kill(probe._process.pid, signal.SIGCONT)
+            time.sleep(0.2)
+    long = [(begin, seconds) for begin, seconds in probe.gaps if seconds >= 0.045]
+    assert long, probe.gaps
+    assert any(abs(begin - stopped) < 0.05 for begin, _ in long), (stopped, long)

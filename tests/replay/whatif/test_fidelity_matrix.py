@@ -294,3 +294,32 @@ def test_a_cell_recorded_on_another_device_than_the_source_says_so() -> None:
     note = rows[0]["device_note"]
     assert "NVIDIA H100 80GB HBM3" in note and "NVIDIA H200" in note
     assert "note: recorded on NVIDIA H100 80GB HBM3" in matrix_markdown(rows)
+
+
+def test_a_second_h100_matrix_is_predicted_from_the_first_ones_source() -> None:
+    """traces/matrix-s23-h100 (another H100 machine, another call) predicted from session 22's
+    H100 source and profile: the constrained pool and chunked prefill decide identically and
+    meet every target (12 of 144 missed over the whole matrix: docs/BENCHMARKS.md 7v), and no
+    chat step waits 20 ms beyond its host, device and driver time."""
+    cells = ("reference-constrained", "reference-chunked-2048")
+    rows = predictions("matrix-s23-h100", cells, "traces/matrix-s22-h100/reference-default-3",
+                       "traces/profiles/h100-qwen3-0.6b-s22.profile.json")
+    assert_every_target(rows, identical=cells)
+    for cell in ("chat-default", "chat-constrained", "chat-chunked-512"):
+        assert _longest_unexplained_wait_s(f"traces/matrix-s23-h100/{cell}") < 0.02, cell
+
+
+def test_one_chat_cell_recorded_three_times_spreads_past_its_p99_target() -> None:
+    """traces/matrix-s24-chat: chat-default three times in one process on one H100. The table's
+    spread row shows the p99 TTFT of one cell moving by more than its 20% target between
+    recordings while throughput holds within 1% (docs/BENCHMARKS.md 7v)."""
+    from replay.whatif.fidelity import matrix_rows
+
+    rows = matrix_rows([f"traces/matrix-s24-chat/{c}" for c in
+                        ("chat-default", "chat-default-r2", "chat-default-r3")],
+                       "traces/matrix-s22-h100/reference-default-3",
+                       "traces/profiles/h100-qwen3-0.6b-s22.profile.json")
+    spread = [row for row in rows if row["kind"] == "spread"]
+    assert len(spread) == 1
+    assert abs(spread[0]["ttft_p99_s"]) > 0.2
+    assert abs(spread[0]["throughput_tok_s"]) < 0.01

@@ -20,6 +20,7 @@ also the hypervisor's steal time and the engine thread's involuntary context swi
 
     python -m benchmarks.gc_pauses --model DIR [--engines 4] [--unfrozen] [--requests N]
         [--workload FILE] [--probe] [--json FILE]
+    python -m benchmarks.gc_pauses --traces TRACE [TRACE ...]   # recordings' stalls only
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import contextlib
 import gc
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -87,7 +89,8 @@ def host_stalls(steps: dict[str, Any], start_time: float,
                 causes: dict[str, list[tuple[float, float]]]) -> dict[str, Any]:
     """The steps whose host time exceeds their class's median (prefill, decode or mixed) by
     more than ``STALL_S``, and how many of them overlap each cause's windows ((perf_counter
-    start, seconds) each: the collector's pauses, the probe's gaps, the trace writer's work).
+    start, seconds) each: the collector's pauses, the trace writer's work, the recorder's
+    Arrow staging, the probe's gaps).
     A step spans the time from the previous step's end to its own (``wall_time_s`` is a
     step's end on the engine clock, which starts at ``start_time``)."""
     import numpy as np
@@ -101,8 +104,14 @@ def host_stalls(steps: dict[str, Any], start_time: float,
     for members in (prefill & ~decode, decode & ~prefill, prefill & decode):
         if members.any():
             stalled |= members & (host > np.median(host[members]) + STALL_S)
+    from tracing.recorder import STAGE_STEPS
+
+    # The recorder converts events to Arrow after every STAGE_STEPS-th step, charged to the next.
+    staged = np.asarray(steps["step"]) % STAGE_STEPS == 0
     out: dict[str, Any] = {"steps": len(host), "stalls": int(stalled.sum()),
-                           "stall_host_s": round(float(host[stalled].sum()), 4)}
+                           "stall_host_s": round(float(host[stalled].sum()), 4),
+                           "stalls_after_staging": int((stalled & staged).sum()),
+                           "steps_after_staging": int(staged.sum())}
     explained = np.zeros(len(host), bool)
     for name, windows in causes.items():
         hit = np.zeros(len(host), bool)
@@ -135,13 +144,15 @@ def _involuntary_switches() -> int:
 
 
 class MethodWindows:
-    """The calls of ``cls.name`` (on any thread) as (perf_counter start, seconds), for as long
-    as the wrapper is installed (``remove`` puts the method back)."""
+    """The calls of ``cls.name`` (on any thread) as (perf_counter start, seconds), while the
+    ``with`` block runs (the method is wrapped on entry and put back on exit)."""
 
     def __init__(self, cls: type, name: str) -> None:
         self.windows: list[tuple[float, float]] = []
         self._cls, self._name = cls, name
         self._original = getattr(cls, name)
+
+    def __enter__(self) -> MethodWindows:
         windows, original = self.windows, self._original
 
         def timed(obj: Any, *args: Any, **kwargs: Any) -> Any:
@@ -151,9 +162,10 @@ class MethodWindows:
             finally:
                 windows.append((began, time.perf_counter() - began))
 
-        setattr(cls, name, timed)
+        setattr(self._cls, self._name, timed)
+        return self
 
-    def remove(self) -> None:
+    def __exit__(self, *exc: object) -> None:
         setattr(self._cls, self._name, self._original)
 
 
@@ -164,28 +176,25 @@ def one_engine(model: str, requests: list[Any], meter: PauseMeter, freeze: bool,
     from benchmarks.host_probe import HostProbe
     from engine import LLM
     from replay.cli.live import run_workload
+    from tracing.recorder import ParquetRecorder
+    from tracing.segment_writer import SegmentWriter
 
     meter.take()
     llm = LLM(model, trace_dir=trace_dir, record_events=trace_dir is not None,
               freeze_gc_heap=freeze)
     start = meter.take()
     meter.pauses.clear()
-    from tracing.recorder import ParquetRecorder
-    from tracing.segment_writer import SegmentWriter
-
     # The trace writer's segment writes (its own thread) and the recorder's conversion of a few
     # steps' events to Arrow (the engine's thread, charged to the next step's host time).
     writes, stages = MethodWindows(SegmentWriter, "write"), MethodWindows(ParquetRecorder, "_stage")
-    steal, switches = _steal_s(), _involuntary_switches()
-    began = time.perf_counter()
-    with tempfile.TemporaryDirectory() as work:
+    with tempfile.TemporaryDirectory() as work, writes, stages:
         host_probe = HostProbe(Path(work) / "probe.json")
+        steal, switches = _steal_s(), _involuntary_switches()
+        began = time.perf_counter()
         with host_probe if probe else contextlib.nullcontext():
             run_workload(llm, requests, use_tqdm=False)
-    run_s = time.perf_counter() - began
-    steal, switches = _steal_s() - steal, _involuntary_switches() - switches
-    writes.remove()
-    stages.remove()
+        run_s = time.perf_counter() - began
+        steal, switches = _steal_s() - steal, _involuntary_switches() - switches
     during = meter.take()
     header = llm.core.header
     frozen = gc.get_freeze_count()
@@ -213,10 +222,28 @@ def one_engine(model: str, requests: list[Any], meter: PauseMeter, freeze: bool,
     return row
 
 
+def print_trace_stalls(traces: list[Path]) -> int:
+    """Print each recording's host stalls (``host_stalls`` without causes) as a JSON line."""
+    from replay.recorded import from_trace
+    from tracing.errors import TraceError
+    from tracing.reader import read_trace
+
+    for trace in traces:
+        try:
+            steps = from_trace(read_trace(trace)).tables["model_step"]
+        except TraceError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps({"trace": str(trace), **host_stalls(steps, 0.0, {})}), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gc_pauses",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True)
+    parser.add_argument("--model")
+    parser.add_argument("--traces", type=Path, nargs="+",
+                        help="only count the host stalls of these recordings (no engine runs)")
     parser.add_argument("--engines", type=int, default=4, help="recordings per variant")
     parser.add_argument("--unfrozen", action="store_true",
                         help="first as many engines with freeze_gc_heap off")
@@ -226,6 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probe", action="store_true",
                         help="run benchmarks.host_probe beside each recording (its own CPU)")
     args = parser.parse_args(argv)
+    if args.traces:
+        return print_trace_stalls(args.traces)
+    if args.model is None:
+        parser.error("--model is required (or --traces)")
     from replay.workloads.builtin import reference_workload
     from replay.workloads.store import read_workload
 

@@ -49,7 +49,7 @@ def test_a_host_stall_is_attributed_to_the_causes_that_overlap_it() -> None:
     steps = {"host_s": np.array(host),
              "wall_time_s": np.array([0.01, 0.02, 0.04, 0.05, 0.07, 0.08, 0.10, 0.2, 0.3]),
              "prefill_tokens": np.array([0] * 7 + [500, 500]),
-             "decode_seqs": np.array([4] * 7 + [0, 0])}
+             "decode_seqs": np.array([4] * 7 + [0, 0]), "step": np.arange(9)}
     start = 100.0  # the engine clock's origin on perf_counter
     out = host_stalls(steps, start, {"gc": [(100.025, 0.004)], "writer": [(100.061, 0.002)],
                                      "machine": [(100.045, 0.002)]})
@@ -61,6 +61,8 @@ def test_a_host_stall_is_attributed_to_the_causes_that_overlap_it() -> None:
     assert out["stalls_with_writer"] == 1  # inside step 4's span (0.05, 0.07]
     assert out["stalls_with_machine"] == 0  # in step 3's span, which is no stall
     assert out["stalls_unexplained"] == 1  # step 6
+    assert out["steps_after_staging"] == 2  # steps 0 and 8 follow a conversion to Arrow
+    assert out["stalls_after_staging"] == 0
 
 
 def test_the_probe_reports_its_gaps_on_the_shared_clock() -> None:
@@ -87,3 +89,27 @@ def test_the_probe_reports_its_gaps_on_the_shared_clock() -> None:
     long = [(begin, seconds) for begin, seconds in probe.gaps if seconds >= 0.045]
     assert long, probe.gaps
     assert any(abs(begin - stopped) < 0.05 for begin, _ in long), (stopped, long)
+
+
+def test_method_windows_time_each_call_and_put_the_method_back() -> None:
+    """Inside the block every call of the wrapped method is timed (its result passed through,
+    a raising call timed too); after it the class has its own method again."""
+    import pytest
+
+    from benchmarks.gc_pauses import MethodWindows
+
+    class Worker:
+        def work(self, value: int) -> int:
+            if value < 0:
+                raise ValueError(value)
+            return value * 2
+
+    original = Worker.work
+    with MethodWindows(Worker, "work") as windows:
+        assert Worker().work(3) == 6
+        with pytest.raises(ValueError):
+            Worker().work(-1)
+    assert Worker.work is original
+    assert len(windows.windows) == 2 and all(seconds >= 0 for _, seconds in windows.windows)
+    Worker().work(1)
+    assert len(windows.windows) == 2

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
@@ -46,6 +46,14 @@ def run_loop(coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(coro)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(coro)
+
+
+async def sleep_until(target_s: float, clock: Callable[[], float]) -> None:
+    """Return once ``clock()`` reads ``target_s`` or later. One sleep is not enough: uvloop
+    keeps its loop time in whole milliseconds, cached per iteration, so a timer can fire up to
+    about a millisecond before it is due, and an open loop must never send early."""
+    while (delay := target_s - clock()) > 0:
+        await asyncio.sleep(delay)
 
 
 def sessions_of(requests: list[Request]) -> list[list[int]]:
@@ -190,7 +198,7 @@ async def _run(requests: list[Request], sessions: list[list[int]], texts: dict[i
             messages: list[dict[str, str]] = []
             for k, i in enumerate(session):
                 if k:
-                    await asyncio.sleep(requests[i].think_time_s * time_scale)
+                    await sleep_until(clock() + requests[i].think_time_s * time_scale, clock)
                     measured[i].arrival_s = clock()
                 messages.append({"role": "user", "content": texts[i]})
                 measured[i].text = ""
@@ -206,9 +214,7 @@ async def _run(requests: list[Request], sessions: list[list[int]], texts: dict[i
 
         if max_concurrency is None:
             async def at_arrival(session: list[int]) -> None:
-                delay = measured[session[0]].arrival_s - clock()
-                if delay > 0:
-                    await asyncio.sleep(delay)
+                await sleep_until(measured[session[0]].arrival_s, clock)
                 await run_session(session)
 
             await asyncio.gather(*(at_arrival(s) for s in sessions))

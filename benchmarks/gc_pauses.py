@@ -17,9 +17,17 @@ by more than 5 ms) are counted beside what overlaps them: a collector pause, the
 segment writes, the recorder's conversions of events to Arrow (``stage``), and with ``--probe``
 a gap of ``benchmarks.host_probe`` (the machine's own stalls, seen by a process on its own CPU);
 also the hypervisor's steal time and the engine thread's involuntary context switches.
+``--variants default,deferred,switch`` interleaves ordinary recordings with ones whose recorder
+keeps every event in memory until the run ends (``deferred``: no conversions, no segment writes
+while it runs; stalls that remain are the engine's without its recorder) and ones run with the
+interpreter's thread switch interval at ``FAST_SWITCH_S`` (``switch``: a thread that wants the
+GIL back from the trace writer's threads waits that long, not 5 ms, before the holder must give
+it up). Each row names Arrow's memory pool (``ARROW_DEFAULT_MEMORY_POOL=system`` in the
+environment swaps it for malloc).
 
     python -m benchmarks.gc_pauses --model DIR [--engines 4] [--unfrozen] [--requests N]
-        [--workload FILE] [--probe] [--json FILE]
+        [--workload FILE] [--probe] [--variants default,deferred,switch] [--warm-ups 3]
+        [--json FILE]
     python -m benchmarks.gc_pauses --traces TRACE [TRACE ...]   # recordings' stalls only
 """
 
@@ -40,6 +48,9 @@ from typing import Any
 LOGGED_PAUSE_S = 0.0005
 # A step whose host time exceeds its class's median by more than this is a host stall.
 STALL_S = 0.005
+# The switch interval of ``--variants switch`` (the interpreter's default is 5 ms).
+FAST_SWITCH_S = 0.0005
+VARIANTS = ("default", "deferred", "switch")
 
 
 class PauseMeter:
@@ -170,9 +181,26 @@ class MethodWindows:
 
 
 def one_engine(model: str, requests: list[Any], meter: PauseMeter, freeze: bool,
-               trace_dir: str | None, probe: bool = False) -> dict[str, Any]:
+               trace_dir: str | None, probe: bool = False,
+               variant: str = "default") -> dict[str, Any]:
     """Start an engine, run ``requests`` and report its collector pauses; with ``trace_dir``,
-    also its host stalls and their causes (with ``probe``, the machine's own gaps too)."""
+    also its host stalls and their causes (with ``probe``, the machine's own gaps too).
+    ``variant`` (``VARIANTS``): ``deferred`` keeps every event in memory until the run ends (no
+    Arrow staging, no segment writes while it runs: the engine without its recorder's work, still
+    measured); ``switch`` runs with the thread switch interval at ``FAST_SWITCH_S``."""
+    switch_was = sys.getswitchinterval()
+    if variant == "switch":
+        sys.setswitchinterval(FAST_SWITCH_S)
+    try:
+        return _one_engine(model, requests, meter, freeze, trace_dir, probe, variant)
+    finally:
+        sys.setswitchinterval(switch_was)
+
+
+def _one_engine(model: str, requests: list[Any], meter: PauseMeter, freeze: bool,
+                trace_dir: str | None, probe: bool, variant: str) -> dict[str, Any]:
+    import pyarrow as pa
+
     from benchmarks.host_probe import HostProbe
     from engine import LLM
     from replay.cli.live import run_workload
@@ -180,8 +208,13 @@ def one_engine(model: str, requests: list[Any], meter: PauseMeter, freeze: bool,
     from tracing.segment_writer import SegmentWriter
 
     meter.take()
+    deferred: dict[str, Any] = {}
+    if variant == "deferred":
+        never = 2**31 - 1
+        deferred = {"trace_flush_steps": never, "trace_flush_seconds": 1e9,
+                    "wrap_sink": lambda sink: _deferring(sink, never)}
     llm = LLM(model, trace_dir=trace_dir, record_events=trace_dir is not None,
-              freeze_gc_heap=freeze)
+              freeze_gc_heap=freeze, **deferred)
     start = meter.take()
     meter.pauses.clear()
     # The trace writer's segment writes (its own thread) and the recorder's conversion of a few
@@ -200,7 +233,9 @@ def one_engine(model: str, requests: list[Any], meter: PauseMeter, freeze: bool,
     frozen = gc.get_freeze_count()
     start_time = llm.core.start_time
     llm.close()
-    row = {"freeze": freeze, **eager_calibration(header), "start_gc_s": start["gc_s"],
+    row = {"freeze": freeze, "variant": variant, "switch_interval_s": sys.getswitchinterval(),
+           "arrow_pool": pa.default_memory_pool().backend_name, **eager_calibration(header),
+           "start_gc_s": start["gc_s"],
            "start_gc_counts": start["gc_counts"], "run_s": round(run_s, 3),
            "run_gc_s": during["gc_s"], "run_gc_max_s": during["gc_max_s"],
            "run_gc_counts": during["gc_counts"], "frozen_objects": frozen,
@@ -218,8 +253,19 @@ def one_engine(model: str, requests: list[Any], meter: PauseMeter, freeze: bool,
             row["machine_gaps"] = len(host_probe.gaps)
             row["machine_gap_s"] = round(sum(s for _, s in host_probe.gaps), 4)
         row.update(host_stalls(steps, start_time, causes))
+        for name, windows in (("stage", stages.windows), ("writer", writes.windows)):
+            seconds = [s for _, s in windows]
+            row[f"{name}_calls"] = len(seconds)
+            row[f"{name}_max_ms"] = round(max(seconds, default=0.0) * 1e3, 2)
+            row[f"{name}_over_stall"] = sum(s > STALL_S for s in seconds)
     meter.pauses.clear()
     return row
+
+
+def _deferring(sink: Any, stage_steps: int) -> Any:
+    """``sink`` (the engine's recorder) converting events only when it flushes."""
+    sink.stage_steps = stage_steps
+    return sink
 
 
 def print_trace_stalls(traces: list[Path]) -> int:
@@ -252,6 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--probe", action="store_true",
                         help="run benchmarks.host_probe beside each recording (its own CPU)")
+    parser.add_argument("--variants", default="default",
+                        help="comma-separated, interleaved: default, deferred (events kept in "
+                             "memory until the run ends), switch (a 0.5 ms switch interval)")
+    parser.add_argument("--warm-ups", type=int, default=3,
+                        help="untraced warm-up engines first (the matrix runs three)")
     args = parser.parse_args(argv)
     if args.traces:
         return print_trace_stalls(args.traces)
@@ -265,17 +316,22 @@ def main(argv: list[str] | None = None) -> int:
     requests = workload[: args.requests]
     meter = PauseMeter()
     gc.callbacks.append(meter)
+    variants = args.variants.split(",")
+    if not set(variants) <= set(VARIANTS):
+        parser.error(f"--variants: each of {', '.join(VARIANTS)}, got {args.variants!r}")
     rows = []
-    for i in range(3):  # the matrix's untraced warm-up engines
+    for i in range(args.warm_ups):  # the matrix's untraced warm-up engines
         rows.append({"warm_up": i, **one_engine(args.model, reference_workload()[:64], meter,
                                                 True, None)})
         print(json.dumps(rows[-1]), flush=True)
     with tempfile.TemporaryDirectory() as work:
         for freeze in (False, True) if args.unfrozen else (True,):
             for i in range(args.engines):
-                trace = f"{work}/{'frozen' if freeze else 'plain'}-{i}"
-                rows.append(one_engine(args.model, requests, meter, freeze, trace, args.probe))
-                print(json.dumps(rows[-1]), flush=True)
+                for variant in variants:
+                    trace = f"{work}/{'frozen' if freeze else 'plain'}-{variant}-{i}"
+                    rows.append(one_engine(args.model, requests, meter, freeze, trace,
+                                           args.probe, variant))
+                    print(json.dumps(rows[-1]), flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

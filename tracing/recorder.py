@@ -101,6 +101,9 @@ class ParquetRecorder:
         self._first_id: int | None = None
         self._last_id: int | None = None
         self._steps_since_stage = 0
+        # Steps whose events are converted to Arrow together (``STAGE_STEPS``); a benchmark
+        # may raise it to defer every conversion to the next flush.
+        self.stage_steps = STAGE_STEPS
 
     # --- what the writer measured (zero before open) ---------------------------------------------
     @property
@@ -133,13 +136,13 @@ class ParquetRecorder:
         self._last_flush = time.monotonic()
 
     def on_step_end(self, buffer: EventBuffer) -> None:
-        """Convert the last ``STAGE_STEPS`` steps' events to Arrow (a small batch, so the cost
+        """Convert the last ``stage_steps`` steps' events to Arrow (a small batch, so the cost
         is spread over the run and hides under device time), and flush a segment when
         ``flush_steps`` steps or ``flush_seconds`` have gone by."""
         began = time.perf_counter()
         self._steps_since_flush += 1
         self._steps_since_stage += 1
-        if self._steps_since_stage >= STAGE_STEPS:
+        if self._steps_since_stage >= self.stage_steps:
             self._steps_since_stage = 0
             self._stage(buffer.drain())
         if (

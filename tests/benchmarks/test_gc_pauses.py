@@ -113,3 +113,32 @@ def test_method_windows_time_each_call_and_put_the_method_back() -> None:
     assert len(windows.windows) == 2 and all(seconds >= 0 for _, seconds in windows.windows)
     Worker().work(1)
     assert len(windows.windows) == 2
+
+
+def test_the_deferred_variant_records_everything_with_no_recorder_work_during_the_run(
+        tmp_path) -> None:
+    """``deferred``: no Arrow conversion and no segment write while the run goes on, yet the
+    trace holds every step once the engine closes; ``switch`` runs at the short switch interval
+    and puts the interpreter's back afterwards."""
+    import sys
+
+    from benchmarks.gc_pauses import FAST_SWITCH_S, one_engine
+    from engine.model.checkpoint import default_model_dir
+    from replay.workloads.request import Request
+    from tracing.reader import read_trace
+
+    requests = [Request(prompt=list(range(5 + i, 20 + i)), max_tokens=12) for i in range(3)]
+    meter = PauseMeter()
+    model = str(default_model_dir())
+    switch_was = sys.getswitchinterval()
+    rows = {}
+    for variant in ("default", "deferred", "switch"):
+        rows[variant] = one_engine(model, requests, meter, True, str(tmp_path / variant),
+                                   variant=variant)
+        steps = read_trace(tmp_path / variant).table("model_step").num_rows
+        assert steps == rows[variant]["steps"] > 0
+        assert sys.getswitchinterval() == switch_was
+    assert rows["deferred"]["stage_calls"] == rows["deferred"]["writer_calls"] == 0
+    assert rows["default"]["stage_calls"] > 0  # every STAGE_STEPS steps, and each flush
+    assert rows["switch"]["switch_interval_s"] == FAST_SWITCH_S
+    assert rows["default"]["switch_interval_s"] == switch_was

@@ -17,16 +17,17 @@ by more than 5 ms) are counted beside what overlaps them: a collector pause, the
 segment writes, the recorder's conversions of events to Arrow (``stage``), and with ``--probe``
 a gap of ``benchmarks.host_probe`` (the machine's own stalls, seen by a process on its own CPU);
 also the hypervisor's steal time and the engine thread's involuntary context switches.
-``--variants default,deferred,switch`` interleaves ordinary recordings with ones whose recorder
+``--variants default,deferred,...`` interleaves ordinary recordings with ones whose recorder
 keeps every event in memory until the run ends (``deferred``: no conversions, no segment writes
-while it runs; stalls that remain are the engine's without its recorder) and ones run with the
-interpreter's thread switch interval at ``FAST_SWITCH_S`` (``switch``: a thread that wants the
-GIL back from the trace writer's threads waits that long, not 5 ms, before the holder must give
-it up). Each row names Arrow's memory pool (``ARROW_DEFAULT_MEMORY_POOL=system`` in the
-environment swaps it for malloc).
+while it runs; stalls that remain are the engine's without its recorder), converts as usual but
+writes no segment until the end (``unflushed``), writes its segments from a child process
+(``process``, ``tracing.segment_process``), or runs with the interpreter's thread switch interval
+at ``FAST_SWITCH_S`` (``switch``: a thread that wants the GIL back from the trace writer's threads
+waits that long, not 5 ms, before the holder must give it up). Each row names Arrow's memory
+pool (``ARROW_DEFAULT_MEMORY_POOL=system`` in the environment swaps it for malloc).
 
     python -m benchmarks.gc_pauses --model DIR [--engines 4] [--unfrozen] [--requests N]
-        [--workload FILE] [--probe] [--variants default,deferred,switch] [--warm-ups 3]
+        [--workload FILE] [--probe] [--variants default,deferred,...] [--warm-ups 3]
         [--json FILE]
     python -m benchmarks.gc_pauses --traces TRACE [TRACE ...]   # recordings' stalls only
 """
@@ -50,7 +51,7 @@ LOGGED_PAUSE_S = 0.0005
 STALL_S = 0.005
 # The switch interval of ``--variants switch`` (the interpreter's default is 5 ms).
 FAST_SWITCH_S = 0.0005
-VARIANTS = ("default", "deferred", "switch")
+VARIANTS = ("default", "deferred", "unflushed", "process", "switch")
 
 
 class PauseMeter:
@@ -187,7 +188,9 @@ def one_engine(model: str, requests: list[Any], meter: PauseMeter, freeze: bool,
     also its host stalls and their causes (with ``probe``, the machine's own gaps too).
     ``variant`` (``VARIANTS``): ``deferred`` keeps every event in memory until the run ends (no
     Arrow staging, no segment writes while it runs: the engine without its recorder's work, still
-    measured); ``switch`` runs with the thread switch interval at ``FAST_SWITCH_S``."""
+    measured); ``unflushed`` stages as usual but writes nothing until the end; ``process`` writes
+    segments from a child process; ``switch`` runs with the thread switch interval at
+    ``FAST_SWITCH_S``."""
     switch_was = sys.getswitchinterval()
     if variant == "switch":
         sys.setswitchinterval(FAST_SWITCH_S)
@@ -208,13 +211,15 @@ def _one_engine(model: str, requests: list[Any], meter: PauseMeter, freeze: bool
     from tracing.segment_writer import SegmentWriter
 
     meter.take()
-    deferred: dict[str, Any] = {}
-    if variant == "deferred":
-        never = 2**31 - 1
-        deferred = {"trace_flush_steps": never, "trace_flush_seconds": 1e9,
-                    "wrap_sink": lambda sink: _deferring(sink, never)}
+    never = 2**31 - 1
+    recorder_settings: dict[str, Any] = {
+        "deferred": {"trace_flush_steps": never, "trace_flush_seconds": 1e9,
+                     "wrap_sink": lambda sink: _recorder_set(sink, stage_steps=never)},
+        "unflushed": {"trace_flush_steps": never, "trace_flush_seconds": 1e9},
+        "process": {"wrap_sink": lambda sink: _recorder_set(sink, writer="process")},
+    }.get(variant, {})
     llm = LLM(model, trace_dir=trace_dir, record_events=trace_dir is not None,
-              freeze_gc_heap=freeze, **deferred)
+              freeze_gc_heap=freeze, **recorder_settings)
     start = meter.take()
     meter.pauses.clear()
     # The trace writer's segment writes (its own thread) and the recorder's conversion of a few
@@ -245,7 +250,14 @@ def _one_engine(model: str, requests: list[Any], meter: PauseMeter, freeze: bool
         from replay.recorded import from_trace
         from tracing.reader import read_trace
 
-        steps = from_trace(read_trace(trace_dir)).tables["model_step"]
+        from replay.metrics import compute
+
+        events = from_trace(read_trace(trace_dir))
+        steps = events.tables["model_step"]
+        # What the stalls do to the latencies a what-if predicts.
+        summary = compute(events).summary
+        for name in ("ttft_mean_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s"):
+            row[name.replace("_s", "_ms")] = round(summary[name] * 1e3, 2)
         causes = {"gc": [(b, s) for b, s, _ in meter.pauses], "writer": writes.windows,
                   "stage": [w for w in stages.windows if w[1] >= LOGGED_PAUSE_S]}
         if probe:
@@ -262,9 +274,11 @@ def _one_engine(model: str, requests: list[Any], meter: PauseMeter, freeze: bool
     return row
 
 
-def _deferring(sink: Any, stage_steps: int) -> Any:
-    """``sink`` (the engine's recorder) converting events only when it flushes."""
-    sink.stage_steps = stage_steps
+def _recorder_set(sink: Any, **settings: Any) -> Any:
+    """``sink`` (the engine's recorder, not yet open) with ``settings`` as its attributes."""
+    if sink is not None:
+        for name, value in settings.items():
+            setattr(sink, name, value)
     return sink
 
 
@@ -299,8 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probe", action="store_true",
                         help="run benchmarks.host_probe beside each recording (its own CPU)")
     parser.add_argument("--variants", default="default",
-                        help="comma-separated, interleaved: default, deferred (events kept in "
-                             "memory until the run ends), switch (a 0.5 ms switch interval)")
+                        help=f"comma-separated, interleaved, of {', '.join(VARIANTS)}")
     parser.add_argument("--warm-ups", type=int, default=3,
                         help="untraced warm-up engines first (the matrix runs three)")
     args = parser.parse_args(argv)

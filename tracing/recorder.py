@@ -40,12 +40,15 @@ from tracing.outdir import (
     write_owner,
 )
 from tracing.schema import EVENT_KINDS, SCHEMA_VERSION, column_types
+from tracing.segment_process import ProcessSegmentWriter
 from tracing.segment_writer import Segment, SegmentWriter
 
 # Steps whose events are converted to Arrow together: per-call overhead dominates a single
 # step's conversion (~0.8 ms), while a whole segment at once stalls an overlapped engine for
 # 4-15 ms on the H200 host; 8 steps cost ~1-2 ms, inside one decode step's device time.
 STAGE_STEPS = 8
+# Where segments are written: background threads of the engine's process, or a child process.
+WRITERS = ("thread", "process")
 
 
 class ParquetRecorder:
@@ -57,6 +60,9 @@ class ParquetRecorder:
     writer in the directory's owner record.
     ``background=False`` writes segments on the calling thread (for measurement and debugging).
     ``fsync=True`` makes each commit durable against power loss, not only against a killed process.
+    ``writer="process"`` writes segments in a child process (``tracing.segment_process``) instead
+    of background threads of this one (``"thread"``), so their encoding never competes with the
+    engine's thread for the interpreter.
     Errors of the writer thread surface as ``TraceError`` at the next ``on_step_end`` or ``close``.
     """
 
@@ -70,12 +76,16 @@ class ParquetRecorder:
         fsync: bool = True,
         overwrite: bool = False,
         command: str = "api",
+        writer: str = "thread",
     ) -> None:
         if isinstance(flush_steps, bool) or not isinstance(flush_steps, int) or flush_steps < 1:
             raise ValueError(f"flush_steps must be an integer >= 1, got {flush_steps!r}")
         if not isinstance(flush_seconds, (int, float)) or not flush_seconds >= 0:
             raise ValueError(f"flush_seconds must be a number >= 0, got {flush_seconds!r}")
+        if writer not in WRITERS:
+            raise ValueError(f"writer must be one of {', '.join(WRITERS)}, got {writer!r}")
         self.trace_dir = Path(trace_dir)
+        self.writer = writer
         self.flush_steps = flush_steps
         self.flush_seconds = float(flush_seconds)
         self.background = background
@@ -94,7 +104,7 @@ class ParquetRecorder:
         self._closed = False
         self._steps_since_flush = 0
         self._last_flush = time.monotonic()
-        self._writer: SegmentWriter | None = None
+        self._writer: SegmentWriter | ProcessSegmentWriter | None = None
         self._failed: TraceError | None = None  # a conversion failed on the engine's thread
         # Arrow tables of the events since the last segment, and their event id range.
         self._staged: dict[str, list[pa.Table]] = {kind: [] for kind in EVENT_KINDS}
@@ -104,6 +114,12 @@ class ParquetRecorder:
         # Steps whose events are converted to Arrow together (``STAGE_STEPS``); a benchmark
         # may raise it to defer every conversion to the next flush.
         self.stage_steps = STAGE_STEPS
+
+    @property
+    def writer_pid(self) -> int | None:
+        """The writer process's id (``writer="process"``, once open), else None."""
+        writer = self._writer
+        return writer.pid if isinstance(writer, ProcessSegmentWriter) else None
 
     # --- what the writer measured (zero before open) ---------------------------------------------
     @property
@@ -131,7 +147,9 @@ class ParquetRecorder:
             write_json_atomic(self.trace_dir / HEADER_FILE, self.header, self.fsync)
         except OSError as exc:
             raise TraceError(f"{self.trace_dir / HEADER_FILE}: cannot write ({exc})") from None
-        self._writer = SegmentWriter(self.trace_dir, self.background, self.fsync)
+        self._writer = (ProcessSegmentWriter(self.trace_dir, self.fsync)
+                        if self.writer == "process" and self.background
+                        else SegmentWriter(self.trace_dir, self.background, self.fsync))
         self._opened = True
         self._last_flush = time.monotonic()
 
@@ -209,6 +227,7 @@ class ParquetRecorder:
                     "flush_steps": self.flush_steps,
                     "flush_seconds": self.flush_seconds,
                     "background": self.background,
+                    "writer": self.writer,
                     "fsync": self.fsync,
                     "step_end_s": round(self.step_end_s, 6),
                     "close_s": round(self.close_s, 6),

@@ -118,8 +118,9 @@ def test_method_windows_time_each_call_and_put_the_method_back() -> None:
 def test_the_deferred_variant_records_everything_with_no_recorder_work_during_the_run(
         tmp_path) -> None:
     """``deferred``: no Arrow conversion and no segment write while the run goes on, yet the
-    trace holds every step once the engine closes; ``switch`` runs at the short switch interval
-    and puts the interpreter's back afterwards."""
+    trace holds every step once the engine closes; ``unflushed`` converts but does not write;
+    ``process`` writes from a child process; ``switch`` runs at the short switch interval and
+    puts the interpreter's back afterwards."""
     import sys
 
     from benchmarks.gc_pauses import FAST_SWITCH_S, one_engine
@@ -132,13 +133,17 @@ def test_the_deferred_variant_records_everything_with_no_recorder_work_during_th
     model = str(default_model_dir())
     switch_was = sys.getswitchinterval()
     rows = {}
-    for variant in ("default", "deferred", "switch"):
+    for variant in ("default", "deferred", "unflushed", "process", "switch"):
         rows[variant] = one_engine(model, requests, meter, True, str(tmp_path / variant),
                                    variant=variant)
         steps = read_trace(tmp_path / variant).table("model_step").num_rows
         assert steps == rows[variant]["steps"] > 0
         assert sys.getswitchinterval() == switch_was
     assert rows["deferred"]["stage_calls"] == rows["deferred"]["writer_calls"] == 0
+    assert rows["unflushed"]["stage_calls"] > 0 and rows["unflushed"]["writer_calls"] == 0
+    # The child process writes: the engine's process times no segment write of its own.
+    assert rows["process"]["stage_calls"] > 0 and rows["process"]["writer_calls"] == 0
     assert rows["default"]["stage_calls"] > 0  # every STAGE_STEPS steps, and each flush
     assert rows["switch"]["switch_interval_s"] == FAST_SWITCH_S
     assert rows["default"]["switch_interval_s"] == switch_was
+    assert all(row["ttft_p99_ms"] >= row["ttft_mean_ms"] > 0 for row in rows.values())

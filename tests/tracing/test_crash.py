@@ -24,14 +24,35 @@ ROOT = HERE.parent.parent
 START_TIMEOUT_S = 60.0
 
 
-def _start_writer(trace_dir: Path, mode: str = "kill") -> subprocess.Popen[bytes]:
+def _start_writer(trace_dir: Path, mode: str = "kill",
+                  writer: str = "thread") -> subprocess.Popen[bytes]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]))
     return subprocess.Popen(
-        [sys.executable, str(HERE / "_crash_writer.py"), str(trace_dir), mode],
+        [sys.executable, str(HERE / "_crash_writer.py"), str(trace_dir), mode, writer],
         env=env,
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+
+
+def _writer_pid(proc: subprocess.Popen[bytes], writer: str) -> int | None:
+    """The recorder's writer process (the crash writer's first line), for ``process``."""
+    assert proc.stdout is not None
+    return int(proc.stdout.readline()) if writer == "process" else None
+
+
+def _wait_for_exit(pid: int | None) -> None:
+    """Wait until process ``pid`` (not our child: the killed writer's) has exited."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while pid is not None and time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return
+        if state in ("Z", "X"):
+            return
+        time.sleep(0.01)
+    assert pid is None, f"the writer process {pid} did not finish after its engine died"
 
 
 def _wait_for_commits(proc: subprocess.Popen[bytes], trace_dir: Path, count: int) -> None:
@@ -46,19 +67,24 @@ def _wait_for_commits(proc: subprocess.Popen[bytes], trace_dir: Path, count: int
     raise AssertionError("writer committed too few segments in time")
 
 
-@pytest.mark.parametrize("kill_after", [3, 11, 29])
-def test_sigkill_mid_run_leaves_a_readable_prefix(tmp_path: Path, kill_after: int) -> None:
+@pytest.mark.parametrize("kill_after, writer",
+                         [(3, "thread"), (11, "thread"), (29, "thread"), (11, "process")])
+def test_sigkill_mid_run_leaves_a_readable_prefix(tmp_path: Path, kill_after: int,
+                                                  writer: str) -> None:
     """SIGKILL while recording (flush_steps=1): every committed segment loads, the trace is
     incomplete, ``last_step`` is the last committed step and the rows agree with it: steps
     0..last_step each have one batch and one model step, no row is later, and event ids are
-    exactly 0..N-1 (no event of a committed step is missing)."""
+    exactly 0..N-1 (no event of a committed step is missing). A writer process outlives its
+    engine and commits what it was handed."""
     trace_dir = tmp_path / "t"
-    proc = _start_writer(trace_dir)
+    proc = _start_writer(trace_dir, writer=writer)
+    pid = _writer_pid(proc, writer)
     try:
         _wait_for_commits(proc, trace_dir, kill_after)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+    _wait_for_exit(pid)
     assert proc.returncode == -signal.SIGKILL
     trace = read_trace(trace_dir)
     assert not trace.complete and trace.summary is None
@@ -78,12 +104,13 @@ def test_sigkill_mid_run_leaves_a_readable_prefix(tmp_path: Path, kill_after: in
     assert (sampled.reindex(batches.index, fill_value=0) <= batches).all()
 
 
-def test_exit_without_close_commits_what_was_flushed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_exit_without_close_commits_what_was_flushed(tmp_path: Path, writer: str) -> None:
     """A process that leaves without ``close()`` (an uncaught exception) still commits every
     segment it handed to the writer: the trace is incomplete and stops at the last step."""
     from _crash_writer import EXIT_AFTER_STEPS
 
-    proc = _start_writer(tmp_path / "t", mode="exit")
+    proc = _start_writer(tmp_path / "t", mode="exit", writer=writer)
     _, stderr = proc.communicate(timeout=START_TIMEOUT_S)
     assert proc.returncode == 3, stderr.decode()[-2000:]
     trace = read_trace(tmp_path / "t")

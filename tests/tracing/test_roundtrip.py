@@ -23,13 +23,15 @@ from tracing import SCHEMA_VERSION, ParquetRecorder, TraceError, read_trace
 from tracing.schema import EVENT_KINDS, arrow_schema
 
 
-def test_reference_like_round_trip(tmp_path: Path) -> None:
-    """A workload with prefix hits and preemptions reads back equal, header and summary intact."""
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_reference_like_round_trip(tmp_path: Path, writer: str) -> None:
+    """A workload with prefix hits and preemptions reads back equal, header and summary intact,
+    whether the segments are written by threads of the engine's process or by a child process."""
     workload = reference_like()
     expected = in_memory(workload)
     assert expected.tables["preempted"]["event_id"], "workload should preempt"
     assert expected.tables["block_hit"]["event_id"], "workload should hit the prefix cache"
-    recorder = record(workload, tmp_path / "t", flush_steps=7)
+    recorder = record(workload, tmp_path / "t", flush_steps=7, writer=writer)
     trace = read_trace(tmp_path / "t")
     assert_same_events(trace, expected)
     assert trace.complete
@@ -40,6 +42,8 @@ def test_reference_like_round_trip(tmp_path: Path) -> None:
     assert trace.summary["counts"] == {k: len(v["event_id"]) for k, v in expected.tables.items()}
     assert trace.summary["steps"] == len(expected.tables["model_step"]["event_id"])
     assert trace.summary["segments"] == trace.segments == recorder.num_segments > 1
+    assert trace.summary["recorder"]["writer"] == writer
+    assert trace.summary["trace_bytes"] == recorder.bytes_written > 0
     assert trace.last_step == trace.summary["steps"] - 1
     assert trace.num_events == sum(trace.counts().values())
     for kind in EVENT_KINDS:
@@ -192,14 +196,16 @@ def test_refuses_to_overwrite_a_trace(tmp_path: Path) -> None:
     assert read_trace(tmp_path / "t").counts()["request_added"] == 2
 
 
-@pytest.mark.parametrize("background", [True, False])
+@pytest.mark.parametrize("background, writer",
+                         [(True, "thread"), (False, "thread"), (True, "process")])
 def test_write_failure_surfaces_and_leaves_a_readable_prefix(
-    tmp_path: Path, background: bool
+    tmp_path: Path, background: bool, writer: str
 ) -> None:
     """A segment that cannot be written raises TraceError in the engine's thread; later segments
     are never committed past it, so the trace still reads as the prefix before the failure."""
     workload = reference_like(8)
-    recorder = ParquetRecorder(tmp_path / "t", flush_steps=2, fsync=False, background=background)
+    recorder = ParquetRecorder(tmp_path / "t", flush_steps=2, fsync=False, background=background,
+                               writer=writer)
     # A plain file where the kind's directory must go (put there once the recorder has claimed
     # the directory) makes every write of that kind fail.
     opened = recorder.open
@@ -222,6 +228,8 @@ def test_invalid_arguments() -> None:
         ParquetRecorder("/nonexistent", flush_steps=0)
     with pytest.raises(ValueError, match="flush_seconds"):
         ParquetRecorder("/nonexistent", flush_seconds=-1)
+    with pytest.raises(ValueError, match="writer"):
+        ParquetRecorder("/nonexistent", writer="fork")
 
 
 def test_conversion_rejects_out_of_range_values(tmp_path: Path) -> None:

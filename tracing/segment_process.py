@@ -1,0 +1,238 @@
+"""The trace writer in a child process: ``SegmentWriter``'s interface, its work done elsewhere.
+
+The threaded writer shares the engine's interpreter: its Parquet encoding, compression and
+syncing run beside the engine's thread, which then waits for the GIL and the allocator when it
+returns from the device. Here the engine's thread only saves each segment's Arrow tables as
+Arrow IPC files in a private temporary folder (a copy into the page cache, the GIL released) and
+sends one line naming them; a child process (``python -m tracing.segment_process``) runs a
+``SegmentWriter`` on them, in order, and answers one line per segment. The child owns nothing
+the engine needs: if the engine is killed, the child still commits every segment it was sent,
+then exits at the end of its input.
+
+Protocol (one JSON object per line): to the child ``{"index", "through_step", "first_event_id",
+"last_event_id", "files": {kind: path}}``; from it ``{"index", "bytes", "write_s", "write_cpu_s"}``
+per committed segment, or ``{"error": message}`` once, after which it commits nothing more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from tracing.errors import TraceError
+from tracing.segment_writer import MAX_PENDING_SEGMENTS, Segment, SegmentWriter
+
+# How long shutdown waits for the child to finish what it was sent.
+SHUTDOWN_TIMEOUT_S = 600.0
+
+
+class ProcessSegmentWriter:
+    """Writes segments of one trace directory through a child process. Errors (the child's, or
+    its death) surface as ``TraceError`` from ``submit``, ``drain`` or ``shutdown``."""
+
+    def __init__(self, root: Path, fsync: bool) -> None:
+        self.root = root
+        self.failed: TraceError | None = None
+        self.bytes_written = 0
+        self.write_s = 0.0  # as the child measured it
+        self.write_cpu_s = 0.0
+        self._staging = Path(tempfile.mkdtemp(prefix="replayllm-segments-"))
+        self._pending: list[int] = []  # indices sent, not yet acknowledged, in order
+        self._received = b""
+        # The child must import this repository's modules as the parent does.
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        self._child = subprocess.Popen(
+            [sys.executable, "-m", "tracing.segment_process", str(root), str(int(fsync)),
+             str(self._staging)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
+        # A process that leaves without closing the recorder still waits for what it handed
+        # over, as the threaded writer's interpreter does for its threads.
+        self._end = weakref.finalize(self, _end_child, self._child, self._staging)
+
+    @property
+    def pid(self) -> int:
+        """The child's process id."""
+        return self._child.pid
+
+    def submit(self, segment: Segment) -> None:
+        """Hand ``segment`` to the child after the ones before it; wait while too many are in
+        flight."""
+        self._raise_if_failed()
+        files = {}
+        for kind, table in segment.tables.items():
+            path = self._staging / f"{segment.index}-{kind}.arrows"
+            try:
+                with pa.OSFile(str(path), "wb") as sink, \
+                        pa.ipc.new_stream(sink, table.schema) as out:
+                    out.write_table(table)  # (without the GIL)
+            except (OSError, pa.ArrowException) as exc:
+                self.failed = TraceError(f"{path}: cannot stage segment ({exc})")
+                raise self.failed from None
+            files[kind] = str(path)
+        message = {"index": segment.index, "through_step": segment.through_step,
+                   "first_event_id": segment.first_event_id,
+                   "last_event_id": segment.last_event_id, "files": files}
+        self._send(message)
+        self._pending.append(segment.index)
+        if len(self._pending) > MAX_PENDING_SEGMENTS:
+            self.drain(wait_all=False, wait_one=True)
+
+    def drain(self, wait_all: bool, wait_one: bool = False) -> None:
+        """Collect the child's answers (re-raising its error); wait for one or all if asked."""
+        while self._pending:
+            block = wait_all or wait_one
+            if not self._receive(block):
+                break
+            wait_one = False
+        self._raise_if_failed()
+
+    def shutdown(self) -> None:
+        """End the child's input, wait for it to commit what it was sent, remove the staging
+        folder."""
+        try:
+            if self._child.stdin is not None and not self._child.stdin.closed:
+                with contextlib.suppress(OSError):
+                    self._child.stdin.close()
+            while self._pending and self._receive(block=True):
+                pass
+        finally:
+            self._end()
+
+    def _send(self, message: dict[str, Any]) -> None:
+        assert self._child.stdin is not None
+        try:
+            self._child.stdin.write(json.dumps(message).encode() + b"\n")
+            self._child.stdin.flush()
+        except (BrokenPipeError, OSError):
+            self._died()
+
+    def _receive(self, block: bool) -> bool:
+        """Read the child's next answer line; False when none is there (``block=False``)."""
+        assert self._child.stdout is not None
+        fd = self._child.stdout.fileno()
+        while b"\n" not in self._received:
+            if not block and not select.select([fd], [], [], 0)[0]:
+                return False
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                self._died()
+            self._received += chunk
+        line, self._received = self._received.split(b"\n", 1)
+        answer = json.loads(line)
+        if "error" in answer:
+            self.failed = TraceError(answer["error"])
+            self._pending.clear()
+            raise self.failed
+        assert answer["index"] == self._pending[0], "the child commits in order"
+        self._pending.pop(0)
+        self.bytes_written += answer["bytes"]
+        self.write_s += answer["write_s"]
+        self.write_cpu_s += answer["write_cpu_s"]
+        return True
+
+    def _died(self) -> None:
+        code = self._child.poll()
+        self.failed = TraceError(
+            f"{self.root}: the trace writer process ended "
+            f"({'still running' if code is None else f'exit code {code}'}) with "
+            f"{len(self._pending)} segment(s) unwritten")
+        self._pending.clear()
+        raise self.failed
+
+    def _raise_if_failed(self) -> None:
+        if self.failed is not None:
+            raise self.failed
+
+
+def _end_child(child: subprocess.Popen[bytes], staging: Path) -> None:
+    """Close the child's input and output, wait for it to finish, remove ``staging``."""
+    for stream in (child.stdin, child.stdout):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()  # unread answers: the child goes on without telling
+    try:
+        child.wait(timeout=SHUTDOWN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def serve(root: Path, fsync: bool, lines: Any, answer: Any) -> None:
+    """The child's loop: write each segment ``lines`` names, in order, answering on
+    ``answer``; after an error, answer it once and commit nothing more. An engine that is gone
+    reads no answers: what it sent is still committed."""
+    writer = SegmentWriter(root, background=True, fsync=fsync)
+    listening = True
+
+    def tell(message: dict[str, Any]) -> None:
+        nonlocal listening
+        if listening:
+            try:
+                answer.write(json.dumps(message) + "\n")
+                answer.flush()
+            except (BrokenPipeError, OSError):
+                listening = False
+
+    try:
+        for line in lines:
+            message = json.loads(line)
+            try:
+                tables = {kind: _read_stream(path) for kind, path in message["files"].items()}
+                segment = Segment(message["index"], message["through_step"], tables,
+                                  message["first_event_id"], message["last_event_id"])
+                before = writer.bytes_written, writer.write_s, writer.write_cpu_s
+                writer.write(segment)
+            except (OSError, pa.ArrowException) as exc:
+                tell({"error": f"{root}: cannot read a staged segment ({exc})"})
+                return
+            except TraceError as exc:
+                tell({"error": str(exc)})
+                return
+            for path in message["files"].values():
+                os.unlink(path)
+            tell({"index": segment.index, "bytes": writer.bytes_written - before[0],
+                  "write_s": writer.write_s - before[1],
+                  "write_cpu_s": writer.write_cpu_s - before[2]})
+    finally:
+        writer.shutdown()
+
+
+def _read_stream(path: str) -> pa.Table:
+    with pa.memory_map(path) as source:
+        return pa.ipc.open_stream(source).read_all()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tracing.segment_process ROOT FSYNC STAGING``: serve the engine on stdin and
+    stdout, then remove its staging folder (the engine may be gone)."""
+    args = sys.argv[1:] if argv is None else argv
+    root, fsync, staging = Path(args[0]), args[1] == "1", Path(args[2])
+    # The engine ends this process by closing its input; a signal meant for the engine's group
+    # (Ctrl-C, a supervisor's SIGTERM) must not cut off the segments it already handed over.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Answers go to the original stdout; anything else printing there goes to stderr.
+    answer = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    try:
+        serve(root, fsync, sys.stdin, answer)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

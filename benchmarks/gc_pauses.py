@@ -214,9 +214,9 @@ def _one_engine(model: str, requests: list[Any], meter: PauseMeter, freeze: bool
     never = 2**31 - 1
     recorder_settings: dict[str, Any] = {
         "deferred": {"trace_flush_steps": never, "trace_flush_seconds": 1e9,
-                     "wrap_sink": lambda sink: _recorder_set(sink, stage_steps=never)},
+                     "wrap_sink": lambda sink: _deferring(sink, never)},
         "unflushed": {"trace_flush_steps": never, "trace_flush_seconds": 1e9},
-        "process": {"wrap_sink": lambda sink: _recorder_set(sink, writer="process")},
+        "process": {"trace_segment_writer": "process"},
     }.get(variant, {})
     llm = LLM(model, trace_dir=trace_dir, record_events=trace_dir is not None,
               freeze_gc_heap=freeze, **recorder_settings)
@@ -247,10 +247,9 @@ def _one_engine(model: str, requests: list[Any], meter: PauseMeter, freeze: bool
            "tracked_objects": len(gc.get_objects()), "steal_s": round(steal, 3),
            "involuntary_switches": switches}
     if trace_dir is not None:
+        from replay.metrics import compute
         from replay.recorded import from_trace
         from tracing.reader import read_trace
-
-        from replay.metrics import compute
 
         events = from_trace(read_trace(trace_dir))
         steps = events.tables["model_step"]
@@ -274,11 +273,10 @@ def _one_engine(model: str, requests: list[Any], meter: PauseMeter, freeze: bool
     return row
 
 
-def _recorder_set(sink: Any, **settings: Any) -> Any:
-    """``sink`` (the engine's recorder, not yet open) with ``settings`` as its attributes."""
+def _deferring(sink: Any, stage_steps: int) -> Any:
+    """``sink`` (the engine's recorder) converting events only when it flushes."""
     if sink is not None:
-        for name, value in settings.items():
-            setattr(sink, name, value)
+        sink.stage_steps = stage_steps
     return sink
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from engine.errors import ConfigError
 from engine.policy import EVICTION_ORDERS, WHOLE_PROMPT_POLICIES, policy_class
-from tracing.layout import DEFAULT_FLUSH_SECONDS, DEFAULT_FLUSH_STEPS
+from tracing.layout import DEFAULT_FLUSH_SECONDS, DEFAULT_FLUSH_STEPS, TRACE_WRITERS
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -74,6 +74,7 @@ FIELD_RULES: dict[str, _Rule] = {
     "eos": _Rule(int, -1, _INT_MAX),
     "trace_flush_steps": _Rule(int, 1, _INT_MAX),
     "trace_flush_seconds": _Rule(float, 0.0, None),
+    "trace_segment_writer": _Rule(str, choices=TRACE_WRITERS),
     "calibration_repeats": _Rule(int, 0, 1000, allow=(AUTO_CALIBRATION,)),
     "async_scheduling": _Rule(bool),
     "prefill_graph_tokens": _Rule(int, 0, _INT_MAX),
@@ -122,6 +123,9 @@ class Config:
     eos: int = -1
     trace_flush_steps: int = DEFAULT_FLUSH_STEPS
     trace_flush_seconds: float = DEFAULT_FLUSH_SECONDS
+    # Who writes the trace's segments (tracing.layout.TRACE_WRITERS): threads of this process,
+    # or a child process, whose encoding then never shares the engine's interpreter.
+    trace_segment_writer: str = "thread"
     # Timed repetitions of each start-up calibration step (engine/calibration.py); 0: none;
     # AUTO_CALIBRATION: GPU_CALIBRATION_REPEATS on a GPU, none on the CPU.
     calibration_repeats: int = AUTO_CALIBRATION

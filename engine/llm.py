@@ -35,6 +35,7 @@ def _make_sink(trace_dir: str | None, config: Config, force: bool, writer: str) 
         trace_dir,
         flush_steps=config.trace_flush_steps,
         flush_seconds=config.trace_flush_seconds,
+        writer=config.trace_segment_writer,
         overwrite=force,
         command=writer,
     )

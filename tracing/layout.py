@@ -40,6 +40,9 @@ TMP_SUFFIX = ".tmp"
 # kill loses.
 DEFAULT_FLUSH_STEPS = 256
 DEFAULT_FLUSH_SECONDS = 2.0
+# Where a recorder's segments are written: background threads of the recording process, or a
+# child process of its own (tracing/segment_process.py).
+TRACE_WRITERS = ("thread", "process")
 
 
 def segment_stem(index: int) -> str:

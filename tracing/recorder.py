@@ -26,6 +26,7 @@ from tracing.layout import (
     DEFAULT_FLUSH_STEPS,
     HEADER_FILE,
     SUMMARY_FILE,
+    TRACE_WRITERS,
     segment_file,
     trace_entries,
     trace_is_complete,
@@ -47,8 +48,6 @@ from tracing.segment_writer import Segment, SegmentWriter
 # step's conversion (~0.8 ms), while a whole segment at once stalls an overlapped engine for
 # 4-15 ms on the H200 host; 8 steps cost ~1-2 ms, inside one decode step's device time.
 STAGE_STEPS = 8
-# Where segments are written: background threads of the engine's process, or a child process.
-WRITERS = ("thread", "process")
 
 
 class ParquetRecorder:
@@ -82,8 +81,8 @@ class ParquetRecorder:
             raise ValueError(f"flush_steps must be an integer >= 1, got {flush_steps!r}")
         if not isinstance(flush_seconds, (int, float)) or not flush_seconds >= 0:
             raise ValueError(f"flush_seconds must be a number >= 0, got {flush_seconds!r}")
-        if writer not in WRITERS:
-            raise ValueError(f"writer must be one of {', '.join(WRITERS)}, got {writer!r}")
+        if writer not in TRACE_WRITERS:
+            raise ValueError(f"writer must be one of {', '.join(TRACE_WRITERS)}, got {writer!r}")
         self.trace_dir = Path(trace_dir)
         self.writer = writer
         self.flush_steps = flush_steps

@@ -40,7 +40,8 @@ from replay.whatif.simulate import (
 DEFAULT_OUT = "out/whatif"
 # Config fields that describe the machine or the recording, not the schedule: left out of the
 # "predicting ... under" line of --compare (they are still applied).
-COSMETIC_FIELDS = frozenset({"model", "trace_flush_steps", "trace_flush_seconds", "device"})
+COSMETIC_FIELDS = frozenset({"model", "trace_flush_steps", "trace_flush_seconds",
+                             "trace_segment_writer", "device"})
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -61,3 +61,19 @@ def test_a_writer_process_that_dies_is_a_trace_error(tmp_path: Path) -> None:
     with pytest.raises(TraceError):
         recorder.close(buffer, {})
     assert read_trace(tmp_path / "t").segments >= 1
+
+
+def test_config_trace_segment_writer_reaches_the_recorder(tmp_path: Path) -> None:
+    """``Config.trace_segment_writer`` picks the recorder's writer; a bad name is a ConfigError."""
+    from engine import LLM
+    from engine.errors import ConfigError
+    from engine.sampling_params import SamplingParams
+
+    llm = LLM(None, trace_dir=str(tmp_path / "t"), trace_segment_writer="process")
+    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+    llm.close()
+    trace = read_trace(tmp_path / "t")
+    assert trace.complete and trace.summary["recorder"]["writer"] == "process"
+    assert trace.header["config"]["trace_segment_writer"] == "process"
+    with pytest.raises(ConfigError, match="trace_segment_writer"):
+        LLM(None, trace_dir=str(tmp_path / "u"), trace_segment_writer="fork")

@@ -11,7 +11,8 @@ modes interleaved so machine noise spreads evenly over them:
 - ``memory``: events kept by ``MemorySink`` (the emission cost alone);
 - ``parquet``: the ``ParquetRecorder`` as the engine uses it (background writer, fsync);
 - ``parquet-nofsync``: the same without fsync (safe against a killed process, not power loss);
-- ``parquet-sync``: the recorder encoding and writing on the engine's thread, for comparison.
+- ``parquet-sync``: the recorder encoding and writing on the engine's thread, for comparison;
+- ``parquet-process``: segments written by a child process (``Config.trace_segment_writer``).
 
 Then the trace size and ``verify`` of the trace (in-process, reading included, and as the
 ``replayllm verify`` command). With ``--step-ms`` each step also waits that long with the GIL
@@ -44,7 +45,7 @@ from tracing.sink import MemorySink
 
 # Large enough that the reference workload never preempts: Nano-vLLM's bench schedule.
 BENCH_NUM_BLOCKS = 4096
-MODES = ("off", "memory", "parquet", "parquet-nofsync", "parquet-sync")
+MODES = ("off", "memory", "parquet", "parquet-nofsync", "parquet-sync", "parquet-process")
 _MB = 1e6
 def _sink(mode: str, trace_dir: Path, flush_steps: int) -> Any:
     if mode == "memory":
@@ -56,6 +57,7 @@ def _sink(mode: str, trace_dir: Path, flush_steps: int) -> Any:
             background=mode != "parquet-sync",
             fsync=mode != "parquet-nofsync",
             overwrite=True,
+            writer="process" if mode == "parquet-process" else "thread",
         )
     return None
 

@@ -3,14 +3,15 @@
 The threaded writer shares the engine's interpreter: its Parquet encoding, compression and
 syncing run beside the engine's thread, which then waits for the GIL and the allocator when it
 returns from the device. Here the engine's thread only saves each segment's Arrow tables as
-Arrow IPC files in a private temporary folder (a copy into the page cache, the GIL released) and
-sends one line naming them; a child process (``python -m tracing.segment_process``) runs a
+one file of Arrow IPC streams in a private temporary folder (one copy into the page cache) and
+sends one line naming it; a child process (``python -m tracing.segment_process``) runs a
 ``SegmentWriter`` on them, in order, and answers one line per segment. The child owns nothing
 the engine needs: if the engine is killed, the child still commits every segment it was sent,
 then exits at the end of its input.
 
 Protocol (one JSON object per line): to the child ``{"index", "through_step", "first_event_id",
-"last_event_id", "files": {kind: path}}``; from it ``{"index", "bytes", "write_s", "write_cpu_s"}``
+"last_event_id", "file", "streams": {kind: [start, size]}}`` (each kind's table an Arrow IPC
+stream at that place in the file); from it ``{"index", "bytes", "write_s", "write_cpu_s"}``
 per committed segment, or ``{"error": message}`` once, after which it commits nothing more.
 """
 
@@ -32,8 +33,11 @@ from typing import Any
 import pyarrow as pa
 
 from tracing.errors import TraceError
+from tracing.outdir import write_all
 from tracing.segment_writer import MAX_PENDING_SEGMENTS, Segment, SegmentWriter
 
+# Staging files reused in turn (see ProcessSegmentWriter.submit).
+STAGING_SLOTS = MAX_PENDING_SEGMENTS + 2
 # How long shutdown waits for the child to finish what it was sent.
 SHUTDOWN_TIMEOUT_S = 600.0
 
@@ -70,20 +74,34 @@ class ProcessSegmentWriter:
         """Hand ``segment`` to the child after the ones before it; wait while too many are in
         flight."""
         self._raise_if_failed()
-        files = {}
-        for kind, table in segment.tables.items():
-            path = self._staging / f"{segment.index}-{kind}.arrows"
+        # Every kind's table as one Arrow IPC stream, back to back in memory (no copy of the
+        # columns beyond this one, the GIL released), then one write into the page cache.
+        encoded = pa.BufferOutputStream()
+        streams = {}
+        # A few files written over in turn: a new file's pages cost as much as the copy itself
+        # (~1 GB/s), a written one's are reused. A slot comes round again only after the child
+        # answered for the segment that used it (at most MAX_PENDING_SEGMENTS + 1 in flight).
+        path = self._staging / f"slot-{segment.index % STAGING_SLOTS}.arrows"
+        try:
+            for kind, table in segment.tables.items():
+                start = encoded.tell()
+                with pa.ipc.new_stream(encoded, table.schema) as out:
+                    out.write_table(table)
+                streams[kind] = [start, encoded.tell() - start]
+            data = encoded.getvalue()
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             try:
-                with pa.OSFile(str(path), "wb") as sink, \
-                        pa.ipc.new_stream(sink, table.schema) as out:
-                    out.write_table(table)  # (without the GIL)
-            except (OSError, pa.ArrowException) as exc:
-                self.failed = TraceError(f"{path}: cannot stage segment ({exc})")
-                raise self.failed from None
-            files[kind] = str(path)
+                write_all(fd, data)
+                os.ftruncate(fd, data.size)
+            finally:
+                os.close(fd)
+        except (OSError, pa.ArrowException) as exc:
+            self.failed = TraceError(f"{path}: cannot stage segment ({exc})")
+            raise self.failed from None
         message = {"index": segment.index, "through_step": segment.through_step,
                    "first_event_id": segment.first_event_id,
-                   "last_event_id": segment.last_event_id, "files": files}
+                   "last_event_id": segment.last_event_id, "file": str(path),
+                   "streams": streams}
         self._send(message)
         self._pending.append(segment.index)
         if len(self._pending) > MAX_PENDING_SEGMENTS:
@@ -190,7 +208,7 @@ def serve(root: Path, fsync: bool, lines: Any, answer: Any) -> None:
         for line in lines:
             message = json.loads(line)
             try:
-                tables = {kind: _read_stream(path) for kind, path in message["files"].items()}
+                tables = _read_streams(message["file"], message["streams"])
                 segment = Segment(message["index"], message["through_step"], tables,
                                   message["first_event_id"], message["last_event_id"])
                 before = writer.bytes_written, writer.write_s, writer.write_cpu_s
@@ -201,8 +219,6 @@ def serve(root: Path, fsync: bool, lines: Any, answer: Any) -> None:
             except TraceError as exc:
                 tell({"error": str(exc)})
                 return
-            for path in message["files"].values():
-                os.unlink(path)
             tell({"index": segment.index, "bytes": writer.bytes_written - before[0],
                   "write_s": writer.write_s - before[1],
                   "write_cpu_s": writer.write_cpu_s - before[2]})
@@ -210,9 +226,12 @@ def serve(root: Path, fsync: bool, lines: Any, answer: Any) -> None:
         writer.shutdown()
 
 
-def _read_stream(path: str) -> pa.Table:
+def _read_streams(path: str, streams: dict[str, list[int]]) -> dict[str, pa.Table]:
+    """The tables of a staged segment file (each kind's stream at [start, size])."""
     with pa.memory_map(path) as source:
-        return pa.ipc.open_stream(source).read_all()
+        data = source.read_buffer()
+    return {kind: pa.ipc.open_stream(data.slice(start, size)).read_all()
+            for kind, (start, size) in streams.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

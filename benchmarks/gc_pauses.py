@@ -208,6 +208,7 @@ def _one_engine(model: str, requests: list[Any], meter: PauseMeter, freeze: bool
     from engine import LLM
     from replay.cli.live import run_workload
     from tracing.recorder import ParquetRecorder
+    from tracing.segment_process import ProcessSegmentWriter
     from tracing.segment_writer import SegmentWriter
 
     meter.take()
@@ -225,7 +226,9 @@ def _one_engine(model: str, requests: list[Any], meter: PauseMeter, freeze: bool
     # The trace writer's segment writes (its own thread) and the recorder's conversion of a few
     # steps' events to Arrow (the engine's thread, charged to the next step's host time).
     writes, stages = MethodWindows(SegmentWriter, "write"), MethodWindows(ParquetRecorder, "_stage")
-    with tempfile.TemporaryDirectory() as work, writes, stages:
+    # A writer process's segments leave through a file the engine's thread writes (``handoff``).
+    handoffs = MethodWindows(ProcessSegmentWriter, "submit")
+    with tempfile.TemporaryDirectory() as work, writes, stages, handoffs:
         host_probe = HostProbe(Path(work) / "probe.json")
         steal, switches = _steal_s(), _involuntary_switches()
         began = time.perf_counter()
@@ -258,13 +261,15 @@ def _one_engine(model: str, requests: list[Any], meter: PauseMeter, freeze: bool
         for name in ("ttft_mean_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s"):
             row[name.replace("_s", "_ms")] = round(summary[name] * 1e3, 2)
         causes = {"gc": [(b, s) for b, s, _ in meter.pauses], "writer": writes.windows,
-                  "stage": [w for w in stages.windows if w[1] >= LOGGED_PAUSE_S]}
+                  "stage": [w for w in stages.windows if w[1] >= LOGGED_PAUSE_S],
+                  "handoff": [w for w in handoffs.windows if w[1] >= LOGGED_PAUSE_S]}
         if probe:
             causes["machine"] = host_probe.gaps
             row["machine_gaps"] = len(host_probe.gaps)
             row["machine_gap_s"] = round(sum(s for _, s in host_probe.gaps), 4)
         row.update(host_stalls(steps, start_time, causes))
-        for name, windows in (("stage", stages.windows), ("writer", writes.windows)):
+        for name, windows in (("stage", stages.windows), ("writer", writes.windows),
+                              ("handoff", handoffs.windows)):
             seconds = [s for _, s in windows]
             row[f"{name}_calls"] = len(seconds)
             row[f"{name}_max_ms"] = round(max(seconds, default=0.0) * 1e3, 2)

@@ -143,6 +143,8 @@ def test_the_deferred_variant_records_everything_with_no_recorder_work_during_th
     assert rows["unflushed"]["stage_calls"] > 0 and rows["unflushed"]["writer_calls"] == 0
     # The child process writes: the engine's process times no segment write of its own.
     assert rows["process"]["stage_calls"] > 0 and rows["process"]["writer_calls"] == 0
+    assert read_trace(tmp_path / "process").summary["recorder"]["writer"] == "process"
+    assert rows["default"]["handoff_calls"] == 0
     assert rows["default"]["stage_calls"] > 0  # every STAGE_STEPS steps, and each flush
     assert rows["switch"]["switch_interval_s"] == FAST_SWITCH_S
     assert rows["default"]["switch_interval_s"] == switch_was

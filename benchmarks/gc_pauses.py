@@ -259,7 +259,7 @@ def _one_engine(model: str, requests: list[Any], meter: PauseMeter, freeze: bool
         # What the stalls do to the latencies a what-if predicts.
         summary = compute(events).summary
         for name in ("ttft_mean_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s"):
-            row[name.replace("_s", "_ms")] = round(summary[name] * 1e3, 2)
+            row[name.removesuffix("_s") + "_ms"] = round(summary[name] * 1e3, 2)
         causes = {"gc": [(b, s) for b, s, _ in meter.pauses], "writer": writes.windows,
                   "stage": [w for w in stages.windows if w[1] >= LOGGED_PAUSE_S],
                   "handoff": [w for w in handoffs.windows if w[1] >= LOGGED_PAUSE_S]}

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 Prompt = str | list[int]
 
 
-def _make_sink(trace_dir: str | None, config: Config, force: bool, writer: str) -> Any:
+def _make_sink(trace_dir: str | None, config: Config, force: bool, command: str) -> Any:
     if trace_dir is None:
         from tracing.sink import MemorySink
 
@@ -37,7 +37,7 @@ def _make_sink(trace_dir: str | None, config: Config, force: bool, writer: str) 
         flush_seconds=config.trace_flush_seconds,
         writer=config.trace_segment_writer,
         overwrite=force,
-        command=writer,
+        command=command,
     )
 
 

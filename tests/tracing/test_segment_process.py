@@ -17,7 +17,7 @@ from tracing.layout import COMMITS_DIR
 
 
 def test_the_staging_folder_is_gone_after_close(tmp_path: Path) -> None:
-    """Each segment's Arrow files are removed once committed, the folder at close."""
+    """The staging folder (a few reused files of Arrow IPC streams) is removed at close."""
     from _trace_helpers import reference_like
 
     recorder = ParquetRecorder(tmp_path / "t", flush_steps=3, fsync=False, writer="process")

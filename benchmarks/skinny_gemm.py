@@ -12,7 +12,16 @@ weights come from HBM as they do in the engine), inside a CUDA graph:
 Every tiling that fits is checked against cuBLAS's output (relative error) before it is timed.
 Writes ``skinny_gemm.json`` with microseconds per layer and the best tiling per shape and batch.
 
-Usage (a CUDA GPU): ``python -m benchmarks.skinny_gemm --out DIR [--batches 1,16,64,128,256]``.
+``--pdl`` launches the Triton kernels as the engine does under ``Config.programmatic_launch``;
+``--prefetch`` times each tiling also with its weight slice prefetched into L2 before the wait
+for the kernel before it (``SplitKTiling.prefetch``), the best ones only (``--refine``).
+``--layer`` then times the projections of a decode layer in order (input norm, qkv, o_proj +
+norm, gate_up, down + norm; attention left out) over the 28 layers: cuBLAS for all four, the
+engine's choice today (``DECODE_TILINGS``), and the best Triton tiling of each shape at that
+batch with and without prefetch.
+
+Usage (a CUDA GPU): ``python -m benchmarks.skinny_gemm --out DIR [--batches 1,16,64,128,256]
+[--pdl] [--prefetch] [--layer]``.
 """
 
 from __future__ import annotations
@@ -30,6 +39,11 @@ import torch.nn.functional as F
 
 from benchmarks.gemm import SHAPES, time_graph
 
+HIDDEN = 1024
+# Launches worth timing: from a quarter of the SMs (at 256 rows an unsplit tile is wide) to ~5
+# waves.
+MIN_PROGRAMS, MAX_PROGRAMS = 32, 700
+
 LAYERS = 28
 REPLAYS = 30
 MAX_REL_ERR = 2e-2
@@ -37,12 +51,12 @@ EPS = 1e-6
 
 
 def candidate_tilings(m: int, n: int, k: int, split_ok: bool) -> list[Any]:
-    """Tilings worth timing for one product: programs between half the SMs and ~8 waves."""
+    """Tilings worth timing for one product (``MIN_PROGRAMS`` to ``MAX_PROGRAMS`` programs)."""
     from engine.model.layers.decode_gemm import SplitKTiling
 
     out = []
     for bn, bm, (bk, stages), split in itertools.product(
-        (32, 64, 128), (16, 32, 64, 128), ((64, 4), (128, 3), (256, 2)), (1, 2, 3, 4, 8)
+        (32, 64, 128), (16, 32, 64, 128), ((64, 4), (128, 3)), (1, 2, 4, 8)
     ):
         if bn == 32 and (split > 1 or bm > 32):
             continue  # narrow tiles only where K is not split (qkv, gate_up at small batches)
@@ -53,7 +67,7 @@ def candidate_tilings(m: int, n: int, k: int, split_ok: bool) -> list[Any]:
         if bm > max(16, 1 << (m - 1).bit_length()):
             continue  # no tile wider than the (padded) batch
         programs = (n // bn) * -(-m // bm) * split
-        if 64 <= programs <= 700:
+        if MIN_PROGRAMS <= programs <= MAX_PROGRAMS:
             out.append(tiling)
     return out
 
@@ -120,7 +134,21 @@ def time_tilings(case: Case, tilings: list[Any], ref: Any) -> list[dict[str, Any
     return results
 
 
-def run(out_dir: Path, batches: list[int]) -> dict[str, Any]:
+def with_prefetch(tilings: list[Any]) -> list[Any]:
+    """Each tiling again with its weights prefetched (``SplitKTiling.prefetch``)."""
+    import dataclasses
+
+    return [dataclasses.replace(t, prefetch=True) for t in tilings]
+
+
+def run(
+    out_dir: Path,
+    batches: list[int],
+    prefetch: bool = False,
+    refine: int = 4,
+    layer: bool = False,
+) -> dict[str, Any]:
+
     import torch
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -148,6 +176,12 @@ def run(out_dir: Path, batches: list[int]) -> dict[str, Any]:
             base_us = time_graph(case.cublas, REPLAYS, calls=1) / LAYERS
             row: dict[str, Any] = {"shape": name, "M": m, "K": k, "N": n, "cublas_us": base_us}
             results = time_tilings(case, candidate_tilings(m, n, k, case.consumer), ref)
+            if prefetch:  # the best few again, beside their prefetching form (same graph state)
+                plain = sorted((r for r in results if "us" in r), key=lambda r: r["us"])[:refine]
+                again = [tiling_of(r) for r in plain]
+                results = [r for r in results if "us" not in r] + time_tilings(
+                    case, again + with_prefetch(again), ref
+                )
             timed = [r for r in results if "us" in r]
             row["tried"] = len(results)
             row["failed"] = len(results) - len(timed)
@@ -157,6 +191,9 @@ def run(out_dir: Path, batches: list[int]) -> dict[str, Any]:
                 row["speedup"] = base_us / top["us"]
                 best[f"{name}/{m}"] = top
                 row["top5"] = sorted(timed, key=lambda r: r["us"])[:5]
+                plain = [r for r in timed if not r.get("prefetch")]
+                if prefetch and plain:
+                    row["best_plain_us"] = min(r["us"] for r in plain)
             rows.append(row)
             print(
                 f"{name:<8} M={m:<4} cublas {base_us:6.2f} us"
@@ -168,23 +205,140 @@ def run(out_dir: Path, batches: list[int]) -> dict[str, Any]:
                 ),
                 flush=True,
             )
+    layers = []
+    if layer:
+        for m in batches:
+            picks = {
+                "plain": {n: tiling_of(r) for n, r in best_of(rows, m, prefetch=False).items()},
+                "prefetch": {n: tiling_of(r) for n, r in best_of(rows, m, prefetch=True).items()},
+            }
+            row = time_layer(m, gen, picks)
+            layers.append(row)
+            print(
+                f"layer M={m:<4} "
+                + "  ".join(f"{k} {v:6.2f}" for k, v in row.items() if k.endswith("_us")),
+                flush=True,
+            )
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = {"rows": rows, "best": best, "device": torch.cuda.get_device_name()}
+    result = {
+        "rows": rows,
+        "best": best,
+        "layers": layers,
+        "pdl": programmatic(),
+        "device": torch.cuda.get_device_name(),
+    }
     (out_dir / "skinny_gemm.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def tiling_of(result: dict[str, Any]) -> Any:
+    """The :class:`SplitKTiling` a timing row was made with."""
+    import dataclasses
+
+    from engine.model.layers.decode_gemm import SplitKTiling
+
+    return SplitKTiling(**{f.name: result[f.name] for f in dataclasses.fields(SplitKTiling)})
+
+
+def best_of(rows: list[dict[str, Any]], m: int, prefetch: bool) -> dict[str, dict[str, Any]]:
+    """Per shape, the fastest timed tiling at batch ``m`` with (or without) prefetch."""
+    out = {}
+    for row in rows:
+        if row["M"] != m:
+            continue
+        timed = [r for r in row.get("top5", []) if bool(r.get("prefetch")) == prefetch]
+        if timed:
+            out[row["shape"]] = min(timed, key=lambda r: r["us"])
+    return out
+
+
+def programmatic() -> bool:
+    from engine.model.kernels.launch import programmatic_launch
+
+    return programmatic_launch()
+
+
+def time_layer(m: int, gen: Any, picks: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A decode layer's projections and norms over ``LAYERS`` layers (attention left out), us a
+    layer: cuBLAS throughout, the engine's split-K buckets (``DecodeGemm``), and the given
+    Triton tilings per shape (``picks[variant][shape]``; a shape without one keeps cuBLAS)."""
+    import torch
+
+    from engine.model.kernels import fused, skinny_gemm
+    from engine.model.layers.decode_gemm import DecodeGemm
+
+    dev, bf16 = "cuda", torch.bfloat16
+    shapes = {name: (k, n) for name, k, n in SHAPES if name != "lm_head"}
+    weights = {
+        name: [
+            (torch.randn(n, k, device=dev, generator=gen) * k**-0.5).to(bf16) for _ in range(LAYERS)
+        ]
+        for name, (k, n) in shapes.items()
+    }
+    norm_w = (1 + 0.1 * torch.randn(HIDDEN, device=dev, generator=gen)).to(bf16)
+    hidden0 = torch.randn(m, HIDDEN, device=dev, generator=gen).to(bf16)
+    residual0 = torch.randn(m, HIDDEN, device=dev, generator=gen).to(bf16)
+    attn_out = torch.randn(m, shapes["o_proj"][0], device=dev, generator=gen).to(bf16)
+    engine_gemm = {role: DecodeGemm(skinny_gemm, role) for role in ("o_proj", "down")}
+
+    def project(choice: dict[str, Any] | None, name: str, x: Any, layer: int, swiglu: bool) -> Any:
+        w = weights[name][layer]
+        if choice is None:  # the engine's buckets for o_proj/down, cuBLAS otherwise
+            gemm = engine_gemm.get(name)
+            parts = gemm.project(x, w, silu_mul=swiglu) if gemm is not None else None
+            if parts is not None:
+                return parts.parts
+        elif name in choice:
+            return skinny_gemm.splitk_linear(x, w, choice[name], silu_mul=swiglu)
+        return F.linear(fused.silu_and_mul(x) if swiglu else x, w)
+
+    def norm(y: Any, residual: Any) -> tuple[Any, Any]:
+        if y.dtype == torch.float32:  # split-K partials
+            return fused.rms_norm_of_parts(y, norm_w, EPS, residual)
+        return fused.rms_norm(y, norm_w, EPS, residual)
+
+    def layers(choice: dict[str, Any] | None) -> Any:
+        y, residual = hidden0, residual0
+        for layer in range(LAYERS):
+            h, residual = norm(y, residual)
+            project(choice, "qkv", h, layer, False)
+            h, residual = norm(project(choice, "o_proj", attn_out, layer, False), residual)
+            gate_up = project(choice, "gate_up", h, layer, False)
+            y = project(choice, "down", gate_up, layer, True)
+        return norm(y, residual)[0]
+
+    variants: dict[str, Any] = {"cublas": {}, "engine": None, **picks}
+    ref = layers({})
+    row: dict[str, Any] = {"M": m}
+    for label, choice in variants.items():
+        fn = functools.partial(layers, choice)
+        row[f"{label}_rel_err"] = rel_err(fn(), ref)
+        row[f"{label}_us"] = time_graph(fn, REPLAYS, calls=1) / LAYERS
+        if choice:
+            row[f"{label}_tilings"] = {k: v.label() for k, v in choice.items()}
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="out/skinny_gemm")
     parser.add_argument("--batches", default="1,16,64,128,256")
+    parser.add_argument("--pdl", action="store_true", help="programmatic dependent launch")
+    parser.add_argument("--prefetch", action="store_true", help="also weights prefetched to L2")
+    parser.add_argument("--refine", type=int, default=4, help="best tilings re-timed with prefetch")
+    parser.add_argument("--layer", action="store_true", help="a decode layer's projections")
     args = parser.parse_args(argv)
     import torch
 
     if not torch.cuda.is_available():
         print("skinny_gemm: needs a CUDA GPU", file=sys.stderr)
         return 2
-    run(Path(args.out), [int(b) for b in args.batches.split(",")])
+    if args.pdl:
+        from engine.model.kernels.launch import set_programmatic_launch
+
+        set_programmatic_launch(True, torch.cuda.get_device_capability())
+    batches = [int(b) for b in args.batches.split(",")]
+    run(Path(args.out), batches, args.prefetch, args.refine, args.layer)
     return 0
 
 

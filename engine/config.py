@@ -85,6 +85,7 @@ FIELD_RULES: dict[str, _Rule] = {
     "fused_kv_store": _Rule(bool),
     "blas_library": _Rule(str, choices=BLAS_LIBRARIES),
     "split_k_gemm": _Rule(bool),
+    "decode_gemm_prefetch": _Rule(bool),
     "programmatic_launch": _Rule(bool),
     "decode_longest_first": _Rule(bool),
     "long_prefill_kernel": _Rule(str, choices=LONG_PREFILL_KERNELS),
@@ -157,6 +158,12 @@ class Config:
     # Triton GEMMs whose partials the next RMSNorm sums (engine/model/layers/decode_gemm.py);
     # False: cuBLAS for every projection (the numerics of traces recorded before the field).
     split_k_gemm: bool = True
+    # CUDA only, with split_k_gemm: up to 16 decode rows every projection (qkv and gate_up too)
+    # runs a Triton GEMM that prefetches its weights into L2 before waiting for the kernel before
+    # it (decode_gemm.PREFETCH_TILINGS). False: the split-K table alone, qkv and gate_up on
+    # cuBLAS (the traces recorded before the field, and the default until its engine A/B has
+    # run: docs/gpu-notes.md, session 26).
+    decode_gemm_prefetch: bool = False
     # CUDA only, compute capability 9+: Triton kernels launch with programmatic dependent launch
     # (engine/model/kernels/launch.py), so a kernel's launch overlaps the end of the one before;
     # results are identical. False: plain launches (the traces recorded before the field).

@@ -266,6 +266,8 @@ def profile_key(description: dict[str, Any], engine_version: str) -> dict[str, A
         # Named only when on, so the keys of profiles and traces from before it stay equal.
         if description.get("decode_longest_first"):
             key["kernels"]["decode_longest_first"] = True
+        if description.get("decode_gemm_prefetch"):
+            key["kernels"]["decode_gemm_prefetch"] = True
         # Likewise: absent, eager long prompts ran the Triton kernel.
         if description.get("long_prefill_kernel", "triton") != "triton":
             key["kernels"]["long_prefill_kernel"] = description["long_prefill_kernel"]

@@ -124,6 +124,7 @@ def config_from_header(header: dict[str, Any], **overrides: Any) -> Config:
     recorded.setdefault("blas_library", "default")
     # Every projection ran through cuBLAS before the split-K decode GEMMs existed.
     recorded.setdefault("split_k_gemm", False)
+    recorded.setdefault("decode_gemm_prefetch", False)
     recorded.setdefault("programmatic_launch", False)
     recorded.setdefault("decode_longest_first", False)
     # Eager long prompts ran the Triton kernel before the field existed.

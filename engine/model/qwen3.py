@@ -165,7 +165,10 @@ class Qwen3Attention(nn.Module):
             group=group,
         )
         if self.kernels.split_k is not None:
-            self.o_proj.use_split_k(DecodeGemm(self.kernels.split_k, "o_proj"))
+            table = self.kernels.decode_tilings
+            self.o_proj.use_split_k(DecodeGemm(self.kernels.split_k, "o_proj", table))
+            if "qkv" in table:
+                self.qkv_proj.use_decode_gemm(DecodeGemm(self.kernels.split_k, "qkv", table))
         self.rotary_emb = rotary_emb
         self.attn = Attention(
             self.num_heads,
@@ -255,7 +258,10 @@ class Qwen3MLP(nn.Module):
         )
         self.act_fn = SiluAndMul(kernels.module if kernels is not None else None)
         if kernels is not None and kernels.split_k is not None:
-            self.down_proj.use_split_k(DecodeGemm(kernels.split_k, "down"))
+            table = kernels.decode_tilings
+            self.down_proj.use_split_k(DecodeGemm(kernels.split_k, "down", table))
+            if "gate_up" in table:
+                self.gate_up_proj.use_decode_gemm(DecodeGemm(kernels.split_k, "gate_up", table))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | SplitKParts:
         """The MLP's output: a tensor, or at decode batch sizes on CUDA ``down``'s split-K

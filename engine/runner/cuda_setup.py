@@ -32,7 +32,7 @@ from engine.graph_sizes import (
 )
 from engine.model.attention_metadata import build_attention_metadata
 from engine.model.kernels.launch import set_long_prefill_kernel, set_programmatic_launch
-from engine.model.layers.decode_gemm import split_k_batches
+from engine.model.layers.decode_gemm import decode_tilings, split_k_batches
 from engine.runner.cuda_step import CudaStepper
 from engine.runner.decode_graphs import DecodeBuffers, DecodeGraphs
 from engine.runner.graph_capture import NO_SOURCE, ModelFn, take_sources
@@ -188,7 +188,8 @@ def build_stepper(
     stepper_args = (block_size, num_kvcache_blocks, config.seed, rank, fused_kernels)
     sizes = split_variants(max_batch, num_kv_heads) if attention_backend.name == "triton" else [1]
     # ... and one per split-K GEMM tiling, which compiles on its first batch too.
-    sizes = sorted(set(sizes) | {b for b in split_k_batches() if b <= max_batch})
+    table = decode_tilings(config.split_k_gemm and config.decode_gemm_prefetch)
+    sizes = sorted(set(sizes) | {b for b in split_k_batches(table) if b <= max_batch})
     precompile(model, device, block_size, num_kvcache_blocks, max_positions, sizes,
                config.decode_longest_first)
     if not uses_cuda_graphs(config, attention_backend):

@@ -30,6 +30,7 @@ from engine.executor import DoneStep, PendingStep
 from engine.model.kernels.launch import long_prefill_kernel, programmatic_launch
 from engine.model.layers.attention import get_attention_backend
 from engine.model.layers.cuda_kernels import load_fused_kernels
+from engine.model.layers.decode_gemm import PREFETCH_TILINGS
 from engine.model.layers.linear import runs_split_k
 from engine.model.layers.parallel import SINGLE_PROCESS
 from engine.model.layers.sampler import Sampler
@@ -119,7 +120,11 @@ class ModelRunner:
             torch.cuda.set_device(self.device)
         self.group = self.dist.group if self.dist else SINGLE_PROCESS
         self.kernels = load_fused_kernels(
-            self.device, config.fused_kernels, config.fused_kv_store, config.split_k_gemm
+            self.device,
+            config.fused_kernels,
+            config.fused_kv_store,
+            config.split_k_gemm,
+            config.decode_gemm_prefetch,
         )
         self.model = build_model(
             self.model_dir, self.attention_backend, self.device, self.dtype, self.group,
@@ -300,6 +305,9 @@ class ModelRunner:
         info.update(self.cuda.describe() if self.cuda is not None else {"sampler": "torch"})
         if self.cuda is not None:  # whether the model's decode projections run split-K
             info["split_k_gemm"] = runs_split_k(self.model, self.dtype)
+            info["decode_gemm_prefetch"] = (
+                info["split_k_gemm"] and self.kernels.decode_tilings is PREFETCH_TILINGS
+            )
             info["programmatic_launch"] = programmatic_launch()
             info["decode_longest_first"] = self.cuda.buffers.longest_first
             info["long_prefill_kernel"] = long_prefill_kernel()

@@ -29,6 +29,7 @@ KERNEL_SPEED_FIELDS = (
     "fused_kv_store",
     "blas_library",
     "split_k_gemm",
+    "decode_gemm_prefetch",
     "programmatic_launch",
     "decode_longest_first",
     "long_prefill_kernel",

@@ -22,11 +22,13 @@ import triton
 import triton.language as tl
 
 from engine.model.kernels.fused import silu_mul_values
-from engine.model.kernels.gdc import gdc_enter
+from engine.model.kernels.gdc import gdc_enter, prefetch_l2
 from engine.model.kernels.launch import pdl_options
 
 if TYPE_CHECKING:
     from engine.model.layers.decode_gemm import SplitKTiling
+
+LINE = tl.constexpr(64)  # half-precision elements in a 128-byte cache line
 
 
 @triton.jit
@@ -44,15 +46,22 @@ def _splitk_kernel(
     BLOCK_K: tl.constexpr,
     STAGES: tl.constexpr,
     SILU_MUL: tl.constexpr,
+    PREFETCH: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
-    gdc_enter(USE_GDC)  # programmatic dependent launch: kernels/launch.py
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_s = tl.program_id(2)
     k_span: tl.constexpr = K // SPLIT_K
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if PREFETCH and pid_m == 0:  # this program's weight slice, under the previous kernel's tail
+        lines = w_ptr + cols.to(tl.int64)[:, None] * K + pid_s * k_span
+        lines += (tl.arange(0, BLOCK_K // LINE) * LINE)[None, :]
+        for _ in tl.range(0, k_span, BLOCK_K):
+            prefetch_l2(lines)
+            lines += BLOCK_K
+    gdc_enter(USE_GDC)  # programmatic dependent launch: kernels/launch.py
     ks = pid_s * k_span + tl.arange(0, BLOCK_K)
     row_ok = rows < M
     x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * x_stride + ks[None, :]
@@ -106,6 +115,7 @@ def splitk_linear(
             BLOCK_K=tiling.block_k,
             STAGES=tiling.num_stages,
             SILU_MUL=silu_mul,
+            PREFETCH=tiling.prefetch,
             num_warps=tiling.num_warps,
             **pdl_options(),
         )

@@ -17,7 +17,8 @@ import torch
 @dataclass(frozen=True)
 class SplitKTiling:
     """One launch shape: ``block_n`` weight rows x ``block_m`` batch rows per program, K in
-    ``split_k`` slices walked ``block_k`` at a time."""
+    ``split_k`` slices walked ``block_k`` at a time. ``prefetch``: each program first asks L2
+    for its weight slice, before it waits for the kernel before it (programmatic launch)."""
 
     block_n: int = 64
     block_m: int = 64
@@ -25,6 +26,7 @@ class SplitKTiling:
     split_k: int = 2
     num_warps: int = 4
     num_stages: int = 3
+    prefetch: bool = False
 
     def fits(self, m: int, n: int, k: int) -> bool:
         """Whether this tiling covers an ``[m, k] x [k, n]`` product exactly along N and K."""
@@ -37,7 +39,7 @@ class SplitKTiling:
     def label(self) -> str:
         return (
             f"n{self.block_n}m{self.block_m}k{self.block_k}s{self.split_k}"
-            f"w{self.num_warps}p{self.num_stages}"
+            f"w{self.num_warps}p{self.num_stages}" + ("f" if self.prefetch else "")
         )
 
 
@@ -49,10 +51,12 @@ class SplitKParts:
     parts: torch.Tensor
 
 
+Buckets = tuple[tuple[int, SplitKTiling], ...]
+
 # Tilings per projection, by the largest batch (rows) each serves, from the H200 sweep of
 # benchmarks/skinny_gemm.py (Qwen3-0.6B's o_proj K 2,048 and down K 3,072, N 1,024). Past the
 # last bucket cuBLAS is faster: there the output has enough tiles of its own.
-DECODE_TILINGS: dict[str, tuple[tuple[int, SplitKTiling], ...]] = {
+DECODE_TILINGS: dict[str, Buckets] = {
     "o_proj": (
         (16, SplitKTiling(64, 16, 128, 4, 4, 3)),
         (64, SplitKTiling(64, 32, 128, 4, 4, 3)),
@@ -63,6 +67,30 @@ DECODE_TILINGS: dict[str, tuple[tuple[int, SplitKTiling], ...]] = {
         (64, SplitKTiling(128, 32, 128, 8, 4, 3)),
     ),
 }
+# With ``Config.decode_gemm_prefetch``: up to 16 rows every projection, qkv and gate_up included
+# (one split: their output feeds no norm), runs a Triton tiling that prefetches its weights into
+# L2 before waiting for the kernel before it (``SplitKTiling.prefetch``); past 16 rows the table
+# above. From the sweep with ``--pdl --prefetch --layer`` (docs/gpu-notes.md, session 26): a
+# layer's projections and norms at 1-16 rows 9-13% faster than with the table above; from 64
+# rows prefetching gains nothing and Triton loses to cuBLAS for qkv and gate_up.
+PREFETCH_TILINGS: dict[str, Buckets] = {
+    "qkv": ((16, SplitKTiling(64, 16, 128, 1, 4, 3, prefetch=True)),),
+    "o_proj": (
+        (16, SplitKTiling(64, 16, 64, 4, 4, 4, prefetch=True)),
+        *DECODE_TILINGS["o_proj"][1:],
+    ),
+    "gate_up": ((16, SplitKTiling(64, 16, 128, 1, 4, 3, prefetch=True)),),
+    "down": ((16, SplitKTiling(64, 16, 128, 8, 4, 3, prefetch=True)), *DECODE_TILINGS["down"][1:]),
+}
+PREFETCH_ROWS = 16  # the largest batch whose tilings prefetch
+COLUMN_ROLES = ("qkv", "gate_up")  # their output feeds no norm: one split only
+
+
+def decode_tilings(prefetch: bool) -> dict[str, Buckets]:
+    """The tiling table of the decode GEMMs: with or without weight prefetch."""
+    return PREFETCH_TILINGS if prefetch else DECODE_TILINGS
+
+
 # The kernel accumulates in float32 from half-precision operands; float32 weights keep cuBLAS
 # (Triton's dot would round them to TF32).
 SPLIT_K_DTYPES = (torch.bfloat16, torch.float16)
@@ -73,22 +101,27 @@ def serves_dtype(dtype: torch.dtype) -> bool:
     return dtype in SPLIT_K_DTYPES
 
 
-def split_k_batches() -> list[int]:
-    """One batch size per tiling (the largest each serves): running them compiles them all."""
-    return sorted({rows for buckets in DECODE_TILINGS.values() for rows, _ in buckets})
+def split_k_batches(table: dict[str, Buckets] = DECODE_TILINGS) -> list[int]:
+    """One batch size per tiling of ``table`` (the largest each serves): running them compiles
+    them all."""
+    return sorted({rows for buckets in table.values() for rows, _ in buckets})
 
 
 class DecodeGemm:
-    """The split-K choice of one row-parallel projection (``o_proj`` or ``down``) of one model.
+    """The Triton GEMM choice of one projection of one model at decode batch sizes.
 
-    ``kernel``: ``engine.model.kernels.skinny_gemm``. :meth:`project` returns the partials for
-    a batch a tiling serves and ``None`` for any other (the caller runs its cuBLAS path)."""
+    ``kernel``: ``engine.model.kernels.skinny_gemm``; ``table``: :func:`decode_tilings`.
+    :meth:`project` returns the product for a batch a tiling serves (split-K partials, or a
+    tensor where the tiling has one split) and ``None`` for any other (the caller runs its
+    cuBLAS path)."""
 
-    def __init__(self, kernel: ModuleType, role: str) -> None:
-        if role not in DECODE_TILINGS:
-            raise ValueError(f"no decode tilings for {role!r}: choose {', '.join(DECODE_TILINGS)}")
+    def __init__(
+        self, kernel: ModuleType, role: str, table: dict[str, Buckets] = DECODE_TILINGS
+    ) -> None:
+        if role not in table:
+            raise ValueError(f"no decode tilings for {role!r}: choose {', '.join(table)}")
         self.kernel = kernel
-        self.buckets = DECODE_TILINGS[role]
+        self.buckets = table[role]
 
     def tiling(self, rows: int, n: int, k: int) -> SplitKTiling | None:
         """The tiling of an ``[rows, k] x [k, n]`` product, or None (cuBLAS serves)."""
@@ -99,12 +132,14 @@ class DecodeGemm:
 
     def project(
         self, x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False
-    ) -> SplitKParts | None:
-        """``x W^T`` (of ``silu(gate) * up`` with ``silu_mul``) as partials, or None."""
+    ) -> SplitKParts | torch.Tensor | None:
+        """``x W^T`` (of ``silu(gate) * up`` with ``silu_mul``): partials, a tensor (one
+        split), or None."""
         if not serves_dtype(x.dtype) or x.dim() != 2:
             return None
         n, k = weight.shape
         tiling = self.tiling(x.shape[0], n, k)
         if tiling is None:
             return None
-        return SplitKParts(self.kernel.splitk_linear(x, weight, tiling, silu_mul=silu_mul))
+        out = self.kernel.splitk_linear(x, weight, tiling, silu_mul=silu_mul)
+        return SplitKParts(out) if tiling.split_k > 1 else out

@@ -117,6 +117,20 @@ class ColumnParallelLinear(LinearBase):
             OUTPUT_DIM,
             group,
         )
+        self.decode_gemm: DecodeGemm | None = None  # use_decode_gemm sets it
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.decode_gemm is not None:  # a decode-sized batch a Triton tiling serves
+            out = self.decode_gemm.project(x, self.weight)
+            if out is not None:
+                assert isinstance(out, torch.Tensor), "a column projection takes one split"
+                return out
+        return F.linear(x, self.weight, self.bias)
+
+    def use_decode_gemm(self, decode_gemm: DecodeGemm | None) -> None:
+        """Run decode-sized batches through ``decode_gemm``'s one-split tilings (no bias: the
+        kernel adds none), each rank over its own slice of the output."""
+        self.decode_gemm = decode_gemm if self.bias is None else None
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
@@ -254,9 +268,12 @@ class RowParallelLinear(LinearBase):
         single = self.group.world_size == 1 and self.bias is None
         self.decode_gemm = decode_gemm if single else None
 
-    def split_k(self, x: torch.Tensor, silu_mul: bool = False) -> SplitKParts | None:
-        """This projection of ``x`` (of ``silu(gate) * up`` with ``silu_mul``) as split-K
-        partials where a decode tiling serves its batch, else None (call :meth:`forward`)."""
+    def split_k(
+        self, x: torch.Tensor, silu_mul: bool = False
+    ) -> SplitKParts | torch.Tensor | None:
+        """This projection of ``x`` (of ``silu(gate) * up`` with ``silu_mul``) where a decode
+        tiling serves its batch (split-K partials, or the output of a one-split tiling), else
+        None (call :meth:`forward`)."""
         if self.decode_gemm is None:
             return None
         return self.decode_gemm.project(x, self.weight, silu_mul)
@@ -264,7 +281,9 @@ class RowParallelLinear(LinearBase):
 
 def runs_split_k(model: nn.Module, dtype: torch.dtype) -> bool:
     """Whether ``model``'s decode projections of ``dtype`` run through the split-K kernel: some
-    row-parallel projection took a :class:`DecodeGemm` (:meth:`RowParallelLinear.use_split_k`)."""
+    projection took a :class:`DecodeGemm` (:meth:`RowParallelLinear.use_split_k`,
+    :meth:`ColumnParallelLinear.use_decode_gemm`)."""
     return serves_dtype(dtype) and any(
-        isinstance(m, RowParallelLinear) and m.decode_gemm is not None for m in model.modules()
+        isinstance(m, RowParallelLinear | ColumnParallelLinear) and m.decode_gemm is not None
+        for m in model.modules()
     )

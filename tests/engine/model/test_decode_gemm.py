@@ -15,28 +15,43 @@ import torch.nn.functional as F
 
 from engine.model.layers.cuda_kernels import FusedKernels
 from engine.model.layers.decode_gemm import (
+    COLUMN_ROLES,
     DECODE_TILINGS,
+    PREFETCH_ROWS,
+    PREFETCH_TILINGS,
     DecodeGemm,
     SplitKParts,
     SplitKTiling,
     split_k_batches,
 )
 from engine.model.layers.layernorm import RMSNorm
-from engine.model.layers.linear import RowParallelLinear
+from engine.model.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
 from engine.model.layers.parallel import ParallelGroup
 from engine.model.qwen3 import Qwen3MLP, Qwen3Spec
 
-# Qwen3-0.6B's (K, N) of the two projections the tilings were chosen for.
-SHAPES = {"o_proj": (2048, 1024), "down": (3072, 1024)}
+# Qwen3-0.6B's (K, N) of the projections the tilings were chosen for.
+SHAPES = {
+    "o_proj": (2048, 1024),
+    "down": (3072, 1024),
+    "qkv": (1024, 4096),
+    "gate_up": (1024, 6144),
+}
 
 
 def reference_split_k(
     x: torch.Tensor, weight: torch.Tensor, tiling: SplitKTiling, silu_mul: bool = False
 ) -> torch.Tensor:
-    """What ``skinny_gemm.splitk_linear`` returns, in PyTorch: float32 partials over K slices."""
+    """What ``skinny_gemm.splitk_linear`` returns, in PyTorch: float32 partials over K slices,
+    or with one split the product in ``x``'s dtype."""
     if silu_mul:
         gate, up = x.chunk(2, dim=-1)
         x = F.silu(gate) * up
+    if tiling.split_k == 1:
+        return (x.float() @ weight.float().T).to(x.dtype)
     slices = zip(x.float().chunk(tiling.split_k, -1), weight.float().chunk(tiling.split_k, -1))
     return torch.stack([a @ w.T for a, w in slices])
 
@@ -152,3 +167,75 @@ def test_mlp_hands_down_the_gate_up_rows_for_swiglu_inside_the_gemm() -> None:
     assert torch.allclose(out.parts.sum(0), ref, rtol=1e-3, atol=1e-3)
     big = torch.randn(DECODE_TILINGS["down"][-1][0] + 1, 1024, dtype=torch.bfloat16)
     assert isinstance(mlp(big), torch.Tensor)  # past the last bucket: cuBLAS
+
+
+def test_prefetch_table_prefetches_and_column_roles_take_one_split() -> None:
+    """``PREFETCH_TILINGS`` (``Config.decode_gemm_prefetch``): every projection has a tiling
+    up to ``PREFETCH_ROWS`` rows and those prefetch their weights; past it the split-K table's
+    tilings; each fits the shape it serves; qkv and gate_up, whose output feeds no norm, take
+    one split; buckets in increasing batch order."""
+    assert set(PREFETCH_TILINGS) == set(SHAPES)
+    for role, buckets in PREFETCH_TILINGS.items():
+        k, n = SHAPES[role]
+        assert [rows for rows, _ in buckets] == sorted(rows for rows, _ in buckets)
+        assert buckets[0][0] == PREFETCH_ROWS
+        for rows, tiling in buckets:
+            assert tiling.prefetch == (rows <= PREFETCH_ROWS) and tiling.fits(rows, n, k)
+            assert tiling.prefetch or (rows, tiling) in DECODE_TILINGS[role]
+            assert role not in COLUMN_ROLES or tiling.split_k == 1
+
+
+ONE_SPLIT = {
+    "qkv": ((32, SplitKTiling(64, 16, 64, 1, 4, 4, prefetch=True)),),
+    "gate_up": ((32, SplitKTiling(64, 32, 128, 1, 4, 3, prefetch=True)),),
+    "down": ((32, SplitKTiling(64, 32, 128, 1, 4, 3, prefetch=True)),),
+}
+
+
+def test_column_projections_run_one_split_tilings_up_to_their_last_bucket() -> None:
+    """A column projection that took a :class:`DecodeGemm` returns the kernel's one-split
+    output for a batch its table serves and ``F.linear``'s beyond; a biased one keeps
+    ``F.linear``."""
+    torch.manual_seed(1)
+    qkv = QKVParallelLinear(1024, 128, 16, 8, bias=False).to(torch.bfloat16)
+    gate_up = MergedColumnParallelLinear(1024, [3072, 3072], bias=False).to(torch.bfloat16)
+    calls = []
+
+    def kernel(x: torch.Tensor, w: torch.Tensor, tiling: SplitKTiling, silu_mul: bool = False):
+        calls.append(tiling)
+        return reference_split_k(x, w, tiling, silu_mul)
+
+    stand_in = SimpleNamespace(splitk_linear=kernel)
+    for layer, role in ((qkv, "qkv"), (gate_up, "gate_up")):
+        layer.weight.data.normal_(0, 0.02)
+        layer.use_decode_gemm(DecodeGemm(stand_in, role, ONE_SPLIT))
+        x = torch.randn(5, 1024, dtype=torch.bfloat16)
+        out = layer(x)
+        assert calls.pop() == ONE_SPLIT[role][0][1] and out.dtype == torch.bfloat16
+        assert torch.allclose(out.float(), F.linear(x, layer.weight).float(), atol=1e-2)
+        assert layer(torch.randn(33, 1024, dtype=torch.bfloat16)).shape[0] == 33 and not calls
+    biased = QKVParallelLinear(1024, 128, 16, 8, bias=True)
+    biased.use_decode_gemm(DecodeGemm(stand_in, "qkv", ONE_SPLIT))
+    assert biased.decode_gemm is None
+
+
+def test_a_one_split_row_projection_hands_a_tensor_to_the_norm() -> None:
+    """With a one-split tiling ``down`` returns its output as a plain tensor (no partials to
+    sum), SwiGLU still computed inside the GEMM."""
+    spec = Qwen3Spec(
+        vocab_size=32, hidden_size=1024, intermediate_size=3072, num_hidden_layers=1,
+        num_attention_heads=8, num_key_value_heads=4, head_dim=128,
+    )  # fmt: skip
+    torch.manual_seed(2)
+    kernels = FusedKernels(split_k=KERNEL, decode_tilings=ONE_SPLIT)
+    with torch.device("cpu"):
+        mlp = Qwen3MLP(spec, ParallelGroup(), kernels).to(torch.bfloat16)
+    for p in mlp.parameters():
+        p.data.normal_(0, 0.02)
+    assert mlp.gate_up_proj.decode_gemm is not None
+    x = torch.randn(5, 1024, dtype=torch.bfloat16)
+    out = mlp(x)
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16
+    gate, up = F.linear(x, mlp.gate_up_proj.weight).chunk(2, -1)
+    ref = F.linear((F.silu(gate) * up).float(), mlp.down_proj.weight.float())
+    assert torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-3)

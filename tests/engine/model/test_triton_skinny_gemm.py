@@ -80,3 +80,28 @@ def test_splitk_refuses_what_it_cannot_cover() -> None:
         skinny.splitk_linear(x, w[:-1], TILING)
     with pytest.raises(ValueError, match="input width"):
         skinny.splitk_linear(x[:, :-1], w, TILING)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="the L2 prefetch is inline PTX: compiled on CUDA only")
+@pytest.mark.parametrize("pdl", [False, True])
+@pytest.mark.parametrize("split", [1, 4])
+def test_prefetching_the_weights_changes_no_result(split: int, pdl: bool) -> None:
+    """A tiling that prefetches its weight slice before waiting for the kernel before it
+    (``SplitKTiling.prefetch``) computes bit for bit what the plain tiling does, with and
+    without programmatic launch."""
+    import dataclasses
+
+    from engine.model.kernels.launch import programmatic_launch, set_programmatic_launch
+
+    x, w = operands(2 * K, 13)
+    plain = SplitKTiling(**{**vars(TILING), "split_k": split})
+    fetched = dataclasses.replace(plain, prefetch=True)
+    before = programmatic_launch()
+    set_programmatic_launch(pdl, torch.cuda.get_device_capability())
+    try:
+        for silu_mul in (False, True):
+            a = x if silu_mul else x[:, :K].contiguous()
+            ref = skinny.splitk_linear(a, w, plain, silu_mul=silu_mul)
+            assert torch.equal(skinny.splitk_linear(a, w, fetched, silu_mul=silu_mul), ref)
+    finally:
+        set_programmatic_launch(before, torch.cuda.get_device_capability())

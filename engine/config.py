@@ -161,8 +161,8 @@ class Config:
     # CUDA only, with split_k_gemm: up to 16 decode rows every projection (qkv and gate_up too)
     # runs a Triton GEMM that prefetches its weights into L2 before waiting for the kernel before
     # it (decode_gemm.PREFETCH_TILINGS). False: the split-K table alone, qkv and gate_up on
-    # cuBLAS (the traces recorded before the field, and the default until its engine A/B has
-    # run: docs/gpu-notes.md, session 26).
+    # cuBLAS (the traces recorded before the field; the default: the engine A/B found no gain
+    # beyond the run-to-run spread, docs/BENCHMARKS.md 8q).
     decode_gemm_prefetch: bool = False
     # CUDA only, compute capability 9+: Triton kernels launch with programmatic dependent launch
     # (engine/model/kernels/launch.py), so a kernel's launch overlaps the end of the one before;

@@ -6,6 +6,9 @@ scheduler, of the executor call and of post-processing (host clocks), the execut
 (CUDA events), and a ``torch.profiler`` table of the GPU kernels (kernels inside CUDA graph
 replays included). Writes ``profile.json`` and ``kernels.txt`` under ``--out``.
 
+``--num-seqs N`` takes the reference's first N requests only (a decode batch of N rows; each has
+at least 100 tokens to generate, so keep ``--steps`` under 50).
+
 ``--prefill-tokens N`` profiles prefill steps of one fresh N-token prompt each instead (an engine
 sized for it, one sequence; each step's prompt shares no prefix with another), after as many
 untimed ones.
@@ -14,6 +17,7 @@ untimed ones.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -30,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="out/profile")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--set", action="append", default=[], help="config override k=v")
+    parser.add_argument("--num-seqs", type=int, default=0,
+                        help="the reference's first N requests only (default: all 256)")
     parser.add_argument("--prefill-tokens", type=int, default=0,
                         help="profile prefills of one prompt of this many tokens")
     args = parser.parse_args(argv)
@@ -50,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     llm = LLM(args.model, record_events=False, **overrides)
     core = llm.core
     if not long_prompt:
-        for r in reference_workload():
+        requests = reference_workload()
+        for r in itertools.islice(requests, args.num_seqs or None):
             llm.add_request(list(r.prompt), SamplingParams(r.temperature, r.max_tokens, True))
         while True:  # run the prefills
             result = core.step()

@@ -148,7 +148,6 @@ def run(
     refine: int = 4,
     layer: bool = False,
 ) -> dict[str, Any]:
-
     import torch
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -191,9 +190,7 @@ def run(
                 row["speedup"] = base_us / top["us"]
                 best[f"{name}/{m}"] = top
                 row["top5"] = sorted(timed, key=lambda r: r["us"])[:5]
-                plain = [r for r in timed if not r.get("prefetch")]
-                if prefetch and plain:
-                    row["best_plain_us"] = min(r["us"] for r in plain)
+                row["best_by_kind"] = best_by_kind(timed)  # the layer chain's picks
             rows.append(row)
             print(
                 f"{name:<8} M={m:<4} cublas {base_us:6.2f} us"
@@ -240,16 +237,25 @@ def tiling_of(result: dict[str, Any]) -> Any:
     return SplitKTiling(**{f.name: result[f.name] for f in dataclasses.fields(SplitKTiling)})
 
 
+def best_by_kind(timed: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The fastest timing row without prefetch (``plain``) and with it (``prefetch``), of the
+    kinds that were timed."""
+    kinds = {"plain": False, "prefetch": True}
+    return {
+        kind: min(of_kind, key=lambda r: r["us"])
+        for kind, fetched in kinds.items()
+        if (of_kind := [r for r in timed if bool(r.get("prefetch")) == fetched])
+    }
+
+
 def best_of(rows: list[dict[str, Any]], m: int, prefetch: bool) -> dict[str, dict[str, Any]]:
     """Per shape, the fastest timed tiling at batch ``m`` with (or without) prefetch."""
-    out = {}
-    for row in rows:
-        if row["M"] != m:
-            continue
-        timed = [r for r in row.get("top5", []) if bool(r.get("prefetch")) == prefetch]
-        if timed:
-            out[row["shape"]] = min(timed, key=lambda r: r["us"])
-    return out
+    kind = "prefetch" if prefetch else "plain"
+    return {
+        row["shape"]: row["best_by_kind"][kind]
+        for row in rows
+        if row["M"] == m and kind in row.get("best_by_kind", {})
+    }
 
 
 def programmatic() -> bool:

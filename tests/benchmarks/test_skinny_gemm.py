@@ -66,12 +66,27 @@ def test_best_of_picks_the_fastest_tiling_of_each_shape_by_prefetch() -> None:
         return {"us": us, "prefetch": prefetch, "label": f"{us}"}
 
     rows = [
-        {"shape": "qkv", "M": 64, "top5": [timed(5.0, False), timed(4.0, True), timed(4.5, False)]},
-        {"shape": "qkv", "M": 16, "top5": [timed(1.0, False)]},
-        {"shape": "down", "M": 64, "top5": [timed(9.0, False)]},
+        {
+            "shape": "qkv",
+            "M": 64,
+            "best_by_kind": {"plain": timed(4.5, False), "prefetch": timed(4.0, True)},
+        },
+        {"shape": "qkv", "M": 16, "best_by_kind": {"plain": timed(1.0, False)}},
+        {"shape": "down", "M": 64, "best_by_kind": {"plain": timed(9.0, False)}},
     ]
     assert best_of(rows, 64, prefetch=False) == {
         "qkv": timed(4.5, False),
         "down": timed(9.0, False),
     }
     assert best_of(rows, 64, prefetch=True) == {"qkv": timed(4.0, True)}
+
+
+def test_best_by_kind_keeps_the_fastest_row_with_and_without_prefetch() -> None:
+    """Each shape's row keeps its fastest plain and fastest prefetching timing apart, so the
+    layer chain has both even where one kind never makes the overall top five."""
+    from benchmarks.skinny_gemm import best_by_kind
+
+    rows = [{"us": us, "prefetch": p} for us, p in ((3.0, False), (2.0, False), (9.0, True))]
+    assert best_by_kind(rows) == {"plain": rows[1], "prefetch": rows[2]}
+    assert best_by_kind(rows[:2]) == {"plain": rows[1]}
+    assert best_by_kind([]) == {}

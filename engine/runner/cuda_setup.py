@@ -188,7 +188,7 @@ def build_stepper(
     stepper_args = (block_size, num_kvcache_blocks, config.seed, rank, fused_kernels)
     sizes = split_variants(max_batch, num_kv_heads) if attention_backend.name == "triton" else [1]
     # ... and one per split-K GEMM tiling, which compiles on its first batch too.
-    table = decode_tilings(config.split_k_gemm and config.decode_gemm_prefetch)
+    table = decode_tilings(config.decode_gemm_prefetch)
     sizes = sorted(set(sizes) | {b for b in split_k_batches(table) if b <= max_batch})
     precompile(model, device, block_size, num_kvcache_blocks, max_positions, sizes,
                config.decode_longest_first)

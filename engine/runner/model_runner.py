@@ -30,7 +30,6 @@ from engine.executor import DoneStep, PendingStep
 from engine.model.kernels.launch import long_prefill_kernel, programmatic_launch
 from engine.model.layers.attention import get_attention_backend
 from engine.model.layers.cuda_kernels import load_fused_kernels
-from engine.model.layers.decode_gemm import PREFETCH_TILINGS
 from engine.model.layers.linear import runs_split_k
 from engine.model.layers.parallel import SINGLE_PROCESS
 from engine.model.layers.sampler import Sampler
@@ -306,7 +305,7 @@ class ModelRunner:
         if self.cuda is not None:  # whether the model's decode projections run split-K
             info["split_k_gemm"] = runs_split_k(self.model, self.dtype)
             info["decode_gemm_prefetch"] = (
-                info["split_k_gemm"] and self.kernels.decode_tilings is PREFETCH_TILINGS
+                info["split_k_gemm"] and self.config.decode_gemm_prefetch
             )
             info["programmatic_launch"] = programmatic_launch()
             info["decode_longest_first"] = self.cuda.buffers.longest_first

@@ -73,16 +73,19 @@ DECODE_TILINGS: dict[str, Buckets] = {
 # above. From the sweep with ``--pdl --prefetch --layer`` (docs/gpu-notes.md, session 26): a
 # layer's projections and norms at 1-16 rows 9-13% faster than with the table above; from 64
 # rows prefetching gains nothing and Triton loses to cuBLAS for qkv and gate_up.
+PREFETCH_ROWS = 16  # the largest batch whose tilings prefetch
 PREFETCH_TILINGS: dict[str, Buckets] = {
-    "qkv": ((16, SplitKTiling(64, 16, 128, 1, 4, 3, prefetch=True)),),
+    "qkv": ((PREFETCH_ROWS, SplitKTiling(64, 16, 128, 1, 4, 3, prefetch=True)),),
     "o_proj": (
-        (16, SplitKTiling(64, 16, 64, 4, 4, 4, prefetch=True)),
+        (PREFETCH_ROWS, SplitKTiling(64, 16, 64, 4, 4, 4, prefetch=True)),
         *DECODE_TILINGS["o_proj"][1:],
     ),
-    "gate_up": ((16, SplitKTiling(64, 16, 128, 1, 4, 3, prefetch=True)),),
-    "down": ((16, SplitKTiling(64, 16, 128, 8, 4, 3, prefetch=True)), *DECODE_TILINGS["down"][1:]),
+    "gate_up": ((PREFETCH_ROWS, SplitKTiling(64, 16, 128, 1, 4, 3, prefetch=True)),),
+    "down": (
+        (PREFETCH_ROWS, SplitKTiling(64, 16, 128, 8, 4, 3, prefetch=True)),
+        *DECODE_TILINGS["down"][1:],
+    ),
 }
-PREFETCH_ROWS = 16  # the largest batch whose tilings prefetch
 COLUMN_ROLES = ("qkv", "gate_up")  # their output feeds no norm: one split only
 
 

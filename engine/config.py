@@ -86,6 +86,7 @@ FIELD_RULES: dict[str, _Rule] = {
     "blas_library": _Rule(str, choices=BLAS_LIBRARIES),
     "split_k_gemm": _Rule(bool),
     "decode_gemm_prefetch": _Rule(bool),
+    "decode_qk_prologue": _Rule(bool),
     "programmatic_launch": _Rule(bool),
     "decode_longest_first": _Rule(bool),
     "long_prefill_kernel": _Rule(str, choices=LONG_PREFILL_KERNELS),
@@ -164,6 +165,11 @@ class Config:
     # cuBLAS (the traces recorded before the field; the default: the engine A/B found no gain
     # beyond the run-to-run spread, docs/BENCHMARKS.md 8q).
     decode_gemm_prefetch: bool = False
+    # CUDA with the Triton backend: in a decode-only step the decode attention kernel takes the
+    # QKV projection's rows, applies QK-norm and RoPE to its query and new key and stores the
+    # new K/V itself (engine/model/kernels/decode_prologue.py): one launch fewer a layer. False:
+    # qk_norm_rope runs first (the traces recorded before the field).
+    decode_qk_prologue: bool = True
     # CUDA only, compute capability 9+: Triton kernels launch with programmatic dependent launch
     # (engine/model/kernels/launch.py), so a kernel's launch overlaps the end of the one before;
     # results are identical. False: plain launches (the traces recorded before the field).

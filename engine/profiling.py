@@ -268,6 +268,8 @@ def profile_key(description: dict[str, Any], engine_version: str) -> dict[str, A
             key["kernels"]["decode_longest_first"] = True
         if description.get("decode_gemm_prefetch"):
             key["kernels"]["decode_gemm_prefetch"] = True
+        if description.get("decode_qk_prologue"):
+            key["kernels"]["decode_qk_prologue"] = True
         # Likewise: absent, eager long prompts ran the Triton kernel.
         if description.get("long_prefill_kernel", "triton") != "triton":
             key["kernels"]["long_prefill_kernel"] = description["long_prefill_kernel"]

@@ -125,6 +125,7 @@ def config_from_header(header: dict[str, Any], **overrides: Any) -> Config:
     # Every projection ran through cuBLAS before the split-K decode GEMMs existed.
     recorded.setdefault("split_k_gemm", False)
     recorded.setdefault("decode_gemm_prefetch", False)
+    recorded.setdefault("decode_qk_prologue", False)
     recorded.setdefault("programmatic_launch", False)
     recorded.setdefault("decode_longest_first", False)
     # Eager long prompts ran the Triton kernel before the field existed.

@@ -79,3 +79,69 @@ def tiny_model_with_cache(backend: object, block_size: int, num_blocks: int
     for i, layer in enumerate(layers):
         layer.bind_kv_cache(cache[0, i], cache[1, i])
     return model, cache
+
+
+# One attention layer of a tiny Qwen3 (4 query heads, 2 KV heads of 16), on pages of 4 tokens.
+ATTENTION_LAYER_SHAPE = dict(
+    vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+)  # fmt: skip
+LAYER_BLOCK_SIZE = 4
+
+
+def counting_triton_backend() -> object:
+    """A Triton attention backend (the interpreter's on CPU) that counts the calls of each of
+    its entry points in ``calls``."""
+    (module,) = load_kernel_modules("engine.model.layers.attention_triton")
+
+    class Counting(module.TritonAttentionBackend):  # type: ignore[name-defined, misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = {"store_kv": 0, "forward": 0, "decode_with_prologue": 0}
+
+        def store_kv(self, *args: object) -> None:
+            self.calls["store_kv"] += 1
+            super().store_kv(*args)
+
+        def forward(self, *args: object) -> torch.Tensor:
+            self.calls["forward"] += 1
+            return super().forward(*args)
+
+        def decode_with_prologue(self, *args: object) -> torch.Tensor:
+            self.calls["decode_with_prologue"] += 1
+            return super().decode_with_prologue(*args)
+
+    return Counting()
+
+
+def run_attention_layer(backend: object, kernels: object, query_lens: list[int],
+                        context_lens: list[int], block_tables: list[list[int]],
+                        num_prefill: int, filled_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step through one Qwen3 attention layer (``ATTENTION_LAYER_SHAPE``, seeded weights)
+    with ``backend`` and ``kernels`` (the fused kernels given to it whatever the device: on CPU
+    the interpreter's), over a cache whose first ``filled_blocks`` pages hold random K/V.
+    Returns the layer's output and the ``[2, blocks, ...]`` cache, on the CPU."""
+    from engine.model import qwen3
+    from engine.model.attention_metadata import build_attention_metadata
+    from engine.model.layers.parallel import SINGLE_PROCESS
+    from engine.model.layers.rotary_embedding import RotaryEmbedding
+
+    spec = qwen3.Qwen3Spec(**ATTENTION_LAYER_SHAPE)  # type: ignore[arg-type]
+    torch.manual_seed(0)
+    rope = RotaryEmbedding(spec.head_dim, spec.head_dim, 128, 10000.0)
+    layer = qwen3.Qwen3Attention(spec, SINGLE_PROCESS, backend, rope, kernels)  # type: ignore[arg-type]
+    for p in layer.parameters():
+        p.data = 0.2 * torch.randn(p.shape)
+    layer = layer.to(DEVICE)
+    num_blocks = max(filled_blocks, 1 + max(b for table in block_tables for b in table))
+    rows = (num_blocks, LAYER_BLOCK_SIZE, spec.num_key_value_heads, spec.head_dim)
+    cache = torch.zeros(2, *rows, device=DEVICE)
+    cache[:, :filled_blocks] = torch.randn(2, filled_blocks, *rows[1:])
+    layer.attn.bind_kv_cache(cache[0], cache[1])
+    positions, md = build_attention_metadata(
+        query_lens, context_lens, block_tables, LAYER_BLOCK_SIZE, num_prefill, DEVICE
+    )
+    hidden = torch.randn(sum(query_lens), spec.hidden_size).to(DEVICE)
+    with torch.no_grad():
+        out = layer(positions, hidden, md)
+    return out.cpu(), cache.cpu()

@@ -143,3 +143,21 @@ def build_attention_metadata(
         decode_order=decode_order,
     )
     return positions.to(device), metadata
+
+
+@dataclass(frozen=True)
+class QkNormRope:
+    """What lets a backend's decode kernel start from the QKV projection's rows instead of
+    ``q`` (``Attention.decode_from_qkv``): Qwen3's per-head RMSNorm (``q_weight``/``k_weight``,
+    ``eps``) and RoPE (NeoX ``cos_cache``/``sin_cache`` at ``positions``) of each row's query
+    heads and new key, and the new K/V's cache slots (``slot_mapping``, ``-1``: a padding row,
+    nothing stored). The kernel writes what ``qk_norm_rope`` + ``store_kv`` would, one launch
+    fewer."""
+
+    q_weight: torch.Tensor
+    k_weight: torch.Tensor
+    cos_cache: torch.Tensor
+    sin_cache: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    eps: float

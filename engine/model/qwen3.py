@@ -6,15 +6,12 @@ Parameter names follow the Hugging Face checkpoint except for the fused projecti
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
 
 import torch
 from torch import nn
 
-from engine.errors import ModelLoadError
-from engine.model.attention_metadata import AttentionMetadata
+from engine.model.attention_metadata import AttentionMetadata, QkNormRope
 from engine.model.layers.activation import SiluAndMul
 from engine.model.layers.attention import Attention, AttentionBackend
 from engine.model.layers.cuda_kernels import FusedKernels
@@ -28,108 +25,7 @@ from engine.model.layers.linear import (
 )
 from engine.model.layers.parallel import SINGLE_PROCESS, ParallelGroup
 from engine.model.layers.rotary_embedding import RotaryEmbedding
-
-# Hugging Face's defaults for fields a Qwen3 config.json may omit.
-HF_DEFAULT_MAX_POSITIONS = 32768
-HF_DEFAULT_RMS_EPS = 1e-6
-HF_DEFAULT_ROPE_THETA = 10000.0
-
-
-@dataclass(frozen=True)
-class Qwen3Spec:
-    """The architecture hyper-parameters the engine uses, read from ``config.json``."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    max_position_embeddings: int = HF_DEFAULT_MAX_POSITIONS
-    rms_norm_eps: float = HF_DEFAULT_RMS_EPS
-    rope_theta: float = HF_DEFAULT_ROPE_THETA
-    tie_word_embeddings: bool = False
-    attention_bias: bool = False
-    torch_dtype: str | None = None
-    eos_token_id: int | None = None
-
-    @classmethod
-    def from_hf_config(cls, cfg: dict[str, Any], source: str = "config.json") -> Qwen3Spec:
-        """Validate a Hugging Face Qwen3 config dict; errors name ``source`` and the field."""
-
-        def integer(name: str, default: int | None = None) -> int:
-            value = cfg.get(name)
-            if value is None:  # absent or null: transformers' default
-                value = default
-            if value is None:
-                raise ModelLoadError(f"{source}: required field {name!r} is missing")
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ModelLoadError(f"{source}: {name} must be a positive integer, got {value!r}")
-            return value
-
-        def number(name: str, value: object) -> float:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ModelLoadError(f"{source}: {name} must be a positive number, got {value!r}")
-            return float(value)
-
-        def unsupported(what: str) -> ModelLoadError:
-            return ModelLoadError(f"{source}: {what} is not supported by the Qwen3 model")
-
-        if cfg.get("hidden_act", "silu") != "silu":
-            raise unsupported(f"hidden_act {cfg.get('hidden_act')!r}")
-        if cfg.get("use_sliding_window", False):
-            raise unsupported("use_sliding_window=true")
-        # transformers 5 writes rope_parameters; 4.x checkpoints have rope_theta (+ rope_scaling).
-        rope_settings = [cfg[k] for k in ("rope_parameters", "rope_scaling") if cfg.get(k)]
-        for rope in rope_settings:
-            if not isinstance(rope, dict):
-                raise unsupported(f"rope settings {rope!r}")
-            rope_type = rope.get("rope_type", rope.get("type", "default"))
-            if rope_type != "default":
-                raise unsupported(f"rope type {rope_type!r}")
-        rope_theta = next(
-            (r["rope_theta"] for r in rope_settings if "rope_theta" in r),
-            cfg.get("rope_theta", HF_DEFAULT_ROPE_THETA),
-        )
-
-        heads = integer("num_attention_heads")
-        hidden = integer("hidden_size")
-        eos = cfg.get("eos_token_id")
-        if isinstance(eos, list):  # several stop ids: the engine stops on the first one
-            eos = eos[0] if eos else None
-        return cls(
-            vocab_size=integer("vocab_size"),
-            hidden_size=hidden,
-            intermediate_size=integer("intermediate_size"),
-            num_hidden_layers=integer("num_hidden_layers"),
-            num_attention_heads=heads,
-            num_key_value_heads=integer("num_key_value_heads", heads),
-            head_dim=integer("head_dim", hidden // heads),
-            max_position_embeddings=integer("max_position_embeddings", HF_DEFAULT_MAX_POSITIONS),
-            rms_norm_eps=number("rms_norm_eps", cfg.get("rms_norm_eps", HF_DEFAULT_RMS_EPS)),
-            rope_theta=number("rope_theta", rope_theta),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", False)),
-            torch_dtype=cfg.get("torch_dtype", cfg.get("dtype")),
-            eos_token_id=eos if isinstance(eos, int) else None,
-        )
-
-    def describe(self) -> dict[str, Any]:
-        """The architecture as the trace header's ``model`` entry records it."""
-        return {
-            "num_layers": self.num_hidden_layers,
-            "num_heads": self.num_attention_heads,
-            "num_kv_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "vocab_size": self.vocab_size,
-            "max_position_embeddings": self.max_position_embeddings,
-            "rope_theta": self.rope_theta,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "checkpoint_dtype": self.torch_dtype,
-        }
+from engine.model.qwen3_spec import Qwen3Spec
 
 
 class Qwen3Attention(nn.Module):
@@ -190,9 +86,13 @@ class Qwen3Attention(nn.Module):
         qkv = self.qkv_proj(hidden_states)
         kernels = self.kernels.module
         if kernels is not None:  # CUDA: q/k norms and RoPE in one launch
-            # ... and, where the backend allows, the KV-cache store too (one launch fewer).
-            q, k, v, stored = self._norm_rope_store(kernels, qkv, positions, metadata)
-            o = self.attn(q, k, v, metadata, kv_stored=stored).flatten(1)
+            # ... and, where the backend allows, the KV-cache store too (one launch fewer);
+            # or, in a decode-only step, both inside the decode attention kernel.
+            o = self._decode_from_qkv(qkv, positions, metadata)
+            if o is None:
+                q, k, v, stored = self._norm_rope_store(kernels, qkv, positions, metadata)
+                o = self.attn(q, k, v, metadata, kv_stored=stored)
+            o = o.flatten(1)
             parts = self.o_proj.split_k(o)
             return parts if parts is not None else self.o_proj(o)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -224,23 +124,41 @@ class Qwen3Attention(nn.Module):
             self.q_norm.eps,
         )
         target = self.attn.fused_kv_store_target()
-        state = self.kernels
-        if target is not None and state.store_usable:
-            caches = {"k_cache": target[0], "v_cache": target[1]}
-            if state.store_checked:
-                return (
-                    *kernels.qk_norm_rope(*args, **caches, slot_mapping=metadata.slot_mapping),
-                    True,
+        if target is not None:
+            k_cache, v_cache = target
+            fused = self.kernels.store.call(
+                lambda: kernels.qk_norm_rope(
+                    *args, k_cache=k_cache, v_cache=v_cache, slot_mapping=metadata.slot_mapping
                 )
-            try:  # the first call compiles the fused variant (outside any CUDA-graph capture)
-                q, k, v = kernels.qk_norm_rope(*args, **caches, slot_mapping=metadata.slot_mapping)
-            except Exception as exc:  # noqa: BLE001 - fall back to the separate store_kv launch
-                state.store_failed(exc)
-            else:
-                state.store_checked = True
-                return q, k, v, True
+            )
+            if fused is not None:
+                return (*fused, True)
         q, k, v = kernels.qk_norm_rope(*args)
         return q, k, v, False
+
+    def _decode_from_qkv(
+        self, qkv: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor | None:
+        """A decode-only step's attention output straight from the QKV rows, the decode kernel
+        norming and rotating q and k and storing K/V (``FusedKernels.decode_qk_prologue``), or
+        None where that does not apply (then ``qk_norm_rope`` runs first)."""
+        if (
+            not self.kernels.decode_qk_prologue
+            or metadata.num_prefill_seqs
+            or not self.attn.decodes_from_qkv()
+        ):
+            return None
+        prologue = QkNormRope(
+            self.q_norm.weight,
+            self.k_norm.weight,
+            self.rotary_emb.cos_cache,
+            self.rotary_emb.sin_cache,
+            positions,
+            metadata.slot_mapping,
+            self.q_norm.eps,
+        )
+        q = qkv[:, : self.q_size].view(-1, self.num_heads, self.head_dim)
+        return self.kernels.prologue.call(lambda: self.attn.decode_from_qkv(q, prologue, metadata))
 
 
 class Qwen3MLP(nn.Module):

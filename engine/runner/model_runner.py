@@ -124,6 +124,7 @@ class ModelRunner:
             config.fused_kv_store,
             config.split_k_gemm,
             config.decode_gemm_prefetch,
+            config.decode_qk_prologue,
         )
         self.model = build_model(
             self.model_dir, self.attention_backend, self.device, self.dtype, self.group,
@@ -306,6 +307,13 @@ class ModelRunner:
             info["split_k_gemm"] = runs_split_k(self.model, self.dtype)
             info["decode_gemm_prefetch"] = (
                 info["split_k_gemm"] and self.config.decode_gemm_prefetch
+            )
+            # Whether decode-only steps start their attention from the QKV rows.
+            info["decode_qk_prologue"] = bool(
+                self.kernels.module is not None
+                and self.kernels.decode_qk_prologue
+                and self.kernels.prologue.usable
+                and self.model.attention_layers[0].decodes_from_qkv()
             )
             info["programmatic_launch"] = programmatic_launch()
             info["decode_longest_first"] = self.cuda.buffers.longest_first

@@ -30,6 +30,7 @@ KERNEL_SPEED_FIELDS = (
     "blas_library",
     "split_k_gemm",
     "decode_gemm_prefetch",
+    "decode_qk_prologue",
     "programmatic_launch",
     "decode_longest_first",
     "long_prefill_kernel",

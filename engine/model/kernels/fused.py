@@ -144,6 +144,27 @@ def rms_norm_of_parts(
 
 
 @triton.jit
+def norm_rope_halves(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM: tl.constexpr):
+    """Qwen3's per-head RMSNorm, then NeoX RoPE, of rows given as their two halves.
+
+    ``x1``/``x2`` ``[rows, half]`` in the activations' dtype; ``w1``/``w2`` the norm weight's
+    halves in float32 (broadcastable to the rows); ``cos``/``sin`` ``[half]`` at the rows'
+    position. Returns the rotated halves in ``x1``'s dtype. Shared by ``qk_norm_rope`` and the
+    decode attention kernel that applies it to its own query and new key (paged_attention.py).
+    """
+    dtype = x1.dtype
+    a = x1.to(tl.float32)
+    b = x2.to(tl.float32)
+    inv = tl.rsqrt((tl.sum(a * a, 1) + tl.sum(b * b, 1)) / HEAD_DIM + eps)[:, None]
+    # Hugging Face rounds after normalizing and after the weight; do the same.
+    a = ((a * inv).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
+    b = ((b * inv).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
+    cos = cos.to(dtype).to(tl.float32)[None, :]
+    sin = sin.to(dtype).to(tl.float32)[None, :]
+    return (a * cos - b * sin).to(dtype), (b * cos + a * sin).to(dtype)
+
+
+@triton.jit
 def _qk_norm_rope_kernel(
     qkv_ptr,
     q_weight_ptr,
@@ -179,27 +200,17 @@ def _qk_norm_rope_kernel(
     src = qkv_ptr + token * qkv_stride + heads[:, None] * HEAD_DIM + cols[None, :]
     x1 = tl.load(src, mask=ok, other=0.0)
     x2 = tl.load(src + half, mask=ok, other=0.0)
-    dtype = x1.dtype
     q_rows = is_q[:, None] & ok
     k_rows = (~is_q)[:, None] & ok
     w1 = tl.load(q_weight_ptr + cols[None, :], mask=q_rows, other=0.0).to(tl.float32)
     w1 += tl.load(k_weight_ptr + cols[None, :], mask=k_rows, other=0.0).to(tl.float32)
     w2 = tl.load(q_weight_ptr + half + cols[None, :], mask=q_rows, other=0.0).to(tl.float32)
     w2 += tl.load(k_weight_ptr + half + cols[None, :], mask=k_rows, other=0.0).to(tl.float32)
-    a = x1.to(tl.float32)
-    b = x2.to(tl.float32)
-    inv = tl.rsqrt((tl.sum(a * a, 1) + tl.sum(b * b, 1)) / HEAD_DIM + eps)[:, None]
-    # Hugging Face rounds after normalizing and after the weight; do the same.
-    a = ((a * inv).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
-    b = ((b * inv).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
     pos = tl.load(positions_ptr + token).to(tl.int64)
     col_ok = cols < half
     cos = tl.load(cos_ptr + pos * cos_stride + cols, mask=col_ok, other=0.0)
     sin = tl.load(sin_ptr + pos * cos_stride + cols, mask=col_ok, other=0.0)
-    cos = cos.to(dtype).to(tl.float32)[None, :]
-    sin = sin.to(dtype).to(tl.float32)[None, :]
-    out1 = (a * cos - b * sin).to(dtype)
-    out2 = (b * cos + a * sin).to(dtype)
+    out1, out2 = norm_rope_halves(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM)
     q_dst = q_out_ptr + (token * NUM_HEADS + heads[:, None]) * HEAD_DIM + cols[None, :]
     k_head = tl.where(is_q, 0, heads - NUM_HEADS)
     k_dst = k_out_ptr + (token * NUM_KV_HEADS + k_head[:, None]) * HEAD_DIM + cols[None, :]

@@ -28,13 +28,19 @@ outputs are identical.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import triton
 import triton.language as tl
 
 from engine.attention_splits import choose_num_splits, decode_grid
+from engine.model.kernels.decode_prologue import prologue_args, query_and_store_kv
 from engine.model.kernels.gdc import gdc_enter
 from engine.model.kernels.launch import pdl_options
+
+if TYPE_CHECKING:
+    from engine.model.attention_metadata import QkNormRope
 
 # Keys per inner-loop tile: 64 rows x 128 dims of bf16 K and V is 32 KiB per tile in flight.
 DECODE_BLOCK_N = 64
@@ -44,6 +50,13 @@ DECODE_HEADS_FASTEST = True
 # tl.dot needs at least 16 rows: a GQA group (2 heads for Qwen3-0.6B) is padded up to this.
 MIN_DOT_ROWS = 16
 LOG2E = 1.4426950408889634
+
+
+def prologue_fits(head_dim: int) -> bool:
+    """Whether the kernel can take its query from QKV rows (``prologue``): it rebuilds a head
+    from its rotated halves in registers, so the halves' padded width twice over must be the
+    head's padded width."""
+    return head_dim >= MIN_DOT_ROWS and head_dim & (head_dim - 1) == 0
 
 
 # Values that change from step to step must not trigger a recompile.
@@ -59,6 +72,14 @@ def _decode_split_kernel(
     part_acc_ptr,
     part_max_ptr,
     part_sum_ptr,
+    q_weight_ptr,
+    k_weight_ptr,
+    cos_ptr,
+    sin_ptr,
+    positions_ptr,
+    slot_ptr,
+    cos_stride,
+    eps,
     qk_scale,
     q_stride_seq,
     q_stride_head,
@@ -78,6 +99,7 @@ def _decode_split_kernel(
     IEEE: tl.constexpr,
     HEADS_FASTEST: tl.constexpr,
     ORDERED: tl.constexpr,
+    QK_PROLOGUE: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
     gdc_enter(USE_GDC)  # programmatic dependent launch: kernels/launch.py
@@ -108,8 +130,18 @@ def _decode_split_kernel(
     row_ok = rows < GROUP
     dim_ok = dims < HEAD_DIM
     heads = kv_head * GROUP + rows
-    q_offs = seq.to(tl.int64) * q_stride_seq + heads[:, None] * q_stride_head + dims[None, :]
-    q = tl.load(q_ptr + q_offs, mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    if QK_PROLOGUE:
+        # q_ptr is the QKV projection's row: norm and rotate the group's query heads here, and
+        # the program that reads the context's last token first writes that token's K/V.
+        q = query_and_store_kv(
+            q_ptr, q_weight_ptr, k_weight_ptr, cos_ptr, sin_ptr, positions_ptr, slot_ptr,
+            k_cache_ptr, v_cache_ptr, seq, kv_head, split, num_heads, ctx, tiles_per_split,
+            q_stride_seq, cos_stride, eps, cache_stride_block, cache_stride_token,
+            cache_stride_head, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, GROUP, GROUP_PAD, BLOCK_N,
+        )  # fmt: skip
+    else:
+        q_offs = seq.to(tl.int64) * q_stride_seq + heads[:, None] * q_stride_head + dims[None, :]
+        q = tl.load(q_ptr + q_offs, mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
@@ -208,6 +240,7 @@ def paged_decode_attention(
     num_stages: int = DECODE_NUM_STAGES,
     heads_fastest: bool = DECODE_HEADS_FASTEST,
     order: torch.Tensor | None = None,
+    prologue: QkNormRope | None = None,
 ) -> torch.Tensor:
     """One query per sequence against its paged context.
 
@@ -218,6 +251,12 @@ def paged_decode_attention(
     it and the tiling arguments are fixed per call, so a captured graph replays them as is.
     ``order`` int32 ``[num_seqs]``, a permutation of the rows: the order in which programs take
     them (longest context first, see the module docstring); None: row order.
+
+    With ``prologue``, ``q`` is the query part of the QKV projection's rows (a view, each row
+    going on with the K heads, then the V heads), not yet normed or rotated: the kernel norms
+    and rotates it, and writes each row's new K/V (the row's last context token) to its slot
+    before reading the context, so the caches need not hold them yet
+    (``engine.model.attention_metadata.QkNormRope``).
     """
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_dim = k_cache.shape
@@ -234,8 +273,19 @@ def paged_decode_attention(
         raise ValueError("block_tables must be contiguous in its last dimension")
     if order is not None and order.shape != (num_seqs,):
         raise ValueError(f"order has shape {tuple(order.shape)}, need ({num_seqs},)")
+    if prologue is not None:
+        row_width = (num_heads + 2 * num_kv_heads) * head_dim
+        # One row's stride is whatever its view made it, and unused (the kernel reads row 0).
+        short_rows = num_seqs > 1 and q.stride(0) < row_width
+        if not prologue_fits(head_dim) or q.stride(1) != head_dim or short_rows:
+            raise ValueError(
+                f"a QK prologue needs q as the query part of QKV rows with a power-of-two "
+                f"head_dim >= {MIN_DOT_ROWS}; got shape {tuple(q.shape)}, strides {q.stride()}"
+            )
+        if prologue.slot_mapping.shape != (num_seqs,) or prologue.positions.shape != (num_seqs,):
+            raise ValueError(f"a QK prologue needs {num_seqs} positions and slots")
     if out is None:
-        out = torch.empty_like(q)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if num_seqs == 0:
         return out
     group = num_heads // num_kv_heads
@@ -261,6 +311,7 @@ def paged_decode_attention(
         part_acc,
         part_max,
         part_sum,
+        *prologue_args(prologue, q, context_lens),
         scale * LOG2E,
         q.stride(0),
         q.stride(1),
@@ -280,6 +331,7 @@ def paged_decode_attention(
         IEEE=q.dtype == torch.float32,
         HEADS_FASTEST=heads_fastest,
         ORDERED=order is not None,
+        QK_PROLOGUE=prologue is not None,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_options(),
@@ -299,3 +351,4 @@ def paged_decode_attention(
             **pdl_options(),
         )
     return out
+

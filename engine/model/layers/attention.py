@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from engine.errors import ConfigError
-from engine.model.attention_metadata import AttentionMetadata
+from engine.model.attention_metadata import AttentionMetadata, QkNormRope
 
 
 class AttentionBackend(Protocol):
@@ -167,6 +167,27 @@ class Attention(nn.Module):
         if not getattr(self.backend, "supports_fused_kv_store", False):
             return None
         return self.k_cache, self.v_cache
+
+    def decodes_from_qkv(self) -> bool:
+        """Whether :meth:`decode_from_qkv` can serve a decode-only step: the caches are bound
+        and the backend's decode kernel can take QKV rows for this head size. Depends on no
+        tensor value: graph-capture safe."""
+        if self.k_cache is None or self.v_cache is None:
+            return False
+        fits = getattr(self.backend, "decodes_from_qkv", None)
+        return fits is not None and fits(self.head_dim)
+
+    def decode_from_qkv(
+        self, q: torch.Tensor, prologue: QkNormRope, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        """A decode-only step's attention from the query part of the QKV rows (a view, each
+        row going on with its K and V heads), not yet normed or rotated: the backend's decode
+        kernel applies ``prologue`` and stores the new K/V itself (see
+        :meth:`decodes_from_qkv`). ``[num_seqs, H, D]``."""
+        assert self.k_cache is not None and self.v_cache is not None
+        return self.backend.decode_with_prologue(  # type: ignore[attr-defined]
+            q, self.k_cache, self.v_cache, metadata, self.scale, prologue
+        )
 
     def forward(
         self,

@@ -4,7 +4,9 @@
   model's ``qk_norm_rope`` kernel already wrote them: ``supports_fused_kv_store``);
 - prefill: varlen causal attention; keys come from the fresh K/V when no prefill sequence has
   cached context (faster: no page lookups), else through the block table from the cache;
-- decode: flash-decoding over pages read in place (its bandwidth: docs/gpu-notes.md).
+- decode: flash-decoding over pages read in place (its bandwidth: docs/gpu-notes.md); a
+  decode-only step may start from the QKV rows, the kernel applying QK-norm and RoPE and storing
+  the new K/V itself (``decode_with_prologue``, ``Config.decode_qk_prologue``).
 
 The decode path depends on nothing the host must compute per step (the split count is a
 function of the batch size only), so it can be captured in a CUDA graph.
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.model.attention_metadata import AttentionMetadata
+from engine.model.attention_metadata import AttentionMetadata, QkNormRope
 
 
 def triton_available(device: torch.device) -> bool:
@@ -60,11 +62,34 @@ class TritonAttentionBackend(TritonSlotStore):
 
     def __init__(self) -> None:
         super().__init__()
-        from engine.model.kernels.paged_attention import paged_decode_attention
+        from engine.model.kernels.paged_attention import paged_decode_attention, prologue_fits
         from engine.model.kernels.prefill_attention import prefill_attention
 
         self._decode = paged_decode_attention
         self._prefill = prefill_attention
+        self.decodes_from_qkv = prologue_fits
+
+    def decode_with_prologue(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+        prologue: QkNormRope,
+    ) -> torch.Tensor:
+        """A decode-only step from QKV rows: the decode kernel norms and rotates each row's
+        query and new key and stores its K/V (``Attention.decode_from_qkv``)."""
+        return self._decode(
+            q,
+            k_cache,
+            v_cache,
+            metadata.block_tables,
+            metadata.context_lens,
+            scale,
+            order=metadata.decode_order,
+            prologue=prologue,
+        )
 
     def forward(
         self,

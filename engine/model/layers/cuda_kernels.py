@@ -4,18 +4,60 @@ Layers ask their :class:`FusedKernels` for ``module``; ``None`` means "use the P
 which is always the path on CPU. ``Config.fused_kernels = False`` turns the fused kernels off on
 CUDA too, ``Config.fused_kv_store = False`` only the KV store inside ``qk_norm_rope``,
 ``Config.split_k_gemm = False`` the split-K decode GEMMs of ``layers/decode_gemm.py``;
-``Config.decode_gemm_prefetch`` picks their table with weight prefetch.
+``Config.decode_gemm_prefetch`` picks their table with weight prefetch;
+``Config.decode_qk_prologue`` moves QK-norm, RoPE and the K/V store of decode-only steps into
+the decode attention kernel.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
+from typing import TypeVar
 
 import torch
 
 from engine.model.layers.decode_gemm import DECODE_TILINGS, Buckets, decode_tilings
+
+T = TypeVar("T")
+
+
+@dataclass
+class TriedVariant:
+    """A kernel variant tried on its first call (which compiles it, outside any CUDA-graph
+    capture) and turned off for its model, with a warning, if that call raises, rather than
+    failing the run; its caller then takes the plain path. ``what`` names the variant and
+    ``instead`` the plain path, for the warning."""
+
+    what: str
+    instead: str
+    usable: bool = True
+    checked: bool = False
+
+    def call(self, launch: Callable[[], T]) -> T | None:
+        """``launch()``'s result, or None when the variant is off or its first call failed."""
+        if not self.usable:
+            return None
+        if self.checked:
+            return launch()
+        try:
+            result = launch()
+        except Exception as exc:  # noqa: BLE001 - the caller falls back to the plain path
+            self.failed(exc)
+            return None
+        self.checked = True
+        return result
+
+    def failed(self, exc: Exception) -> None:
+        """The variant could not run: warn and turn it off."""
+        self.usable = False
+        warnings.warn(
+            f"{self.what} unavailable ({type(exc).__name__}: {exc}); {self.instead}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 @dataclass
@@ -27,26 +69,26 @@ class FusedKernels:
     ``split_k``: ``engine.model.kernels.skinny_gemm`` (decode-sized ``o_proj``/``down`` GEMMs,
     their partials summed by the following RMSNorm), or None (cuBLAS for every projection).
     ``decode_tilings``: the table of their tilings (``decode_gemm.decode_tilings``).
-    The first fused store compiles that variant (``store_checked``); if it fails, the store is
-    turned off for this model (``store_usable``), with a warning, rather than failing the run.
+    ``decode_qk_prologue``: a decode-only step's attention starts from the QKV rows, its
+    kernel applying QK-norm and RoPE and storing K/V (where the backend allows).
+    ``store`` and ``prologue``: the fused store's and the prologue's first-call checks.
     """
 
     module: ModuleType | None = None
     kv_store: bool = True
     split_k: ModuleType | None = None
     decode_tilings: dict[str, Buckets] = field(default_factory=lambda: DECODE_TILINGS)
-    store_checked: bool = False
-    store_usable: bool = True
-
-    def store_failed(self, exc: Exception) -> None:
-        """The fused store could not compile: warn once and store K/V with ``store_kv``."""
-        self.store_usable = False
-        warnings.warn(
-            f"fused KV store unavailable ({type(exc).__name__}: {exc}); "
-            "storing K/V with store_kv instead",
-            RuntimeWarning,
-            stacklevel=3,
+    decode_qk_prologue: bool = False
+    store: TriedVariant = field(
+        default_factory=lambda: TriedVariant(
+            "fused KV store", "storing K/V with store_kv instead"
         )
+    )
+    prologue: TriedVariant = field(
+        default_factory=lambda: TriedVariant(
+            "decode QK prologue", "running qk_norm_rope before the decode kernel instead"
+        )
+    )
 
 
 def load_fused_kernels(
@@ -55,10 +97,12 @@ def load_fused_kernels(
     kv_store: bool = True,
     split_k: bool = True,
     prefetch: bool = False,
+    decode_qk_prologue: bool = False,
 ) -> FusedKernels:
     """The fused kernels a model on ``device`` uses: the Triton modules on CUDA when ``enabled``
     (the split-K GEMMs also when ``split_k``, from the prefetching table with ``prefetch``) and
-    triton imports, else none (the PyTorch code serves)."""
+    triton imports, else none (the PyTorch code serves). ``decode_qk_prologue``: see
+    :class:`FusedKernels`."""
     module: ModuleType | None = None
     split_k_module: ModuleType | None = None
     if enabled and torch.device(device).type == "cuda":
@@ -69,4 +113,6 @@ def load_fused_kernels(
             module = None
         else:
             split_k_module = skinny_gemm if split_k else None
-    return FusedKernels(module, kv_store, split_k_module, decode_tilings(prefetch))
+    return FusedKernels(
+        module, kv_store, split_k_module, decode_tilings(prefetch), decode_qk_prologue
+    )

@@ -75,5 +75,5 @@ def test_layers_call_the_module_they_were_given() -> None:
 def test_a_failed_fused_store_turns_it_off_for_that_model_only() -> None:
     first, second = FusedKernels(kv_store=True), FusedKernels(kv_store=True)
     with pytest.warns(RuntimeWarning, match="fused KV store unavailable"):
-        first.store_failed(RuntimeError("no such kernel"))
-    assert not first.store_usable and second.store_usable
+        first.store.failed(RuntimeError("no such kernel"))
+    assert not first.store.usable and second.store.usable

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from triton_env import DEVICE, load_kernel_modules
+from triton_env import DEVICE, counting_triton_backend, load_kernel_modules, run_attention_layer
 
 (fused, kv_store, attention_triton) = load_kernel_modules(
     "engine.model.kernels.fused",
@@ -19,12 +19,9 @@ load_kernel_modules(
     "engine.model.kernels.paged_attention", "engine.model.kernels.prefill_attention"
 )
 
-from engine.model import qwen3  # noqa: E402
-from engine.model.attention_metadata import build_attention_metadata  # noqa: E402
 from engine.model.layers import attention as attention_mod  # noqa: E402
 from engine.model.layers.attention_torch import TorchAttentionBackend  # noqa: E402
 from engine.model.layers.cuda_kernels import FusedKernels  # noqa: E402
-from engine.model.layers.parallel import SINGLE_PROCESS  # noqa: E402
 from engine.model.layers.rotary_embedding import RotaryEmbedding  # noqa: E402
 
 
@@ -93,63 +90,24 @@ def test_fused_store_rejects_mismatched_caches() -> None:
 
 # --- the attention layer -----------------------------------------------------------------------
 
-SPEC = qwen3.Qwen3Spec(
-    vocab_size=64,
-    hidden_size=64,
-    intermediate_size=64,
-    num_hidden_layers=1,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-)
-BLOCK_SIZE = 4
-
-
-class CountingTritonBackend(attention_triton.TritonAttentionBackend):
-    def __init__(self) -> None:
-        super().__init__()
-        self.stores = 0
-
-    def store_kv(self, *args: torch.Tensor) -> None:  # type: ignore[override]
-        self.stores += 1
-        super().store_kv(*args)
-
-
 def run_layer(
     fuse: bool, backend: object, kernels: FusedKernels | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One mixed step (a prefill after a prefix hit, a fresh prefill, a decode) through one
-    attention layer, the fused kernels given to it whatever the device (on CPU, the interpreter's;
-    the engine loads them on CUDA only)."""
+    """One mixed step through one attention layer: seq 0 has 3 new tokens after 8 cached
+    (blocks 0, 1), seq 1 a fresh 5, seq 2 a decode at position 5."""
     if kernels is None:
         kernels = FusedKernels(fused, kv_store=fuse)
-    torch.manual_seed(0)
-    rope = RotaryEmbedding(SPEC.head_dim, SPEC.head_dim, 128, 10000.0)
-    layer = qwen3.Qwen3Attention(SPEC, SINGLE_PROCESS, backend, rope, kernels)  # type: ignore[arg-type]
-    for p in layer.parameters():
-        p.data = 0.2 * torch.randn(p.shape)
-    assert layer.attn.fuse_kv_store == kernels.kv_store
-    layer = layer.to(DEVICE)
-    cache = torch.zeros(2, 10, BLOCK_SIZE, SPEC.num_key_value_heads, SPEC.head_dim, device=DEVICE)
-    cache[:, :2] = torch.randn(2, 2, BLOCK_SIZE, SPEC.num_key_value_heads, SPEC.head_dim)
-    layer.attn.bind_kv_cache(cache[0], cache[1])
-    # seq 0: 3 new tokens after 8 cached (blocks 0, 1); seq 1: fresh 5; seq 2: decode at 6.
-    positions, md = build_attention_metadata(
-        [3, 5, 1], [11, 5, 6], [[0, 1, 2], [3, 4], [5, 6]], BLOCK_SIZE, 2, DEVICE
-    )
-    hidden = torch.randn(9, SPEC.hidden_size).to(DEVICE)
-    with torch.no_grad():
-        out = layer(positions, hidden, md)
-    return out.cpu(), cache.cpu()
+    tables = [[0, 1, 2], [3, 4], [5, 6]]
+    return run_attention_layer(backend, kernels, [3, 5, 1], [11, 5, 6], tables, 2, 2)
 
 
 def test_layer_with_fused_store_matches_separate_store() -> None:
-    fused_backend, plain_backend = CountingTritonBackend(), CountingTritonBackend()
+    fused_backend, plain_backend = counting_triton_backend(), counting_triton_backend()
     kernels = FusedKernels(fused, kv_store=True)
     out_fused, cache_fused = run_layer(True, fused_backend, kernels)
     out_plain, cache_plain = run_layer(False, plain_backend)
-    assert fused_backend.stores == 0 and plain_backend.stores == 1
-    assert kernels.store_checked and kernels.store_usable
+    assert fused_backend.calls["store_kv"] == 0 and plain_backend.calls["store_kv"] == 1
+    assert kernels.store.checked and kernels.store.usable
     assert torch.equal(cache_fused, cache_plain)
     assert torch.equal(out_fused, out_plain)
 
@@ -162,12 +120,12 @@ def test_layer_falls_back_when_the_fused_store_fails() -> None:
                 raise RuntimeError("no such kernel")
             return fused.qk_norm_rope(*args)
 
-    backend = CountingTritonBackend()
+    backend = counting_triton_backend()
     kernels = FusedKernels(Broken, kv_store=True)  # type: ignore[arg-type]
     with pytest.warns(RuntimeWarning, match="fused KV store unavailable"):
         out, cache = run_layer(True, backend, kernels)
-    assert backend.stores == 1 and not kernels.store_usable and not kernels.store_checked
-    ref_out, ref_cache = run_layer(False, CountingTritonBackend())
+    assert backend.calls["store_kv"] == 1 and not kernels.store.usable and not kernels.store.checked
+    ref_out, ref_cache = run_layer(False, counting_triton_backend())
     assert torch.equal(cache, ref_cache) and torch.equal(out, ref_out)
 
 

@@ -87,7 +87,6 @@ FIELD_RULES: dict[str, _Rule] = {
     "split_k_gemm": _Rule(bool),
     "decode_gemm_prefetch": _Rule(bool),
     "decode_qk_prologue": _Rule(bool),
-    "decode_inline_merge": _Rule(bool),
     "programmatic_launch": _Rule(bool),
     "decode_longest_first": _Rule(bool),
     "long_prefill_kernel": _Rule(str, choices=LONG_PREFILL_KERNELS),
@@ -171,11 +170,6 @@ class Config:
     # new K/V itself (engine/model/kernels/decode_prologue.py): one launch fewer a layer. False:
     # qk_norm_rope runs first (the traces recorded before the field).
     decode_qk_prologue: bool = True
-    # CUDA with the Triton backend: where decode attention cuts rows into splits (fewer than 128
-    # rows), the last split program of each row merges the partials itself
-    # (engine/model/kernels/decode_merge.py): one launch fewer a layer. False: a merge kernel
-    # after the split kernel (the traces recorded before the field).
-    decode_inline_merge: bool = False
     # CUDA only, compute capability 9+: Triton kernels launch with programmatic dependent launch
     # (engine/model/kernels/launch.py), so a kernel's launch overlaps the end of the one before;
     # results are identical. False: plain launches (the traces recorded before the field).

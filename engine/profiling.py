@@ -270,8 +270,6 @@ def profile_key(description: dict[str, Any], engine_version: str) -> dict[str, A
             key["kernels"]["decode_gemm_prefetch"] = True
         if description.get("decode_qk_prologue"):
             key["kernels"]["decode_qk_prologue"] = True
-        if description.get("decode_inline_merge"):
-            key["kernels"]["decode_inline_merge"] = True
         # Likewise: absent, eager long prompts ran the Triton kernel.
         if description.get("long_prefill_kernel", "triton") != "triton":
             key["kernels"]["long_prefill_kernel"] = description["long_prefill_kernel"]

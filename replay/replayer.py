@@ -126,7 +126,6 @@ def config_from_header(header: dict[str, Any], **overrides: Any) -> Config:
     recorded.setdefault("split_k_gemm", False)
     recorded.setdefault("decode_gemm_prefetch", False)
     recorded.setdefault("decode_qk_prologue", False)
-    recorded.setdefault("decode_inline_merge", False)
     recorded.setdefault("programmatic_launch", False)
     recorded.setdefault("decode_longest_first", False)
     # Eager long prompts ran the Triton kernel before the field existed.

@@ -21,7 +21,7 @@ if has ktests; then  # the Triton kernels, compiled
     timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider -rs -x \
         tests/engine/model/test_triton_kernels.py tests/engine/model/test_triton_fused.py \
         tests/engine/model/test_triton_fused_kv_store.py tests/engine/model/test_triton_skinny_gemm.py \
-        tests/engine/model/test_triton_decode_prologue.py tests/engine/model/test_triton_decode_merge.py \
+        tests/engine/model/test_triton_decode_prologue.py \
         tests/engine/model/test_attention_triton_backend.py \
         tests/engine/model/test_triton_sampler.py tests/benchmarks/test_sampler_variants.py \
         tests/engine/runner/test_prefill_graphs_model.py \

@@ -31,11 +31,7 @@ from engine.graph_sizes import (
     prefill_graph_sizes,
 )
 from engine.model.attention_metadata import build_attention_metadata
-from engine.model.kernels.launch import (
-    set_decode_inline_merge,
-    set_long_prefill_kernel,
-    set_programmatic_launch,
-)
+from engine.model.kernels.launch import set_long_prefill_kernel, set_programmatic_launch
 from engine.model.layers.decode_gemm import decode_tilings, split_k_batches
 from engine.runner.cuda_step import CudaStepper
 from engine.runner.decode_graphs import DecodeBuffers, DecodeGraphs
@@ -186,7 +182,6 @@ def build_stepper(
     choose_blas_library(config.blas_library)
     set_programmatic_launch(config.programmatic_launch, torch.cuda.get_device_capability(device))
     set_long_prefill_kernel(config.long_prefill_kernel)
-    set_decode_inline_merge(config.decode_inline_merge)
     max_batch = min(config.max_num_seqs, MAX_GRAPH_BATCH)
     width = -(-config.max_model_len // block_size)
     buffers = DecodeBuffers(max_batch, width, block_size, device, config.decode_longest_first)

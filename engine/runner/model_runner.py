@@ -27,11 +27,7 @@ from engine.batch import ScheduledBatch, StepOutput
 from engine.config import AUTO_SIZED_BLOCKS, Config
 from engine.errors import ConfigError
 from engine.executor import DoneStep, PendingStep
-from engine.model.kernels.launch import (
-    decode_inline_merge,
-    long_prefill_kernel,
-    programmatic_launch,
-)
+from engine.model.kernels.launch import long_prefill_kernel, programmatic_launch
 from engine.model.layers.attention import get_attention_backend
 from engine.model.layers.cuda_kernels import load_fused_kernels
 from engine.model.layers.linear import runs_split_k
@@ -319,7 +315,6 @@ class ModelRunner:
                 and self.kernels.prologue.usable
                 and self.model.attention_layers[0].decodes_from_qkv()
             )
-            info["decode_inline_merge"] = decode_inline_merge()
             info["programmatic_launch"] = programmatic_launch()
             info["decode_longest_first"] = self.cuda.buffers.longest_first
             info["long_prefill_kernel"] = long_prefill_kernel()

@@ -31,7 +31,6 @@ KERNEL_SPEED_FIELDS = (
     "split_k_gemm",
     "decode_gemm_prefetch",
     "decode_qk_prologue",
-    "decode_inline_merge",
     "programmatic_launch",
     "decode_longest_first",
     "long_prefill_kernel",

@@ -8,9 +8,8 @@ kernels is overlapped: every load and store still follows the previous kernel's,
 identical. Set once per process from ``Config.programmatic_launch`` (like the BLAS library,
 before any graph is captured); off on CPU, in the interpreter and before compute capability 9.
 
-The kernel of a long prompt's eager prefill (``Config.long_prefill_kernel``) and whether a
-decode's split partials are merged by their last program (``Config.decode_inline_merge``,
-``paged_attention.paged_decode_attention``) are set here the same way, once per process.
+The kernel of a long prompt's eager prefill (``Config.long_prefill_kernel``) is set here the
+same way, once per process (``long_prefill.long_prefill_route`` reads it).
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from typing import Any
 
 _enabled = False
 _long_prefill_kernel = "tma"
-_decode_inline_merge = False
 
 
 def set_programmatic_launch(enabled: bool, capability: tuple[int, int] | None) -> bool:
@@ -50,15 +48,3 @@ def set_long_prefill_kernel(kernel: str) -> None:
 def long_prefill_kernel() -> str:
     """The kernel eager launches of long prompts take."""
     return _long_prefill_kernel
-
-
-def set_decode_inline_merge(enabled: bool) -> None:
-    """Whether decode attention merges its split partials in the split kernel's last program
-    instead of a merge launch (``Config.decode_inline_merge``)."""
-    global _decode_inline_merge
-    _decode_inline_merge = bool(enabled)
-
-
-def decode_inline_merge() -> bool:
-    """Whether decode attention merges its splits inline (``set_decode_inline_merge``)."""
-    return _decode_inline_merge

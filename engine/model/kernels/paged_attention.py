@@ -35,10 +35,9 @@ import triton
 import triton.language as tl
 
 from engine.attention_splits import choose_num_splits, decode_grid
-from engine.model.kernels.decode_merge import arrival_counters, decode_merge_kernel, merge_if_last
 from engine.model.kernels.decode_prologue import prologue_args, query_and_store_kv
 from engine.model.kernels.gdc import gdc_enter
-from engine.model.kernels.launch import decode_inline_merge, pdl_options
+from engine.model.kernels.launch import pdl_options
 
 if TYPE_CHECKING:
     from engine.model.attention_metadata import QkNormRope
@@ -73,7 +72,6 @@ def _decode_split_kernel(
     part_acc_ptr,
     part_max_ptr,
     part_sum_ptr,
-    arrivals_ptr,
     q_weight_ptr,
     k_weight_ptr,
     cos_ptr,
@@ -102,9 +100,6 @@ def _decode_split_kernel(
     HEADS_FASTEST: tl.constexpr,
     ORDERED: tl.constexpr,
     QK_PROLOGUE: tl.constexpr,
-    INLINE_MERGE: tl.constexpr,
-    GROUP_POW2: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
     gdc_enter(USE_GDC)  # programmatic dependent launch: kernels/launch.py
@@ -190,12 +185,45 @@ def _decode_split_kernel(
         tl.store(part_max_ptr + part, m_i, mask=row_ok)
         tl.store(part_sum_ptr + part, l_i, mask=row_ok)
         tl.store(part_acc_ptr + part[:, None] * HEAD_DIM_PAD + dims[None, :], acc, mask=out_mask)
-        if INLINE_MERGE:
-            merge_if_last(
-                out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, arrivals_ptr, seq, kv_head,
-                num_heads, out_stride_seq, out_stride_head, HEAD_DIM, HEAD_DIM_PAD, GROUP,
-                GROUP_POW2, NUM_SPLITS, SPLITS_PAD,
-            )  # fmt: skip
+
+
+@triton.jit
+def _decode_merge_kernel(
+    out_ptr,
+    part_acc_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    out_stride_seq,
+    out_stride_head,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    USE_GDC: tl.constexpr,
+):
+    gdc_enter(USE_GDC)  # programmatic dependent launch: kernels/launch.py
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    num_heads = tl.num_programs(1)
+    splits = tl.arange(0, SPLITS_PAD)
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    split_ok = splits < NUM_SPLITS
+    part = (seq.to(tl.int64) * num_heads + head) * NUM_SPLITS + splits
+    m = tl.load(part_max_ptr + part, mask=split_ok, other=float("-inf"))
+    l = tl.load(part_sum_ptr + part, mask=split_ok, other=0.0)
+    acc = tl.load(
+        part_acc_ptr + part[:, None] * HEAD_DIM_PAD + dims[None, :],
+        mask=split_ok[:, None] & (dims[None, :] < HEAD_DIM),
+        other=0.0,
+    )
+    m_all = tl.max(m, 0)
+    # Empty splits (and whole padding rows) have m = -inf: weight 0, and no -inf - -inf.
+    m_safe = tl.where(m_all > float("-inf"), m_all, 0.0)
+    weight = tl.where(m > float("-inf"), tl.exp2(m - m_safe), 0.0)
+    total = tl.sum(l * weight, 0)
+    out = tl.sum(acc * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
+    o_offs = seq.to(tl.int64) * out_stride_seq + head * out_stride_head + dims
+    tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
 def paged_decode_attention(
@@ -213,7 +241,6 @@ def paged_decode_attention(
     heads_fastest: bool = DECODE_HEADS_FASTEST,
     order: torch.Tensor | None = None,
     prologue: QkNormRope | None = None,
-    inline_merge: bool | None = None,
 ) -> torch.Tensor:
     """One query per sequence against its paged context.
 
@@ -230,10 +257,6 @@ def paged_decode_attention(
     and rotates it, and writes each row's new K/V (the row's last context token) to its slot
     before reading the context, so the caches need not hold them yet
     (``engine.model.attention_metadata.QkNormRope``).
-
-    ``inline_merge``: with several splits, the last split program of each row merges the
-    partials itself instead of a second launch (``decode_merge.py``); None: as this process is
-    set (``launch.decode_inline_merge``, ``Config.decode_inline_merge``).
     """
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_dim = k_cache.shape
@@ -276,11 +299,6 @@ def paged_decode_attention(
         part_sum = torch.empty_like(part_max)
     else:
         part_acc = part_max = part_sum = out  # unused by the one-split path
-    arrivals = None
-    if inline_merge is None:
-        inline_merge = decode_inline_merge()
-    if splits > 1 and inline_merge:
-        arrivals = arrival_counters(q.device, num_seqs * num_kv_heads)
     grid = decode_grid(num_seqs, num_kv_heads, splits, heads_fastest)
     _decode_split_kernel[grid](
         q,
@@ -293,7 +311,6 @@ def paged_decode_attention(
         part_acc,
         part_max,
         part_sum,
-        arrivals if arrivals is not None else context_lens,  # unused without INLINE_MERGE
         *prologue_args(prologue, q, context_lens),
         scale * LOG2E,
         q.stride(0),
@@ -315,15 +332,12 @@ def paged_decode_attention(
         HEADS_FASTEST=heads_fastest,
         ORDERED=order is not None,
         QK_PROLOGUE=prologue is not None,
-        INLINE_MERGE=arrivals is not None,
-        GROUP_POW2=triton.next_power_of_2(group),
-        SPLITS_PAD=triton.next_power_of_2(splits),
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_options(),
     )
-    if splits > 1 and arrivals is None:
-        decode_merge_kernel[(num_seqs, num_heads)](
+    if splits > 1:
+        _decode_merge_kernel[(num_seqs, num_heads)](
             out,
             part_acc,
             part_max,

@@ -67,7 +67,11 @@ class TritonAttentionBackend(TritonSlotStore):
 
         self._decode = paged_decode_attention
         self._prefill = prefill_attention
-        self.decodes_from_qkv = prologue_fits
+        self._prologue_fits = prologue_fits
+
+    def decodes_from_qkv(self, head_dim: int) -> bool:
+        """Whether :meth:`decode_with_prologue` serves heads of ``head_dim``."""
+        return self._prologue_fits(head_dim)
 
     def decode_with_prologue(
         self,

@@ -2,13 +2,16 @@
 # One device call on the H200: GPU tests against transformers, the engine benchmark (with
 # transformers' generate_batch as the peer), a decode profile and the two committed traces.
 # Usage (repository root, on the device): bash tools/h200_session.sh STAGES
-#   STAGES (VARIANTS=chunked,chunked-2048 LONG_PREFILL=32768 for bench): comma-separated, any of ktests,tests,kernels,dattn,gemm,skinny,constrained,policies,bench,hf,profile,mixed,plong,lprefill,serve,gc. Results go under
+#   STAGES (VARIANTS=chunked,chunked-2048 LONG_PREFILL=32768 for bench): comma-separated, any of ktests,tests,kernels,dattn,gemm,skinny,constrained,policies,bench,hf,profile,onerow,mixed,plong,lprefill,serve,gc. Results go under
 #   $OUT. bench runs tracing off/on (SKIP_OFF=1: on only) and, with COMPARE=1, tracing on
 #   without overlapped steps. mixed: the mixed-step graph and long-prefill GPU tests and the
 #   chunked fp32 runner tests; plong: the long-prefill tiling sweep (benchmarks/prefill_long.py);
 #   dattn: decode attention per batch size (benchmarks/decode_attention.py, DATTN_BATCHES,
 #   DATTN_LAYOUTS=token,head: the head-major cache too; DATTN_ORDERS=row,longest: rows longest first);
 #   profile: benchmarks/profile_engine.py, PROFILE_ARGS passed on (e.g. '--set max_num_seqs=96').
+#   onerow: one sequence at a time (the reference's first request), 3 runs with each of
+#   ONEROW_SETS (space-separated k=v overrides, "-" for none: the A/B of a one-row change), then
+#   the one-row profile.
 #   lprefill: one LONG_PREFILL-token (default 32768) prefill step through each long-prompt kernel
 #   route (benchmarks.engine.long_prefill) without the reference runs.
 set -u
@@ -96,6 +99,17 @@ if has bench || has hf; then
         --variants "${VARIANTS:-}" --long-prefill "${LONG_PREFILL:-0}" \
         --json "$OUT/bench.json" --trace-out /tmp/traces/h200-reference 2>&1 \
         | grep -v fix_mistral_regex | tee "$OUT/bench.log"
+fi
+if has onerow; then  # one-sequence TPOT: an A/B, 3 runs each, then where a one-row step goes
+    for sets in ${ONEROW_SETS:--}; do
+        args=(); [ "$sets" != - ] && for kv in ${sets//,/ }; do args+=(--set "$kv"); done
+        python3 -m benchmarks.engine --model-dir "$MODEL" --num-seqs 1 --set max_num_seqs=1 \
+            "${args[@]}" --repeat 3 --no-transformers --skip-off 2>&1 | tr '\r' '\n' \
+            | grep -E "^repeat" | sed "s|^|$sets: |" | tee -a "$OUT/onerow.log"
+    done
+    python3 -m benchmarks.profile_engine --model "$MODEL" --out "$OUT/onerow-profile" \
+        --num-seqs 1 --steps 30 > "$OUT/onerow-profile.log" 2>&1
+    tail -32 "$OUT/onerow-profile.log"
 fi
 if has profile; then
     python3 -m benchmarks.profile_engine --model "$MODEL" --out "$OUT/profile" ${PROFILE_ARGS:-} \

@@ -142,11 +142,7 @@ class Qwen3Attention(nn.Module):
         """A decode-only step's attention output straight from the QKV rows, the decode kernel
         norming and rotating q and k and storing K/V (``FusedKernels.decode_qk_prologue``), or
         None where that does not apply (then ``qk_norm_rope`` runs first)."""
-        if (
-            not self.kernels.decode_qk_prologue
-            or metadata.num_prefill_seqs
-            or not self.attn.decodes_from_qkv()
-        ):
+        if metadata.num_prefill_seqs or not self.kernels.decodes_from_qkv(self.attn):
             return None
         prologue = QkNormRope(
             self.q_norm.weight,

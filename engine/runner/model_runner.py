@@ -120,11 +120,11 @@ class ModelRunner:
         self.group = self.dist.group if self.dist else SINGLE_PROCESS
         self.kernels = load_fused_kernels(
             self.device,
-            config.fused_kernels,
-            config.fused_kv_store,
-            config.split_k_gemm,
-            config.decode_gemm_prefetch,
-            config.decode_qk_prologue,
+            enabled=config.fused_kernels,
+            kv_store=config.fused_kv_store,
+            split_k=config.split_k_gemm,
+            prefetch=config.decode_gemm_prefetch,
+            decode_qk_prologue=config.decode_qk_prologue,
         )
         self.model = build_model(
             self.model_dir, self.attention_backend, self.device, self.dtype, self.group,
@@ -309,11 +309,8 @@ class ModelRunner:
                 info["split_k_gemm"] and self.config.decode_gemm_prefetch
             )
             # Whether decode-only steps start their attention from the QKV rows.
-            info["decode_qk_prologue"] = bool(
-                self.kernels.module is not None
-                and self.kernels.decode_qk_prologue
-                and self.kernels.prologue.usable
-                and self.model.attention_layers[0].decodes_from_qkv()
+            info["decode_qk_prologue"] = self.kernels.decodes_from_qkv(
+                self.model.attention_layers[0]
             )
             info["programmatic_launch"] = programmatic_launch()
             info["decode_longest_first"] = self.cuda.buffers.longest_first

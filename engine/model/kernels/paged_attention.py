@@ -351,4 +351,3 @@ def paged_decode_attention(
             **pdl_options(),
         )
     return out
-

@@ -15,11 +15,14 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
 from engine.model.layers.decode_gemm import DECODE_TILINGS, Buckets, decode_tilings
+
+if TYPE_CHECKING:
+    from engine.model.layers.attention import Attention
 
 T = TypeVar("T")
 
@@ -90,9 +93,21 @@ class FusedKernels:
         )
     )
 
+    def decodes_from_qkv(self, attention: Attention) -> bool:
+        """Whether ``attention``'s decode-only steps start from the QKV rows: the fused kernels
+        are loaded with ``decode_qk_prologue``, its first call has not failed, and the layer's
+        backend and caches allow it. Depends on no tensor value: graph-capture safe."""
+        return (
+            self.module is not None
+            and self.decode_qk_prologue
+            and self.prologue.usable
+            and attention.decodes_from_qkv()
+        )
+
 
 def load_fused_kernels(
     device: torch.device | str,
+    *,
     enabled: bool = True,
     kv_store: bool = True,
     split_k: bool = True,

@@ -40,7 +40,7 @@ def recording_module() -> types.ModuleType:
 
 def test_no_fused_kernels_off_cuda_whatever_the_config() -> None:
     for enabled in (True, False):
-        assert load_fused_kernels("cpu", enabled).module is None
+        assert load_fused_kernels("cpu", enabled=enabled).module is None
     assert load_fused_kernels("cpu", kv_store=False).kv_store is False
 
 

@@ -1,7 +1,8 @@
 """Decode steps on CUDA: persistent input buffers and CUDA graphs per padded batch size.
 
 Decode inputs live in fixed buffers for the runner's lifetime: pinned host arrays filled with
-numpy, copied to the device in three small transfers per step, and read by graphs captured once
+numpy, copied to the device in one transfer per step (``staging.StagingBlock``), and read by
+graphs captured once
 for the batch sizes of ``engine.graph_sizes.decode_graph_sizes`` that share one memory pool.
 Row ``i`` of every buffer is the ``i``-th decode sequence; rows past the batch are padding
 (context 0, slot -1: attention outputs zeros and nothing is stored).
@@ -37,6 +38,7 @@ from engine.runner.graph_capture import (
     ModelFn,
     take_sources,
 )
+from engine.runner.staging import StagingBlock, StagingLayout
 
 # The int64 staging block's fourth row: for a token still being sampled by the previous
 # (overlapped) step, its row in that step's output.
@@ -51,15 +53,15 @@ class _HostStage:
     block tables ``[max_batch, table_width]``.
     """
 
-    def __init__(self, max_batch: int, table_width: int, pin: bool) -> None:
-        self.i64 = torch.zeros(4, max_batch, dtype=torch.int64, pin_memory=pin)
-        self.i32 = torch.zeros(max_batch * (2 + table_width), dtype=torch.int32, pin_memory=pin)
-        self.temps = torch.zeros(max_batch, dtype=torch.float32, pin_memory=pin)
-        self.np_i64 = self.i64.numpy()
-        self.np_ctx = self.i32[:max_batch].numpy()
-        self.np_order = self.i32[max_batch : 2 * max_batch].numpy()  # written by every stage
-        self.np_tables = self.i32[2 * max_batch :].view(max_batch, table_width).numpy()
-        self.np_temps = self.temps.numpy()
+    def __init__(self, layout: StagingLayout, table_width: int, pin: bool) -> None:
+        self.block = StagingBlock(layout, pin=pin)
+        max_batch = layout.i64_cols
+        self.np_i64 = self.block.i64.numpy()
+        i32 = self.block.i32
+        self.np_ctx = i32[:max_batch].numpy()
+        self.np_order = i32[max_batch : 2 * max_batch].numpy()  # written by every stage
+        self.np_tables = i32[2 * max_batch :].view(max_batch, table_width).numpy()
+        self.np_temps = self.block.f32.numpy()
         self.np_i64[ROW_SLOTS] = PAD_SLOT
         self.np_i64[ROW_SOURCE] = NO_SOURCE
         self.row_seq: list[int] = [-1] * max_batch
@@ -90,18 +92,19 @@ class DecodeBuffers:
         self.block_size = block_size
         self.longest_first = longest_first
         pin = device.type == "cuda"
-        self._stages = [_HostStage(max_batch, table_width, pin) for _ in range(HOST_STAGES)]
+        layout = StagingLayout(ROW_SOURCE + 1, max_batch, max_batch * (2 + table_width),
+                               max_batch)
+        self._stages = [_HostStage(layout, table_width, pin) for _ in range(HOST_STAGES)]
         self._turn = 0
         self._use(0)
-        self.dev_i64 = torch.zeros_like(self.host_i64, device=device)
-        self.dev_i32 = torch.zeros_like(self.host_i32, device=device)
-        self.dev_temps = torch.zeros_like(self.host_temps, device=device)
+        self.dev = StagingBlock(layout, device)
+        self.dev_i64, self.dev_i32, self.dev_temps = self.dev.i64, self.dev.i32, self.dev.f32
         self.dev_cu_seqlens = torch.arange(max_batch + 1, dtype=torch.int32, device=device)
         self._rows = np.arange(max_batch)
 
     def _use(self, index: int) -> None:
         stage = self._stages[index]
-        self.host_i64, self.host_i32, self.host_temps = stage.i64, stage.i32, stage.temps
+        self.host = stage.block
         self.np_i64, self.np_ctx, self.np_tables = stage.np_i64, stage.np_ctx, stage.np_tables
         self.np_order = stage.np_order
         self.np_temps = stage.np_temps
@@ -252,9 +255,7 @@ class DecodeBuffers:
         self.np_ctx[n:padded] = 0
         if self.longest_first:
             self.np_order[:padded] = rows_longest_first(self.np_ctx[:padded])
-        self.dev_i64.copy_(self.host_i64, non_blocking=True)
-        self.dev_i32.copy_(self.host_i32, non_blocking=True)
-        self.dev_temps.copy_(self.host_temps, non_blocking=True)
+        self.dev.upload(self.host)
         return block_ids
 
     def take_sources(self, batch: int, previous_tokens: torch.Tensor) -> None:

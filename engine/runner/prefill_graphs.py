@@ -44,6 +44,7 @@ from engine.runner.graph_capture import (
     CapturedGraphs,
     ModelFn,
 )
+from engine.runner.staging import StagingBlock, StagingLayout
 
 __all__ = ["PrefillGraphs", "StagedGraphs", "stage_prefill"]
 
@@ -98,29 +99,28 @@ def stage_prefill(
 
 
 class StagedGraphs(CapturedGraphs):
-    """Captured graphs over one set of staging buffers, pinned on the host and mirrored on the
-    device: an int64 block ``[STAGED_ROWS, max_rows]`` (``ROW_*``: ids, positions, slots, the
-    rows sampled), an int32 block of ``header_ints`` (``cu_seqlens_q``, context lengths) followed
-    by ``slots`` block-table rows of ``table_width``, and one temperature per slot. A subclass
-    fills the host views (``_np_i64``, ``_np_i32``, ``_np_tables``) and calls ``_upload``."""
+    """Captured graphs over one staging block (``staging.StagingBlock``), pinned on the host
+    and mirrored on the device: an int64 block ``[STAGED_ROWS, max_rows]`` (``ROW_*``: ids,
+    positions, slots, the rows sampled), an int32 block of ``header_ints`` (``cu_seqlens_q``,
+    context lengths) followed by ``slots`` block-table rows of ``table_width``, and one
+    temperature per slot. A subclass fills the host views (``_np_i64``, ``_np_i32``,
+    ``_np_tables``) and calls ``_upload``."""
 
     def __init__(self, sizes: Sequence[Any], max_rows: int, hidden_size: int, dtype: torch.dtype,
                  device: torch.device, header_ints: int, slots: int, table_width: int) -> None:
         super().__init__(sizes, torch.zeros(max_rows, hidden_size, dtype=dtype, device=device))
         self.table_width = table_width
         pin = device.type == "cuda"
-        self.host_i64 = torch.zeros(STAGED_ROWS, max_rows, dtype=torch.int64, pin_memory=pin)
-        self.host_temps = torch.zeros(slots, dtype=torch.float32, pin_memory=pin)
-        self.host_i32 = torch.zeros(header_ints + slots * table_width, dtype=torch.int32,
-                                    pin_memory=pin)
-        self._np_i64 = self.host_i64.numpy()
-        self._np_i32 = self.host_i32[:header_ints].numpy()
-        self._np_tables = self.host_i32[header_ints:].view(slots, table_width).numpy()
+        layout = StagingLayout(STAGED_ROWS, max_rows, header_ints + slots * table_width, slots)
+        self.host = StagingBlock(layout, pin=pin)
+        self._np_i64 = self.host.i64.numpy()
+        self._np_i32 = self.host.i32[:header_ints].numpy()
+        self._np_tables = self.host.i32[header_ints:].view(slots, table_width).numpy()
+        self._np_temps = self.host.f32.numpy()
         self._np_i64[ROW_SLOTS] = PAD_SLOT
         self._np_i64[ROW_PENDING] = NO_SOURCE
-        self.dev_i64 = torch.zeros_like(self.host_i64, device=device)
-        self.dev_i32 = torch.zeros_like(self.host_i32, device=device)
-        self.dev_temps = torch.zeros_like(self.host_temps, device=device)
+        self.dev = StagingBlock(layout, device)
+        self.dev_i64, self.dev_i32, self.dev_temps = self.dev.i64, self.dev.i32, self.dev.f32
         self.dev_i64[ROW_SLOTS] = PAD_SLOT
         self.dev_i64[ROW_PENDING] = NO_SOURCE
         # Recorded after each upload: the host buffers may be rewritten once it has passed.
@@ -133,17 +133,15 @@ class StagedGraphs(CapturedGraphs):
             self._uploaded.synchronize()
 
     def _check_samples(self, sample_rows: Sequence[int], temperatures: Sequence[float]) -> None:
-        if len(sample_rows) != len(temperatures) or len(sample_rows) > len(self.host_temps):
+        if len(sample_rows) != len(temperatures) or len(sample_rows) > len(self._np_temps):
             raise ValueError("one temperature per sampled row, at most one row per sequence")
 
     def _upload(self, sample_rows: Sequence[int], temperatures: Sequence[float]) -> None:
         """Write the rows sampled (in the graph's row numbering) and their temperatures, then
-        copy every host buffer to the device without blocking (pinned memory)."""
+        copy the host block to the device in one transfer without blocking (pinned memory)."""
         self._np_i64[ROW_SAMPLE, : len(sample_rows)] = sample_rows
-        self.host_temps.numpy()[: len(temperatures)] = temperatures
-        self.dev_i64.copy_(self.host_i64, non_blocking=True)
-        self.dev_i32.copy_(self.host_i32, non_blocking=True)
-        self.dev_temps.copy_(self.host_temps, non_blocking=True)
+        self._np_temps[: len(temperatures)] = temperatures
+        self.dev.upload(self.host)
         if self._uploaded is not None:
             self._uploaded.record()
 

@@ -43,6 +43,9 @@ from replay.whatif.cost.shared_reads import FRACTIONS, rereads, split, with_frac
 
 SAMPLES_PER_PARAM = 4  # a class is fitted with k parameters only on at least 4k steps
 HOLDOUT_EVERY = 5
+# The classes whose projections take a route by their padded rows (``LinearFit.routes``): a CUDA
+# graph's decode rows are its padded size.
+ROUTED_CLASSES = ("decode_graph",)
 # A floor is a size range over which time does not grow: only a class whose steps span at least
 # this factor in size can show one (below it, floor candidates are not fitted).
 FLOOR_MIN_RANGE = 2.0
@@ -115,13 +118,14 @@ def candidates(name: str, eager: bool) -> list[Candidate]:
     return sorted(out, key=lambda c: (c.params, c.floor))
 
 
-def fit_candidate(cand: Candidate, x: np.ndarray, y: np.ndarray, size: int) -> LinearFit | None:
-    """Fit one candidate (None: too few steps for it)."""
+def fit_candidate(cand: Candidate, x: np.ndarray, y: np.ndarray, size: int,
+                  routes: tuple[int, ...] = ()) -> LinearFit | None:
+    """Fit one candidate (None: too few steps for it); ``routes``: as ``lstsq.fit_linear``'s."""
     n = len(y)
     if n < SAMPLES_PER_PARAM * cand.params or n == 0:
         return None
     if not cand.floor:
-        return fit_linear(x, y, cand.features)
+        return fit_linear(x, y, cand.features, routes=routes)
     if not cand.features:
         return LinearFit(0.0, (0.0,) * len(FEATURES), (), n, float(np.median(y)))
     best: tuple[float, LinearFit] | None = None
@@ -150,9 +154,11 @@ def holdout_split(s: np.ndarray, extrapolate: bool = True) -> tuple[np.ndarray, 
     return holdout_mask(np.zeros(len(s))), "interpolation"
 
 
-def select(name: str, x: np.ndarray, y: np.ndarray) -> tuple[LinearFit | None, dict[str, Any]]:
+def select(name: str, x: np.ndarray, y: np.ndarray, routes: tuple[int, ...] = ()
+           ) -> tuple[LinearFit | None, dict[str, Any]]:
     """The class's fit: each candidate scored on held-out steps, the best (the simpler on a tie)
-    refitted on all steps. Also the scores (held-out MAPE %), for reporting."""
+    refitted on all steps. Also the scores (held-out MAPE %), for reporting. ``routes``: every
+    candidate's (``lstsq.fit_linear``)."""
     size = FEATURES.index(CLASSES[name].size_feature)
     s = x[:, size]
     eager = name in EAGER_CLASSES and len(s) > 0 and s.max() >= FLOOR_MIN_RANGE * max(
@@ -165,7 +171,7 @@ def select(name: str, x: np.ndarray, y: np.ndarray) -> tuple[LinearFit | None, d
     test, kind = holdout_split(s, extrapolate=name not in EAGER_CLASSES)
     scores = []
     for cand in options:
-        fit = fit_candidate(cand, x[~test], y[~test], size) if test.any() else None
+        fit = fit_candidate(cand, x[~test], y[~test], size, routes) if test.any() else None
         if fit is None:
             continue
         ape = np.abs(fit.predict(x[test]) - y[test]) / np.maximum(y[test], MIN_STEP_S)
@@ -181,7 +187,7 @@ def select(name: str, x: np.ndarray, y: np.ndarray) -> tuple[LinearFit | None, d
         "candidates": {c.label(): round(100 * m, 3) for c, m in scores},
         "chosen": chosen.label(),
     }
-    return fit_candidate(chosen, x, y, size), report
+    return fit_candidate(chosen, x, y, size, routes), report
 
 
 def widest_fit(name: str, x: np.ndarray, y: np.ndarray) -> LinearFit | None:
@@ -193,20 +199,20 @@ def widest_fit(name: str, x: np.ndarray, y: np.ndarray) -> LinearFit | None:
 
 
 # --- every class, with the run's warm-up kept out -------------------------------------------------
-def fit_class(name: str, x: np.ndarray, y: np.ndarray, window: np.ndarray
-              ) -> tuple[LinearFit, dict[str, Any]] | None:
+def fit_class(name: str, x: np.ndarray, y: np.ndarray, window: np.ndarray,
+              routes: tuple[int, ...] = ()) -> tuple[LinearFit, dict[str, Any]] | None:
     """One class's fit on its steps outside the warm-up window (on all of them where too few
-    lie outside)."""
+    lie outside); ``routes``: as ``select``'s."""
     steady = ~window
     use = steady if steady.sum() >= SAMPLES_PER_PARAM * 2 else np.ones(len(y), dtype=bool)
-    fit, report = select(name, x[use], y[use])
+    fit, report = select(name, x[use], y[use], routes)
     if fit is None:
         return None
     return fit, report
 
 
 def fit_all(steps: Steps, roofline: bool = True, shared_reads: float = 1.0,
-            relative_roofline: bool = False
+            relative_roofline: bool = False, routes: tuple[int, ...] = ()
             ) -> tuple[dict[str, LinearFit], dict[str, dict[str, Any]]]:
     """Each class's fit of ``steps.time`` where it has enough steps, and the pooled fit; per
     class also how its fit was chosen. ``roofline`` False: no prefill attention roofline
@@ -215,13 +221,15 @@ def fit_all(steps: Steps, roofline: bool = True, shared_reads: float = 1.0,
     (a profile's shared prefixes) are left out: they measure only what such a re-read costs,
     ``shared_reads`` (a fraction of a read from memory: ``shared_read_fraction``), which the
     fits carry (``shared_reads.split``), so the steps that share nothing are priced as
-    without them."""
+    without them. ``routes``: the graph decodes' GEMM routes, each with a fixed cost of its own
+    (``LinearFit.routes``; (): one for every size)."""
     steps = sharing_nothing(steps)
     fits: dict[str, LinearFit] = {}
     reports: dict[str, dict[str, Any]] = {}
     for name in STEP_CLASSES:
         mask = steps.classes == name
-        result = (fit_class(name, steps.x[mask], steps.time[mask], steps.window[mask])
+        result = (fit_class(name, steps.x[mask], steps.time[mask], steps.window[mask],
+                            routes if name in ROUTED_CLASSES else ())
                   if mask.any() else None)
         if result is not None:
             fits[name], reports[name] = result

@@ -44,6 +44,24 @@ RECORDED_FEATURES = FEATURES[:FEATURES.index(PADDED_TOKENS)]
 PREFILL_LONGEST = "prefill_longest_tokens"
 MIN_STEP_S = 1e-6  # a step always takes some time (a fit may extrapolate to <= 0)
 _WORK, _LONGEST_AT = FEATURES.index("prefill_attn_work"), FEATURES.index(PREFILL_LONGEST)
+_PADDED_AT = FEATURES.index("padded_batch_size")
+
+
+def route_of(padded: float, routes: Sequence[int]) -> int:
+    """The GEMM route a decode of ``padded`` rows takes: the index of the first of ``routes``
+    (ascending row bounds, ``LinearFit.routes``) it fits within, ``len(routes)`` above the last
+    or without rows (the route the fit's intercept prices)."""
+    if padded >= 1:
+        for index, rows in enumerate(routes):
+            if padded <= rows:
+                return index
+    return len(routes)
+
+
+def route_columns(x: np.ndarray, routes: Sequence[int]) -> np.ndarray:
+    """(rows x len(routes)) indicators: which of ``routes`` each step's decode takes."""
+    taken = np.array([route_of(p, routes) for p in x[:, _PADDED_AT].tolist()], dtype=int)
+    return (taken[:, None] == np.arange(len(routes))[None, :]).astype(float)
 
 
 def causal_work(work: Any, new_squared: Any) -> Any:
@@ -60,7 +78,11 @@ class LinearFit:
     for unused ones; floor 0: a plain linear fit). The roofline: prefill attention takes the
     longer of its work over the whole GPU (``prefill_attn_work`` x its slope) and its longest
     program (``prefill_longest_s`` per key of the longest prefill context): a few new tokens
-    over a long cached prefix run few programs, each reading the whole context."""
+    over a long cached prefix run few programs, each reading the whole context.
+    ``routes``: ascending bounds of padded decode rows where the decode's projections change
+    kernel (the split-K Triton tilings up to each bound, cuBLAS above the last:
+    ``CostOptions.decode_routes``); ``route_s``: each route's fixed cost beyond the intercept,
+    which prices the route above the last bound."""
 
     intercept: float
     coef: tuple[float, ...]
@@ -68,6 +90,14 @@ class LinearFit:
     samples: int
     floor: float = 0.0
     prefill_longest_s: float = 0.0
+    routes: tuple[int, ...] = ()
+    route_s: tuple[float, ...] = ()
+
+    def route_cost(self, x: np.ndarray) -> np.ndarray:
+        """Each step's route's fixed cost beyond the intercept (``routes``)."""
+        if not self.routes:
+            return np.zeros(len(x))
+        return route_columns(x, self.routes) @ np.asarray(self.route_s, dtype=float)
 
     def roofline(self, x: np.ndarray) -> np.ndarray:
         """What the longest prefill program adds beyond the attention work's slope."""
@@ -77,7 +107,7 @@ class LinearFit:
                           - self.coef[_WORK] * x[:, _WORK], 0.0)
 
     def linear(self, x: np.ndarray) -> np.ndarray:
-        return self.intercept + x @ np.asarray(self.coef) + self.roofline(x)
+        return self.intercept + x @ np.asarray(self.coef) + self.roofline(x) + self.route_cost(x)
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         return np.maximum(self.linear(x), max(self.floor, MIN_STEP_S))
@@ -88,15 +118,21 @@ class LinearFit:
         if self.prefill_longest_s:
             out += max(self.prefill_longest_s * features[_LONGEST_AT]
                        - self.coef[_WORK] * features[_WORK], 0.0)
+        if self.routes:
+            route = route_of(features[_PADDED_AT], self.routes)
+            if route < len(self.routes):
+                out += self.route_s[route]
         return out
 
     def to_dict(self) -> dict[str, Any]:
         return {"intercept": self.intercept, "coef": dict(zip(FEATURES, self.coef)),
                 "features": list(self.features), "samples": self.samples, "floor": self.floor,
-                "prefill_longest_s": self.prefill_longest_s}
+                "prefill_longest_s": self.prefill_longest_s, "routes": list(self.routes),
+                "route_s": list(self.route_s)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LinearFit:
         return cls(float(data["intercept"]), tuple(float(data["coef"][n]) for n in FEATURES),
                    tuple(data["features"]), int(data["samples"]), float(data["floor"]),
-                   float(data["prefill_longest_s"]))
+                   float(data["prefill_longest_s"]), tuple(int(r) for r in data.get("routes", ())),
+                   tuple(float(s) for s in data.get("route_s", ())))

@@ -8,7 +8,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from replay.whatif.cost.linear import FEATURES, LinearFit
+from replay.whatif.cost.linear import FEATURES, LinearFit, route_columns
+
+# A decode route (``LinearFit.routes``) gets its own fixed cost only where this many rows take it.
+MIN_ROUTE_ROWS = 4
 
 
 def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray, names: Sequence[str], constants: np.ndarray,
@@ -52,13 +55,24 @@ def _coef(active: list[str], slopes: np.ndarray) -> tuple[float, ...]:
 
 
 def fit_linear(x: np.ndarray, y: np.ndarray, names: tuple[str, ...],
-               weights: np.ndarray | None = None) -> LinearFit:
+               weights: np.ndarray | None = None, routes: Sequence[int] = ()) -> LinearFit:
     """Least squares with non-negative slopes and intercept (``_nonnegative_lstsq``), each row
-    weighted by ``weights`` (None: all 1)."""
-    constant, slopes, active = _nonnegative_lstsq(x, y, names, np.ones((len(y), 1)), True,
-                                                  weights)
+    weighted by ``weights`` (None: all 1). ``routes``: decode row bounds each taking a fixed
+    cost of its own beyond the intercept (``LinearFit.routes``; of either sign), fitted with the
+    slopes where ``MIN_ROUTE_ROWS`` rows take it and as many take the route above the last
+    bound (which the intercept prices); 0 elsewhere."""
+    taken = route_columns(x, routes) if routes else np.zeros((len(y), 0))
+    fitted = [i for i in range(taken.shape[1]) if taken[:, i].sum() >= MIN_ROUTE_ROWS]
+    if len(y) - taken.sum() < MIN_ROUTE_ROWS:
+        fitted = []
+    constants = np.column_stack([np.ones(len(y)), taken[:, fitted]])
+    constant, slopes, active = _nonnegative_lstsq(x, y, names, constants, True, weights)
     intercept = float(constant[0]) if len(constant) else 0.0
-    return LinearFit(intercept, _coef(active, slopes), tuple(active), len(y))
+    route_s = np.zeros(len(routes))
+    if len(constant) > 1:
+        route_s[fitted] = constant[1:]
+    return LinearFit(intercept, _coef(active, slopes), tuple(active), len(y),
+                     routes=tuple(routes), route_s=tuple(route_s.tolist()) if routes else ())
 
 
 def fit_grouped(x: np.ndarray, y: np.ndarray, classes: np.ndarray,

@@ -43,6 +43,7 @@ from replay.whatif.cost.profile import (
     CostOptions,
     ProfilePrior,
     ScaledProfile,
+    decode_routes,
     read_profile,
 )
 from tracing.header import recorded_device
@@ -149,8 +150,9 @@ class CostModel:
         overhead_s = features.engine_overhead_s(events, add)
         # The source's own rows, before any profile rows join them (their ranges: priced_by).
         source_rows = fitting.sharing_nothing(own.rows(~warm).concat(calibration))
+        routes = decode_routes(events.header) if options.decode_routes else ()
         read = (ScaledProfile.of(loaded[0], source_rows, options, host_times, overhead_s,
-                                 kv_heads) if loaded is not None else None)
+                                 kv_heads, routes) if loaded is not None else None)
         if pooling:
             assert read is not None  # pooling: a profile was given
             calibration = calibration.concat(read.pooled_rows())
@@ -166,7 +168,7 @@ class CostModel:
         fitted = fitting.sharing_nothing(fitted)
         calibration = fitting.sharing_nothing(calibration)
         fits, reports = fitting.fit_all(weighed, options.prefill_roofline, fraction,
-                                        options.relative_roofline)
+                                        options.relative_roofline, routes)
         if not fits:
             raise CostModelError(f"{name} has too few steps to fit a model")
         prefill_sizes, prefill_max_seqs = graphs.source_prefill_graphs(events)

@@ -17,7 +17,7 @@ the model with and without it; the defaults are the model without a profile.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,18 @@ MIN_SCALE_STEPS = 8
 # The profile's host work over the source's beyond this factor (either way) is worth a warning:
 # an eager step's interval is its host's launches (docs/BENCHMARKS.md 7i).
 HOST_WARNING_RATIO = 1.25
+# The padded decode rows up to which the engine's split-K tilings serve a projection (the
+# buckets of engine/model/layers/decode_gemm.py's DECODE_TILINGS: o_proj and down to 16 and to
+# 64 rows, o_proj alone to 128; cuBLAS above): where a decode step's GEMMs change kernel.
+SPLIT_K_ROUTES = (16, 64, 128)
+
+
+def decode_routes(header: dict[str, Any]) -> tuple[int, ...]:
+    """The GEMM routes of a recording's graph decodes (``LinearFit.routes``): the split-K
+    buckets where its engine ran split-K GEMMs (``Config.split_k_gemm``), else none (cuBLAS at
+    every size)."""
+    config = header.get("config") or {}
+    return SPLIT_K_ROUTES if config.get("split_k_gemm") else ()
 
 
 @dataclass(frozen=True)
@@ -82,7 +94,11 @@ class CostOptions:
     ``relative_roofline``: the roofline's linear part fitted by relative error, the
     criterion its per-key slope is chosen by (``roofline._with_slope``). Both: BENCHMARKS 7l,
     on by default since 7m. ``host_spread`` (opt-in): an overlapped step priced over the
-    source's spread of host times about their fit (``overlap.host_spread``), not at their mean."""
+    source's spread of host times about their fit (``overlap.host_spread``), not at their mean.
+    ``decode_routes`` (opt-in): a graph decode's fixed cost per GEMM route of its padded rows
+    (``decode_routes``: the split-K tilings' buckets, cuBLAS above), fitted with the class's
+    slopes, not one for every size (BENCHMARKS 7z: right on the few-row steps, not kept
+    by default: the H200 matrix misses more)."""
 
     warmup_steps: bool = True
     warmup_window: bool = True
@@ -102,6 +118,7 @@ class CostOptions:
     causal_work: bool = True
     relative_roofline: bool = True
     host_spread: bool = False
+    decode_routes: bool = False
 
     def __post_init__(self) -> None:
         if self.profile_mode not in PROFILE_MODES:
@@ -221,9 +238,11 @@ def _within(ranges: dict[str, list[float]] | None, step: Any) -> bool:
     return all(lo <= step[FEATURES.index(axis)] <= hi for axis, (lo, hi) in ranges.items())
 
 
-def _profile_fits(rows: Steps, options: CostOptions, fraction: float) -> dict[str, LinearFit]:
-    """Each class's fit on the profile's rows alone."""
-    fits, _ = fitting.fit_all(rows, options.prefill_roofline, fraction, options.relative_roofline)
+def _profile_fits(rows: Steps, options: CostOptions, fraction: float,
+                  routes: tuple[int, ...] = ()) -> dict[str, LinearFit]:
+    """Each class's fit on the profile's rows alone (``routes``: ``fit.fit_all``'s)."""
+    fits, _ = fitting.fit_all(rows, options.prefill_roofline, fraction, options.relative_roofline,
+                              routes)
     fits.pop(POOLED, None)
     return fits
 
@@ -263,15 +282,17 @@ class ScaledProfile:
 
     @classmethod
     def of(cls, profile: dict[str, Any], source: Steps, options: CostOptions,
-           measured_host: bool, overhead_s: float, kv_heads: int) -> ScaledProfile:
+           measured_host: bool, overhead_s: float, kv_heads: int,
+           routes: tuple[int, ...] = ()) -> ScaledProfile:
         """``profile`` against ``source`` (the source's own rows), its rows read as the
-        source's are (``measured_host``: device time and host work, else intervals)."""
+        source's are (``measured_host``: device time and host work, else intervals);
+        ``routes``: the source's decode routes (``decode_routes``)."""
         rows = profile_steps(profile, measured_host, overhead_s, kv_heads, options.causal_work)
         fitted = rows.rows(np.ones(len(rows), dtype=bool))  # a copy: the fit may zero a feature
         if not options.longest_program:
             fitted.x[:, FEATURES.index(LONGEST)] = 0.0
         fraction = options.shared_read_fraction(fitted)
-        fits = _profile_fits(fitted, options, fraction)
+        fits = _profile_fits(fitted, options, fraction, routes)
         scale, overall = _class_scales(fits, source, options.profile_scale)
         return cls(rows, fitted, fits, fraction, scale, overall)
 
@@ -286,8 +307,9 @@ class ScaledProfile:
 
 
 def _scaled(fit: LinearFit, scale: float) -> LinearFit:
-    return LinearFit(fit.intercept * scale, tuple(c * scale for c in fit.coef), fit.features,
-                     fit.samples, fit.floor * scale, fit.prefill_longest_s * scale)
+    return replace(fit, intercept=fit.intercept * scale, coef=tuple(c * scale for c in fit.coef),
+                   floor=fit.floor * scale, prefill_longest_s=fit.prefill_longest_s * scale,
+                   route_s=tuple(s * scale for s in fit.route_s))
 
 
 @dataclass

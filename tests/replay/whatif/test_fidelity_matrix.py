@@ -337,18 +337,23 @@ def test_the_decode_prologue_engine_is_predicted_from_an_older_engines_source() 
     assert_every_target(rows, identical=identical)
 
 
-def test_one_chat_cell_three_times_on_a_quieter_host_spreads_within_its_targets() -> None:
-    """traces/matrix-s28-chat: chat-default three times in one process on one H100 host whose
-    tails held still: p99 TTFT spread 10% (37% on matrix-s24-chat's host), every other metric
-    within 3% (docs/BENCHMARKS.md 7y). How far a chat cell's tail moves is the host's."""
+@pytest.mark.parametrize(("matrix", "p99_ttft"), [("matrix-s28-chat", (0.05, 0.2)),
+                                                  ("matrix-s28-chat-b", (0.0, 0.05))])
+def test_one_chat_cell_three_times_on_a_quieter_host_spreads_within_its_targets(
+        matrix: str, p99_ttft: tuple[float, float]) -> None:
+    """traces/matrix-s28-chat and -chat-b: chat-default three times in one process on each of
+    two H100 hosts whose tails held still: p99 TTFT spread 10% and 2% (37% on matrix-s24-chat's
+    host), every other metric within 3% (docs/BENCHMARKS.md 7y). How far a chat cell's tail
+    moves between recordings is the host's."""
     from replay.whatif.fidelity import matrix_rows
 
-    rows = matrix_rows([f"traces/matrix-s28-chat/{c}" for c in
+    rows = matrix_rows([f"traces/{matrix}/{c}" for c in
                         ("chat-default", "chat-default-r2", "chat-default-r3")],
                        "traces/matrix-s28-h100/reference-default-3",
                        "traces/profiles/h100-qwen3-0.6b-s28.profile.json")
     spread = [row for row in rows if row["kind"] == "spread"]
     assert len(spread) == 1
-    assert 0.05 < abs(spread[0]["ttft_p99_s"]) < 0.2
+    low, high = p99_ttft
+    assert low <= abs(spread[0]["ttft_p99_s"]) < high
     for metric in ("throughput_tok_s", "ttft_mean_s", "tpot_mean_s", "tpot_p99_s"):
         assert abs(spread[0][metric]) < 0.03, metric

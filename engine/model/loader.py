@@ -17,9 +17,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
+from engine.config import Config
 from engine.errors import ModelLoadError
 from engine.model.layers.attention import AttentionBackend
-from engine.model.layers.cuda_kernels import FusedKernels, load_fused_kernels
+from engine.model.layers.cuda_kernels import FusedKernels, kernels_for
 from engine.model.layers.linear import default_weight_loader
 from engine.model.layers.parallel import SINGLE_PROCESS, ParallelGroup
 from engine.model.registry import get_model_class, resolve_architecture
@@ -179,11 +180,11 @@ def build_model(
 ) -> nn.Module:
     """Instantiate the checkpoint's architecture on ``device`` in ``dtype`` and load weights.
 
-    ``kernels``: the fused kernels its layers use; None: the defaults for ``device`` (the fused
-    Triton kernels and KV store on CUDA, the PyTorch code elsewhere).
+    ``kernels``: the fused kernels its layers use; None: those of ``Config()``'s defaults on
+    ``device`` (``kernels_for``: the fused Triton kernels on CUDA, the PyTorch code elsewhere).
     """
     if kernels is None:
-        kernels = load_fused_kernels(device)
+        kernels = kernels_for(Config(), device)
     path = check_model_dir(model_dir)
     hf_config = read_hf_config(path)
     model_cls = get_model_class(resolve_architecture(hf_config, str(path / CONFIG_FILE)))

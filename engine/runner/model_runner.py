@@ -29,7 +29,7 @@ from engine.errors import ConfigError
 from engine.executor import DoneStep, PendingStep
 from engine.model.kernels.launch import long_prefill_kernel, programmatic_launch
 from engine.model.layers.attention import get_attention_backend
-from engine.model.layers.cuda_kernels import load_fused_kernels
+from engine.model.layers.cuda_kernels import kernels_for
 from engine.model.layers.linear import runs_split_k
 from engine.model.layers.parallel import SINGLE_PROCESS
 from engine.model.layers.sampler import Sampler
@@ -118,14 +118,7 @@ class ModelRunner:
                 self.device = torch.device("cuda", torch.cuda.current_device())
             torch.cuda.set_device(self.device)
         self.group = self.dist.group if self.dist else SINGLE_PROCESS
-        self.kernels = load_fused_kernels(
-            self.device,
-            enabled=config.fused_kernels,
-            kv_store=config.fused_kv_store,
-            split_k=config.split_k_gemm,
-            prefetch=config.decode_gemm_prefetch,
-            decode_qk_prologue=config.decode_qk_prologue,
-        )
+        self.kernels = kernels_for(config, self.device)
         self.model = build_model(
             self.model_dir, self.attention_backend, self.device, self.dtype, self.group,
             self.kernels,

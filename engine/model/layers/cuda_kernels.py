@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
+from engine.config import Config
 from engine.model.layers.decode_gemm import DECODE_TILINGS, Buckets, decode_tilings
 
 if TYPE_CHECKING:
@@ -108,11 +109,11 @@ class FusedKernels:
 def load_fused_kernels(
     device: torch.device | str,
     *,
-    enabled: bool = True,
-    kv_store: bool = True,
-    split_k: bool = True,
-    prefetch: bool = False,
-    decode_qk_prologue: bool = False,
+    enabled: bool,
+    kv_store: bool,
+    split_k: bool,
+    prefetch: bool,
+    decode_qk_prologue: bool,
 ) -> FusedKernels:
     """The fused kernels a model on ``device`` uses: the Triton modules on CUDA when ``enabled``
     (the split-K GEMMs also when ``split_k``, from the prefetching table with ``prefetch``) and
@@ -130,4 +131,18 @@ def load_fused_kernels(
             split_k_module = skinny_gemm if split_k else None
     return FusedKernels(
         module, kv_store, split_k_module, decode_tilings(prefetch), decode_qk_prologue
+    )
+
+
+def kernels_for(config: Config, device: torch.device | str) -> FusedKernels:
+    """The fused kernels ``config``'s kernel settings ask for on ``device``: the one reading of
+    those settings, for the runner and for a model built without a runner (``Config()``'s
+    defaults, so a test or benchmark runs the kernels the engine runs)."""
+    return load_fused_kernels(
+        device,
+        enabled=config.fused_kernels,
+        kv_store=config.fused_kv_store,
+        split_k=config.split_k_gemm,
+        prefetch=config.decode_gemm_prefetch,
+        decode_qk_prologue=config.decode_qk_prologue,
     )

@@ -10,9 +10,10 @@ import types
 import pytest
 import torch
 
+from engine.config import Config
 from engine.model.layers import RMSNorm, SiluAndMul
 from engine.model.layers.attention_torch import TorchAttentionBackend
-from engine.model.layers.cuda_kernels import FusedKernels, load_fused_kernels
+from engine.model.layers.cuda_kernels import FusedKernels, kernels_for
 from engine.model.qwen3 import Qwen3ForCausalLM, Qwen3Spec
 
 SPEC = Qwen3Spec(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
@@ -40,8 +41,18 @@ def recording_module() -> types.ModuleType:
 
 def test_no_fused_kernels_off_cuda_whatever_the_config() -> None:
     for enabled in (True, False):
-        assert load_fused_kernels("cpu", enabled=enabled).module is None
-    assert load_fused_kernels("cpu", kv_store=False).kv_store is False
+        assert kernels_for(Config(fused_kernels=enabled), "cpu").module is None
+    assert kernels_for(Config(fused_kv_store=False), "cpu").kv_store is False
+
+
+def test_a_model_built_without_a_runner_gets_the_configs_default_kernels() -> None:
+    """``kernels_for`` reads every kernel setting of a Config, so ``build_model``'s default
+    (``Config()``) asks for what the engine runs by default, the decode prologue included."""
+    default, chosen = Config(), kernels_for(Config(), "cpu")
+    assert chosen.kv_store is default.fused_kv_store
+    assert chosen.decode_qk_prologue is default.decode_qk_prologue
+    off = kernels_for(Config(decode_qk_prologue=not default.decode_qk_prologue), "cpu")
+    assert off.decode_qk_prologue is not default.decode_qk_prologue
 
 
 def test_one_kernels_state_reaches_every_layer_of_a_model() -> None:

@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         f.add_argument("--source", required=True)
         f.add_argument("--profile", default=None)
         f.add_argument("--cost-option", dest="cost_options", action="append", default=[],
-                       metavar="NAME=VALUE", help="replay.whatif.cost.profile.CostOptions")
+                       metavar="NAME=VALUE", help="replay.whatif.cost.options.CostOptions")
         f.add_argument("--only", nargs="*", default=None, help="only these cells")
         f.add_argument("--summary", action="store_true",
                        help="fidelity: also the mean absolute errors and misses, one row")
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         targets = [t for t in targets if Path(t).name in args.only]
     if args.command == "spread":
         return machine_spread(targets, args.other, args.summary)
-    from replay.whatif.cost.profile import CostOptions
+    from replay.whatif.cost.options import CostOptions
 
     options = CostOptions.parse(args.cost_options)
     if args.command in ("steps", "drift"):

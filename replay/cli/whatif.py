@@ -93,7 +93,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 # --- sources ------------------------------------------------------------------------------------
 def _cost_options(args: argparse.Namespace) -> Any:
-    from replay.whatif.cost.profile import CostOptions
+    from replay.whatif.cost.options import CostOptions
 
     try:
         return CostOptions.parse(getattr(args, "cost_options", []))

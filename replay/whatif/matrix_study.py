@@ -18,7 +18,7 @@ import numpy as np
 
 from replay.whatif.cost import features
 from replay.whatif.cost.model import CostModel
-from replay.whatif.cost.profile import CostOptions
+from replay.whatif.cost.options import CostOptions
 
 # A step longer than this many times its class's median, and by this many seconds, is a stall.
 STALL_FACTOR = 10.0

@@ -38,14 +38,9 @@ from replay.whatif.cost.host_speed import (
     host_speed,
     host_terms_scaled,
 )
+from replay.whatif.cost.options import CostOptions, decode_routes
 from replay.whatif.cost.overlap import OverlapModel, interval
-from replay.whatif.cost.profile import (
-    CostOptions,
-    ProfilePrior,
-    ScaledProfile,
-    decode_routes,
-    read_profile,
-)
+from replay.whatif.cost.profile import ProfilePrior, ScaledProfile, read_profile
 from tracing.header import recorded_device
 
 MODEL_VERSION = 12  # of the saved JSON (``to_dict``); a file of another version is refused

@@ -10,7 +10,7 @@ import numpy as np
 
 from engine.batch import ScheduledBatch
 from replay.whatif.cost.model import CostModel, StepTime
-from replay.whatif.cost.profile import CostOptions
+from replay.whatif.cost.options import CostOptions
 from replay.whatif.synthetic import StepLaw
 
 

@@ -27,7 +27,7 @@ from replay.recorded import RecordedEvents
 from replay.verify import compare_decisions
 from replay.whatif.cost.arrivals import AddCost, add_gaps, fit_add_cost
 from replay.whatif.cost.model import CostModel
-from replay.whatif.cost.profile import CostOptions
+from replay.whatif.cost.options import CostOptions
 from replay.whatif.simulate import run_variant, workload_from_recorded, workload_from_requests
 from replay.whatif.synthetic import StepLaw, record_workload
 from replay.workloads.request import Request

@@ -25,7 +25,7 @@ from replay.whatif.cost.features import calibration_features, feature_matrix
 from replay.whatif.cost.linear import FEATURES, PREFILL_LONGEST, causal_work
 from replay.whatif.cost.lstsq import fit_linear
 from replay.whatif.cost.model import CostModel
-from replay.whatif.cost.profile import CostOptions
+from replay.whatif.cost.options import CostOptions
 from replay.whatif.cost.roofline import refit
 from replay.whatif.sim_executor import SimClock, SimExecutor
 from replay.whatif.synthetic import StepLaw, record_workload

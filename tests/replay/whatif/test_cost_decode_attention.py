@@ -119,7 +119,7 @@ def test_the_simulator_counts_shared_blocks_once_only_where_the_model_says_so() 
 def test_shared_blocks_and_kv_heads_reach_the_model() -> None:
     from engine.config import Config
     from replay.whatif.cost.model import CostModel
-    from replay.whatif.cost.profile import CostOptions
+    from replay.whatif.cost.options import CostOptions
     from replay.whatif.synthetic import StepLaw, record_workload
     from replay.workloads.request import Request
 

@@ -23,7 +23,7 @@ from replay.whatif.cost import fit as fitting
 from replay.whatif.cost.features import FEATURES, Steps
 from replay.whatif.cost.linear import LinearFit, route_of
 from replay.whatif.cost.lstsq import fit_linear
-from replay.whatif.cost.profile import SPLIT_K_ROUTES, CostOptions, decode_routes
+from replay.whatif.cost.options import SPLIT_K_ROUTES, CostOptions, decode_routes
 
 AT = FEATURES.index
 ROUTES = (16, 64, 128)

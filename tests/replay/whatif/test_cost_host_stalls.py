@@ -21,8 +21,8 @@ import pytest
 from engine.config import Config
 from replay.whatif.cost.features import FEATURES, Steps
 from replay.whatif.cost.model import CostModel
+from replay.whatif.cost.options import CostOptions
 from replay.whatif.cost.overlap import host_stall_rate
-from replay.whatif.cost.profile import CostOptions
 from replay.whatif.synthetic import HostLaw, StepLaw, record_workload
 from replay.workloads.builtin import reference_workload
 

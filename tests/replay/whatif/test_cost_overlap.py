@@ -49,8 +49,8 @@ from replay.whatif.cost.features import (
 )
 from replay.whatif.cost.fit import LinearFit
 from replay.whatif.cost.model import CostModel, OverlapModel
+from replay.whatif.cost.options import CostOptions
 from replay.whatif.cost.overlap import SPREAD_QUANTILES
-from replay.whatif.cost.profile import CostOptions
 from replay.whatif.sim_executor import SimClock, SimExecutor
 from replay.whatif.simulate import SimResult, simulate
 from replay.whatif.synthetic import HostLaw, StepLaw, record_workload

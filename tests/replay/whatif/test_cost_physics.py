@@ -11,6 +11,7 @@ import pytest
 from replay.whatif.cost.features import FEATURES, LinearFit, Steps, class_fit, step_class
 from replay.whatif.cost.fit import fit_host, holdout_mask
 from replay.whatif.cost.lstsq import fit_grouped
+from replay.whatif.cost.options import CostOptions
 from replay.whatif.cost.overlap import (
     SPREAD_QUANTILES,
     OverlapModel,
@@ -20,7 +21,6 @@ from replay.whatif.cost.overlap import (
     interval,
     intervals,
 )
-from replay.whatif.cost.profile import CostOptions
 from replay.whatif.matrix_study import (
     OPT_IN,
     SWITCHES,

@@ -13,7 +13,8 @@ from _cost_helpers import predicted_intervals
 from engine.config import Config
 from replay.whatif.cost.features import feature_matrix
 from replay.whatif.cost.model import CostModel
-from replay.whatif.cost.profile import OUTSIDE, PROFILE, TRACE, CostOptions
+from replay.whatif.cost.options import CostOptions
+from replay.whatif.cost.profile import OUTSIDE, PROFILE, TRACE
 from replay.whatif.synthetic import StepLaw, law_profile, record_workload
 from replay.workloads.builtin import reference_workload
 

@@ -17,7 +17,8 @@ import pytest
 from engine.config import Config
 from engine.profiling import ProfileError, save_profile
 from replay.whatif.cost.model import CostModel
-from replay.whatif.cost.profile import CostOptions, merge_profiles, read_profile
+from replay.whatif.cost.options import CostOptions
+from replay.whatif.cost.profile import merge_profiles, read_profile
 from replay.whatif.synthetic import StepLaw, law_profile, record_workload
 from replay.workloads.builtin import reference_workload
 

@@ -16,7 +16,8 @@ from replay.whatif.cost import shared_reads
 from replay.whatif.cost.features import FEATURES, calibration_features
 from replay.whatif.cost.lstsq import fit_linear
 from replay.whatif.cost.model import CostModel
-from replay.whatif.cost.profile import CostOptions, merge_profiles
+from replay.whatif.cost.options import CostOptions
+from replay.whatif.cost.profile import merge_profiles
 from replay.whatif.sim_executor import SimClock, SimExecutor
 from replay.whatif.synthetic import StepLaw, law_profile, record_workload
 from replay.workloads.builtin import reference_workload

@@ -131,7 +131,7 @@ def test_the_long_prompt_cells_priced_by_a_profile_of_their_own_call() -> None:
     and TPOT target and mooncake every TTFT target; the Azure cell's TTFT, off by far from the
     reference alone (its prefills are ~550-token prompts), is priced closer with the profile
     (docs/BENCHMARKS.md 7m)."""
-    from replay.whatif.cost.profile import CostOptions
+    from replay.whatif.cost.options import CostOptions
 
     directory = Path("traces/matrix-s16b")
     names = ("bursty-default", "mooncake-default", "azure-code-default")
@@ -165,7 +165,7 @@ def test_small_and_long_graph_prefills_are_priced_on_two_machines(matrix: str) -
     slope: BENCHMARKS 7m), and the model's description says so."""
     from replay.recorded import from_trace
     from replay.whatif.cost.model import CostModel
-    from replay.whatif.cost.profile import CostOptions
+    from replay.whatif.cost.options import CostOptions
     from replay.whatif.matrix_study import step_errors
     from tracing.reader import read_trace
 

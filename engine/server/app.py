@@ -17,6 +17,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from engine.server import generation as gen
 from engine.server.chat import chat_prompt_ids
@@ -72,15 +73,38 @@ def create_app(engine: Any, model_name: str) -> FastAPI:
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
 
+    # Every error is an OpenAI error object, whatever raised it: an unknown path or method
+    # (Starlette's HTTPException) and a bug of ours (a 500 the client can still parse).
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        error = ApiError(f"{exc.detail}: {request.method} {request.url.path}",
+                         status=exc.status_code, kind=kind)
+        return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette raises ``exc`` again after this answer: uvicorn logs its traceback.
+        error = ApiError(f"internal server error: {type(exc).__name__}: {exc}", status=500,
+                         kind="server_error")
+        return JSONResponse(error.body(), status_code=500)
+
     @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200 if engine.healthy else 503)
 
+    def model_card() -> dict[str, Any]:
+        return {"id": model_name, "object": "model", "created": state.created,
+                "owned_by": "replayllm", "max_model_len": state.max_model_len}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{
-            "id": model_name, "object": "model", "created": state.created,
-            "owned_by": "replayllm", "max_model_len": state.max_model_len}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        _check_model(state, model_id, None)
+        return model_card()
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -119,23 +143,34 @@ def _prompt_ids(state: ServerState, parsed: ParsedRequest) -> tuple[list[int], s
 
 def _admit(state: ServerState, parsed: ParsedRequest, arrival_s: float) -> RequestStream:
     """A checked, tokenized request ready for the engine (ApiError: what is wrong with it)."""
-    if parsed.model is not None and parsed.model != state.model_name:
-        raise ApiError(f"the model {parsed.model!r} does not exist; this server serves "
-                       f"{state.model_name!r}", "model")
+    if parsed.model is not None:
+        _check_model(state, parsed.model, "model")
     ids, field = _prompt_ids(state, parsed)
     if not ids:
         raise ApiError("the prompt is empty", field)
     limit = state.max_model_len
+    if len(ids) >= limit:  # not one token of room, whatever max_tokens says
+        raise ApiError(f"this model's maximum context length is {limit} tokens; the prompt "
+                       f"has {len(ids)} tokens, which leaves no room for an answer", field,
+                       code="context_length_exceeded")
     max_tokens = parsed.max_tokens if parsed.max_tokens is not None else limit - len(ids)
-    if len(ids) + max(max_tokens, 1) > limit:
+    if len(ids) + max_tokens > limit:
         raise ApiError(
             f"this model's maximum context length is {limit} tokens; the request has "
-            f"{len(ids)} prompt tokens and asks for {max_tokens} more", field)
+            f"{len(ids)} prompt tokens and asks for {max_tokens} more (at most "
+            f"{limit - len(ids)})", field, code="context_length_exceeded")
     params = parsed.sampling_params(max_tokens)
     error = state.engine.admission_error(ids, params)
     if error is not None:
         raise ApiError(error, field)
     return RequestStream(ids, params, arrival_s)
+
+
+def _check_model(state: ServerState, name: str, param: str | None) -> None:
+    """OpenAI's answer to a model it does not serve: a 404 ``model_not_found``."""
+    if name != state.model_name:
+        raise ApiError(f"the model {name!r} does not exist; this server serves "
+                       f"{state.model_name!r}", param, status=404, code="model_not_found")
 
 
 async def _serve(state: ServerState, request: Request, parsed: ParsedRequest,
@@ -150,9 +185,28 @@ async def _serve(state: ServerState, request: Request, parsed: ParsedRequest,
     generation = gen.Generation(state.engine, stream, state.tokenizer, state.metrics, arrived)
     request_id, created = gen.new_id(parsed.chat), int(time.time())
     if parsed.stream:
-        return StreamingResponse(_events(state, parsed, generation, request_id, created),
-                                 media_type="text/event-stream")
-    return await _whole(state, request, parsed, generation, request_id, created)
+        return _EventStream(_events(state, parsed, generation, request_id, created),
+                            generation)
+    try:
+        return await _whole(state, request, parsed, generation, request_id, created)
+    finally:
+        generation.close()
+
+
+class _EventStream(StreamingResponse):
+    """A streamed answer that aborts its request once the response ends, however it ends:
+    also when the client left before the first chunk (Starlette then cancels the response
+    before the body's generator ever ran, so no ``finally`` of it would)."""
+
+    def __init__(self, events: AsyncIterator[str], generation: gen.Generation) -> None:
+        super().__init__(events, media_type="text/event-stream")
+        self.generation = generation
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.generation.close()
 
 
 async def _whole(state: ServerState, request: Request, parsed: ParsedRequest,
@@ -167,12 +221,17 @@ async def _whole(state: ServerState, request: Request, parsed: ParsedRequest,
 
     answer = asyncio.ensure_future(collect())
     gone = asyncio.ensure_future(_disconnected(request))
-    await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+    try:
+        await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this handler was cancelled (a shutdown past its grace period)
+        gone.cancel()
+        answer.cancel()  # Generation.pieces aborts the request
+        raise
+    gone.cancel()
     if not answer.done():
         answer.cancel()  # the client left: Generation.pieces aborts the request
         await asyncio.gather(answer, return_exceptions=True)
         return Response(status_code=499)
-    gone.cancel()
     try:
         text, reason = answer.result()
     except gen.GenerationError as exc:

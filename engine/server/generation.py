@@ -82,11 +82,17 @@ class Generation:
                 if text:
                     yield Piece(text)
         finally:
-            if not self.done:  # the consumer left (client disconnect, cancelled task)
-                self.done = True
-                self.engine.finish(self.stream, "aborted")
-                if self.metrics is not None:
-                    self.metrics.finished("abort")
+            self.close()  # the consumer left early (client disconnect, cancelled task)
+
+    def close(self) -> None:
+        """Abort the request if it is still running (idempotent): what the response calls
+        when it ends, however it ends, so a request whose consumer is gone never runs on
+        unrecorded, even one whose ``pieces`` was never started."""
+        if not self.done:
+            self.done = True
+            self.engine.finish(self.stream, "aborted")
+            if self.metrics is not None:
+                self.metrics.finished("abort")
 
     def _observe_tokens(self, count: int) -> None:
         now = time.perf_counter()

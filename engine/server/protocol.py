@@ -8,11 +8,13 @@ returns as an OpenAI-style 400. Nothing here touches the engine.
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import InvalidRequestError
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import INT32_MAX, SamplingParams
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_STOP_STRINGS = 4  # OpenAI's limit
@@ -22,13 +24,14 @@ class ApiError(Exception):
     """A request the server refuses: an HTTP status and an OpenAI error object."""
 
     def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 kind: str = "invalid_request_error") -> None:
+                 kind: str = "invalid_request_error", code: str | None = None) -> None:
         super().__init__(message)
         self.message, self.param, self.status, self.kind = message, param, status, kind
+        self.code = code
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                          "code": None}}
+                          "code": self.code}}
 
 
 @dataclass
@@ -65,25 +68,83 @@ class ParsedRequest:
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
            "stream_options", "n", "user", "ignore_eos", "presence_penalty", "frequency_penalty",
            "logit_bias", "logprobs", "best_of"}
+# Bookkeeping that changes nothing in an answer (OpenAI's stored completions, tags, the
+# billing tier, its cache and abuse keys): accepted and ignored, as vLLM does, since clients
+# and frameworks send them by default.
+_BOOKKEEPING = {"store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier"}
+_COMMON |= _BOOKKEEPING
 _COMPLETION_ONLY = {"prompt", "echo", "suffix"}
 _CHAT_ONLY = {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
-              "response_format", "parallel_tool_calls"}
+              "response_format", "parallel_tool_calls", "modalities"}
+
+
+# A ``\\uXXXX`` escape of a UTF-16 surrogate: only these can make ``json.loads`` return a string
+# that is not valid Unicode (a lone surrogate, which no UTF-8 encoder takes).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def parse_json_body(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object (400s for non-UTF-8, malformed JSON, a non-object)."""
+    """The request body as a JSON object: strict JSON (no ``NaN`` or ``Infinity``, no number
+    too large for a float) whose strings are valid Unicode, else a 400 (non-UTF-8, malformed
+    JSON, a lone surrogate escape, a non-object). Everything later (the tokenizer, the trace's
+    Parquet columns) may take the body's strings and numbers as they are."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ApiError(f"the request body is not valid UTF-8 (byte {exc.start})") from None
     try:
-        body = json.loads(text)
+        body = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
         raise ApiError(f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} "
                        f"column {exc.colno}") from None
+    except _NotJson as exc:
+        raise ApiError(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise ApiError("the request body must be a JSON object")
+    if _SURROGATE_ESCAPE.search(text):
+        where = _lone_surrogate(body, "")
+        if where is not None:
+            raise ApiError(f"{where} holds a lone UTF-16 surrogate escape, which is not valid "
+                           "Unicode", where.split(".")[0].split("[")[0] or None)
     return body
+
+
+class _NotJson(ValueError):
+    """A number JSON does not have (``NaN``, ``Infinity``, one beyond a float's range)."""
+
+
+def _no_constant(name: str) -> float:
+    raise _NotJson(f"{name} is not a JSON number")
+
+
+def _finite_float(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):
+        raise _NotJson(f"the number {literal[:40]} is out of range")
+    return value
+
+
+def _lone_surrogate(value: Any, path: str) -> str | None:
+    """The path (``messages[0].content``) of the first string in ``value`` that UTF-8 cannot
+    encode, None if there is none."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "the request body"
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            found = _lone_surrogate(key, where) or _lone_surrogate(item, where)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _lone_surrogate(item, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
 
 
 def parse_completion(body: dict[str, Any]) -> ParsedRequest:
@@ -116,6 +177,8 @@ def parse_chat(body: dict[str, Any]) -> ParsedRequest:
         raise ApiError("tools are not supported", "tools")
     if body.get("tool_choice") not in (None, "none"):
         raise ApiError("tool_choice is not supported", "tool_choice")
+    if body.get("modalities") not in (None, ["text"]):
+        raise ApiError("only modalities [\"text\"] are supported", "modalities")
     response_format = body.get("response_format")
     if response_format is not None and response_format != {"type": "text"}:
         raise ApiError("only response_format {\"type\": \"text\"} is supported",
@@ -152,7 +215,7 @@ def _prompt(body: dict[str, Any]) -> str | list[int]:
         return prompt
     if isinstance(prompt, list) and all(_is_int(t) for t in prompt):
         return list(prompt)
-    if isinstance(prompt, list):
+    if isinstance(prompt, list) and all(isinstance(p, (str, list)) for p in prompt):
         raise ApiError("only one prompt per request is supported (a string or a list of token "
                        "ids)", "prompt")
     raise ApiError("prompt must be a string or a list of token ids", "prompt")
@@ -171,13 +234,20 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
         role, content = message.get("role"), message.get("content")
         if role not in ("system", "user", "assistant", "developer"):
             raise ApiError(f"messages[{i}].role {role!r} is not supported", "messages")
+        if message.get("tool_calls") or message.get("function_call"):
+            raise ApiError(f"messages[{i}]: tool calls are not supported", "messages")
+        if role == "assistant" and content is None:  # OpenAI: optional for the assistant
+            content = ""
         if isinstance(content, list):  # content parts: text only
             texts = []
-            for part in content:
+            for j, part in enumerate(content):
                 if not isinstance(part, dict) or part.get("type") != "text":
                     raise ApiError(f"messages[{i}].content: only text parts are supported",
                                    "messages")
-                texts.append(str(part.get("text", "")))
+                if not isinstance(part.get("text"), str):
+                    raise ApiError(f"messages[{i}].content[{j}].text must be a string",
+                                   "messages")
+                texts.append(part["text"])
             content = "".join(texts)
         if not isinstance(content, str):
             raise ApiError(f"messages[{i}].content must be a string", "messages")
@@ -200,6 +270,8 @@ def _common(body: dict[str, Any], request: ParsedRequest,
             raise ApiError(f"{penalty} is not supported (only 0)", penalty)
     if body.get("logit_bias"):
         raise ApiError("logit_bias is not supported", "logit_bias")
+    if body.get("user") is not None and not isinstance(body["user"], str):
+        raise ApiError("user must be a string", "user")
     max_tokens = body.get("max_tokens")
     if max_tokens is not None:
         if not _is_int(max_tokens) or max_tokens < 1:
@@ -210,9 +282,9 @@ def _common(body: dict[str, Any], request: ParsedRequest,
     request.top_p = _number(body, "top_p", 1.0, low=0.0, high=1.0, low_open=True)
     top_k = body.get("top_k")
     if top_k is not None:
-        if not _is_int(top_k) or top_k < -1:
-            raise ApiError(f"top_k must be an integer >= -1 (-1 or 0: off), got {top_k!r}",
-                           "top_k")
+        if not _is_int(top_k) or not -1 <= top_k <= INT32_MAX:
+            raise ApiError(f"top_k must be an integer in [-1, {INT32_MAX}] (-1 or 0: off), "
+                           f"got {top_k!r}", "top_k")
         request.top_k = max(top_k, 0)
     seed = body.get("seed")
     if seed is not None:
@@ -229,7 +301,10 @@ def _common(body: dict[str, Any], request: ParsedRequest,
             raise ApiError("stream_options may only hold include_usage", "stream_options")
         if not request.stream:
             raise ApiError("stream_options needs stream: true", "stream_options")
-        request.include_usage = bool(options.get("include_usage", False))
+        for name in ("include_usage", "continuous_usage_stats"):
+            if not isinstance(options.get(name, False), bool):
+                raise ApiError(f"stream_options.{name} must be true or false", "stream_options")
+        request.include_usage = options.get("include_usage", False)
 
 
 def _stop(value: Any) -> tuple[str, ...]:

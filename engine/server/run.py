@@ -34,6 +34,29 @@ def _report_on_sigusr1(engine: Any) -> None:
     signal.signal(signal.SIGUSR1, report)
 
 
+def _exit_cleanly_on_sigterm(server: Any) -> Any:
+    """SIGTERM stops the server as SIGINT does, and then the process exits normally.
+
+    uvicorn handles both signals itself (stop taking connections, the grace period, the
+    lifespan's shutdown: the trace closed), then raises the signal again under the handler it
+    found. Python's default SIGTERM kills the process there, before ``serve`` returns: no
+    summary line, exit status 143, and nothing after ``server.run()`` ran (the KV-event
+    publisher of a threaded engine left open). This handler, in place before uvicorn's, only
+    asks uvicorn to stop: also for a SIGTERM that comes just before uvicorn took the signal.
+    Returns the handler it replaced (None: none replaced).
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(*_: Any) -> None:
+        server.should_exit = True
+
+    return signal.signal(signal.SIGTERM, stop)
+
+
 def serve(
     model: str | None,
     trace_dir: str | None = None,
@@ -96,11 +119,16 @@ def serve(
     config = uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=grace_s,
                             log_level="warning", access_log=False)
     server = uvicorn.Server(config)
+    previous_sigterm = _exit_cleanly_on_sigterm(server)
     print(f"replayllm serve: {name} on http://{host}:{port} (engine in a {engine_mode})"
           + (f", recording to {trace_dir}" if trace_dir else ""), flush=True)
     try:
         server.run()
     finally:
+        if previous_sigterm is not None:
+            import signal
+
+            signal.signal(signal.SIGTERM, previous_sigterm)
         if publisher is not None:
             publisher.close()
         if engine_mode == "process" and engine.summary is None:

@@ -19,7 +19,7 @@ from engine.decode_stretch import DecodeStretch
 from engine.executor import Executor, PendingStep
 from engine.outside_time import OutsideTime
 from engine.overlap_scheduler import OverlapScheduler, PendingTokens
-from engine.policy import policy_source
+from engine.policy import no_progress_error, policy_source
 from engine.running_columns import RunningColumns
 from engine.sampling_params import SamplingParams, check_recordable
 from engine.sequence import Sequence
@@ -210,11 +210,10 @@ class EngineCore:
                 self._resolve(flight)
                 return True
             if scheduler.waiting:
-                # Admission guarantees every queued request fits an empty pool: this is a bug.
-                raise RuntimeError(
-                    f"scheduler made no progress with {len(scheduler.waiting)} waiting "
-                    f"and {len(scheduler.running)} running sequences"
-                )
+                # Admission guarantees every queued request fits an empty pool: a bug, or a
+                # user policy that admits nothing (then an error naming it).
+                raise no_progress_error(self.config.policy, len(scheduler.waiting),
+                                        len(scheduler.running))
             return False
         # A decision from scheduler state alone: replay and simulation get the same flags.
         batch.overlapped = overlappable and scheduler.takes_pending_inputs(batch)

@@ -146,6 +146,13 @@ class LLMEngine:
                 header=header,
                 record_events=record_events,
             )
+        except BaseException:
+            # A start-up that fails after the model loaded (a user policy's constructor, the
+            # trace directory) gives its device memory back before the error goes on.
+            runner = getattr(self, "runner", None)
+            if runner is not None:
+                runner.close()
+            raise
         finally:
             startup.close()
         _OPEN_ENGINES.add(self)

@@ -9,7 +9,9 @@ allocate, hash, free and emit every event, so a policy cannot break accounting o
 
 Write one by subclassing ``Policy`` (its defaults are Nano-vLLM's ``prefill_first``) and select it
 with ``Config(policy="package.module:ClassName")`` or ``--set policy=package.module:ClassName``;
-docs/policies.md shows one and how to test it with ``replay.testing``.
+docs/policies.md shows one and how to test it with ``replay.testing``. A policy given by import
+path runs inside ``engine.policy_guard.GuardedPolicy``: an exception or a wrong answer is one
+``PolicyError`` line naming it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import ConfigError, ReplayLLMError
+from engine.errors import ConfigError
+from engine.policy_guard import GuardedPolicy, NoProgressError, PolicyError, described
 
 if TYPE_CHECKING:
     from engine.sequence import Sequence
@@ -30,10 +33,6 @@ if TYPE_CHECKING:
 # The engine's Config (engine/config.py imports this module to validate Config.policy, so the
 # type is named, not imported: no import cycle, not even for type checking).
 EngineConfig = Any
-
-
-class PolicyError(ReplayLLMError):
-    """A policy gave an answer the scheduler cannot carry out (e.g. a sequence not offered)."""
 
 
 class Step:
@@ -232,8 +231,9 @@ def policy_class(name: str) -> type[Policy]:
     module_name, _, attr = name.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # any import failure is the user's to fix: one line
-        raise ConfigError(f"policy {name!r}: cannot import {module_name}: {exc}") from None
+    except (Exception, SystemExit) as exc:  # any import failure is the user's to fix: one line
+        why = f"it raised SystemExit({exc.code!r})" if isinstance(exc, SystemExit) else exc
+        raise ConfigError(f"policy {name!r}: cannot import {module_name}: {why}") from None
     cls = getattr(module, attr, None)
     if not (isinstance(cls, type) and issubclass(cls, Policy)):
         raise ConfigError(
@@ -242,8 +242,32 @@ def policy_class(name: str) -> type[Policy]:
     return cls
 
 
-def make_policy(config: EngineConfig) -> Policy:
-    return policy_class(config.policy)(config)
+def make_policy(config: EngineConfig) -> Policy | GuardedPolicy:
+    """The policy ``config.policy`` names; a user policy comes wrapped in ``GuardedPolicy``."""
+    cls = policy_class(config.policy)
+    if config.policy in BUILTIN_POLICIES:
+        return cls(config)
+    name = config.policy
+    try:
+        inner = cls(config)
+    except Exception as exc:
+        raise PolicyError(f"policy {name!r}: {cls.__name__}(config) raised {described(exc)} "
+                          "(a policy is constructed with the engine Config alone)") from exc
+    if not hasattr(inner, "_eviction"):
+        raise PolicyError(f"policy {name!r}: {cls.__name__}.__init__ must call "
+                          "super().__init__(config)")
+    return GuardedPolicy(inner, name, release_order)
+
+
+def no_progress_error(policy: str, waiting: int, running: int) -> Exception:
+    """What the engine raises when a step schedules nothing while sequences wait: under a user
+    policy a ``NoProgressError`` naming it (it admitted none of them), under a built-in a
+    ``RuntimeError`` (admission guarantees every queued request fits an empty pool: a bug)."""
+    text = f"scheduler made no progress with {waiting} waiting and {running} running sequences"
+    if policy in BUILTIN_POLICIES:
+        return RuntimeError(text)
+    return NoProgressError(f"policy {policy!r}: {text} (it scheduled nothing this step; "
+                           "an engine step must admit or run something)")
 
 
 def policy_source(name: str) -> dict[str, str] | None:

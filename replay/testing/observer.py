@@ -24,11 +24,20 @@ import itertools
 from collections import deque
 from typing import Any
 
-from engine.policy import BUILTIN_POLICIES, policy_class
+from engine.policy import BUILTIN_POLICIES, NoProgressError, PolicyError, policy_class
 from replay.testing.scripted import Run
 from tracing.schema import NO_SEQ
 
 WHOLE_PROMPT = ("prefill_first", "priority")
+
+
+def step_failure(exc: BaseException) -> str:
+    """The property an exception out of ``EngineCore.step`` violates: ``policy`` for a policy's
+    impossible answer or exception, ``progress`` for a step that scheduled nothing (a user
+    policy's ``NoProgressError``, a built-in's ``RuntimeError``)."""
+    if isinstance(exc, PolicyError) and not isinstance(exc, NoProgressError):
+        return "policy"
+    return "progress"
 
 
 class Stop(Exception):
@@ -120,8 +129,8 @@ class StepObserver:
         may_overlap = self.deferred_last and not waits
         try:
             result = core.step()
-        except RuntimeError as exc:
-            check(False, "progress", f"step {run.steps}: {exc}")
+        except (RuntimeError, PolicyError) as exc:
+            check(False, step_failure(exc), f"step {run.steps}: {exc}")
             raise Stop() from None
         if result is None:
             check(not core.has_unfinished(), "progress",

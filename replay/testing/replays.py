@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from engine.errors import ReplayLLMError
 from engine.policy import policy_change_note
+from tracing.errors import one_line
 
 
 class ReplayMismatch(AssertionError):
@@ -16,7 +18,9 @@ def assert_replays(trace_dir: str | Path, invariants: bool = True) -> Any:
     """Verify the trace at ``trace_dir`` (``replay.verify.verify``) and, with ``invariants``,
     check its events (``check_trace``); raise ``ReplayMismatch`` with the report otherwise.
 
-    Returns the ``VerifyResult``. A note says when the recorded user policy's source changed.
+    Returns the ``VerifyResult``. A note says when the recorded user policy's source changed;
+    a replay the engine refuses (a ``PolicyError``: the recorded policy raises or cannot be
+    loaded, as when a recording stopped at its error) is a mismatch naming why.
     """
     from replay.testing.invariants import check_trace
     from replay.verify import verify
@@ -24,7 +28,12 @@ def assert_replays(trace_dir: str | Path, invariants: bool = True) -> Any:
 
     trace = read_trace(trace_dir)
     note = policy_change_note(dict(trace.header))
-    result = verify(trace)
+    try:
+        result = verify(trace)
+    except ReplayLLMError as exc:
+        cause = f"cannot replay: {one_line(exc)}"
+        raise ReplayMismatch(f"{trace_dir}: {note}\n{cause}" if note else f"{trace_dir}: {cause}") \
+            from exc
     if not result.identical:
         text = result.report()
         raise ReplayMismatch(f"{trace_dir}: {note}\n{text}" if note else f"{trace_dir}: {text}")

@@ -5,6 +5,9 @@ ones with an abort step, steps an ``EngineCore`` with the ``ScriptedExecutor`` (
 simulated paged KV cache), checks each step (``StepObserver``), the outcome (``admission``,
 ``completion``, ``bounded``, ``drained``) and the whole event stream (``check_events``: block
 accounting, refcounts, hash chains, budgets, every event field against the state it reports).
+A policy that raises or answers what the scheduler cannot carry out (a ``PolicyError``, at
+construction or in a step) is the ``policy`` violation, one that schedules nothing while
+requests wait the ``progress`` one: the run stops there and the events so far are checked.
 The ``Run`` it returns holds the violations by name; ``run.raise_violations()`` reports them.
 """
 
@@ -14,10 +17,11 @@ import itertools
 from typing import Any
 
 from engine.engine_core import EngineCore
+from engine.policy import PolicyError
 from engine.sampling_params import SamplingParams
 from engine.sequence import SequenceStatus
 from replay.testing.invariants import check_events
-from replay.testing.observer import StepObserver, Stop
+from replay.testing.observer import StepObserver, Stop, step_failure
 from replay.testing.scripted import Run, ScriptedExecutor, signed_xxh64_of_int32
 from replay.testing.strategies import (
     Workload,
@@ -43,7 +47,12 @@ def run_workload(
     executor = ScriptedExecutor(config, run, overlap)
     ticks = itertools.count()
     run.sink = sink if sink is not None else MemorySink()
-    run.core = core = EngineCore(config, executor, sink=run.sink, clock=lambda: next(ticks) * 1e-3)
+    try:
+        run.core = core = EngineCore(config, executor, sink=run.sink,
+                                     clock=lambda: next(ticks) * 1e-3)
+    except PolicyError as exc:  # the policy cannot even be built: nothing ran
+        run.check(False, "policy", f"engine start: {exc}")
+        return run
     observer = StepObserver(run) if observe else None
     order = sorted(range(len(workload.requests)), key=lambda i: workload.requests[i].arrival_step)
     requests = [workload.requests[i] for i in order]
@@ -86,19 +95,23 @@ def run_workload(
             try:
                 if core.step() is not None:
                     run.steps += 1
-            except RuntimeError as exc:
-                run.check(False, "progress", f"step {run.steps}: {exc}")
+            except (RuntimeError, PolicyError) as exc:
+                run.check(False, step_failure(exc), f"step {run.steps}: {exc}")
                 break
     except Stop:
         pass
     core.close()
     if observe:
         _check_outcome(run)
-        stuck = bool(run.violations.get("bounded") or run.violations.get("progress"))
+        stuck = any(run.violations.get(name) for name in STOPPED)
         report = check_events(run.sink.header, run.sink.tables, complete=not stuck)
         for v in report.violations:
             run.check(False, v.name, str(v))
     return run
+
+
+# The violations that stop a run early: its stream is checked as an incomplete one.
+STOPPED = ("bounded", "progress", "policy")
 
 
 def _check_outcome(run: Run) -> None:
@@ -167,7 +180,7 @@ def _check_outcome(run: Run) -> None:
             f"seq {seq_id}: request_finished rows {finished_rows.get(seq_id)}",
         )
     scheduler, bm = core.scheduler, core.scheduler.block_manager
-    if not run.violations.get("bounded") and not run.violations.get("progress"):
+    if not any(run.violations.get(name) for name in STOPPED):
         check(
             not scheduler.waiting and not scheduler.running,
             "drained",

@@ -154,3 +154,139 @@ def test_a_policy_subclass_overriding_one_hook_keeps_the_others() -> None:
 
     policy = OldestVictim(Config())
     assert policy.name == "prefill_first" and not policy.mixed_batches
+
+
+# --- a buggy user policy: one PolicyError line naming its import path -----------------------------
+
+_HEAD = "from engine.policy import Policy, Chunked\nclass Bad({base}):\n"
+
+
+@pytest.mark.parametrize("base, body, message", [
+    ("Policy", "def __init__(self, config, extra):\n        super().__init__(config)",
+     r"policy 'bad:Bad': Bad\(config\) raised TypeError: .*missing 1 required positional"),
+    ("Policy", "def __init__(self, config):\n        raise ValueError('no config')",
+     r"policy 'bad:Bad': Bad\(config\) raised ValueError: no config \(bad.py:4\)"),
+    ("Policy", "def __init__(self, config):\n        self.config = config",
+     r"Bad.__init__ must call super\(\).__init__\(config\)"),
+    ("Policy", "mixed_batches = 'yes'", "mixed_batches must be True or False, got 'yes'"),
+    ("Policy", "def eviction_key(self, block):\n        raise KeyError(block.block_id)",
+     r"policy 'bad:Bad' raised KeyError: 0 \(bad.py:4\) in eviction_key"),
+])
+def test_a_policy_that_cannot_be_built_is_one_policy_error(
+    policy_module, base: str, body: str, message: str
+) -> None:
+    """A class whose __init__ takes other arguments, raises or skips Policy.__init__, a
+    mixed_batches that is not a bool and an eviction key that raises on the first free block are
+    refused when the engine starts, as a PolicyError naming the import path (not a raw
+    TypeError/ValueError with a traceback)."""
+    policy_module("bad", _HEAD.format(base=base) + "    " + body + "\n")
+    with pytest.raises(PolicyError, match=message):
+        _core("bad:Bad")
+
+
+def test_an_llm_whose_policy_cannot_be_built_gives_its_model_back(
+    policy_module, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LLM(...) with a policy whose constructor raises closes the model runner it had already
+    loaded (its KV cache, on a GPU its memory) before the PolicyError goes on."""
+    from engine.llm import LLM
+    from engine.runner.model_runner import ModelRunner
+
+    closed = []
+    close = ModelRunner.close
+    monkeypatch.setattr(ModelRunner, "close", lambda self: (closed.append(self), close(self)))
+    policy_module("bad", _HEAD.format(base="Policy")
+                  + "    def __init__(self, config):\n        raise ValueError('no')\n")
+    with pytest.raises(PolicyError, match="raised ValueError: no"):
+        LLM(None, record_events=False, calibration_repeats=0, policy="bad:Bad")
+    assert len(closed) == 1 and closed[0].kv_cache is None
+
+
+def test_a_module_that_exits_on_import_is_a_config_error(policy_module) -> None:
+    """A policy module calling sys.exit on import is a ConfigError, not a SystemExit that ends
+    the process."""
+    policy_module("exits", "raise SystemExit(3)\n")
+    with pytest.raises(ConfigError, match=r"cannot import exits: it raised SystemExit\(3\)"):
+        Config(policy="exits:P")
+
+
+@pytest.mark.parametrize("base, body, message", [
+    ("Policy", "def admit(self, waiting, step):\n        raise KeyError('oops')",
+     r"policy 'bad:Bad' raised KeyError: 'oops' \(bad.py:4\) in admit"),
+    ("Policy", "def admit(self, waiting, step):\n        yield waiting[0]\n        1 / 0",
+     r"raised ZeroDivisionError: division by zero \(bad.py:5\) in admit"),
+    ("Policy", "def admit(self, waiting, step):\n        return None",
+     r"policy 'bad:Bad': admit returned None \(NoneType\), not an iterable"),
+    ("Policy", "def admit(self, waiting, step):\n        return [0]",
+     r"policy 'bad:Bad' admitted 0 \(int\), which is not one of the waiting sequences offered"),
+    ("Policy", "def admit(self, waiting, step):\n        yield from waiting\n"
+     "        yield from waiting",
+     "policy 'bad:Bad' admitted seq 0, which is not waiting"),
+    ("Policy", "def admit(self, waiting, step):\n        step._charge(-100, -100)\n"
+     "        yield from waiting", "policy 'bad:Bad' charged the step's budget"),
+    ("Policy", "def admit(self, waiting, step):\n        return ()",
+     "policy 'bad:Bad': scheduler made no progress with 1 waiting and 0 running sequences"),
+    ("Chunked", "def chunk(self, seq, remaining, step):\n        return None",
+     r"policy 'bad:Bad' chose None \(NoneType\) tokens for seq 0: chunk must return an int"),
+    ("Chunked", "def chunk(self, seq, remaining, step):\n        return 1.5",
+     r"chose 1.5 \(float\) tokens for seq 0: chunk must return an int"),
+    ("Chunked", "def chunk(self, seq, remaining, step):\n        raise RuntimeError('chunk')",
+     r"policy 'bad:Bad' raised RuntimeError: chunk \(bad.py:4\) in chunk"),
+])
+def test_a_policy_that_raises_or_answers_the_wrong_type_is_one_policy_error(
+    policy_module, base: str, body: str, message: str
+) -> None:
+    """An exception in a hook, None or the wrong objects from admit, a non-int chunk, a change
+    to the step's budget and never admitting anything each stop the step with a PolicyError
+    naming the import path (the class inherits name 'prefill_first'), the hook and the cause,
+    with the user's file and line; never a raw TypeError/AttributeError or an endless loop."""
+    policy_module("bad", _HEAD.format(base=base) + "    " + body + "\n")
+    core, _ = _core("bad:Bad", max_num_seqs=1)
+    core.add_request([1, 2, 3], GREEDY)
+    with pytest.raises(PolicyError, match=message):
+        core.step()
+
+
+@pytest.mark.parametrize("body, message", [
+    ("raise ZeroDivisionError('victim')",
+     r"policy 'bad:Bad' raised ZeroDivisionError: victim \(bad.py:4\) in victim"),
+    ("return None", r"policy 'bad:Bad' chose None \(NoneType\) to preempt, which is not one"),
+])
+def test_a_victim_that_raises_or_is_not_a_candidate_is_one_policy_error(
+    policy_module, body: str, message: str
+) -> None:
+    """When a decode needs a block and none is free, a victim hook that raises or returns None
+    is a PolicyError naming the policy."""
+    policy_module("bad", _HEAD.format(base="Policy")
+                  + "    def victim(self, candidates, step):\n        " + body + "\n")
+    core, _ = _core("bad:Bad", num_kvcache_blocks=3)
+    for prompt in ([1, 2], [3, 4], [5, 6]):
+        core.add_request(prompt, GREEDY)
+    with pytest.raises(PolicyError, match=message):
+        core.run_until_idle()
+
+
+def test_a_correct_user_policy_decides_exactly_as_unwrapped(policy_module) -> None:
+    """The guard around a user policy changes no decision: a subclass overriding nothing (and
+    one re-yielding the default admissions) records the very event stream of prefill_first,
+    preemptions and prefix hits included."""
+    policy_module("same", """
+        from engine.policy import Policy
+        class Same(Policy):
+            pass
+        class Relay(Policy):
+            def admit(self, waiting, step):
+                yield from super().admit(waiting, step)
+            def victim(self, candidates, step):
+                return super().victim(candidates, step)
+    """)
+    config = Config(kvcache_block_size=2, num_kvcache_blocks=6, max_model_len=16,
+                    max_num_batched_tokens=16, max_num_seqs=4)
+    requests = tuple(RequestSpec(i, (0, 1, 2, i % 2), 6, True, (3,) * 6) for i in range(4))
+    streams = []
+    for policy in ("prefill_first", "same:Same", "same:Relay"):
+        run = run_workload(Workload(config.replace(policy=policy), requests))
+        run.raise_violations()
+        streams.append(run.sink.tables)
+    assert streams[0]["preempted"]["seq_id"], "the workload must preempt"
+    assert streams[1] == streams[0] and streams[2] == streams[0]

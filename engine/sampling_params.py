@@ -7,10 +7,14 @@ from dataclasses import dataclass
 
 from engine.errors import InvalidRequestError
 
+INF = float("inf")
 INT32_MAX = 2**31 - 1
 INT32_MIN = -(2**31)
 # The largest per-request seed (it is mixed with a token's index into a generator seed).
 MAX_SEED = 2**63 - 1
+# A temperature below this samples greedily (vLLM's rule): logits divided by a smaller one
+# overflow float32, and the softmax of infinities is NaN.
+GREEDY_BELOW = 1e-5
 
 
 @dataclass(frozen=True)
@@ -22,7 +26,8 @@ class SamplingParams:
     its own, so the same request with the same seed gets the same answer whatever it is batched
     with (None: draws come from the engine's generator). ``stop``: strings that end the answer
     when its text contains one (the text ends before it; checked on detokenized text outside
-    the scheduler, which finishes the request with reason ``stop``).
+    the scheduler, which finishes the request with reason ``stop``). A temperature below
+    ``GREEDY_BELOW`` is stored as 0 (greedy), so the trace records what was run.
 
     Invalid values raise ``InvalidRequestError`` (a ``ValueError``) naming the field.
     """
@@ -36,24 +41,31 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if not _is_number(self.temperature):
-            raise InvalidRequestError(f"temperature must be a number, got {self.temperature!r}")
+        if not _is_number(self.temperature) or self.temperature in (INF, -INF):
+            raise InvalidRequestError(
+                f"temperature must be a finite number, got {self.temperature!r}")
         if self.temperature < 0:
             raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
+        if self.temperature < GREEDY_BELOW:
+            object.__setattr__(self, "temperature", 0.0)
         if not _is_int(self.max_tokens):
             raise InvalidRequestError(f"max_tokens must be an integer, got {self.max_tokens!r}")
         if self.max_tokens < 1:
             raise InvalidRequestError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not _is_int(self.top_k) or self.top_k < 0:
-            raise InvalidRequestError(f"top_k must be an integer >= 0 (0: off), got {self.top_k!r}")
+        if not _is_int(self.top_k) or not 0 <= self.top_k <= INT32_MAX:
+            raise InvalidRequestError(
+                f"top_k must be an integer in [0, {INT32_MAX}] (0: off), got {self.top_k!r}")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
             raise InvalidRequestError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
         if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
             raise InvalidRequestError(
                 f"stop must be a sequence of non-empty strings, got {self.stop!r}"
             )
+        for text in self.stop:
+            if not _is_utf8(text):  # a lone surrogate: no trace column can hold it
+                raise InvalidRequestError(f"stop string {text!r} is not valid Unicode text")
         object.__setattr__(self, "stop", tuple(self.stop))
 
     @property
@@ -66,6 +78,14 @@ class SamplingParams:
 
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _is_int(value: object) -> bool:

@@ -29,11 +29,28 @@ def llm() -> Iterator[LLM]:
 @pytest.mark.parametrize(
     ("field", "value"),
     [("top_p", 0.0), ("top_p", 1.5), ("top_k", -1), ("seed", -3), ("seed", 2**63),
-     ("stop", "x"), ("stop", ("",)), ("temperature", True)],
+     ("stop", "x"), ("stop", ("",)), ("temperature", True), ("temperature", float("inf")),
+     ("top_k", 2**31), ("stop", ("\ud800",))],
 )
 def test_invalid_settings_name_the_field(field: str, value: object) -> None:
     with pytest.raises(InvalidRequestError, match=field):
         SamplingParams(**{field: value})
+
+
+def test_a_temperature_too_small_to_divide_by_samples_greedily(llm: LLM, tmp_path: Path) -> None:
+    """A positive temperature below ``GREEDY_BELOW`` (logits over it overflow float32, and the
+    softmax of infinities is NaN: token 0 every time) runs and is recorded as greedy."""
+    from engine.sampling_params import GREEDY_BELOW
+
+    assert SamplingParams(temperature=GREEDY_BELOW / 10).temperature == 0.0
+    assert SamplingParams(temperature=GREEDY_BELOW).temperature == GREEDY_BELOW
+    tiny = llm.generate(PROMPTS, SamplingParams(temperature=1e-300, max_tokens=8))
+    greedy = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=8))
+    assert [o["token_ids"] for o in tiny] == [o["token_ids"] for o in greedy]
+    recorder = LLM(None, trace_dir=str(tmp_path / "t"), calibration_repeats=0)
+    recorder.generate(PROMPTS[:1], SamplingParams(temperature=1e-300, max_tokens=4))
+    recorder.close()
+    assert read_trace(str(tmp_path / "t")).df("request_added").temperature.tolist() == [0.0]
 
 
 def test_a_seeded_answer_does_not_depend_on_its_batch(llm: LLM) -> None:

@@ -44,6 +44,15 @@ class ArrivalProcess:
             raise InvalidRequestError(f"--burstiness must be > 0, got {self.burstiness}")
         if self.kind == "schedule" and not self.schedule:
             raise InvalidRequestError("arrivals 'schedule' needs --schedule FILE")
+        # Options that the process would ignore are contradictions, not defaults.
+        if self.schedule and self.kind != "schedule":
+            raise InvalidRequestError(f"--schedule needs --arrivals schedule, not {self.kind}")
+        if self.kind == "schedule" and self.rate is not None:
+            raise InvalidRequestError("--rate does not apply to --arrivals schedule (its file "
+                                      "gives the times)")
+        if self.kind != "gamma" and self.burstiness != 1.0:
+            raise InvalidRequestError(f"--burstiness applies to --arrivals gamma, not "
+                                      f"{self.kind}")
 
     @property
     def shape(self) -> float:
@@ -67,6 +76,11 @@ class ArrivalProcess:
             if first == 0:
                 gaps[0] = 0.0  # the first request goes at once
             times = start + np.cumsum(gaps)
+            if not np.isfinite(times[-1]):
+                raise InvalidRequestError(f"--rate {self.rate:g}"
+                                          + (f" --burstiness {self.burstiness:g}"
+                                             if self.kind == "gamma" else "")
+                                          + " makes arrival times overflow")
             start = float(times[-1])
             yield times
 
@@ -84,6 +98,9 @@ def _schedule(path: str, n: int) -> Iterator[np.ndarray]:
             raise InvalidRequestError(f"{path}:{number}: not a time: {word!r}") from None
         if not math.isfinite(value) or value < 0:
             raise InvalidRequestError(f"{path}:{number}: a time must be finite and >= 0")
+        if times and value < times[-1]:
+            raise InvalidRequestError(f"{path}:{number}: {word} is before the time above it "
+                                      f"({times[-1]:g}): arrival times must not decrease")
         times.append(value)
     if len(times) < n:
         raise InvalidRequestError(f"{path}: {len(times)} arrival times for {n} requests")

@@ -1,10 +1,20 @@
 """Public CSV traces as workload requests: Azure LLM inference 2023/2024 and BurstGPT v1/v1.2.
 
-Columns are read by name (a file's other columns are ignored), in chunks, so a 27-million-row
-file streams. Prompts are recipes of the trace's lengths with tokens unique to each request
-(the traces carry no text and no prefix structure). Each source yields ``(row, arrival seconds
-from the trace start, prompt tokens, output tokens)``; ``replay.workloads.imports`` turns them
-into requests. A malformed cell raises ``WorkloadFormatError`` naming file, line and column.
+Columns are found by name (case, and spaces around and inside a name, ignored; other columns,
+in any order, are ignored); the file may be gzip-compressed, start with a byte-order mark, end
+lines with CRLF and end with blank lines (``replay.workloads.text_input``). Rows stream in
+chunks, so a 27-million-row file fits in bounded memory. Every row must have as many fields as
+the header: a row with more or fewer (an unquoted comma, a cut line) would put values under the
+wrong column. Prompts are recipes of the trace's lengths with tokens unique to each request (the
+traces carry no text and no prefix structure). Each source yields ``(where, arrival seconds after
+the first row, prompt tokens, output tokens)``; ``replay.workloads.imports`` turns them into
+requests. A malformed cell raises ``WorkloadFormatError`` naming file, line and column.
+
+Times (``TIMESTAMP`` of Azure, ``Timestamp`` of BurstGPT): ISO 8601 date-times, all with a
+time zone (converted to UTC) or all without one (a file mixing both is an error: the zone of the
+others is unknown). A number in a BurstGPT file is seconds; in an Azure file, epoch seconds,
+milliseconds, microseconds or nanoseconds, the unit told by the first row's magnitude (a number
+in none of those ranges, or of another unit than the first row's, is an error).
 """
 
 from __future__ import annotations
@@ -12,109 +22,177 @@ from __future__ import annotations
 import csv
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from replay.workloads.fields import WorkloadFormatError
+from replay.workloads.import_options import COUNT_LIMIT
+from replay.workloads.text_input import TEXT_ERRORS, open_text, read_error
 
-CHUNK_ROWS = 200_000
+CHUNK_ROWS = 100_000
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
-Row = tuple[int, float, int, int]  # (line, arrival_s, prompt tokens, output tokens)
+Row = tuple[str, float, int, int]  # (file:line, arrival_s, prompt tokens, output tokens)
+# Epoch units by magnitude (2001 to 2255 in each): (low, high, nanoseconds per unit, name).
+EPOCH_UNITS = ((1e9, 9e9, 10**9, "seconds"), (1e12, 9e12, 10**6, "milliseconds"),
+               (1e15, 9e15, 10**3, "microseconds"), (1e18, 9e18, 1, "nanoseconds"))
+ZONE = r"\d:\d\d(?::\d\d(?:[.,]\d*)?)?\s*(?:[zZ]|[+-]\d\d(?::?\d\d)?)\s*$"
+SECONDS_LIMIT = 9e9  # a seconds column: at most this (its nanoseconds fit an int64)
 
 
-def _header(path: str | Path, needed: tuple[str, ...], kind: str) -> None:
-    try:
-        with open(path, encoding="utf-8", newline="") as handle:
-            header = next(csv.reader(handle), [])
-    except OSError as exc:
-        raise WorkloadFormatError(f"cannot read {path}: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise WorkloadFormatError(f"{path}: not UTF-8 text ({exc.reason})") from None
-    missing = [c for c in needed if c not in header]
-    if missing:
-        raise WorkloadFormatError(f"{path}:1: not a {kind} CSV: no column {missing[0]!r} "
-                                  f"(columns: {', '.join(header) or 'none'})")
+def _key(name: str) -> str:
+    return "".join(name.split()).casefold()
 
 
-def _chunks(path: str | Path, columns: tuple[str, ...]) -> Iterator[tuple[int, object]]:
+def _blank(row: list[str]) -> bool:
+    return not row or (len(row) == 1 and not row[0].strip())
+
+
+def _columns(where: str, header: list[str], needed: tuple[str, ...], kind: str) -> list[int]:
+    keys = [_key(name) for name in header]
+    index = []
+    for column in needed:
+        found = [i for i, key in enumerate(keys) if key == _key(column)]
+        if not found:
+            raise WorkloadFormatError(f"{where}: not {kind} CSV: no column {column!r} "
+                                      f"(columns: {', '.join(header) or 'none'})")
+        if len(found) > 1:
+            raise WorkloadFormatError(f"{where}: column {column!r} appears {len(found)} times")
+        index.append(found[0])
+    return index
+
+
+def _chunks(path: str | Path, needed: tuple[str, ...], kind: str) -> Iterator[tuple[list[int],
+                                                                                 list[Any]]]:
+    """(line numbers, one pandas Series of strings per needed column) per chunk of rows."""
     import pandas as pd
 
-    first_line = 2  # line 1 is the header
-    try:
-        reader = pd.read_csv(path, usecols=list(columns), dtype=str, chunksize=CHUNK_ROWS,
-                             keep_default_na=False)
-        for chunk in reader:
-            yield first_line, chunk
-            first_line += len(chunk)
-    except (ValueError, pd.errors.ParserError) as exc:
-        message = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        raise WorkloadFormatError(f"{path}: malformed CSV ({message})") from None
+    handle = open_text(path, newline="")
+    with handle:
+        reader = csv.reader(handle)
+        try:
+            header = next(reader, None)
+            while header is not None and _blank(header):
+                header = next(reader, None)
+            if header is None:
+                raise WorkloadFormatError(f"{path}: empty file: not {kind} CSV (no header)")
+            index = _columns(f"{path}:{reader.line_num}", header, needed, kind)
+            lines: list[int] = []
+            cells: list[list[str]] = [[] for _ in needed]
+            for row in reader:
+                if _blank(row):
+                    continue
+                if len(row) != len(header):
+                    raise WorkloadFormatError(
+                        f"{path}:{reader.line_num}: {len(row)} fields, the header has "
+                        f"{len(header)} (an unquoted comma or a cut line?)")
+                lines.append(reader.line_num)
+                for column, i in zip(cells, index):
+                    column.append(row[i])
+                if len(lines) >= CHUNK_ROWS:
+                    yield lines, [pd.Series(c, dtype=object) for c in cells]
+                    lines, cells = [], [[] for _ in needed]
+            if lines:
+                yield lines, [pd.Series(c, dtype=object) for c in cells]
+        except csv.Error as exc:
+            raise WorkloadFormatError(f"{path}:{reader.line_num}: malformed CSV ({exc})"
+                                      ) from None
+        except TEXT_ERRORS as exc:
+            raise read_error(path, exc) from None
 
 
-def _bad(path: str | Path, first_line: int, mask: np.ndarray, values: object, column: str,
+def _bad(path: str | Path, lines: list[int], mask: np.ndarray, values: Any, column: str,
          expected: str) -> WorkloadFormatError:
     where = int(np.flatnonzero(mask)[0])
-    value = values.iloc[where]  # type: ignore[attr-defined]
-    return WorkloadFormatError(f"{path}:{first_line + where}: column {column!r}: expected "
-                               f"{expected}, got {value!r}")
+    return WorkloadFormatError(f"{path}:{lines[where]}: column {column!r}: expected "
+                               f"{expected}, got {values.iloc[where]!r}")
 
 
-def _counts(path: str | Path, first_line: int, chunk: object, column: str) -> np.ndarray:
+def _counts(path: str | Path, lines: list[int], values: Any, column: str) -> np.ndarray:
     import pandas as pd
 
-    values = chunk[column]  # type: ignore[index]
     numbers = pd.to_numeric(values, errors="coerce").to_numpy(dtype=float)
     bad = ~np.isfinite(numbers) | (numbers < 0) | (numbers != np.floor(numbers))
     if bad.any():
-        raise _bad(path, first_line, bad, values, column, "a non-negative integer")
+        raise _bad(path, lines, bad, values, column, "a non-negative integer")
+    huge = numbers > COUNT_LIMIT
+    if huge.any():
+        raise _bad(path, lines, huge, values, column, f"a non-negative integer <= {COUNT_LIMIT}")
     return numbers.astype(np.int64)
 
 
-def _seconds(path: str | Path, first_line: int, chunk: object, column: str) -> np.ndarray:
-    import pandas as pd
+class _Clock:
+    """One file's time column as nanoseconds: its form (numbers, or date-times with or
+    without a zone) and, for Azure epoch numbers, its unit, are the first row's."""
 
-    values = chunk[column]  # type: ignore[index]
-    numbers = pd.to_numeric(values, errors="coerce").to_numpy(dtype=float)
-    bad = ~np.isfinite(numbers) | (numbers < 0)
-    if bad.any():
-        raise _bad(path, first_line, bad, values, column, "seconds (a number >= 0)")
-    return numbers
+    def __init__(self, path: str | Path, column: str, epoch: bool) -> None:
+        self.path, self.column, self.epoch = path, column, epoch
+        self.form: str | None = None  # "number", "zoned" or "naive"
+        self.unit: tuple[float, float, int, str] = (0.0, SECONDS_LIMIT, 10**9, "seconds")
+        self.first_line = 0
+
+    def _expected(self) -> str:
+        if self.form == "number":
+            what = f"epoch {self.unit[3]}" if self.epoch else "seconds (a number >= 0)"
+        else:
+            what = f"a date and time {'with' if self.form == 'zoned' else 'without'} a zone"
+        return f"{what}, as line {self.first_line}"
+
+    def nanoseconds(self, lines: list[int], values: Any) -> np.ndarray:
+        import pandas as pd
+
+        numbers = pd.to_numeric(values, errors="coerce").to_numpy(dtype=float)
+        numeric = ~np.isnan(numbers)
+        zoned = values.str.contains(ZONE, regex=True).to_numpy(dtype=bool)
+        forms = np.where(numeric, "number", np.where(zoned, "zoned", "naive"))
+        if self.form is None:
+            self.form, self.first_line = str(forms[0]), lines[0]
+            if self.form == "number" and self.epoch:
+                units = [u for u in EPOCH_UNITS if u[0] <= numbers[0] < u[1]]
+                if not units:
+                    raise _bad(self.path, lines, numeric, values, self.column, "a date and "
+                               "time or epoch seconds, milliseconds, microseconds or "
+                               "nanoseconds (years 2001 to 2255)")
+                self.unit = units[0]
+        mismatch = forms != self.form
+        if mismatch.any():
+            raise _bad(self.path, lines, mismatch, values, self.column, self._expected())
+        if self.form == "number":
+            low, high, scale, _ = self.unit
+            bad = ~((numbers >= low) & (numbers < high))
+            if bad.any():
+                raise _bad(self.path, lines, bad, values, self.column, self._expected())
+            return np.rint(numbers * scale).astype(np.int64)
+        parsed = pd.to_datetime(values, format="ISO8601", utc=True, errors="coerce")
+        bad = (parsed.isna() | (parsed < pd.Timestamp("1970-01-01", tz="UTC"))
+               | (parsed >= pd.Timestamp("2262-01-01", tz="UTC"))).to_numpy(dtype=bool)
+        if bad.any():
+            raise _bad(self.path, lines, bad, values, self.column, "an ISO 8601 date and time "
+                       "(years 1970 to 2261)")
+        return parsed.dt.tz_localize(None).to_numpy(dtype="datetime64[ns]").astype(np.int64)
 
 
-def _timestamps(path: str | Path, first_line: int, chunk: object, column: str) -> np.ndarray:
-    """Datetimes (2023: naive, 7 fractional digits; 2024: with a time zone) as UTC ns."""
-    import pandas as pd
-
-    values = chunk[column]  # type: ignore[index]
-    parsed = pd.to_datetime(values, format="ISO8601", utc=True, errors="coerce")
-    bad = parsed.isna().to_numpy()
-    if bad.any():
-        raise _bad(path, first_line, bad, values, column, "a date and time")
-    return parsed.dt.tz_localize(None).to_numpy(dtype="datetime64[ns]").astype(np.int64)
+def _rows(path: str | Path, columns: tuple[str, ...], kind: str, epoch: bool) -> Iterator[Row]:
+    time, prompt_column, output_column = columns
+    clock = _Clock(path, time, epoch)
+    origin: int | None = None
+    for lines, (times, prompts, outputs) in _chunks(path, columns, kind):
+        ns = clock.nanoseconds(lines, times)
+        prompt = _counts(path, lines, prompts, prompt_column)
+        output = _counts(path, lines, outputs, output_column)
+        if origin is None:
+            origin = int(ns[0])
+        seconds = (ns - origin) / 1e9  # exact to the nanosecond before the float division
+        yield from zip((f"{path}:{line}" for line in lines), seconds.tolist(), prompt.tolist(),
+                       output.tolist())
 
 
 def azure_rows(path: str | Path) -> Iterator[Row]:
-    """Azure LLM inference 2023 or 2024: arrivals are seconds after the first row's time."""
-    _header(path, AZURE_COLUMNS, "Azure LLM inference")
-    origin: int | None = None
-    for first_line, chunk in _chunks(path, AZURE_COLUMNS):
-        ns = _timestamps(path, first_line, chunk, "TIMESTAMP")
-        prompt = _counts(path, first_line, chunk, "ContextTokens")
-        output = _counts(path, first_line, chunk, "GeneratedTokens")
-        if origin is None and len(ns):
-            origin = int(ns[0])
-        seconds = (ns - (origin or 0)) / 1e9
-        yield from zip(range(first_line, first_line + len(ns)), seconds.tolist(),
-                       prompt.tolist(), output.tolist())
+    """Azure LLM inference 2023 or 2024 (``TIMESTAMP`` a date-time; an epoch number read too)."""
+    return _rows(path, AZURE_COLUMNS, "an Azure LLM inference", epoch=True)
 
 
 def burstgpt_rows(path: str | Path) -> Iterator[Row]:
-    """BurstGPT v1 or v1.2 (``Timestamp`` is seconds from the trace start)."""
-    _header(path, BURSTGPT_COLUMNS, "BurstGPT")
-    for first_line, chunk in _chunks(path, BURSTGPT_COLUMNS):
-        seconds = _seconds(path, first_line, chunk, "Timestamp")
-        prompt = _counts(path, first_line, chunk, "Request tokens")
-        output = _counts(path, first_line, chunk, "Response tokens")
-        yield from zip(range(first_line, first_line + len(seconds)), seconds.tolist(),
-                       prompt.tolist(), output.tolist())
+    """BurstGPT v1 or v1.2 (``Timestamp`` is seconds from the trace start; a date-time too)."""
+    return _rows(path, BURSTGPT_COLUMNS, "a BurstGPT", epoch=False)

@@ -19,6 +19,7 @@ from engine.errors import InvalidRequestError
 
 KINDS = ("fixed", "uniform", "normal", "lognormal", "zipf", "exponential", "empirical")
 ZIPF_MAX_SUPPORT = 1 << 22
+UNIFORM_MAX = 1 << 53  # uniform bounds: integers a float holds exactly
 _ARITY = {"fixed": 1, "uniform": 2, "normal": 2, "lognormal": 2, "zipf": 2, "exponential": 1}
 
 
@@ -52,6 +53,23 @@ class Distribution:
             weights = support ** -p[0]
             return rng.choice(support, n, p=weights / weights.sum())
         return rng.choice(np.asarray(self.values, dtype=float), n)
+
+    @property
+    def support(self) -> tuple[float, float]:
+        """The least and greatest value a draw can take (before rounding and clipping)."""
+        p = self.params
+        if self.kind == "fixed":
+            return p[0], p[0]
+        if self.kind == "uniform":
+            return p[0], p[1]
+        if self.kind == "zipf":
+            return 1.0, p[1]
+        if self.kind == "empirical":
+            return min(self.values), max(self.values)
+        spread = p[-1] if self.kind in ("normal", "lognormal") else p[0]
+        if not spread:  # std, sigma or mean 0: every draw is the same value
+            return (p[0], p[0]) if self.kind != "exponential" else (0.0, 0.0)
+        return (-math.inf if self.kind == "normal" else 0.0), math.inf
 
     @property
     def mean(self) -> float:
@@ -93,6 +111,9 @@ def parse(spec: str, what: str = "distribution") -> Distribution:
     }
     if checks[kind](params):
         raise SpecError(f"{what}: {spec!r}: parameters out of range (docs/workloads.md)")
+    if kind == "uniform" and not all(x == int(x) and x <= UNIFORM_MAX for x in params):
+        raise SpecError(f"{what}: {spec!r}: uniform takes integers LO,HI in [0, {UNIFORM_MAX}] "
+                        "(its draws are integers)")
     return Distribution(kind, params, text=spec)
 
 
@@ -118,7 +139,11 @@ def _empirical(path: str, what: str, spec: str) -> Distribution:
 class IntDraws:
     """Integer draws from a Distribution, clipped into [1, ``upper``], counting the clips."""
 
-    def __init__(self, dist: Distribution, upper: int) -> None:
+    def __init__(self, dist: Distribution, upper: int, what: str = "distribution") -> None:
+        low, high = dist.support
+        if np.rint(high) < 1 or np.rint(low) > upper:  # clipping would change every draw
+            raise SpecError(f"{what}: {dist.text or dist.kind!r}: every value lies outside "
+                            f"[1, {upper}]")
         self.dist, self.upper = dist, upper
         self.clipped_low = self.clipped_high = 0
 

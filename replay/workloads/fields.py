@@ -35,6 +35,13 @@ class WorkloadFormatError(InvalidRequestError):
     """A workload file or one of its records is malformed (the message names file and line)."""
 
 
+def check_temperature(value: float, option: str = "--temperature") -> None:
+    """The one rule of a request's temperature, for the options that set one: finite, >= 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not (math.isfinite(value) and value >= 0):
+        raise InvalidRequestError(f"{option} must be a finite number >= 0, got {value!r}")
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 

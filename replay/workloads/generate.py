@@ -10,6 +10,7 @@ requests in bounded memory. The same spec and seed give the same workload.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -18,7 +19,7 @@ import numpy as np
 from engine.errors import InvalidRequestError
 from replay.workloads.arrivals import ArrivalProcess
 from replay.workloads.distributions import Distribution, IntDraws, parse
-from replay.workloads.fields import MAX_TOKENS_LIMIT
+from replay.workloads.fields import MAX_TOKENS_LIMIT, check_temperature
 from replay.workloads.recipe import PromptRecipe
 from replay.workloads.request import REFERENCE_TEMPERATURE, Request
 
@@ -48,8 +49,11 @@ class GenerateSpec:
     def __post_init__(self) -> None:
         if self.num_requests < 1:
             raise InvalidRequestError(f"--num-requests must be >= 1, got {self.num_requests}")
-        if self.system_prompts < 0 or self.popularity < 0:
-            raise InvalidRequestError("--system-prompts and --popularity must be >= 0")
+        if self.system_prompts < 0 or not (math.isfinite(self.popularity)
+                                           and self.popularity >= 0):
+            raise InvalidRequestError(f"--system-prompts and --popularity must be finite and "
+                                      f">= 0, got {self.system_prompts} and {self.popularity}")
+        check_temperature(self.temperature)
         if not 1 <= self.hash_block_size <= MAX_TOKENS_LIMIT:
             raise InvalidRequestError(f"--hash-block-size must be >= 1, got "
                                       f"{self.hash_block_size}")
@@ -73,12 +77,17 @@ class Generator:
         self.spec = spec
         self.counts = GenerateCounts()
         self.draws = {
-            "prompt_len": IntDraws(spec.prompt_len, MAX_TOKENS_LIMIT),
-            "output_len": IntDraws(spec.output_len, MAX_TOKENS_LIMIT),
-            "turns": IntDraws(spec.turns, 1 << 16),
-            "user_len": IntDraws(spec.user_len or spec.prompt_len, MAX_TOKENS_LIMIT),
-            "system_prompt_len": IntDraws(spec.system_prompt_len, MAX_TOKENS_LIMIT),
+            "prompt_len": IntDraws(spec.prompt_len, MAX_TOKENS_LIMIT, "--prompt-len"),
+            "output_len": IntDraws(spec.output_len, MAX_TOKENS_LIMIT, "--output-len"),
+            "turns": IntDraws(spec.turns, 1 << 16, "--turns"),
+            "user_len": IntDraws(spec.user_len or spec.prompt_len, MAX_TOKENS_LIMIT,
+                                 "--user-len" if spec.user_len else "--prompt-len"),
+            "system_prompt_len": IntDraws(spec.system_prompt_len, MAX_TOKENS_LIMIT,
+                                          "--system-prompt-len"),
         }
+        # Clipped after the draws: a system prompt and the request's own tokens together over
+        # MAX_TOKENS_LIMIT (clipped to it), a think time drawn below 0 (raised to 0).
+        self.clipped_after = {"prompt_len (with its system prompt)": 0, "think_time_s": 0}
 
     def _system_prompts(self, rng: np.random.Generator) -> tuple[list[tuple[int, ...]],
                                                                  np.ndarray]:
@@ -107,16 +116,17 @@ class Generator:
             later = sum(turns) - n
             user = self.draws["user_len"].sample(rng, later).tolist()
             later_output = self.draws["output_len"].sample(rng, later).tolist()
-            think = np.maximum(spec.think_time_s.sample(rng, later), 0.0).tolist()
+            think_raw = spec.think_time_s.sample(rng, later)
+            self.clipped_after["think_time_s"] += int((think_raw < 0).sum())
+            think = np.maximum(think_raw, 0.0).tolist()
             arrival = times.tolist()
             cursor = 0
             for i in range(n):
                 ids = systems[picks[i]] if picks is not None else ()
                 conversation = str(self.counts.conversations) if turns[i] > 1 else None
                 number += 1
-                yield self._request(PromptRecipe(ids, block, len(ids) * block + prompt[i],
-                                                 self._salt(number)),
-                                    output[i], arrival[i], conversation)
+                yield self._request(self._first_prompt(ids, prompt[i], number), output[i],
+                                    arrival[i], conversation)
                 for turn in range(1, turns[i]):
                     number += 1
                     yield self._request(
@@ -124,9 +134,19 @@ class Generator:
                         later_output[cursor], 0.0, conversation, turn, think[cursor])
                     cursor += 1
                 self.counts.conversations += 1
-        self.counts.clipped = {name: d.clipped_low + d.clipped_high
-                               for name, d in self.draws.items()
-                               if d.clipped_low + d.clipped_high}
+        clipped = {name: d.clipped_low + d.clipped_high for name, d in self.draws.items()}
+        self.counts.clipped = {name: n for name, n in {**clipped, **self.clipped_after}.items()
+                               if n}
+
+    def _first_prompt(self, ids: tuple[int, ...], own: int, number: int) -> PromptRecipe:
+        """A first turn's prompt: its system prompt's blocks, then ``own`` tokens; clipped to
+        MAX_TOKENS_LIMIT (the format's limit) and counted where the two exceed it."""
+        block = self.spec.hash_block_size
+        recipe = PromptRecipe(ids, block, len(ids) * block + own, self._salt(number))
+        if recipe.length > MAX_TOKENS_LIMIT:
+            self.clipped_after["prompt_len (with its system prompt)"] += 1
+            recipe = recipe.clipped(MAX_TOKENS_LIMIT)
+        return recipe
 
     def _salt(self, number: int) -> int:
         return self.spec.seed * SALT_STRIDE + number

@@ -7,12 +7,15 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from engine.errors import InvalidRequestError
-from replay.workloads.fields import MAX_TOKENS_LIMIT
+from replay.workloads.fields import INT32_MAX, MAX_TOKENS_LIMIT, check_temperature
 from replay.workloads.recipe import PromptRecipe
 from replay.workloads.request import REFERENCE_TEMPERATURE, Request
 
 OVER_LENGTH = ("drop", "clip")
 SALT_STRIDE = 1 << 40
+# A trace's token count must lie in [0, COUNT_LIMIT] (else the row is malformed); ``select``
+# then drops or clips a prompt over MAX_TOKENS_LIMIT and clips such an output length, counted.
+COUNT_LIMIT = INT32_MAX
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,9 @@ class ImportOptions:
             raise InvalidRequestError(f"--block-size must be >= 1, got {self.block_size}")
         if not 0 <= self.seed < 1 << 20:
             raise InvalidRequestError(f"--seed must be in [0, {1 << 20})")
+        check_temperature(self.temperature)
+        if self.rate is not None and not (math.isfinite(self.rate) and self.rate > 0):
+            raise InvalidRequestError(f"--rate must be finite and > 0, got {self.rate}")
 
 
 @dataclass

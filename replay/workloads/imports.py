@@ -10,6 +10,7 @@ or changed, by reason, so nothing is lost silently.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,15 +26,33 @@ from replay.workloads.recipe import PromptRecipe
 from replay.workloads.request import Request
 
 FORMATS = ("azure", "burstgpt", "mooncake", "sharegpt", "replayllm")
-def _lengths_rows(rows: Iterator[tuple[int, float, int, int]], path: str | Path,
-                  options: ImportOptions) -> Iterator[tuple[float, Request]]:
-    """CSV rows as (trace seconds, request) with prompts unique to each row."""
-    for line, seconds, prompt_len, output_len in rows:
-        if seconds < 0:
-            raise WorkloadFormatError(f"{path}:{line}: arrives {-seconds:.3f} s before the "
-                                      "first row (rows out of time order)")
-        recipe = PromptRecipe((), 1, prompt_len, options.seed * SALT_STRIDE + line)
-        yield seconds, make_request(recipe, output_len, options)
+
+
+def _lengths_rows(rows: Iterator[tuple[str, float, int, int]],
+                  options: ImportOptions) -> Iterator[tuple[str, float, Request]]:
+    """CSV rows as (where, trace seconds, request) with prompts unique to each row."""
+    for number, (where, seconds, prompt_len, output_len) in enumerate(rows, 2):
+        recipe = PromptRecipe((), 1, prompt_len, options.seed * SALT_STRIDE + number)
+        yield where, seconds, make_request(recipe, output_len, options)
+
+
+def trace_arrivals(rows: Iterator[tuple[str, float, Request]]) -> Iterator[tuple[float, Request]]:
+    """A trace's (where, seconds, request) rows as (seconds after its first row, request).
+
+    The one rule of every trace format's times: arrivals count from the first row (a trace of
+    epoch times, or one whose first row is at 5 s, starts at once), and rows come in time order
+    (equal times allowed): a row before the one above it is an error naming both."""
+    first = previous = 0.0
+    previous_where = ""
+    for where, seconds, request in rows:
+        if not previous_where:
+            first = previous = seconds
+        elif seconds < previous:
+            raise WorkloadFormatError(
+                f"{where}: arrives {previous - seconds:.6g} s before the row above it "
+                f"({previous_where}): a trace's rows must be in time order (sort it first)")
+        previous, previous_where = seconds, where
+        yield seconds - first, request
 
 
 def source(path: str | Path, fmt: str, options: ImportOptions) -> Iterator[tuple[float | None,
@@ -43,15 +62,15 @@ def source(path: str | Path, fmt: str, options: ImportOptions) -> Iterator[tuple
     if fmt == "azure":
         from replay.workloads.csv_sources import azure_rows
 
-        return _lengths_rows(azure_rows(path), path, options)
+        return trace_arrivals(_lengths_rows(azure_rows(path), options))
     if fmt == "burstgpt":
         from replay.workloads.csv_sources import burstgpt_rows
 
-        return _lengths_rows(burstgpt_rows(path), path, options)
+        return trace_arrivals(_lengths_rows(burstgpt_rows(path), options))
     if fmt == "mooncake":
         from replay.workloads.json_sources import mooncake_requests
 
-        return mooncake_requests(path, options)
+        return trace_arrivals(mooncake_requests(path, options))
     if fmt == "sharegpt":
         from replay.workloads.json_sources import sharegpt_requests
 
@@ -65,9 +84,11 @@ def source(path: str | Path, fmt: str, options: ImportOptions) -> Iterator[tuple
 
 
 def _fit_length(request: Request, options: ImportOptions, counts: ImportCounts) -> Request | None:
-    limit = options.max_prompt_len
+    """The request with its prompt within --max-prompt-len, and always within the format's
+    MAX_TOKENS_LIMIT (a longer trace prompt is dropped or clipped by --over-length, counted)."""
+    limit = min(options.max_prompt_len or MAX_TOKENS_LIMIT, MAX_TOKENS_LIMIT)
     length = request.prompt_len
-    if limit is None or length is None or length <= limit:
+    if length is None or length <= limit:
         return request
     if options.over_length == "drop":
         counts.drop(f"prompt over {limit} tokens")
@@ -85,12 +106,14 @@ def _replace(request: Request, **changes: object) -> Request:
 
 
 def select(pairs: Iterator[tuple[float | None, Request]], options: ImportOptions,
-           counts: ImportCounts) -> Iterator[Request]:
+           counts: ImportCounts, name: str | Path = "the source") -> Iterator[Request]:
     """Apply the options to ``source``'s pairs, counting every request in ``counts``.
 
-    A later turn follows its conversation's first turn: out of the window or dropped with it."""
+    A later turn follows its conversation's first turn: out of the window or dropped with it.
+    Keeping no request at all is an error (``name`` is the source's, for its message)."""
     kept_conversations: set[str] = set()
     first_turns = 0
+    span = (math.inf, -math.inf)  # first and last first-turn times read
     for seconds, request in pairs:
         counts.read += 1
         conversation = request.conversation_id
@@ -100,13 +123,18 @@ def select(pairs: Iterator[tuple[float | None, Request]], options: ImportOptions
                 continue
         else:
             assert seconds is not None
+            span = (min(span[0], seconds), max(span[1], seconds))
             if not options.start_s <= seconds < options.end_s:
                 counts.drop("outside the time window")
                 continue
             if options.limit is not None and first_turns >= options.limit:
                 counts.drop(f"beyond --limit {options.limit}")
                 continue
-            request = _replace(request, arrival_s=(seconds - options.start_s) * options.time_scale)
+            arrival = (seconds - options.start_s) * options.time_scale
+            if not math.isfinite(arrival):
+                raise InvalidRequestError(f"--time-scale {options.time_scale:g} puts the "
+                                          f"request at {seconds:g} s of the trace at {arrival} s")
+            request = _replace(request, arrival_s=arrival)
         if not request.prompt_len and request.prompt_len is not None:
             counts.drop("empty prompt")
             kept_conversations.discard(conversation)  # type: ignore[arg-type]
@@ -126,9 +154,22 @@ def select(pairs: Iterator[tuple[float | None, Request]], options: ImportOptions
         first_turns += not fitted.follows_previous_turn
         counts.kept += 1
         yield fitted
+    if not counts.kept:
+        raise WorkloadFormatError(_nothing_kept(name, options, counts, span))
+
+
+def _nothing_kept(name: str | Path, options: ImportOptions, counts: ImportCounts,
+                  span: tuple[float, float]) -> str:
+    if not counts.read:
+        return f"{name}: holds no requests (an empty file, or a header only)"
+    message = f"{name}: the import keeps none of its requests ({counts.describe()})"
+    if "outside the time window" in counts.dropped and span[0] <= span[1]:
+        message += (f"; its first turns arrive from {span[0]:g} to {span[1]:g} s, the window "
+                    f"is [{options.start_s:g}, {options.end_s:g}) s")
+    return message
 
 
 def import_workload(path: str | Path, fmt: str, options: ImportOptions,
                     counts: ImportCounts) -> Iterator[Request]:
     """The requests ``options`` keep from ``path`` in format ``fmt``, streaming."""
-    return select(source(path, fmt, options), options, counts)
+    return select(source(path, fmt, options), options, counts, path)

@@ -12,39 +12,21 @@ with the Qwen vocabulary and the answer's length its ``max_tokens`` (conversatio
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from replay.workloads.fields import INT64_MAX, MAX_TOKENS_LIMIT, WorkloadFormatError
-from replay.workloads.import_options import SALT_STRIDE, ImportOptions, make_request
+from replay.workloads.fields import INT64_MAX, WorkloadFormatError
+from replay.workloads.import_options import COUNT_LIMIT, SALT_STRIDE, ImportOptions, make_request
 from replay.workloads.recipe import PromptRecipe
 from replay.workloads.request import Request
+from replay.workloads.text_input import json_records
 
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 HUMAN, ASSISTANT, SYSTEM = ("human", "user"), ("gpt", "assistant", "chatgpt", "bing", "bard"), \
     ("system",)
-
-
-def _lines(path: str | Path) -> Iterator[tuple[int, Any]]:
-    try:
-        handle = open(path, encoding="utf-8")
-    except OSError as exc:
-        raise WorkloadFormatError(f"cannot read {path}: {exc.strerror}") from None
-    with handle:
-        try:
-            for number, line in enumerate(handle, 1):
-                if line.strip():
-                    try:
-                        yield number, json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise WorkloadFormatError(f"{path}:{number}: not JSON ({exc.msg}, "
-                                                  f"column {exc.colno})") from None
-        except UnicodeDecodeError as exc:
-            raise WorkloadFormatError(f"{path}: not UTF-8 text ({exc.reason})") from None
 
 
 def _int(item: dict[str, Any], key: str, where: str, low: int, high: int) -> int:
@@ -55,13 +37,28 @@ def _int(item: dict[str, Any], key: str, where: str, low: int, high: int) -> int
     return value
 
 
-def mooncake_requests(path: str | Path, options: ImportOptions) -> Iterator[tuple[float, Request]]:
-    """(seconds, request) per line of a Mooncake-format JSONL file."""
+def _hash_ids(item: dict[str, Any], where: str) -> list[int]:
+    ids = item.get("hash_ids")
+    if ids is None:  # absent or null (as in the workload format): no named blocks
+        return []
+    if not isinstance(ids, list):
+        raise WorkloadFormatError(f"{where}: field 'hash_ids': expected a list of integers, got "
+                                  f"{type(ids).__name__} {ids!r}")
+    for position, h in enumerate(ids):
+        if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h <= INT64_MAX:
+            raise WorkloadFormatError(f"{where}: field 'hash_ids': element {position} must be "
+                                      f"an integer in [0, {INT64_MAX}], got {h!r}")
+    return ids
+
+
+def mooncake_requests(path: str | Path, options: ImportOptions) -> Iterator[tuple[str, float,
+                                                                                Request]]:
+    """(where, seconds, request) per record of a Mooncake-format JSONL file (or JSON array)."""
     block = options.block_size
-    for number, item in _lines(path):
-        where = f"{path}:{number}"
+    for number, (where, item) in enumerate(json_records(path), 1):
         if not isinstance(item, dict):
-            raise WorkloadFormatError(f"{where}: expected a JSON object")
+            raise WorkloadFormatError(f"{where}: expected a JSON object, got "
+                                      f"{type(item).__name__}")
         unknown = [k for k in item if k not in MOONCAKE_FIELDS]
         if unknown and not options.ignore_unknown_fields:
             raise WorkloadFormatError(f"{where}: field {unknown[0]!r}: unknown field "
@@ -71,40 +68,16 @@ def mooncake_requests(path: str | Path, options: ImportOptions) -> Iterator[tupl
                 not np.isfinite(stamp) or stamp < 0:
             raise WorkloadFormatError(f"{where}: field 'timestamp': expected milliseconds >= 0,"
                                       f" got {stamp!r}")
-        length = _int(item, "input_length", where, 0, MAX_TOKENS_LIMIT)
-        output = _int(item, "output_length", where, 0, MAX_TOKENS_LIMIT)
-        ids = item.get("hash_ids", [])
-        if not isinstance(ids, list) or not all(
-            isinstance(h, int) and not isinstance(h, bool) and 0 <= h <= INT64_MAX for h in ids
-        ):
-            raise WorkloadFormatError(f"{where}: field 'hash_ids': expected a list of integers "
-                                      ">= 0")
+        length = _int(item, "input_length", where, 0, COUNT_LIMIT)
+        output = _int(item, "output_length", where, 0, COUNT_LIMIT)
+        ids = _hash_ids(item, where)
         if len(ids) > -(-length // block):
             raise WorkloadFormatError(
                 f"{where}: field 'hash_ids': {len(ids)} ids for {length} tokens at "
                 f"--block-size {block} (at most {-(-length // block)}): is the block size wrong?")
         salt = options.seed * SALT_STRIDE + number
-        yield stamp / 1000.0, make_request(PromptRecipe(tuple(ids), block, length, salt), output,
-                                       options)
-
-
-def _conversations(path: str | Path) -> Iterator[tuple[str, Any]]:
-    """(where, entry) of a ShareGPT JSON array or JSONL file."""
-    if str(path).endswith(".jsonl"):
-        for number, item in _lines(path):
-            yield f"{path}:{number}", item
-        return
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except OSError as exc:
-        raise WorkloadFormatError(f"cannot read {path}: {exc.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise WorkloadFormatError(f"{path}: not a JSON file ({exc})") from None
-    if not isinstance(data, list):
-        raise WorkloadFormatError(f"{path}: expected a JSON array of conversations")
-    for number, item in enumerate(data):
-        yield f"{path}: conversation {number}", item
+        yield where, stamp / 1000.0, make_request(PromptRecipe(tuple(ids), block, length, salt),
+                                                  output, options)
 
 
 def sharegpt_requests(path: str | Path, options: ImportOptions) -> Iterator[tuple[float | None,
@@ -116,7 +89,7 @@ def sharegpt_requests(path: str | Path, options: ImportOptions) -> Iterator[tupl
     tokenizer = load_tokenizer(options.model or default_model_dir())
     rng = np.random.default_rng(options.seed)
     start = 0.0
-    for index, (where, entry) in enumerate(_conversations(path)):
+    for index, (where, entry) in enumerate(json_records(path)):
         messages = entry.get("conversations") if isinstance(entry, dict) else None
         if not isinstance(messages, list) or not all(
             isinstance(m, dict) and isinstance(m.get("from"), str)

@@ -24,6 +24,7 @@ from replay.workloads.fields import (
     request_from_record,
 )
 from replay.workloads.request import Request
+from replay.workloads.text_input import TEXT_ERRORS, open_text, read_error
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 ROW_GROUP = 65536
@@ -46,10 +47,7 @@ def _open_error(path: str | Path, exc: OSError) -> WorkloadFormatError:
 
 def _read_jsonl(path: str | Path, ignore_unknown: bool) -> Iterator[Request]:
     order = ConversationOrder()
-    try:
-        handle = open(path, encoding="utf-8")
-    except OSError as exc:
-        raise _open_error(path, exc) from None
+    handle = open_text(path)  # gzip-compressed too, and a byte-order mark skipped
     with handle:
         try:
             for number, line in enumerate(handle, 1):
@@ -69,8 +67,8 @@ def _read_jsonl(path: str | Path, ignore_unknown: bool) -> Iterator[Request]:
                 request = request_from_record(item, where, ignore_unknown)
                 order.check(request, where)
                 yield request
-        except UnicodeDecodeError as exc:
-            raise WorkloadFormatError(f"{path}: not UTF-8 text ({exc.reason})") from None
+        except TEXT_ERRORS as exc:
+            raise read_error(path, exc) from None
 
 
 def _parquet_file(path: str | Path) -> Any:
@@ -133,10 +131,10 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     if is_parquet(path):
         return _parquet_meta(_parquet_file(path), path)
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open_text(path) as handle:
             first = handle.readline()
-    except OSError as exc:
-        raise _open_error(path, exc) from None
+    except TEXT_ERRORS as exc:
+        raise read_error(path, exc) from None
     try:
         item = json.loads(first)
     except json.JSONDecodeError:
@@ -188,9 +186,23 @@ class WorkloadWriter:
             self._flush()
 
     def write_all(self, requests: Iterable[Request]) -> int:
-        for request in requests:
-            self.write(request)
+        """Write every request; if producing or writing one fails, the partial file is removed
+        (no ``PATH.partial`` is left behind by a malformed source) and the error raised."""
+        try:
+            for request in requests:
+                self.write(request)
+        except BaseException:
+            self.abort()
+            raise
         return self.count
+
+    def abort(self) -> None:
+        """Give up the file: close and remove what was written so far."""
+        if self._handle is not None:
+            self._handle.close()
+        if self._writer is not None:
+            self._writer.close()
+        self._tmp_path().unlink(missing_ok=True)
 
     def _flush(self) -> None:
         import pyarrow as pa

@@ -40,7 +40,10 @@ from engine.config import Config
 from engine.errors import ReplayLLMError
 from engine.executor import Executor
 from engine.graph_sizes import mixed_graph_key
+from tracing.errors import TraceError
 from tracing.header import executor_device
+from tracing.layout import read_json_object
+from tracing.validate import check_profile_rows
 
 PROFILE_FORMAT = "replayllm-profile"
 PROFILE_VERSION = 1
@@ -343,18 +346,18 @@ def save_profile(profile: dict[str, Any], path: str | Path) -> None:
 
 
 def load_profile(path: str | Path) -> dict[str, Any]:
-    """A profile written by ``save_profile``; a ``ProfileError`` for anything else."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ProfileError(f"{path}: cannot read profile ({exc.strerror})") from None
-    except ValueError as exc:
-        raise ProfileError(f"{path}: not a profile file ({exc})") from None
-    if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
+    """A profile written by ``save_profile``; a ``ProfileError`` for anything else, a key or
+    row of the wrong type or out of bounds included (``tracing.validate.check_profile_rows``)."""
+    data = read_json_object(path, ProfileError, "profile")
+    if data.get("format") != PROFILE_FORMAT:
         raise ProfileError(f"{path}: not a {PROFILE_FORMAT} file")
     if data.get("version") != PROFILE_VERSION:
         raise ProfileError(f"{path}: profile version {data.get('version')!r}, expected "
                            f"{PROFILE_VERSION}")
+    try:  # every field a reader takes, of its type and bounds (one rule: tracing.validate)
+        check_profile_rows(Path(path), data)
+    except TraceError as exc:
+        raise ProfileError(str(exc)) from None
     if not data.get("rows"):
         raise ProfileError(f"{path}: the profile has no timed steps")
     return data

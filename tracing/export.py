@@ -15,6 +15,7 @@ Timestamps are the run's own clock (seconds since the engine started, from ``mod
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,8 @@ import numpy as np
 
 from tracing.errors import TraceError
 from tracing.layout import EXPORT_FILE
-from tracing.outdir import FORCE_HINT, OutputDirError, describe_os_error, write_file_atomic
+from tracing.outdir import describe_os_error, write_file_atomic
+from tracing.outfile import check_output_file, starts_with
 from tracing.reader import Trace
 
 _US = 1e6
@@ -185,7 +187,7 @@ def export_perfetto(trace: Trace, out_path: str | Path, force: bool = False) -> 
     directory, a symlink or a file inside the trace's own data never is.
     """
     out = Path(out_path)
-    _check_export_path(trace, out, force)
+    check_export_path(trace, out, force)
     document = {
         "traceEvents": perfetto_events(trace),
         "displayTimeUnit": "ms",
@@ -204,25 +206,10 @@ def export_perfetto(trace: Trace, out_path: str | Path, force: bool = False) -> 
     return out
 
 
-def _check_export_path(trace: Trace, out: Path, force: bool) -> None:
-    if out.is_symlink():
-        raise OutputDirError(f"{out}: is a symbolic link; give the file itself")
-    if out.exists() and not out.is_file():
-        raise OutputDirError(f"{out}: exists and is not a regular file")
-    try:
-        inside = out.resolve().parent.relative_to(trace.path.resolve())
-    except ValueError:
-        inside = None
-    if inside is not None and (inside.parts or out.name != EXPORT_FILE):
-        raise OutputDirError(f"{out}: inside the trace only {EXPORT_FILE} may be written")
-    if out.exists() and not force and not _is_export(out):
-        raise OutputDirError(f"{out}: exists and is not an earlier export; {FORCE_HINT}")
-
-
-def _is_export(path: Path) -> bool:
-    """Whether ``path`` starts as ``export_perfetto`` writes its files."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(len(_EXPORT_START)) == _EXPORT_START
-    except OSError:
-        return False
+def check_export_path(trace: Trace, out: Path, force: bool, own_name: str = EXPORT_FILE,
+                      is_earlier: Callable[[Path], bool] | None = None) -> None:
+    """Raise ``OutputDirError`` unless an export of ``trace`` may be written at ``out``
+    (``tracing.outfile.check_output_file``): inside the trace only under ``own_name``."""
+    check_output_file(out, "export", is_earlier or starts_with(_EXPORT_START), force,
+                      own_dir=trace.path,
+                      own_names=frozenset({own_name}))

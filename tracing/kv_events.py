@@ -22,6 +22,7 @@ from typing import Any
 
 from tracing.errors import TraceError
 from tracing.events import EventBuffer
+from tracing.layout import KV_EXPORT_FILE
 from tracing.schema import NO_HASH
 
 MEDIUM = "GPU"
@@ -204,17 +205,42 @@ def _start_unix(header: dict[str, Any]) -> float:
     return started.replace(tzinfo=timezone.utc).timestamp()
 
 
-def export_kv_events(trace: Any, out_path: str | Path) -> tuple[Path, int]:
+def export_kv_events(trace: Any, out_path: str | Path, force: bool = False) -> tuple[Path, int]:
     """Write a trace's KV events as a stream of msgpack ``EventBatch`` maps (one per step; read
-    them back with ``msgpack.Unpacker``); returns the path and the number of events."""
+    them back with ``msgpack.Unpacker``); returns the path and the number of events.
+
+    Where it may be written is ``export``'s rule (``tracing.export.check_export_path``: inside
+    the trace only as ``KV_EXPORT_FILE``; an existing file only an earlier KV export, or with
+    ``force``), checked before any work; the file is written whole or not at all."""
+    from tracing.export import check_export_path
+    from tracing.outdir import create_exclusive
+    from tracing.outfile import write_via_temporary
+
     try:
         import msgpack
     except ImportError:
         raise TraceError("exporting vLLM KV events needs msgpack (pip install msgpack)") from None
     out = Path(out_path)
+    check_export_path(trace, out, force, KV_EXPORT_FILE, _is_kv_export)
     count = 0
-    with open(out, "wb") as handle:
-        for batch in trace_kv_batches(trace):
-            handle.write(msgpack.packb(batch))
-            count += len(batch["events"])
+
+    def write(tmp: Path) -> None:  # streamed: memory stays bounded by one step's batch
+        nonlocal count
+        with open(create_exclusive(tmp), "wb") as handle:
+            for batch in trace_kv_batches(trace):
+                handle.write(msgpack.packb(batch))
+                count += len(batch["events"])
+
+    write_via_temporary(out, write)
     return out, count
+
+
+def _is_kv_export(path: Path) -> bool:
+    """Whether ``path`` starts as ``export_kv_events`` writes: a msgpack map of a few keys whose
+    first is "ts" (``event_batch``), or is empty (a trace without KV events)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return False
+    return head == b"" or (len(head) == 4 and head[0] & 0xF0 == 0x80 and head[1:] == b"\xa2ts")

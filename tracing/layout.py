@@ -20,14 +20,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tracing.outdir import tmp_name, write_file_atomic
+from tracing.outdir import TRACE_COMMITS, TRACE_HEADER, tmp_name, write_file_atomic
 from tracing.schema import EVENT_KINDS
 
-HEADER_FILE = "run.json"
+HEADER_FILE = TRACE_HEADER
 SUMMARY_FILE = "summary.json"
 # ``replayllm export``'s default output, kept inside the trace it describes.
 EXPORT_FILE = "trace.json"
-COMMITS_DIR = "_commits"
+# ``replayllm export --format vllm-kv-events``'s default output, also kept inside the trace.
+KV_EXPORT_FILE = "kv-events.msgpack"
+COMMITS_DIR = TRACE_COMMITS
 SEGMENT_PREFIX = "seg-"
 SEGMENT_DIGITS = 6
 MAX_SEGMENT_DIGITS = 12
@@ -65,7 +67,8 @@ def tmp_path(final: Path) -> Path:
 
 def trace_entries() -> frozenset[str]:
     """Names a trace directory's top level may hold: what a replayllm command may replace."""
-    return frozenset({HEADER_FILE, SUMMARY_FILE, COMMITS_DIR, EXPORT_FILE, *EVENT_KINDS})
+    return frozenset({HEADER_FILE, SUMMARY_FILE, COMMITS_DIR, EXPORT_FILE, KV_EXPORT_FILE,
+                      *EVENT_KINDS})
 
 
 def trace_is_complete(root: Path) -> bool:
@@ -116,3 +119,17 @@ def _json_default(value: Any) -> Any:
     if hasattr(value, "to_dict") and callable(value.to_dict):
         return value.to_dict()
     return str(value)
+
+
+def read_json_object(path: str | Path, error: type[Exception], what: str) -> dict[str, Any]:
+    """The JSON object in ``path`` (a profile, a saved model): ``error`` naming the file and
+    ``what`` it should be when it cannot be read, is not JSON or holds no object."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise error(f"{path}: cannot read {what} ({exc.strerror or exc})") from None
+    except ValueError as exc:  # not JSON, or not UTF-8
+        raise error(f"{path}: not a {what} file ({exc})") from None
+    if not isinstance(data, dict):
+        raise error(f"{path}: not a {what} file (a JSON {type(data).__name__}, not an object)")
+    return data

@@ -4,7 +4,7 @@ A command replaces an output only when it can prove a replayllm command wrote it
 holds ``OWNER_FILE`` (written when the output was made, naming its kind and, for a directory
 written whole, its files), nothing else, is not the working directory or one of its parents, and
 no process holds its ``LOCK_FILE``. A trace being recorded holds that lock until it is closed.
-A complete trace is replaced only with ``force``; a whatif report or a checkpoint is always
+A complete trace is replaced only with ``force``; a whatif or tune result or a checkpoint is always
 written into a fresh temporary sibling and renamed into place, so a crash or a full disk
 never leaves a partial output under the final name.
 
@@ -30,11 +30,13 @@ from typing import Any
 from tracing.errors import TraceError, one_line
 
 OWNER_FILE = ".replayllm-output.json"
+# A trace's header and commit markers' directory (tracing.layout.HEADER_FILE, COMMITS_DIR).
+TRACE_HEADER, TRACE_COMMITS = "run.json", "_commits"
 LOCK_FILE = ".replayllm.lock"
 OWNER_MAGIC = "replayllm-output"
 FILE_MODE = 0o644
 # Kinds of output; a trace's own entries are listed by the caller (tracing.layout).
-TRACE, WHATIF, CHECKPOINT = "trace", "whatif", "checkpoint"
+TRACE, WHATIF, TUNE, CHECKPOINT = "trace", "whatif", "tune", "checkpoint"
 FORCE_HINT = "pass --force (force=True to LLM in Python) to replace it"
 
 
@@ -121,6 +123,22 @@ def write_owner(path: Path, kind: str, command: str, files: list[str] | None = N
     write_file_atomic(path / OWNER_FILE, (json.dumps(record, indent=2) + "\n").encode())
 
 
+def output_dir_above(path: Path) -> Path | None:
+    """The nearest directory above ``path`` that is a trace (holds ``run.json``) or another
+    replayllm output (holds its owner record), or None: no output is written inside one."""
+    try:
+        parent = path.expanduser().resolve().parent
+    except (OSError, RuntimeError):
+        return None
+    for directory in (parent, *parent.parents):
+        # A header beside a commits directory: a trace, also one copied without its owner
+        # record (a run.json alone may be anybody's).
+        trace = (directory / TRACE_HEADER).is_file() and (directory / TRACE_COMMITS).is_dir()
+        if trace or read_owner(directory) is not None:
+            return directory
+    return None
+
+
 def _is_cwd_or_ancestor(path: Path) -> bool:
     try:
         here = Path.cwd().resolve()
@@ -150,6 +168,9 @@ def check_output_dir(
     """
     if path.is_symlink():
         raise OutputDirError(f"{path}: is a symbolic link; give the directory itself")
+    if (above := output_dir_above(path)) is not None:
+        raise OutputDirError(f"{path}: is inside {above}, a trace or replayllm output "
+                             "directory; choose an output outside it")
     if not path.exists():
         return False
     if not path.is_dir():

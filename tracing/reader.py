@@ -33,7 +33,7 @@ from tracing.schema import (
     arrow_schema,
     column_types,
 )
-from tracing.validate import check_header, check_marker
+from tracing.validate import check_header, check_marker, check_summary
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -386,6 +386,8 @@ def read_trace(path: str | Path, validate: bool = True) -> Trace:
     segments = _committed_segments(root)
     summary_path = root / SUMMARY_FILE
     summary = _load_json(summary_path, "trace summary") if summary_path.exists() else None
+    if summary is not None:
+        check_summary(summary_path, summary, len(segments))
     if validate:
         for seg in segments:
             for f in seg.files:

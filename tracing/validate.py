@@ -24,12 +24,19 @@ MAX_BLOCK_SIZE = 65536
 # Header lists (calibration rows, captured graph sizes): far above what the engine writes.
 MAX_HEADER_LIST = 100_000
 STEP_KINDS = ("prefill", "decode", "mixed")
+# Header fields that readers format or look up as text (inspect, whatif's device notes).
+HEADER_STRINGS = ("device", "attention_backend", "git_commit", "start_time", "model_path",
+                  "policy")
+EXECUTOR_STRINGS = ("executor", "device", "device_name", "dtype", "attention_backend")
 # Calibration row fields (engine/calibration.py): integer features and measured seconds.
 CALIBRATION_INTS = ("num_seqs", "prefill_tokens", "prefill_attn_work", "decode_seqs",
                     "decode_context_tokens", "padded_batch_size")
 CALIBRATION_OPTIONAL_INTS = ("padded_tokens", "repeats")
 CALIBRATION_SECONDS = ("interval_s",)
 CALIBRATION_OPTIONAL_SECONDS = ("duration_s", "wait_s", "interval_p10_s", "interval_p90_s")
+# What a device profile's row adds to a calibration row (engine/profiling.run_profile).
+PROFILE_OPTIONAL_INTS = ("level", "decode_context_max", "cached_tokens", "prefix_groups",
+                         "prefix_tokens")
 
 
 def is_int(value: Any, low: int, high: int) -> bool:
@@ -57,6 +64,8 @@ def check_header(path: Path, header: dict[str, Any]) -> None:
         )
     _optional_int(path, header, "block_size", 1, MAX_BLOCK_SIZE)
     _optional_int(path, header, "num_blocks", 1, MAX_TRACE_BLOCKS)
+    _optional_types(path, header, HEADER_STRINGS, str, "")
+    _optional_types(path, header, ("model",), dict, "")
     config = header.get("config")
     if config is not None:
         if not isinstance(config, dict):
@@ -68,6 +77,8 @@ def check_header(path: Path, header: dict[str, Any]) -> None:
     if executor is not None:
         if not isinstance(executor, dict):
             raise TraceError(f"{path}: executor must be a JSON object")
+        _optional_types(path, executor, EXECUTOR_STRINGS, str, "executor.")
+        _optional_types(path, executor, ("model",), dict, "executor.")
         for key in ("prefill_graph_tokens", "graph_batch_sizes"):
             _int_list(path, executor, key, "executor.")
         _optional_int(path, executor, "prefill_graph_max_seqs", 0, INT32_MAX, "executor.")
@@ -90,6 +101,16 @@ def _optional_int(path: Path, data: dict[str, Any], key: str, low: int, high: in
                          f"got {value!r}")
 
 
+def _optional_types(path: Path, data: dict[str, Any], keys: tuple[str, ...], kind: type,
+                    prefix: str) -> None:
+    """Each of ``keys`` absent, null or of type ``kind`` (a string, a JSON object)."""
+    for key in keys:
+        value = data.get(key)
+        if value is not None and not isinstance(value, kind):
+            what = "a string" if kind is str else "a JSON object"
+            raise TraceError(f"{path}: {prefix}{key} must be {what}, got {value!r}")
+
+
 def _int_list(path: Path, data: dict[str, Any], key: str, prefix: str) -> None:
     value = data.get(key)
     if value is None:
@@ -99,8 +120,9 @@ def _int_list(path: Path, data: dict[str, Any], key: str, prefix: str) -> None:
         raise TraceError(f"{path}: {prefix}{key} must be a list of integers in [0, {INT32_MAX}]")
 
 
-def _check_calibration_row(path: Path, index: int, row: Any) -> None:
-    where = f"{path}: calibration row {index}"
+def _check_calibration_row(path: Path, index: int, row: Any, what: str = "calibration row"
+                           ) -> None:
+    where = f"{path}: {what} {index}"
     if not isinstance(row, dict):
         raise TraceError(f"{where} must be a JSON object, got {type(row).__name__}")
     if row.get("kind") not in STEP_KINDS:
@@ -156,3 +178,45 @@ def check_marker(path: Path, index: int, data: dict[str, Any]) -> None:
             and last - first + 1 >= total):
         raise TraceError(f"{path}: malformed event id range ({first!r}..{last!r}) "
                          f"for {total} events")
+
+
+def check_profile_rows(path: Path, data: dict[str, Any]) -> None:
+    """Raise ``TraceError`` unless a device profile's (``replayllm profile``) ``key`` is an
+    object and its ``rows`` a list of timed steps: each a calibration row (the same fields,
+    the same bounds) with a string ``label``, and the point's fields (``PROFILE_OPTIONAL_INTS``,
+    ``eager``) where present of their type. ``engine.profiling.load_profile`` calls it: every
+    reader of a profile gets it checked."""
+    key = data.get("key")
+    if key is not None and not isinstance(key, dict):
+        raise TraceError(f"{path}: key must be a JSON object, got {type(key).__name__}")
+    rows = data.get("rows")
+    if rows is None:
+        return  # the loader says "no timed steps"
+    if not isinstance(rows, list) or len(rows) > MAX_HEADER_LIST:
+        raise TraceError(f"{path}: rows must be a list of at most {MAX_HEADER_LIST} steps")
+    for i, row in enumerate(rows):
+        _check_calibration_row(path, i, row, "profile row")
+        if not isinstance(row.get("label"), str):
+            raise TraceError(f"{path}: profile row {i}: label must be a string, "
+                             f"got {row.get('label')!r}")
+        for key in PROFILE_OPTIONAL_INTS:
+            if row.get(key) is not None and not is_int(row[key], 0, INT64_MAX):
+                raise TraceError(f"{path}: profile row {i}: {key} must be an integer >= 0, "
+                                 f"got {row[key]!r}")
+        if row.get("eager") is not None and not isinstance(row["eager"], bool):
+            raise TraceError(f"{path}: profile row {i}: eager must be true or false, "
+                             f"got {row['eager']!r}")
+
+
+def check_summary(path: Path, summary: dict[str, Any], committed: int) -> None:
+    """Raise ``TraceError`` unless ``summary.json``'s segment count is the committed one. A
+    clean close writes the summary after its last segment is committed, so a difference is a
+    commit marker deleted (or one added) since: never read as a shorter, "incomplete" trace."""
+    expected = summary.get("segments")
+    if expected is None:
+        return
+    if not is_int(expected, 0, INT64_MAX):
+        raise TraceError(f"{path}: segments must be an integer >= 0, got {expected!r}")
+    if expected != committed:
+        raise TraceError(f"{path}: the recording closed with {expected} committed segments, "
+                         f"but {committed} have a commit marker; a marker was deleted or added")

@@ -34,12 +34,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from engine.errors import InvalidRequestError
+    from replay.cli.paths import check_result_out
     from replay.loadgen.result import requests_frame, summarize, table_row, write_result
     from replay.loadgen.runner import DEFAULT_STALL_TIMEOUT_S, run_load
     from replay.whatif.report import variants_table
     from replay.workloads.builtin import reference_workload
     from replay.workloads.store import load_workload
 
+    check_result_out(args.out)  # before the load, not after it
     requests = reference_workload() if args.workload == "bench" else load_workload(args.workload)
     if args.num_requests is not None:
         if args.num_requests < 1:

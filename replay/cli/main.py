@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable
 
@@ -152,9 +153,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     if args.format == "vllm-kv-events":
         from tracing.kv_events import export_kv_events
+        from tracing.layout import KV_EXPORT_FILE
 
         path, count = export_kv_events(read_trace(args.trace),
-                                       args.out or os.path.join(args.trace, "kv-events.msgpack"))
+                                       args.out or os.path.join(args.trace, KV_EXPORT_FILE),
+                                       force=args.force)
         print(f"wrote {path} ({count} KV events in vLLM's format, msgpack EventBatch maps)")
         return 0
     out = args.out or os.path.join(args.trace, "trace.json")
@@ -175,6 +178,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     import importlib
     import os
 
+    if args.repeat < 1:  # 0 fell back to 3 in silence, -1 was an AssertionError
+        raise ReplayLLMError(f"--repeat must be >= 1, got {args.repeat}")
+    if args.json:  # checked before the benchmark runs, not after
+        from replay.cli.paths import check_bench_json
+
+        check_bench_json(args.json)
     # The benchmarks live in the source checkout (benchmarks/), not in the installed package.
     if os.path.isfile(os.path.join("benchmarks", "__init__.py")) and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
@@ -251,6 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ReplayLLMError, TraceError) as exc:
         print(f"replayllm {args.command}: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except (MemoryError, RuntimeError) as exc:
+        if (detail := out_of_memory(exc)) is None:
+            raise
+        print(f"replayllm {args.command}: error: {detail}", file=sys.stderr)
+        return EXIT_USER_ERROR
     except BrokenPipeError:
         # `replayllm inspect T | head -1`: the reader has what it wanted.
         _silence_stdout()
@@ -258,6 +272,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"replayllm {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def out_of_memory(exc: BaseException) -> str | None:
+    """One line for an allocation the settings made too large (``--set num_kvcache_blocks=10**8``
+    on the CPU: torch's "can't allocate memory", CUDA's "out of memory"), None for any other
+    error: a bug keeps its traceback."""
+    text = one_line(exc)
+    if not isinstance(exc, MemoryError) and not any(
+            marker in text for marker in ("can't allocate memory", "out of memory")):
+        return None
+    tried = re.search(r"[Tt]ried to allocate ([\d.,]+ ?[KMGT]?i?B|\d+ bytes)", text)
+    wanted = f"an allocation of {tried.group(1)}" if tried else "an allocation"
+    return (f"out of memory: {wanted} does not fit; lower the sizes set (num_kvcache_blocks, "
+            "kv_cache_bytes, gpu_memory_utilization, max_num_seqs, max_num_batched_tokens)")
 
 
 def _silence_stdout() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from importlib import metadata
 from typing import Any
 
@@ -49,10 +50,13 @@ def run(args: argparse.Namespace) -> int:
     from engine.model.checkpoint import default_model_dir
     from engine.profiling import run_profile, save_profile
     from engine.runner.model_runner import ModelRunner
+    from replay.cli.paths import check_profile_out
     from tracing.header import git_commit
+    from tracing.outfile import write_via_temporary
 
-    if args.budget_s <= 0 or args.repeats < 1:
-        raise InvalidRequestError("--budget-s must be > 0 and --repeats >= 1")
+    if not (math.isfinite(args.budget_s) and args.budget_s > 0) or args.repeats < 1:
+        raise InvalidRequestError("--budget-s must be a finite number > 0 and --repeats >= 1")
+    check_profile_out(args.out)  # before the minutes of timing, not after them
     model_dir = str(args.model) if args.model is not None else str(default_model_dir())
     config = Config(model=model_dir, **{**PROFILE_DEFAULTS, **parse_overrides(args.overrides)})
     runner = ModelRunner(config)
@@ -65,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         runner.close()
     profile["git_commit"] = git_commit()
-    save_profile(profile, args.out)
+    write_via_temporary(args.out, lambda tmp: save_profile(profile, tmp))
     key = ", ".join(f"{k} {v}" for k, v in profile["key"].items())
     print(f"wrote {len(profile['rows'])} timed steps ({profile['skipped']} of {profile['points']} "
           f"skipped for the {args.budget_s:.0f} s budget) in {profile['elapsed_s']:.1f} s to "

@@ -31,6 +31,8 @@ def load_requests(workload: str, num_seqs: int | None) -> list[Request]:
         except (UnicodeDecodeError, AttributeError, OverflowError, RecursionError) as exc:
             raise InvalidRequestError(f"{workload}: not a JSONL workload "
                                       f"({type(exc).__name__})") from None
+    if not requests:  # an empty file: a run would record an empty trace and exit 0
+        raise InvalidRequestError(f"{workload}: the workload holds no requests")
     if num_seqs is not None:
         requests = requests[:num_seqs]
     for index, request in enumerate(requests):

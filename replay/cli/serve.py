@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from engine.config import parse_overrides
+
+MAX_PORT = 65535
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -27,8 +30,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine.errors import InvalidRequestError
     from engine.server.run import serve
 
+    # Checked here, before the model loads: port 70000 was served on another port in silence,
+    # --grace nan a traceback at shutdown.
+    if not 1 <= args.port <= MAX_PORT:
+        raise InvalidRequestError(f"--port must be in [1, {MAX_PORT}], got {args.port}")
+    if not (math.isfinite(args.grace) and args.grace >= 0):
+        raise InvalidRequestError(f"--grace must be a finite number of seconds >= 0, "
+                                  f"got {args.grace}")
     summary = serve(args.model, trace_dir=args.trace_dir, host=args.host, port=args.port,
                     overrides=parse_overrides(args.overrides),
                     served_model_name=args.served_model_name, grace_s=args.grace,

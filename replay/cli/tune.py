@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import AUTO_SIZED_BLOCKS
+from replay.cli.paths import check_out_dir, check_report, write_report_file
 from replay.cli.variants import WhatifError, parse_grid
 from replay.cli.whatif import _load
 from replay.whatif.executors import EXECUTORS, variant_runner
 from replay.whatif.tune import DEFAULT_BUDGET, DEFAULT_ETA, default_space, parse_slo, tune
+from tracing.outdir import TUNE, staged_dir
 
 DEFAULT_OUT = "out/tune"
 
@@ -64,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
         raise WhatifError(f"--jobs must be >= 1, got {args.jobs}")
     slos = [parse_slo(s) for s in args.slo]
     space = parse_grid(args.space)
+    check_out_dir(args.out, TUNE)  # before the search, not after it
+    check_report(args.report, args.out)
     workload, cost, notes = _load(args)
     for note in notes:
         print(f"note: {note}")
@@ -81,9 +85,11 @@ def run(args: argparse.Namespace) -> int:
 
     print(tune_report.describe_search(result))
     print(tune_report.table(result))
-    written = tune_report.write_outputs(result, args.out)
-    if not args.no_plots:
-        written.append(tune_report.write_pareto_plot(result, Path(args.out) / "pareto.png"))
+    with staged_dir(args.out, TUNE, "tune", force=True) as stage:  # written whole or not at all
+        written = tune_report.write_outputs(result, stage)
+        if not args.no_plots:
+            written.append(tune_report.write_pareto_plot(result, stage / "pareto.png"))
+    written = [Path(args.out) / p.name for p in written]
     print(f"wrote {', '.join(p.name for p in written)} to {args.out}")
     slo_text = ", ".join(str(s) for s in slos)
     base = result.baseline
@@ -105,8 +111,8 @@ def run(args: argparse.Namespace) -> int:
 
         frame = pd.DataFrame(tune_report.rows(result))
         plots = [p for p in written if p.suffix == ".png"]
-        page = write_report(args.report, "replayllm tune", lines, [("configurations", frame)],
-                            plots)
+        page = write_report_file(args.report, write_report, "replayllm tune", lines,
+                                 [("configurations", frame)], plots)
         print(f"wrote {page}")
     return 0 if best is not None else 1
 

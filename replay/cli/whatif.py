@@ -125,6 +125,8 @@ def _load_timing_trace(path: str, args: argparse.Namespace | None = None
 
 
 def _load(args: argparse.Namespace) -> tuple[SimWorkload, CostModel | None, list[str]]:
+    if args.num_seqs is not None and args.workload is None:  # never ignored in silence
+        raise WhatifError("--num-seqs takes --workload (a TRACE's requests are all re-run)")
     timing_config: Config | None = None
     cost: CostModel | None = None
     if args.timing_from:
@@ -203,6 +205,7 @@ def _finish(args: argparse.Namespace, rows: list[dict], cost: CostModel | None,
     if getattr(args, "report", None):
         import pandas as pd
 
+        from replay.cli.paths import write_report_file
         from replay.whatif.html_report import write_report
         from replay.whatif.report import variants_table
 
@@ -210,8 +213,8 @@ def _finish(args: argparse.Namespace, rows: list[dict], cost: CostModel | None,
         tables += [(name, frame) for name, frame in (extra or {}).items()]
         # The files were written in the staging directory, since renamed to --out.
         plots = [Path(args.out) / p.name for p in written if p.suffix == ".png"]
-        page = write_report(args.report, "replayllm whatif", [variants_table(rows)], tables,
-                            plots)
+        page = write_report_file(args.report, write_report, "replayllm whatif",
+                                 [variants_table(rows)], tables, plots)
         print(f"wrote {page}")
 
 
@@ -311,6 +314,12 @@ def run(args: argparse.Namespace) -> int:
                           "drop --set, --grid and --workload")
     if args.jobs is not None and args.jobs < 1:
         raise WhatifError(f"--jobs must be >= 1, got {args.jobs}")
+    from replay.cli.paths import check_out_dir, check_profile_arg, check_report
+    from tracing.outdir import WHATIF
+
+    check_profile_arg(args.profile)
+    check_out_dir(args.out, WHATIF)  # before the work, not after it
+    check_report(args.report, args.out)
     plotter = _plotter(args)
     try:
         return _whatif(args, overrides, grid, plotter)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import math
-from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
 
 from engine.config import Config
 from engine.errors import InvalidRequestError
+from replay.cli.paths import check_plot_file, check_workload_out
 from replay.workloads.arrivals import PROCESSES, ArrivalProcess
 from replay.workloads.distributions import parse
 from replay.workloads.import_options import OVER_LENGTH
@@ -112,6 +112,7 @@ def _generate(args: argparse.Namespace) -> int:
         temperature=args.temperature, ignore_eos=args.ignore_eos,
         hash_block_size=args.hash_block_size, seed=args.seed,
     )
+    check_workload_out(args.out)
     generator = Generator(spec)
     writer = WorkloadWriter(args.out)
     writer.write_all(_progress(generator, "generate"))
@@ -136,8 +137,7 @@ def _import(args: argparse.Namespace) -> int:
     from replay.workloads.imports import import_workload
     from replay.workloads.store import WorkloadWriter
 
-    if Path(args.out).resolve() == Path(args.source).resolve():
-        raise InvalidRequestError("--out must not be the source file")
+    check_workload_out(args.out, args.source)
     options = ImportOptions(
         start_s=args.start, end_s=args.end, limit=args.limit, time_scale=args.time_scale,
         max_prompt_len=args.max_prompt_len, over_length=args.over_length, seed=args.seed,
@@ -160,6 +160,8 @@ def _describe(args: argparse.Namespace) -> int:
 
     if args.block_size < 1:
         raise InvalidRequestError(f"--block-size must be >= 1, got {args.block_size}")
+    if args.plots:
+        check_plot_file(args.plots)
     summary = summarize(_progress(read_workload(args.workload, args.ignore_unknown_fields),
                                   "describe"), args.block_size)
     print(table(summary))

@@ -18,6 +18,14 @@ from replay.metrics import LATENCIES, PERCENTILES
 
 METADATA_KEY = b"replayllm_loadgen"
 SOURCE = "client"
+# ``requests_frame``'s columns, all of which a reader takes (``whatif --compare``'s table, plots).
+NUMERIC_COLUMNS = ("index", "arrival_s", "sent_s", "prompt_tokens", "max_tokens",
+                   "completion_tokens", "ttft_s", "tpot_s", "e2e_s", "queue_s", "send_lag_s")
+REQUEST_COLUMNS = (*NUMERIC_COLUMNS, "itl_s", "finish_reason", "error")
+
+
+class ResultError(ReplayLLMError):
+    """A file is not a readable loadgen result; the message names it and says why."""
 
 
 def requests_frame(measured: list[Measured]) -> pd.DataFrame:
@@ -38,7 +46,7 @@ def requests_frame(measured: list[Measured]) -> pd.DataFrame:
             "itl_s": np.diff(m.chunk_times_s).tolist(), "finish_reason": m.finish_reason,
             "error": m.error,
         })
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=list(REQUEST_COLUMNS))  # its columns even with no rows
 
 
 def summarize(frame: pd.DataFrame, wall_s: float) -> dict[str, float]:
@@ -94,13 +102,35 @@ def is_result(path: str | Path) -> bool:
 
 
 def read_result(path: str | Path) -> tuple[pd.DataFrame, dict[str, float], dict[str, Any]]:
-    """(per-request rows, summary, run settings) of a loadgen result file."""
+    """(per-request rows, summary, run settings) of a loadgen result file; a ``ResultError``
+    naming the file and what is wrong for one that is not, or whose metadata (an object of a
+    numeric ``summary`` and a ``run`` object) or columns (``REQUEST_COLUMNS``) are not as
+    ``write_result`` writes them."""
     try:
         table = pq.read_table(path)
-        info = json.loads((table.schema.metadata or {})[METADATA_KEY])
-    except (OSError, KeyError, ValueError, pa.ArrowInvalid) as exc:
-        raise ReplayLLMError(f"{path}: not a loadgen result ({exc})") from None
-    return table.to_pandas(), info["summary"], info["run"]
+        raw = (table.schema.metadata or {}).get(METADATA_KEY)
+        if raw is None:
+            raise ResultError(f"{path}: not a loadgen result (no replayllm_loadgen metadata)")
+        info = json.loads(raw)
+        frame = table.to_pandas()
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise ResultError(f"{path}: not a loadgen result ({exc})") from None
+    summary = info.get("summary") if isinstance(info, dict) else None
+    if not (isinstance(summary, dict) and isinstance(info.get("run"), dict)
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                    for v in summary.values())):
+        raise ResultError(f"{path}: malformed loadgen metadata (an object holding a summary of "
+                          "numbers and a run object expected)")
+    missing = [name for name in REQUEST_COLUMNS if name not in frame.columns]
+    if missing:
+        raise ResultError(f"{path}: not a loadgen result: no {', '.join(missing)} column"
+                          f"{'s' if len(missing) > 1 else ''}")
+    wrong = [name for name in NUMERIC_COLUMNS  # no rows: no type (Arrow's null)
+             if len(frame) and not pd.api.types.is_numeric_dtype(frame[name])]
+    if wrong:
+        raise ResultError(f"{path}: loadgen result column {wrong[0]} is not numeric "
+                          f"({frame[wrong[0]].dtype})")
+    return frame, summary, info["run"]
 
 
 def table_row(label: str, summary: dict[str, float], frame: pd.DataFrame | None = None) -> dict:

@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from engine.errors import ReplayLLMError
 from replay.metrics import has_timings
 from replay.recorded import RecordedEvents
 from replay.whatif.cost import explain, features, graphs, warmup
@@ -41,13 +40,10 @@ from replay.whatif.cost.host_speed import (
 from replay.whatif.cost.options import CostOptions, decode_routes
 from replay.whatif.cost.overlap import OverlapModel, interval
 from replay.whatif.cost.profile import ProfilePrior, ScaledProfile, read_profile
+from replay.whatif.cost.saved import MODEL_SHAPES, CostModelError, read_saved
 from tracing.header import recorded_device
 
 MODEL_VERSION = 12  # of the saved JSON (``to_dict``); a file of another version is refused
-
-
-class CostModelError(ReplayLLMError):
-    """A step-time model cannot be fitted or loaded."""
 
 
 @dataclass(slots=True)
@@ -311,25 +307,16 @@ class CostModel:
 
     @classmethod
     def load(cls, path: str | Path) -> CostModel:
-        try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-            if data.get("version") != MODEL_VERSION:
-                raise CostModelError(
-                    f"{path}: cost model version {data.get('version')!r}, expected {MODEL_VERSION}"
-                )
-            del data["version"], data["target"]
-            fits = {name: LinearFit.from_dict(f) for name, f in data.pop("fits").items()}
-            overlap = data.pop("overlap")
-            prior = data.pop("prior", None)
-            add = AddCost.from_dict(data.pop("add"))
-            host = data.pop("host")
-            return cls(fits, overlap=OverlapModel.from_dict(overlap) if overlap else None,
-                       prior=ProfilePrior.from_dict(prior) if prior else None, add=add,
-                       host=HostSpeed(**host) if host else None, **data)
-        except OSError as exc:
-            raise CostModelError(f"{path}: cannot read cost model ({exc.strerror})") from None
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CostModelError(f"{path}: not a cost model file ({exc})") from None
+        """A model ``save`` wrote; a ``CostModelError`` naming the field for anything else
+        (``saved.read_saved``)."""
+        data = read_saved(path, MODEL_VERSION, cls, MODEL_SHAPES)
+        fits = {name: LinearFit.from_dict(f) for name, f in data.pop("fits").items()}
+        overlap, prior = data.pop("overlap", None), data.pop("prior", None)
+        host = data.pop("host", None)
+        return cls(fits, overlap=OverlapModel.from_dict(overlap) if overlap else None,
+                   prior=ProfilePrior.from_dict(prior) if prior else None,
+                   add=AddCost.from_dict(data.pop("add", {})),
+                   host=HostSpeed(**host) if host else None, **data)
 
 
 def _device_heldout(fitted: Steps, shared_reads: float = 1.0) -> dict[str, Any]:

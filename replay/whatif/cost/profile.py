@@ -52,13 +52,18 @@ def read_profile(profile: str | Path | dict[str, Any]) -> tuple[dict[str, Any], 
     pooled (``merge_profiles``)."""
     if isinstance(profile, dict):
         return profile, str(profile.get("path", "a profile"))
-    paths = [part for part in str(profile).split(PROFILE_SEPARATOR) if part]
+    paths = profile_paths(str(profile))
     if len(paths) == 1:
         return load_profile(paths[0]), paths[0]
     return merge_profiles([load_profile(path) for path in paths], paths), str(profile)
 
 
 PROFILE_SEPARATOR = ","  # PROFILE_A,PROFILE_B: several profiles of one setup, pooled
+
+
+def profile_paths(text: str) -> list[str]:
+    """The files a ``--profile`` argument names (comma-separated, spaces around them ignored)."""
+    return [part.strip() for part in text.split(PROFILE_SEPARATOR) if part.strip()]
 TIMINGS = ("interval_s", "duration_s", "wait_s", "interval_p10_s", "interval_p90_s")
 
 

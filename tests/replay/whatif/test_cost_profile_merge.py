@@ -73,6 +73,8 @@ def test_comma_separated_profiles_are_pooled_and_fitted(profile, tmp_path) -> No
         save_profile(_scaled(profile, factor), paths[-1])
     pooled, name = read_profile(",".join(paths))
     assert name == ",".join(paths) and pooled["merged_from"] == paths
+    # Spaces around the commas (a shell user's "a.json, b.json") name the same files.
+    assert read_profile(" , ".join(paths))[0]["merged_from"] == paths
     assert pooled["rows"][0]["duration_s"] == pytest.approx(profile["rows"][0]["duration_s"]
                                                             * 1.02)
     source = record_workload(Config(num_kvcache_blocks=2000, max_num_seqs=64),

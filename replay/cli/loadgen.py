@@ -3,15 +3,32 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from collections import Counter
+from typing import Any
 
 DEFAULT_OUT = "loadgen.parquet"
+EXIT_FAILED = 1  # the run went through, some requests failed (each with its error)
+EXIT_INTERRUPTED = 130  # Ctrl-C: the requests completed so far written, marked partial
+
+EPILOG = """exit status:
+  0    every request answered
+  1    some requests failed (the result is written, each failure with its status and message)
+  2    nothing sent: a bad option or file, or a server that cannot be reached (no result)
+  130  interrupted (Ctrl-C): the requests completed so far written, the result marked partial
+
+Completion tokens are the server's usage counts where it sends them, else its content chunks
+counted (one token each); the result's token_source column says which."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("loadgen", help="send a workload to an OpenAI-compatible server and "
-                       "measure TTFT, inter-token latency, TPOT and e2e on the client")
+                       "measure TTFT, inter-token latency, TPOT and e2e on the client",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("workload", help="'bench' (the reference workload) or a JSONL workload file")
-    p.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--url", required=True, help="the server's base URL, e.g. "
+                   "http://127.0.0.1:8000 (a trailing /v1 is dropped)")
     p.add_argument("--model", default=None, help="model name to send (default: the server's "
                    "first in /v1/models)")
     p.add_argument("--time-scale", type=float, default=1.0, metavar="X",
@@ -29,37 +46,91 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stall-timeout", type=float, default=None, metavar="S",
                    help="fail a request whose server sends nothing for S seconds (default "
                    "600)")
+    p.add_argument("--request-timeout", type=float, default=None, metavar="S",
+                   help="fail a request not answered whole in S seconds (default 3600)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="bearer token for a server started with an API key (default: "
+                   "$OPENAI_API_KEY; never written to the result)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"result file (default {DEFAULT_OUT})")
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.errors import InvalidRequestError
+    from engine.errors import ReplayLLMError
     from replay.cli.paths import check_result_out
-    from replay.loadgen.result import requests_frame, summarize, table_row, write_result
-    from replay.loadgen.runner import DEFAULT_STALL_TIMEOUT_S, run_load
+    from replay.loadgen.result import (
+        requests_frame,
+        summarize,
+        table_row,
+        token_sources,
+        write_result,
+    )
+    from replay.loadgen.runner import run_load
+    from replay.loadgen.settings import (
+        DEFAULT_REQUEST_TIMEOUT_S,
+        DEFAULT_STALL_TIMEOUT_S,
+        base_url,
+        check_settings,
+    )
     from replay.whatif.report import variants_table
     from replay.workloads.builtin import reference_workload
     from replay.workloads.store import load_workload
 
-    check_result_out(args.out)  # before the load, not after it
-    requests = reference_workload() if args.workload == "bench" else load_workload(args.workload)
-    if args.num_requests is not None:
-        if args.num_requests < 1:
-            raise InvalidRequestError(f"--num-requests must be >= 1, got {args.num_requests}")
-        requests = requests[: args.num_requests]
     stall = DEFAULT_STALL_TIMEOUT_S if args.stall_timeout is None else args.stall_timeout
-    measured, wall_s = run_load(requests, args.url, args.model, args.time_scale,
+    total = DEFAULT_REQUEST_TIMEOUT_S if args.request_timeout is None else args.request_timeout
+    # Every check before the load (and before reading a large workload), not after it.
+    check_settings(args.time_scale, args.max_concurrency, args.workers, stall, total,
+                   args.num_requests)
+    url = base_url(args.url)
+    check_result_out(args.out)
+    requests = reference_workload() if args.workload == "bench" else load_workload(args.workload)
+    if not requests:
+        raise ReplayLLMError(f"{args.workload}: the workload has no requests")
+    if args.num_requests is not None:
+        requests = requests[: args.num_requests]
+    measured, wall_s = run_load(requests, url, args.model, args.time_scale,
                                 args.max_concurrency, tokenizer=args.tokenizer,
-                                workers=args.workers, stall_timeout_s=stall)
-    frame = requests_frame(measured)
+                                workers=args.workers, stall_timeout_s=stall,
+                                request_timeout_s=total,
+                                api_key=args.api_key or os.environ.get("OPENAI_API_KEY"))
+    done = [m for m in measured if m is not None and m.done]
+    partial = len(done) < len(measured)
+    if partial and not done:
+        print("replayllm loadgen: interrupted before any request completed; nothing written",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    frame = requests_frame(done)
     summary = summarize(frame, wall_s)
-    settings = {"url": args.url, "model": args.model, "workload": args.workload,
-                "time_scale": args.time_scale, "max_concurrency": args.max_concurrency,
-                "workers": args.workers}
+    settings: dict[str, Any] = {
+        "url": url, "model": args.model, "workload": args.workload,
+        "time_scale": args.time_scale, "max_concurrency": args.max_concurrency,
+        "workers": args.workers, "stall_timeout_s": stall, "request_timeout_s": total,
+        "completion_tokens_from": token_sources(frame),
+        "partial": partial, "requests_planned": len(measured)}
     path = write_result(args.out, frame, summary, settings)
     print(variants_table([table_row("client", summary)]))
+    if "chunks" in settings["completion_tokens_from"]:
+        print("note: the server sent no usage counts for some requests; their completion "
+              "tokens are content chunks counted (one token a chunk)")
     errors = frame[frame["error"] != ""]
     if len(errors):
-        print(f"{len(errors)} of {len(frame)} requests failed; first: {errors['error'].iloc[0]}")
+        print(f"{len(errors)} of {len(frame)} requests failed ({_kinds(errors['error'])}); "
+              f"first: {errors['error'].iloc[0]}")
     print(f"wrote {path}")
-    return 0 if not len(errors) else 1
+    if partial:
+        print(f"replayllm loadgen: interrupted: wrote a partial result, the {len(done)} of "
+              f"{len(measured)} requests that completed, to {path}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return EXIT_FAILED if len(errors) else 0
+
+
+def _kinds(errors: Any) -> str:
+    """How many failures of each kind: "2 HTTP 429, 1 timed out, 1 other"."""
+    from replay.loadgen.client import TIMED_OUT
+
+    def kind(error: str) -> str:
+        if error.startswith("HTTP "):
+            return error.split(":")[0]
+        return TIMED_OUT if error.startswith(TIMED_OUT) else "other"
+
+    counts = Counter(kind(e) for e in errors)
+    return ", ".join(f"{n} {name}" for name, n in counts.most_common())

@@ -3,11 +3,18 @@
 The HTTP client is aiohttp, as vLLM's and AIPerf's load generators use, on uvloop where it is
 installed (``runner.run_loop``): under load a client's own work per request and per chunk is
 part of the TTFT it reports (docs/BENCHMARKS.md section 9 measures it).
+
+Any server, not only ``replayllm serve``: what it answers is checked, and whatever goes wrong
+with one request (an error status, a dropped connection, a malformed chunk, a timeout) is that
+request's ``error``, never an exception out of the run. Completion tokens are the server's
+``usage`` where it reports one, else the content chunks counted (``token_source`` says which).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +24,11 @@ import aiohttp
 from replay.workloads.request import Request
 
 JSON_HEADERS = {"Content-Type": "application/json"}
+# How much of a server's odd answer an error message quotes.
+QUOTE_CHARS = 120
+# Finish reasons of an answer the server gave up on: the request failed, however far it got.
+FAILED_FINISH = frozenset({"abort", "error"})
+TIMED_OUT = "timed out"  # how a timed-out request's error starts (``result.summarize`` counts)
 
 
 @dataclass
@@ -36,6 +48,12 @@ class Measured:
     finish_reason: str = ""
     error: str = ""
     text: str | None = None  # the answer's text, when kept (a conversation's next turn needs it)
+    token_source: str = ""  # "usage" (the server's count), "chunks" (content chunks counted)
+    done: bool = False  # answered or failed; False: never sent, or cut short by an interrupt
+
+
+class MalformedStream(ValueError):
+    """A chunk of the event stream is not what the OpenAI API sends; names what it was."""
 
 
 def request_body(request: Request, model: str | None) -> dict[str, Any]:
@@ -65,60 +83,168 @@ def chat_body(messages: list[dict[str, str]], request: Request,
 
 
 async def send(session: aiohttp.ClientSession, url: str, body: dict[str, Any], out: Measured,
-               clock: Any) -> Measured:
+               clock: Any, timeout: aiohttp.ClientTimeout | None = None) -> Measured:
     """POST ``body`` and read its event stream into ``out``; errors are recorded, not raised
-    (a read timeout of ``session``: the stream stalled). The body is encoded before the clock
-    starts: ``sent_s`` is when the request begins to go out."""
+    (``timeout``, else ``session``'s: ``total`` is the whole request's limit, ``sock_read``
+    the longest silence, each a "timed out" error). The body is encoded before the clock
+    starts: ``sent_s`` is when the request begins to go out. Only cancellation (an interrupted
+    run) goes through, leaving ``out.done`` False."""
     data = json.dumps(body).encode()
+    limits = timeout or session.timeout
     out.sent_s = clock()
     try:
-        async with session.post(url, data=data, headers=JSON_HEADERS) as response:
-            if response.status != 200:
-                text = (await response.read()).decode("utf-8", "replace")
-                out.error = f"HTTP {response.status}: {_error_message(text)}"
-                return out
-            async for line in response.content:  # one line at a time
-                if not line.startswith(b"data: "):
-                    continue
-                event = line[len(b"data: "):].strip()
-                if event == b"[DONE]":
-                    break
-                _read_chunk(json.loads(event), out, clock())
-    except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError, ValueError) as exc:
-        out.error = f"{type(exc).__name__}: {exc}"
-    if not out.error and not out.finish_reason:
-        out.error = "the stream ended without a finish reason"
+        kwargs = {} if timeout is None else {"timeout": timeout}
+        async with session.post(url, data=data, headers=JSON_HEADERS, **kwargs) as response:
+            await _read_response(response, out, clock)
+    except aiohttp.ServerTimeoutError as exc:  # no byte for sock_read seconds (or no connect)
+        if isinstance(exc, getattr(aiohttp, "ConnectionTimeoutError", ())):
+            out.error = f"{TIMED_OUT}: connecting took over {limits.sock_connect:g} s"
+        else:
+            out.error = (f"{TIMED_OUT}: the server sent nothing for {limits.sock_read:g} s "
+                         "(--stall-timeout)")
+    except (TimeoutError, asyncio.TimeoutError):  # aiohttp's total: the whole request
+        out.error = f"{TIMED_OUT}: no complete answer in {limits.total:g} s (--request-timeout)"
+    except aiohttp.ClientPayloadError:
+        out.error = "the server closed the connection mid-stream"
+    except (aiohttp.ClientError, OSError) as exc:
+        out.error = f"{type(exc).__name__}: {_one_line(str(exc))}"
+    except ValueError as exc:  # MalformedStream, a line too long, bytes not UTF-8 ...
+        out.error = _one_line(str(exc)) or type(exc).__name__
+    except Exception as exc:  # noqa: BLE001 - one request's surprise must not end the run
+        out.error = f"unexpected {type(exc).__name__}: {_one_line(str(exc))}"
+    out.done = True
     return out
 
 
+async def _read_response(response: aiohttp.ClientResponse, out: Measured, clock: Any) -> None:
+    """Read one answer into ``out``: an error status, a JSON document, or an event stream."""
+    content_type = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
+    if response.status != 200:
+        text = (await response.read()).decode("utf-8", "replace")
+        out.error = f"HTTP {response.status}: {_error_message(text)}"
+        return
+    if content_type == "application/json":  # not a stream: an error object, or stream ignored
+        text = (await response.read()).decode("utf-8", "replace")
+        message = _json_error(text)
+        out.error = message or ("the server answered one JSON document, not an event stream "
+                                "(does it support \"stream\": true?)")
+        return
+    ended = seen = False
+    async for raw in response.content:  # one line at a time
+        line = raw.rstrip(b"\r\n")
+        if not line.startswith(b"data:"):  # comments (": ping"), event:, id:, blank lines
+            continue
+        event = line[len(b"data:"):].strip()  # the space after the colon is optional (SSE)
+        seen = True
+        if event == b"[DONE]":
+            ended = True
+            break
+        _read_chunk(_parse(event), out, clock())
+        if out.error:  # the server said it failed
+            return
+    if not (ended or out.finish_reason):
+        out.error = ("the stream ended before its finish reason or [DONE] (cut short)" if seen
+                     else f"no event-stream data in the answer ({content_type or 'no type'})")
+
+
+def _parse(event: bytes) -> dict[str, Any]:
+    try:
+        chunk = json.loads(event)
+    except ValueError:
+        raise MalformedStream(f"malformed event-stream data: {_quote(event)}") from None
+    if not isinstance(chunk, dict):
+        raise MalformedStream(f"event-stream data is not an object: {_quote(event)}")
+    return chunk
+
+
 def _read_chunk(chunk: dict[str, Any], out: Measured, now: float) -> None:
-    if "error" in chunk:
-        out.error = str(chunk["error"].get("message", chunk["error"]))
+    if chunk.get("error"):
+        error = chunk["error"]
+        out.error = _one_line(str(error.get("message", error) if isinstance(error, dict)
+                                  else error)) or "the server sent an error"
         return
     usage = chunk.get("usage")
+    if usage is not None and not isinstance(usage, dict):
+        raise MalformedStream(f"a chunk's usage is not an object: {_quote(chunk)}")
     if usage:
-        out.completion_tokens = int(usage.get("completion_tokens", out.completion_tokens))
-        out.prompt_tokens = int(usage.get("prompt_tokens", 0))
-    for choice in chunk.get("choices") or []:
-        text = choice.get("text") or (choice.get("delta") or {}).get("content")
-        if text:
-            if out.text is not None:
+        if usage.get("completion_tokens") is not None:
+            out.completion_tokens = _count(usage["completion_tokens"], chunk)
+            out.token_source = "usage"
+        if usage.get("prompt_tokens") is not None:
+            out.prompt_tokens = _count(usage["prompt_tokens"], chunk)
+    choices = chunk.get("choices")
+    if choices is not None and not isinstance(choices, list):
+        raise MalformedStream(f"a chunk's choices are not a list: {_quote(chunk)}")
+    for choice in choices or []:
+        if not isinstance(choice, dict):
+            raise MalformedStream(f"a chunk's choice is not an object: {_quote(chunk)}")
+        delta = choice.get("delta") or {}
+        if not isinstance(delta, dict):
+            raise MalformedStream(f"a chunk's delta is not an object: {_quote(chunk)}")
+        text = choice.get("text") or delta.get("content")
+        # A reasoning model's thinking is generated tokens too (not part of the answer's text).
+        thought = delta.get("reasoning_content") or delta.get("reasoning")
+        if not all(isinstance(t, str) for t in (text or "", thought or "")):
+            raise MalformedStream(f"a chunk's text is not a string: {_quote(chunk)}")
+        if text or thought:
+            if text and out.text is not None:
                 out.text += text
             if out.first_token_s != out.first_token_s:  # NaN: the first one
                 out.first_token_s = now
             out.last_token_s = now
             out.chunk_times_s.append(now)
-            if not usage:
-                out.completion_tokens += 1  # without usage: a chunk per token (vLLM's rule)
+            if out.token_source != "usage":  # no usage yet: a chunk per token (vLLM's rule)
+                out.completion_tokens += 1
+                out.token_source = "chunks"
         if choice.get("finish_reason"):
             out.finish_reason = str(choice["finish_reason"])
+            if out.finish_reason in FAILED_FINISH:  # the server gave up on it (vLLM, SGLang)
+                out.error = f"the server ended the answer with finish_reason {out.finish_reason!r}"
+
+
+def _count(value: Any, chunk: dict[str, Any]) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise MalformedStream(f"a usage count is not a number: {_quote(chunk)}")
+    try:
+        count = int(value)
+    except ValueError:
+        raise MalformedStream(f"a usage count is not a number: {_quote(chunk)}") from None
+    if count < 0:
+        raise MalformedStream(f"a usage count is negative: {_quote(chunk)}")
+    return count
+
+
+def _json_error(text: str) -> str:
+    """The message of an error document (OpenAI's ``{"error": {"message"}}``, ``{"error":
+    "..."}``, FastAPI's ``{"detail": ...}``, ``{"message": ...}``), "" for any other text."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return ""
+    if not isinstance(doc, dict):
+        return ""
+    error = doc.get("error")
+    if isinstance(error, dict):
+        error = error.get("message", error)
+    for found in (error, doc.get("detail"), doc.get("message")):
+        if found:
+            return _one_line(found if isinstance(found, str) else json.dumps(found))
+    return ""
 
 
 def _error_message(text: str) -> str:
-    try:
-        return str(json.loads(text)["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return text.strip()[:200]
+    return _json_error(text) or _one_line(text)[:200]
+
+
+def _one_line(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def _quote(value: Any) -> str:
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else (
+        json.dumps(value) if isinstance(value, dict) else str(value))
+    text = _one_line(text)
+    return text if len(text) <= QUOTE_CHARS else text[:QUOTE_CHARS] + "..."
 
 
 def monotonic_clock(start: float) -> Any:

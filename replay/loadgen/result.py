@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.errors import ReplayLLMError
-from replay.loadgen.client import Measured
+from replay.loadgen.client import TIMED_OUT, Measured
 from replay.metrics import LATENCIES, PERCENTILES
 
 METADATA_KEY = b"replayllm_loadgen"
@@ -22,6 +22,9 @@ SOURCE = "client"
 NUMERIC_COLUMNS = ("index", "arrival_s", "sent_s", "prompt_tokens", "max_tokens",
                    "completion_tokens", "ttft_s", "tpot_s", "e2e_s", "queue_s", "send_lag_s")
 REQUEST_COLUMNS = (*NUMERIC_COLUMNS, "itl_s", "finish_reason", "error")
+# Written since; a reader does not require it (earlier results lack it): where each request's
+# completion_tokens came from, "usage" (the server's count) or "chunks" (content chunks).
+TOKEN_SOURCE = "token_source"
 
 
 class ResultError(ReplayLLMError):
@@ -44,9 +47,17 @@ def requests_frame(measured: list[Measured]) -> pd.DataFrame:
             "queue_s": float("nan"),  # the server's queue is not visible to a client
             "send_lag_s": m.sent_s - m.arrival_s,  # how late the client sent it
             "itl_s": np.diff(m.chunk_times_s).tolist(), "finish_reason": m.finish_reason,
-            "error": m.error,
+            "error": m.error, TOKEN_SOURCE: m.token_source,
         })
-    return pd.DataFrame(rows, columns=list(REQUEST_COLUMNS))  # its columns even with no rows
+    # Its columns even with no rows.
+    return pd.DataFrame(rows, columns=[*REQUEST_COLUMNS, TOKEN_SOURCE])
+
+
+def token_sources(frame: pd.DataFrame) -> str:
+    """Where the run's completion-token counts came from: "usage", "chunks", "usage+chunks"
+    (some requests each way) or "none" (no request got an answer)."""
+    found = set(frame[TOKEN_SOURCE]) if TOKEN_SOURCE in frame.columns else set()
+    return "+".join(name for name in ("usage", "chunks") if name in found) or "none"
 
 
 def summarize(frame: pd.DataFrame, wall_s: float) -> dict[str, float]:
@@ -56,6 +67,7 @@ def summarize(frame: pd.DataFrame, wall_s: float) -> dict[str, float]:
     summary: dict[str, float] = {
         "requests": float(len(frame)),
         "errors": float(len(frame) - len(ok)),
+        "timeouts": float(frame["error"].str.startswith(TIMED_OUT).sum()) if len(frame) else 0.0,
         "completion_tokens": completion,
     }
     if len(ok):
@@ -80,14 +92,16 @@ def summarize(frame: pd.DataFrame, wall_s: float) -> dict[str, float]:
 
 def write_result(path: str | Path, frame: pd.DataFrame, summary: dict[str, float],
                  run: dict[str, Any]) -> Path:
-    """Per-request rows in Parquet, with the summary and the run's settings in its metadata."""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    """Per-request rows in Parquet, with the summary and the run's settings in its metadata;
+    written to a temporary sibling renamed over ``path``, so a failure or an interrupt while
+    writing leaves no half file (and an earlier result whole)."""
+    from tracing.outfile import write_via_temporary
+
     table = pa.Table.from_pandas(frame, preserve_index=False)
     meta = dict(table.schema.metadata or {})
     meta[METADATA_KEY] = json.dumps({"summary": summary, "run": run}).encode()
-    pq.write_table(table.replace_schema_metadata(meta), out)
-    return out
+    table = table.replace_schema_metadata(meta)
+    return write_via_temporary(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def is_result(path: str | Path) -> bool:

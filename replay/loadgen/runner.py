@@ -12,11 +12,13 @@ CLOCK_MONOTONIC, one clock for every process of a machine).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
+import signal
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, replace
-from multiprocessing.connection import Connection
+from dataclasses import replace
+from multiprocessing.connection import Connection, wait
 from typing import Any, TypeVar
 
 import aiohttp
@@ -24,14 +26,21 @@ from tqdm.auto import tqdm
 
 from engine.errors import ReplayLLMError
 from replay.loadgen.client import Measured, chat_body, monotonic_clock, request_body, send
+from replay.loadgen.interrupt import Interrupt, StopWorkersOnSigint
+from replay.loadgen.settings import (
+    DEFAULT_REQUEST_TIMEOUT_S,
+    DEFAULT_STALL_TIMEOUT_S,
+    WORKER_STOP_TIMEOUT_S,
+    ClientSettings,
+    auth_headers,
+    base_url,
+    check_settings,
+    served_model,
+)
 from replay.workloads.request import Request
 
 T = TypeVar("T")
 
-# Per request: connecting and reading may take as long as a long answer does.
-REQUEST_TIMEOUT_S = 3600.0
-# A stream that sends nothing (not even its headers) for this long is an error, not a hang.
-DEFAULT_STALL_TIMEOUT_S = 600.0
 # Client processes start (import) before the run's clock starts; then they all begin together.
 WORKER_READY_TIMEOUT_S = 120.0
 
@@ -74,18 +83,6 @@ def sessions_of(requests: list[Request]) -> list[list[int]]:
     return sessions
 
 
-@dataclass(frozen=True)
-class ClientSettings:
-    """How every client process sends: the server, the model name, the arrival scale, the
-    closed-loop limit (None: open loop) and the stall timeout (seconds without a byte)."""
-
-    url: str
-    model: str | None
-    time_scale: float
-    max_concurrency: int | None
-    stall_timeout_s: float
-
-
 def run_load(
     requests: list[Request],
     url: str,
@@ -96,6 +93,8 @@ def run_load(
     tokenizer: Any = None,
     workers: int = 1,
     stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+    api_key: str | None = None,
 ) -> tuple[list[Measured], float]:
     """Send ``requests`` to ``url`` (a server's base URL, e.g. http://127.0.0.1:8000);
     returns what was measured per request (workload order) and the wall seconds of the run.
@@ -105,22 +104,22 @@ def run_load(
     Closed loop: sessions go in workload order, at most ``max_concurrency`` in flight, the
     next one as soon as one ends. ``tokenizer`` (a checkpoint directory or a loaded tokenizer)
     turns token-id prompts of conversations into the text of their chat messages. A request
-    whose server sends nothing for ``stall_timeout_s`` seconds fails with a read timeout.
+    whose server sends nothing for ``stall_timeout_s`` seconds, or has not answered whole in
+    ``request_timeout_s``, fails as timed out. A server that cannot be reached, or refuses the
+    client (``api_key``: sent as a bearer token), is a ``ReplayLLMError`` before anything is
+    sent.
+
+    SIGINT (Ctrl-C) ends the run early: the requests in flight are abandoned and the call
+    returns; a request that was answered or failed has ``done`` set, the others not (where
+    client processes were lost, None).
     """
-    if time_scale <= 0:
-        raise ReplayLLMError(f"--time-scale must be > 0, got {time_scale}")
-    if max_concurrency is not None and max_concurrency < 1:
-        raise ReplayLLMError(f"--max-concurrency must be >= 1, got {max_concurrency}")
-    if workers < 1:
-        raise ReplayLLMError(f"--workers must be >= 1, got {workers}")
-    if not stall_timeout_s > 0:
-        raise ReplayLLMError(f"--stall-timeout must be > 0 seconds, got {stall_timeout_s}")
+    check_settings(time_scale, max_concurrency, workers, stall_timeout_s, request_timeout_s)
     if not requests:
         raise ReplayLLMError("the workload has no requests")
-    url = url.rstrip("/")
-    if model is None:
-        model = run_loop(_served_model(url))
-    settings = ClientSettings(url, model, time_scale, max_concurrency, stall_timeout_s)
+    url = base_url(url)
+    model = run_loop(served_model(url, model, api_key))
+    settings = ClientSettings(url, model, time_scale, max_concurrency, stall_timeout_s,
+                              request_timeout_s, api_key)
     sessions = sessions_of(requests)
     texts = _turn_texts(requests, sessions, tokenizer)
     if workers == 1 or len(sessions) == 1:
@@ -158,30 +157,50 @@ def _turn_texts(requests: list[Request], sessions: list[list[int]],
 
 
 async def _run(requests: list[Request], sessions: list[list[int]], texts: dict[int, str],
-               settings: ClientSettings, use_tqdm: bool, start: float) -> list[Measured]:
+               settings: ClientSettings, use_tqdm: bool, start: float,
+               stop_fd: int | None = None) -> list[Measured]:
     """Run ``sessions`` on one event loop; the measured requests, in ``requests`` order (None
-    where a request belongs to another worker's sessions)."""
+    where a request belongs to another worker's sessions). The run stops early, returning what
+    it has, on SIGINT (in the main thread) or, given ``stop_fd``, once that is readable."""
+    measured: list[Any] = [None] * len(requests)
+    for session in sessions:
+        for i in session:
+            r = requests[i]
+            due = r.arrival_s * settings.time_scale
+            measured[i] = Measured(i, len(r.prompt) if not isinstance(r.prompt, str) else 0,
+                                   r.max_tokens, due if settings.max_concurrency is None
+                                   and i == session[0] else 0.0)
+    with Interrupt(stop_fd) as interrupt:
+        try:
+            await _run_sessions(requests, sessions, texts, settings, use_tqdm, start, measured)
+        except asyncio.CancelledError:
+            if not interrupt.fired:
+                raise
+            if (uncancel := getattr(interrupt.task, "uncancel", None)) is not None:
+                uncancel()  # Python 3.11+: the task goes on, not cancelled
+    return measured
+
+
+async def _run_sessions(requests: list[Request], sessions: list[list[int]],
+                        texts: dict[int, str], settings: ClientSettings, use_tqdm: bool,
+                        start: float, measured: list[Any]) -> None:
+    """Send ``sessions``, filling ``measured`` (made by ``_run``) as each request ends."""
     url, model, time_scale = settings.url, settings.model, settings.time_scale
     max_concurrency = settings.max_concurrency
     limit = max_concurrency or sum(map(len, sessions))
     bar = tqdm(total=sum(map(len, sessions)), desc="loadgen", disable=not use_tqdm,
                dynamic_ncols=True)
     clock = monotonic_clock(start)
-    measured: list[Any] = [None] * len(requests)
-    for session in sessions:
-        for i in session:
-            r = requests[i]
-            measured[i] = Measured(i, len(r.prompt) if not isinstance(r.prompt, str) else 0,
-                                   r.max_tokens, r.arrival_s * time_scale
-                                   if max_concurrency is None and i == session[0] else 0.0)
     errors = 0
 
-    timeout = aiohttp.ClientTimeout(total=None, connect=REQUEST_TIMEOUT_S,
+    timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s,
+                                    sock_connect=settings.stall_timeout_s,
                                     sock_read=settings.stall_timeout_s)
     connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit)
     # Lines up to 2 MiB (aiohttp stops at twice read_bufsize): a long chunk is not an error.
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector,
-                                     read_bufsize=2**20) as client:
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector, read_bufsize=2**20,
+                                     headers=auth_headers(settings.api_key)
+                                     ) as client, _closing(bar):
         async def one(i: int, body: dict[str, Any], endpoint: str) -> Measured:
             nonlocal errors
             out = await send(client, url + endpoint, body, measured[i], clock)
@@ -207,6 +226,7 @@ async def _run(requests: list[Request], sessions: list[list[int]], texts: dict[i
                 if out.error:  # the conversation cannot go on without its answer
                     for later in session[k + 1:]:
                         measured[later].error = f"an earlier turn failed: {out.error}"
+                        measured[later].done = True
                         bar.update(1)
                     return
                 messages.append({"role": "assistant", "content": out.text or ""})
@@ -228,14 +248,21 @@ async def _run(requests: list[Request], sessions: list[list[int]], texts: dict[i
 
             await asyncio.gather(*(worker() for _ in range(min(max_concurrency,
                                                                len(sessions)))))
-    bar.close()
-    return measured
+
+
+@contextlib.asynccontextmanager
+async def _closing(bar: Any) -> Any:
+    try:
+        yield bar
+    finally:
+        bar.close()
 
 
 def _run_workers(requests: list[Request], sessions: list[list[int]], texts: dict[int, str],
                  settings: ClientSettings, workers: int,
                  use_tqdm: bool) -> tuple[list[Measured], float]:
-    """Sessions dealt round-robin to ``workers`` client processes, started together."""
+    """Sessions dealt round-robin to ``workers`` client processes, started together. The
+    workers ignore SIGINT: on Ctrl-C this process tells each to stop, and takes what it has."""
     context = multiprocessing.get_context("spawn")
     limit = settings.max_concurrency
     per_worker = replace(settings, max_concurrency=limit and max(1, limit // workers))
@@ -257,35 +284,36 @@ def _run_workers(requests: list[Request], sessions: list[list[int]], texts: dict
         conn.send(start)
     measured: list[Any] = [None] * len(requests)
     bar = tqdm(total=workers, desc="loadgen workers", disable=not use_tqdm)
-    for conn, proc in zip(conns, procs):
-        try:
-            part = conn.recv()
-        except EOFError:
-            raise ReplayLLMError(f"a loadgen worker process died ({proc.exitcode})") from None
-        for m in part:
-            if m is not None:
-                measured[m.index] = m
-        bar.update(1)
-        proc.join()
+    pending = dict(zip(conns, procs))
+    with StopWorkersOnSigint(list(pending)) as stop:
+        while pending:
+            ready = wait(list(pending), timeout=WORKER_STOP_TIMEOUT_S if stop.sent else 0.2)
+            if not ready and stop.sent:
+                break  # a worker that does not answer its stop: what it measured is lost
+            for conn in ready:
+                proc = pending.pop(conn)  # type: ignore[call-overload]
+                try:
+                    part = conn.recv()  # type: ignore[union-attr]
+                except EOFError:
+                    if stop.sent:
+                        continue
+                    raise ReplayLLMError(f"a loadgen worker process died ({proc.exitcode})"
+                                         ) from None
+                for m in part:
+                    if m is not None:
+                        measured[m.index] = m
+                bar.update(1)
+                proc.join()
     bar.close()
     return measured, time.perf_counter() - start
 
 
 def _worker_main(conn: Connection, requests: list[Request], sessions: list[list[int]],
                  texts: dict[int, str], settings: ClientSettings) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent says when to stop (a message)
     conn.send("ready")
     start = conn.recv()
-    conn.send(run_loop(_run(requests, sessions, texts, settings, False, start)))
+    conn.send(run_loop(_run(requests, sessions, texts, settings, False, start,
+                            stop_fd=conn.fileno())))
 
 
-async def _served_model(url: str) -> str | None:
-    """The first model ``/v1/models`` lists (servers that need a model name get one)."""
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as client:
-            async with client.get(url + "/v1/models") as response:
-                listing = await response.json(content_type=None)
-        data: Any = listing.get("data") or []
-        return str(data[0]["id"]) if data else None
-    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, IndexError,
-            AttributeError) as exc:
-        raise ReplayLLMError(f"cannot reach {url}/v1/models: {exc}") from None

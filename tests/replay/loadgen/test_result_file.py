@@ -17,6 +17,7 @@ from replay.loadgen.client import Measured
 from replay.loadgen.result import (
     METADATA_KEY,
     REQUEST_COLUMNS,
+    TOKEN_SOURCE,
     ResultError,
     read_result,
     requests_frame,
@@ -46,7 +47,7 @@ def test_a_result_round_trips(tmp_path: Path) -> None:
     assert len(back) == 3 and read_summary == pytest.approx(summary, nan_ok=True)
     assert run == {"url": "u"}
     empty = requests_frame([])
-    assert list(empty.columns) == list(REQUEST_COLUMNS)
+    assert list(empty.columns) == [*REQUEST_COLUMNS, TOKEN_SOURCE]
     back, _, _ = read_result(write_result(tmp_path / "e.parquet", empty, summarize(empty, 1.0),
                                           {}))
     assert len(back) == 0

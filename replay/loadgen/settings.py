@@ -1,0 +1,103 @@
+"""A load run's settings, checked before anything is sent, and the server it goes to: its
+base URL, and whether it can be reached at all (``served_model``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from engine.errors import ReplayLLMError
+
+# A request not answered whole in this long is timed out (a long answer at a slow rate fits).
+DEFAULT_REQUEST_TIMEOUT_S = 3600.0
+# A stream that sends nothing (not even its headers) for this long is an error, not a hang.
+DEFAULT_STALL_TIMEOUT_S = 600.0
+# Finding the server (``/v1/models``) before the run: a server that does not answer this is down.
+PROBE_TIMEOUT_S = 30.0
+# After an interrupt, how long a client process has to send what it measured.
+WORKER_STOP_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """How every client process sends: the server, the model name, the arrival scale, the
+    closed-loop limit (None: open loop), the stall timeout (seconds without a byte) and the
+    request timeout (seconds for a whole answer)."""
+
+    url: str
+    model: str | None
+    time_scale: float
+    max_concurrency: int | None
+    stall_timeout_s: float
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    api_key: str | None = field(default=None, repr=False)  # never printed nor written
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The headers a server started with an API key (vLLM's ``--api-key``, OpenAI's) expects."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def check_settings(time_scale: float = 1.0, max_concurrency: int | None = None,
+                   workers: int = 1, stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
+                   request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+                   num_requests: int | None = None) -> None:
+    """A ``ReplayLLMError`` naming the option for a setting a run cannot use: a scale, count or
+    timeout of zero, below, or not finite (NaN would send every request at once)."""
+    positive = {"--time-scale": time_scale, "--stall-timeout": stall_timeout_s,
+                "--request-timeout": request_timeout_s}
+    for option, value in positive.items():
+        if not (math.isfinite(value) and value > 0):
+            raise ReplayLLMError(f"{option} must be a finite number > 0, got {value}")
+    counts = {"--max-concurrency": max_concurrency, "--workers": workers,
+              "--num-requests": num_requests}
+    for option, count in counts.items():
+        if count is not None and count < 1:
+            raise ReplayLLMError(f"{option} must be >= 1, got {count}")
+
+
+def base_url(url: str) -> str:
+    """The server's base URL, ``http(s)://HOST[:PORT]`` and any path prefix, without the
+    ``/v1`` an OpenAI client's base URL ends in (the endpoints add it); a ``ReplayLLMError``
+    for one that is not an http(s) URL with a host."""
+    from yarl import URL
+
+    try:
+        parsed = URL(url.strip())
+    except (ValueError, TypeError) as exc:
+        raise ReplayLLMError(f"--url {url!r} is not a URL ({exc})") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ReplayLLMError(f"--url must be http(s)://HOST[:PORT], got {url!r}")
+    base = str(parsed.with_query(None).with_fragment(None)).rstrip("/")
+    return base[: -len("/v1")] if base.endswith("/v1") else base
+
+
+async def served_model(url: str, model: str | None, api_key: str | None = None) -> str | None:
+    """``model``, else the first model ``/v1/models`` lists (servers that need a model name get
+    one; one that lists none, or has no such endpoint, gets none). Asked either way: a server
+    that cannot be reached is one ``ReplayLLMError`` now, not a failure per request."""
+    try:
+        timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout, headers=auth_headers(api_key)) as client:
+            async with client.get(url + "/v1/models") as response:
+                body = await response.read()
+    except (aiohttp.ClientError, OSError) as exc:
+        raise ReplayLLMError(f"cannot reach {url}: {type(exc).__name__}: {exc}") from None
+    except (TimeoutError, asyncio.TimeoutError):
+        raise ReplayLLMError(f"cannot reach {url}: no answer to GET /v1/models in "
+                             f"{PROBE_TIMEOUT_S:g} s") from None
+    if response.status in (401, 403):
+        raise ReplayLLMError(f"{url} refused the client (HTTP {response.status}): give its "
+                             "API key with --api-key (or OPENAI_API_KEY)")
+    if model is not None or response.status != 200:
+        return model
+    try:
+        data: Any = json.loads(body).get("data") or []
+        return str(data[0]["id"]) if data else None
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None

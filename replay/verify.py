@@ -51,10 +51,21 @@ class VerifyResult:
     replay_note: str | None = None
     # The recorded user policy's source changed (engine.policy.policy_change_note), or None.
     policy_note: str | None = None
+    # The last step verified: the recording's last fully recorded step (-1: none).
+    last_step: int = -1
+
+    def scope(self) -> str:
+        """How far an incomplete trace was verified ("" for a complete one)."""
+        if self.complete:
+            return ""
+        if self.last_step < 0:
+            return " (incomplete trace: no step was committed, nothing to verify)"
+        return (f" (incomplete trace: verified the recorded prefix, steps 0 to "
+                f"{self.last_step})")
 
     def report(self) -> str:
         """The text ``replayllm verify`` prints."""
-        scope = "" if self.complete else " (incomplete trace: verified the recorded prefix)"
+        scope = self.scope()
         if self.identical:
             return f"identical: {self.num_events} events over {self.num_steps} steps{scope}"
         d = self.divergence
@@ -211,6 +222,7 @@ def verify_recorded(recorded: RecordedEvents) -> VerifyResult:
         divergence=divergence,
         replay_note=run.stopped_early if divergence is not None else None,
         policy_note=policy_change_note(recorded.header),
+        last_step=int(recorded.last_step),
     )
 
 

@@ -1,19 +1,30 @@
 """Export a trace as Chrome / Perfetto trace-event JSON (open it in https://ui.perfetto.dev).
 
 Timestamps are the run's own clock (seconds since the engine started, from ``model_step``'s
-``wall_time_s`` and ``request_added``'s ``arrival_s``) in microseconds. The file holds:
+``wall_time_s`` and ``request_added``'s ``added_s`` / ``arrival_s``) in microseconds. Every
+event carries ``pid`` and ``tid``; the slices of one track never overlap. The file holds:
 
-- track "model": one slice per model step, ``[wall_time_s - duration_s, wall_time_s]``, named by
-  its kind (prefill / decode / mixed) with the batch features as args;
 - track "steps": one slice per engine step, from the previous step's end to this one's (the
-  scheduler's and the executor's time together);
-- counters "sequences" (running, waiting) and "free KV blocks", sampled when each step begins;
-- one async span per request, from arrival to finish, with its time to first token as an
-  instant inside it.
+  scheduler's and the executor's time together). While the engine is idle (no request left,
+  waiting for the next arrival) there is no slice: the step after the gap starts when its first
+  request was added;
+- track "model": one slice per model step, ``[wall_time_s - duration_s, wall_time_s]``, named by
+  its kind (prefill / decode / mixed) with the batch features and the measured ``duration_s``
+  as args; a step launched before the previous one's tokens were back (overlapped) is drawn from
+  the previous slice's end, so slices never overlap (its args keep the measured duration);
+- track "driver" (schema 7): each step's ``outside_s`` where the step's interval starts,
+  clipped to that interval (the measured value in its args);
+- counters "sequences" (running, waiting) and "free KV blocks", sampled when each step begins,
+  and back to no sequence and every block free when the engine is left with no request;
+- one async span per request, from arrival to finish (a request still unfinished where the
+  trace ends, e.g. a killed run's: to the end of its last step, reason ``unfinished``) and its
+  prefix-cache hit tokens as args, with instants for when it was added, its first token and
+  each preemption (at the start of the step that preempted it).
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -45,132 +56,165 @@ _MODEL_ARGS = (
 )
 
 
+# Finishes recorded between steps, carrying the number of the step after them.
+_BETWEEN_STEPS = ("aborted", "stop", "rejected")
+
+
 def _meta(name: str, tid: int, value: str) -> dict[str, Any]:
     return {"ph": "M", "name": name, "pid": _PID, "tid": tid, "args": {"name": value}}
 
 
-def _step_times(trace: Trace) -> tuple[dict[int, float], dict[int, float]]:
-    """Per step: (start, end) in seconds, start being the previous step's end."""
-    ms = trace.table("model_step")
-    steps = np.asarray(ms.column("step")).tolist()
-    ends = np.asarray(ms.column("wall_time_s")).tolist()
-    starts: dict[int, float] = {}
-    end_of: dict[int, float] = {}
-    previous = 0.0
-    for step, end in zip(steps, ends):
-        starts[step] = min(previous, end)
-        end_of[step] = end
-        previous = end
-    return starts, end_of
+class _Timeline:
+    """Each step's interval on the steps track, its end, and the moments the engine emptied."""
+
+    def __init__(self, trace: Trace) -> None:
+        ms = trace.table("model_step")
+        self.steps = np.asarray(ms.column("step")).tolist()
+        ends = np.asarray(ms.column("wall_time_s"), dtype=float).tolist()
+        added = trace.table("request_added")
+        add_steps = np.asarray(added.column("step"), dtype=np.int64)
+        when = np.asarray(added.column("arrival_s"), dtype=float)
+        if "added_s" in added.column_names:  # schema 7: when the engine began adding it
+            added_s = np.asarray(added.column("added_s"), dtype=float)
+            when = np.where(np.isfinite(added_s), added_s, when)
+        woken: dict[int, float] = {}
+        for step, t in zip(add_steps.tolist(), when.tolist()):
+            if np.isfinite(t):
+                woken[step] = min(woken.get(step, t), t)
+        add_sorted = np.sort(add_steps)
+        fin_sorted = np.sort(np.asarray(trace.table("request_finished").column("step"),
+                                        dtype=np.int64))
+        self.start_of: dict[int, float] = {}
+        self.end_of: dict[int, float] = {}
+        self.emptied: list[float] = []  # when the engine was left with no request
+        previous = 0.0
+        for step, end in zip(self.steps, ends):
+            start = previous
+            left = int(np.searchsorted(add_sorted, step)) - int(np.searchsorted(fin_sorted, step))
+            if left == 0:  # no request left before this step: it waited for one to arrive
+                start = max(previous, woken.get(step, previous))
+                if start > previous:
+                    self.emptied.append(previous)
+            self.start_of[step] = min(start, end)
+            self.end_of[step] = end
+            previous = max(previous, end)
+        if self.steps and len(add_sorted) == len(fin_sorted):
+            self.emptied.append(previous)
+        self._sorted = sorted(self.end_of)
+
+    def end_by(self, step: int, fallback: float) -> float:
+        """End of ``step``, or of the last step before it; ``fallback`` if there is none."""
+        i = bisect.bisect_right(self._sorted, step)
+        return self.end_of[self._sorted[i - 1]] if i else fallback
+
+    @property
+    def last_end(self) -> float:
+        return max(self.end_of.values()) if self.end_of else 0.0
 
 
-def _time_at_step_end(end_of: dict[int, float], step: int, fallback: float) -> float:
-    """End of ``step``, or of the last step before it (events between steps, e.g. aborts)."""
-    if step in end_of:
-        return end_of[step]
-    earlier = [s for s in end_of if s < step]
-    return end_of[max(earlier)] if earlier else fallback
+def _counters(ts: float, running: int, waiting: int, free: int | None) -> list[dict[str, Any]]:
+    out = [{"ph": "C", "name": "sequences", "pid": _PID, "tid": _TID_STEPS, "ts": ts * _US,
+            "args": {"running": running, "waiting": waiting}}]
+    if free is not None:
+        out.append({"ph": "C", "name": "free KV blocks", "pid": _PID, "tid": _TID_STEPS,
+                    "ts": ts * _US, "args": {"free": free}})
+    return out
 
 
 def perfetto_events(trace: Trace) -> list[dict[str, Any]]:
     """The trace-event list ``export_perfetto`` writes (useful to post-process or test)."""
     events: list[dict[str, Any]] = [
-        {"ph": "M", "name": "process_name", "pid": _PID, "args": {"name": "replayllm engine"}},
+        _meta("process_name", _TID_STEPS, "replayllm engine"),
         _meta("thread_name", _TID_STEPS, "steps"),
         _meta("thread_name", _TID_MODEL, "model"),
         _meta("thread_name", _TID_DRIVER, "driver"),
     ]
-    starts, end_of = _step_times(trace)
-    ms = trace.table("model_step").to_pylist()
-    for row in ms:
-        end = row["wall_time_s"]
-        step_start = starts[row["step"]]
-        events.append(
-            {
-                "ph": "X",
-                "name": f"step {row['step']}",
-                "pid": _PID,
-                "tid": _TID_STEPS,
-                "ts": step_start * _US,
-                "dur": max(end - step_start, 0.0) * _US,
-                "args": {"step": row["step"], "kind": row["kind"]},
-            }
-        )
-        events.append(
-            {
-                "ph": "X",
-                "name": row["kind"],
-                "pid": _PID,
-                "tid": _TID_MODEL,
-                "ts": (end - row["duration_s"]) * _US,
-                "dur": row["duration_s"] * _US,
-                "args": {"step": row["step"], **{k: row[k] for k in _MODEL_ARGS}},
-            }
-        )
+    timeline = _Timeline(trace)
+    model_end = 0.0
+    for row in trace.table("model_step").to_pylist():
+        step, end = row["step"], row["wall_time_s"]
+        step_start = timeline.start_of[step]
+        events.append({"ph": "X", "name": f"step {step}", "pid": _PID, "tid": _TID_STEPS,
+                       "ts": step_start * _US, "dur": max(end - step_start, 0.0) * _US,
+                       "args": {"step": step, "kind": row["kind"]}})
+        # The device runs one step after the other: an overlapped step whose measured start
+        # falls before the previous step's tokens were back is drawn from there.
+        begin = min(max(end - row["duration_s"], model_end), end)
+        model_end = max(model_end, end)
+        events.append({"ph": "X", "name": row["kind"], "pid": _PID, "tid": _TID_MODEL,
+                       "ts": begin * _US, "dur": (end - begin) * _US,
+                       "args": {"step": step, "duration_s": row["duration_s"],
+                                **{k: row[k] for k in _MODEL_ARGS}}})
         outside = row.get("outside_s")
         if outside is not None and np.isfinite(outside) and outside > 0:
             # The driver's work before the step (schema 7), drawn where the step's interval
             # starts: it ran after the previous step's post-processing, before this schedule.
             events.append({"ph": "X", "name": "driver", "pid": _PID, "tid": _TID_DRIVER,
-                           "ts": step_start * _US, "dur": outside * _US,
-                           "args": {"step": row["step"], "outside_s": outside}})
+                           "ts": step_start * _US,
+                           "dur": max(min(outside, end - step_start), 0.0) * _US,
+                           "args": {"step": step, "outside_s": outside}})
     for row in trace.table("batch_scheduled").to_pylist():
-        ts = starts.get(row["step"])
-        if ts is None:
-            continue
-        events.append(
-            {
-                "ph": "C",
-                "name": "sequences",
-                "pid": _PID,
-                "ts": ts * _US,
-                "args": {"running": row["num_running"], "waiting": row["num_waiting"]},
-            }
-        )
-        events.append(
-            {
-                "ph": "C",
-                "name": "free KV blocks",
-                "pid": _PID,
-                "ts": ts * _US,
-                "args": {"free": row["free_blocks"]},
-            }
-        )
-    events += _request_spans(trace, end_of)
+        ts = timeline.start_of.get(row["step"])
+        if ts is not None:
+            events += _counters(ts, row["num_running"], row["num_waiting"], row["free_blocks"])
+    num_blocks = trace.header.get("num_blocks")
+    for ts in timeline.emptied:  # nothing running or waiting: every block is free
+        events += _counters(ts, 0, 0, num_blocks if isinstance(num_blocks, int) else None)
+    events += _request_spans(trace, timeline)
     return events
 
 
-def _request_spans(trace: Trace, end_of: dict[int, float]) -> list[dict[str, Any]]:
+def _request_spans(trace: Trace, timeline: _Timeline) -> list[dict[str, Any]]:
     added = trace.table("request_added")
-    arrival = dict(
-        zip(np.asarray(added.column("seq_id")).tolist(), added.column("arrival_s").to_pylist())
-    )
+    seq_ids = np.asarray(added.column("seq_id")).tolist()
+    arrival = dict(zip(seq_ids, added.column("arrival_s").to_pylist()))
     # When the engine began adding each request (schema 7; NaN before): its lag after arrival.
-    added_at = (dict(zip(np.asarray(added.column("seq_id")).tolist(),
-                         added.column("added_s").to_pylist()))
+    added_at = (dict(zip(seq_ids, added.column("added_s").to_pylist()))
                 if "added_s" in added.column_names else {})
     sampled = trace.table("token_sampled")
     first_step: dict[int, int] = {}
+    generated: dict[int, int] = {}
     for seq_id, step in zip(
         np.asarray(sampled.column("seq_id")).tolist(), np.asarray(sampled.column("step")).tolist()
     ):
         first_step.setdefault(seq_id, step)
+        generated[seq_id] = generated.get(seq_id, 0) + 1
+    finished = {row["seq_id"]: row for row in trace.table("request_finished").to_pylist()}
+    block_size = trace.header.get("block_size")
+    hit_tokens: dict[int, int] = {}
+    for seq_id in np.asarray(trace.table("block_hit").column("seq_id")).tolist():
+        hit_tokens[seq_id] = hit_tokens.get(seq_id, 0) + (block_size or 0)
     out: list[dict[str, Any]] = []
-    for row in trace.table("request_finished").to_pylist():
-        seq_id = row["seq_id"]
+    for row in trace.table("preempted").to_pylist():  # an instant in the preempted request's span
+        out.append({"cat": "request", "id": row["seq_id"], "pid": _PID, "tid": _TID_STEPS,
+                    "ph": "n", "name": "preempted",
+                    "ts": timeline.start_of.get(row["step"], timeline.end_by(row["step"], 0.0))
+                    * _US,
+                    "args": {k: row[k] for k in ("step", "blocks_released", "for_seq_id",
+                                                 "num_tokens")}})
+    for seq_id in seq_ids:
         began = arrival.get(seq_id, 0.0)
-        ended = max(_time_at_step_end(end_of, row["step"], began), began)
-        common = {"cat": "request", "id": seq_id, "pid": _PID, "name": f"request {seq_id}"}
-        args = {
-            "reason": row["reason"],
-            "completion_tokens": row["num_completion_tokens"],
-        }
+        row = finished.get(seq_id)
+        if row is None:  # still running or waiting where the trace ends (a killed run)
+            ended = max(timeline.last_end, began)
+            args: dict[str, Any] = {"reason": "unfinished",
+                                    "completion_tokens": generated.get(seq_id, 0)}
+        else:
+            step = row["step"]
+            if row["reason"] in _BETWEEN_STEPS:  # recorded before step ``step``, after the last
+                step -= 1
+            ended = max(timeline.end_by(step, began), began)
+            args = {"reason": row["reason"], "completion_tokens": row["num_completion_tokens"]}
+        if isinstance(block_size, int):  # tokens served from the prefix cache, all admissions
+            args["prefix_cache_hit_tokens"] = hit_tokens.get(seq_id, 0)
+        common = {"cat": "request", "id": seq_id, "pid": _PID, "tid": _TID_STEPS,
+                  "name": f"request {seq_id}"}
         added_s = added_at.get(seq_id)
         if added_s is not None and np.isfinite(added_s):
             ended = max(ended, added_s)  # a request rejected as it was added: its span holds it
             out.append({**common, "ph": "n", "name": "added", "ts": added_s * _US})
         if seq_id in first_step:
-            first = _time_at_step_end(end_of, first_step[seq_id], began)
+            first = timeline.end_by(first_step[seq_id], began)
             args["ttft_s"] = first - began
             out.append({**common, "ph": "n", "name": "first token", "ts": first * _US})
         out.append({**common, "ph": "b", "ts": began * _US, "args": args})

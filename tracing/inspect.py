@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pyarrow.compute as pc
 
 from tracing.reader import Trace
 
@@ -21,18 +20,30 @@ def prefix_cache_hit_rate(trace: Trace) -> tuple[int, int]:
     """(tokens served from the prefix cache, tokens looked up) over every admission.
 
     A sequence is looked up once per admission: its prompt when it first runs, its whole context
-    again when it returns after a preemption. Every ``block_hit`` row is one full block of hits.
-    Rejected requests are never looked up.
+    again when it returns after a preemption. An admission gives a sequence its block table from
+    logical block 0 (a ``block_hit`` or ``block_allocated`` row of index 0); every ``block_hit``
+    row is one full block of hits. Requests never admitted (rejected, aborted while waiting, or
+    still waiting where a killed run's trace ends) and preempted sequences not yet back are
+    never looked up.
     """
     block_size = _block_size(trace.header) or 0
+    admitted: dict[int, int] = {}  # seq_id -> admissions
+    for kind in ("block_hit", "block_allocated"):
+        table = trace.table(kind)
+        first = np.asarray(table.column("logical_index")) == 0
+        for seq_id in np.asarray(table.column("seq_id"))[first].tolist():
+            admitted[seq_id] = admitted.get(seq_id, 0) + 1
     added = trace.table("request_added")
-    finished = trace.table("request_finished")
-    is_rejected = pc.equal(finished.column("reason"), "rejected")
-    rejected = finished.column("seq_id").filter(is_rejected)
-    prompt_lens = np.asarray(added.column("prompt_len"), dtype=np.int64)
-    admitted = np.asarray(pc.invert(pc.is_in(added.column("seq_id"), value_set=rejected)))
-    looked_up = int(prompt_lens[admitted].sum())
-    looked_up += int(np.asarray(trace.table("preempted").column("num_tokens"), np.int64).sum())
+    looked_up = sum(length for seq_id, length in zip(
+        np.asarray(added.column("seq_id")).tolist(),
+        np.asarray(added.column("prompt_len"), np.int64).tolist()) if seq_id in admitted)
+    preempted = trace.table("preempted")
+    returned: dict[int, int] = {}  # seq_id -> preemptions it came back from so far
+    for seq_id, tokens in zip(np.asarray(preempted.column("seq_id")).tolist(),
+                              np.asarray(preempted.column("num_tokens"), np.int64).tolist()):
+        if returned.get(seq_id, 0) + 1 < admitted.get(seq_id, 0):
+            returned[seq_id] = returned.get(seq_id, 0) + 1
+            looked_up += tokens
     hits = trace.table("block_hit").num_rows * block_size
     return hits, looked_up
 
@@ -54,6 +65,8 @@ def describe(trace: Trace) -> str:
     header = trace.header
     if trace.complete:
         state = "complete"
+    elif trace.last_step < 0:
+        state = "INCOMPLETE (recording stopped before any step was committed)"
     else:
         state = f"INCOMPLETE (recording stopped; committed through step {trace.last_step})"
     config = header.get("config") or {}

@@ -7,10 +7,15 @@ block_size, lora_id, medium, lora_name), ``BlockRemoved`` (block_hashes, medium)
 ``AllBlocksCleared``. Over ZMQ each batch is a three-frame message: topic, an 8-byte big-endian
 sequence number, the msgpack payload.
 
-From the trace: a ``block_hashed`` row is a block entering the prefix cache (stored when no
-other block holds its hash); a ``block_allocated`` row reuses a free block, evicting what it
-held (removed when no other block holds that hash). A block's tokens come from its sequence's
-prompt and sampled tokens. Hashes are the trace's xxhash64 chain, published unsigned.
+From the trace the translator keeps the engine's prefix-cache index (``BlockManager``'s
+``hash_to_block_id``: one block per hash) as the engine does: a ``block_hashed`` row enters its
+block, which becomes the hash's indexed block when none is, or when the indexed one is free
+(refcounts from ``block_allocated``, ``block_hit`` and ``block_freed``); a ``block_allocated``
+row hands a block out fresh, dropping the hash it held only if it was the indexed block. A hash
+is stored when it enters the index and removed when it leaves it, so a router holds exactly the
+hashes the engine can hit: a duplicate block (the same tokens filled by two sequences at once)
+keeps no hash alive once the indexed block is handed out. A block's tokens come from its
+sequence's prompt and sampled tokens. Hashes are the trace's xxhash64 chain, published unsigned.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ _READ = {
     "token_sampled": ("seq_id", "token_id"),
     "block_hashed": ("seq_id", "block_id", "logical_index", "hash", "parent_hash"),
     "block_allocated": ("block_id",),
+    "block_hit": ("block_id", "refcount"),
+    "block_freed": ("block_id", "refcount"),
     "request_finished": ("seq_id",),
 }
 
@@ -53,15 +60,17 @@ def event_batch(ts: float, events: list[dict[str, Any]], rank: int = 0) -> dict[
 class KVEventTranslator:
     """Turns a run's events, in event-id order, into vLLM KV events.
 
-    Keeps the tokens of running requests (dropped when they finish) and which blocks hold each
-    cached hash: bounded by the pool and the running requests, whatever the run's length.
+    Keeps the tokens of running requests (dropped when they finish), the engine's prefix-cache
+    index (hash -> the block the engine serves it from), the hash each block holds and each
+    block's refcount: bounded by the pool and the running requests, whatever the run's length.
     """
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self.tokens: dict[int, list[int]] = {}
-        self.holders: dict[int, set[int]] = {}  # hash -> blocks holding it
+        self.index: dict[int, int] = {}  # hash -> the block the prefix cache serves it from
         self.block_hash: dict[int, int] = {}  # block -> the hash it holds
+        self.refcount: dict[int, int] = {}  # block -> references (0 or absent: free)
 
     def translate(self, rows: Iterator[tuple[str, tuple]]) -> list[dict[str, Any]]:
         """vLLM events for ``rows`` ((kind, values of ``_READ[kind]``), in event-id order)."""
@@ -74,7 +83,9 @@ class KVEventTranslator:
             elif kind == "block_hashed":
                 self._stored(out, *values)
             elif kind == "block_allocated":
-                self._evicted(out, int(values[0]))
+                self._handed_out(out, int(values[0]))
+            elif kind in ("block_hit", "block_freed"):
+                self.refcount[int(values[0])] = int(values[1])
             elif kind == "request_added":
                 self.tokens[int(values[0])] = [int(t) for t in values[1]]
             elif kind == "request_finished":
@@ -83,12 +94,17 @@ class KVEventTranslator:
 
     def _stored(self, out: list, seq_id: int, block_id: int, index: int, block_hash: int,
                 parent: int) -> None:
+        """``BlockManager._enter``: the block holds the hash; the index takes it when it has no
+        block for the hash or its block is free (a live one keeps serving it)."""
         block_hash, block_id = int(block_hash), int(block_id)
-        self._evicted(out, block_id)
-        holders = self.holders.setdefault(block_hash, set())
-        holders.add(block_id)
+        if block_hash == NO_HASH:  # never entered (its value never came)
+            return
         self.block_hash[block_id] = block_hash
-        if len(holders) > 1:
+        held = self.index.get(block_hash)
+        if held is not None and self.refcount.get(held, 0) > 0:
+            return
+        self.index[block_hash] = block_id
+        if held is not None:  # served from this block now: a router sees no change
             return
         size = self.block_size
         tokens = self.tokens.get(int(seq_id), [])[int(index) * size : (int(index) + 1) * size]
@@ -103,18 +119,16 @@ class KVEventTranslator:
             "lora_name": None,
         })
 
-    def _evicted(self, out: list, block_id: int) -> None:
+    def _handed_out(self, out: list, block_id: int) -> None:
+        """``BlockManager._forget_contents``: a block handed out fresh forgets its hash, which
+        leaves the index only if this was its indexed block."""
+        self.refcount[block_id] = 1
         old = self.block_hash.pop(block_id, None)
-        if old is None:
+        if old is None or self.index.get(old) != block_id:
             return
-        holders = self.holders.get(old)
-        if holders is None:
-            return
-        holders.discard(block_id)
-        if not holders:
-            del self.holders[old]
-            out.append({"type": "BlockRemoved", "block_hashes": [external_hash(old)],
-                        "medium": MEDIUM})
+        del self.index[old]
+        out.append({"type": "BlockRemoved", "block_hashes": [external_hash(old)],
+                    "medium": MEDIUM})
 
 
 def _merged_rows(tables: dict[str, dict[str, Any]], start: dict[str, int]) -> Iterator:

@@ -173,3 +173,43 @@ def test_record_and_verify_in_processes_with_different_hash_seeds(tmp_path: Path
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("identical:")
     assert verify(str(trace)).identical
+
+
+def _cut_trace(tmp_path: Path, keep_segments: int) -> Path:
+    """A trace of the tiny-pool config as a killed run leaves it: no summary.json, only the
+    first ``keep_segments`` commit markers."""
+    from tracing.layout import COMMITS_DIR
+    from tracing.recorder import ParquetRecorder
+
+    config = CONFIGS["tiny-pool-preempts"]
+    trace = tmp_path / "t"
+    recorder = ParquetRecorder(trace, flush_steps=4, fsync=False)
+    core = EngineCore(config, NullExecutor(config.num_kvcache_blocks, vocab_size=500),
+                      sink=recorder)
+    for i in range(12):
+        core.add_request([3 + i] * (5 + i), SamplingParams(max_tokens=6, ignore_eos=True))
+    core.run_until_idle()
+    core.close()
+    (trace / "summary.json").unlink()
+    for marker in sorted((trace / COMMITS_DIR).glob("seg-*.json"))[keep_segments:]:
+        marker.unlink()
+    return trace
+
+
+def test_an_incomplete_trace_says_how_far_it_was_verified(tmp_path: Path) -> None:
+    """Verifying a killed run's trace names the last step verified (the last committed one),
+    not only "the recorded prefix"; with no step committed it says there was nothing to verify.
+    Both are still "identical" (exit 0): every committed decision replayed the same."""
+    from tracing import read_trace
+
+    trace = _cut_trace(tmp_path, keep_segments=2)
+    last = read_trace(trace).last_step
+    result = verify(str(trace))
+    assert result.identical and not result.complete and result.last_step == last >= 0
+    assert result.report().endswith(
+        f"(incomplete trace: verified the recorded prefix, steps 0 to {last})")
+    for marker in (trace / "_commits").glob("seg-*.json"):
+        marker.unlink()
+    result = verify(str(trace))
+    assert result.identical and result.num_steps == 0
+    assert "no step was committed, nothing to verify" in result.report()

@@ -115,7 +115,9 @@ def test_perfetto_export(trace_dir: Path, tmp_path: Path) -> None:
     counters = {e["name"] for e in events if e["ph"] == "C"}
     assert counters == {"sequences", "free KV blocks"}
     running = [e["args"]["running"] for e in events if e["name"] == "sequences"]
-    assert running == trace.table("batch_scheduled").column("num_running").to_pylist()
+    per_step = trace.table("batch_scheduled").column("num_running").to_pylist()
+    # After the per-step samples: none running before the first request and after the last.
+    assert running == per_step + [0, 0]
     begins = {e["id"]: e["ts"] for e in events if e["ph"] == "b"}
     ends = {e["id"]: e["ts"] for e in events if e["ph"] == "e"}
     seq_ids = trace.table("request_added").column("seq_id").to_pylist()

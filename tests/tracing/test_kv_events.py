@@ -73,8 +73,10 @@ def test_export_writes_vllm_batches_consistent_with_the_trace(
         tmp_path: Path, evicting_trace: tuple[Path, list[dict]], source: str) -> None:
     """From the committed demo trace (prefix sharing, preemptions) and a run that evicts:
     vLLM's fields only; the pool starts cleared; a hash is removed only while stored, a parent
-    is stored before its child, never more hashes stored than the pool has blocks; every stored
-    hash is one the trace hashed."""
+    is stored before its child (it may have left the cache since: the engine drops a hash when
+    its indexed block is handed out, though a duplicate still holds it, and a child of that
+    duplicate is cached all the same), never more hashes stored than the pool has blocks; every
+    stored hash is one the trace hashed."""
     src = TRACES / "cpu-tiny-demo" if source == "demo" else evicting_trace[0]
     out = tmp_path / "kv.msgpack"
     assert main(["export", str(src), "--format", "vllm-kv-events", "--out", str(out)]) == 0
@@ -85,6 +87,7 @@ def test_export_writes_vllm_batches_consistent_with_the_trace(
     trace = read_trace(src)
     hashed = {h & (2**64 - 1) for h in trace.columns("block_hashed")["hash"].tolist()}
     stored: set[int] = set()
+    ever_stored: set[int] = set()
     kinds = {"BlockStored": 0, "BlockRemoved": 0}
     for batch in batches[1:]:
         for event in batch["events"]:
@@ -93,8 +96,9 @@ def test_export_writes_vllm_batches_consistent_with_the_trace(
             if event["type"] == "BlockStored":
                 assert h in hashed and h not in stored
                 parent = event["parent_block_hash"]
-                assert parent is None or parent in stored
+                assert parent is None or parent in ever_stored
                 stored.add(h)
+                ever_stored.add(h)
             else:
                 assert h in stored
                 stored.discard(h)
@@ -135,3 +139,73 @@ def test_stored_tokens_rebuild_the_hash_chain(evicting_trace: tuple[Path, list[d
             signed = -1 if parent is None else (parent - 2**64 if parent >= 2**63 else parent)
             expected = chain_hash(event["token_ids"], signed, seed) & (2**64 - 1)
             assert event["block_hashes"] == [expected]
+
+
+def _view_after(batches: list[dict], view: set[int]) -> None:
+    """Apply published batches to a router's view of the cached hashes."""
+    for batch in batches:
+        for event in batch["events"]:
+            if event["type"] == "AllBlocksCleared":
+                view.clear()
+            elif event["type"] == "BlockStored":
+                view.update(event["block_hashes"])
+            else:
+                view.difference_update(event["block_hashes"])
+
+
+# Two identical prompts admitted in one step fill duplicate blocks (neither hits: hashes enter
+# after admission); the first finishes early and its blocks are handed to new prompts, which
+# drops the engine's index entries although the second sequence still holds the duplicates.
+DUPLICATES = Workload(
+    [Req(list(range(1, 13)), max_tokens=1), Req(list(range(1, 13)), max_tokens=12)]
+    + [Req([200 + 20 * i + t for t in range(12)], max_tokens=3) for i in range(6)],
+    num_blocks=14, block_size=4, max_num_seqs=2)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("workload", ["duplicates", "evicting", "reference_like"])
+def test_published_view_is_the_engines_prefix_cache(workload: str, overlap: bool) -> None:
+    """After every step, the hashes a router holds from the published KV events are exactly
+    those the engine's prefix cache can hit (``BlockManager.hash_to_block_id``): with duplicate
+    blocks a hash leaves the cache when its indexed block is handed out, even while a duplicate
+    still holds the tokens, and the stream says so then, not when the last copy goes."""
+    from _trace_helpers import reference_like
+
+    from engine.engine_core import EngineCore
+    from engine.executor import NullExecutor
+    from tracing.sink import MemorySink
+
+    chosen = {"duplicates": DUPLICATES, "evicting": EVICTING,
+              "reference_like": reference_like(num_seqs=24)}[workload]
+    published: list[dict] = []
+    mismatches: list[tuple[int, set[int], set[int]]] = []
+    view: set[int] = set()
+    cores: list[EngineCore] = []
+
+    class Checking(KVEventTap):
+        def on_step_end(self, buffer):  # type: ignore[no-untyped-def]
+            super().on_step_end(buffer)
+            _view_after(published, view)
+            published.clear()
+            core = cores[0]
+            cached = {h & (2**64 - 1) for h in core.scheduler.block_manager.hash_to_block_id}
+            if cached != view:
+                mismatches.append((core.step_index, view - cached, cached - view))
+
+    core = EngineCore(chosen.config(), NullExecutor(chosen.num_blocks, vocab_size=1000,
+                                                    overlap=overlap),
+                      sink=Checking(MemorySink(), published.append),
+                      header={"model": {"architecture": "null"}, "device": "cpu: test"})
+    cores.append(core)
+    for req in chosen.requests:
+        core.add_request(req.prompt, _sampling(req))
+    core.run_until_idle()
+    core.close()
+    assert mismatches == []
+
+
+def _sampling(req: Req):  # type: ignore[no-untyped-def]
+    from engine.sampling_params import SamplingParams
+
+    return SamplingParams(temperature=req.temperature, max_tokens=req.max_tokens,
+                          ignore_eos=True)

@@ -250,6 +250,8 @@ def parse_overrides(items: list[str], parse: Any = None) -> dict[str, Any]:
         key, sep, text = item.partition("=")
         if not sep:
             raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+        if key.strip() in out:  # the last would win silently: a typo'd script's surprise
+            raise ConfigError(f"--set {key.strip()} is given twice")
         out[key.strip()] = parse(key.strip(), text.strip())
     return out
 

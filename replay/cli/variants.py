@@ -31,14 +31,19 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return config_parse_overrides(items, parse_value)
 
 
-def parse_grid(items: list[str]) -> dict[str, list[Any]]:
+def parse_grid(items: list[str], fixed: dict[str, Any] | None = None) -> dict[str, list[Any]]:
+    """``--grid KEY=V1,V2,...`` items as value lists; a key given twice, an empty value or a
+    key also fixed by ``--set`` (``fixed``) is an error, not a variant silently dropped."""
     out: dict[str, list[Any]] = {}
     for item in items:
         key, sep, text = item.partition("=")
-        values = [v for v in text.split(",") if v.strip()]
-        if not sep or not values:
-            raise WhatifError(f"--grid expects KEY=V1,V2,..., got {item!r}")
-        out[key.strip()] = [parse_value(key.strip(), v) for v in values]
+        key = key.strip()
+        values = text.split(",")
+        if not sep or not text.strip() or not all(v.strip() for v in values):
+            raise WhatifError(f"--grid expects KEY=V1,V2,... (no empty value), got {item!r}")
+        if key in out or key in (fixed or {}):
+            raise WhatifError(f"{key} is given twice (--grid and --grid or --set)")
+        out[key] = [parse_value(key, v) for v in values]
     return out
 
 

@@ -308,7 +308,8 @@ def run(args: argparse.Namespace) -> int:
     """Run ``whatif`` from parsed arguments; returns the exit status."""
     if (args.trace is None) == (args.workload is None):
         raise WhatifError("give a TRACE or --workload bench|FILE (exactly one)")
-    overrides, grid = parse_overrides(args.overrides), parse_grid(args.grid)
+    overrides = parse_overrides(args.overrides)
+    grid = parse_grid(args.grid, overrides)
     if args.compare and (overrides or grid or args.workload):
         raise WhatifError("--compare predicts OTHER_TRACE's own configuration from TRACE; "
                           "drop --set, --grid and --workload")

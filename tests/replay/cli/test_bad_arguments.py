@@ -46,6 +46,22 @@ def test_profile_of_the_wrong_shape(tmp_path: Path, edit: object, needle: str) -
         one_error(err, "bad.profile.json", needle)
 
 
+@pytest.mark.parametrize("args, needle", [
+    (["--grid", "max_num_seqs=1,,2"], "no empty value"),
+    (["--grid", "max_num_seqs=4,"], "no empty value"),
+    (["--grid", "max_num_seqs=2,4", "--grid", "max_num_seqs=8"], "given twice"),
+    (["--set", "max_num_seqs=2", "--grid", "max_num_seqs=4,8"], "given twice"),
+    (["--set", "max_num_seqs=2", "--set", "max_num_seqs=4"], "--set max_num_seqs is given twice"),
+])
+def test_a_variant_setting_given_twice_or_empty_is_refused(tmp_path: Path, args: list[str],
+                                                           needle: str) -> None:
+    """`--grid k=1,,2` ran two variants and dropped the empty one; a key in two --grid, in
+    --set and --grid, or in two --set kept the last in silence. Each is now one line."""
+    code, _, err = _whatif(tmp_path, *args)
+    assert code == 2, err
+    one_error(err, needle)
+
+
 def test_num_seqs_with_a_trace_is_not_ignored(tmp_path: Path) -> None:
     """`whatif TRACE --num-seqs 2` (and `tune`) re-ran every request, saying nothing."""
     code, _, err = _whatif(tmp_path, "--num-seqs", "2")

@@ -55,58 +55,98 @@ def _wall_time(trace: Trace) -> float:
     return float(np.max(np.asarray(wall))) if len(wall) else 0.0
 
 
-def _count_by(values: list[str]) -> str:
+def _counts(values: list[str]) -> dict[str, int]:
     uniques, counts = np.unique(np.asarray(values, dtype=object), return_counts=True)
-    return ", ".join(f"{k} {n:,}" for k, n in zip(uniques.tolist(), counts.tolist())) or "none"
+    return {str(k): int(n) for k, n in zip(uniques.tolist(), counts.tolist())}
 
 
-def describe(trace: Trace) -> str:
-    """Requests, steps, tokens, preemptions, prefix-cache hit rate, wall time and throughput."""
+def _count_by(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {n:,}" for k, n in counts.items()) or "none"
+
+
+def summarize(trace: Trace) -> dict[str, Any]:
+    """What ``describe`` says, as numbers (``replayllm inspect TRACE --json``): the trace's
+    state and size, the run's setup, requests by finish reason, steps by kind, tokens, the
+    prefix-cache hit rate (None: nothing looked up), preemptions, wall, model and host time."""
     header = trace.header
-    if trace.complete:
-        state = "complete"
-    elif trace.last_step < 0:
-        state = "INCOMPLETE (recording stopped before any step was committed)"
-    else:
-        state = f"INCOMPLETE (recording stopped; committed through step {trace.last_step})"
     config = header.get("config") or {}
-    policy = header.get("policy", config.get("policy", "?"))
-    num_blocks = header.get("num_blocks", config.get("num_kvcache_blocks", "?"))
-    block_size = _block_size(header)
     model = header.get("model")
     model_name = model if isinstance(model, str) else None
     if isinstance(model, dict):
         model_name = model.get("name") or model.get("architecture")
-
     added = trace.table("request_added")
-    finished = trace.table("request_finished")
     steps = trace.table("model_step")
-    reasons = finished.column("reason").to_pylist()
-    prompt_tokens = int(np.asarray(added.column("prompt_len"), np.int64).sum())
-    completion_tokens = trace.table("token_sampled").num_rows
     preempted = trace.table("preempted")
-    preempt_steps = len(np.unique(np.asarray(preempted.column("step"))))
     hits, looked_up = prefix_cache_hit_rate(trace)
-    hit_rate = f"{100.0 * hits / looked_up:.1f}%" if looked_up else "n/a"
+    completion_tokens = trace.table("token_sampled").num_rows
     wall = _wall_time(trace)
-    throughput = f"{completion_tokens / wall:,.0f} tok/s" if wall > 0 else "n/a"
-    model_time = float(np.asarray(steps.column("duration_s")).sum()) if steps.num_rows else 0.0
+    names = steps.column_names
+    host = np.asarray(steps.column("host_s"), float) if "host_s" in names else np.zeros(0)
+    outside = (np.asarray(steps.column("outside_s"), float) if "outside_s" in names
+               else np.zeros(0))
+    return {
+        "path": str(trace.path), "complete": trace.complete, "last_step": trace.last_step,
+        "schema_version": header.get("schema_version"), "segments": trace.segments,
+        "num_events": trace.num_events, "size_bytes": trace.size_bytes,
+        "model": model_name, "policy": header.get("policy", config.get("policy")),
+        "num_kvcache_blocks": header.get("num_blocks", config.get("num_kvcache_blocks")),
+        "block_size": _block_size(header), "device": header.get("device"),
+        "git_commit": header.get("git_commit"), "start_time": header.get("start_time"),
+        "requests": added.num_rows,
+        "finished": _counts(trace.table("request_finished").column("reason").to_pylist()),
+        "steps": steps.num_rows, "step_kinds": _counts(steps.column("kind").to_pylist()),
+        "prompt_tokens": int(np.asarray(added.column("prompt_len"), np.int64).sum()),
+        "completion_tokens": completion_tokens,
+        "prefix_cache_hit_tokens": hits, "prefix_cache_lookup_tokens": looked_up,
+        "prefix_cache_hit_rate": hits / looked_up if looked_up else None,
+        "preemptions": preempted.num_rows,
+        "preemption_steps": len(np.unique(np.asarray(preempted.column("step")))),
+        "wall_time_s": wall,
+        "model_time_s": float(np.asarray(steps.column("duration_s")).sum()) if steps.num_rows
+        else 0.0,
+        "throughput_tok_s": completion_tokens / wall if wall > 0 else None,
+        "host_s": float(host.sum()) if len(host) and np.isfinite(host).all() else None,
+        "outside_s": (float(outside.sum()) if len(outside) and np.isfinite(outside).all()
+                      else None),
+    }
 
+
+def _or_unknown(value: Any) -> Any:
+    return "?" if value is None else value
+
+
+def describe(trace: Trace) -> str:
+    """Requests, steps, tokens, preemptions, prefix-cache hit rate, wall time and throughput."""
+    s = summarize(trace)
+    header = trace.header
+    if s["complete"]:
+        state = "complete"
+    elif s["last_step"] < 0:
+        state = "INCOMPLETE (recording stopped before any step was committed)"
+    else:
+        state = f"INCOMPLETE (recording stopped; committed through step {s['last_step']})"
+    rate = s["prefix_cache_hit_rate"]
+    hit_rate = f"{100.0 * rate:.1f}%" if rate is not None else "n/a"
+    tput = s["throughput_tok_s"]
+    throughput = f"{tput:,.0f} tok/s" if tput is not None else "n/a"
     lines = [
-        f"trace {trace.path}: {state}; schema v{header.get('schema_version')}, "
-        f"{trace.segments} segments, {trace.num_events:,} events, "
-        f"{trace.size_bytes / 1e6:.2f} MB",
-        f"run: model {model_name or '?'}, policy {policy}, {num_blocks} KV blocks x "
-        f"{block_size or '?'} tokens, device {header.get('device', '?')}, "
-        f"git {(header.get('git_commit') or '?')[:12]}, started {header.get('start_time', '?')}",
-        f"requests {added.num_rows:,} (finished: {_count_by(reasons)}); "
-        f"steps {steps.num_rows:,} ({_count_by(steps.column('kind').to_pylist())})",
-        f"tokens: prompt {prompt_tokens:,}, completion {completion_tokens:,}; "
-        f"prefix cache hit rate {hit_rate} ({hits:,} of {looked_up:,} looked-up tokens)",
-        f"preemptions {preempted.num_rows:,} (in {preempt_steps:,} steps); wall time {wall:.2f} s "
-        f"(model {model_time:.2f} s); throughput {throughput} (completion tokens)",
+        f"trace {s['path']}: {state}; schema v{s['schema_version']}, "
+        f"{s['segments']} segments, {s['num_events']:,} events, "
+        f"{s['size_bytes'] / 1e6:.2f} MB",
+        f"run: model {s['model'] or '?'}, policy {_or_unknown(s['policy'])}, "
+        f"{_or_unknown(s['num_kvcache_blocks'])} KV blocks x "
+        f"{s['block_size'] or '?'} tokens, device {header.get('device', '?')}, "
+        f"git {(s['git_commit'] or '?')[:12]}, started {header.get('start_time', '?')}",
+        f"requests {s['requests']:,} (finished: {_count_by(s['finished'])}); "
+        f"steps {s['steps']:,} ({_count_by(s['step_kinds'])})",
+        f"tokens: prompt {s['prompt_tokens']:,}, completion {s['completion_tokens']:,}; "
+        f"prefix cache hit rate {hit_rate} ({s['prefix_cache_hit_tokens']:,} of "
+        f"{s['prefix_cache_lookup_tokens']:,} looked-up tokens)",
+        f"preemptions {s['preemptions']:,} (in {s['preemption_steps']:,} steps); wall time "
+        f"{s['wall_time_s']:.2f} s (model {s['model_time_s']:.2f} s); throughput {throughput} "
+        "(completion tokens)",
     ]
-    thread = _engine_thread(steps)
+    thread = _engine_thread(trace.table("model_step"))
     if thread:
         lines.append(thread)
     return "\n".join(lines)

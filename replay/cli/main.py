@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     inspect = sub.add_parser("inspect", help="summarise a trace in a few lines")
     inspect.add_argument("trace", help="trace directory")
+    inspect.add_argument("--json", action="store_true",
+                         help="the same figures as one JSON object (for scripts)")
 
     export = sub.add_parser("export", help="export a trace for a viewer")
     export.add_argument("trace", help="trace directory")
@@ -138,10 +140,16 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from tracing.inspect import describe
+    from tracing.inspect import describe, summarize
     from tracing.reader import read_trace
 
-    print(describe(read_trace(args.trace)))
+    trace = read_trace(args.trace)
+    if args.json:
+        import json
+
+        print(json.dumps(summarize(trace), indent=1))
+    else:
+        print(describe(trace))
     return 0
 
 

@@ -82,3 +82,24 @@ def test_describe_a_trace_with_nothing_committed_or_no_request(tmp_path: Path) -
     text = describe(read_trace(empty))
     assert ": complete;" in text and "requests 0 (finished: none); steps 0 (none)" in text
     assert "prefix cache hit rate n/a (0 of 0 looked-up tokens)" in text
+
+
+def test_inspect_json_holds_describes_figures_as_numbers(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """`replayllm inspect TRACE --json` prints one JSON object whose numbers are the tables'
+    (requests, steps, completion tokens, finish reasons), complete or killed; the text of
+    `describe` is made from the same figures."""
+    import json
+
+    from replay.cli.main import main
+
+    demo = Path(__file__).resolve().parents[2] / "traces" / "cpu-tiny-demo"
+    for trace_dir, complete in ((demo, True), (_killed(tmp_path, 2), False)):
+        assert main(["inspect", str(trace_dir), "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        trace = read_trace(trace_dir)
+        assert data["complete"] is complete and data["last_step"] == trace.last_step
+        assert data["requests"] == trace.table("request_added").num_rows
+        assert data["steps"] == trace.table("model_step").num_rows
+        assert data["completion_tokens"] == trace.table("token_sampled").num_rows
+        assert sum(data["finished"].values()) == trace.table("request_finished").num_rows
+        assert f"requests {data['requests']:,} " in describe(trace)

@@ -28,6 +28,7 @@ from engine.drive import drive
 from engine.engine_core import EngineCore, StepResult
 from engine.errors import ConfigError
 from engine.graph_sizes import mixed_graph_decode_sizes, prefill_graph_limit, prefill_graph_prompts
+from engine.policy_guard import PolicyError
 from engine.sequence import Sequence
 from replay.metrics import compute
 from replay.recorded import RecordedEvents, from_columns, from_trace
@@ -283,16 +284,19 @@ def run_variant(
     first-step costs (kernel compilation); None: as the source did (``cold_start_of``)."""
     began = time.perf_counter()
     name = name or format_overrides(overrides)
-    built = build_engine(workload.config, workload.header, workload.name, overrides, cost,
-                         cold_start)
-    if isinstance(built, str):
-        return SimResult(name, overrides, built, cost is not None)
-    config, executor, core = built
     timed = cost is not None
-    problem = _admission_problems(core, workload)
-    if problem is not None:
-        return SimResult(name, overrides, problem, timed)
-    _run_workload(core, executor, workload, timed, host_lags=_host_lags(workload, config))
+    try:  # a user policy that cannot be built, or fails mid-run, fails its variant only
+        built = build_engine(workload.config, workload.header, workload.name, overrides, cost,
+                             cold_start)
+        if isinstance(built, str):
+            return SimResult(name, overrides, built, timed)
+        config, executor, core = built
+        problem = _admission_problems(core, workload)
+        if problem is not None:
+            return SimResult(name, overrides, problem, timed)
+        _run_workload(core, executor, workload, timed, host_lags=_host_lags(workload, config))
+    except PolicyError as exc:
+        return SimResult(name, overrides, f"{CANNOT_RUN}: {exc}", timed)
     core.close()
     if keep_events:
         events = from_columns(core.header, core.events.tables)

@@ -83,7 +83,8 @@ def test_the_cli_reports_a_policy_error_in_one_line_and_keeps_the_trace(
 ) -> None:
     """``replayllm run`` under a policy that raises mid-run exits 2 with one line naming the
     policy; the trace it leaves is closed and readable (the invariant checker finds only the
-    unfinished requests); ``verify`` and ``whatif`` exit 2 with one line; ``assert_replays``
+    unfinished requests); ``verify`` and ``whatif`` exit 2 with one line (in a ``whatif`` grid the
+    policy's variant alone cannot run, the others are predicted); ``assert_replays``
     (the pytest plugin's check) fails with ReplayMismatch saying why it cannot replay."""
     from replay.cli.main import main
     from replay.testing import assert_replays
@@ -111,7 +112,14 @@ def test_the_cli_reports_a_policy_error_in_one_line_and_keeps_the_trace(
 
     assert main(["whatif", "traces/cpu-tiny-demo", "--set", policy]) == 2
     err = capsys.readouterr().err
-    assert f"replayllm whatif: error: {line}" in err and "Traceback" not in err
+    assert err.startswith("replayllm whatif: error: no variant could run") and line in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    # In a grid, the failing policy fails its own variant only: the others are predicted.
+    grid = f"policy=prefill_first,{raises_module}:Raises"
+    assert main(["whatif", "traces/cpu-tiny-demo", "--grid", grid, "--out",
+                 str(tmp_path / "w"), "--no-plots"]) == 0
+    out_text = capsys.readouterr().out
+    assert "cannot run: policy 'raising_policy:Raises' raised KeyError" in out_text
 
 
 def test_a_policy_error_is_a_project_error() -> None:

@@ -110,7 +110,8 @@ def test_the_cli_reports_a_policy_error_in_one_line_and_keeps_the_trace(
     with pytest.raises(ReplayMismatch, match="cannot replay: policy 'raising_policy:Raises'"):
         assert_replays(out)
 
-    assert main(["whatif", "traces/cpu-tiny-demo", "--set", policy]) == 2
+    assert main(["whatif", "traces/cpu-tiny-demo", "--set", policy, "--out",
+                 str(tmp_path / "w0"), "--no-plots"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("replayllm whatif: error: no variant could run") and line in err
     assert err.count("\n") == 1 and "Traceback" not in err

@@ -64,7 +64,7 @@ class SamplingParams:
                 f"stop must be a sequence of non-empty strings, got {self.stop!r}"
             )
         for text in self.stop:
-            if not _is_utf8(text):  # a lone surrogate: no trace column can hold it
+            if not is_valid_text(text):  # a lone surrogate: no trace column can hold it
                 raise InvalidRequestError(f"stop string {text!r} is not valid Unicode text")
         object.__setattr__(self, "stop", tuple(self.stop))
 
@@ -80,7 +80,9 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
-def _is_utf8(text: str) -> bool:
+def is_valid_text(text: str) -> bool:
+    """Whether UTF-8 (so a trace's string column) can hold ``text``: False for a string with a
+    lone UTF-16 surrogate, which Python strings may carry (a ``\\ud800`` JSON escape)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

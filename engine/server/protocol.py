@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import InvalidRequestError
-from engine.sampling_params import INT32_MAX, SamplingParams
+from engine.sampling_params import INT32_MAX, SamplingParams, is_valid_text
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_STOP_STRINGS = 4  # OpenAI's limit
@@ -128,11 +128,7 @@ def _lone_surrogate(value: Any, path: str) -> str | None:
     """The path (``messages[0].content``) of the first string in ``value`` that UTF-8 cannot
     encode, None if there is none."""
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return path or "the request body"
-        return None
+        return None if is_valid_text(value) else path or "the request body"
     if isinstance(value, dict):
         for key, item in value.items():
             where = f"{path}.{key}" if path else str(key)

@@ -19,7 +19,11 @@ EPILOG = """exit status:
   130  interrupted (Ctrl-C): the requests completed so far written, the result marked partial
 
 Completion tokens are the server's usage counts where it sends them, else its content chunks
-counted (one token each); the result's token_source column says which."""
+counted (one token each); the result's token_source column says which.
+
+A request refused with HTTP 429 or 503 is sent again (--max-retries) after the server's
+Retry-After, else an exponential backoff; its TTFT and e2e count from its first send, the
+waits included (the result's retries and retry_wait_s columns say how many and how long)."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -48,6 +52,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "600)")
     p.add_argument("--request-timeout", type=float, default=None, metavar="S",
                    help="fail a request not answered whole in S seconds (default 3600)")
+    p.add_argument("--max-retries", type=int, default=None, metavar="N",
+                   help="send a request refused with HTTP 429 or 503 again up to N times, "
+                   "after its Retry-After or a backoff, within --request-timeout (default 3; "
+                   "0: never)")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="bearer token for a server started with an API key (default: "
                    "$OPENAI_API_KEY; never written to the result)")
@@ -66,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from replay.loadgen.runner import run_load
     from replay.loadgen.settings import (
+        DEFAULT_MAX_RETRIES,
         DEFAULT_REQUEST_TIMEOUT_S,
         DEFAULT_STALL_TIMEOUT_S,
         base_url,
@@ -77,9 +86,10 @@ def run(args: argparse.Namespace) -> int:
 
     stall = DEFAULT_STALL_TIMEOUT_S if args.stall_timeout is None else args.stall_timeout
     total = DEFAULT_REQUEST_TIMEOUT_S if args.request_timeout is None else args.request_timeout
+    retries = DEFAULT_MAX_RETRIES if args.max_retries is None else args.max_retries
     # Every check before the load (and before reading a large workload), not after it.
     check_settings(args.time_scale, args.max_concurrency, args.workers, stall, total,
-                   args.num_requests)
+                   args.num_requests, max_retries=retries)
     url = base_url(args.url)
     check_result_out(args.out)
     requests = reference_workload() if args.workload == "bench" else load_workload(args.workload)
@@ -90,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     measured, wall_s = run_load(requests, url, args.model, args.time_scale,
                                 args.max_concurrency, tokenizer=args.tokenizer,
                                 workers=args.workers, stall_timeout_s=stall,
-                                request_timeout_s=total,
+                                request_timeout_s=total, max_retries=retries,
                                 api_key=args.api_key or os.environ.get("OPENAI_API_KEY"))
     done = [m for m in measured if m is not None and m.done]
     partial = len(done) < len(measured)
@@ -104,13 +114,18 @@ def run(args: argparse.Namespace) -> int:
         "url": url, "model": args.model, "workload": args.workload,
         "time_scale": args.time_scale, "max_concurrency": args.max_concurrency,
         "workers": args.workers, "stall_timeout_s": stall, "request_timeout_s": total,
-        "completion_tokens_from": token_sources(frame),
+        "max_retries": retries, "completion_tokens_from": token_sources(frame),
         "partial": partial, "requests_planned": len(measured)}
     path = write_result(args.out, frame, summary, settings)
     print(variants_table([table_row("client", summary)]))
     if "chunks" in settings["completion_tokens_from"]:
         print("note: the server sent no usage counts for some requests; their completion "
               "tokens are content chunks counted (one token a chunk)")
+    retried = frame[frame["retries"] > 0]
+    if len(retried):
+        print(f"{len(retried)} requests were refused (HTTP 429/503) and retried, "
+              f"{int(retried['retries'].sum())} retries in all; their TTFT and e2e count from "
+              "the first send, the waits included (retry_wait_s)")
     errors = frame[frame["error"] != ""]
     if len(errors):
         print(f"{len(errors)} of {len(frame)} requests failed ({_kinds(errors['error'])}); "

@@ -6,14 +6,16 @@ part of the TTFT it reports (docs/BENCHMARKS.md section 9 measures it).
 
 Any server, not only ``replayllm serve``: what it answers is checked, and whatever goes wrong
 with one request (an error status, a dropped connection, a malformed chunk, a timeout) is that
-request's ``error``, never an exception out of the run. Completion tokens are the server's
-``usage`` where it reports one, else the content chunks counted (``token_source`` says which).
+request's ``error``, never an exception out of the run; an answer of 429 or 503 is first
+retried (``send``). Completion tokens are the server's ``usage`` where it reports one, else the
+content chunks counted (``token_source`` says which).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -21,6 +23,8 @@ from typing import Any
 
 import aiohttp
 
+from replay.loadgen.retry import RETRY_STATUSES, retry_delay
+from replay.loadgen.sse import Event, EventStreamDecoder
 from replay.workloads.request import Request
 
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -50,6 +54,8 @@ class Measured:
     text: str | None = None  # the answer's text, when kept (a conversation's next turn needs it)
     token_source: str = ""  # "usage" (the server's count), "chunks" (content chunks counted)
     done: bool = False  # answered or failed; False: never sent, or cut short by an interrupt
+    retries: int = 0  # times it was sent again after a 429 or 503
+    retry_wait_s: float = 0.0  # from the first send to the accepted attempt's (``send``)
 
 
 class MalformedStream(ValueError):
@@ -83,19 +89,51 @@ def chat_body(messages: list[dict[str, str]], request: Request,
 
 
 async def send(session: aiohttp.ClientSession, url: str, body: dict[str, Any], out: Measured,
-               clock: Any, timeout: aiohttp.ClientTimeout | None = None) -> Measured:
+               clock: Any, timeout: aiohttp.ClientTimeout | None = None,
+               max_retries: int = 0) -> Measured:
     """POST ``body`` and read its event stream into ``out``; errors are recorded, not raised
     (``timeout``, else ``session``'s: ``total`` is the whole request's limit, ``sock_read``
     the longest silence, each a "timed out" error). The body is encoded before the clock
     starts: ``sent_s`` is when the request begins to go out. Only cancellation (an interrupted
-    run) goes through, leaving ``out.done`` False."""
+    run) goes through, leaving ``out.done`` False.
+
+    An answer of HTTP 429 or 503 is sent again, up to ``max_retries`` times (counted in
+    ``out.retries``), after the wait its ``Retry-After`` asks for, else a capped exponential
+    backoff (``replay.loadgen.retry``); one still refused fails with its last status and
+    message. TTFT and e2e count from ``sent_s``, the first attempt's send (not the accepted
+    attempt's; not the scheduled arrival either, whose gap stays ``send_lag_s``), so they
+    include the refused attempts and the waits: that is what a user of the server waited, and
+    what a client that sends once (vLLM's benchmark) would have reported had the server queued
+    the request instead of refusing it. A server's own trace sees only the accepted attempt:
+    ``out.retry_wait_s`` (first send to the accepted attempt's send) is the part it does not,
+    to subtract when comparing with it. ``total`` spans every attempt, the waits included: a
+    wait that would end past it is not begun, and an attempt gets only what is left of it."""
     data = json.dumps(body).encode()
     limits = timeout or session.timeout
     out.sent_s = clock()
+    deadline = out.sent_s + (limits.total or math.inf)
+    attempt_timeout, note = timeout, ""
     try:
-        kwargs = {} if timeout is None else {"timeout": timeout}
-        async with session.post(url, data=data, headers=JSON_HEADERS, **kwargs) as response:
-            await _read_response(response, out, clock)
+        while True:
+            kwargs = {} if attempt_timeout is None else {"timeout": attempt_timeout}
+            async with session.post(url, data=data, headers=JSON_HEADERS, **kwargs) as response:
+                await _read_response(response, out, clock)
+                status, asked = response.status, response.headers.get("Retry-After")
+            if status not in RETRY_STATUSES or out.retries >= max_retries:
+                break
+            delay = retry_delay(asked, out.retries)
+            if clock() + delay >= deadline:
+                note = f"waiting {delay:.3g} s to retry would pass --request-timeout"
+                break
+            out.error = ""
+            out.retries += 1
+            await asyncio.sleep(delay)
+            now = clock()
+            out.retry_wait_s = now - out.sent_s
+            # What is left of the request's limit, for this attempt.
+            attempt_timeout = aiohttp.ClientTimeout(
+                total=deadline - now if limits.total else None, connect=limits.connect,
+                sock_read=limits.sock_read, sock_connect=limits.sock_connect)
     except aiohttp.ServerTimeoutError as exc:  # no byte for sock_read seconds (or no connect)
         if isinstance(exc, getattr(aiohttp, "ConnectionTimeoutError", ())):
             out.error = f"{TIMED_OUT}: connecting took over {limits.sock_connect:g} s"
@@ -112,12 +150,17 @@ async def send(session: aiohttp.ClientSession, url: str, body: dict[str, Any], o
         out.error = _one_line(str(exc)) or type(exc).__name__
     except Exception as exc:  # noqa: BLE001 - one request's surprise must not end the run
         out.error = f"unexpected {type(exc).__name__}: {_one_line(str(exc))}"
+    if out.error and (out.retries or note):
+        why = [f"after {out.retries} {'retry' if out.retries == 1 else 'retries'}"
+               ] if out.retries else []
+        out.error += f" ({'; '.join([*why, note] if note else why)})"
     out.done = True
     return out
 
 
 async def _read_response(response: aiohttp.ClientResponse, out: Measured, clock: Any) -> None:
-    """Read one answer into ``out``: an error status, a JSON document, or an event stream."""
+    """Read one answer into ``out``: an error status, a JSON document, or an event stream
+    (``replay.loadgen.sse``: each event's data lines joined, however its lines end)."""
     content_type = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
     if response.status != 200:
         text = (await response.read()).decode("utf-8", "replace")
@@ -129,19 +172,31 @@ async def _read_response(response: aiohttp.ClientResponse, out: Measured, clock:
         out.error = message or ("the server answered one JSON document, not an event stream "
                                 "(does it support \"stream\": true?)")
         return
-    ended = seen = False
-    async for raw in response.content:  # one line at a time
-        line = raw.rstrip(b"\r\n")
-        if not line.startswith(b"data:"):  # comments (": ping"), event:, id:, blank lines
-            continue
-        event = line[len(b"data:"):].strip()  # the space after the colon is optional (SSE)
-        seen = True
-        if event == b"[DONE]":
-            ended = True
+    decoder = EventStreamDecoder()
+    seen = ended = False
+
+    def take(events: list[Event]) -> bool:
+        """Read ``events`` into ``out``; whether the answer is over ([DONE], or an error)."""
+        nonlocal seen, ended
+        for event in events:  # its type is not read: an error is the data's "error" object
+            seen = True
+            if event.data.strip() == b"[DONE]":
+                ended = True
+                return True
+            _read_chunk(_parse(event.data), out, clock())
+            if out.error:  # the server said it failed
+                return True
+        return False
+
+    # Whatever each read brings, not lines: a line may end in CR alone (aiohttp's lines are
+    # LF's), and a read of many events is decoded at once.
+    async for piece in response.content.iter_any():
+        if take(decoder.feed(piece)):
             break
-        _read_chunk(_parse(event), out, clock())
-        if out.error:  # the server said it failed
-            return
+    else:
+        take(decoder.close())
+    if out.error:
+        return
     if not (ended or out.finish_reason):
         out.error = ("the stream ended before its finish reason or [DONE] (cut short)" if seen
                      else f"no event-stream data in the answer ({content_type or 'no type'})")

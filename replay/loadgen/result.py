@@ -25,6 +25,12 @@ REQUEST_COLUMNS = (*NUMERIC_COLUMNS, "itl_s", "finish_reason", "error")
 # Written since; a reader does not require it (earlier results lack it): where each request's
 # completion_tokens came from, "usage" (the server's count) or "chunks" (content chunks).
 TOKEN_SOURCE = "token_source"
+# Written since, defaulted on reading an earlier result (none retried): how many times each
+# request was sent again after a 429 or 503, and the seconds from its first send to the
+# accepted one's (in its TTFT and e2e, which count from the first send; not in a server's).
+RETRIES = "retries"
+RETRY_WAIT = "retry_wait_s"
+OPTIONAL_COLUMNS = (TOKEN_SOURCE, RETRIES, RETRY_WAIT)
 
 
 class ResultError(ReplayLLMError):
@@ -32,8 +38,9 @@ class ResultError(ReplayLLMError):
 
 
 def requests_frame(measured: list[Measured]) -> pd.DataFrame:
-    """One row per request: when it was due and sent, client-side TTFT / TPOT / e2e, tokens,
-    the inter-token latencies (``itl_s``: gaps between content chunks) and any error."""
+    """One row per request: when it was due and (first) sent, client-side TTFT / TPOT / e2e,
+    tokens, the inter-token latencies (``itl_s``: gaps between content chunks), any error, and
+    the retries after a 429 or 503 with the time they took."""
     rows = []
     for m in measured:
         ttft = m.first_token_s - m.sent_s
@@ -47,10 +54,11 @@ def requests_frame(measured: list[Measured]) -> pd.DataFrame:
             "queue_s": float("nan"),  # the server's queue is not visible to a client
             "send_lag_s": m.sent_s - m.arrival_s,  # how late the client sent it
             "itl_s": np.diff(m.chunk_times_s).tolist(), "finish_reason": m.finish_reason,
-            "error": m.error, TOKEN_SOURCE: m.token_source,
+            "error": m.error, TOKEN_SOURCE: m.token_source, RETRIES: m.retries,
+            RETRY_WAIT: m.retry_wait_s,
         })
     # Its columns even with no rows.
-    return pd.DataFrame(rows, columns=[*REQUEST_COLUMNS, TOKEN_SOURCE])
+    return pd.DataFrame(rows, columns=[*REQUEST_COLUMNS, *OPTIONAL_COLUMNS])
 
 
 def token_sources(frame: pd.DataFrame) -> str:
@@ -69,6 +77,7 @@ def summarize(frame: pd.DataFrame, wall_s: float) -> dict[str, float]:
         "errors": float(len(frame) - len(ok)),
         "timeouts": float(frame["error"].str.startswith(TIMED_OUT).sum()) if len(frame) else 0.0,
         "completion_tokens": completion,
+        "retries": float(frame[RETRIES].sum()) if RETRIES in frame.columns else 0.0,
     }
     if len(ok):
         makespan = float((ok["sent_s"] + ok["e2e_s"]).max() - ok["arrival_s"].min())
@@ -119,7 +128,8 @@ def read_result(path: str | Path) -> tuple[pd.DataFrame, dict[str, float], dict[
     """(per-request rows, summary, run settings) of a loadgen result file; a ``ResultError``
     naming the file and what is wrong for one that is not, or whose metadata (an object of a
     numeric ``summary`` and a ``run`` object) or columns (``REQUEST_COLUMNS``) are not as
-    ``write_result`` writes them."""
+    ``write_result`` writes them. A result written before the retry columns reads with none
+    retried."""
     try:
         table = pq.read_table(path)
         raw = (table.schema.metadata or {}).get(METADATA_KEY)
@@ -139,7 +149,10 @@ def read_result(path: str | Path) -> tuple[pd.DataFrame, dict[str, float], dict[
     if missing:
         raise ResultError(f"{path}: not a loadgen result: no {', '.join(missing)} column"
                           f"{'s' if len(missing) > 1 else ''}")
-    wrong = [name for name in NUMERIC_COLUMNS  # no rows: no type (Arrow's null)
+    for name, default in ((RETRIES, 0), (RETRY_WAIT, 0.0)):
+        if name not in frame.columns:  # an earlier result: nothing was retried
+            frame[name] = default
+    wrong = [name for name in (*NUMERIC_COLUMNS, RETRIES, RETRY_WAIT)  # no rows: no type
              if len(frame) and not pd.api.types.is_numeric_dtype(frame[name])]
     if wrong:
         raise ResultError(f"{path}: loadgen result column {wrong[0]} is not numeric "

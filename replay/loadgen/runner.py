@@ -28,6 +28,7 @@ from engine.errors import ReplayLLMError
 from replay.loadgen.client import Measured, chat_body, monotonic_clock, request_body, send
 from replay.loadgen.interrupt import Interrupt, StopWorkersOnSigint
 from replay.loadgen.settings import (
+    DEFAULT_MAX_RETRIES,
     DEFAULT_REQUEST_TIMEOUT_S,
     DEFAULT_STALL_TIMEOUT_S,
     WORKER_STOP_TIMEOUT_S,
@@ -95,6 +96,7 @@ def run_load(
     stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
     api_key: str | None = None,
+    max_retries: int = DEFAULT_MAX_RETRIES,
 ) -> tuple[list[Measured], float]:
     """Send ``requests`` to ``url`` (a server's base URL, e.g. http://127.0.0.1:8000);
     returns what was measured per request (workload order) and the wall seconds of the run.
@@ -113,13 +115,14 @@ def run_load(
     returns; a request that was answered or failed has ``done`` set, the others not (where
     client processes were lost, None).
     """
-    check_settings(time_scale, max_concurrency, workers, stall_timeout_s, request_timeout_s)
+    check_settings(time_scale, max_concurrency, workers, stall_timeout_s, request_timeout_s,
+                   max_retries=max_retries)
     if not requests:
         raise ReplayLLMError("the workload has no requests")
     url = base_url(url)
     model = run_loop(served_model(url, model, api_key))
     settings = ClientSettings(url, model, time_scale, max_concurrency, stall_timeout_s,
-                              request_timeout_s, api_key)
+                              request_timeout_s, max_retries=max_retries, api_key=api_key)
     sessions = sessions_of(requests)
     texts = _turn_texts(requests, sessions, tokenizer)
     if workers == 1 or len(sessions) == 1:
@@ -203,7 +206,8 @@ async def _run_sessions(requests: list[Request], sessions: list[list[int]],
                                      ) as client, _closing(bar):
         async def one(i: int, body: dict[str, Any], endpoint: str) -> Measured:
             nonlocal errors
-            out = await send(client, url + endpoint, body, measured[i], clock)
+            out = await send(client, url + endpoint, body, measured[i], clock,
+                             max_retries=settings.max_retries)
             errors += bool(out.error)
             bar.update(1)
             bar.set_postfix(errors=errors)

@@ -17,6 +17,8 @@ from engine.errors import ReplayLLMError
 DEFAULT_REQUEST_TIMEOUT_S = 3600.0
 # A stream that sends nothing (not even its headers) for this long is an error, not a hang.
 DEFAULT_STALL_TIMEOUT_S = 600.0
+# How often a request refused with 429 or 503 is sent again before it counts as failed.
+DEFAULT_MAX_RETRIES = 3
 # Finding the server (``/v1/models``) before the run: a server that does not answer this is down.
 PROBE_TIMEOUT_S = 30.0
 # After an interrupt, how long a client process has to send what it measured.
@@ -26,8 +28,9 @@ WORKER_STOP_TIMEOUT_S = 30.0
 @dataclass(frozen=True)
 class ClientSettings:
     """How every client process sends: the server, the model name, the arrival scale, the
-    closed-loop limit (None: open loop), the stall timeout (seconds without a byte) and the
-    request timeout (seconds for a whole answer)."""
+    closed-loop limit (None: open loop), the stall timeout (seconds without a byte), the
+    request timeout (seconds for a whole answer, retries included) and how many times a request
+    refused with 429 or 503 is retried (``replay.loadgen.retry``)."""
 
     url: str
     model: str | None
@@ -35,6 +38,7 @@ class ClientSettings:
     max_concurrency: int | None
     stall_timeout_s: float
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    max_retries: int = DEFAULT_MAX_RETRIES
     api_key: str | None = field(default=None, repr=False)  # never printed nor written
 
 
@@ -46,9 +50,11 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
 def check_settings(time_scale: float = 1.0, max_concurrency: int | None = None,
                    workers: int = 1, stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
                    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
-                   num_requests: int | None = None) -> None:
+                   num_requests: int | None = None,
+                   max_retries: int = DEFAULT_MAX_RETRIES) -> None:
     """A ``ReplayLLMError`` naming the option for a setting a run cannot use: a scale, count or
-    timeout of zero, below, or not finite (NaN would send every request at once)."""
+    timeout of zero, below, or not finite (NaN would send every request at once), a negative
+    retry count."""
     positive = {"--time-scale": time_scale, "--stall-timeout": stall_timeout_s,
                 "--request-timeout": request_timeout_s}
     for option, value in positive.items():
@@ -59,6 +65,8 @@ def check_settings(time_scale: float = 1.0, max_concurrency: int | None = None,
     for option, count in counts.items():
         if count is not None and count < 1:
             raise ReplayLLMError(f"{option} must be >= 1, got {count}")
+    if max_retries < 0:
+        raise ReplayLLMError(f"--max-retries must be >= 0 (0: no retries), got {max_retries}")
 
 
 def base_url(url: str) -> str:

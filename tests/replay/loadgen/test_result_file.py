@@ -16,8 +16,8 @@ import pytest
 from replay.loadgen.client import Measured
 from replay.loadgen.result import (
     METADATA_KEY,
+    OPTIONAL_COLUMNS,
     REQUEST_COLUMNS,
-    TOKEN_SOURCE,
     ResultError,
     read_result,
     requests_frame,
@@ -47,7 +47,7 @@ def test_a_result_round_trips(tmp_path: Path) -> None:
     assert len(back) == 3 and read_summary == pytest.approx(summary, nan_ok=True)
     assert run == {"url": "u"}
     empty = requests_frame([])
-    assert list(empty.columns) == [*REQUEST_COLUMNS, TOKEN_SOURCE]
+    assert list(empty.columns) == [*REQUEST_COLUMNS, *OPTIONAL_COLUMNS]
     back, _, _ = read_result(write_result(tmp_path / "e.parquet", empty, summarize(empty, 1.0),
                                           {}))
     assert len(back) == 0

@@ -46,7 +46,8 @@ def test_error_answers_are_counted_with_their_status_and_message(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """429 (OpenAI's error object), 500 (an HTML page over several lines) and 400 (FastAPI's
     ``detail``) for three of six requests: those fail with status and message on one line, the
-    other three are measured, the summary counts three failures and the exit status is 1."""
+    other three are measured, the summary counts three failures and the exit status is 1
+    (``--max-retries 0``: the 429 is not retried, ``test_retries.py``)."""
     async def answer(request: web.Request, body: dict, n: int) -> web.StreamResponse:
         i = int(body["prompt"][1:])
         if i == 1:
@@ -62,7 +63,8 @@ def test_error_answers_are_counted_with_their_status_and_message(
     out = tmp_path / "r.parquet"
     with FakeServer(answer) as server:
         status = main(["loadgen", str(workload(tmp_path / "w.jsonl", 6)), "--url", server.url,
-                       "--max-concurrency", "2", "--out", str(out)])
+                       "--max-concurrency", "2", "--max-retries", "0", "--out", str(out)])
+        assert server.count == 6
     assert status == 1
     frame, summary, _ = read_result(out)
     errors = dict(zip(frame["index"], frame["error"]))
@@ -133,7 +135,8 @@ def test_a_server_too_slow_times_out_per_request(tmp_path: Path) -> None:
                                     ["--time-scale", "nan"], ["--time-scale", "inf"],
                                     ["--workers", "0"], ["--num-requests", "0"],
                                     ["--stall-timeout", "0"], ["--stall-timeout", "nan"],
-                                    ["--request-timeout", "-1"], ["--request-timeout", "nan"]])
+                                    ["--request-timeout", "-1"], ["--request-timeout", "nan"],
+                                    ["--max-retries", "-1"]])
 def test_bad_settings_are_refused_before_any_request(
         option: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Zero, negative or non-finite concurrency, rate scale, workers, request count or

@@ -1,0 +1,49 @@
+"""When to send a refused request again: HTTP 429 (too many requests) and 503 (unavailable)
+are a server asking the client to come back later, not a failed request. The wait is the
+answer's ``Retry-After`` (seconds, or an HTTP date), else an exponential backoff with jitter
+(so that requests refused together do not all come back in the same instant), capped."""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import random
+import time
+from datetime import timezone
+
+RETRY_STATUSES = frozenset({429, 503})
+# Backoff without Retry-After: BASE * 2**k seconds before retry k + 1, at most CAP, each drawn
+# from its upper half (jitter that keeps the wait from shrinking to nothing).
+BACKOFF_BASE_S = 1.0
+BACKOFF_CAP_S = 30.0
+
+
+def retry_after_s(header: str | None, now: float | None = None) -> float | None:
+    """The wait a ``Retry-After`` header asks for, in seconds (0 for a date already past);
+    None where there is none or it is neither a number of seconds nor an HTTP date.
+    ``now``: the wall clock (``time.time()``) a date is measured from."""
+    if header is None or not (text := header.strip()):
+        return None
+    try:
+        seconds = float(text)  # the spec's is an integer: a decimal one is taken as meant
+    except ValueError:
+        pass
+    else:
+        return seconds if math.isfinite(seconds) and seconds >= 0 else None
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # "-0000" parses without a zone; an HTTP date is always GMT
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def retry_delay(header: str | None, retries_done: int, now: float | None = None) -> float:
+    """Seconds to wait before retry ``retries_done + 1``: the ``Retry-After`` header's, else
+    the capped exponential backoff."""
+    asked = retry_after_s(header, now)
+    if asked is not None:
+        return asked
+    backoff = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2.0 ** min(retries_done, 60))
+    return backoff * random.uniform(0.5, 1.0)

@@ -1,0 +1,177 @@
+"""A server that refuses requests with HTTP 429 or 503: loadgen sends them again
+(``--max-retries``) after the server's ``Retry-After`` or a backoff, times them from their first
+send, keeps within ``--request-timeout`` and stops at Ctrl-C; the ``Retry-After`` reading and the
+backoff on their own. Each server is ``_fake_server.FakeServer`` on loopback, in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import calendar
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from _fake_server import FakeServer, Handler, stream, tokens, workload
+from aiohttp import web
+
+from replay.cli.main import main
+from replay.loadgen import retry
+from replay.loadgen.result import read_result
+from replay.loadgen.runner import run_load
+from replay.workloads.request import Request
+
+
+def _refusing(refusals: dict[str, int], status: int = 429, retry_after: str | None = None,
+              then: list[bytes] | None = None) -> tuple[Counter, Handler]:
+    """A handler refusing prompt p the first ``refusals[p]`` times it comes (each with
+    ``retry_after``), then streaming ``then`` (three tokens); and the count of each prompt."""
+    seen: Counter = Counter()
+
+    async def answer(request: web.Request, body: dict, n: int) -> web.StreamResponse:
+        prompt = body["prompt"]
+        seen[prompt] += 1
+        if seen[prompt] <= refusals.get(prompt, 0):
+            headers = {} if retry_after is None else {"Retry-After": retry_after}
+            return web.json_response({"error": {"message": "slow down"}}, status=status,
+                                     headers=headers)
+        return await stream(request, then or tokens(3))
+
+    return seen, answer
+
+
+def test_a_refused_request_is_retried_after_its_retry_after(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """p1 refused twice with 429 and ``Retry-After: 0.3``: answered at its third attempt, its
+    retries (2) and its wait (>= 0.6 s) in the result, its TTFT counted from the first send (so
+    >= 0.6 s); the others not retried; exit 0 with a line saying so (was: p1 failed, "HTTP
+    429", exit 1)."""
+    seen, answer = _refusing({"p1": 2}, retry_after="0.3")
+    out = tmp_path / "r.parquet"
+    with FakeServer(answer) as server:
+        status = main(["loadgen", str(workload(tmp_path / "w.jsonl", 3)), "--url", server.url,
+                       "--out", str(out)])
+    assert status == 0 and seen == {"p0": 1, "p1": 3, "p2": 1}
+    frame, summary, run = read_result(out)
+    assert (frame["error"] == "").all() and frame["completion_tokens"].tolist() == [3, 3, 3]
+    assert frame["retries"].tolist() == [0, 2, 0] and summary["retries"] == 2
+    assert 0.6 <= frame["retry_wait_s"][1] < 1.5 and frame["retry_wait_s"][0] == 0
+    assert frame["ttft_s"][1] > frame["retry_wait_s"][1] >= 0.6
+    assert frame["ttft_s"][0] < 0.5 and run["max_retries"] == 3
+    assert "1 requests were refused (HTTP 429/503) and retried" in capsys.readouterr().out
+
+
+def test_backoff_without_retry_after_then_a_failure_with_the_status(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """503 with no ``Retry-After``, every time, for p0; 429 once for p1: with ``--max-retries
+    2`` p0 is sent three times, waiting the (jittered, doubling) backoff, then fails with its
+    status, message and retry count; p1 is answered at its second attempt."""
+    monkeypatch.setattr(retry, "BACKOFF_BASE_S", 0.1)
+    seen, answer = _refusing({"p0": 99, "p1": 1}, status=503)
+    out = tmp_path / "r.parquet"
+    with FakeServer(answer) as server:
+        status = main(["loadgen", str(workload(tmp_path / "w.jsonl", 2)), "--url", server.url,
+                       "--max-retries", "2", "--out", str(out)])
+    assert status == 1 and seen == {"p0": 3, "p1": 2}
+    frame, summary, _ = read_result(out)
+    assert frame["error"].tolist() == ["HTTP 503: slow down (after 2 retries)", ""]
+    assert frame["retries"].tolist() == [2, 1]
+    assert 0.05 + 0.1 <= frame["retry_wait_s"][0] < 1.0  # half to all of 0.1 + 0.2 s
+    assert summary["errors"] == 1 and summary["retries"] == 3
+
+
+def test_retries_keep_within_the_request_timeout() -> None:
+    """The request timeout spans every attempt. A ``Retry-After`` past it is not waited (p0
+    fails at once naming both); waits that fit are (p1: 0.4 s apart until the next would
+    pass 1 s); and an attempt after a retry gets only what is left (p2: refused, then a
+    stream that never ends, times out 1 s after its first send, not 1 s after the retry)."""
+    seen: Counter = Counter()
+
+    async def answer(request: web.Request, body: dict, n: int) -> web.StreamResponse:
+        prompt = body["prompt"]
+        seen[prompt] += 1
+        if prompt == "p2" and seen[prompt] > 1:
+            return await stream(request, [b": ping\n\n"] * 1000, gap=0.05)
+        wait = {"p0": "60", "p1": "0.4", "p2": "0.5"}[prompt]
+        return web.json_response({"error": {"message": "busy"}}, status=429,
+                                 headers={"Retry-After": wait})
+
+    requests = [Request(f"p{i}", max_tokens=2, arrival_s=0.0) for i in range(3)]
+    with FakeServer(answer) as server:
+        measured, wall_s = run_load(requests, server.url, use_tqdm=False,
+                                    request_timeout_s=1.0, max_retries=10)
+    p0, p1, p2 = (m.error for m in measured)
+    assert p0 == ("HTTP 429: busy (waiting 60 s to retry would pass --request-timeout)")
+    assert measured[0].retries == 0
+    assert p1.startswith("HTTP 429: busy (after 2 retries; waiting 0.4 s to retry would ")
+    assert seen["p1"] == 3 and measured[1].retries == 2
+    assert p2.startswith("timed out: no complete answer in 1 s") and p2.endswith("(after 1 retry)")
+    assert wall_s < 1.4, wall_s  # p2 ends ~1 s after it was sent (1.5 s: a fresh full limit)
+
+
+def test_ctrl_c_during_a_retry_wait_stops_the_run(tmp_path: Path) -> None:
+    """SIGINT while p1 waits out a ``Retry-After: 30``: the run ends at once (exit 130), p0
+    written, p1 not (it never completed), the result partial (was: p1 failed on its 429)."""
+    seen: Counter = Counter()
+
+    async def answer(request: web.Request, body: dict, n: int) -> web.StreamResponse:
+        seen[body["prompt"]] += 1
+        if body["prompt"] != "p1":
+            return await stream(request, tokens(3))
+        # Once the client has its 429 and is waiting (the server's loop is in its thread).
+        asyncio.get_running_loop().call_later(0.3, os.kill, os.getpid(), signal.SIGINT)
+        return web.json_response({"error": {"message": "later"}}, status=429,
+                                 headers={"Retry-After": "30"})
+
+    out = tmp_path / "r.parquet"
+    began = time.monotonic()
+    with FakeServer(answer) as server:
+        status = main(["loadgen", str(workload(tmp_path / "w.jsonl", 3)), "--url", server.url,
+                       "--max-concurrency", "1", "--out", str(out)])
+    assert status == 130 and time.monotonic() - began < 10
+    assert seen == {"p0": 1, "p1": 1}
+    frame, _, run = read_result(out)
+    assert frame["index"].tolist() == [0] and run["partial"] is True
+
+
+def test_a_result_from_before_the_retry_columns_reads_as_never_retried(tmp_path: Path) -> None:
+    """A result file written without ``retries`` / ``retry_wait_s`` (older loadgen) reads,
+    those columns filled with 0."""
+    seen, answer = _refusing({})
+    out = tmp_path / "r.parquet"
+    with FakeServer(answer) as server:
+        assert main(["loadgen", str(workload(tmp_path / "w.jsonl", 2)), "--url", server.url,
+                     "--out", str(out)]) == 0
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(out)
+    pq.write_table(table.drop_columns(["retries", "retry_wait_s"]), out)
+    frame, summary, _ = read_result(out)
+    assert frame["retries"].tolist() == [0, 0] and frame["retry_wait_s"].tolist() == [0.0, 0.0]
+    assert summary["requests"] == 2
+
+
+@pytest.mark.parametrize(("header", "expected"), [
+    ("2", 2.0), (" 0 ", 0.0), ("1.5", 1.5), ("-1", None), ("soon", None), ("", None),
+    (None, None), ("nan", None), ("inf", None),
+    ("Sun, 06 Nov 1994 08:49:47 GMT", 10.0),  # IMF-fixdate, the preferred form
+    ("Sunday, 06-Nov-94 08:49:47 GMT", 10.0),  # RFC 850, obsolete but allowed
+    ("Sun Nov  6 08:49:47 1994", 10.0),  # asctime
+    ("Sun, 06 Nov 1994 08:49:27 GMT", 0.0),  # already past: at once
+])
+def test_retry_after_seconds_or_http_date(header: str | None, expected: float | None) -> None:
+    """``Retry-After`` as seconds or as each HTTP-date form (measured from ``now``); anything
+    else is no answer, and the backoff is used."""
+    now = calendar.timegm((1994, 11, 6, 8, 49, 37))
+    assert retry.retry_after_s(header, now=now) == expected
+
+
+def test_the_backoff_doubles_with_jitter_up_to_its_cap() -> None:
+    """Retry k+1 waits between half and all of BASE * 2**k, never over the cap."""
+    for k in range(12):
+        full = min(retry.BACKOFF_CAP_S, retry.BACKOFF_BASE_S * 2**k)
+        for _ in range(20):
+            assert full / 2 <= retry.retry_delay(None, k) <= full
+    assert retry.retry_delay("3", 5) == 3.0  # the server's answer before the backoff

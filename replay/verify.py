@@ -4,6 +4,18 @@
 configuration B against B's recording): it blanks the columns holding token values or values
 derived from them (token ids, block hashes, output hashes) and the executor's own choices
 (CUDA-graph padding), then compares every decision; measured columns (times) are never compared.
+
+What a verify proves depends on what the trace holds:
+
+- a complete trace: every decision of the run. A run that scheduled no step (given no request
+  through the API; ``replayllm run`` refuses an empty workload) verifies too, "identical: N
+  events over 0 steps (complete trace of a run that scheduled no step)": the record is whole,
+  and the replay schedules nothing either (its rejections, if any, are compared);
+- an incomplete trace (a killed run: no ``summary.json``) with committed steps: the decisions of
+  the recorded prefix, steps 0 to ``last_step``, and the report says so;
+- an incomplete trace with no committed step: nothing, so ``check_verifiable`` refuses it with a
+  ``TraceError`` (``replayllm verify``: one line, exit 2, as for a damaged trace) rather than
+  report zero checked steps as "identical".
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ from replay.recorded import (
     keep_rows,
 )
 from replay.replayer import replay
+from tracing.errors import TraceError
 from tracing.schema import COMPARED_SINCE, EVENT_KINDS, MEASURED_COLUMNS, all_columns
 
 CONTEXT_EVENTS = 6
@@ -55,11 +68,9 @@ class VerifyResult:
     last_step: int = -1
 
     def scope(self) -> str:
-        """How far an incomplete trace was verified ("" for a complete one)."""
+        """How far the trace was verified: "" for a complete one with steps."""
         if self.complete:
-            return ""
-        if self.last_step < 0:
-            return " (incomplete trace: no step was committed, nothing to verify)"
+            return "" if self.num_steps else " (complete trace of a run that scheduled no step)"
         return (f" (incomplete trace: verified the recorded prefix, steps 0 to "
                 f"{self.last_step})")
 
@@ -199,7 +210,9 @@ def compare(recorded: RecordedEvents, replayed: RecordedEvents) -> Divergence | 
     )
 
 
-def _cut_to_step(events: RecordedEvents, last_step: int) -> RecordedEvents:
+def cut_to_step(events: RecordedEvents, last_step: int) -> RecordedEvents:
+    """The events of steps <= ``last_step`` (a run's prefix, to set beside an incomplete
+    recording of it)."""
     tables = {
         kind: keep_rows(cols, np.asarray(cols["step"]) <= last_step)
         for kind, cols in events.tables.items()
@@ -207,12 +220,26 @@ def _cut_to_step(events: RecordedEvents, last_step: int) -> RecordedEvents:
     return RecordedEvents(events.header, tables, last_step, events.complete)
 
 
+NOTHING_COMMITTED = ("incomplete trace with no committed step (the recording stopped before "
+                     "its first step was committed): nothing to verify")
+
+
+def check_verifiable(trace: Any) -> None:
+    """Raise ``TraceError`` (one line) for a trace a verify proves nothing about: incomplete,
+    with no step committed. ``trace``: a trace from ``read_trace`` or ``RecordedEvents``."""
+    if not trace.complete and trace.last_step < 0:
+        where = getattr(trace, "path", None)
+        raise TraceError(f"{where}: {NOTHING_COMMITTED}" if where else NOTHING_COMMITTED)
+
+
 def verify_recorded(recorded: RecordedEvents) -> VerifyResult:
-    """Replay ``recorded`` and compare every decision event with it."""
+    """Replay ``recorded`` and compare every decision event with it (``check_verifiable``
+    first: an incomplete recording with no committed step raises ``TraceError``)."""
+    check_verifiable(recorded)
     run = replay(recorded)
     replayed = run.replayed
     if not recorded.complete:
-        replayed = _cut_to_step(replayed, recorded.last_step)
+        replayed = cut_to_step(replayed, recorded.last_step)
     divergence = compare(recorded, replayed)
     return VerifyResult(
         identical=divergence is None,
@@ -237,6 +264,7 @@ def verify(trace: Any) -> VerifyResult:
         from tracing.reader import read_trace
 
         trace = read_trace(trace)
+    check_verifiable(trace)  # before reading the tables, naming the trace
     return verify_recorded(from_trace(trace))
 
 

@@ -127,10 +127,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     from engine.policy import policy_change_note
-    from replay.verify import verify
+    from replay.verify import check_verifiable, verify
     from tracing.reader import read_trace
 
     trace = read_trace(args.trace)
+    check_verifiable(trace)  # a killed run that committed no step: exit 2, nothing to verify
     note = policy_change_note(dict(trace.header))
     if note:  # said before the replay: its divergences may be the policy's new code
         print(f"note: {note}", flush=True)

@@ -226,32 +226,24 @@ def _plotter(args: argparse.Namespace) -> Any:
     return PlotWorker()
 
 
-def _check_same_workload(workload: SimWorkload, other: Any, other_name: str) -> None:
-    import numpy as np
-
-    added = other.tables["request_added"]
-    ours = [(len(r.prompt), r.params.max_tokens) for r in workload.requests]
-    theirs = list(zip(np.asarray(added["prompt_len"]).tolist(),
-                      np.asarray(added["max_tokens"]).tolist()))
-    if ours != theirs:
-        raise WhatifError(
-            f"{other_name} ran another workload than {workload.name} ({len(theirs)} vs "
-            f"{len(ours)} requests, or other prompt lengths / max_tokens); --compare needs the "
-            "same requests"
-        )
-
-
 def _compare(args: argparse.Namespace, workload: SimWorkload, cost: CostModel | None,
              plotter: Any) -> int:
+    """Predict OTHER_TRACE's configuration and set the prediction beside its recording. An
+    incomplete recording is compared over the requests it finished only, both sides cut alike
+    and the output saying so (``replay.whatif.compare``)."""
     from replay.recorded import from_trace
     from replay.replayer import config_from_header
-    from replay.verify import compare_decisions, describe_divergence
+    from replay.verify import compare_decisions, cut_to_step, describe_divergence
+    from replay.whatif.compare import check_same_workload, scope_of
     from replay.whatif.notes import device_note
     from replay.whatif.report import comparison_rows, comparison_table
     from tracing.reader import read_trace
 
     other = from_trace(read_trace(args.compare))
-    _check_same_workload(workload, other, args.compare)
+    check_same_workload(workload, other, args.compare)
+    scope = scope_of(other, len(workload.requests), args.compare)
+    if scope is not None:
+        print(f"warning: {scope.warning()}")
     target = config_from_header(other.header).to_dict()
     base = workload.config.to_dict()
     overrides = {k: v for k, v in target.items() if base.get(k) != v}
@@ -268,17 +260,27 @@ def _compare(args: argparse.Namespace, workload: SimWorkload, cost: CostModel | 
     if not result.ok:
         print(f"predicted: {result.status}")
         return 1
-    measured = compute(other, timed=has_timings(other))
+    assert result.events is not None
+    measured = compute(other if scope is None else scope.restrict(other), timed=has_timings(other))
+    predicted = (None if scope is None  # the variant's own metrics: the whole run
+                 else compute(scope.restrict(result.events), timed=result.timed))
     if cost is None or not has_timings(other):
         print("times are not compared: " + ("no step-time model" if cost is None
                                              else f"{args.compare} has no measured step times"))
-    rows = comparison_rows(result.metrics, measured.summary)
+    rows = comparison_rows(result.metrics if predicted is None else predicted.summary,
+                           measured.summary)
     print(comparison_table(rows))
-    assert result.events is not None
-    print("decision streams: " + describe_divergence(compare_decisions(other, result.events)))
+    events, over = result.events, ""
+    if scope is not None:  # the recording's steps only, as verify compares a killed run's
+        events, over = cut_to_step(events, scope.last_step), f" (steps 0 to {scope.last_step})"
+    print(f"decision streams{over}: " + describe_divergence(compare_decisions(other, events)))
     import pandas as pd
 
-    table_rows = [_row("measured", "recorded", measured), _sim_row(result)]
+    notes = [] if scope is None else [scope.note()]
+    table_rows = [_row("measured", "recorded", measured, notes=notes),
+                  _sim_row(result) if predicted is None else
+                  _row(result.name, "predicted", predicted, overrides=result.overrides,
+                       notes=result.notes + notes)]
     _finish(args, table_rows, cost, plotter, {"compare": pd.DataFrame(rows)})
     return 0
 

@@ -50,6 +50,10 @@ CONFIGS = {
                                  max_num_batched_tokens=64),
     "chunked": Config(num_kvcache_blocks=30, kvcache_block_size=8, policy="chunked",
                       max_num_batched_tokens=24, max_model_len=128),
+    # The prefix cache of traces recorded before prefix_cache_duplicates: one block per hash.
+    "tiny-pool-one-block-per-hash": Config(num_kvcache_blocks=12, kvcache_block_size=8,
+                                           max_model_len=96, max_num_batched_tokens=256,
+                                           prefix_cache_duplicates=False),
 }
 
 
@@ -198,9 +202,13 @@ def _cut_trace(tmp_path: Path, keep_segments: int) -> Path:
 
 def test_an_incomplete_trace_says_how_far_it_was_verified(tmp_path: Path) -> None:
     """Verifying a killed run's trace names the last step verified (the last committed one),
-    not only "the recorded prefix"; with no step committed it says there was nothing to verify.
-    Both are still "identical" (exit 0): every committed decision replayed the same."""
+    not only "the recorded prefix", and is "identical": every committed decision replayed the
+    same. With no step committed there is nothing to verify: that used to be "identical" too
+    (a proof of nothing); now ``verify`` raises a one-line ``TraceError`` saying so."""
+    from replay.recorded import from_trace
+    from replay.verify import NOTHING_COMMITTED, verify_recorded
     from tracing import read_trace
+    from tracing.errors import TraceError
 
     trace = _cut_trace(tmp_path, keep_segments=2)
     last = read_trace(trace).last_step
@@ -210,6 +218,25 @@ def test_an_incomplete_trace_says_how_far_it_was_verified(tmp_path: Path) -> Non
         f"(incomplete trace: verified the recorded prefix, steps 0 to {last})")
     for marker in (trace / "_commits").glob("seg-*.json"):
         marker.unlink()
+    with pytest.raises(TraceError, match="no committed step") as raised:
+        verify(str(trace))
+    assert str(raised.value) == f"{trace}: {NOTHING_COMMITTED}" and "\n" not in NOTHING_COMMITTED
+    with pytest.raises(TraceError, match="nothing to verify"):  # the events, as read
+        verify_recorded(from_trace(read_trace(trace)))
+
+
+def test_a_complete_trace_of_a_run_without_steps_verifies(tmp_path: Path) -> None:
+    """A run closed cleanly without a step (no request given) is a whole record of nothing
+    scheduled: "identical", and the report says the run scheduled no step."""
+    from tracing.recorder import ParquetRecorder
+
+    config = CONFIGS["tiny-pool-preempts"]
+    trace = tmp_path / "t"
+    core = EngineCore(config, NullExecutor(config.num_kvcache_blocks, vocab_size=500),
+                      sink=ParquetRecorder(trace, fsync=False))
+    core.run_until_idle()
+    core.close()
     result = verify(str(trace))
-    assert result.identical and result.num_steps == 0
-    assert "no step was committed, nothing to verify" in result.report()
+    assert result.complete and result.identical and result.num_steps == 0
+    assert result.report() == (f"identical: {result.num_events} events over 0 steps "
+                               "(complete trace of a run that scheduled no step)")

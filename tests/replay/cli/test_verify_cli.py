@@ -76,3 +76,26 @@ def test_unreadable_trace_exits_two_with_one_line(
     err = capsys.readouterr().err.strip()
     assert err.startswith("replayllm verify: error:") and "\n" not in err
     assert "Traceback" not in err
+
+
+def test_a_killed_run_that_committed_no_step_is_nothing_to_verify(
+    trace_copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No summary.json and no commit marker: a killed run that committed nothing. verify used
+    to print "identical: 0 events over 0 steps (incomplete trace ...)" and exit 0, a proof of
+    nothing; now one line saying there is nothing to verify, exit 2 (as an unreadable trace).
+    Keeping the first segment (committed steps) still verifies that prefix, exit 0."""
+    (trace_copy / "summary.json").unlink()
+    markers = sorted((trace_copy / "_commits").glob("seg-*.json"))
+    markers[-1].unlink()
+    assert main(["verify", str(trace_copy)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("identical: ") and "verified the recorded prefix, steps 0 to" in out
+    markers[0].unlink()
+    assert main(["verify", str(trace_copy)]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert captured.out == "" and "\n" not in err
+    assert err.startswith("replayllm verify: error: ") and err.endswith(
+        "incomplete trace with no committed step (the recording stopped before its first step "
+        "was committed): nothing to verify")

@@ -9,6 +9,7 @@ a trace without timings says it cannot predict times.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -180,3 +181,78 @@ def test_host_from_prices_host_work_on_another_machine(tmp_path, capsys):
     ttft = [pd.read_parquet(tmp_path / d / "summary.parquet").set_index("source").loc[
         "predicted", "ttft_mean_s"] for d in ("p", "h", "s")]
     assert ttft[1] > ttft[0] and ttft[2] == pytest.approx(ttft[1], rel=1e-9)
+
+
+def _killed_copy(trace: str, dest, keep: int) -> str:
+    """``trace`` as a killed run leaves it: no summary.json, only its first ``keep`` markers."""
+    import shutil
+
+    shutil.copytree(trace, dest)
+    (dest / "summary.json").unlink()
+    for marker in sorted((dest / "_commits").glob("seg-*.json"))[keep:]:
+        marker.unlink()
+    return str(dest)
+
+
+def test_compare_with_an_incomplete_recording_compares_its_finished_requests(
+        traces, tmp_path, capsys):
+    """--compare against a killed run's trace used to set the prediction of the whole workload
+    beside the figures of the recorded prefix, silently (makespan "+258%", steps 915 vs 256,
+    decisions "differ" at the end of the prefix). Now it says the recording is incomplete and
+    how many requests it finished, and compares those requests only, each run up to the step
+    that finished the last of them: the same steps, a close makespan, identical decisions."""
+    from replay.recorded import from_trace
+    from tracing.reader import read_trace
+
+    killed = _killed_copy(traces["b"], tmp_path / "killed", keep=1)
+    recorded = from_trace(read_trace(killed))
+    finished = len(recorded.tables["request_finished"]["seq_id"])
+    assert not recorded.complete and 0 < finished < NUM_SEQS
+    code, stdout, _ = run_cli(capsys, traces["a"], "--compare", killed,
+                              "--out", str(tmp_path / "cmp"), "--no-plots")
+    assert code == 0
+    assert (f"warning: {killed} is incomplete (the recording stopped; committed through step "
+            f"{recorded.last_step}): it finished {finished} of the {NUM_SEQS} requests; "
+            f"comparing only those {finished}") in stdout
+    assert f"decision streams (steps 0 to {recorded.last_step}): identical" in stdout
+    table = pd.read_parquet(tmp_path / "cmp" / "compare.parquet").set_index("metric")
+    assert table.loc["steps", "rel_error"] == 0 and table.loc["preemptions", "rel_error"] == 0
+    assert abs(table.loc["makespan_s", "rel_error"]) < 0.03
+    assert abs(table.loc["e2e_mean_s", "rel_error"]) < 0.03
+    summary = pd.read_parquet(tmp_path / "cmp" / "summary.parquet")
+    assert summary["requests"].tolist() == [finished, finished]
+    assert summary["notes"].str.contains(f"{finished} of {NUM_SEQS} requests").all()
+
+
+def test_compare_with_a_recording_that_finished_nothing_refuses(traces, tmp_path, capsys):
+    """A killed recording that finished no request leaves nothing to compare: one line saying
+    so, exit 2 (one that committed no step was said to have "ran another workload (0 vs 16
+    requests)")."""
+    killed = _killed_copy(traces["b"], tmp_path / "killed", keep=0)
+    code, _, stderr = run_cli(capsys, traces["a"], "--compare", killed,
+                              "--out", str(tmp_path / "cmp"), "--no-plots")
+    assert code == 2 and stderr.count("\n") == 1
+    assert stderr.strip().endswith(f"finished none of the {NUM_SEQS} requests: nothing to compare")
+
+
+def test_an_incomplete_recording_may_hold_only_the_first_requests(traces):
+    """A recording killed before every request arrived holds a prefix of the workload: that is
+    the same workload when incomplete, another one when complete."""
+    from engine.errors import ReplayLLMError
+    from replay.recorded import RecordedEvents, from_trace, keep_rows
+    from replay.whatif.compare import check_same_workload
+    from replay.whatif.simulate import load_source
+    from tracing.reader import read_trace
+
+    workload = load_source(traces["a"])
+    other = from_trace(read_trace(traces["b"]))
+    added = other.tables["request_added"]
+    first = keep_rows(added, np.arange(len(added["seq_id"])) < NUM_SEQS // 2)
+    for complete in (False, True):
+        cut = RecordedEvents(other.header, {**other.tables, "request_added": first},
+                             other.last_step, complete)
+        if complete:
+            with pytest.raises(ReplayLLMError, match=f"{NUM_SEQS // 2} vs {NUM_SEQS} requests"):
+                check_same_workload(workload, cut, "b")
+        else:
+            check_same_workload(workload, cut, "b")

@@ -10,8 +10,8 @@ allocate, hash, free and emit every event, so a policy cannot break accounting o
 Write one by subclassing ``Policy`` (its defaults are Nano-vLLM's ``prefill_first``) and select it
 with ``Config(policy="package.module:ClassName")`` or ``--set policy=package.module:ClassName``;
 docs/policies.md shows one and how to test it with ``replay.testing``. A policy given by import
-path runs inside ``engine.policy_guard.GuardedPolicy``: an exception or a wrong answer is one
-``PolicyError`` line naming it.
+path runs inside ``engine.policy_guard.GuardedPolicy``: an exception, a wrong answer or a change
+to a sequence it is offered (its hooks get read-only views) is one ``PolicyError`` line naming it.
 """
 
 from __future__ import annotations

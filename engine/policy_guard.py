@@ -1,7 +1,8 @@
 """The guard around a user policy: every answer it gives is checked before the scheduler acts.
 
 ``make_policy`` (engine/policy.py) wraps a policy given by import path in ``GuardedPolicy``: an
-exception the policy raises, an answer of the wrong type and a change to the step's budget each
+exception the policy raises, an answer of the wrong type, a change to the step's budget and a
+change to a sequence it is offered (its hooks get read-only views, engine/policy_view.py) each
 become one ``PolicyError`` line naming the import path, the hook and the cause. The built-ins are
 never wrapped.
 """
@@ -10,18 +11,21 @@ from __future__ import annotations
 
 import operator
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Sequence as SequenceABC
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from engine.errors import ReplayLLMError
+from engine.policy_view import OfferedViews, SequenceView, make_view, real
 
 if TYPE_CHECKING:
     from engine.sequence import Sequence
 
-# This guard and engine/policy.py (which imports it): a failure's location is outside them.
-_OWN_FILES = {os.path.abspath(__file__),
-              os.path.join(os.path.dirname(os.path.abspath(__file__)), "policy.py")}
+# This guard, its views and engine/policy.py: a failure's location is outside them.
+_OWN_FILES = {os.path.abspath(__file__)} | {
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+    for name in ("policy.py", "policy_view.py")}
 
 
 class PolicyError(ReplayLLMError):
@@ -46,6 +50,14 @@ def described(exc: BaseException) -> str:
             where = f"{os.path.basename(name)}:{tb.tb_lineno}"
         tb = tb.tb_next
     return f"{text} ({where})" if where else text
+
+
+def _caller() -> str | None:
+    """``file.py:line`` of the innermost frame now running outside this guard and its views."""
+    frame = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename) in _OWN_FILES:
+        frame = frame.f_back  # type: ignore[assignment]
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}" if frame else None
 
 
 def _what(value: Any) -> str:
@@ -76,10 +88,10 @@ class StepView:
         return self._step.free_blocks
 
     def can_allocate(self, seq: Sequence) -> bool:
-        return self._step.can_allocate(seq)
+        return self._step.can_allocate(real(seq))
 
     def priority(self, seq: Sequence) -> int:
-        return self._step.priority(seq)
+        return self._step.priority(real(seq))
 
     def _charge(self, tokens: int, seqs: int = 1) -> None:
         raise PolicyError(f"policy {self._owner!r} charged the step's budget: only the "
@@ -93,9 +105,12 @@ class GuardedPolicy:
     """A user policy (``package.module:ClassName``) with every answer checked before the
     scheduler acts on it: an exception it raises, an answer of the wrong type (``admit``
     returning None or yielding what was not offered, a ``chunk`` that is not an int, a victim
-    that is not a candidate, eviction keys that do not compare) and a change to the step's
-    budget become one ``PolicyError`` line naming the import path, the hook and the cause (the
-    original exception is its ``__cause__``). The built-ins are never wrapped; a correct user
+    that is not a candidate, eviction keys that do not compare), a change to the step's budget
+    and a change to a sequence it is offered become one ``PolicyError`` line naming the import
+    path, the hook and the cause (the original exception is its ``__cause__``). Its hooks get
+    read-only views of the sequences (``engine.policy_view``: one per sequence a step, made as
+    the policy reads them), so a change is refused where it is attempted, and still stops the
+    step when the policy catches that error. The built-ins are never wrapped; a correct user
     policy decides exactly as unwrapped."""
 
     def __init__(self, inner: Any, name: str, release_order: Callable[[Any], Any]) -> None:
@@ -103,6 +118,11 @@ class GuardedPolicy:
         self._release_order = release_order
         self.name = name
         self.config = inner.config
+        self._hook = "__init__"
+        self._refusal: PolicyError | None = None
+        self._step: Any = None  # the scheduler's Step the views below belong to
+        self._step_view: StepView | None = None
+        self._views: dict[int, SequenceView] = {}  # id(sequence) -> its view, for this step
         mixed = self._call("mixed_batches", lambda: inner.mixed_batches)
         if not isinstance(mixed, bool):
             raise PolicyError(f"policy {name!r}: mixed_batches must be True or False, got "
@@ -115,40 +135,84 @@ class GuardedPolicy:
         return self._mixed
 
     def _call(self, hook: str, fn: Callable[..., Any], *args: Any) -> Any:
+        self._hook = hook
         try:
-            return fn(*args)
+            answer = fn(*args)
         except PolicyError:
+            self._refusal = None  # raised: nothing left to report
             raise
         except Exception as exc:
             raise PolicyError(f"policy {self.name!r} raised {described(exc)} in {hook}") from exc
+        if self._refusal is not None:
+            self._check_refusal()
+        return answer
+
+    def _check_refusal(self) -> None:
+        """Raise the refusal of a change the policy caught and went on from."""
+        refusal, self._refusal = self._refusal, None
+        if refusal is not None:
+            raise refusal
+
+    def _refuse(self, seq: Sequence, field: str, how: str) -> NoReturn:
+        """A view's report of an attempted change to ``seq``: the PolicyError, raised (and kept,
+        for ``_check_refusal``)."""
+        where = _caller()
+        self._refusal = PolicyError(
+            f"policy {self.name!r} tried to change seq {seq.seq_id}'s {field} ({how}) in "
+            f"{self._hook}{f' ({where})' if where else ''}: a policy reads the sequences it is "
+            "offered, never changes them")
+        raise self._refusal
+
+    def _enter(self, step: Any) -> StepView:
+        """The policy's view of ``step``; a new step starts new sequence views."""
+        if self._step_view is None or step is not self._step:
+            self._step, self._step_view = step, StepView(step, self.name)
+            self._views = {}
+        return self._step_view
+
+    def _view(self, seq: Sequence) -> SequenceView:
+        views = self._views
+        view = views.get(id(seq))
+        if view is None:
+            view = views[id(seq)] = make_view(seq, self)
+        return view
 
     def admit(self, waiting: SequenceABC[Sequence], step: Any) -> Iterable[Sequence]:
-        answer = self._call("admit", self.inner.admit, waiting, StepView(step, self.name))
+        seqs = tuple(waiting)
+        answer = self._call("admit", self.inner.admit, OfferedViews(seqs, self._view),
+                            self._enter(step))
         try:
             items: Iterator[Any] = iter(answer)
         except TypeError:
             raise PolicyError(f"policy {self.name!r}: admit returned {_what(answer)}, not an "
                               "iterable of waiting sequences") from None
-        return self._admitted(items, {id(seq) for seq in waiting})
+        return self._admitted(items, {id(seq) for seq in seqs})
 
     def _admitted(self, items: Iterator[Any], offered: set[int]) -> Iterator[Sequence]:
         while True:
+            self._hook = "admit"  # a generator admit resumes after the scheduler's chunk calls
             try:
-                seq = next(items)
+                item = next(items)
             except StopIteration:
+                self._check_refusal()
                 return
             except PolicyError:
+                self._refusal = None
                 raise
             except Exception as exc:
                 raise PolicyError(f"policy {self.name!r} raised {described(exc)} in admit") \
                     from exc
+            if self._refusal is not None:
+                self._check_refusal()
+            seq = item._seq if type(item) is SequenceView else item
             if id(seq) not in offered:
-                raise PolicyError(f"policy {self.name!r} admitted {_what(seq)}, which is not "
+                raise PolicyError(f"policy {self.name!r} admitted {_what(item)}, which is not "
                                   "one of the waiting sequences offered")
             yield seq
 
     def chunk(self, seq: Sequence, remaining: int, step: Any) -> int:
-        answer = self._call("chunk", self.inner.chunk, seq, remaining, StepView(step, self.name))
+        step_view = self._enter(step)  # first: a new step starts new views
+        answer = self._call("chunk", self.inner.chunk, self._view(seq), remaining, step_view)
         try:
             if isinstance(answer, bool):
                 raise TypeError
@@ -158,8 +222,11 @@ class GuardedPolicy:
                               f"{seq.seq_id}: chunk must return an int") from None
 
     def victim(self, candidates: SequenceABC[Sequence], step: Any) -> Sequence:
-        answer = self._call("victim", self.inner.victim, candidates, StepView(step, self.name))
-        if not any(answer is c for c in candidates):
+        offered = tuple(candidates)
+        step_view = self._enter(step)
+        views = list(map(self._view, offered))  # a list of its own: the policy may reorder it
+        answer = real(self._call("victim", self.inner.victim, views, step_view))
+        if not any(answer is c for c in offered):
             raise PolicyError(f"policy {self.name!r} chose {_what(answer)} to preempt, which is "
                               "not one of the candidates")
         return answer

@@ -4,6 +4,18 @@ own process, the default) or an ``EngineLoop`` (in a thread of this process).
 
 Requests are checked (``engine.server.protocol``) and tokenized here; anything the engine could
 not serve is a 400 before it reaches the engine, so the trace holds real traffic only.
+
+A long prompt is tokenized off the event loop (``engine.server.prompt``), so the order in which
+requests reach the engine is the order their prompts are ready, not the order they came in: a
+small request sent while a multi-MB prompt tokenizes goes to the engine first and streams at
+once, rather than waiting seconds behind it. The arrival the engine gets (``arrival_s``, what
+the trace records) is the moment the request is handed to it: stamped on the event loop thread
+immediately before ``submit`` (nothing awaited between), so the engine sees arrivals in
+nondecreasing order, in its own order of adds; a request's ``seq_id`` order is its arrival
+order, and the what-if, which feeds a recording's requests by ``arrival_s``, feeds them in the
+order the engine took them, each when the engine could first have taken it. The time a request
+spent in the frontend (its body, parsing, tokenizing) is not in the trace's latencies; the
+server's own latency metrics (``/metrics``) and the client's count from its receipt.
 """
 
 from __future__ import annotations
@@ -20,9 +32,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from engine.server import generation as gen
-from engine.server.chat import chat_prompt_ids
 from engine.server.engine_loop import EngineStopped, RequestStream
 from engine.server.metrics import CONTENT_TYPE, ServerMetrics
+from engine.server.prompt import PromptPreparer
 from engine.server.protocol import (
     ApiError,
     ParsedRequest,
@@ -37,7 +49,8 @@ ENGINE_STOP_GRACE_S = 5.0
 
 @dataclass
 class ServerState:
-    """What the routes share: the engine loop, the tokenizer and the served model's limits."""
+    """What the routes share: the engine loop, the tokenizer, the prompt tokenizer's pool and
+    the served model's limits."""
 
     engine: Any  # EngineProcess or EngineLoop
     tokenizer: Any
@@ -46,6 +59,7 @@ class ServerState:
     vocab_size: int
     metrics: ServerMetrics
     created: int
+    prompts: PromptPreparer
 
 
 def create_app(engine: Any, model_name: str) -> FastAPI:
@@ -54,8 +68,9 @@ def create_app(engine: Any, model_name: str) -> FastAPI:
     closes the trace."""
     metrics = engine.metrics if engine.metrics is not None else ServerMetrics(model_name)
     engine.set_metrics(metrics)
+    prompts = PromptPreparer(engine.tokenizer, engine.max_model_len, engine.vocab_size)
     state = ServerState(engine, engine.tokenizer, model_name, engine.max_model_len,
-                        engine.vocab_size, metrics, int(time.time()))
+                        engine.vocab_size, metrics, int(time.time()), prompts)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -63,6 +78,7 @@ def create_app(engine: Any, model_name: str) -> FastAPI:
         try:
             yield
         finally:
+            prompts.close()
             await asyncio.get_running_loop().run_in_executor(None, engine.shutdown,
                                                              ENGINE_STOP_GRACE_S)
 
@@ -112,13 +128,13 @@ def create_app(engine: Any, model_name: str) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        arrival = engine.now()
-        return await _serve(state, request, parse_completion(await _body(request)), arrival)
+        received = time.perf_counter()
+        return await _serve(state, request, parse_completion(await _body(request)), received)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        arrival = engine.now()
-        return await _serve(state, request, parse_chat(await _body(request)), arrival)
+        received = time.perf_counter()
+        return await _serve(state, request, parse_chat(await _body(request)), received)
 
     return app
 
@@ -127,32 +143,11 @@ async def _body(request: Request) -> dict[str, Any]:
     return parse_json_body(await request.body())
 
 
-def _prompt_ids(state: ServerState, parsed: ParsedRequest) -> tuple[list[int], str]:
-    """The prompt's token ids and the field they came from."""
-    if parsed.chat:
-        return chat_prompt_ids(state.tokenizer, parsed.messages), "messages"
-    if isinstance(parsed.prompt, str):
-        return state.tokenizer.encode(parsed.prompt, add_special_tokens=False), "prompt"
-    ids = list(parsed.prompt or [])
-    if ids and (min(ids) < 0 or max(ids) >= state.vocab_size):
-        bad = next(t for t in ids if not 0 <= t < state.vocab_size)
-        raise ApiError(f"token id {bad} is outside the vocabulary [0, {state.vocab_size})",
-                       "prompt")
-    return ids, "prompt"
-
-
-def _admit(state: ServerState, parsed: ParsedRequest, arrival_s: float) -> RequestStream:
-    """A checked, tokenized request ready for the engine (ApiError: what is wrong with it)."""
-    if parsed.model is not None:
-        _check_model(state, parsed.model, "model")
-    ids, field = _prompt_ids(state, parsed)
-    if not ids:
-        raise ApiError("the prompt is empty", field)
+def _admit(state: ServerState, parsed: ParsedRequest, ids: list[int],
+           field: str) -> RequestStream:
+    """A request with its prompt's token ids ready for the engine (ApiError: what is wrong with
+    it); its arrival is set as it is submitted."""
     limit = state.max_model_len
-    if len(ids) >= limit:  # not one token of room, whatever max_tokens says
-        raise ApiError(f"this model's maximum context length is {limit} tokens; the prompt "
-                       f"has {len(ids)} tokens, which leaves no room for an answer", field,
-                       code="context_length_exceeded")
     max_tokens = parsed.max_tokens if parsed.max_tokens is not None else limit - len(ids)
     if len(ids) + max_tokens > limit:
         raise ApiError(
@@ -163,7 +158,7 @@ def _admit(state: ServerState, parsed: ParsedRequest, arrival_s: float) -> Reque
     error = state.engine.admission_error(ids, params)
     if error is not None:
         raise ApiError(error, field)
-    return RequestStream(ids, params, arrival_s)
+    return RequestStream(ids, params, float("nan"))
 
 
 def _check_model(state: ServerState, name: str, param: str | None) -> None:
@@ -174,15 +169,21 @@ def _check_model(state: ServerState, name: str, param: str | None) -> None:
 
 
 async def _serve(state: ServerState, request: Request, parsed: ParsedRequest,
-                 arrival_s: float) -> Response:
-    """``arrival_s``: when the request came in, on the engine's clock (what the trace records)."""
-    arrived = time.perf_counter() - (state.engine.now() - arrival_s)
-    stream = _admit(state, parsed, arrival_s)
+                 received: float) -> Response:
+    """Tokenize, check and submit the request, then answer it. ``received``: when it came in
+    (``time.perf_counter``), where the server's latency metrics start."""
+    if parsed.model is not None:
+        _check_model(state, parsed.model, "model")
+    ids, field = await state.prompts.token_ids(parsed)  # a long prompt: off the event loop
+    stream = _admit(state, parsed, ids, field)
+    # Its arrival, on the engine's clock: now, as it is handed over, with nothing awaited
+    # between the two, so the engine's adds come in the order of their arrivals.
+    stream.arrival_s = state.engine.now()
     try:
         state.engine.submit(stream)
     except EngineStopped as exc:
         raise ApiError(str(exc), status=503, kind="service_unavailable") from None
-    generation = gen.Generation(state.engine, stream, state.tokenizer, state.metrics, arrived)
+    generation = gen.Generation(state.engine, stream, state.tokenizer, state.metrics, received)
     request_id, created = gen.new_id(parsed.chat), int(time.time())
     if parsed.stream:
         return _EventStream(_events(state, parsed, generation, request_id, created),

@@ -14,10 +14,14 @@ CHATML_TEMPLATE = (
 )
 
 
-def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """The token ids of ``messages`` under the tokenizer's template, ending with the opening of
-    the assistant's turn."""
+def chat_prompt_text(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+    """``messages`` under the tokenizer's template, ending with the opening of the assistant's
+    turn: the text the prompt's token ids encode."""
     template = getattr(tokenizer, "chat_template", None) or CHATML_TEMPLATE
-    text = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
+    return tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
                                          add_generation_prompt=True)
-    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """The token ids of ``messages`` under the tokenizer's template (``chat_prompt_text``)."""
+    return tokenizer.encode(chat_prompt_text(tokenizer, messages), add_special_tokens=False)

@@ -2,7 +2,7 @@
 
 The frontend (the asyncio thread serving HTTP) tokenizes a request and ``submit``s a
 ``RequestStream``; the engine thread feeds it to the engine at the next step boundary (its
-arrival, measured when the request came in, is what the trace records), steps the engine, and
+arrival, stamped as the frontend submits it, is what the trace records), steps the engine, and
 hands each step's new tokens to the streams in one ``call_soon_threadsafe`` per step. The
 frontend detokenizes and streams. A client that goes away, or a stop string found in the text,
 comes back as ``finish(stream, "aborted" | "stop")``: an engine input like any other, recorded.
@@ -47,7 +47,9 @@ class RequestStream:
 
     token_ids: list[int]
     params: SamplingParams
-    arrival_s: float  # on the engine's clock (``EngineLoop.now``)
+    # On the engine's clock (``EngineLoop.now``): the frontend stamps it as it submits, on its
+    # one event-loop thread, so arrivals are nondecreasing in the order of submission.
+    arrival_s: float
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     seq_id: int = NO_SEQ  # set by the engine thread when it is added
     answered: bool = False  # a token has been handed to ``queue`` (``put_all``)

@@ -24,7 +24,8 @@ boundary; the server does not need that.
 
 ``rid`` is the frontend's request id; the engine maps it to its sequence id. Arrival times are
 taken by the frontend on the engine's clock (``time.perf_counter`` less the engine's start,
-sent in ``EngineInfo``: CLOCK_MONOTONIC is one clock for every process of the machine).
+sent in ``EngineInfo``: CLOCK_MONOTONIC is one clock for every process of the machine) as it
+sends the ``add``, so the adds come in the order of their arrivals (``engine.server.app``).
 """
 
 from __future__ import annotations

@@ -258,6 +258,10 @@ def test_sigterm_closes_a_trace_with_every_request(server: ServerProcess, trace_
     assert trace.complete
     added = trace.table("request_added").to_pandas()
     assert len(added) == sent.count
+    # Arrivals are stamped as requests are handed to the engine: nondecreasing in its order of
+    # adds (what the what-if feeds a recording by), each before the engine added it.
+    assert added.sort_values("seq_id").arrival_s.is_monotonic_increasing
+    assert (added.added_s >= added.arrival_s).all()
     finished = trace.table("request_finished").to_pandas()
     assert sorted(finished.seq_id) == sorted(added.seq_id)
     aborted = finished[finished.reason == "aborted"].seq_id.tolist()

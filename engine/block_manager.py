@@ -15,6 +15,7 @@ from itertools import repeat
 from typing import Any
 
 from engine.block_hash import TokenIds, chain_hash
+from engine.cache_copies import CacheCopies
 from engine.policy import FreeBlock, release_order
 from engine.sequence import PENDING_TOKEN, Sequence
 from tracing.events import EventBuffer
@@ -55,6 +56,7 @@ class BlockManager:
         enable_prefix_caching: bool = True,
         eviction_key: Callable[[FreeBlock], Any] = release_order,
         hold_decode_blocks: bool = False,
+        keep_duplicates: bool = False,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -67,6 +69,10 @@ class BlockManager:
         self.hold_decode_blocks = hold_decode_blocks
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.hash_to_block_id: dict[int, int] = {}
+        # Every block holding a cached hash stays in the cache, the index's block and its copies
+        # (engine/cache_copies.py, ``Config.prefix_cache_duplicates``); False: the index's only.
+        self.keep_duplicates = keep_duplicates
+        self.copies = CacheCopies()
         # Free block id -> its release stamp, in release order. The heap holds (eviction key,
         # stamp, block id) per release; an entry whose stamp is no longer the block's is stale
         # (the block was hit, or released again since).
@@ -101,6 +107,8 @@ class BlockManager:
         Sets ``seq.num_cached_tokens``. A prompt that is cached completely still recomputes its
         last block, so every admitted sequence computes at least one token. Hashes of the new full
         blocks are registered later by ``register_full_blocks``, once their KV is being computed.
+        Where several blocks hold a hash (``keep_duplicates``) the hit takes the one
+        ``CacheCopies.serving`` picks from their state (in use, release order), not their history.
 
         Emits: ``block_hit`` per cached block, then ``block_allocated`` per fresh block.
         """
@@ -113,11 +121,15 @@ class BlockManager:
         max_hits = num_full if num_full * block_size < seq.num_tokens else num_full - 1
         parent = NO_HASH
         index = 0
+        copies = self.copies
         if self.enable_prefix_caching:
             while index < max_hits:
                 chunk = seq.block(index, block_size)
                 block_hash = chain_hash(chunk, parent, self.hash_seed)
                 block_id = self.hash_to_block_id.get(block_hash, -1)
+                if block_hash in copies.by_hash:  # several blocks hold it (keep_duplicates)
+                    block_id = copies.serving(block_id, block_hash, chunk, self.blocks,
+                                              self.free_block_ids)
                 if block_id < 0:
                     break
                 block = self.blocks[block_id]
@@ -129,11 +141,8 @@ class BlockManager:
                     block.ref_count += 1
                 seq.block_table.append(block_id)
                 self.events.emit_block_hit(
-                    seq_id=seq.seq_id,
-                    block_id=block_id,
-                    logical_index=index,
-                    block_hash=block_hash,
-                    refcount=block.ref_count,
+                    seq_id=seq.seq_id, block_id=block_id, logical_index=index,
+                    block_hash=block_hash, refcount=block.ref_count,
                     free_blocks=len(self.free_block_ids),
                 )
                 parent = block_hash
@@ -167,11 +176,8 @@ class BlockManager:
                 # Completed by a token still on the device: only the last token of a block can
                 # be pending, and no later block exists yet. Hashed when the value is in.
                 row = self.events.emit_block_hashed(
-                    seq_id=seq.seq_id,
-                    block_id=table[index],
-                    logical_index=index,
-                    block_hash=NO_HASH,
-                    parent_hash=parent,
+                    seq_id=seq.seq_id, block_id=table[index], logical_index=index,
+                    block_hash=NO_HASH, parent_hash=parent,
                 )
                 self.pending_hashes.append((seq, index, parent, row))
                 index += 1
@@ -179,11 +185,8 @@ class BlockManager:
             block_hash = chain_hash(chunk, parent, self.hash_seed)
             self._enter(blocks[table[index]], chunk, block_hash, parent)
             self.events.emit_block_hashed(
-                seq_id=seq.seq_id,
-                block_id=table[index],
-                logical_index=index,
-                block_hash=block_hash,
-                parent_hash=parent,
+                seq_id=seq.seq_id, block_id=table[index], logical_index=index,
+                block_hash=block_hash, parent_hash=parent,
             )
             parent = block_hash
             index += 1
@@ -236,7 +239,9 @@ class BlockManager:
 
         Exact with respect to hashing them at once: between the two moments the scheduler
         only allocated blocks (EngineCore overlaps only steps that cannot preempt or admit), and
-        allocation cannot change which block the index keeps for these tokens.
+        allocation cannot change which block the index keeps for these tokens (with copies kept,
+        ``allocate`` picks from the blocks holding a hash in their order of entry: allocation
+        only takes free ones away, these join in use, and the order comes out the same).
 
         Emits: nothing new; patches the ``block_hashed.hash`` of each pending block.
         """
@@ -347,8 +352,11 @@ class BlockManager:
         return block
 
     def _forget_contents(self, block: Block) -> None:
-        """A cached block handed out fresh: its cache entry (if it is the indexed one) goes."""
-        if block.hash != NO_HASH and self.hash_to_block_id.get(block.hash) == block.block_id:
+        """A cached block handed out fresh: its cache entry (if it is the indexed one) goes, to
+        its first copy where ``keep_duplicates`` kept one (``CacheCopies.forget``)."""
+        if block.hash in self.copies.by_hash:
+            self.copies.forget(self.hash_to_block_id, block.hash, block.block_id)
+        elif block.hash != NO_HASH and self.hash_to_block_id.get(block.hash) == block.block_id:
             del self.hash_to_block_id[block.hash]
         block.hash = NO_HASH
         block.parent_hash = NO_HASH
@@ -381,6 +389,9 @@ class BlockManager:
         block.parent_hash = parent
         block.token_ids = chunk
         held = self.hash_to_block_id.get(block_hash, -1)
+        if held >= 0 and self.keep_duplicates:  # a copy: ``allocate`` picks among them
+            self.copies.add(block_hash, block.block_id)
+            return
         # A live block that already holds these tokens stays the one the cache serves: were the
         # entry moved to this duplicate, freeing the duplicate would hide both.
         blocks = self.blocks

@@ -66,6 +66,7 @@ FIELD_RULES: dict[str, _Rule] = {
     "policy": _Rule(str),
     "eviction": _Rule(str, choices=tuple(EVICTION_ORDERS)),
     "enable_prefix_caching": _Rule(bool),
+    "prefix_cache_duplicates": _Rule(bool),
     "hash_seed": _Rule(int, 0, 2**64 - 1),
     "seed": _Rule(int, 0, 2**63 - 1),
     "dtype": _Rule(str, choices=DTYPES),
@@ -117,6 +118,11 @@ class Config:
     # override it.
     eviction: str = "release"
     enable_prefix_caching: bool = True
+    # Every block holding a cached hash serves it (engine/cache_copies.py, as vLLM's BlockPool):
+    # two sequences that filled blocks with the same tokens (computed before either was cached)
+    # keep the hash cached until the last copy is handed out again. False: one block per hash,
+    # which drops the hash when that block goes, though a copy holds it (traces recorded before).
+    prefix_cache_duplicates: bool = True
     hash_seed: int = 0
     seed: int = 0
     dtype: str = "auto"

@@ -46,6 +46,7 @@ class Scheduler:
             enable_prefix_caching=config.enable_prefix_caching,
             eviction_key=self.policy.block_eviction_key(),
             hold_decode_blocks=config.overlap_mixed_steps,
+            keep_duplicates=config.prefix_cache_duplicates,
         )
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()  # in admission order

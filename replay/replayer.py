@@ -132,6 +132,8 @@ def config_from_header(header: dict[str, Any], **overrides: Any) -> Config:
     recorded.setdefault("long_prefill_kernel", "triton")
     # ... and left the start-up heap to the collector's full passes.
     recorded.setdefault("freeze_gc_heap", False)
+    # ... and kept one block per cached hash (a copy's hash left with the indexed block).
+    recorded.setdefault("prefix_cache_duplicates", False)
     known = set(Config.field_names())
     unknown = sorted(set(recorded) - known)
     if unknown:

@@ -7,15 +7,19 @@ block_size, lora_id, medium, lora_name), ``BlockRemoved`` (block_hashes, medium)
 ``AllBlocksCleared``. Over ZMQ each batch is a three-frame message: topic, an 8-byte big-endian
 sequence number, the msgpack payload.
 
-From the trace the translator keeps the engine's prefix-cache index (``BlockManager``'s
-``hash_to_block_id``: one block per hash) as the engine does: a ``block_hashed`` row enters its
-block, which becomes the hash's indexed block when none is, or when the indexed one is free
-(refcounts from ``block_allocated``, ``block_hit`` and ``block_freed``); a ``block_allocated``
-row hands a block out fresh, dropping the hash it held only if it was the indexed block. A hash
-is stored when it enters the index and removed when it leaves it, so a router holds exactly the
-hashes the engine can hit: a duplicate block (the same tokens filled by two sequences at once)
-keeps no hash alive once the indexed block is handed out. A block's tokens come from its
-sequence's prompt and sampled tokens. Hashes are the trace's xxhash64 chain, published unsigned.
+From the trace the translator keeps the hashes the engine's prefix cache can hit, as the engine
+does. With the header's ``config.prefix_cache_duplicates`` (the default since it exists) every
+block holding a hash serves it (``engine/cache_copies.py``): a ``block_hashed`` row adds its
+block to the hash's holders, a ``block_allocated`` row hands a block out fresh and takes it away
+from them; a hash is stored when its first holder comes and removed when its last one goes.
+Without it (older traces) the engine indexes one block per hash (``BlockManager``'s
+``hash_to_block_id``): a ``block_hashed`` row's block becomes the hash's indexed block when none
+is, or when the indexed one is free (refcounts from ``block_allocated``, ``block_hit`` and
+``block_freed``), and a hash is stored when it enters the index and removed when it leaves it,
+which a handed-out indexed block does even while a duplicate (the same tokens filled by another
+sequence) holds it. Either way a router holds exactly the hashes the engine can hit at the end
+of each step. A block's tokens come from its sequence's prompt and sampled tokens. Hashes are
+the trace's xxhash64 chain, published unsigned.
 """
 
 from __future__ import annotations
@@ -57,18 +61,28 @@ def event_batch(ts: float, events: list[dict[str, Any]], rank: int = 0) -> dict[
     return {"ts": ts, "events": events, "data_parallel_rank": rank}
 
 
+def keeps_duplicates(header: dict[str, Any]) -> bool:
+    """Whether the engine that wrote ``header`` served a hash from every block holding it
+    (``config.prefix_cache_duplicates``; absent from headers recorded before it: one block)."""
+    config = header.get("config")
+    return bool(config.get("prefix_cache_duplicates", False)) if isinstance(config, dict) else False
+
+
 class KVEventTranslator:
     """Turns a run's events, in event-id order, into vLLM KV events.
 
     Keeps the tokens of running requests (dropped when they finish), the engine's prefix-cache
-    index (hash -> the block the engine serves it from), the hash each block holds and each
-    block's refcount: bounded by the pool and the running requests, whatever the run's length.
+    index (hash -> the block the engine serves it from; with ``keep_duplicates``, hash -> how
+    many blocks hold it), the hash each block holds and each block's refcount: bounded by the
+    pool and the running requests, whatever the run's length.
     """
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, keep_duplicates: bool = False) -> None:
         self.block_size = block_size
+        self.keep_duplicates = keep_duplicates
         self.tokens: dict[int, list[int]] = {}
         self.index: dict[int, int] = {}  # hash -> the block the prefix cache serves it from
+        self.holders: dict[int, int] = {}  # hash -> blocks holding it (``keep_duplicates``)
         self.block_hash: dict[int, int] = {}  # block -> the hash it holds
         self.refcount: dict[int, int] = {}  # block -> references (0 or absent: free)
 
@@ -95,17 +109,24 @@ class KVEventTranslator:
     def _stored(self, out: list, seq_id: int, block_id: int, index: int, block_hash: int,
                 parent: int) -> None:
         """``BlockManager._enter``: the block holds the hash; the index takes it when it has no
-        block for the hash or its block is free (a live one keeps serving it)."""
+        block for the hash or its block is free (a live one keeps serving it); with
+        ``keep_duplicates`` the block joins the hash's holders. Stored: the hash's first."""
         block_hash, block_id = int(block_hash), int(block_id)
         if block_hash == NO_HASH:  # never entered (its value never came)
             return
         self.block_hash[block_id] = block_hash
-        held = self.index.get(block_hash)
-        if held is not None and self.refcount.get(held, 0) > 0:
-            return
-        self.index[block_hash] = block_id
-        if held is not None:  # served from this block now: a router sees no change
-            return
+        if self.keep_duplicates:
+            count = self.holders.get(block_hash, 0)
+            self.holders[block_hash] = count + 1
+            if count:  # already stored
+                return
+        else:
+            held = self.index.get(block_hash)
+            if held is not None and self.refcount.get(held, 0) > 0:
+                return
+            self.index[block_hash] = block_id
+            if held is not None:  # served from this block now: a router sees no change
+                return
         size = self.block_size
         tokens = self.tokens.get(int(seq_id), [])[int(index) * size : (int(index) + 1) * size]
         out.append({
@@ -121,12 +142,21 @@ class KVEventTranslator:
 
     def _handed_out(self, out: list, block_id: int) -> None:
         """``BlockManager._forget_contents``: a block handed out fresh forgets its hash, which
-        leaves the index only if this was its indexed block."""
+        leaves the index only if this was its indexed block (with ``keep_duplicates``: its last
+        holder)."""
         self.refcount[block_id] = 1
         old = self.block_hash.pop(block_id, None)
-        if old is None or self.index.get(old) != block_id:
+        if old is None:
             return
-        del self.index[old]
+        if self.keep_duplicates:
+            self.holders[old] -= 1
+            if self.holders[old]:
+                return
+            del self.holders[old]
+        else:
+            if self.index.get(old) != block_id:
+                return
+            del self.index[old]
         out.append({"type": "BlockRemoved", "block_hashes": [external_hash(old)],
                     "medium": MEDIUM})
 
@@ -156,7 +186,7 @@ class KVEventTap:
         self._cursor: dict[str, int] = {}
 
     def open(self, header: dict[str, Any]) -> None:
-        self.translator = KVEventTranslator(int(header["block_size"]))
+        self.translator = KVEventTranslator(int(header["block_size"]), keeps_duplicates(header))
         if self.inner is not None:
             self.inner.open(header)
         self.publish(event_batch(time.time(), [all_blocks_cleared()]))  # a fresh, empty pool
@@ -189,7 +219,7 @@ def trace_kv_batches(trace: Any) -> Iterator[dict[str, Any]]:
     """One ``EventBatch`` per step of a trace that stored or removed blocks (after a first
     ``AllBlocksCleared``), stamped with the step's end on the run's clock (Unix seconds)."""
     header = trace.header
-    translator = KVEventTranslator(int(header["block_size"]))
+    translator = KVEventTranslator(int(header["block_size"]), keeps_duplicates(header))
     start = _start_unix(header)
     tables = {kind: trace.columns(kind) for kind in _READ}
     ends = dict(zip(trace.columns("model_step")["step"].tolist(),

@@ -19,6 +19,9 @@ mutation check can say which invariant caught a mutant):
 - ``free_iff_unreferenced``: a block is on the free list exactly when its refcount is 0.
 - ``hash_index``: the hash map points only at full blocks whose stored tokens and parent hash
   recompute (``chain_hash``) to the key, and whose whole token prefix, as registered, chains to it.
+- ``copies``: without ``keep_duplicates`` none are kept; with it every block holding a hash is the
+  index's block or one of its copies, once, and the holders of each hash, in order, equal the
+  model's.
 - ``block_tables``: a live sequence's table has ceil(len / block_size) entries; its cached tokens
   are a multiple of the block size and less than its length.
 - ``live_hashes``: exactly the first ``num_hashed_blocks`` blocks of a live table are hashed, each
@@ -32,13 +35,19 @@ mutation check can say which invariant caught a mutant):
 Inside the rules, the answer of ``can_allocate`` is compared with the model's (``can_allocate``)
 and ``deallocate`` must return the number of blocks the sequence held (``deallocate``).
 
+``DuplicatesMachine`` reruns it with ``keep_duplicates`` (``Config.prefix_cache_duplicates``):
+every block holding a hash stays in the cache, the index's block first and its copies after, in
+the order they entered; a hit takes the first copy in use, else the free one released last, and
+the hash leaves the cache with its last copy (``copies``: every hashed block is the index's or a
+copy, each once, and a hash held by a block in use is always cached).
+
 ``CollidingHashMachine`` reruns the machine with a deliberately weak hash (5 values), so that
 different blocks collide in the index: it proves that a hit is taken only on a block storing the
 very tokens requested (the token-equality check), the one defence the engine has against
-collisions. Prefix-equality of shared blocks (``sharing``), their parents and a table never holding
-a block twice rely on the 64-bit hash being collision-free (under collisions the engine may serve
-block i and block j of one prompt from one block with the same tokens), so that variant checks
-contents instead.
+collisions (``CollidingDuplicatesMachine``: among the copies too). Prefix-equality of shared
+blocks (``sharing``), their parents and a table never holding a block twice rely on the 64-bit
+hash being collision-free (under collisions the engine may serve block i and block j of one
+prompt from one block with the same tokens), so that variant checks contents instead.
 """
 
 from __future__ import annotations
@@ -88,6 +97,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
     hash_override = None
     #: Whether the invariants may assume the block hash never collides (true of xxhash64 here).
     collision_free = True
+    #: ``BlockManager(keep_duplicates=...)``: every block holding a hash serves it.
+    keep_duplicates = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -115,13 +126,23 @@ class BlockManagerMachine(RuleBasedStateMachine):
         max_hits = num_full if num_full * bs < len(tokens) else num_full - 1
         hits: list[int] = []
         for i, h in enumerate(self.chain(tokens, max_hits)):
-            block_id = self.index.get(h)
-            if block_id is None or self.contents[block_id][2] != tokens[i * bs : (i + 1) * bs]:
+            chunk = tokens[i * bs : (i + 1) * bs]
+            block_id = self.serving(h, chunk, hits) if self.keep_duplicates else self.index.get(h)
+            if block_id is None or self.contents[block_id][2] != chunk:
                 break
             hits.append(block_id)
         fresh_needed = ceil_div(len(tokens), bs) - len(hits)
         fresh = [b for b in self.free_order if b not in hits][:fresh_needed]
         return hits + fresh, len(hits)
+
+    def serving(self, h: int, chunk: list[int], taken: list[int]) -> int | None:
+        """With duplicates kept: the copy of ``h`` holding ``chunk`` that a hit takes (the first
+        in use, else the free one released last), ``taken``: blocks this admission already hit."""
+        copies = [b for b in self.holders.get(h, []) if self.contents[b][2] == chunk]
+        live = [b for b in copies if self.refs[b] > 0 or b in taken]
+        if live:
+            return live[0]
+        return max(copies, key=self.free_order.index, default=None)
 
     def model_take(self, block_id: int, fresh: bool) -> None:
         if block_id in self.free_order:
@@ -129,7 +150,13 @@ class BlockManagerMachine(RuleBasedStateMachine):
         if fresh and block_id in self.contents:
             h = self.contents.pop(block_id)[0]
             self.registered_prefix.pop(block_id, None)
-            if self.index.get(h) == block_id:
+            if self.keep_duplicates:
+                self.holders[h].remove(block_id)
+                if not self.holders[h]:
+                    del self.holders[h], self.index[h]
+                else:
+                    self.index[h] = self.holders[h][0]
+            elif self.index.get(h) == block_id:
                 del self.index[h]
 
     def model_register(self, seq: Sequence, upto_tokens: int) -> None:
@@ -144,6 +171,10 @@ class BlockManagerMachine(RuleBasedStateMachine):
             self.contents[block_id] = (hashes[i], parent, seq.token_ids[i * bs : (i + 1) * bs])
             self.registered_prefix[block_id] = list(seq.token_ids[: (i + 1) * bs])
             tokens = seq.token_ids[i * bs : (i + 1) * bs]
+            if self.keep_duplicates:  # a copy after the others; the index keeps the first
+                self.holders.setdefault(hashes[i], []).append(block_id)
+                self.index[hashes[i]] = self.holders[hashes[i]][0]
+                continue
             existing = self.index.get(hashes[i])
             # A live block already holding these tokens keeps the index entry.
             if (
@@ -175,7 +206,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.hash_seed = hash_seed
         self.events = EventBuffer()
         self.bm = BlockManager(
-            num_blocks, block_size, self.events, hash_seed=hash_seed, enable_prefix_caching=True
+            num_blocks, block_size, self.events, hash_seed=hash_seed, enable_prefix_caching=True,
+            keep_duplicates=self.keep_duplicates,
         )
         self.num_blocks = num_blocks
         self.live: dict[int, Sequence] = {}
@@ -187,6 +219,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.refs: list[int] = [0] * num_blocks
         self.tables: dict[int, list[int]] = {}
         self.index: dict[int, int] = {}
+        self.holders: dict[int, list[int]] = {}  # with duplicates kept: hash -> its blocks
         self.contents: dict[int, tuple[int, int, list[int]]] = {}
         self.registered_prefix: dict[int, list[int]] = {}
         self.hashed: dict[int, int] = {}
@@ -376,6 +409,27 @@ class BlockManagerMachine(RuleBasedStateMachine):
                 f"{block}: the registered prefix {prefix} does not chain to {h}"
             )
 
+    def _check_copies(self) -> None:
+        bm = self.bm
+        assert self.keep_duplicates or not bm.copies.by_hash, "copies kept without the setting"
+        if not self.keep_duplicates:
+            return
+        holders: dict[int, list[int]] = {}
+        for h, block_id in bm.hash_to_block_id.items():
+            holders[h] = [block_id, *bm.copies.by_hash.get(h, [])]
+        assert set(bm.copies.by_hash) <= set(holders), "copies of a hash the index lacks"
+        for h, ids in holders.items():
+            assert len(set(ids)) == len(ids), f"hash {h}: a block listed twice in {ids}"
+            for block_id in ids:
+                block = bm.blocks[block_id]
+                assert block.hash == h, f"hash {h}: {block} holds another"
+        listed = {b for ids in holders.values() for b in ids}
+        for block in bm.blocks:
+            assert block.hash == NO_HASH or block.block_id in listed, (
+                f"{block} holds a hash but is neither indexed nor a copy"
+            )
+        assert holders == self.holders, f"holders {holders}, model {self.holders}"
+
     def _check_block_tables(self) -> None:
         bs = self.block_size
         for seq in self.live.values():
@@ -467,6 +521,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         "refcounts",
         "free_iff_unreferenced",
         "hash_index",
+        "copies",
         "block_tables",
         "live_hashes",
         "sharing",
@@ -500,8 +555,22 @@ class CollidingHashMachine(BlockManagerMachine):
     collision_free = False
 
 
+class DuplicatesMachine(BlockManagerMachine):
+    """The same machine with every block holding a hash kept in the cache."""
+
+    keep_duplicates = True
+
+
+class CollidingDuplicatesMachine(CollidingHashMachine):
+    """Duplicates kept, under the 5-valued hash: a hit picks among copies of other tokens."""
+
+    keep_duplicates = True
+
+
 TestBlockManagerStateMachine = BlockManagerMachine.TestCase
 TestBlockManagerWithHashCollisions = CollidingHashMachine.TestCase
+TestBlockManagerKeepingDuplicates = DuplicatesMachine.TestCase
+TestBlockManagerKeepingDuplicatesWithCollisions = CollidingDuplicatesMachine.TestCase
 
 
 @given(

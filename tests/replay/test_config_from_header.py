@@ -65,3 +65,15 @@ def test_headers_before_the_heap_freeze_left_the_heap_to_the_collector() -> None
     assert recorded["freeze_gc_heap"] is True
     del recorded["freeze_gc_heap"]
     assert config_from_header({"config": recorded}).freeze_gc_heap is False
+
+
+def test_headers_before_duplicates_were_kept_replay_one_block_per_hash() -> None:
+    """``prefix_cache_duplicates`` is on by default; a header recorded before the field existed
+    replays (and what-ifs) the rule its engine had, one block per cached hash; a recorded
+    choice is kept."""
+    recorded = Config().to_dict()
+    assert recorded["prefix_cache_duplicates"] is True
+    del recorded["prefix_cache_duplicates"]
+    assert config_from_header({"config": recorded}).prefix_cache_duplicates is False
+    recorded["prefix_cache_duplicates"] = True
+    assert config_from_header({"config": recorded}).prefix_cache_duplicates is True

@@ -73,10 +73,11 @@ def test_export_writes_vllm_batches_consistent_with_the_trace(
         tmp_path: Path, evicting_trace: tuple[Path, list[dict]], source: str) -> None:
     """From the committed demo trace (prefix sharing, preemptions) and a run that evicts:
     vLLM's fields only; the pool starts cleared; a hash is removed only while stored, a parent
-    is stored before its child (it may have left the cache since: the engine drops a hash when
-    its indexed block is handed out, though a duplicate still holds it, and a child of that
-    duplicate is cached all the same), never more hashes stored than the pool has blocks; every
-    stored hash is one the trace hashed."""
+    is stored before its child (it may have left the cache since: the engine of the demo trace,
+    recorded before ``prefix_cache_duplicates``, dropped a hash when its indexed block was handed
+    out, though a duplicate still held it, and cached a child of that duplicate all the same),
+    never more hashes stored than the pool has blocks; every stored hash is one the trace
+    hashed."""
     src = TRACES / "cpu-tiny-demo" if source == "demo" else evicting_trace[0]
     out = tmp_path / "kv.msgpack"
     assert main(["export", str(src), "--format", "vllm-kv-events", "--out", str(out)]) == 0
@@ -153,32 +154,37 @@ def _view_after(batches: list[dict], view: set[int]) -> None:
                 view.difference_update(event["block_hashes"])
 
 
-# Two identical prompts admitted in one step fill duplicate blocks (neither hits: hashes enter
-# after admission); the first finishes early and its blocks are handed to new prompts, which
-# drops the engine's index entries although the second sequence still holds the duplicates.
+# Two identical prompts: the second hits the first's blocks but its last, which it recomputes (a
+# duplicate); the first finishes early and its blocks are handed to new prompts, which (without
+# ``prefix_cache_duplicates``) drops the hash though the second sequence still holds the copy.
 DUPLICATES = Workload(
     [Req(list(range(1, 13)), max_tokens=1), Req(list(range(1, 13)), max_tokens=12)]
     + [Req([200 + 20 * i + t for t in range(12)], max_tokens=3) for i in range(6)],
     num_blocks=14, block_size=4, max_num_seqs=2)
 
 
+@pytest.mark.parametrize("keep", [True, False], ids=["duplicates-kept", "one-block-per-hash"])
 @pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("workload", ["duplicates", "evicting", "reference_like"])
-def test_published_view_is_the_engines_prefix_cache(workload: str, overlap: bool) -> None:
+def test_published_view_is_the_engines_prefix_cache(workload: str, overlap: bool,
+                                                    keep: bool) -> None:
     """After every step, the hashes a router holds from the published KV events are exactly
-    those the engine's prefix cache can hit (``BlockManager.hash_to_block_id``): with duplicate
-    blocks a hash leaves the cache when its indexed block is handed out, even while a duplicate
-    still holds the tokens, and the stream says so then, not when the last copy goes."""
+    those the engine's prefix cache can hit (``BlockManager.hash_to_block_id``). With
+    ``prefix_cache_duplicates`` a hash that a block in use holds is always among them; without
+    it (traces recorded before the field) a hash leaves the cache when its indexed block is
+    handed out, even while a duplicate still holds the tokens, and the stream says so then."""
     from _trace_helpers import reference_like
 
     from engine.engine_core import EngineCore
     from engine.executor import NullExecutor
+    from tracing.schema import NO_HASH
     from tracing.sink import MemorySink
 
     chosen = {"duplicates": DUPLICATES, "evicting": EVICTING,
               "reference_like": reference_like(num_seqs=24)}[workload]
     published: list[dict] = []
     mismatches: list[tuple[int, set[int], set[int]]] = []
+    lost: list[int] = []  # steps where a block in use held a hash the cache no longer had
     view: set[int] = set()
     cores: list[EngineCore] = []
 
@@ -188,12 +194,17 @@ def test_published_view_is_the_engines_prefix_cache(workload: str, overlap: bool
             _view_after(published, view)
             published.clear()
             core = cores[0]
-            cached = {h & (2**64 - 1) for h in core.scheduler.block_manager.hash_to_block_id}
+            bm = core.scheduler.block_manager
+            cached = {h & (2**64 - 1) for h in bm.hash_to_block_id}
             if cached != view:
                 mismatches.append((core.step_index, view - cached, cached - view))
+            in_use = {b.hash & (2**64 - 1) for b in bm.blocks
+                      if b.ref_count and b.hash != NO_HASH}
+            if not in_use <= cached:
+                lost.append(core.step_index)
 
-    core = EngineCore(chosen.config(), NullExecutor(chosen.num_blocks, vocab_size=1000,
-                                                    overlap=overlap),
+    config = chosen.config().replace(prefix_cache_duplicates=keep)
+    core = EngineCore(config, NullExecutor(chosen.num_blocks, vocab_size=1000, overlap=overlap),
                       sink=Checking(MemorySink(), published.append),
                       header={"model": {"architecture": "null"}, "device": "cpu: test"})
     cores.append(core)
@@ -202,6 +213,10 @@ def test_published_view_is_the_engines_prefix_cache(workload: str, overlap: bool
     core.run_until_idle()
     core.close()
     assert mismatches == []
+    if keep:
+        assert lost == []
+    elif workload == "duplicates":
+        assert lost, "the workload no longer makes a live duplicate lose its hash"
 
 
 def _sampling(req: Req):  # type: ignore[no-untyped-def]

@@ -136,6 +136,14 @@ def summarize(rows: list[dict[str, Any]], host: dict[int, list[float]]) -> list[
     return out
 
 
+def save_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Every iteration's parts (seconds) in run order, one float32 array a part: the run's
+    course (does a part grow as the run goes on?) is read from these, not from the medians."""
+    keys = sorted({k for r in rows for k in r})
+    np.savez_compressed(path, **{k: np.array([r.get(k, 0.0) for r in rows], np.float32)
+                                 for k in keys})
+
+
 def recorded_hosts(trace: Path) -> dict[int, list[float]]:
     from tracing.reader import read_trace
 
@@ -192,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             llm.close()
         table = summarize(phases.rows, recorded_hosts(trace))
         results[f"{index}-{cell}"] = table
+        save_rows(args.out / f"rows-{index}-{cell}.npz", phases.rows)
         (args.out / "phases.json").write_text(json.dumps(results, indent=1))
         print(f"\n{index}-{cell} ({time.perf_counter() - began:.1f} s)")
         print(" | ".join(["rows", "n", *PARTS, "loop-wait", "rec host", "gc/100"]))

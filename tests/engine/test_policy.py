@@ -3,10 +3,6 @@ hand-made cases (priority admission and victim, the two eviction orders)."""
 
 from __future__ import annotations
 
-import sys
-import textwrap
-from pathlib import Path
-
 import pytest
 
 from engine.config import Config
@@ -19,19 +15,6 @@ from replay.testing import RequestSpec, Workload, run_workload
 from tracing.sink import MemorySink
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-
-
-@pytest.fixture
-def policy_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """Write a policy module under tmp_path (importable by name); returns a writer."""
-    monkeypatch.syspath_prepend(str(tmp_path))
-
-    def write(name: str, body: str) -> str:
-        (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
-        sys.modules.pop(name, None)
-        return name
-
-    yield write
 
 
 def _core(policy: str, **config: object) -> tuple[EngineCore, MemorySink]:

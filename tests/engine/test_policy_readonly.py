@@ -8,10 +8,6 @@ themselves (never wrapped)."""
 
 from __future__ import annotations
 
-import sys
-import textwrap
-from pathlib import Path
-
 import pytest
 from hypothesis import given, settings
 
@@ -30,19 +26,6 @@ from tracing.sink import MemorySink
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 CONFIG = Config(kvcache_block_size=2, num_kvcache_blocks=6, max_model_len=16,
                 max_num_batched_tokens=16, max_num_seqs=4)
-
-
-@pytest.fixture
-def policy_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """Write a policy module under tmp_path (importable by name); returns a writer."""
-    monkeypatch.syspath_prepend(str(tmp_path))
-
-    def write(name: str, body: str) -> str:
-        (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
-        sys.modules.pop(name, None)
-        return name
-
-    yield write
 
 
 def _core(policy: str, **config: object) -> EngineCore:

@@ -17,17 +17,17 @@ cells use (so every recorded engine starts warm, its kernels compiled for prefil
 mixed steps alike, as the committed reference does); ``--repeat N`` records each cell N times
 (``CELL``, ``CELL-r2``, ...: the run-to-run spread). ``fidelity`` predicts each recorded cell
 from the source trace's step-time model (and a device profile, where given) and compares the
-prediction with the recording (``replay.whatif.fidelity.matrix_rows``); ``ablation`` sums that
-table up once per mechanism switched off; ``steps`` prices each cell's recorded steps by the
-model, per step class (``replay.whatif.matrix_study``); ``drift`` cuts each cell's run into
-spans of wall time and shows its host's speed moving (the median host time of its decodes and
-eager steps) and the eager steps' device time following it (``host_drift``); ``spread`` reads
-each cell recorded in both directories (two device calls, hosts) as ``fidelity`` reads a
-prediction: OTHER's recorded metrics against TRACES', and OTHER's host speed by the two start-up
-calibrations
-(``replay.whatif.fidelity.machine_spread_rows``). ``--target-host`` prices each cell's host work
-on its own host, measured by its header's start-up calibration
-(``replay.whatif.cost.host_speed``).
+prediction with the recording (``replay.whatif.fidelity.matrix_rows``; an incomplete cell, a
+killed recording, is shown as such and not compared; an incomplete source is refused, exit 2);
+``ablation`` sums that table up once per mechanism switched off; ``steps`` prices each cell's
+recorded steps by the model, per step class (``replay.whatif.matrix_study``); ``drift`` cuts
+each cell's run into spans of wall time and shows its host's speed moving (the median host time
+of its decodes and eager steps) and the eager steps' device time following it (``host_drift``);
+``spread`` reads each cell recorded in both directories (two device calls, hosts) as
+``fidelity`` reads a prediction: OTHER's recorded metrics against TRACES', and OTHER's host
+speed by the two start-up calibrations (``replay.whatif.fidelity.machine_spread_rows``).
+``--target-host`` prices each cell's host work on its own host, measured by its header's
+start-up calibration (``replay.whatif.cost.host_speed``).
 """
 
 from __future__ import annotations
@@ -185,6 +185,19 @@ def _targets(traces: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; a user's error (an incomplete source, an unreadable trace) is one line on
+    stderr and exit 2."""
+    from engine.errors import ReplayLLMError
+    from tracing.errors import TraceError, one_line
+
+    try:
+        return _main(argv)
+    except (ReplayLLMError, TraceError) as exc:
+        print(f"python -m benchmarks.matrix: error: {one_line(exc)}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.matrix",
                                      description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -267,6 +280,7 @@ def steps(targets: list[str], source: str, profile: str | None, options: Any,
     with ``drift`` per span of wall time (``host_drift``)."""
     from replay.recorded import from_trace
     from replay.whatif.cost.model import CostModel
+    from replay.whatif.fidelity import check_complete_source
     from replay.whatif.matrix_study import (
         host_drift,
         host_drift_markdown,
@@ -275,7 +289,9 @@ def steps(targets: list[str], source: str, profile: str | None, options: Any,
     )
     from tracing.reader import read_trace
 
-    model = CostModel.fit(from_trace(read_trace(source)), source=source, profile=profile,
+    source_trace = read_trace(source)
+    check_complete_source(source_trace, source)
+    model = CostModel.fit(from_trace(source_trace), source=source, profile=profile,
                           options=options)
     cells = {}
     for target in targets:

@@ -24,6 +24,7 @@ from replay.cli.variants import (
     parse_overrides,
 )
 from replay.metrics import compute, has_timings
+from replay.whatif.compare import incomplete_source, load_other, note_scope, recorded_events
 from replay.whatif.cost.model import CostModel
 from replay.whatif.executors import EXECUTORS
 from replay.whatif.simulate import (
@@ -124,9 +125,22 @@ def _load_timing_trace(path: str, args: argparse.Namespace | None = None
     return model, config
 
 
-def _load(args: argparse.Namespace) -> tuple[SimWorkload, CostModel | None, list[str]]:
+def _source(args: argparse.Namespace) -> SimWorkload | None:
+    """TRACE's workload (None with --workload), warning when the recording is incomplete; plain
+    whatif then covers the requests it finished only (``replay.whatif.compare``)."""
     if args.num_seqs is not None and args.workload is None:  # never ignored in silence
         raise WhatifError("--num-seqs takes --workload (a TRACE's requests are all re-run)")
+    if args.trace is None:
+        return None
+    workload = load_source(args.trace)
+    warning = incomplete_source(workload, restrict=not args.compare)
+    if warning is not None:
+        print(f"warning: {warning}")
+    return workload
+
+
+def _load(args: argparse.Namespace, workload: SimWorkload | None
+          ) -> tuple[SimWorkload, CostModel | None, list[str]]:
     timing_config: Config | None = None
     cost: CostModel | None = None
     if args.timing_from:
@@ -135,12 +149,7 @@ def _load(args: argparse.Namespace) -> tuple[SimWorkload, CostModel | None, list
                                      or getattr(args, "cost_options", None)
                                      or getattr(args, "host_from", None)):
         cost, _ = _load_timing_trace(args.trace, args)
-    if args.trace is not None:
-        workload = load_source(args.trace)
-        recorded = workload.recorded
-        if recorded is not None and not recorded.complete:
-            print(f"warning: {args.trace} is incomplete (the recording stopped; committed through "
-                  f"step {recorded.last_step}): its workload is only the requests it recorded")
+    if workload is not None:
         if cost is None:
             cost, notes = load_timing("auto", workload)
             return workload, cost, notes
@@ -227,21 +236,16 @@ def _plotter(args: argparse.Namespace) -> Any:
 
 
 def _compare(args: argparse.Namespace, workload: SimWorkload, cost: CostModel | None,
-             plotter: Any) -> int:
+             plotter: Any, against: tuple[Any, Any]) -> int:
     """Predict OTHER_TRACE's configuration and set the prediction beside its recording. An
     incomplete recording is compared over the requests it finished only, both sides cut alike
-    and the output saying so (``replay.whatif.compare``)."""
-    from replay.recorded import from_trace
+    and the output saying so. ``against``: ``compare.load_other``'s (recording, scope)."""
     from replay.replayer import config_from_header
     from replay.verify import compare_decisions, cut_to_step, describe_divergence
-    from replay.whatif.compare import check_same_workload, scope_of
     from replay.whatif.notes import device_note
     from replay.whatif.report import comparison_rows, comparison_table
-    from tracing.reader import read_trace
 
-    other = from_trace(read_trace(args.compare))
-    check_same_workload(workload, other, args.compare)
-    scope = scope_of(other, len(workload.requests), args.compare)
+    other, scope = against
     if scope is not None:
         print(f"warning: {scope.warning()}")
     target = config_from_header(other.header).to_dict()
@@ -338,7 +342,9 @@ def _whatif(args: argparse.Namespace, overrides: dict[str, Any], grid: dict[str,
 
         return run_streamed(args, build_variants(overrides, grid), _load_timing_trace, _finish,
                             _sim_row)
-    workload, cost, notes = _load(args)
+    source = _source(args)
+    against = load_other(source, args.compare)  # checked before any step-time model is fitted
+    workload, cost, notes = _load(args, source)
     if cost is not None and cost.host is not None:
         notes = [cost.host.words(), *notes]
     for note in notes:
@@ -346,11 +352,9 @@ def _whatif(args: argparse.Namespace, overrides: dict[str, Any], grid: dict[str,
     if cost is not None:
         print(cost.describe())
     if args.compare:
-        from replay.loadgen.result import is_result
-
-        if is_result(args.compare):
+        if against is None:
             return _compare_client(args, workload, cost, plotter)
-        return _compare(args, workload, cost, plotter)
+        return _compare(args, workload, cost, plotter, against)
     variants = build_variants(overrides, grid)
     if workload.config.num_kvcache_blocks == AUTO_SIZED_BLOCKS and not all(
         "num_kvcache_blocks" in v for _, v in variants
@@ -358,10 +362,10 @@ def _whatif(args: argparse.Namespace, overrides: dict[str, Any], grid: dict[str,
         raise WhatifError("the KV pool size is unknown without a trace: --set "
                           "num_kvcache_blocks=N (or --timing-from a trace, whose pool is used)")
     results = _run_variants(workload, variants, cost, args.jobs, args.executor)
-    rows = []
-    if workload.recorded is not None:
-        rows.append(_row("recorded", "recorded", compute(workload.recorded)))
+    recorded = recorded_events(workload)  # an incomplete source's finished requests only
+    rows = [] if recorded is None else [_row("recorded", "recorded", compute(recorded))]
     rows += [_sim_row(r) for r in results]
+    note_scope(rows, workload)
     for r in results:
         for note in r.notes:
             print(f"note ({r.name}): {note}")

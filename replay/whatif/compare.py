@@ -15,8 +15,14 @@ the prediction (a makespan "off by +250%"). So ``RecordedScope`` restricts both 
   stretch of the run on both sides (the same steps, when the decisions agree);
 - the decision streams are compared over the steps the recording committed.
 
-A recording that finished no request leaves nothing to compare: ``scope_of`` raises
-``ReplayLLMError`` (one line, exit 2) instead of printing a table of nothing.
+A recording that finished no request leaves nothing to compare: ``load_other`` raises
+``ReplayLLMError`` (one line, exit 2) before any step-time model is fitted, instead of printing a
+table of nothing.
+
+Plain ``whatif SOURCE`` follows the same rule when SOURCE itself is incomplete
+(``incomplete_source``): its "recorded" row and every predicted row cover the requests the
+recording finished, each run cut at the step that finished the last of them
+(``SimWorkload.scope``, applied by ``run_variant``); one that finished none has no recorded row.
 """
 
 from __future__ import annotations
@@ -42,6 +48,13 @@ def check_same_workload(workload: Any, other: RecordedEvents, other_name: str) -
     theirs = list(zip(np.asarray(added["prompt_len"]).tolist(),
                       np.asarray(added["max_tokens"]).tolist()))
     same = ours == theirs if other.complete else ours[:len(theirs)] == theirs
+    source = getattr(workload, "recorded", None)
+    if not same and source is not None and not source.complete and ours == theirs[:len(ours)]:
+        raise ReplayLLMError(
+            f"{workload.name} is incomplete ({_stopped(source)}): it recorded only {len(ours)} of "
+            f"the {len(theirs)} requests {other_name} ran; --compare needs a source holding them "
+            "all (a complete recording)"
+        )
     if not same:
         raise ReplayLLMError(
             f"{other_name} ran another workload than {workload.name} ({len(theirs)} vs "
@@ -70,6 +83,13 @@ class RecordedScope:
                 f"comparing only those {self.finished}, each run up to the step that finished "
                 "the last of them")
 
+    def source_warning(self) -> str:
+        """The line plain ``whatif`` prints for an incomplete SOURCE."""
+        return (f"{self.name} is incomplete (the recording stopped; committed through step "
+                f"{self.last_step}): it finished {self.finished} of the {self.total} requests it "
+                f"recorded; the recorded row and every prediction cover only those "
+                f"{self.finished}, each run up to the step that finished the last of them")
+
     def note(self) -> str:
         """The same, for the ``notes`` column of summary.parquet."""
         return (f"compared over the {self.finished} of {self.total} requests the incomplete "
@@ -91,15 +111,86 @@ class RecordedScope:
         return RecordedEvents(events.header, tables, last, events.complete)
 
 
+def _stopped(events: Any) -> str:
+    """Where an incomplete recording stopped, in words."""
+    return ("the recording stopped; committed no step" if events.last_step < 0
+            else f"the recording stopped; committed through step {events.last_step}")
+
+
+def _finished_ids(events: RecordedEvents) -> np.ndarray:
+    return np.unique(np.asarray(events.tables["request_finished"]["seq_id"], dtype=np.int64))
+
+
+def _nothing_to_compare(name: str, stopped: str, total: int) -> ReplayLLMError:
+    return ReplayLLMError(f"{name} is incomplete ({stopped}) and finished none of the {total} "
+                          "requests: nothing to compare")
+
+
 def scope_of(other: RecordedEvents, total: int, other_name: str) -> RecordedScope | None:
     """None for a complete recording (everything is compared); for an incomplete one, the
     requests it finished. Raises ``ReplayLLMError`` when it finished none."""
     if other.complete:
         return None
-    seq_ids = np.unique(np.asarray(other.tables["request_finished"]["seq_id"], dtype=np.int64))
+    seq_ids = _finished_ids(other)
     if not len(seq_ids):
-        stopped = ("committed no step" if other.last_step < 0
-                   else f"committed through step {other.last_step}")
-        raise ReplayLLMError(f"{other_name} is incomplete (the recording stopped; {stopped}) "
-                             f"and finished none of the {total} requests: nothing to compare")
+        raise _nothing_to_compare(other_name, _stopped(other), total)
     return RecordedScope(other_name, seq_ids, total, int(other.last_step))
+
+
+def load_other(workload: Any, path: str | None
+               ) -> tuple[RecordedEvents, RecordedScope | None] | None:
+    """``--compare OTHER_TRACE``'s recording and its scope (``scope_of``), after
+    ``check_same_workload``: every refusal here comes before any step-time model is fitted.
+    A killed OTHER that finished nothing is refused from its commit markers alone. None without
+    ``--compare``, without a TRACE, or for a loadgen result."""
+    from replay.loadgen.result import is_result
+    from replay.recorded import from_trace
+    from tracing.reader import read_trace
+
+    if path is None or workload is None or is_result(path):
+        return None
+    trace = read_trace(path)
+    if not trace.complete and not trace.counts()["request_finished"]:
+        raise _nothing_to_compare(path, _stopped(trace), len(workload.requests))
+    other = from_trace(trace)
+    check_same_workload(workload, other, path)
+    return other, scope_of(other, len(workload.requests), path)
+
+
+def incomplete_source(workload: Any, restrict: bool) -> str | None:
+    """The warning for an incomplete SOURCE (None for a complete one or no recording). With
+    ``restrict`` (plain ``whatif``: predictions set beside the recording), also sets
+    ``workload.scope`` to the requests it finished, so that ``run_variant`` and
+    ``recorded_events`` cover those only."""
+    recorded = workload.recorded
+    if recorded is None or recorded.complete:
+        return None
+    total = len(workload.requests)
+    if not restrict:
+        return (f"{workload.name} is incomplete ({_stopped(recorded)}): its workload is only "
+                f"the {total} requests it recorded")
+    seq_ids = _finished_ids(recorded)
+    if not len(seq_ids):
+        return (f"{workload.name} is incomplete ({_stopped(recorded)}) and finished none of the "
+                f"{total} requests it recorded: no recorded row to compare; each prediction "
+                "runs them all to the end")
+    workload.scope = RecordedScope(workload.name, seq_ids, total, int(recorded.last_step))
+    return workload.scope.source_warning()
+
+
+def recorded_events(workload: Any) -> RecordedEvents | None:
+    """What the "recorded" row of plain ``whatif`` shows: the whole recording, its scope
+    (``incomplete_source``), or None (no recording, or an incomplete one that finished
+    nothing)."""
+    recorded, scope = workload.recorded, getattr(workload, "scope", None)
+    if recorded is None or (not recorded.complete and scope is None):
+        return None
+    return recorded if scope is None else scope.restrict(recorded)
+
+
+def note_scope(rows: list[dict[str, Any]], workload: Any) -> None:
+    """Add the scope's note (if any) to each row's ``notes`` (summary.parquet)."""
+    scope = getattr(workload, "scope", None)
+    if scope is not None:
+        for row in rows:
+            row["notes"] = [*(row.get("notes") or []), scope.note()]

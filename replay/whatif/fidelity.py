@@ -20,9 +20,37 @@ FIDELITY_TARGETS = {
 }
 
 
+def _incomplete(trace: Any) -> str | None:
+    if trace.complete:
+        return None
+    stopped = ("committed no step" if trace.last_step < 0
+               else f"committed through step {trace.last_step}")
+    return f"incomplete recording ({stopped})"
+
+
+def incomplete_status(trace: Any) -> str | None:
+    """The status of a row whose recording is incomplete (a killed run: its figures cover a
+    prefix, so errors against them would be wrong), or None for a complete one. ``trace``:
+    from ``read_trace`` or ``RecordedEvents``."""
+    words = _incomplete(trace)
+    return None if words is None else f"{words}: not compared"
+
+
+def check_complete_source(trace: Any, path: str) -> None:
+    """Raise ``ReplayLLMError`` (one line) for an incomplete source: its step-time model (and,
+    for ``fidelity``, its workload) would stand for a run it did not finish."""
+    from engine.errors import ReplayLLMError
+
+    words = _incomplete(trace)
+    if words is not None:
+        raise ReplayLLMError(f"source {path} is an {words}: the source must be a complete "
+                             "recording")
+
+
 def fidelity(traces: list[str]) -> list[dict[str, Any]]:
     """Predict every trace from every other one of the same workload: per ordered pair, the
-    relative error of each ``FIDELITY_TARGETS`` metric and whether decisions are identical."""
+    relative error of each ``FIDELITY_TARGETS`` metric and whether decisions are identical. A
+    pair with an incomplete recording has its ``incomplete_status`` (``fidelity_markdown``)."""
     from replay.metrics import compute, relative_error
     from replay.recorded import from_trace
     from replay.replayer import config_from_header
@@ -32,11 +60,18 @@ def fidelity(traces: list[str]) -> list[dict[str, Any]]:
 
     events = {path: from_trace(read_trace(path)) for path in traces}
     workloads = {path: load_source(events[path]) for path in traces}
-    models = {path: CostModel.fit(events[path], source=path) for path in traces}
+    incomplete = {path: incomplete_status(events[path]) for path in traces}
+    models = {path: CostModel.fit(events[path], source=path) for path in traces
+              if incomplete[path] is None}
     rows = []
     for source in traces:
         for target in traces:
             if source == target:
+                continue
+            if incomplete[source] or incomplete[target]:
+                which = source if incomplete[source] else target
+                rows.append({"source": source, "target": target,
+                             "status": f"{which}: {incomplete[which]}"})
                 continue
             signature = [(len(r.prompt), r.params.max_tokens) for r in workloads[source].requests]
             if signature != [(len(r.prompt), r.params.max_tokens)
@@ -139,7 +174,8 @@ def matrix_rows(targets: list[str], source: str, profile: Any = None,
     A target that cannot be predicted has its ``status``. ``target_host``: each target priced
     on its own host, measured by its header's start-up calibration (``CostModel.on_host``;
     the ratio in ``host_ratio``). ``device_note``: where the target ran on another device than
-    the source (``notes.device_note``), else None."""
+    the source (``notes.device_note``), else None. An incomplete target (a killed run) has its
+    ``incomplete_status`` and no errors; an incomplete source raises ``ReplayLLMError``."""
     from pathlib import Path
 
     from replay.metrics import compute
@@ -148,12 +184,20 @@ def matrix_rows(targets: list[str], source: str, profile: Any = None,
     from replay.whatif.simulate import cold_start_of, load_source, run_variant
     from tracing.reader import read_trace
 
-    model = CostModel.fit(from_trace(read_trace(source)), source=source, profile=profile,
+    source_trace = read_trace(source)
+    check_complete_source(source_trace, source)
+    model = CostModel.fit(from_trace(source_trace), source=source, profile=profile,
                           options=options)
     rows: list[dict[str, Any]] = []
     recorded: dict[str, Any] = {}
     for target in targets:
-        events = from_trace(read_trace(target))
+        trace = read_trace(target)
+        status = incomplete_status(trace)
+        if status is not None:  # its figures cover a prefix: no errors, and out of the spread
+            rows.append({"kind": "prediction", "target": Path(target).name, "source": source,
+                         "status": status})
+            continue
+        events = from_trace(trace)
         measured = compute(events)
         recorded[Path(target).name] = measured.summary
         priced = (model.on_host(events.header.get("calibration") or [], Path(target).name)
@@ -215,7 +259,14 @@ def machine_spread_rows(pairs: list[tuple[str, str]]) -> list[dict[str, Any]]:
 
     rows = []
     for first, second in pairs:
-        events, other = from_trace(read_trace(first)), from_trace(read_trace(second))
+        traces = read_trace(first), read_trace(second)
+        status = incomplete_status(traces[0]) or incomplete_status(traces[1])
+        if status is not None:
+            which = first if incomplete_status(traces[0]) else second
+            rows.append({"kind": "machine", "target": Path(first).name, "source": second,
+                         "status": f"{which}: {status}"})
+            continue
+        events, other = from_trace(traces[0]), from_trace(traces[1])
         measured, again = compute(events), compute(other)
         speed = host_speed(calibration_hosts(events.header.get("calibration") or []),
                            other.header.get("calibration") or [], second)

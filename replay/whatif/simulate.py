@@ -303,7 +303,8 @@ def run_variant(
     else:
         # Metrics read only a few columns: leave the rest as the engine's lists, unconverted.
         events = RecordedEvents(core.header, core.events.tables, core.step_index - 1)
-    run = compute(events, timed=timed)
+    scope = workload.scope  # an incomplete source's finished requests: metrics cover them only
+    run = compute(events if scope is None else scope.restrict(events), timed=timed)
     notes = variant_notes(workload.config, config, cost, executor)
     if cost is not None:
         notes += cost.coverage_warnings(events)  # where this variant leaves the source's range

@@ -61,6 +61,9 @@ class SimWorkload:
     # The first arrival before the source's first step (None: ``start_s``): where an engine
     # stamped each request as it added it, the batch took from here to ``start_s`` to add.
     first_s: float | None = None
+    # An incomplete source's finished requests (``replay.whatif.compare.RecordedScope``, set by
+    # ``incomplete_source``): each variant's metrics cover those only, as its recorded row does.
+    scope: Any = None
 
     @property
     def timed_source(self) -> bool:

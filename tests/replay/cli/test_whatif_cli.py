@@ -18,6 +18,7 @@ from replay.cli.main import main as replayllm
 from replay.whatif.synthetic import StepLaw, record_workload
 from replay.workloads.builtin import reference_workload
 from replay.workloads.request import Request
+from tracing.reader import read_trace
 
 CONFIG_A = Config(num_kvcache_blocks=60, kvcache_block_size=32, max_num_seqs=16)
 CONFIG_B = Config(num_kvcache_blocks=30, kvcache_block_size=32, max_num_seqs=8)
@@ -233,6 +234,89 @@ def test_compare_with_a_recording_that_finished_nothing_refuses(traces, tmp_path
                               "--out", str(tmp_path / "cmp"), "--no-plots")
     assert code == 2 and stderr.count("\n") == 1
     assert stderr.strip().endswith(f"finished none of the {NUM_SEQS} requests: nothing to compare")
+
+
+def test_nothing_to_compare_is_refused_before_fitting_a_model(traces, tmp_path, capsys,
+                                                              monkeypatch):
+    """The refusal came only after the step-time model was fitted and printed."""
+    from replay.whatif.cost.model import CostModel
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("a step-time model was fitted before the refusal")
+
+    monkeypatch.setattr(CostModel, "fit", no_fit)
+    killed = _killed_copy(traces["b"], tmp_path / "killed", keep=0)
+    code, stdout, stderr = run_cli(capsys, traces["a"], "--compare", killed,
+                                   "--out", str(tmp_path / "cmp"), "--no-plots")
+    assert code == 2 and "nothing to compare" in stderr and "MAPE" not in stdout
+
+
+def test_whatif_on_an_incomplete_source_covers_the_requests_it_finished(traces, tmp_path,
+                                                                         capsys):
+    """Plain whatif on a killed trace set the figures of its recorded prefix (some requests
+    unfinished) beside predictions running every request to the end, silently. Now it warns how
+    many requests the recording finished of how many, and the recorded row and each predicted
+    row (grid variants run in worker processes too) cover those requests only, each run cut at
+    the step that finished the last of them: under the recorded config, the same steps."""
+    from replay.recorded import from_trace
+    from tracing.reader import read_trace
+
+    killed = _killed_copy(traces["b"], tmp_path / "killed", keep=1)
+    recorded = from_trace(read_trace(killed))
+    finished = len(set(recorded.tables["request_finished"]["seq_id"].tolist()))
+    assert 0 < finished < NUM_SEQS
+    code, stdout, _ = run_cli(capsys, killed, "--grid", "max_num_seqs=8,16", "--jobs", "2",
+                              "--out", str(tmp_path / "w"), "--no-plots")
+    assert code == 0
+    assert (f"warning: {killed} is incomplete (the recording stopped; committed through step "
+            f"{recorded.last_step}): it finished {finished} of the {NUM_SEQS} requests it "
+            f"recorded; the recorded row and every prediction cover only those {finished}"
+            ) in stdout
+    summary = pd.read_parquet(tmp_path / "w" / "summary.parquet").set_index("variant")
+    assert summary["requests"].tolist() == [finished] * 3
+    same = summary.loc["max_num_seqs=8"]  # CONFIG_B's own max_num_seqs: the recorded config
+    assert same["steps"] == summary.loc["recorded", "steps"]
+    assert abs(same["makespan_s"] / summary.loc["recorded", "makespan_s"] - 1) < 0.03
+    assert summary["notes"].str.contains(f"{finished} of {NUM_SEQS} requests").all()
+
+
+def test_an_incomplete_source_that_finished_nothing_has_no_recorded_row(traces):
+    """Nothing finished: no recorded row (its figures would be of no request) and the
+    predictions run the whole workload, the warning saying so."""
+    from replay.recorded import RecordedEvents, from_trace, keep_rows
+    from replay.whatif.compare import incomplete_source, recorded_events
+    from replay.whatif.simulate import load_source
+
+    full = from_trace(read_trace(traces["b"]))
+    finished = full.tables["request_finished"]
+    none = keep_rows(finished, np.zeros(len(finished["seq_id"]), dtype=bool))
+    cut = RecordedEvents(full.header, {**full.tables, "request_finished": none}, 100, False)
+    workload = load_source(cut)
+    warning = incomplete_source(workload, restrict=True)
+    assert warning is not None and f"finished none of the {NUM_SEQS} requests" in warning
+    assert workload.scope is None and recorded_events(workload) is None
+
+
+def test_compare_from_an_incomplete_source_names_it(traces):
+    """SOURCE killed before all of OTHER's requests arrived, OTHER complete: the refusal said
+    "ran another workload (16 vs 8 requests ...)"; it now names the incomplete source."""
+    from engine.errors import ReplayLLMError
+    from replay.recorded import RecordedEvents, from_trace, keep_rows
+    from replay.whatif.compare import check_same_workload
+    from replay.whatif.simulate import load_source
+
+    full = from_trace(read_trace(traces["a"]))
+    added = full.tables["request_added"]
+    first = keep_rows(added, np.arange(len(added["seq_id"])) < NUM_SEQS // 2)
+    source = load_source(RecordedEvents(full.header, {**full.tables, "request_added": first},
+                                        full.last_step, False))
+    source.name = "a"
+    other = from_trace(read_trace(traces["b"]))
+    with pytest.raises(ReplayLLMError, match=(
+            rf"^a is incomplete \(the recording stopped; committed through step \d+\): it "
+            rf"recorded only {NUM_SEQS // 2} of the {NUM_SEQS} requests b ran; --compare needs "
+            r"a source holding them all \(a complete recording\)$")):
+        check_same_workload(source, other, "b")
 
 
 def test_an_incomplete_recording_may_hold_only_the_first_requests(traces):

@@ -16,7 +16,7 @@ from typing import Any
 from engine.config import AUTO_SIZED_BLOCKS
 from replay.cli.paths import check_out_dir, check_report, write_report_file
 from replay.cli.variants import WhatifError, parse_grid
-from replay.cli.whatif import _load
+from replay.cli.whatif import _load, _source
 from replay.whatif.executors import EXECUTORS, variant_runner
 from replay.whatif.tune import DEFAULT_BUDGET, DEFAULT_ETA, default_space, parse_slo, tune
 from tracing.outdir import TUNE, staged_dir
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     space = parse_grid(args.space)
     check_out_dir(args.out, TUNE)  # before the search, not after it
     check_report(args.report, args.out)
-    workload, cost, notes = _load(args)
+    workload, cost, notes = _load(args, _source(args))
     for note in notes:
         print(f"note: {note}")
     if cost is None:

@@ -133,7 +133,7 @@ def _source(args: argparse.Namespace) -> SimWorkload | None:
     if args.trace is None:
         return None
     workload = load_source(args.trace)
-    warning = incomplete_source(workload, restrict=not args.compare)
+    warning = incomplete_source(workload, restrict=not getattr(args, "compare", None))
     if warning is not None:
         print(f"warning: {warning}")
     return workload

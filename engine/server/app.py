@@ -16,6 +16,11 @@ order, and the what-if, which feeds a recording's requests by ``arrival_s``, fee
 order the engine took them, each when the engine could first have taken it. The time a request
 spent in the frontend (its body, parsing, tokenizing) is not in the trace's latencies; the
 server's own latency metrics (``/metrics``) and the client's count from its receipt.
+
+What a client can make the frontend hold is bounded (``engine.server.limits``): a body over
+``max_request_bytes`` is a 413 before it is all read; a long prompt finding the tokenizing pool
+full is a 429 with a ``Retry-After``. A client that leaves while its prompt is in the pool is
+never submitted: the engine and the trace never see it.
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ from starlette.exceptions import HTTPException
 
 from engine.server import generation as gen
 from engine.server.engine_loop import EngineStopped, RequestStream
+from engine.server.limits import default_max_request_bytes, read_body
 from engine.server.metrics import CONTENT_TYPE, ServerMetrics
-from engine.server.prompt import PromptPreparer
+from engine.server.prompt import MAX_WAITING_PROMPTS, ClientLeft, PromptPreparer
 from engine.server.protocol import (
     ApiError,
     ParsedRequest,
@@ -50,7 +56,7 @@ ENGINE_STOP_GRACE_S = 5.0
 @dataclass
 class ServerState:
     """What the routes share: the engine loop, the tokenizer, the prompt tokenizer's pool and
-    the served model's limits."""
+    the served model's limits; ``max_request_bytes``: the largest body taken."""
 
     engine: Any  # EngineProcess or EngineLoop
     tokenizer: Any
@@ -60,17 +66,25 @@ class ServerState:
     metrics: ServerMetrics
     created: int
     prompts: PromptPreparer
+    max_request_bytes: int
 
 
-def create_app(engine: Any, model_name: str) -> FastAPI:
+def create_app(engine: Any, model_name: str, max_request_bytes: int | None = None,
+               max_waiting_prompts: int = MAX_WAITING_PROMPTS) -> FastAPI:
     """The app over a started engine (``EngineProcess`` or ``EngineLoop``); its lifespan
     connects the engine's outputs to the event loop and, at shutdown, stops the engine and
-    closes the trace."""
+    closes the trace. ``max_request_bytes``: the body limit (None: from the context,
+    ``default_max_request_bytes``); ``max_waiting_prompts``: long prompts that may wait for
+    the tokenizing pool."""
     metrics = engine.metrics if engine.metrics is not None else ServerMetrics(model_name)
     engine.set_metrics(metrics)
-    prompts = PromptPreparer(engine.tokenizer, engine.max_model_len, engine.vocab_size)
+    prompts = PromptPreparer(engine.tokenizer, engine.max_model_len, engine.vocab_size,
+                             max_waiting=max_waiting_prompts)
+    if max_request_bytes is None:
+        max_request_bytes = default_max_request_bytes(engine.max_model_len)
     state = ServerState(engine, engine.tokenizer, model_name, engine.max_model_len,
-                        engine.vocab_size, metrics, int(time.time()), prompts)
+                        engine.vocab_size, metrics, int(time.time()), prompts,
+                        max_request_bytes)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -87,7 +101,7 @@ def create_app(engine: Any, model_name: str) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     # Every error is an OpenAI error object, whatever raised it: an unknown path or method
     # (Starlette's HTTPException) and a bug of ours (a 500 the client can still parse).
@@ -129,18 +143,20 @@ def create_app(engine: Any, model_name: str) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         received = time.perf_counter()
-        return await _serve(state, request, parse_completion(await _body(request)), received)
+        body = await _body(state, request)
+        return await _serve(state, request, parse_completion(body), received)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         received = time.perf_counter()
-        return await _serve(state, request, parse_chat(await _body(request)), received)
+        body = await _body(state, request)
+        return await _serve(state, request, parse_chat(body), received)
 
     return app
 
 
-async def _body(request: Request) -> dict[str, Any]:
-    return parse_json_body(await request.body())
+async def _body(state: ServerState, request: Request) -> dict[str, Any]:
+    return parse_json_body(await read_body(request, state.max_request_bytes))
 
 
 def _admit(state: ServerState, parsed: ParsedRequest, ids: list[int],
@@ -174,7 +190,10 @@ async def _serve(state: ServerState, request: Request, parsed: ParsedRequest,
     (``time.perf_counter``), where the server's latency metrics start."""
     if parsed.model is not None:
         _check_model(state, parsed.model, "model")
-    ids, field = await state.prompts.token_ids(parsed)  # a long prompt: off the event loop
+    try:  # a long prompt: off the event loop, dropped if the client leaves meanwhile
+        ids, field = await state.prompts.token_ids(parsed, lambda: _disconnected(request))
+    except ClientLeft:
+        return Response(status_code=499)
     stream = _admit(state, parsed, ids, field)
     # Its arrival, on the engine's clock: now, as it is handed over, with nothing awaited
     # between the two, so the engine's adds come in the order of their arrivals.

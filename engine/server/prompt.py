@@ -18,14 +18,26 @@ tokens and the acceptance of new requests for as long. So (``PromptPreparer``):
 
 Token ids sent as the prompt need no tokenizing: they are checked on the loop, the length first.
 What the engine then records as the request's arrival is ``engine.server.app``'s to decide.
+
+The pool's queue is bounded: with ``max_waiting`` prompts already waiting for a thread (beyond
+the ``PREP_WORKERS`` being tokenized), a new long prompt is a 429 whose ``Retry-After`` is the
+time the pool needs for what it holds (from its measured rate), so many multi-MB prompts at once
+hold bounded memory and cannot queue medium ones behind them for ever; a short prompt, tokenized
+on the loop, is never refused. A client that leaves while its prompt waits or tokenizes
+(``left``) is dropped: a waiting prompt leaves the queue, a running one finishes unused, and
+nothing reaches the engine (``ClientLeft``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
+import threading
+import time
 import unicodedata
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from engine.model.fast_tokenizer import FastTokenizer
@@ -36,27 +48,52 @@ from engine.server.protocol import ApiError, ParsedRequest
 INLINE_PROMPT_CHARS = 4096
 # Threads that tokenize longer prompts: two long ones at once, each on a core; more wait.
 PREP_WORKERS = 2
+# Long prompts that may wait for a thread before new ones are refused (429).
+MAX_WAITING_PROMPTS = 4 * PREP_WORKERS
+# The tokenizer's seconds per character until the pool has measured its own (BPE on the
+# development VM: 2 MB in about 1 s), and the longest Retry-After it suggests.
+SECONDS_PER_CHAR = 0.5e-6
+MAX_RETRY_AFTER_S = 60
+
+
+class ClientLeft(Exception):
+    """The client disconnected while its prompt waited for the pool or was tokenized."""
 
 
 class PromptPreparer:
     """Turns a parsed request's prompt into token ids, on the loop or in its thread pool.
 
     ``max_model_len``: the context; a prompt of that many tokens or more is refused (not one
-    token of room). ``close()`` stops the pool (a tokenization already running finishes)."""
+    token of room). ``max_waiting``: long prompts that may wait for a thread (then a 429).
+    ``close()`` stops the pool (a tokenization already running finishes)."""
 
     def __init__(self, tokenizer: Any, max_model_len: int, vocab_size: int,
-                 workers: int = PREP_WORKERS) -> None:
+                 workers: int = PREP_WORKERS, max_waiting: int = MAX_WAITING_PROMPTS) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.floor = token_floor(tokenizer)
         backend = tokenizer.backend if isinstance(tokenizer, FastTokenizer) else None
         self._encode_fast = getattr(backend, "encode_batch_fast", None)
+        self.workers, self.max_waiting = workers, max_waiting
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="replayllm-prompt")
+        self._lock = threading.Lock()  # the pool's threads end jobs; the loop adds them
+        self._in_pool = 0  # prompts waiting for a thread or being tokenized
+        self._in_pool_chars = 0
+        self._seconds_per_char = SECONDS_PER_CHAR
 
-    async def token_ids(self, parsed: ParsedRequest) -> tuple[list[int], str]:
+    @property
+    def in_pool(self) -> int:
+        """Long prompts the pool holds now: waiting for a thread or being tokenized."""
+        return self._in_pool
+
+    async def token_ids(self, parsed: ParsedRequest,
+                        left: Callable[[], Awaitable[None]] | None = None
+                        ) -> tuple[list[int], str]:
         """The prompt's token ids and the field they came from; ``ApiError`` when it is empty,
-        too long for the context or names a token outside the vocabulary."""
+        too long for the context or names a token outside the vocabulary, a 429 when the pool
+        is full. ``left``: returns once the client is gone; if that comes first while the
+        prompt is in the pool, ``ClientLeft``."""
         if parsed.chat:
             size = sum(len(message["content"]) for message in parsed.messages)
         elif isinstance(parsed.prompt, str):
@@ -65,8 +102,56 @@ class PromptPreparer:
             return self._given_ids(list(parsed.prompt or [])), "prompt"
         if size <= INLINE_PROMPT_CHARS:
             return self.prepare(parsed)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self.prepare,
-                                                                parsed)
+        job = asyncio.wrap_future(self._submit(parsed, size))
+        if left is None:
+            return await job
+        gone = asyncio.ensure_future(left())
+        try:
+            done, _ = await asyncio.wait({job, gone}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # this handler was cancelled: a waiting job leaves the queue
+            gone.cancel()
+            job.cancel()
+            raise
+        if gone in done:  # the client left (before, or as, its prompt was ready)
+            gone.exception()
+            if not job.cancel() and not job.cancelled():
+                job.exception()  # retrieved: its error does not matter to a client that left
+            raise ClientLeft
+        gone.cancel()
+        return job.result()  # its ids, its ApiError, or cancelled (the pool was shut down)
+
+    def _submit(self, parsed: ParsedRequest, size: int) -> Future:
+        """Queue ``parsed`` (a prompt of ``size`` characters) for the pool, or a 429."""
+        with self._lock:
+            if self._in_pool >= self.workers + self.max_waiting:
+                wait_s = self._in_pool_chars * self._seconds_per_char / self.workers
+                retry = min(MAX_RETRY_AFTER_S, max(1, math.ceil(wait_s)))
+                raise ApiError(
+                    f"the server is tokenizing {self._in_pool} long prompts already ("
+                    f"{self.max_waiting} may wait; replayllm serve --max-waiting-prompts); "
+                    f"retry after {retry} s", status=429, kind="rate_limit_error",
+                    code="rate_limit_exceeded", headers={"Retry-After": str(retry)})
+            self._in_pool += 1
+            self._in_pool_chars += size
+        try:
+            future = self._pool.submit(self._timed_prepare, parsed, size)
+        except BaseException:  # the pool is shut down (the server is stopping)
+            self._left_pool(size)
+            raise
+        future.add_done_callback(lambda _: self._left_pool(size))
+        return future
+
+    def _timed_prepare(self, parsed: ParsedRequest, size: int) -> tuple[list[int], str]:
+        start = time.perf_counter()
+        prepared = self.prepare(parsed)  # a refusal (too long) says nothing of the rate
+        rate = (time.perf_counter() - start) / size  # its moving average: for Retry-After
+        self._seconds_per_char = 0.7 * self._seconds_per_char + 0.3 * rate
+        return prepared
+
+    def _left_pool(self, size: int) -> None:
+        with self._lock:
+            self._in_pool -= 1
+            self._in_pool_chars -= size
 
     def prepare(self, parsed: ParsedRequest) -> tuple[list[int], str]:
         """``token_ids`` of a text prompt or chat, here and now (any thread)."""

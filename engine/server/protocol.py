@@ -21,13 +21,15 @@ MAX_STOP_STRINGS = 4  # OpenAI's limit
 
 
 class ApiError(Exception):
-    """A request the server refuses: an HTTP status and an OpenAI error object."""
+    """A request the server refuses: an HTTP status, an OpenAI error object and any headers
+    of the answer (a 429's ``Retry-After``)."""
 
     def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 kind: str = "invalid_request_error", code: str | None = None) -> None:
+                 kind: str = "invalid_request_error", code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.message, self.param, self.status, self.kind = message, param, status, kind
-        self.code = code
+        self.code, self.headers = code, headers
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param,

@@ -68,6 +68,8 @@ def serve(
     kv_events_endpoint: str | None = None,
     engine_mode: str = "process",
     proxy: Any = None,
+    max_request_bytes: int | None = None,
+    max_waiting_prompts: int | None = None,
 ) -> dict[str, Any] | None:
     """Serve ``model`` until SIGINT/SIGTERM; returns the engine's summary.
 
@@ -77,6 +79,8 @@ def serve(
     a stand-in executor with a GPU's step times, to measure the server on a CPU.
     On a signal the server stops taking connections, gives running requests ``grace_s``
     seconds to finish, aborts the rest (recorded ``aborted``) and closes the trace.
+    ``max_request_bytes`` (None: from the context) and ``max_waiting_prompts`` (None: the
+    default): what a client may make the frontend hold (``engine.server.limits``).
     """
     try:
         import uvicorn
@@ -91,6 +95,10 @@ def serve(
 
     if grace_s < 0:
         raise ReplayLLMError(f"--grace must be >= 0 seconds, got {grace_s}")
+    if max_request_bytes is not None and max_request_bytes < 1:
+        raise ReplayLLMError(f"--max-request-bytes must be >= 1, got {max_request_bytes}")
+    if max_waiting_prompts is not None and max_waiting_prompts < 0:
+        raise ReplayLLMError(f"--max-waiting-prompts must be >= 0, got {max_waiting_prompts}")
     if engine_mode not in ENGINE_MODES:
         raise ReplayLLMError(f"--engine must be one of {', '.join(ENGINE_MODES)}, "
                              f"got {engine_mode!r}")
@@ -115,7 +123,10 @@ def serve(
                 return KVEventTap(sink, publisher)
         engine = EngineLoop(spec.build(wrap_sink), ServerMetrics(name))
     _report_on_sigusr1(engine)
-    app = create_app(engine, name)
+    limits: dict[str, Any] = {"max_request_bytes": max_request_bytes}
+    if max_waiting_prompts is not None:
+        limits["max_waiting_prompts"] = max_waiting_prompts
+    app = create_app(engine, name, **limits)
     config = uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=grace_s,
                             log_level="warning", access_log=False)
     server = uvicorn.Server(config)

@@ -25,6 +25,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--engine", choices=["process", "thread"], default="process",
                        help="where the engine core runs: its own process (default) or a thread "
                        "of the HTTP server's")
+    serve.add_argument("--max-request-bytes", type=int, default=None, metavar="BYTES",
+                       help="refuse a larger request body with a 413 (default: 128 bytes per "
+                       "token of max_model_len, at least 8 MiB)")
+    serve.add_argument("--max-waiting-prompts", type=int, default=None, metavar="N",
+                       help="long prompts that may wait for the tokenizing threads; more are "
+                       "a 429 with Retry-After (default: 8)")
     serve.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="KEY=VALUE", help="a Config field (repeatable)")
 
@@ -40,11 +46,18 @@ def run(args: argparse.Namespace) -> int:
     if not (math.isfinite(args.grace) and args.grace >= 0):
         raise InvalidRequestError(f"--grace must be a finite number of seconds >= 0, "
                                   f"got {args.grace}")
+    if args.max_request_bytes is not None and args.max_request_bytes < 1:
+        raise InvalidRequestError(f"--max-request-bytes must be >= 1, got "
+                                  f"{args.max_request_bytes}")
+    if args.max_waiting_prompts is not None and args.max_waiting_prompts < 0:
+        raise InvalidRequestError(f"--max-waiting-prompts must be >= 0, got "
+                                  f"{args.max_waiting_prompts}")
     summary = serve(args.model, trace_dir=args.trace_dir, host=args.host, port=args.port,
                     overrides=parse_overrides(args.overrides),
                     served_model_name=args.served_model_name, grace_s=args.grace,
                     kv_events_endpoint=args.kv_events_endpoint,
-                    engine_mode=args.engine)
+                    engine_mode=args.engine, max_request_bytes=args.max_request_bytes,
+                    max_waiting_prompts=args.max_waiting_prompts)
     if summary is not None:
         print(f"replayllm serve: stopped after {summary['requests']} requests, "
               f"{summary['completion_tokens']} completion tokens"

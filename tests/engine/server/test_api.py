@@ -192,6 +192,33 @@ def test_bad_requests_get_400s_while_good_ones_complete(server: ServerProcess,
     sent.add(4)
 
 
+def test_an_oversized_body_is_a_413_the_client_reads(server: ServerProcess,
+                                                     sent: Sent) -> None:
+    """Over real HTTP, a 12 MiB body (the tiny model's limit is the 8 MiB floor), sized or
+    chunked, is a 413 the client receives (uvicorn discards the rest of the body, so neither a
+    reset connection nor a buffered body); the openai client raises its status error; the
+    server goes on serving."""
+    body = b'{"prompt": "' + b"x" * (12 * 2**20) + b'"}'
+
+    def chunks() -> Iterator[bytes]:
+        for i in range(0, len(body), 2**20):
+            yield body[i:i + 2**20]
+
+    with httpx.Client(timeout=60) as client:
+        for content in (body, chunks()):
+            response = client.post(server.url + "/v1/completions", content=content,
+                                   headers={"content-type": "application/json"})
+            assert response.status_code == 413, response.text[:200]
+            assert response.json()["error"]["code"] == "request_too_large"
+    with pytest.raises(openai.APIStatusError) as refused:
+        _client(server).completions.create(model=MODEL, prompt="x" * (12 * 2**20),
+                                           max_tokens=2)
+    assert refused.value.status_code == 413
+    out = _client(server).completions.create(model=MODEL, prompt="after", max_tokens=2)
+    assert out.usage.completion_tokens == 2
+    sent.add()
+
+
 def test_a_client_that_disconnects_is_aborted(server: ServerProcess, trace_dir: Path,
                                               sent: Sent) -> None:
     """Closing a stream after its first token aborts the request: the trace records it

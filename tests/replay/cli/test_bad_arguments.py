@@ -153,6 +153,8 @@ def test_bench_arguments_checked_before_running(tmp_path: Path, argv: list[str],
     (["--port", "70000"], "--port must be in"),  # was: served, on some other port
     (["--port", "-1"], "--port must be in"),     # was: uvicorn's own line, exit 3
     (["--grace", "nan"], "--grace must be"),     # was: a ValueError traceback at shutdown
+    (["--max-request-bytes", "0"], "--max-request-bytes must be"),
+    (["--max-waiting-prompts", "-1"], "--max-waiting-prompts must be"),
 ])
 def test_serve_arguments_checked_before_the_model_loads(argv: list[str], needle: str) -> None:
     """`serve` with a port no socket can take or a NaN grace period: one line, exit 2, no

@@ -83,3 +83,14 @@ def app_client(engine: FakeEngine) -> Any:
     from engine.server.app import create_app
 
     return TestClient(create_app(engine, MODEL), raise_server_exceptions=False)
+
+
+def http_scope(path: str) -> dict[str, Any]:
+    """An ASGI HTTP scope of a JSON POST to ``path``, for driving the app with raw ASGI calls.
+    ASGI 2.3 (uvicorn's httptools protocol): Starlette's streaming response then watches for a
+    disconnect beside the stream and cancels the stream when it comes."""
+    return {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": "1.1", "method": "POST", "scheme": "http", "path": path,
+            "raw_path": path.encode(), "root_path": "", "query_string": b"",
+            "headers": [(b"content-type", b"application/json"), (b"host", b"testserver")],
+            "client": ("127.0.0.1", 5000), "server": ("testserver", 80)}

@@ -13,19 +13,9 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from fake_engine import MODEL, FakeEngine  # noqa: E402
+from fake_engine import MODEL, FakeEngine, http_scope  # noqa: E402
 
 from engine.server.app import create_app  # noqa: E402
-
-
-def _scope(path: str) -> dict[str, Any]:
-    # ASGI 2.3 (uvicorn's httptools protocol): Starlette's streaming response then watches
-    # for a disconnect beside the stream and cancels the stream when it comes.
-    return {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": "1.1", "method": "POST", "scheme": "http", "path": path,
-            "raw_path": path.encode(), "root_path": "", "query_string": b"",
-            "headers": [(b"content-type", b"application/json"), (b"host", b"testserver")],
-            "client": ("127.0.0.1", 5000), "server": ("testserver", 80)}
 
 
 async def _with_app(engine: FakeEngine, body: Any) -> None:
@@ -64,7 +54,7 @@ def test_a_stream_left_before_its_first_token_is_aborted(path: str, body: dict,
             sent.append(message)
             await asyncio.sleep(0.05)  # the disconnect is seen while this goes out
 
-        await app(_scope(path), receive, send)
+        await app(http_scope(path), receive, send)
         await asyncio.sleep(0.05)
         assert len(sent) == sends + 1
 
@@ -92,7 +82,7 @@ def test_a_cancelled_non_streamed_request_is_aborted_at_once() -> None:
         async def send(message: dict[str, Any]) -> None:
             pass
 
-        task = asyncio.ensure_future(app(_scope("/v1/completions"), receive, send))
+        task = asyncio.ensure_future(app(http_scope("/v1/completions"), receive, send))
         while not engine.submitted:
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.05)
@@ -125,7 +115,7 @@ def test_a_client_that_leaves_a_whole_answer_is_aborted_once() -> None:
         async def send(message: dict[str, Any]) -> None:
             sent.append(message)
 
-        await app(_scope("/v1/completions"), receive, send)
+        await app(http_scope("/v1/completions"), receive, send)
 
     asyncio.run(_with_app(engine, scenario))
     assert engine.finished == [(engine.submitted[0], "aborted")]

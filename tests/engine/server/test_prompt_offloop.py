@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from fake_engine import MODEL, FakeEngine, app_client, tiny_tokenizer  # noqa: E402
+from fake_engine import MODEL, FakeEngine, app_client, http_scope, tiny_tokenizer  # noqa: E402
 
 from engine.server.app import create_app  # noqa: E402
 from engine.server.engine_loop import RequestStream  # noqa: E402
@@ -34,13 +34,6 @@ def _text(chars: int, seed: int = 0) -> str:
     words = [rng.choice(WORDS) for _ in range(chars // 4)]
     return " ".join(words)[:chars]
 
-
-def _scope(path: str) -> dict[str, Any]:
-    return {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": "1.1", "method": "POST", "scheme": "http", "path": path,
-            "raw_path": path.encode(), "root_path": "", "query_string": b"",
-            "headers": [(b"content-type", b"application/json"), (b"host", b"testserver")],
-            "client": ("127.0.0.1", 5000), "server": ("testserver", 80)}
 
 
 async def _call(app: Any, body: dict[str, Any] | bytes, chunks: list[float] | None = None,
@@ -65,7 +58,7 @@ async def _call(app: Any, body: dict[str, Any] | bytes, chunks: list[float] | No
             chunks.append(time.perf_counter())
         sent.append(message)
 
-    await app(_scope("/v1/completions"), receive, send)
+    await app(http_scope("/v1/completions"), receive, send)
     return sent
 
 

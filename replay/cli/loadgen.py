@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import sys
 from collections import Counter
 from typing import Any
@@ -21,9 +22,11 @@ EPILOG = """exit status:
 Completion tokens are the server's usage counts where it sends them, else its content chunks
 counted (one token each); the result's token_source column says which.
 
-A request refused with HTTP 429 or 503 is sent again (--max-retries) after the server's
-Retry-After, else an exponential backoff; its TTFT and e2e count from its first send, the
-waits included (the result's retries and retry_wait_s columns say how many and how long)."""
+A request refused with HTTP 429, 502, 503 or 504, or whose connection was refused or lost
+before any answer, is sent again (--max-retries) after the server's Retry-After, else an
+exponential backoff jittered from --seed; never one cut mid-stream. Its TTFT and e2e count
+from its first send, the waits included (the result's retries and retry_wait_s columns say how
+many and how long; whatif --compare leaves the waits out, as the server never saw them)."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -53,9 +56,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--request-timeout", type=float, default=None, metavar="S",
                    help="fail a request not answered whole in S seconds (default 3600)")
     p.add_argument("--max-retries", type=int, default=None, metavar="N",
-                   help="send a request refused with HTTP 429 or 503 again up to N times, "
-                   "after its Retry-After or a backoff, within --request-timeout (default 3; "
-                   "0: never)")
+                   help="send a request refused with HTTP 429/502/503/504, or whose "
+                   "connection failed before any answer, again up to N times, after its "
+                   "Retry-After or a backoff, within --request-timeout (default 3; 0: never)")
+    p.add_argument("--seed", type=int, default=None, metavar="N",
+                   help="seed of the retries' backoff jitter: the same seed, the same waits "
+                   "(default: one drawn at random, written to the result)")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="bearer token for a server started with an API key (default: "
                    "$OPENAI_API_KEY; never written to the result)")
@@ -87,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     stall = DEFAULT_STALL_TIMEOUT_S if args.stall_timeout is None else args.stall_timeout
     total = DEFAULT_REQUEST_TIMEOUT_S if args.request_timeout is None else args.request_timeout
     retries = DEFAULT_MAX_RETRIES if args.max_retries is None else args.max_retries
+    seed = random.SystemRandom().randrange(2**31) if args.seed is None else args.seed
     # Every check before the load (and before reading a large workload), not after it.
     check_settings(args.time_scale, args.max_concurrency, args.workers, stall, total,
                    args.num_requests, max_retries=retries)
@@ -100,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     measured, wall_s = run_load(requests, url, args.model, args.time_scale,
                                 args.max_concurrency, tokenizer=args.tokenizer,
                                 workers=args.workers, stall_timeout_s=stall,
-                                request_timeout_s=total, max_retries=retries,
+                                request_timeout_s=total, max_retries=retries, seed=seed,
                                 api_key=args.api_key or os.environ.get("OPENAI_API_KEY"))
     done = [m for m in measured if m is not None and m.done]
     partial = len(done) < len(measured)
@@ -114,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         "url": url, "model": args.model, "workload": args.workload,
         "time_scale": args.time_scale, "max_concurrency": args.max_concurrency,
         "workers": args.workers, "stall_timeout_s": stall, "request_timeout_s": total,
-        "max_retries": retries, "completion_tokens_from": token_sources(frame),
+        "max_retries": retries, "seed": seed, "completion_tokens_from": token_sources(frame),
         "partial": partial, "requests_planned": len(measured)}
     path = write_result(args.out, frame, summary, settings)
     print(variants_table([table_row("client", summary)]))
@@ -123,9 +130,10 @@ def run(args: argparse.Namespace) -> int:
               "tokens are content chunks counted (one token a chunk)")
     retried = frame[frame["retries"] > 0]
     if len(retried):
-        print(f"{len(retried)} requests were refused (HTTP 429/503) and retried, "
-              f"{int(retried['retries'].sum())} retries in all; their TTFT and e2e count from "
-              "the first send, the waits included (retry_wait_s)")
+        print(f"{len(retried)} requests were retried (refused with HTTP 429/502/503/504, or "
+              f"no answer on their connection), {int(retried['retries'].sum())} retries in "
+              "all; their TTFT and e2e count from the first send, the waits included "
+              "(retry_wait_s)")
     errors = frame[frame["error"] != ""]
     if len(errors):
         print(f"{len(errors)} of {len(frame)} requests failed ({_kinds(errors['error'])}); "

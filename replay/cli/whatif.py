@@ -292,19 +292,22 @@ def _compare(args: argparse.Namespace, workload: SimWorkload, cost: CostModel | 
 def _compare_client(args: argparse.Namespace, workload: SimWorkload, cost: CostModel | None,
                     plotter: Any) -> int:
     """The trace as recorded, its prediction under its own configuration and a loadgen run's
-    client-side measurements, side by side (same metric table)."""
+    client-side measurements, side by side (same metric table); retry waits left out of the
+    client's, a partial result flagged (``compare.client_view``)."""
     from replay.loadgen.result import read_result, table_row
+    from replay.whatif.compare import client_view
     from replay.whatif.report import variants_table
 
     frame, summary, settings = read_result(args.compare)
     if workload.recorded is None:
         raise WhatifError("--compare LOADGEN_RESULT needs a TRACE")
-    if len(frame) != len(workload.requests):
-        print(f"note: {args.compare} sent {len(frame)} requests, {workload.name} recorded "
-              f"{len(workload.requests)}")
+    frame, summary, notes = client_view(frame, summary, settings, args.compare, workload.name,
+                                        len(workload.requests))  # retry waits left out
+    for line in notes:
+        print(line)
     result = run_variant(workload, {}, cost, name="predicted")
     rows = [_row("recorded", "recorded", compute(workload.recorded)), _sim_row(result),
-            table_row(f"client ({settings.get('url', '?')})", summary, frame)]
+            table_row(f"client ({settings.get('url', '?')})", summary, frame, notes)]
     print(variants_table(rows))
     _finish(args, rows, cost, plotter)
     return 0

@@ -6,9 +6,10 @@ part of the TTFT it reports (docs/BENCHMARKS.md section 9 measures it).
 
 Any server, not only ``replayllm serve``: what it answers is checked, and whatever goes wrong
 with one request (an error status, a dropped connection, a malformed chunk, a timeout) is that
-request's ``error``, never an exception out of the run; an answer of 429 or 503 is first
-retried (``send``). Completion tokens are the server's ``usage`` where it reports one, else the
-content chunks counted (``token_source`` says which).
+request's ``error``, never an exception out of the run; an answer of 429, 502, 503 or 504,
+or a connection lost before any answer, is first retried (``send``). Completion tokens are
+the server's ``usage`` where it reports one, else the content chunks counted (``token_source``
+says which).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import random
 import re
 import time
 from dataclasses import dataclass, field
@@ -54,7 +56,7 @@ class Measured:
     text: str | None = None  # the answer's text, when kept (a conversation's next turn needs it)
     token_source: str = ""  # "usage" (the server's count), "chunks" (content chunks counted)
     done: bool = False  # answered or failed; False: never sent, or cut short by an interrupt
-    retries: int = 0  # times it was sent again after a 429 or 503
+    retries: int = 0  # times it was sent again (``send``: after a 429, 502, 503 or 504 ...)
     retry_wait_s: float = 0.0  # from the first send to the accepted attempt's (``send``)
 
 
@@ -90,24 +92,27 @@ def chat_body(messages: list[dict[str, str]], request: Request,
 
 async def send(session: aiohttp.ClientSession, url: str, body: dict[str, Any], out: Measured,
                clock: Any, timeout: aiohttp.ClientTimeout | None = None,
-               max_retries: int = 0) -> Measured:
+               max_retries: int = 0, rng: random.Random | None = None) -> Measured:
     """POST ``body`` and read its event stream into ``out``; errors are recorded, not raised
     (``timeout``, else ``session``'s: ``total`` is the whole request's limit, ``sock_read``
     the longest silence, each a "timed out" error). The body is encoded before the clock
     starts: ``sent_s`` is when the request begins to go out. Only cancellation (an interrupted
     run) goes through, leaving ``out.done`` False.
 
-    An answer of HTTP 429 or 503 is sent again, up to ``max_retries`` times (counted in
-    ``out.retries``), after the wait its ``Retry-After`` asks for, else a capped exponential
-    backoff (``replay.loadgen.retry``); one still refused fails with its last status and
-    message. TTFT and e2e count from ``sent_s``, the first attempt's send (not the accepted
-    attempt's; not the scheduled arrival either, whose gap stays ``send_lag_s``), so they
-    include the refused attempts and the waits: that is what a user of the server waited, and
-    what a client that sends once (vLLM's benchmark) would have reported had the server queued
-    the request instead of refusing it. A server's own trace sees only the accepted attempt:
+    An answer of HTTP 429, 502, 503 or 504, or a connection refused or lost before the answer's
+    status line (``_attempt``; never one lost mid-stream, whose partial answer must not be sent
+    twice), is sent again, up to ``max_retries`` times (counted in ``out.retries``), after the
+    wait its ``Retry-After`` asks for, else a capped exponential backoff whose jitter ``rng``
+    draws (``replay.loadgen.retry``); one still refused fails with its last error. TTFT and
+    e2e count from ``sent_s``, the first attempt's send (not the accepted attempt's; not the
+    scheduled arrival either, whose gap stays ``send_lag_s``), so they include the refused
+    attempts and the waits: that is what a user of the server waited, and what a client that
+    sends once (vLLM's benchmark) would have reported had the server queued the request
+    instead of refusing it. A server's own trace sees only the accepted attempt:
     ``out.retry_wait_s`` (first send to the accepted attempt's send) is the part it does not,
-    to subtract when comparing with it. ``total`` spans every attempt, the waits included: a
-    wait that would end past it is not begun, and an attempt gets only what is left of it."""
+    which ``whatif --compare`` subtracts (``replay.whatif.compare.client_view``). ``total``
+    spans every attempt, the waits included: a wait that would end past it is not begun, and
+    an attempt gets only what is left of it."""
     data = json.dumps(body).encode()
     limits = timeout or session.timeout
     out.sent_s = clock()
@@ -116,12 +121,10 @@ async def send(session: aiohttp.ClientSession, url: str, body: dict[str, Any], o
     try:
         while True:
             kwargs = {} if attempt_timeout is None else {"timeout": attempt_timeout}
-            async with session.post(url, data=data, headers=JSON_HEADERS, **kwargs) as response:
-                await _read_response(response, out, clock)
-                status, asked = response.status, response.headers.get("Retry-After")
-            if status not in RETRY_STATUSES or out.retries >= max_retries:
+            retryable, asked = await _attempt(session, url, data, kwargs, out, clock)
+            if not retryable or out.retries >= max_retries:
                 break
-            delay = retry_delay(asked, out.retries)
+            delay = retry_delay(asked, out.retries, rng=rng)
             if clock() + delay >= deadline:
                 note = f"waiting {delay:.3g} s to retry would pass --request-timeout"
                 break
@@ -158,6 +161,24 @@ async def send(session: aiohttp.ClientSession, url: str, body: dict[str, Any], o
     return out
 
 
+async def _attempt(session: aiohttp.ClientSession, url: str, data: bytes,
+                   kwargs: dict[str, Any], out: Measured, clock: Any) -> tuple[bool, str | None]:
+    """One POST, its answer read into ``out``: whether it may be sent again (a status of
+    ``RETRY_STATUSES``, or a connection refused or lost before the status line: no byte of an
+    answer came), and the answer's ``Retry-After``. A timeout or a TLS error goes through."""
+    try:
+        response = await session.post(url, data=data, headers=JSON_HEADERS, **kwargs)
+    except (aiohttp.ClientConnectionError, OSError) as exc:
+        if isinstance(exc, (TimeoutError, asyncio.TimeoutError, aiohttp.ClientSSLError,
+                            aiohttp.ServerFingerprintMismatch)):
+            raise
+        out.error = f"{type(exc).__name__}: {_one_line(str(exc))}"
+        return True, None
+    async with response:
+        await _read_response(response, out, clock)
+        return response.status in RETRY_STATUSES, response.headers.get("Retry-After")
+
+
 async def _read_response(response: aiohttp.ClientResponse, out: Measured, clock: Any) -> None:
     """Read one answer into ``out``: an error status, a JSON document, or an event stream
     (``replay.loadgen.sse``: each event's data lines joined, however its lines end)."""
@@ -178,8 +199,11 @@ async def _read_response(response: aiohttp.ClientResponse, out: Measured, clock:
     def take(events: list[Event]) -> bool:
         """Read ``events`` into ``out``; whether the answer is over ([DONE], or an error)."""
         nonlocal seen, ended
-        for event in events:  # its type is not read: an error is the data's "error" object
+        for event in events:
             seen = True
+            if event.type == "error":  # an error object's message, else its data quoted
+                out.error = _error_event(event.data)
+                return True
             if event.data.strip() == b"[DONE]":
                 ended = True
                 return True
@@ -212,11 +236,22 @@ def _parse(event: bytes) -> dict[str, Any]:
     return chunk
 
 
+def _error_event(data: bytes) -> str:
+    """The error of an ``event: error``: its data's ``error`` object's message (as a chunk's),
+    else a message quoting its data (``_json_error``'s where it is an error document)."""
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        chunk = None
+    if isinstance(chunk, dict) and chunk.get("error"):
+        return _error_of(chunk["error"])
+    message = _json_error(data.decode("utf-8", "replace"))
+    return f"the server sent an error event: {_quote(message or data) or '(no data)'}"
+
+
 def _read_chunk(chunk: dict[str, Any], out: Measured, now: float) -> None:
     if chunk.get("error"):
-        error = chunk["error"]
-        out.error = _one_line(str(error.get("message", error) if isinstance(error, dict)
-                                  else error)) or "the server sent an error"
+        out.error = _error_of(chunk["error"])
         return
     usage = chunk.get("usage")
     if usage is not None and not isinstance(usage, dict):
@@ -255,6 +290,12 @@ def _read_chunk(chunk: dict[str, Any], out: Measured, now: float) -> None:
             out.finish_reason = str(choice["finish_reason"])
             if out.finish_reason in FAILED_FINISH:  # the server gave up on it (vLLM, SGLang)
                 out.error = f"the server ended the answer with finish_reason {out.finish_reason!r}"
+
+
+def _error_of(error: Any) -> str:
+    """The message of a chunk's ``error`` (an object's ``message``, else the error itself)."""
+    return _one_line(str(error.get("message", error) if isinstance(error, dict)
+                         else error)) or "the server sent an error"
 
 
 def _count(value: Any, chunk: dict[str, Any]) -> int:

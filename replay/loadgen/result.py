@@ -26,7 +26,7 @@ REQUEST_COLUMNS = (*NUMERIC_COLUMNS, "itl_s", "finish_reason", "error")
 # completion_tokens came from, "usage" (the server's count) or "chunks" (content chunks).
 TOKEN_SOURCE = "token_source"
 # Written since, defaulted on reading an earlier result (none retried): how many times each
-# request was sent again after a 429 or 503, and the seconds from its first send to the
+# request was sent again (``client.send``: a 429, 502, 503, 504, no answer), and the seconds from its first send to the
 # accepted one's (in its TTFT and e2e, which count from the first send; not in a server's).
 RETRIES = "retries"
 RETRY_WAIT = "retry_wait_s"
@@ -40,7 +40,7 @@ class ResultError(ReplayLLMError):
 def requests_frame(measured: list[Measured]) -> pd.DataFrame:
     """One row per request: when it was due and (first) sent, client-side TTFT / TPOT / e2e,
     tokens, the inter-token latencies (``itl_s``: gaps between content chunks), any error, and
-    the retries after a 429 or 503 with the time they took."""
+    the retries (``client.send``) with the time they took."""
     rows = []
     for m in measured:
         ttft = m.first_token_s - m.sent_s
@@ -160,7 +160,8 @@ def read_result(path: str | Path) -> tuple[pd.DataFrame, dict[str, float], dict[
     return frame, summary, info["run"]
 
 
-def table_row(label: str, summary: dict[str, float], frame: pd.DataFrame | None = None) -> dict:
-    """A row for ``replay.whatif.report.variants_table``."""
+def table_row(label: str, summary: dict[str, float], frame: pd.DataFrame | None = None,
+              notes: list[str] | None = None) -> dict:
+    """A row for ``replay.whatif.report.variants_table`` (``notes``: its summary's notes)."""
     return {"label": label, "source": SOURCE, "status": "ok", "metrics": summary,
-            "requests": frame}
+            "requests": frame, "notes": notes or []}

@@ -1,7 +1,12 @@
 """When to send a refused request again: HTTP 429 (too many requests) and 503 (unavailable)
-are a server asking the client to come back later, not a failed request. The wait is the
-answer's ``Retry-After`` (seconds, or an HTTP date), else an exponential backoff with jitter
-(so that requests refused together do not all come back in the same instant), capped."""
+are a server asking the client to come back later, 502 and 504 a gateway in front of it that
+could not reach it, not a failed request; so is a connection refused or lost before any byte
+of an answer (``client.send``; never one lost mid-stream: a partial answer is not asked for
+twice). The wait is the answer's ``Retry-After`` (seconds, or an HTTP date), else an
+exponential backoff with jitter (so that requests refused together do not all come back in
+the same instant), capped. The jitter is drawn from each request's own generator
+(``retry_rng``): a run with the same seed waits the same, whatever order requests are refused
+in."""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ import random
 import time
 from datetime import timezone
 
-RETRY_STATUSES = frozenset({429, 503})
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
 # Backoff without Retry-After: BASE * 2**k seconds before retry k + 1, at most CAP, each drawn
 # from its upper half (jitter that keeps the wait from shrinking to nothing).
 BACKOFF_BASE_S = 1.0
@@ -39,11 +44,18 @@ def retry_after_s(header: str | None, now: float | None = None) -> float | None:
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-def retry_delay(header: str | None, retries_done: int, now: float | None = None) -> float:
+def retry_rng(seed: int | None, index: int) -> random.Random:
+    """Request ``index``'s jitter generator: from ``seed`` and the index alone (None: fresh
+    from the operating system)."""
+    return random.Random(None if seed is None else f"replayllm-loadgen:{seed}:{index}")
+
+
+def retry_delay(header: str | None, retries_done: int, now: float | None = None,
+                rng: random.Random | None = None) -> float:
     """Seconds to wait before retry ``retries_done + 1``: the ``Retry-After`` header's, else
-    the capped exponential backoff."""
+    the capped exponential backoff, its jitter drawn from ``rng`` (None: ``random``'s)."""
     asked = retry_after_s(header, now)
     if asked is not None:
         return asked
     backoff = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2.0 ** min(retries_done, 60))
-    return backoff * random.uniform(0.5, 1.0)
+    return backoff * (rng or random).uniform(0.5, 1.0)

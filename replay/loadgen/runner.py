@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from engine.errors import ReplayLLMError
 from replay.loadgen.client import Measured, chat_body, monotonic_clock, request_body, send
 from replay.loadgen.interrupt import Interrupt, StopWorkersOnSigint
+from replay.loadgen.retry import retry_rng
 from replay.loadgen.settings import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_REQUEST_TIMEOUT_S,
@@ -97,6 +98,7 @@ def run_load(
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
     api_key: str | None = None,
     max_retries: int = DEFAULT_MAX_RETRIES,
+    seed: int | None = None,
 ) -> tuple[list[Measured], float]:
     """Send ``requests`` to ``url`` (a server's base URL, e.g. http://127.0.0.1:8000);
     returns what was measured per request (workload order) and the wall seconds of the run.
@@ -109,7 +111,8 @@ def run_load(
     whose server sends nothing for ``stall_timeout_s`` seconds, or has not answered whole in
     ``request_timeout_s``, fails as timed out. A server that cannot be reached, or refuses the
     client (``api_key``: sent as a bearer token), is a ``ReplayLLMError`` before anything is
-    sent.
+    sent. A refused request is retried up to ``max_retries`` times, its backoff's jitter
+    drawn from ``seed`` and its index (``retry.retry_rng``: the same seed, the same waits).
 
     SIGINT (Ctrl-C) ends the run early: the requests in flight are abandoned and the call
     returns; a request that was answered or failed has ``done`` set, the others not (where
@@ -122,7 +125,8 @@ def run_load(
     url = base_url(url)
     model = run_loop(served_model(url, model, api_key))
     settings = ClientSettings(url, model, time_scale, max_concurrency, stall_timeout_s,
-                              request_timeout_s, max_retries=max_retries, api_key=api_key)
+                              request_timeout_s, max_retries=max_retries, seed=seed,
+                              api_key=api_key)
     sessions = sessions_of(requests)
     texts = _turn_texts(requests, sessions, tokenizer)
     if workers == 1 or len(sessions) == 1:
@@ -207,7 +211,8 @@ async def _run_sessions(requests: list[Request], sessions: list[list[int]],
         async def one(i: int, body: dict[str, Any], endpoint: str) -> Measured:
             nonlocal errors
             out = await send(client, url + endpoint, body, measured[i], clock,
-                             max_retries=settings.max_retries)
+                             max_retries=settings.max_retries,
+                             rng=retry_rng(settings.seed, i))
             errors += bool(out.error)
             bar.update(1)
             bar.set_postfix(errors=errors)

@@ -17,7 +17,7 @@ from engine.errors import ReplayLLMError
 DEFAULT_REQUEST_TIMEOUT_S = 3600.0
 # A stream that sends nothing (not even its headers) for this long is an error, not a hang.
 DEFAULT_STALL_TIMEOUT_S = 600.0
-# How often a request refused with 429 or 503 is sent again before it counts as failed.
+# How often a refused request (429, 502, 503, 504; no answer) is sent again before it fails.
 DEFAULT_MAX_RETRIES = 3
 # Finding the server (``/v1/models``) before the run: a server that does not answer this is down.
 PROBE_TIMEOUT_S = 30.0
@@ -29,8 +29,9 @@ WORKER_STOP_TIMEOUT_S = 30.0
 class ClientSettings:
     """How every client process sends: the server, the model name, the arrival scale, the
     closed-loop limit (None: open loop), the stall timeout (seconds without a byte), the
-    request timeout (seconds for a whole answer, retries included) and how many times a request
-    refused with 429 or 503 is retried (``replay.loadgen.retry``)."""
+    request timeout (seconds for a whole answer, retries included), how many times a refused
+    request is retried and the seed of the retries' backoff jitter (``replay.loadgen.retry``;
+    None: unseeded)."""
 
     url: str
     model: str | None
@@ -39,6 +40,7 @@ class ClientSettings:
     stall_timeout_s: float
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     max_retries: int = DEFAULT_MAX_RETRIES
+    seed: int | None = None
     api_key: str | None = field(default=None, repr=False)  # never printed nor written
 
 

@@ -194,3 +194,42 @@ def note_scope(rows: list[dict[str, Any]], workload: Any) -> None:
     if scope is not None:
         for row in rows:
             row["notes"] = [*(row.get("notes") or []), scope.note()]
+
+
+def client_view(frame: Any, summary: dict[str, float], run: dict[str, Any], name: str,
+                trace_name: str, trace_requests: int) -> tuple[Any, dict[str, float], list[str]]:
+    """A loadgen result as ``whatif TRACE --compare LOADGEN_RESULT`` sets it beside TRACE:
+    (per-request rows, summary, lines to print and note on its row).
+
+    A retried request's client TTFT and e2e count from its first send, the refused attempts
+    and the waits included (``retry_wait_s``); the server's trace, and so the prediction, see
+    only the accepted attempt. Comparing client with server, a user asks how much the network
+    and the client add to what the server did, not how long the server refused: those figures
+    are counted here from the accepted attempt (``retry_wait_s`` left out, ``sent_s`` moved to
+    it), and a line says so. A result marked partial (Ctrl-C) holds only the requests that
+    completed: a warning says the client row covers those only (its rows carry no request id
+    of TRACE's to restrict the other rows to them, as ``RecordedScope`` does for a trace)."""
+    from replay.loadgen.result import RETRIES, RETRY_WAIT, summarize
+
+    lines = []
+    if run.get("partial"):
+        planned = run.get("requests_planned", "?")
+        lines.append(f"warning: {name} is partial (loadgen was interrupted): it holds the "
+                     f"{len(frame)} of the {planned} requests planned that completed; the client "
+                     f"row covers those {len(frame)} only, the recorded and predicted rows all "
+                     f"{trace_requests} of {trace_name}")
+    elif len(frame) != trace_requests:
+        lines.append(f"note: {name} sent {len(frame)} requests, {trace_name} recorded "
+                     f"{trace_requests}")
+    wait = frame[RETRY_WAIT].to_numpy(dtype=float)
+    retried = frame[RETRIES].to_numpy() > 0
+    if not retried.any():
+        return frame, summary, lines
+    frame = frame.assign(**{column: frame[column] + sign * wait for column, sign in
+                            (("sent_s", 1), ("send_lag_s", 1), ("ttft_s", -1), ("e2e_s", -1))})
+    lines.append(f"note: {int(retried.sum())} of the {len(frame)} requests in {name} were "
+                 "retried (refused, or their connection lost before an answer): their client "
+                 "TTFT and e2e count from the accepted attempt, as the server's trace does "
+                 f"({float(wait.sum()):.3g} s of refused attempts and waits, retry_wait_s, "
+                 "left out)")
+    return frame, summarize(frame, summary.get("makespan_s", float("nan"))), lines

@@ -13,12 +13,14 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import aiohttp
 import pytest
 from _fake_server import FakeServer, Handler, stream, tokens, workload
 from aiohttp import web
 
 from replay.cli.main import main
-from replay.loadgen import retry
+from replay.loadgen import client, retry
+from replay.loadgen.client import Measured, send
 from replay.loadgen.result import read_result
 from replay.loadgen.runner import run_load
 from replay.workloads.request import Request
@@ -60,7 +62,7 @@ def test_a_refused_request_is_retried_after_its_retry_after(
     assert 0.6 <= frame["retry_wait_s"][1] < 1.5 and frame["retry_wait_s"][0] == 0
     assert frame["ttft_s"][1] > frame["retry_wait_s"][1] >= 0.6
     assert frame["ttft_s"][0] < 0.5 and run["max_retries"] == 3
-    assert "1 requests were refused (HTTP 429/503) and retried" in capsys.readouterr().out
+    assert "1 requests were retried (refused with HTTP 429/502/503/504" in capsys.readouterr().out
 
 
 def test_backoff_without_retry_after_then_a_failure_with_the_status(
@@ -175,3 +177,86 @@ def test_the_backoff_doubles_with_jitter_up_to_its_cap() -> None:
         for _ in range(20):
             assert full / 2 <= retry.retry_delay(None, k) <= full
     assert retry.retry_delay("3", 5) == 3.0  # the server's answer before the backoff
+
+
+def test_gateway_errors_and_connections_lost_before_an_answer_are_retried(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """502 once for p0, 504 twice for p1, the connection closed before the status line once for
+    p2: each answered at its next attempts (a backoff apart). p3's connection drops after two
+    chunks of its answer: never sent again (its partial answer must not be asked for twice),
+    it fails naming the cut (was: the 502, 504 and the dropped connection failed at once)."""
+    monkeypatch.setattr(retry, "BACKOFF_BASE_S", 0.01)
+    seen: Counter = Counter()
+
+    async def answer(request: web.Request, body: dict, n: int) -> web.StreamResponse:
+        prompt = body["prompt"]
+        seen[prompt] += 1
+        status = {"p0": (502, 1), "p1": (504, 2)}.get(prompt)
+        if status is not None and seen[prompt] <= status[1]:
+            return web.json_response({"error": {"message": "bad gateway"}}, status=status[0])
+        if prompt == "p2" and seen[prompt] == 1:
+            return await stream(request, tokens(3), close_after=0)
+        return await stream(request, tokens(3), close_after=2 if prompt == "p3" else None)
+
+    out = tmp_path / "r.parquet"
+    with FakeServer(answer) as server:
+        status = main(["loadgen", str(workload(tmp_path / "w.jsonl", 4)), "--url", server.url,
+                       "--out", str(out)])
+    assert status == 1 and seen == {"p0": 2, "p1": 3, "p2": 2, "p3": 1}
+    frame, summary, _ = read_result(out)
+    assert frame["error"].tolist() == ["", "", "", "the server closed the connection mid-stream"]
+    assert frame["retries"].tolist() == [1, 2, 1, 0] and summary["retries"] == 4
+    assert frame["completion_tokens"].tolist()[:3] == [3, 3, 3]
+
+
+def test_a_refused_connection_is_retried_then_fails_with_its_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A port nobody listens on (connection refused, no byte of an answer): sent again up to
+    ``max_retries`` times, then failing with the connection error and the retry count."""
+    import socket
+
+    monkeypatch.setattr(retry, "BACKOFF_BASE_S", 0.01)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    async def go() -> Measured:
+        async with aiohttp.ClientSession() as session:
+            return await send(session, f"http://127.0.0.1:{port}/v1/completions", {},
+                              Measured(0, 1, 1, 0.0), time.perf_counter, max_retries=2)
+
+    out = asyncio.run(go())
+    assert out.retries == 2 and out.done
+    assert out.error.startswith("ClientConnectorError") and out.error.endswith("(after 2 retries)")
+
+
+def test_the_backoff_jitter_is_reproducible_from_the_seed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runs with ``--seed 5`` wait the same backoffs (p0 refused three times with 503 and
+    no Retry-After); ``--seed 6`` waits others; the seed is in the result's settings, and a run
+    without ``--seed`` records the one it drew (was: unseeded jitter, no ``--seed``)."""
+    monkeypatch.setattr(retry, "BACKOFF_BASE_S", 0.001)
+    waits: list[float] = []
+
+    def recorded(*args: object, **kwargs: object) -> float:
+        waits.append(retry.retry_delay(*args, **kwargs))  # type: ignore[arg-type]
+        return waits[-1]
+
+    monkeypatch.setattr(client, "retry_delay", recorded)
+
+    def run(*seed: str) -> tuple[list[float], dict]:
+        waits.clear()
+        _, answer = _refusing({"p0": 3}, status=503)
+        out = tmp_path / "r.parquet"
+        with FakeServer(answer) as server:
+            assert main(["loadgen", str(workload(tmp_path / "w.jsonl", 2)), "--url",
+                         server.url, *seed, "--out", str(out)]) == 0
+        return list(waits), read_result(out)[2]
+
+    first, settings = run("--seed", "5")
+    assert len(first) == 3 and settings["seed"] == 5
+    assert run("--seed", "5")[0] == first
+    assert run("--seed", "6")[0] != first
+    assert isinstance(run()[1]["seed"], int)
+    rng = retry.retry_rng(5, 0)
+    assert [retry.retry_delay(None, k, rng=rng) for k in range(3)] == first

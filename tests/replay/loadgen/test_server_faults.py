@@ -81,7 +81,8 @@ def test_error_answers_are_counted_with_their_status_and_message(
 def test_a_connection_dropped_mid_stream_fails_that_request(tmp_path: Path) -> None:
     """The server sends two tokens then closes the connection (no finish, no [DONE]), or
     closes it before any answer: those requests fail, naming the cut; the others are
-    measured."""
+    measured (``--max-retries 0``: the one closed before any answer is not retried,
+    ``test_retries.py``)."""
     async def answer(request: web.Request, body: dict, n: int) -> web.StreamResponse:
         cut = {"p0": 2, "p1": 0}.get(body["prompt"])
         return await stream(request, tokens(4), close_after=cut)
@@ -89,7 +90,7 @@ def test_a_connection_dropped_mid_stream_fails_that_request(tmp_path: Path) -> N
     out = tmp_path / "r.parquet"
     with FakeServer(answer) as server:
         assert main(["loadgen", str(workload(tmp_path / "w.jsonl", 4)), "--url", server.url,
-                     "--out", str(out)]) == 1
+                     "--max-retries", "0", "--out", str(out)]) == 1
     frame, summary, _ = read_result(out)
     assert frame["error"][0] == "the server closed the connection mid-stream"
     assert "Disconnected" in frame["error"][1] and (frame["error"][2:] == "").all()

@@ -118,3 +118,22 @@ def test_an_error_event_over_several_lines_fails_with_its_message(tmp_path: Path
     status, frame = _run(tmp_path, [[chunk(" a"), event, *tokens(0)], tokens(2)])
     assert status == 1
     assert frame["error"].tolist() == ["overloaded", ""]
+
+
+def test_an_error_event_without_an_error_object_fails_at_once(tmp_path: Path) -> None:
+    """``event: error`` whose data is no ``error`` object (plain text; text too long to quote
+    whole; FastAPI's ``detail``): the request fails at that event with a message quoting its
+    data, the tokens after it not read (was: the event ignored, the request failing later as
+    "cut short", or answered as if nothing had happened)."""
+    long = b"x" * 500
+    events = [b"event: error\ndata: upstream\ndata: overloaded\n\n",
+              b"event: error\ndata: " + long + b"\n\n",
+              b'event: error\ndata: {"detail": "worker died"}\n\n']
+    status, frame = _run(tmp_path, [[chunk(" a"), events[0], chunk(" b")],
+                                    [chunk(" a"), events[1], *tokens(2)],
+                                    [events[2], *tokens(2)], tokens(2)])
+    assert status == 1
+    prefix = "the server sent an error event: "
+    assert frame["error"].tolist() == [prefix + "upstream overloaded",
+                                       prefix + "x" * 120 + "...", prefix + "worker died", ""]
+    assert frame["completion_tokens"].tolist()[:2] == [1, 1]

@@ -18,16 +18,17 @@ spent in the frontend (its body, parsing, tokenizing) is not in the trace's late
 server's own latency metrics (``/metrics``) and the client's count from its receipt.
 
 What a client can make the frontend hold is bounded (``engine.server.limits``): a body over
-``max_request_bytes`` is a 413 before it is all read; a long prompt finding the tokenizing pool
-full is a 429 with a ``Retry-After``. A client that leaves while its prompt is in the pool is
-never submitted: the engine and the trace never see it.
+``max_request_bytes`` is a 413 before it is all read, one over 64 KiB is parsed in a thread
+(``BodyParser``); a long prompt finding the tokenizing pool full is a 429 with a
+``Retry-After``. A client that leaves while its prompt is in the pool is never submitted: the
+engine and the trace never see it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +39,7 @@ from starlette.exceptions import HTTPException
 
 from engine.server import generation as gen
 from engine.server.engine_loop import EngineStopped, RequestStream
-from engine.server.limits import default_max_request_bytes, read_body
+from engine.server.limits import BodyParser, default_max_request_bytes, read_body
 from engine.server.metrics import CONTENT_TYPE, ServerMetrics
 from engine.server.prompt import MAX_WAITING_PROMPTS, ClientLeft, PromptPreparer
 from engine.server.protocol import (
@@ -46,7 +47,6 @@ from engine.server.protocol import (
     ParsedRequest,
     parse_chat,
     parse_completion,
-    parse_json_body,
 )
 
 # Seconds the engine thread gets, after the HTTP server stopped, to abort what is left.
@@ -67,6 +67,7 @@ class ServerState:
     created: int
     prompts: PromptPreparer
     max_request_bytes: int
+    bodies: BodyParser
 
 
 def create_app(engine: Any, model_name: str, max_request_bytes: int | None = None,
@@ -80,11 +81,12 @@ def create_app(engine: Any, model_name: str, max_request_bytes: int | None = Non
     engine.set_metrics(metrics)
     prompts = PromptPreparer(engine.tokenizer, engine.max_model_len, engine.vocab_size,
                              max_waiting=max_waiting_prompts)
+    metrics.watch_prompt_pool(lambda: prompts.in_pool, lambda: prompts.in_pool_chars)
     if max_request_bytes is None:
         max_request_bytes = default_max_request_bytes(engine.max_model_len)
     state = ServerState(engine, engine.tokenizer, model_name, engine.max_model_len,
                         engine.vocab_size, metrics, int(time.time()), prompts,
-                        max_request_bytes)
+                        max_request_bytes, BodyParser())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -93,6 +95,7 @@ def create_app(engine: Any, model_name: str, max_request_bytes: int | None = Non
             yield
         finally:
             prompts.close()
+            state.bodies.close()
             await asyncio.get_running_loop().run_in_executor(None, engine.shutdown,
                                                              ENGINE_STOP_GRACE_S)
 
@@ -143,20 +146,23 @@ def create_app(engine: Any, model_name: str, max_request_bytes: int | None = Non
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         received = time.perf_counter()
-        body = await _body(state, request)
-        return await _serve(state, request, parse_completion(body), received)
+        parsed = await _parsed(state, request, parse_completion)
+        return await _serve(state, request, parsed, received)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         received = time.perf_counter()
-        body = await _body(state, request)
-        return await _serve(state, request, parse_chat(body), received)
+        parsed = await _parsed(state, request, parse_chat)
+        return await _serve(state, request, parsed, received)
 
     return app
 
 
-async def _body(state: ServerState, request: Request) -> dict[str, Any]:
-    return parse_json_body(await read_body(request, state.max_request_bytes))
+async def _parsed(state: ServerState, request: Request,
+                  check: Callable[[dict[str, Any]], ParsedRequest]) -> ParsedRequest:
+    """The request's body, read within the limit, parsed and checked (a large one off the
+    loop: ``BodyParser``)."""
+    return await state.bodies.parse(await read_body(request, state.max_request_bytes), check)
 
 
 def _admit(state: ServerState, parsed: ParsedRequest, ids: list[int],

@@ -4,9 +4,14 @@ autoscalers written for vLLM read them unchanged.
 Request latencies are observed in the frontend (when a token reaches the request's stream);
 engine state (running/waiting, KV-cache usage, prefix-cache hits, preemptions) is set by the
 engine thread after each step. prometheus-client's metrics are thread-safe.
+
+What vLLM has no metric for is named ``replayllm:...`` (so no vLLM dashboard misreads it): the
+frontend's tokenizing pool (``engine.server.prompt``), read when scraped.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -66,6 +71,12 @@ class ServerMetrics:
                                           registry=r)
         self._success = Counter("vllm:request_success", "Count of successfully processed "
                                 "requests.", [*labels, "finished_reason"], registry=r)
+        self._pool_prompts = Gauge("replayllm:num_prompts_in_tokenizer_pool",
+                                   "Long prompts waiting for or being tokenized in the "
+                                   "frontend's thread pool.", labels, registry=r)
+        self._pool_chars = Gauge("replayllm:num_prompt_chars_in_tokenizer_pool",
+                                 "Characters of the prompts in the frontend's tokenizer pool.",
+                                 labels, registry=r)
         self.model_name = model_name
         m = model_name
         self.ttft, self.itl, self.tpot = self._ttft.labels(m), self._itl.labels(m), \
@@ -78,6 +89,13 @@ class ServerMetrics:
         self.preemptions = self._preemptions.labels(m)
         self.prompt_tokens = self._prompt_tokens.labels(m)
         self.generation_tokens = self._generation_tokens.labels(m)
+
+    def watch_prompt_pool(self, prompts: Callable[[], float],
+                          chars: Callable[[], float]) -> None:
+        """Read the tokenizer pool's prompts and characters (``PromptPreparer.in_pool``,
+        ``in_pool_chars``) from these whenever the metrics are rendered."""
+        self._pool_prompts.labels(self.model_name).set_function(prompts)
+        self._pool_chars.labels(self.model_name).set_function(chars)
 
     def finished(self, reason: str) -> None:
         """A request completed with an OpenAI finish reason (``stop``, ``length``, ``abort``)."""

@@ -20,8 +20,9 @@ Token ids sent as the prompt need no tokenizing: they are checked on the loop, t
 What the engine then records as the request's arrival is ``engine.server.app``'s to decide.
 
 The pool's queue is bounded: with ``max_waiting`` prompts already waiting for a thread (beyond
-the ``PREP_WORKERS`` being tokenized), a new long prompt is a 429 whose ``Retry-After`` is the
-time the pool needs for what it holds (from its measured rate), so many multi-MB prompts at once
+the ``PREP_WORKERS`` being tokenized), a new long prompt is a 429 whose ``Retry-After`` falls
+within the time the pool needs for what it holds (from its measured rate), spread over it from
+one refusal to the next so refused clients do not return together; many multi-MB prompts at once
 hold bounded memory and cannot queue medium ones behind them for ever; a short prompt, tokenized
 on the loop, is never refused. A client that leaves while its prompt waits or tokenizes
 (``left``) is dropped: a waiting prompt leaves the queue, a running one finishes unused, and
@@ -54,6 +55,8 @@ MAX_WAITING_PROMPTS = 4 * PREP_WORKERS
 # development VM: 2 MB in about 1 s), and the longest Retry-After it suggests.
 SECONDS_PER_CHAR = 0.5e-6
 MAX_RETRY_AFTER_S = 60
+# (sqrt(5) - 1) / 2: the shifts n * this mod 1 of successive refusals stay evenly spread.
+GOLDEN_FRACTION = 0.6180339887498949
 
 
 class ClientLeft(Exception):
@@ -81,11 +84,17 @@ class PromptPreparer:
         self._in_pool = 0  # prompts waiting for a thread or being tokenized
         self._in_pool_chars = 0
         self._seconds_per_char = SECONDS_PER_CHAR
+        self._refusals = 0  # 429s so far: where each one's Retry-After falls (_retry_after_s)
 
     @property
     def in_pool(self) -> int:
         """Long prompts the pool holds now: waiting for a thread or being tokenized."""
         return self._in_pool
+
+    @property
+    def in_pool_chars(self) -> int:
+        """The characters of the prompts ``in_pool`` (chat: their messages' contents)."""
+        return self._in_pool_chars
 
     async def token_ids(self, parsed: ParsedRequest,
                         left: Callable[[], Awaitable[None]] | None = None
@@ -124,8 +133,7 @@ class PromptPreparer:
         """Queue ``parsed`` (a prompt of ``size`` characters) for the pool, or a 429."""
         with self._lock:
             if self._in_pool >= self.workers + self.max_waiting:
-                wait_s = self._in_pool_chars * self._seconds_per_char / self.workers
-                retry = min(MAX_RETRY_AFTER_S, max(1, math.ceil(wait_s)))
+                retry = self._retry_after_s()
                 raise ApiError(
                     f"the server is tokenizing {self._in_pool} long prompts already ("
                     f"{self.max_waiting} may wait; replayllm serve --max-waiting-prompts); "
@@ -140,6 +148,22 @@ class PromptPreparer:
             raise
         future.add_done_callback(lambda _: self._left_pool(size))
         return future
+
+    def _retry_after_s(self) -> int:
+        """A refused prompt's ``Retry-After`` (with the lock held): its place among the pool's
+        slots, each freed at about its share of the time the pool needs for what it holds (at
+        most ``MAX_RETRY_AFTER_S``), shifted by up to half a share either way, so refused
+        clients come back spread over that time rather than together. The place and the shift
+        come from the count of refusals (the shift: its golden-ratio fraction), so they are
+        reproducible. Whole seconds (HTTP's), at least 1: a pool that drains in a second or
+        less sends every refused client back after 1 s."""
+        drain_s = self._in_pool_chars * self._seconds_per_char / self.workers
+        slots = max(1, self._in_pool)
+        count = self._refusals
+        self._refusals += 1
+        place = (count % slots + (count * GOLDEN_FRACTION) % 1.0) / slots
+        retry = math.ceil(min(drain_s, MAX_RETRY_AFTER_S) * (place + 0.5 / slots))
+        return min(MAX_RETRY_AFTER_S, max(1, retry))
 
     def _timed_prepare(self, parsed: ParsedRequest, size: int) -> tuple[list[int], str]:
         start = time.perf_counter()

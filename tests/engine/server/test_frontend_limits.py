@@ -21,6 +21,7 @@ from fake_engine import MODEL, FakeEngine, app_client  # noqa: E402
 from engine.server.app import create_app  # noqa: E402
 from engine.server.limits import MIN_MAX_REQUEST_BYTES  # noqa: E402
 from engine.server.prompt import PREP_WORKERS, PromptPreparer  # noqa: E402
+from engine.server.protocol import ApiError, ParsedRequest  # noqa: E402
 
 LONG = "the quick brown fox jumps over the lazy dog " * 500  # 22,000 characters: the pool's
 
@@ -215,3 +216,80 @@ def test_a_full_pool_refuses_long_prompts_with_a_429_and_short_ones_go_on(
     assert int(refused.header("retry-after") or 0) >= 1
     assert [c.status for c in (*held, short, ids, again)] == [200] * 6
     assert len(engine.submitted) == 6 and len(started) == 4
+
+
+def _pool_gauges(app: Any) -> dict[str, float]:
+    """The tokenizer pool's gauges as ``/metrics`` shows them, for the served model."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = app.state.server.metrics.render().decode()
+    return {sample.name: sample.value for family in text_string_to_metric_families(text)
+            for sample in family.samples if "tokenizer_pool" in sample.name
+            and sample.labels == {"model_name": MODEL}}
+
+
+def test_metrics_show_the_prompts_and_characters_in_the_tokenizer_pool(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three long prompts in the pool (two tokenizing at the gate, one waiting): ``/metrics``
+    says 3 prompts and their characters; a short prompt adds nothing; drained, 0 and 0."""
+    gate, _ = _gate_encodes(monkeypatch)
+    engine = FakeEngine(max_model_len=10**6)
+    texts = [f"{i} {LONG}" for i in range(3)]
+
+    async def scenario() -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+        app = create_app(engine, MODEL)
+        prompts = app.state.server.prompts
+        async with app.router.lifespan_context(app):
+            before = _pool_gauges(app)
+            try:
+                calls = [asyncio.ensure_future(Client(_json({"prompt": t, "max_tokens": 2}))(app))
+                         for t in texts]
+                await _until(lambda: prompts.in_pool == 3, "the pool to fill")
+                await Client(_json({"prompt": "hi", "max_tokens": 2}))(app)
+                full = _pool_gauges(app)
+            finally:
+                gate.set()
+            await asyncio.gather(*calls)
+            await _until(lambda: prompts.in_pool == 0, "the pool to empty")
+            return before, full, _pool_gauges(app)
+
+    before, full, after = asyncio.run(scenario())
+    names = ("replayllm:num_prompts_in_tokenizer_pool",
+             "replayllm:num_prompt_chars_in_tokenizer_pool")
+    assert before == after == dict.fromkeys(names, 0.0)
+    assert full == dict(zip(names, (3.0, float(sum(map(len, texts))))))
+
+
+def _refusals(count: int, in_pool_chars: int, seconds_per_char: float) -> list[int]:
+    """The Retry-After of ``count`` long prompts refused by a full pool (two tokenizing, one
+    waiting) holding ``in_pool_chars`` characters at ``seconds_per_char``."""
+    preparer = PromptPreparer(FakeEngine().tokenizer, 10**6, 1000, max_waiting=1)
+    preparer._in_pool, preparer._in_pool_chars = 3, in_pool_chars
+    preparer._seconds_per_char = seconds_per_char
+    retries = []
+    try:
+        for _ in range(count):
+            with pytest.raises(ApiError) as refused:
+                asyncio.run(preparer.token_ids(ParsedRequest(chat=False, model=None,
+                                                             prompt=LONG)))
+            assert refused.value.status == 429
+            retries.append(int((refused.value.headers or {})["Retry-After"]))
+    finally:
+        preparer.close()
+    return retries
+
+
+def test_refused_clients_are_told_to_come_back_at_spread_times() -> None:
+    """A pool needing 30 s for what it holds (3 slots): twelve refusals get Retry-Afters spread
+    over those 30 s (each slot's share, 10 s, shifted by up to half of it), not all 30 s; the
+    same sequence again from a fresh pool; past the 60 s cap, spread within 60 s; a pool that
+    drains in well under a second says 1 s, never 0."""
+    retries = _refusals(12, 60_000_000, 1e-6)  # 60 M characters, two threads: 30 s
+    assert retries == _refusals(12, 60_000_000, 1e-6)
+    assert all(5 <= r <= 35 for r in retries), retries
+    assert len(set(retries)) >= 8, retries
+    for slot in range(3):  # the slots in turn: 5-15 s, 15-25 s, 25-35 s
+        assert all(5 + 10 * slot <= r <= 15 + 10 * slot for r in retries[slot::3]), retries
+    capped = _refusals(12, 10**9, 1e-6)  # 500 s
+    assert all(1 <= r <= 60 for r in capped) and len(set(capped)) >= 8, capped
+    assert _refusals(3, 30_000, 1e-6) == [1, 1, 1]

@@ -143,11 +143,14 @@ def load_other(workload: Any, path: str | None
     ``check_same_workload``: every refusal here comes before any step-time model is fitted.
     A killed OTHER that finished nothing is refused from its commit markers alone. None without
     ``--compare``, without a TRACE, or for a loadgen result."""
+    if path is None or workload is None:
+        return None
+    # Only with --compare: the loadgen reader brings the HTTP client's imports (~0.3 s).
     from replay.loadgen.result import is_result
     from replay.recorded import from_trace
     from tracing.reader import read_trace
 
-    if path is None or workload is None or is_result(path):
+    if is_result(path):
         return None
     trace = read_trace(path)
     if not trace.complete and not trace.counts()["request_finished"]:

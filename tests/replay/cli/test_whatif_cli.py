@@ -9,6 +9,8 @@ a trace without timings says it cannot predict times.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -25,6 +27,7 @@ CONFIG_B = Config(num_kvcache_blocks=30, kvcache_block_size=32, max_num_seqs=8)
 NUM_SEQS = 16
 PROMPT_TOKENS = 300
 OUTPUT_TOKENS = 120
+REPO = Path(__file__).resolve().parents[3]
 
 
 def short_workload():
@@ -340,3 +343,20 @@ def test_an_incomplete_recording_may_hold_only_the_first_requests(traces):
                 check_same_workload(workload, cut, "b")
         else:
             check_same_workload(workload, cut, "b")
+
+
+def test_whatif_without_compare_loads_no_http_client(tmp_path: Path) -> None:
+    """A plain whatif never imports the load generator's HTTP client (aiohttp: ~0.3 s of the
+    command's ~1.3 s) or the server's stack; only --compare LOADGEN_RESULT needs the reader."""
+    import subprocess
+    import sys
+
+    trace = REPO / "traces" / "cpu-tiny-demo"
+    code = (f"import sys; from replay.cli.main import main; "
+            f"assert main(['whatif', {str(trace)!r}, '--set', 'num_kvcache_blocks=20', "
+            f"'--no-plots', '--out', {str(tmp_path / 'out')!r}]) == 0; "
+            f"bad = sorted({{m.split('.')[0] for m in sys.modules}} & "
+            f"{{'aiohttp', 'fastapi', 'uvicorn', 'openai'}}); assert not bad, bad; print('ok')")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, text=True,
+                            capture_output=True, timeout=300, check=False)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr

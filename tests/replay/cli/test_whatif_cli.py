@@ -360,3 +360,16 @@ def test_whatif_without_compare_loads_no_http_client(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, text=True,
                             capture_output=True, timeout=300, check=False)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr
+
+
+def test_tune_on_an_incomplete_source_covers_the_requests_it_finished(traces, tmp_path, capsys):
+    """``tune`` loads its TRACE as whatif does (``_source``): a killed source is warned about and
+    searched over the requests it finished (this session's change first left tune calling the
+    loader without its source: every tune run failed)."""
+    killed = _killed_copy(traces["b"], tmp_path / "killed", keep=1)
+    code = replayllm(["tune", killed, "--slo", "ttft_p99=100", "--space", "max_num_seqs=8,16",
+                      "--out", str(tmp_path / "t")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert f"warning: {killed} is incomplete" in out
+    assert (tmp_path / "t" / "tune.parquet").exists()

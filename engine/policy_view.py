@@ -8,10 +8,13 @@ are refused where they are attempted: the guard raises its ``PolicyError`` namin
 sequence, the field and the hook. A view costs one small object per sequence a hook touches
 (``OfferedViews`` makes them as the policy reads the offered ones); the guard keeps one view per
 sequence for a step, and a view equals (and hashes as) any other view of the same sequence.
+``copy.copy``, ``copy.deepcopy`` and pickling a view give a detached ``Sequence``: a snapshot
+of the policy's own (it was an AttributeError naming ``_guard``).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from collections.abc import Sequence as SequenceABC
 from operator import attrgetter
@@ -60,6 +63,17 @@ class SequenceView:
 
     def __repr__(self) -> str:
         return repr(self._seq)
+
+    def __copy__(self) -> Sequence:
+        """A detached snapshot (a ``Sequence`` of the policy's own, sharing no list with the
+        engine's): a shallow copy would share ``token_ids`` and ``block_table``."""
+        return copy.deepcopy(self._seq)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Sequence:
+        return copy.deepcopy(self._seq, memo)
+
+    def __reduce__(self) -> tuple[Any, tuple[Sequence]]:
+        return copy.deepcopy, (self._seq,)  # pickled: the sequence's state, unpickled detached
 
     @property
     def token_ids(self) -> ReadOnlyList:

@@ -9,7 +9,8 @@ the installed package; without the option it does nothing.
 
 A trace is a directory holding ``run.json``. A case fails with ``verify``'s report (the first
 divergence) or the invariant checker's, and says first when the recorded user policy's source
-has changed since the recording.
+has changed since the recording; one that is no readable trace fails in one line, and a killed
+recording passes on what it committed with an ``IncompleteTraceWarning``.
 """
 
 from __future__ import annotations

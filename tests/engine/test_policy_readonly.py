@@ -271,3 +271,34 @@ def test_every_member_of_sequence_is_read_through_or_refused() -> None:
     assert len(view) == 3 and repr(view) == repr(seq) and view.block(0, 2) == [1, 2]
     assert view == SequenceView(seq, guard) and hash(view) == hash(SequenceView(seq, guard))
     assert seq.token_ids == [1, 2, 3]
+
+
+def test_a_copied_view_is_a_detached_snapshot(policy_module) -> None:
+    """A policy that snapshots what it is offered (``copy.copy``, ``copy.deepcopy``, pickle: a
+    history of the queue) gets Sequences of its own, detached from the engine's, and decides as
+    unwrapped; it was ``AttributeError: 'SequenceView' object has no attribute '_guard'``."""
+    policy_module("snap", """\
+import copy, pickle
+from engine.policy import Policy
+class Snap(Policy):
+    def __init__(self, config):
+        super().__init__(config)
+        self.history = []
+    def admit(self, waiting, step):
+        first = waiting[0]
+        shallow, deep = copy.copy(first), copy.deepcopy(list(waiting))
+        again = pickle.loads(pickle.dumps(first))
+        shallow.token_ids.append(99)
+        deep[0].num_cached_tokens = 5
+        self.history.append((shallow, deep, again))
+        yield from super().admit(waiting, step)
+""")
+    core = _core("snap:Snap")
+    core.add_request([1, 2, 3], GREEDY)
+    seq = core.scheduler.waiting[0]
+    core.step()
+    shallow, deep, again = core.scheduler.policy.inner.history[0]
+    assert type(shallow) is type(deep[0]) is type(again) is Sequence
+    assert shallow.token_ids == [1, 2, 3, 99] and again.token_ids == [1, 2, 3]
+    assert seq.token_ids[:3] == [1, 2, 3] and 99 not in seq.token_ids
+    assert seq.status is SequenceStatus.RUNNING

@@ -1,0 +1,76 @@
+"""``assert_replays`` and ``pytest --replayllm-traces`` on a directory as users keep one: besides
+good traces, a foreign or damaged ``run.json``, a recording killed before its first commit and
+one killed later. Each unreadable one is a failed case of one line (it was a page of traceback
+through tracing/reader.py); a killed recording that replays passes with a warning saying only
+its committed steps were checked (it passed silently)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from replay.testing.replays import IncompleteTraceWarning, ReplayMismatch, assert_replays
+
+REPO = Path(__file__).resolve().parents[3]
+DEMO = REPO / "traces" / "cpu-tiny-demo"
+
+
+def _traces(root: Path) -> Path:
+    """good, foreign (run.json not ours), badjson, zero (killed before a commit), mid (killed
+    after the first of its two segments)."""
+    shutil.copytree(DEMO, root / "good")
+    (root / "foreign").mkdir(parents=True)
+    (root / "foreign" / "run.json").write_text('{"hello": 1}')
+    (root / "badjson").mkdir()
+    (root / "badjson" / "run.json").write_text("not json")
+    (root / "zero").mkdir()
+    shutil.copy(DEMO / "run.json", root / "zero" / "run.json")
+    shutil.copytree(DEMO, root / "mid")
+    (root / "mid" / "summary.json").unlink()
+    (root / "mid" / "_commits" / "seg-000001.json").unlink()
+    (root / "notes").mkdir()
+    (root / "notes" / "readme.txt").write_text("not a trace")
+    return root
+
+
+@pytest.mark.parametrize("name, line", [
+    ("foreign", "cannot read the trace: {t}/run.json: no schema_version"),
+    ("badjson", "cannot read the trace: {t}/run.json: trace header is not valid JSON"),
+    ("zero", "{t}: cannot replay: incomplete trace with no committed step"),
+])
+def test_an_unreadable_trace_is_a_one_line_mismatch(tmp_path: Path, name: str, line: str) -> None:
+    trace = _traces(tmp_path) / name
+    with pytest.raises(ReplayMismatch) as failure:
+        assert_replays(trace)
+    text = str(failure.value)
+    assert text.startswith(line.format(t=trace)) and "\n" not in text, text
+
+
+def test_a_killed_trace_passes_with_a_warning(tmp_path: Path) -> None:
+    trace = _traces(tmp_path) / "mid"
+    with pytest.warns(IncompleteTraceWarning, match="mid is incomplete .* through step 63"):
+        assert assert_replays(trace).identical
+
+
+def test_the_plugin_reports_each_bad_trace_in_one_line(tmp_path: Path) -> None:
+    root = _traces(tmp_path / "traces")
+    (tmp_path / "empty_test.py").write_text("")
+    installed = any(ep.value == "replay.testing.pytest_plugin"
+                    for ep in importlib.metadata.entry_points(group="pytest11"))
+    plugin = [] if installed else ["-p", "replay.testing.pytest_plugin"]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         *plugin, "--replayllm-traces", str(root),
+         str(tmp_path / "empty_test.py")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
+    out = done.stdout
+    assert done.returncode == 1 and "3 failed, 2 passed, 1 warning" in out, out[-3000:]
+    assert "Traceback" not in out and "tracing/reader.py" not in out, out[-3000:]
+    assert "IncompleteTraceWarning" in out

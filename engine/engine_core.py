@@ -122,7 +122,7 @@ class EngineCore:
         ``priority``: lower goes first; ``token_bounds``: the prompt's (min, max) id if known."""
         self.outside.input()
         added = self.now()
-        check_recordable(token_ids, params, token_bounds)
+        check_recordable(token_ids, params, token_bounds, priority)
         arrival = added if arrival_s is None else arrival_s
         seq = Sequence(self.next_seq_id, token_ids, params, arrival)
         self.next_seq_id += 1

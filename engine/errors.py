@@ -15,3 +15,7 @@ class InvalidRequestError(ReplayLLMError, ValueError):
 
 class ModelLoadError(ReplayLLMError):
     """A checkpoint directory is missing, incomplete or of an unsupported architecture."""
+
+
+class EngineClosedError(ReplayLLMError, RuntimeError):
+    """An engine was used after ``close()``."""

@@ -14,9 +14,9 @@ from tqdm.auto import tqdm
 from engine.config import AUTO_CALIBRATION, GPU_CALIBRATION_REPEATS, Config
 from engine.detokenizer import IncrementalDetokenizer
 from engine.engine_core import EngineCore, StepResult
-from engine.errors import ConfigError, InvalidRequestError
+from engine.errors import ConfigError, EngineClosedError, InvalidRequestError
 from engine.gc_heap import freeze_startup_heap, release_heap
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, check_recordable, is_valid_text
 from engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
@@ -165,8 +165,15 @@ class LLMEngine:
         """Tokenize; return (token ids, rejection reason, the smallest and largest id where
         computed) without raising on a bad prompt."""
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt, add_special_tokens=False), None, None
-        if not isinstance(prompt, SequenceABC) or not _all_int(prompt):
+            try:
+                return self.tokenizer.encode(prompt, add_special_tokens=False), None, None
+            except (TypeError, UnicodeError):
+                if is_valid_text(prompt):
+                    raise
+                raise InvalidRequestError(  # the tokenizer's own error was a TypeError
+                    "a prompt is not valid Unicode text (it holds a lone surrogate)") from None
+        if (isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, SequenceABC)
+                or not _all_int(prompt)):  # bytes would pass as a list of ints
             raise InvalidRequestError(
                 f"a prompt must be a str or a list of int token ids, got {type(prompt).__name__}"
             )
@@ -194,7 +201,12 @@ class LLMEngine:
 
         ``priority``: lower is served first under ``policy="priority"`` (or a policy reading it).
         """
+        self._check_open()
         token_ids, error, bounds = self._token_ids(prompt)
+        return self._add(token_ids, error, bounds, params, arrival_s, priority)
+
+    def _add(self, token_ids: list[int], error: str | None, bounds: tuple[int, int] | None,
+             params: SamplingParams, arrival_s: float | None, priority: int) -> Sequence:
         seq = self.core.add_request(
             token_ids, params, arrival_s=arrival_s, error=error, priority=priority,
             token_bounds=bounds,
@@ -208,7 +220,12 @@ class LLMEngine:
         return self.core.rejections.get(seq.seq_id)
 
     def step(self) -> StepResult | None:
+        self._check_open()
         return self.core.step()
+
+    def _check_open(self) -> None:
+        if self.core.closed:
+            raise EngineClosedError("this engine is closed (close() was called): start a new LLM")
 
     def is_finished(self) -> bool:
         return not self.core.has_unfinished()
@@ -216,7 +233,7 @@ class LLMEngine:
     # --- batch generation -------------------------------------------------------------------------
     def generate(
         self,
-        prompts: list[str] | list[list[int]],
+        prompts: str | list[str] | list[list[int]],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priorities: list[int] | None = None,
@@ -224,31 +241,36 @@ class LLMEngine:
         """Generate for every prompt; returns, in input order, ``{"text", "token_ids", ...}``.
 
         Each output also has ``finish_reason`` and ``error`` (the rejection reason, or None).
-        ``priorities``: one per prompt (lower first), for policies that read them.
+        ``priorities``: one per prompt (lower first), for policies that read them. A single
+        str is one prompt (as in vLLM). The whole batch is checked before any request is queued.
         """
+        self._check_open()
+        if not hasattr(prompts, "__iter__"):
+            raise InvalidRequestError(f"prompts must be a list, got {type(prompts).__name__}")
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params] * len(prompts)
         else:
-            params_list = list(sampling_params)
+            params_list = _params_list(sampling_params)
             if len(params_list) != len(prompts):
-                raise InvalidRequestError(
-                    f"{len(prompts)} prompts but {len(params_list)} sampling params"
-                )
+                raise InvalidRequestError(f"{len(prompts)} prompts but {len(params_list)} "
+                                          "sampling params")
         if priorities is not None and len(priorities) != len(prompts):
             raise InvalidRequestError(f"{len(prompts)} prompts but {len(priorities)} priorities")
-        ranks = priorities if priorities is not None else [0] * len(prompts)
-        seqs = [
-            self.add_request(p, sp, priority=r) for p, sp, r in zip(prompts, params_list, ranks)
-        ]
+        ranks = list(priorities) if priorities is not None else [0] * len(prompts)
+        prepared = [self._token_ids(p) for p in prompts]
+        for (token_ids, _, bounds), sp, rank in zip(prepared, params_list, ranks):
+            check_recordable(token_ids, sp, bounds, rank)  # refuse before any request is queued
+        seqs = [self._add(*ids, sp, None, r) for ids, sp, r in zip(prepared, params_list, ranks)]
         texts: dict[int, str] = {}
         stops = {
             seq.seq_id: IncrementalDetokenizer(self.tokenizer, seq.stop)
             for seq in seqs
             if seq.stop and not seq.is_finished
         }
-        self._run(len(seqs), use_tqdm, texts, stops)
+        self._run(seqs, use_tqdm, texts, stops)
         outputs = [self._output(seq, texts.get(seq.seq_id)) for seq in seqs]
         for seq, output in zip(seqs, outputs):
             detok = stops.get(seq.seq_id)
@@ -270,7 +292,7 @@ class LLMEngine:
 
     def _run(
         self,
-        total: int,
+        seqs: list[Sequence],
         use_tqdm: bool,
         texts: dict[int, str],
         stops: dict[int, IncrementalDetokenizer] | None = None,
@@ -278,8 +300,8 @@ class LLMEngine:
         """Step until done, detokenizing each sequence as it finishes (into ``texts``): with
         overlapped steps that runs while the device computes the next step, not after the run.
         A sequence with stop strings is detokenized as it goes (``stops``) and ends at one."""
-        bar = tqdm(total=total, desc="generate", disable=not use_tqdm, dynamic_ncols=True)
-        bar.update(len(self.core.rejections))
+        bar = tqdm(total=len(seqs), desc="generate", disable=not use_tqdm, dynamic_ncols=True)
+        bar.update(sum(seq.is_finished for seq in seqs))  # this call's rejected requests
         prefill_rate = decode_rate = 0.0
         while self.core.has_unfinished():
             began = time.perf_counter()
@@ -354,6 +376,19 @@ class StartupProgress:
 
 class LLM(LLMEngine):
     """``LLM(model_path, trace_dir=None, **config)``: the Nano-vLLM-style entry point."""
+
+
+def _params_list(sampling_params: Any) -> list[SamplingParams]:
+    """``sampling_params`` as a list, each a ``SamplingParams``, or ``InvalidRequestError``."""
+    odd = isinstance(sampling_params, (str, bytes, dict)) or not hasattr(sampling_params,
+                                                                         "__iter__")
+    items = [] if odd else list(sampling_params)
+    bad = sampling_params if odd else next(
+        (p for p in items if not isinstance(p, SamplingParams)), None)
+    if bad is not None:
+        raise InvalidRequestError("sampling_params must be a SamplingParams or a list of them, "
+                                  f"got {type(bad).__name__}")
+    return items
 
 
 def _all_int(values: SequenceABC) -> bool:

@@ -95,11 +95,14 @@ def _is_int(value: object) -> bool:
 
 
 def check_recordable(token_ids: list[int] | array, params: SamplingParams,
-                     bounds: tuple[int, int] | None = None) -> None:
+                     bounds: tuple[int, int] | None = None, priority: int = 0) -> None:
     """Raise ``InvalidRequestError`` for a request the trace's int32 columns cannot hold.
 
     ``bounds``: the prompt's smallest and largest token id where the caller has them (the
     frontend's vocabulary check found them), so a long prompt is not scanned twice."""
+    if not (_is_int(priority) and INT32_MIN <= priority <= INT32_MAX):
+        raise InvalidRequestError(
+            f"priority must be an integer in [{INT32_MIN}, {INT32_MAX}], got {priority!r}")
     if params.max_tokens > INT32_MAX:
         raise InvalidRequestError(f"max_tokens must be <= {INT32_MAX}, got {params.max_tokens}")
     if len(token_ids) > INT32_MAX:

@@ -10,6 +10,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,3 +55,13 @@ def policy_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         return name
 
     yield write
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[Any]:
+    """One untraced engine on the tiny CPU model per test module (the request tests')."""
+    from engine import LLM
+
+    engine = LLM(None, record_events=False, calibration_repeats=0)
+    yield engine
+    engine.close()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,13 +11,6 @@ from engine.errors import EngineClosedError, InvalidRequestError, ReplayLLMError
 from replay.cli.main import main as cli_main
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def llm() -> Iterator[LLM]:
-    engine = LLM(None, record_events=False, calibration_repeats=0)
-    yield engine
-    engine.close()
 
 
 def test_a_single_string_is_one_prompt(llm: LLM) -> None:

@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from engine import LLM, SamplingParams
 from engine.errors import InvalidRequestError
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def llm() -> Iterator[LLM]:
-    engine = LLM(None, record_events=False, calibration_repeats=0)
-    yield engine
-    engine.close()
 
 
 def test_a_token_outside_the_vocabulary_rejects_the_request(llm: LLM) -> None:

@@ -3,7 +3,6 @@ request_added (schema 5), stop recorded as a finish and replayed at its step."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,13 +16,6 @@ from tracing import read_trace
 from tracing.schema import NO_SEED, decode_stop
 
 PROMPTS = [[11, 12, 13, 14, 15], [200, 201, 202], [7, 8, 9, 10, 11, 12, 13], [500, 600]]
-
-
-@pytest.fixture(scope="module")
-def llm() -> Iterator[LLM]:
-    engine = LLM(None, record_events=False, calibration_repeats=0)
-    yield engine
-    engine.close()
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,9 @@
 """Test-wide setup: Hypothesis profiles.
 
-Profiles (select with ``HYPOTHESIS_PROFILE=<name>``; ``ci`` is the default, used by ``make test``):
+The profiles are defined once, in ``replay.testing.profiles`` (shipped to users' policy tests by
+the pytest plugin); this file loads one for the project's suite. Profiles (select with
+``HYPOTHESIS_PROFILE=<name>`` or ``--hypothesis-profile=<name>``; ``ci`` is the default, used by
+``make test``):
 
 - ``ci``: the whole property suite in well under 3 minutes on a 2-core machine. Derandomized, so a
   run explores the same examples every time (no flaky CI, stable mutation scores) and needs no
@@ -23,8 +26,6 @@ import os
 import sys
 from pathlib import Path
 
-from hypothesis import HealthCheck, Phase, settings
-
 # pytest puts tests/ first on sys.path for this conftest; tests/engine, tests/tracing and
 # tests/replay would then shadow the real packages (as namespace packages) wherever the repository
 # root is not importable by other means (a bare `pytest` without an installed project). The root
@@ -33,44 +34,8 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if sys.path[:1] != [_ROOT]:
     sys.path.insert(0, _ROOT)
 
-_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+from replay.testing.profiles import load_profile, profile_from_env  # noqa: E402
 
-settings.register_profile(
-    "ci",
-    max_examples=100,
-    stateful_step_count=40,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    print_blob=True,
-    suppress_health_check=_SLOW_OK,
-)
-settings.register_profile(
-    "deep",
-    max_examples=3000,
-    stateful_step_count=80,
-    deadline=None,
-    print_blob=True,
-    suppress_health_check=_SLOW_OK,
-)
-settings.register_profile(
-    "dev",
-    max_examples=10,
-    stateful_step_count=20,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=_SLOW_OK,
-)
-
-_profile = os.environ.get("HYPOTHESIS_PROFILE", "ci")
-if os.environ.get("HYPOTHESIS_NO_SHRINK") == "1":
-    # Used by tools/mutation_check.py: the same examples as the profile, but a failure is reported
-    # as found, without spending time shrinking it (a mutant only needs to be caught).
-    settings.register_profile(
-        f"{_profile}-noshrink",
-        parent=settings.get_profile(_profile),
-        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target],
-    )
-    _profile = f"{_profile}-noshrink"
-settings.load_profile(_profile)
+# ci unless HYPOTHESIS_PROFILE names another; `--hypothesis-profile NAME` (Hypothesis's plugin)
+# loads NAME after this, at pytest_configure.
+load_profile(profile_from_env("ci"), no_shrink=os.environ.get("HYPOTHESIS_NO_SHRINK") == "1")

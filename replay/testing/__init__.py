@@ -8,6 +8,8 @@
 - ``check_events(header, tables)`` / ``check_trace(path)``: the invariant checker over any event
   stream (``replay.testing.invariants`` lists the invariants).
 - ``assert_replays(trace_dir)``: the trace verifies identically and every invariant holds.
+- ``register_profiles()``: the Hypothesis profiles ``ci``, ``deep`` and ``dev``
+  (``replay.testing.profiles``; the pytest plugin registers them).
 - The pytest plugin (``replay.testing.pytest_plugin``, registered as an entry point):
   ``pytest --replayllm-traces DIR`` turns every trace under DIR into a regression test case.
 
@@ -24,6 +26,7 @@ from replay.testing.invariants import (
     check_events,
     check_trace,
 )
+from replay.testing.profiles import register_profiles
 from replay.testing.replays import assert_replays
 from replay.testing.run import run_workload
 from replay.testing.scripted import PropertyViolations, Run
@@ -42,6 +45,7 @@ __all__ = [
     "check_events",
     "check_trace",
     "engine_configs",
+    "register_profiles",
     "run_workload",
     "workloads",
 ]

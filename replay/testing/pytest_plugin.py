@@ -11,16 +11,39 @@ A trace is a directory holding ``run.json``. A case fails with ``verify``'s repo
 divergence) or the invariant checker's, and says first when the recorded user policy's source
 has changed since the recording; one that is no readable trace fails in one line, and a killed
 recording passes on what it committed with an ``IncompleteTraceWarning``.
+
+It also registers the Hypothesis profiles ``ci``, ``deep`` and ``dev`` (``replay.testing.profiles``)
+where Hypothesis is installed: ``pytest --hypothesis-profile=deep`` or ``HYPOTHESIS_PROFILE=deep``
+selects one for the property tests of your policy.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 HEADER_FILE = "run.json"
+
+try:  # Hypothesis is optional (the ``testing`` extra); the trace cases do not need it.
+    from replay.testing import profiles as _profiles
+except ImportError:  # pragma: no cover - depends on the environment
+    _profiles = None  # type: ignore[assignment]
+else:
+    # At import, before any pytest_configure: Hypothesis's own plugin loads the profile named by
+    # --hypothesis-profile there, and a conftest may load one at its import.
+    _profiles.register_profiles()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """``HYPOTHESIS_PROFILE=ci|deep|dev`` loads that profile (``--hypothesis-profile`` wins)."""
+    if _profiles is None or config.getoption("--hypothesis-profile", None):
+        return
+    name = _profiles.profile_from_env()
+    if name in _profiles.PROFILES:
+        _profiles.load_profile(name, no_shrink=os.environ.get("HYPOTHESIS_NO_SHRINK") == "1")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -89,13 +112,24 @@ class TraceDirectory(pytest.Collector):
         ]
 
 
-def pytest_collection_modifyitems(
-    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
-) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Any:
+    """The session's collection also yields one ``TraceDirectory`` per ``--replayllm-traces``.
+
+    Added during collection proper (not to the item list afterwards), so the traces are collected,
+    counted (``collected N items``, ``--collect-only``), selected (``-k``, ``--deselect``) and
+    distributed like any test module's items.
+    """
+    report = yield
+    if not isinstance(collector, pytest.Session) or not report.passed:
+        return report
+    config = collector.config
     invariants = not config.getoption("--replayllm-no-invariants")
     for directory in config.getoption("--replayllm-traces"):
         root = Path(directory).resolve()
-        collector = TraceDirectory.from_parent(
-            session, name=f"replayllm-traces[{directory}]", root=root, invariants=invariants
-        )
-        items.extend(collector.collect())
+        if not find_traces(root):
+            raise pytest.UsageError(f"--replayllm-traces {root}: no trace (run.json) under it")
+        report.result.append(TraceDirectory.from_parent(
+            collector, name=f"replayllm-traces[{directory}]", root=root, invariants=invariants
+        ))
+    return report

@@ -74,3 +74,32 @@ def test_the_plugin_reports_each_bad_trace_in_one_line(tmp_path: Path) -> None:
     assert done.returncode == 1 and "3 failed, 2 passed, 1 warning" in out, out[-3000:]
     assert "Traceback" not in out and "tracing/reader.py" not in out, out[-3000:]
     assert "IncompleteTraceWarning" in out
+
+
+def test_trace_cases_are_collected_counted_and_selected(tmp_path: Path) -> None:
+    """The cases are made during collection, not added to the items afterwards: ``--collect-only``
+    counts them and ``-k`` selects among them (it was "no tests collected" while listing every
+    trace, and ``-k`` ran them all)."""
+    root = tmp_path / "traces"
+    shutil.copytree(DEMO, root / "a" / "one")
+    shutil.copytree(DEMO, root / "two")
+    (tmp_path / "empty_test.py").write_text("")
+    installed = any(ep.value == "replay.testing.pytest_plugin"
+                    for ep in importlib.metadata.entry_points(group="pytest11"))
+    plugin = [] if installed else ["-p", "replay.testing.pytest_plugin"]
+
+    def collect(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider",
+             *plugin, "--replayllm-traces", str(root), *args, str(tmp_path / "empty_test.py")],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done.stdout
+
+    out = collect()
+    assert f"::replayllm-traces[{root}]::a/one" in out and "::two" in out, out
+    assert "2 tests collected" in out, out
+    out = collect("-k", "two")
+    assert "a/one" not in out and "1/2 tests collected (1 deselected)" in out, out

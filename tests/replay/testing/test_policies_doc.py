@@ -72,3 +72,50 @@ def test_the_policy_guide_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert code != 0
     assert out[0].startswith("note: policy sjf:ShortestJobFirst: its source changed")
     assert out[1].startswith("diverged at event")
+
+
+VIEWS_POLICY = """\
+from engine.policy import Chunked
+
+
+class Remember(Chunked):
+    seen = []  # every view chunk() was given, in order
+
+    def chunk(self, seq, remaining, step):
+        Remember.seen.append(seq)
+        return 1
+"""
+
+
+def test_the_guides_hint_on_views_across_steps_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guide says how a policy remembers sequences across steps (a view is a new object each
+    step: ``==``, keys by the view or ``seq.seq_id``, never ``is``; no ``isinstance(...,
+    Sequence)``) and each thing it says holds for a user policy run by the engine."""
+    from engine.config import Config
+    from engine.engine_core import EngineCore
+    from engine.executor import NullExecutor
+    from engine.policy_view import SequenceView
+    from engine.sampling_params import SamplingParams
+    from engine.sequence import Sequence
+    from tracing.sink import MemorySink
+
+    text = " ".join(DOC.read_text().split())
+    for said in ("A view is a new object at each step", "compares them with `==`, never `is`",
+                 "`seq.seq_id`", "`isinstance(seq, engine.sequence.Sequence)` is False",
+                 "`isinstance(seq, SequenceView)` (`from engine.policy_view import SequenceView`)"):
+        assert said in text, said
+    (tmp_path / "remember.py").write_text(VIEWS_POLICY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("remember", None)
+    cfg = Config(kvcache_block_size=2, num_kvcache_blocks=16, max_model_len=16,
+                 max_num_batched_tokens=16, max_num_seqs=4, policy="remember:Remember")
+    core = EngineCore(cfg, NullExecutor(16, vocab_size=100), sink=MemorySink())
+    core.add_request([1, 2, 3], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+    core.step()
+    core.step()
+    first, second = sys.modules["remember"].Remember.seen[:2]
+    assert first == second and first is not second and hash(first) == hash(second)
+    assert {first: "kept"}[second] == "kept" and first.seq_id == second.seq_id
+    assert not isinstance(first, Sequence) and isinstance(first, SequenceView)

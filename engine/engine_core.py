@@ -386,10 +386,11 @@ class EngineCore:
             "end_time_unix": time.time(),
         }
 
-    def close(self) -> dict[str, Any]:
-        """Flush the trace (if any) with a summary; the engine takes no more steps."""
+    def close(self, interrupted: bool = False) -> dict[str, Any]:
+        """Flush the trace (if any) with a summary (``interrupted``: no summary, the trace stays
+        incomplete: a prefix of the run); the engine takes no more steps."""
         self.drain()
-        summary = self.summary()
+        summary = {**self.summary(), "interrupted": True} if interrupted else self.summary()
         if not self.closed and self.sink is not None:
             self.sink.close(self.events, summary)
         self.closed = True

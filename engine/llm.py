@@ -274,8 +274,9 @@ class LLMEngine:
         outputs = [self._output(seq, texts.get(seq.seq_id)) for seq in seqs]
         for seq, output in zip(seqs, outputs):
             detok = stops.get(seq.seq_id)
-            if detok is not None and detok.stopped:
-                output["finish_reason"] = "stop"
+            if detok is not None and detok.stopped:  # token ids through the stop (vLLM's)
+                kept = output["token_ids"][: len(detok.tokens)]  # not a later overlapped one
+                output.update(finish_reason="stop", token_ids=kept)
         return outputs
 
     def check_stops(self, result: StepResult, stops: dict[int, IncrementalDetokenizer]) -> None:
@@ -340,10 +341,10 @@ class LLMEngine:
         }
 
     # --- lifecycle --------------------------------------------------------------------------------
-    def close(self) -> dict[str, Any]:
-        """Finish the trace (summary, last segment) and release the model."""
+    def close(self, interrupted: bool = False) -> dict[str, Any]:
+        """Finish the trace (``interrupted``: leave it incomplete) and release the model."""
         _OPEN_ENGINES.discard(self)
-        summary = self.core.close()
+        summary = self.core.close(interrupted)
         self.runner.close()
         if self.config.freeze_gc_heap:
             release_heap()

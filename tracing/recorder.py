@@ -212,6 +212,8 @@ class ParquetRecorder:
         finally:
             self._writer.shutdown()
         self.close_s = time.perf_counter() - began
+        if summary.get("interrupted"):  # a stopped run: every step committed, no summary
+            return
         out = dict(summary)
         out.update(
             {

@@ -28,7 +28,10 @@ class EventSink(Protocol):
         (the recorder flushes here on its time limit)."""
         ...
 
-    def close(self, buffer: EventBuffer, summary: dict[str, Any]) -> None: ...
+    def close(self, buffer: EventBuffer, summary: dict[str, Any]) -> None:
+        """The run is over; ``summary["interrupted"]`` True: it was stopped before its end (the
+        recorder then commits every event but writes no summary: the trace is incomplete)."""
+        ...
 
 
 class MemorySink:

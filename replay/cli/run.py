@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 from typing import Any
 
 from engine.errors import InvalidRequestError
+from replay.cli import interrupt
 from replay.workloads.builtin import reference_workload
 from replay.workloads.request import Request
 from replay.workloads.store import load_workload
@@ -82,17 +85,44 @@ def run_command(
         raise InvalidRequestError(f"--warm-up must be >= 0, got {warm_up}")
     Config(**overrides)  # the overrides' own rules, before the model loads
     check_trace_dir(out, force)
-    for _ in range(warm_up):
-        warm = LLM(model, record_events=False, **overrides)
+    with interrupt.deferred_signals():  # Ctrl-C, SIGTERM: stop between steps
         try:
-            run_workload(warm, requests)
-        finally:
-            warm.close()
-    llm = LLM(model, trace_dir=out, force=force, trace_writer="run", **overrides)
-    try:
-        run_workload(llm, requests)
-    finally:
-        llm.close()  # a clean close writes the summary and the last segment
+            for _ in range(warm_up):
+                warm = LLM(model, record_events=False, **overrides)
+                try:
+                    run_workload(warm, requests, check=interrupt.check)
+                finally:
+                    warm.close()
+            interrupt.check()  # before the old trace at `out` is replaced
+            llm = LLM(model, trace_dir=out, force=force, trace_writer="run", **overrides)
+            try:
+                run_workload(llm, requests, check=interrupt.check)
+            except (interrupt.RunInterrupted, KeyboardInterrupt):
+                llm.close(interrupted=True)  # what was recorded is committed; no summary
+                raise
+            finally:
+                llm.close()  # a clean close writes the summary and the last segment
+        except interrupt.RunInterrupted as stop:
+            print(f"replayllm run: {stop}: {_kept(out)}", file=sys.stderr)
+            return stop.exit_status
     print(describe(read_trace(out)))
     print(f"trace: {out}")
     return 0
+
+
+def _kept(out: str) -> str:
+    """What an interrupted run left at ``out``, in words."""
+    from tracing.errors import TraceError
+    from tracing.layout import HEADER_FILE
+    from tracing.reader import read_trace
+
+    if not (Path(out) / HEADER_FILE).is_file():
+        return "no trace was started"
+    try:
+        trace = read_trace(out)
+    except TraceError as exc:  # not expected: say so rather than hide it
+        return f"{out} cannot be read ({exc})"
+    if trace.segments == 0:
+        return f"{out} is an incomplete trace with no committed step"
+    return (f"{out} is an incomplete trace through step {trace.last_step} "
+            f"(replayllm verify {out} checks it)")

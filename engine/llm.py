@@ -166,12 +166,13 @@ class LLMEngine:
         computed) without raising on a bad prompt."""
         if isinstance(prompt, str):
             try:
-                return self.tokenizer.encode(prompt, add_special_tokens=False), None, None
+                ids = self.tokenizer.encode(prompt, add_special_tokens=False)
             except (TypeError, UnicodeError):
                 if is_valid_text(prompt):
                     raise
                 raise InvalidRequestError(  # the tokenizer's own error was a TypeError
                     "a prompt is not valid Unicode text (it holds a lone surrogate)") from None
+            return ids, None, (min(ids), max(ids)) if ids else None  # scanned once, here
         if (isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, SequenceABC)
                 or not _all_int(prompt)):  # bytes would pass as a list of ints
             raise InvalidRequestError(

@@ -204,7 +204,7 @@ class GuardedPolicy:
                     from exc
             if self._refusal is not None:
                 self._check_refusal()
-            seq = item._seq if type(item) is SequenceView else item
+            seq = real(item)
             if id(seq) not in offered:
                 raise PolicyError(f"policy {self.name!r} admitted {_what(item)}, which is not "
                                   "one of the waiting sequences offered")

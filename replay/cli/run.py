@@ -95,13 +95,16 @@ def run_command(
                     warm.close()
             interrupt.check()  # before the old trace at `out` is replaced
             llm = LLM(model, trace_dir=out, force=force, trace_writer="run", **overrides)
+            stopped = False
             try:
                 run_workload(llm, requests, check=interrupt.check)
             except (interrupt.RunInterrupted, KeyboardInterrupt):
-                llm.close(interrupted=True)  # what was recorded is committed; no summary
+                stopped = True
                 raise
             finally:
-                llm.close()  # a clean close writes the summary and the last segment
+                # A clean close writes the summary and the last segment; a stopped run's
+                # commits what was recorded and writes no summary (the trace stays incomplete).
+                llm.close(interrupted=stopped)
         except interrupt.RunInterrupted as stop:
             print(f"replayllm run: {stop}: {_kept(out)}", file=sys.stderr)
             return stop.exit_status
@@ -122,7 +125,7 @@ def _kept(out: str) -> str:
         trace = read_trace(out)
     except TraceError as exc:  # not expected: say so rather than hide it
         return f"{out} cannot be read ({exc})"
-    if trace.segments == 0:
+    if trace.last_step < 0:  # as replay.verify.check_verifiable tells it
         return f"{out} is an incomplete trace with no committed step"
     return (f"{out} is an incomplete trace through step {trace.last_step} "
             f"(replayllm verify {out} checks it)")

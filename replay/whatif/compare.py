@@ -78,17 +78,16 @@ class RecordedScope:
 
     def warning(self) -> str:
         """The line ``--compare`` prints before its table."""
-        return (f"{self.name} is incomplete (the recording stopped; committed through step "
-                f"{self.last_step}): it finished {self.finished} of the {self.total} requests; "
-                f"comparing only those {self.finished}, each run up to the step that finished "
-                "the last of them")
+        return (f"{self.name} is incomplete ({_stopped(self)}): it finished {self.finished} of "
+                f"the {self.total} requests; comparing only those {self.finished}, each run up "
+                "to the step that finished the last of them")
 
     def source_warning(self) -> str:
         """The line plain ``whatif`` prints for an incomplete SOURCE."""
-        return (f"{self.name} is incomplete (the recording stopped; committed through step "
-                f"{self.last_step}): it finished {self.finished} of the {self.total} requests it "
-                f"recorded; the recorded row and every prediction cover only those "
-                f"{self.finished}, each run up to the step that finished the last of them")
+        return (f"{self.name} is incomplete ({_stopped(self)}): it finished {self.finished} of "
+                f"the {self.total} requests it recorded; the recorded row and every prediction "
+                f"cover only those {self.finished}, each run up to the step that finished the "
+                "last of them")
 
     def note(self) -> str:
         """The same, for the ``notes`` column of summary.parquet."""

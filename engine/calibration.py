@@ -146,13 +146,18 @@ def calibrate(executor: Executor, config: Config, repeats: int,
 
 
 def time_batch(executor: Executor, batch: ScheduledBatch, repeats: int,
-               clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+               clock: Callable[[], float] = time.perf_counter,
+               deadline: float | None = None) -> dict[str, Any]:
     """One synthetic step timed ``repeats`` times after an untimed warm-up run: its
     ``model_step`` batch features and the medians and quantiles ``calibrate`` describes.
-    ``clock``: wall seconds (a simulated clock for a law-timed executor)."""
+    ``clock``: wall seconds (a simulated clock for a law-timed executor). ``deadline`` (a
+    ``clock`` time): no repeat starts past it once one is timed; the row's ``repeats`` says
+    how many ran."""
     walls, durations, waits = [], [], []
     output = None
     for attempt in range(repeats + 1):
+        if deadline is not None and walls and clock() >= deadline:
+            break
         began = clock()
         output = executor.execute(batch)
         wall = clock() - began
@@ -177,7 +182,7 @@ def time_batch(executor: Executor, batch: ScheduledBatch, repeats: int,
         "interval_p90_s": _quantile(walls, HIGH_QUANTILE),
         "duration_s": statistics.median(durations),
         "wait_s": statistics.median(waits),
-        "repeats": repeats,
+        "repeats": len(walls),
     }
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from engine.errors import ConfigError
 from engine.policy import EVICTION_ORDERS, WHOLE_PROMPT_POLICIES, policy_class
 from tracing.layout import DEFAULT_FLUSH_SECONDS, DEFAULT_FLUSH_STEPS, TRACE_WRITERS
+from tracing.validate import MAX_TRACE_BLOCKS
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -23,6 +24,13 @@ BLAS_LIBRARIES = ("default", "cublas", "cublaslt")
 # The kernels an eager launch of a long prompt can take (engine/model/kernels/prefill_attention.py).
 LONG_PREFILL_KERNELS = ("tma", "triton", "flash_sdpa")
 AUTO_SIZED_BLOCKS = -1
+# The largest KV pool: the largest a trace may describe (tracing/validate.py: verify and the
+# what-if refuse a header with more), so no run records a trace its own reader refuses. Every
+# engine, replay and simulation builds one Python object per block (~1.4 us and ~300 bytes
+# each: 2^22 blocks take ~7 s and 1.4 GB, two billion would take an hour and 600 GB), and a
+# 140 GB GPU holds ~10^4 blocks of Qwen3-0.6B's 256 tokens. A memory-sized pool
+# (AUTO_SIZED_BLOCKS) is capped at it (``cap_blocks``).
+MAX_KV_BLOCKS = MAX_TRACE_BLOCKS
 # calibration_repeats = -1: time the start-up calibration GPU_CALIBRATION_REPEATS times on a GPU,
 # and skip it on the CPU (tens of seconds there, for a cost model that CPU runs rarely need).
 AUTO_CALIBRATION = -1
@@ -37,6 +45,7 @@ class _Rule:
     high: float | None = None
     choices: tuple[Any, ...] | None = None
     allow: tuple[Any, ...] = ()
+    why: str = ""  # the reason of a bound that is not obvious, said with it
 
     def describe(self) -> str:
         if self.choices is not None:
@@ -48,6 +57,8 @@ class _Rule:
             parts.append(f">= {self.low}")
         if self.allow:
             parts.append("or " + ", ".join(repr(a) for a in self.allow))
+        if self.why:
+            parts.append(f"({self.why})")
         return " ".join(parts)
 
 
@@ -61,7 +72,9 @@ FIELD_RULES: dict[str, _Rule] = {
     "tensor_parallel_size": _Rule(int, 1, 8),
     "enforce_eager": _Rule(bool),
     "kvcache_block_size": _Rule(int, 1, 65536),
-    "num_kvcache_blocks": _Rule(int, 1, _INT_MAX, allow=(AUTO_SIZED_BLOCKS,)),
+    "num_kvcache_blocks": _Rule(int, 1, MAX_KV_BLOCKS, allow=(AUTO_SIZED_BLOCKS,),
+                                why="the largest pool a trace may describe; a 140 GB GPU holds "
+                                "~10^4 blocks"),
     "kv_cache_bytes": _Rule(int, 1, None),
     "policy": _Rule(str),
     "eviction": _Rule(str, choices=tuple(EVICTION_ORDERS)),
@@ -230,6 +243,11 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.field_names()}
+
+
+def cap_blocks(blocks: int) -> int:
+    """A pool sized from memory (``AUTO_SIZED_BLOCKS``), capped at ``MAX_KV_BLOCKS``."""
+    return min(blocks, MAX_KV_BLOCKS)
 
 
 def _check(name: str, value: Any, rule: _Rule) -> None:

@@ -10,34 +10,22 @@ import time
 from array import array
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from engine.batch import ScheduledBatch, StepOutput, StepResult, batch_features
 from engine.config import AUTO_SIZED_BLOCKS, Config
 from engine.decode_stretch import DecodeStretch
 from engine.executor import Executor, PendingStep
+from engine.in_flight import InFlight
 from engine.outside_time import OutsideTime
-from engine.overlap_scheduler import OverlapScheduler, PendingTokens
+from engine.overlap_scheduler import OverlapScheduler
 from engine.policy import no_progress_error, policy_source
 from engine.running_columns import RunningColumns
 from engine.sampling_params import SamplingParams, check_recordable
 from engine.sequence import Sequence
+from engine.step_cut import StepCut
 from tracing.events import EventBuffer, NullEventBuffer
 from tracing.sink import EventSink
-
-
-@dataclass
-class _InFlight:
-    """A launched step already post-processed with placeholder tokens."""
-
-    batch: ScheduledBatch
-    handle: PendingStep
-    pending: PendingTokens
-    model_row: int | None
-    step: int
-    launched: float
-    host_s: float
 
 
 class EngineCore:
@@ -75,7 +63,8 @@ class EngineCore:
         self.num_completion_tokens = 0
         self.closed = False
         self._async = bool(getattr(executor, "supports_overlap", False)) and config.async_scheduling
-        self._in_flight: _InFlight | None = None
+        self._in_flight: InFlight | None = None
+        self._cut = StepCut()  # the steps being taken: still marked if one raised
         self._deferred_last = False  # the last scheduled step was post-processed before its tokens
         self._ready: deque[StepResult] = deque()
         self._sink_s = 0.0  # the sink's time at the last step end, charged to the next step
@@ -185,8 +174,13 @@ class EngineCore:
         decisions and the events (order and values) are exactly those of the sequential loop,
         one decision per call in both; only the returned result may lag one call behind.
         """
+        cut = self._cut
+        if cut.step is not None:
+            cut.refuse()
         self.outside.entered()
+        cut.step = self._in_flight.step if self._in_flight is not None else self.step_index
         self._advance_loop()
+        cut.step = None
         self.outside.left()
         return self._ready.popleft() if self._ready else None
 
@@ -275,6 +269,7 @@ class EngineCore:
         self.step_index = first + steps
         self.events.step = self.step_index
         self.num_completion_tokens += total
+        self._cut.whole(self.step_index - 1)
         if self.sink is not None:
             began = self.clock()
             self.sink.on_step_end(self.events)
@@ -318,7 +313,7 @@ class EngineCore:
 
     def _defer(
         self, batch: ScheduledBatch, handle: PendingStep, launched: float, host_s: float
-    ) -> _InFlight:
+    ) -> InFlight:
         """Post-process a launched step with placeholder tokens (``Scheduler.postprocess_pending``).
 
         Events are emitted now, in sequential order; padded size and graph use are known at
@@ -330,10 +325,10 @@ class EngineCore:
         step = self.step_index
         self.step_index += 1
         self.events.step = self.step_index
-        return _InFlight(batch, handle, pending, row, step, launched,
-                         host_s + self.clock() - began)
+        return InFlight(batch, handle, pending, row, step, launched,
+                        host_s + self.clock() - began)
 
-    def _resolve(self, flight: _InFlight) -> None:
+    def _resolve(self, flight: InFlight) -> None:
         """Wait for an advanced step's tokens and fill them in everywhere."""
         self._in_flight = None
         output = flight.handle.result()
@@ -357,6 +352,7 @@ class EngineCore:
                 row, duration, ended - self.start_time, host_s + self._sink_s
             )
         self.num_completion_tokens += len(output.token_ids)
+        self._cut.whole(step)  # its events are final: an exception from here on keeps them
         if self.sink is not None:
             began = self.clock()
             self.sink.on_step_end(self.events)
@@ -388,8 +384,12 @@ class EngineCore:
 
     def close(self, interrupted: bool = False) -> dict[str, Any]:
         """Flush the trace (if any) with a summary (``interrupted``: no summary, the trace stays
-        incomplete: a prefix of the run); the engine takes no more steps."""
-        self.drain()
+        incomplete: a prefix of the run); the engine takes no more steps. A step an exception cut
+        short is dropped (``StepCut``), never waited for, and the trace is left incomplete."""
+        if self._cut.rollback(self.events):
+            self._in_flight, self.step_index, interrupted = None, self.events.step, True
+        else:
+            self.drain()
         summary = {**self.summary(), "interrupted": True} if interrupted else self.summary()
         if not self.closed and self.sink is not None:
             self.sink.close(self.events, summary)

@@ -18,6 +18,7 @@ from engine.errors import ConfigError, EngineClosedError, InvalidRequestError
 from engine.gc_heap import freeze_startup_heap, release_heap
 from engine.sampling_params import SamplingParams, check_recordable, is_valid_text
 from engine.sequence import Sequence
+from engine.startup_progress import StartupProgress
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,8 @@ class LLMEngine:
     engine uses instead (it sees every step's events; ``sink`` is None when not recording);
     other keywords are ``Config`` fields.
     """
+
+    _generate_cut = False  # a generate() call left by an exception
 
     def __init__(
         self,
@@ -264,6 +267,7 @@ class LLMEngine:
         prepared = [self._token_ids(p) for p in prompts]
         for (token_ids, _, bounds), sp, rank in zip(prepared, params_list, ranks):
             check_recordable(token_ids, sp, bounds, rank)  # refuse before any request is queued
+        self._generate_cut = True  # until this call returns: see close()
         seqs = [self._add(*ids, sp, None, r) for ids, sp, r in zip(prepared, params_list, ranks)]
         texts: dict[int, str] = {}
         stops = {
@@ -272,6 +276,7 @@ class LLMEngine:
             if seq.stop and not seq.is_finished
         }
         self._run(seqs, use_tqdm, texts, stops)
+        self._generate_cut = False
         outputs = [self._output(seq, texts.get(seq.seq_id)) for seq in seqs]
         for seq, output in zip(seqs, outputs):
             detok = stops.get(seq.seq_id)
@@ -343,9 +348,12 @@ class LLMEngine:
 
     # --- lifecycle --------------------------------------------------------------------------------
     def close(self, interrupted: bool = False) -> dict[str, Any]:
-        """Finish the trace (``interrupted``: leave it incomplete) and release the model."""
+        """Finish the trace (``interrupted``: leave it incomplete) and release the model.
+
+        After a ``generate`` an exception left (Ctrl-C), the trace is left incomplete whatever
+        ``interrupted`` says: every step taken before it is committed, a step it cut is not."""
         _OPEN_ENGINES.discard(self)
-        summary = self.core.close(interrupted)
+        summary = self.core.close(interrupted or self._generate_cut)
         self.runner.close()
         if self.config.freeze_gc_heap:
             release_heap()
@@ -354,26 +362,10 @@ class LLMEngine:
     def __enter__(self) -> LLMEngine:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class StartupProgress:
-    """One transient status line on stderr while the engine starts (loading, calibrating): a
-    start-up can take a while and says what it is doing; the line is erased when it is done."""
-
-    def __init__(self) -> None:
-        self.bar = tqdm(total=None, desc="start-up", bar_format="{desc} [{elapsed}]",
-                        leave=False, dynamic_ncols=True)
-
-    def phase(self, text: str) -> None:
-        self.bar.set_description_str(f"start-up: {text}")
-
-    def counter(self, done: int, total: int) -> None:
-        self.bar.set_description_str(f"start-up: calibrating step times ({done}/{total})")
-
-    def close(self) -> None:
-        self.bar.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        """An exception leaving the block (Ctrl-C's ``KeyboardInterrupt``, ``SystemExit``, any
+        error) means the run did not finish: the trace is left incomplete (``close``)."""
+        self.close(interrupted=exc_type is not None)
 
 
 class LLM(LLMEngine):

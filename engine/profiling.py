@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -74,10 +75,24 @@ MIXED_CONTEXTS = {0: (1024,), 4: (256, 4096)}
 DECODE_TABLES_OWN = "own"
 DEFAULT_BUDGET_S = 170.0
 DEFAULT_REPEATS = 3
+# The most timed runs a point may ask for: the start-up calibration's bound (Config's
+# calibration_repeats). Either way a point stops repeating at the budget (``run_profile``).
+MAX_REPEATS = 1000
 
 
 class ProfileError(ReplayLLMError):
     """A profile cannot be written or read."""
+
+
+def check_profile_settings(budget_s: float, repeats: int, finite: bool = True) -> None:
+    """A budget > 0 seconds (finite unless not ``finite``: no budget) and 1 to ``MAX_REPEATS``
+    repeats, else ``ProfileError``."""
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or \
+            not (budget_s > 0 and (math.isfinite(budget_s) or not finite)):
+        raise ProfileError(f"--budget-s must be a finite number of seconds > 0, got {budget_s!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or \
+            not 1 <= repeats <= MAX_REPEATS:
+        raise ProfileError(f"--repeats must be an integer in [1, {MAX_REPEATS}], got {repeats!r}")
 
 
 @dataclass(frozen=True)
@@ -286,7 +301,10 @@ def run_profile(executor: Executor, config: Config, budget_s: float = DEFAULT_BU
     """Time ``profile_grid`` through ``executor`` within ``budget_s`` seconds: a point is skipped
     where the time spent plus its estimate (the last point of its kind's time, scaled up by its
     tokens) would pass the budget, so lower levels are timed first and the run ends within
-    about one point of the budget. Returns the profile (``save_profile`` writes it)."""
+    about one point of the budget: a point's repeats stop at the budget too, once one is timed.
+    Returns the profile (``save_profile`` writes it). A budget or a repeat count out of bounds
+    (``check_profile_settings``; an infinite budget is none) raises ``ProfileError``."""
+    check_profile_settings(budget_s, repeats, finite=False)
     description = executor.describe()
     graph_sizes = description.get("graph_batch_sizes") or []
     graph_tokens = description.get("prefill_graph_tokens") or []
@@ -313,7 +331,8 @@ def run_profile(executor: Executor, config: Config, budget_s: float = DEFAULT_BU
             skipped += 1
             continue
         started = clock()
-        row = time_batch(executor, point.batch(config.kvcache_block_size), repeats, clock)
+        row = time_batch(executor, point.batch(config.kvcache_block_size), repeats, clock,
+                         deadline=began + budget_s)
         last[point.kind] = (clock() - started, max(tokens, 1))
         row.update(level=point.level, label=point.label, eager=point.eager,
                    decode_context_max=max(point.decode_contexts, default=0),

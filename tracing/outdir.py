@@ -139,6 +139,19 @@ def output_dir_above(path: Path) -> Path | None:
     return None
 
 
+def check_creatable(path: Path) -> None:
+    """Raise ``OutputDirError`` unless ``path``'s directory exists or can be made: its nearest
+    existing ancestor must be a directory this process may write in. Checked before any work,
+    so a long run's output is never lost at the end (``--out notes.txt/x``)."""
+    ancestor = path.expanduser().absolute().parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputDirError(f"{path}: cannot be created: {ancestor} is a file, not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise OutputDirError(f"{path}: cannot be created: no permission to write in {ancestor}")
+
+
 def _is_cwd_or_ancestor(path: Path) -> bool:
     try:
         here = Path.cwd().resolve()
@@ -172,6 +185,7 @@ def check_output_dir(
         raise OutputDirError(f"{path}: is inside {above}, a trace or replayllm output "
                              "directory; choose an output outside it")
     if not path.exists():
+        check_creatable(path)
         return False
     if not path.is_dir():
         raise OutputDirError(f"{path}: exists and is not a directory; choose another output")

@@ -18,6 +18,7 @@ from pathlib import Path
 from tracing.outdir import (
     FORCE_HINT,
     OutputDirError,
+    check_creatable,
     describe_os_error,
     output_dir_above,
     tmp_name,
@@ -40,6 +41,7 @@ def check_output_file(
         raise OutputDirError(f"{out}: is a symbolic link; give the file itself")
     if out.exists() and not out.is_file():
         raise OutputDirError(f"{out}: exists and is not a regular file; choose a file name")
+    check_creatable(out)  # written via a temporary sibling: its directory must take files
     above = output_dir_above(out)
     if above is not None:
         own = own_dir is not None and above == own_dir.expanduser().resolve()

@@ -278,6 +278,9 @@ def _read_file(f: SegmentFile) -> pa.Table:
         table = pf.read()
     except _PARQUET_ERRORS as exc:
         raise TraceError(f"{f.path}: cannot read Parquet data ({one_line(exc)})") from None
+    if nulls := [n for n, c in zip(table.column_names, table.columns) if c.null_count]:
+        raise TraceError(f"{f.path}: column {nulls[0]} holds nulls, which a recorder never "
+                         "writes: the file is damaged or another tool wrote it")
     return _with_added_columns(f.kind, table)
 
 

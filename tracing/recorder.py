@@ -20,6 +20,7 @@ import pyarrow as pa
 from tracing.convert import columns_to_table
 from tracing.errors import TraceError, one_line
 from tracing.events import EventBuffer
+from tracing.interrupt_guard import sigint_deferred
 from tracing.layout import (
     COMMITS_DIR,
     DEFAULT_FLUSH_SECONDS,
@@ -159,15 +160,17 @@ class ParquetRecorder:
         began = time.perf_counter()
         self._steps_since_flush += 1
         self._steps_since_stage += 1
-        if self._steps_since_stage >= self.stage_steps:
-            self._steps_since_stage = 0
-            self._stage(buffer.drain())
-        if (
-            self._steps_since_flush >= self.flush_steps
-            or time.monotonic() - self._last_flush >= self.flush_seconds
-        ):
-            # The step counter has already moved on: every event of steps < buffer.step is in.
-            self._flush(buffer, buffer.step - 1)
+        stage = self._steps_since_stage >= self.stage_steps
+        flush = (self._steps_since_flush >= self.flush_steps
+                 or time.monotonic() - self._last_flush >= self.flush_seconds)
+        if stage or flush:
+            with sigint_deferred():  # rows move whole or not at all (tracing/interrupt_guard.py)
+                if stage:
+                    self._steps_since_stage = 0
+                    self._stage(buffer.drain())
+                if flush:
+                    # The step counter has moved on: every event of steps < buffer.step is in.
+                    self._flush(buffer, buffer.step - 1)
         self.step_end_s += time.perf_counter() - began
 
     def on_idle(self, buffer: EventBuffer) -> None:
@@ -181,36 +184,44 @@ class ParquetRecorder:
         if time.monotonic() - self._last_flush < self.flush_seconds:
             return
         began = time.perf_counter()
-        self._flush(buffer, buffer.step - 1)
+        with sigint_deferred():
+            self._flush(buffer, buffer.step - 1)
         self.step_end_s += time.perf_counter() - began
 
     def close(self, buffer: EventBuffer, summary: dict[str, Any]) -> None:
-        """Flush what is left, wait for the writer, then write ``summary.json``."""
+        """Flush what is left, wait for the writer, then write ``summary.json``.
+
+        Claiming the close and handing the last segment over run with Ctrl-C deferred: a
+        ``KeyboardInterrupt`` before them changed nothing (``close`` may be called again), one
+        after them still waits for the writer (no summary then: the trace is incomplete)."""
         if not self._opened:
             raise TraceError(f"{self.trace_dir}: close() before open()")
         if self._closed:
             return
-        self._closed = True
         try:
             self._close(buffer, summary)
         finally:
-            if self._lock is not None:
+            if self._closed and self._lock is not None:
                 self._lock.release()
 
     def _close(self, buffer: EventBuffer, summary: dict[str, Any]) -> None:
         began = time.perf_counter()
-        # Events emitted after the last step (late requests, aborts) carry step == buffer.step.
-        tail_steps = [cols["step"][-1] for cols in buffer.tables.values() if cols["step"]]
-        through = max([buffer.step - 1, *tail_steps])
-        # A zero-row file for each kind that never had rows keeps `pd.read_parquet("T/kind")`
-        # (and duckdb's glob) working on every kind, returning an empty table with its columns.
-        never_seen = [k for k in EVENT_KINDS if self.counts[k] == 0 and not buffer.counts()[k]]
         assert self._writer is not None  # opened
         try:
-            self._flush(buffer, through, schema_only=never_seen)
+            with sigint_deferred():
+                self._closed = True
+                # Events after the last step (late requests, aborts) carry step == buffer.step.
+                tail_steps = [cols["step"][-1] for cols in buffer.tables.values() if cols["step"]]
+                through = max([buffer.step - 1, *tail_steps])
+                # A zero-row file for each kind that never had rows keeps
+                # `pd.read_parquet("T/kind")` (and duckdb's glob) working on every kind.
+                never_seen = [k for k in EVENT_KINDS
+                              if self.counts[k] == 0 and not buffer.counts()[k]]
+                self._flush(buffer, through, schema_only=never_seen)
             self._writer.drain(wait_all=True)
         finally:
-            self._writer.shutdown()
+            if self._closed:  # (else Ctrl-C came before anything changed)
+                self._writer.shutdown()
         self.close_s = time.perf_counter() - began
         if summary.get("interrupted"):  # a stopped run: every step committed, no summary
             return

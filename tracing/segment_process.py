@@ -33,6 +33,7 @@ from typing import Any
 import pyarrow as pa
 
 from tracing.errors import TraceError
+from tracing.interrupt_guard import sigint_deferred
 from tracing.outdir import write_all
 from tracing.segment_writer import MAX_PENDING_SEGMENTS, Segment, SegmentWriter
 
@@ -141,12 +142,20 @@ class ProcessSegmentWriter:
         assert self._child.stdout is not None
         fd = self._child.stdout.fileno()
         while b"\n" not in self._received:
-            if not block and not select.select([fd], [], [], 0)[0]:
+            # Waiting may be interrupted (Ctrl-C); taking what came, and an answer with its
+            # segment, may not: either half alone loses an answer or misreads the next one.
+            if not select.select([fd], [], [], None if block else 0)[0]:
                 return False
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                self._died()
-            self._received += chunk
+            with sigint_deferred():
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    self._died()
+                self._received += chunk
+        with sigint_deferred():
+            return self._take_answer()
+
+    def _take_answer(self) -> bool:
+        """Consume the first answer line received: its segment is committed."""
         line, self._received = self._received.split(b"\n", 1)
         answer = json.loads(line)
         if "error" in answer:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from engine.config import BLAS_LIBRARIES, Config
+from engine.config import BLAS_LIBRARIES, Config, cap_blocks
 from engine.errors import ConfigError
 from engine.graph_sizes import (
     MAX_GRAPH_BATCH,
@@ -116,7 +116,7 @@ def warm_up_and_size(
             f"a maximum-load step (gpu_memory_utilization {config.gpu_memory_utilization}); "
             "raise gpu_memory_utilization or lower max_num_batched_tokens"
         )
-    return int(blocks)
+    return cap_blocks(int(blocks))
 
 
 # Row counts whose LM head runs eagerly at start-up: a step's sampled rows (a prefill's prompts,

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from engine.batch import ScheduledBatch, StepOutput
-from engine.config import AUTO_SIZED_BLOCKS, Config
+from engine.config import AUTO_SIZED_BLOCKS, Config, cap_blocks
 from engine.errors import ConfigError
 from engine.executor import DoneStep, PendingStep
 from engine.model.kernels.launch import long_prefill_kernel, programmatic_launch
@@ -179,7 +179,7 @@ class ModelRunner:
                 f"the KV cache budget ({budget} bytes) is smaller than one block "
                 f"({self.kv_block_bytes} bytes); raise kv_cache_bytes or lower kvcache_block_size"
             )
-        return blocks
+        return cap_blocks(blocks)
 
     def _allocate_kv_cache(self) -> None:
         # Zeroed: the PyTorch backend masks padded keys, and masked values must be finite.

@@ -172,6 +172,8 @@ def _admit(state: ServerState, parsed: ParsedRequest, ids: list[int],
     limit = state.max_model_len
     max_tokens = parsed.max_tokens if parsed.max_tokens is not None else limit - len(ids)
     if len(ids) + max_tokens > limit:
+        if parsed.max_tokens_param is not None and len(ids) < limit:
+            field = parsed.max_tokens_param  # the prompt fits: what the client asked for not
         raise ApiError(
             f"this model's maximum context length is {limit} tokens; the request has "
             f"{len(ids)} prompt tokens and asks for {max_tokens} more (at most "
@@ -279,16 +281,27 @@ async def _events(state: ServerState, parsed: ParsedRequest, generation: gen.Gen
     client disconnects; ``Generation.pieces`` then aborts the request."""
     chat, model, usage = parsed.chat, state.model_name, parsed.include_usage
     writer = gen.ChunkWriter(chat, request_id, model, created, usage)
+
+    def so_far() -> dict[str, int] | None:  # continuous_usage_stats: each chunk's usage
+        return generation.usage() if parsed.continuous_usage else None
+
+    def content(text: str) -> str:
+        if parsed.continuous_usage:
+            return gen.chunk(chat, request_id, model, created, text, None, usage,
+                             usage=so_far())
+        return writer.piece(text)
+
     if chat:
-        yield gen.chunk(chat, request_id, model, created, "", None, usage, first=True)
+        yield gen.chunk(chat, request_id, model, created, "", None, usage, first=True,
+                        usage=so_far())
     try:
         async for piece in generation.pieces():
             if piece.text or piece.finish_reason is None:
-                yield writer.piece(piece.text)
+                yield content(piece.text)
             if piece.finish_reason is not None:
                 text = None if chat else ""
                 yield gen.chunk(chat, request_id, model, created, text, piece.finish_reason,
-                                usage)
+                                usage, usage=so_far())
     except gen.GenerationError as exc:
         yield gen.sse(ApiError(str(exc), status=500, kind="server_error").body())
         yield gen.DONE

@@ -66,9 +66,13 @@ class Generation:
                 if error is not None:
                     self.done = True
                     raise GenerationError(error)
-                if tokens:
-                    self._observe_tokens(len(tokens))
                 text = self.detok.add(tokens)
+                # The detokenizer takes tokens up to the one that completes a stop string and
+                # no further: later ones (the engine's overlapped step, a backlog merged above)
+                # are not part of the answer, nor of its usage (vLLM's and LLM.generate's).
+                taken = len(self.detok.tokens) - self.num_completion_tokens
+                if taken:
+                    self._observe_tokens(taken)
                 if self.detok.stopped:
                     self.done = True
                     if reason is None:
@@ -140,8 +144,10 @@ def full_response(chat: bool, request_id: str, model: str, created: int, text: s
 
 
 def chunk(chat: bool, request_id: str, model: str, created: int, text: str | None,
-          finish_reason: str | None, include_usage: bool, first: bool = False) -> str:
-    """One server-sent event of a streamed answer."""
+          finish_reason: str | None, include_usage: bool, first: bool = False,
+          usage: dict[str, int] | None = None) -> str:
+    """One server-sent event of a streamed answer; ``usage``: the usage so far, with
+    ``include_usage`` (``continuous_usage_stats``; else null until the last event)."""
     if chat:
         delta: dict[str, Any] = {}
         if first:
@@ -157,7 +163,7 @@ def chunk(chat: bool, request_id: str, model: str, created: int, text: str | Non
     body: dict[str, Any] = {"id": request_id, "object": kind, "created": created,
                             "model": model, "choices": [choice]}
     if include_usage:
-        body["usage"] = None
+        body["usage"] = usage
     return sse(body)
 
 

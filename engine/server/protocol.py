@@ -40,7 +40,8 @@ class ApiError(Exception):
 class ParsedRequest:
     """A checked request: the prompt (text, token ids or chat messages) and sampling settings.
 
-    ``max_tokens`` None: as many as the context allows (chat's default), set by the app.
+    ``max_tokens`` None: as many as the context allows (chat's default), set by the app;
+    ``max_tokens_param``: the field the client set it with (None: a default).
     """
 
     chat: bool
@@ -48,6 +49,7 @@ class ParsedRequest:
     prompt: str | list[int] | None = None
     messages: list[dict[str, str]] = field(default_factory=list)
     max_tokens: int | None = None
+    max_tokens_param: str | None = None
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -56,6 +58,7 @@ class ParsedRequest:
     ignore_eos: bool = False
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False  # every chunk carries the usage so far (vLLM's option)
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         try:
@@ -173,6 +176,7 @@ def parse_completion(body: dict[str, Any]) -> ParsedRequest:
     if body.get("logprobs") is not None:
         raise ApiError("logprobs is not supported", "logprobs")
     _common(body, request)
+    _max_tokens(body, request, "max_tokens")
     if request.max_tokens is None:
         request.max_tokens = DEFAULT_COMPLETION_MAX_TOKENS
     return request
@@ -197,12 +201,10 @@ def parse_chat(body: dict[str, Any]) -> ParsedRequest:
     if response_format is not None and response_format != {"type": "text"}:
         raise ApiError("only response_format {\"type\": \"text\"} is supported",
                        "response_format")
-    if body.get("max_completion_tokens") is not None:
-        body = {**body, "max_tokens": body["max_completion_tokens"]}
-        param = "max_completion_tokens"
-    else:
-        param = "max_tokens"
-    _common(body, request, max_tokens_param=param)
+    _common(body, request)
+    # Both checked; OpenAI's newer max_completion_tokens is the limit when both are set.
+    _max_tokens(body, request, "max_tokens")
+    _max_tokens(body, request, "max_completion_tokens")
     return request
 
 
@@ -262,15 +264,24 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
                     raise ApiError(f"messages[{i}].content[{j}].text must be a string",
                                    "messages")
                 texts.append(part["text"])
-            content = "".join(texts)
+            content = "\n".join(texts)  # as vLLM joins them
         if not isinstance(content, str):
             raise ApiError(f"messages[{i}].content must be a string", "messages")
         out.append({"role": "system" if role == "developer" else role, "content": content})
     return out
 
 
-def _common(body: dict[str, Any], request: ParsedRequest,
-            max_tokens_param: str = "max_tokens") -> None:
+def _max_tokens(body: dict[str, Any], request: ParsedRequest, name: str) -> None:
+    """The answer's length limit from field ``name``, if the client set it."""
+    value = body.get(name)
+    if value is None:
+        return
+    if not _is_int(value) or value < 1:
+        raise ApiError(f"{name} must be an integer >= 1, got {value!r}", name)
+    request.max_tokens, request.max_tokens_param = value, name
+
+
+def _common(body: dict[str, Any], request: ParsedRequest) -> None:
     """The fields both endpoints share."""
     n = body.get("n")
     if n is not None and (not _is_int(n) or n != 1):
@@ -286,12 +297,6 @@ def _common(body: dict[str, Any], request: ParsedRequest,
         raise ApiError("logit_bias is not supported", "logit_bias")
     if body.get("user") is not None and not isinstance(body["user"], str):
         raise ApiError("user must be a string", "user")
-    max_tokens = body.get("max_tokens")
-    if max_tokens is not None:
-        if not _is_int(max_tokens) or max_tokens < 1:
-            raise ApiError(f"{max_tokens_param} must be an integer >= 1, got {max_tokens!r}",
-                           max_tokens_param)
-        request.max_tokens = max_tokens
     request.temperature = _number(body, "temperature", 1.0, low=0.0)
     request.top_p = _number(body, "top_p", 1.0, low=0.0, high=1.0, low_open=True)
     top_k = body.get("top_k")
@@ -312,13 +317,16 @@ def _common(body: dict[str, Any], request: ParsedRequest,
     if options is not None:
         if not isinstance(options, dict) or set(options) - {"include_usage",
                                                             "continuous_usage_stats"}:
-            raise ApiError("stream_options may only hold include_usage", "stream_options")
+            raise ApiError("stream_options may only hold include_usage and "
+                           "continuous_usage_stats", "stream_options")
         if not request.stream:
             raise ApiError("stream_options needs stream: true", "stream_options")
         for name in ("include_usage", "continuous_usage_stats"):
             if not isinstance(options.get(name, False), bool):
                 raise ApiError(f"stream_options.{name} must be true or false", "stream_options")
         request.include_usage = options.get("include_usage", False)
+        request.continuous_usage = request.include_usage and options.get(
+            "continuous_usage_stats", False)
 
 
 def _stop(value: Any) -> tuple[str, ...]:

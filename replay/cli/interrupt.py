@@ -6,12 +6,18 @@ complete (a prefix of the workload read as a whole run); SIGTERM killed the proc
 message and lost the events since the last flush. ``deferred_signals`` turns the first signal
 into a flag that the run's loop reads before each step (``check``); the run then ends its trace
 as incomplete (``LLMEngine.close(interrupted=True)``: every event of the steps taken is
-committed, no summary is written). A second signal interrupts at once.
+committed, no summary is written). A second signal while the traced run stops (``recording``)
+is one line on stderr and changes nothing: raised as ``KeyboardInterrupt`` it landed mid-step,
+and the close that followed committed half a step. Before the traced engine exists (the model
+loading, a warm-up run) nothing is recorded and a second signal interrupts at once. SIGKILL
+stops at once and keeps the committed segments, each of whole steps.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +42,7 @@ class RunInterrupted(Exception):
 
 class _Pending:
     signum: int | None = None
+    recording = False  # a traced engine runs or closes: it must stop between two steps
 
 
 _pending = _Pending()
@@ -48,9 +55,39 @@ def check() -> None:
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
-    if _pending.signum is not None:  # the second one: the user means it, stop now
+    if _pending.signum is None:
+        _pending.signum = signum
+    elif _pending.recording:  # the run is already stopping: let it end the step and close
+        _say(f"replayllm run: {signal.Signals(signum).name} again: already stopping after the "
+             "step under way (the trace keeps every whole step; SIGKILL stops at once)")
+    else:  # the second one before anything is recorded: the user means it, stop now
         raise KeyboardInterrupt
-    _pending.signum = signum
+
+
+def _say(line: str) -> None:
+    """``line`` on stderr from a signal handler: straight to the file descriptor, as the main
+    thread may be inside a write to ``sys.stderr`` (a progress bar's), which a ``print`` here
+    would re-enter (``RuntimeError: reentrant call``); on its own line."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, ValueError, OSError):  # not a file (a test's StringIO)
+        sys.stderr.write(f"\n{line}\n")
+        return
+    try:
+        os.write(fd, f"\n{line}\n".encode())
+    except OSError:  # stderr closed: the line is lost, the run goes on stopping
+        pass
+
+
+@contextmanager
+def recording() -> Iterator[None]:
+    """Within the block a traced engine runs and closes: a signal after the first one only
+    says the run is stopping (``_on_signal``)."""
+    _pending.recording = True
+    try:
+        yield
+    finally:
+        _pending.recording = False
 
 
 @contextmanager

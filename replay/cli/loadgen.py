@@ -22,9 +22,11 @@ EPILOG = """exit status:
 Completion tokens are the server's usage counts where it sends them, else its content chunks
 counted (one token each); the result's token_source column says which.
 
-A request refused with HTTP 429, 502, 503 or 504, or whose connection was refused or lost
-before any answer, is sent again (--max-retries) after the server's Retry-After, else an
-exponential backoff jittered from --seed; never one cut mid-stream. Its TTFT and e2e count
+A request refused with HTTP 429, 502, 503 or 504, or one that never reached the server (no
+connection, or the connection lost before the request was written whole), is sent again
+(--max-retries) after the server's Retry-After, else an exponential backoff jittered from
+--seed; never one whose connection was lost after it was written (the server may be running
+it), nor one cut mid-stream. Its TTFT and e2e count
 from its first send, the waits included (the result's retries and retry_wait_s columns say how
 many and how long; whatif --compare leaves the waits out, as the server never saw them)."""
 
@@ -56,8 +58,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--request-timeout", type=float, default=None, metavar="S",
                    help="fail a request not answered whole in S seconds (default 3600)")
     p.add_argument("--max-retries", type=int, default=None, metavar="N",
-                   help="send a request refused with HTTP 429/502/503/504, or whose "
-                   "connection failed before any answer, again up to N times, after its "
+                   help="send a request refused with HTTP 429/502/503/504, or that never "
+                   "reached the server (no connection), again up to N times, after its "
                    "Retry-After or a backoff, within --request-timeout (default 3; 0: never)")
     p.add_argument("--seed", type=int, default=None, metavar="N",
                    help="seed of the retries' backoff jitter: the same seed, the same waits "
@@ -88,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from replay.whatif.report import variants_table
     from replay.workloads.builtin import reference_workload
+    from replay.workloads.fields import check_request
     from replay.workloads.store import load_workload
 
     stall = DEFAULT_STALL_TIMEOUT_S if args.stall_timeout is None else args.stall_timeout
@@ -104,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
         raise ReplayLLMError(f"{args.workload}: the workload has no requests")
     if args.num_requests is not None:
         requests = requests[: args.num_requests]
+    for index, request in enumerate(requests):  # the rule run and whatif hold them to
+        check_request(request, f"{args.workload}: request {index}")
     measured, wall_s = run_load(requests, url, args.model, args.time_scale,
                                 args.max_concurrency, tokenizer=args.tokenizer,
                                 workers=args.workers, stall_timeout_s=stall,
@@ -131,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     retried = frame[frame["retries"] > 0]
     if len(retried):
         print(f"{len(retried)} requests were retried (refused with HTTP 429/502/503/504, or "
-              f"no answer on their connection), {int(retried['retries'].sum())} retries in "
+              f"never reaching the server), {int(retried['retries'].sum())} retries in "
               "all; their TTFT and e2e count from the first send, the waits included "
               "(retry_wait_s)")
     errors = frame[frame["error"] != ""]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 from importlib import metadata
 from typing import Any
 
@@ -19,7 +18,7 @@ PROFILE_DEFAULTS: dict[str, Any] = {
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    from engine.profiling import DEFAULT_BUDGET_S, DEFAULT_REPEATS
+    from engine.profiling import DEFAULT_BUDGET_S, DEFAULT_REPEATS, MAX_REPEATS
 
     p = subparsers.add_parser(
         "profile", help="time the model runner over every step shape (a device profile)")
@@ -32,7 +31,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help=f"seconds of timing at most (default {DEFAULT_BUDGET_S:.0f}); the grid is "
                    "trimmed from its last level (engine/profiling.py LEVELS)")
     p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
-                   help=f"timed runs per point after one warm-up (default {DEFAULT_REPEATS})")
+                   help=f"timed runs per point after one warm-up (default {DEFAULT_REPEATS}, at "
+                   f"most {MAX_REPEATS}; a point stops repeating at the budget)")
     p.add_argument("--quiet", action="store_true", help="no line per point")
     return p
 
@@ -46,16 +46,14 @@ def engine_version() -> str:
 
 def run(args: argparse.Namespace) -> int:
     from engine.config import Config, parse_overrides
-    from engine.errors import InvalidRequestError
     from engine.model.checkpoint import default_model_dir
-    from engine.profiling import run_profile, save_profile
+    from engine.profiling import check_profile_settings, run_profile, save_profile
     from engine.runner.model_runner import ModelRunner
     from replay.cli.paths import check_profile_out
     from tracing.header import git_commit
     from tracing.outfile import write_via_temporary
 
-    if not (math.isfinite(args.budget_s) and args.budget_s > 0) or args.repeats < 1:
-        raise InvalidRequestError("--budget-s must be a finite number > 0 and --repeats >= 1")
+    check_profile_settings(args.budget_s, args.repeats)  # before the model loads
     check_profile_out(args.out)  # before the minutes of timing, not after them
     model_dir = str(args.model) if args.model is not None else str(default_model_dir())
     config = Config(model=model_dir, **{**PROFILE_DEFAULTS, **parse_overrides(args.overrides)})
@@ -72,6 +70,6 @@ def run(args: argparse.Namespace) -> int:
     write_via_temporary(args.out, lambda tmp: save_profile(profile, tmp))
     key = ", ".join(f"{k} {v}" for k, v in profile["key"].items())
     print(f"wrote {len(profile['rows'])} timed steps ({profile['skipped']} of {profile['points']} "
-          f"skipped for the {args.budget_s:.0f} s budget) in {profile['elapsed_s']:.1f} s to "
+          f"skipped for the {args.budget_s:g} s budget) in {profile['elapsed_s']:.1f} s to "
           f"{args.out}: {key}")
     return 0

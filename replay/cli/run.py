@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -10,18 +9,15 @@ from typing import Any
 from engine.errors import InvalidRequestError
 from replay.cli import interrupt
 from replay.workloads.builtin import reference_workload
+from replay.workloads.fields import check_request
 from replay.workloads.request import Request
 from replay.workloads.store import load_workload
-
-# The latest arrival a workload may ask for: a run waits for it on the wall clock, so a typo
-# (1e12) would wait for ever; a week is far past any recorded production trace.
-MAX_ARRIVAL_S = 7 * 24 * 3600.0
-INT32_MAX = 2**31 - 1
 
 
 def load_requests(workload: str, num_seqs: int | None) -> list[Request]:
     """The requests of ``workload`` ('bench' or a JSONL file), the first ``num_seqs`` of them,
-    each checked so that no driver waits for ever and no trace column overflows.
+    each held to ``replay.workloads.fields.check_request`` (no driver waits for ever, no trace
+    column overflows).
 
     Raises ``InvalidRequestError`` (one line, naming the file and the request) otherwise."""
     if num_seqs is not None and num_seqs < 1:
@@ -39,22 +35,8 @@ def load_requests(workload: str, num_seqs: int | None) -> list[Request]:
     if num_seqs is not None:
         requests = requests[:num_seqs]
     for index, request in enumerate(requests):
-        _check_request(workload, index, request)
+        check_request(request, f"{workload}: request {index}")
     return requests
-
-
-def _check_request(workload: str, index: int, request: Request) -> None:
-    """What the workload reader (replay/workloads/fields.py) leaves to the run: an arrival no
-    later than ``MAX_ARRIVAL_S`` (so no driver waits for ever) and ``max_tokens`` within int32."""
-    where = f"{workload}: request {index}"
-    arrival = request.arrival_s
-    if not (isinstance(arrival, (int, float)) and math.isfinite(arrival)
-            and 0 <= arrival <= MAX_ARRIVAL_S):
-        raise InvalidRequestError(f"{where}: arrival_s must be a finite number of seconds in "
-                                  f"[0, {MAX_ARRIVAL_S:.0f}], got {arrival!r}")
-    if not (isinstance(request.max_tokens, int) and 1 <= request.max_tokens <= INT32_MAX):
-        raise InvalidRequestError(f"{where}: max_tokens must be an integer in [1, {INT32_MAX}], "
-                                  f"got {request.max_tokens!r}")
 
 
 def run_command(
@@ -96,15 +78,17 @@ def run_command(
             interrupt.check()  # before the old trace at `out` is replaced
             llm = LLM(model, trace_dir=out, force=force, trace_writer="run", **overrides)
             stopped = False
-            try:
-                run_workload(llm, requests, check=interrupt.check)
-            except (interrupt.RunInterrupted, KeyboardInterrupt):
-                stopped = True
-                raise
-            finally:
-                # A clean close writes the summary and the last segment; a stopped run's
-                # commits what was recorded and writes no summary (the trace stays incomplete).
-                llm.close(interrupted=stopped)
+            with interrupt.recording():  # a second signal: the step ends, the trace closes
+                try:
+                    run_workload(llm, requests, check=interrupt.check)
+                except (interrupt.RunInterrupted, KeyboardInterrupt):
+                    stopped = True
+                    raise
+                finally:
+                    # A clean close writes the summary and the last segment; a stopped run's
+                    # commits what was recorded and writes no summary (the trace stays
+                    # incomplete).
+                    llm.close(interrupted=stopped)
         except interrupt.RunInterrupted as stop:
             print(f"replayllm run: {stop}: {_kept(out)}", file=sys.stderr)
             return stop.exit_status

@@ -132,8 +132,10 @@ def _source(args: argparse.Namespace) -> SimWorkload | None:
         raise WhatifError("--num-seqs takes --workload (a TRACE's requests are all re-run)")
     if args.trace is None:
         return None
+    from replay.whatif.compare import restricts  # not --compare OTHER_TRACE's: its own scope
+
     workload = load_source(args.trace)
-    warning = incomplete_source(workload, restrict=not getattr(args, "compare", None))
+    warning = incomplete_source(workload, restrict=restricts(getattr(args, "compare", None)))
     if warning is not None:
         print(f"warning: {warning}")
     return workload
@@ -291,23 +293,24 @@ def _compare(args: argparse.Namespace, workload: SimWorkload, cost: CostModel | 
 
 def _compare_client(args: argparse.Namespace, workload: SimWorkload, cost: CostModel | None,
                     plotter: Any) -> int:
-    """The trace as recorded, its prediction under its own configuration and a loadgen run's
-    client-side measurements, side by side (same metric table); retry waits left out of the
-    client's, a partial result flagged (``compare.client_view``)."""
+    """TRACE as recorded, its prediction and a loadgen run's client figures in one table: retry
+    waits left out, a partial result flagged, an incomplete TRACE's finished requests only."""
     from replay.loadgen.result import read_result, table_row
-    from replay.whatif.compare import client_view
+    from replay.whatif.compare import client_view, scope_client
     from replay.whatif.report import variants_table
 
     frame, summary, settings = read_result(args.compare)
     if workload.recorded is None:
         raise WhatifError("--compare LOADGEN_RESULT needs a TRACE")
+    frame, summary, total, scoped = scope_client(frame, summary, workload, args.compare)
     frame, summary, notes = client_view(frame, summary, settings, args.compare, workload.name,
-                                        len(workload.requests))  # retry waits left out
-    for line in notes:
+                                        total)  # retry waits left out
+    for line in scoped + notes:
         print(line)
     result = run_variant(workload, {}, cost, name="predicted")
-    rows = [_row("recorded", "recorded", compute(workload.recorded)), _sim_row(result),
+    rows = [_row("recorded", "recorded", compute(recorded_events(workload))), _sim_row(result),
             table_row(f"client ({settings.get('url', '?')})", summary, frame, notes)]
+    note_scope(rows, workload)
     print(variants_table(rows))
     _finish(args, rows, cost, plotter)
     return 0

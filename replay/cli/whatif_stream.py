@@ -8,10 +8,11 @@ a trace, in segments. Variants run one after another, each reading the file agai
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
 from typing import Any
 
 from engine.config import AUTO_SIZED_BLOCKS, Config
-from engine.errors import ReplayLLMError
+from engine.errors import InvalidRequestError, ReplayLLMError
 
 
 def run_streamed(args: argparse.Namespace, variants: list[tuple[str, dict[str, Any]]],
@@ -21,7 +22,7 @@ def run_streamed(args: argparse.Namespace, variants: list[tuple[str, dict[str, A
     ``timing``: loads (cost model, Config) from ``--timing-from``; ``finish`` and ``row`` are
     the whatif command's output writer and table row (one format for both paths)."""
     from replay.whatif.report import variants_table
-    from replay.whatif.stream import simulate_stream, workload_file_source
+    from replay.whatif.stream import WorkloadSource, simulate_stream
 
     if args.trace is not None or args.workload in (None, "bench") or args.compare:
         raise ReplayLLMError("--stream and --trace-out take --workload FILE (no trace, no "
@@ -39,13 +40,34 @@ def run_streamed(args: argparse.Namespace, variants: list[tuple[str, dict[str, A
             "num_kvcache_blocks" in v for _, v in variants):
         raise ReplayLLMError("the KV pool size is unknown without a trace: --set "
                              "num_kvcache_blocks=N (or --timing-from a trace)")
+    check_first_request(args.workload)
     rows = []
     for name, overrides in variants:
-        result = simulate_stream(workload_file_source(args.workload, config), overrides, cost,
-                                 name, trace_out=args.trace_out)
+        source = WorkloadSource(checked_requests(args.workload), config, name=str(args.workload))
+        result = simulate_stream(source, overrides, cost, name, trace_out=args.trace_out)
         for note in result.notes:
             print(f"note ({result.name}): {note}")
         rows.append(row(result))
     print(variants_table(rows))
     finish(args, rows, cost, None)
     return 0
+
+
+def check_first_request(workload: str) -> None:
+    """An empty file is refused, as without ``--stream`` (it wrote results of no request and
+    exited 0); only the first request is read."""
+    from replay.workloads.store import read_workload
+
+    if next(iter(read_workload(workload)), None) is None:
+        raise InvalidRequestError(f"{workload}: the workload holds no requests")
+
+
+def checked_requests(workload: str) -> Iterator[Any]:
+    """``workload``'s requests, each held to the rule a run's and a plain what-if's are
+    (``replay.workloads.fields.check_request``)."""
+    from replay.workloads.fields import check_request
+    from replay.workloads.store import read_workload
+
+    for index, request in enumerate(read_workload(workload)):
+        check_request(request, f"{workload}: request {index}")
+        yield request

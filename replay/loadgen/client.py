@@ -7,7 +7,8 @@ part of the TTFT it reports (docs/BENCHMARKS.md section 9 measures it).
 Any server, not only ``replayllm serve``: what it answers is checked, and whatever goes wrong
 with one request (an error status, a dropped connection, a malformed chunk, a timeout) is that
 request's ``error``, never an exception out of the run; an answer of 429, 502, 503 or 504,
-or a connection lost before any answer, is first retried (``send``). Completion tokens are
+or a request that never reached the server (``retry.never_reached``), is first retried
+(``send``). Completion tokens are
 the server's ``usage`` where it reports one, else the content chunks counted (``token_source``
 says which).
 """
@@ -25,7 +26,7 @@ from typing import Any
 
 import aiohttp
 
-from replay.loadgen.retry import RETRY_STATUSES, retry_delay
+from replay.loadgen.retry import RETRY_STATUSES, SENT_WHOLE, never_reached, retry_delay
 from replay.loadgen.sse import Event, EventStreamDecoder
 from replay.workloads.request import Request
 
@@ -56,7 +57,7 @@ class Measured:
     text: str | None = None  # the answer's text, when kept (a conversation's next turn needs it)
     token_source: str = ""  # "usage" (the server's count), "chunks" (content chunks counted)
     done: bool = False  # answered or failed; False: never sent, or cut short by an interrupt
-    retries: int = 0  # times it was sent again (``send``: after a 429, 502, 503 or 504 ...)
+    retries: int = 0  # times it was sent again (``send``: after a 429, 502, 503, 504 ...)
     retry_wait_s: float = 0.0  # from the first send to the accepted attempt's (``send``)
 
 
@@ -99,9 +100,11 @@ async def send(session: aiohttp.ClientSession, url: str, body: dict[str, Any], o
     starts: ``sent_s`` is when the request begins to go out. Only cancellation (an interrupted
     run) goes through, leaving ``out.done`` False.
 
-    An answer of HTTP 429, 502, 503 or 504, or a connection refused or lost before the answer's
-    status line (``_attempt``; never one lost mid-stream, whose partial answer must not be sent
-    twice), is sent again, up to ``max_retries`` times (counted in ``out.retries``), after the
+    An answer of HTTP 429, 502, 503 or 504, or a request that never reached the server (no
+    connection, or not written whole: ``retry.never_reached``) is sent again (never one whose
+    connection was lost after it was written, before any answer: the server may be running it;
+    nor one lost mid-stream, whose partial answer must not be asked for twice), up to
+    ``max_retries`` times (counted in ``out.retries``), after the
     wait its ``Retry-After`` asks for, else a capped exponential backoff whose jitter ``rng``
     draws (``replay.loadgen.retry``); one still refused fails with its last error. TTFT and
     e2e count from ``sent_s``, the first attempt's send (not the accepted attempt's; not the
@@ -122,6 +125,9 @@ async def send(session: aiohttp.ClientSession, url: str, body: dict[str, Any], o
         while True:
             kwargs = {} if attempt_timeout is None else {"timeout": attempt_timeout}
             retryable, asked = await _attempt(session, url, data, kwargs, out, clock)
+            if retryable is None:  # lost once sent: the server may be running it
+                note = SENT_WHOLE if max_retries else ""
+                break
             if not retryable or out.retries >= max_retries:
                 break
             delay = retry_delay(asked, out.retries, rng=rng)
@@ -162,10 +168,12 @@ async def send(session: aiohttp.ClientSession, url: str, body: dict[str, Any], o
 
 
 async def _attempt(session: aiohttp.ClientSession, url: str, data: bytes,
-                   kwargs: dict[str, Any], out: Measured, clock: Any) -> tuple[bool, str | None]:
+                   kwargs: dict[str, Any], out: Measured, clock: Any
+                   ) -> tuple[bool | None, str | None]:
     """One POST, its answer read into ``out``: whether it may be sent again (a status of
-    ``RETRY_STATUSES``, or a connection refused or lost before the status line: no byte of an
-    answer came), and the answer's ``Retry-After``. A timeout or a TLS error goes through."""
+    ``RETRY_STATUSES``, or a request that never reached the server: ``never_reached``; None for
+    a connection lost after the request was written, before its status line), and the answer's
+    ``Retry-After``. A timeout or a TLS error goes through."""
     try:
         response = await session.post(url, data=data, headers=JSON_HEADERS, **kwargs)
     except (aiohttp.ClientConnectionError, OSError) as exc:
@@ -173,7 +181,7 @@ async def _attempt(session: aiohttp.ClientSession, url: str, data: bytes,
                             aiohttp.ServerFingerprintMismatch)):
             raise
         out.error = f"{type(exc).__name__}: {_one_line(str(exc))}"
-        return True, None
+        return (True if never_reached(exc) else None), None
     async with response:
         await _read_response(response, out, clock)
         return response.status in RETRY_STATUSES, response.headers.get("Retry-After")

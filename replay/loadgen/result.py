@@ -26,7 +26,7 @@ REQUEST_COLUMNS = (*NUMERIC_COLUMNS, "itl_s", "finish_reason", "error")
 # completion_tokens came from, "usage" (the server's count) or "chunks" (content chunks).
 TOKEN_SOURCE = "token_source"
 # Written since, defaulted on reading an earlier result (none retried): how many times each
-# request was sent again (``client.send``: a 429, 502, 503, 504, no answer), and the seconds
+# request was sent again (``client.send``: a 429, 502, 503, 504, no connection), and the seconds
 # from its first send to the accepted one's (in its TTFT and e2e, which count from the first
 # send; not in a server's).
 RETRIES = "retries"

@@ -7,10 +7,13 @@ the installed package; without the option it does nothing.
                                                  # and every invariant holds over its events
     pytest --replayllm-traces traces/ --replayllm-no-invariants   # replay only
 
-A trace is a directory holding ``run.json``. A case fails with ``verify``'s report (the first
-divergence) or the invariant checker's, and says first when the recorded user policy's source
-has changed since the recording; one that is no readable trace fails in one line, and a killed
-recording passes on what it committed with an ``IncompleteTraceWarning``.
+A trace is a directory holding ``run.json``; its case's node id is ``DIR/run.json::replays``,
+DIR the trace's path from the rootdir, as a test file's (``pytest --replayllm-traces traces/
+traces/a/run.json::replays`` runs that one case, and so does ``traces/a``). A case fails with
+``verify``'s report (the first divergence) or the invariant checker's, and says first when the
+recorded user policy's source has changed since the recording; one that is no readable trace
+fails in one line, and a killed recording passes on what it committed with an
+``IncompleteTraceWarning``.
 
 It also registers the Hypothesis profiles ``ci``, ``deep`` and ``dev`` (``replay.testing.profiles``)
 where Hypothesis is installed: ``pytest --hypothesis-profile=deep`` or ``HYPOTHESIS_PROFILE=deep``
@@ -93,43 +96,85 @@ class TraceItem(pytest.Item):
         return self.trace, 0, f"trace {self.trace}"
 
 
-class TraceDirectory(pytest.Collector):
-    """The traces under one ``--replayllm-traces`` directory."""
+ITEM_NAME = "replays"
 
-    def __init__(self, *, root: Path, invariants: bool, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.root = root
-        self.invariants = invariants
+
+def _node_path(config: pytest.Config, path: Path) -> str:
+    """A node id's path part: ``path`` relative to the rootdir, as pytest writes a test file's
+    (absolute where it is outside the rootdir)."""
+    try:
+        return path.relative_to(config.rootpath).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+class TraceFile(pytest.File):
+    """A trace's ``run.json``: its one case, node id ``<trace dir>/run.json::replays`` (the
+    trace's path from the rootdir, as a test file's), which ``pytest ID`` selects."""
 
     def collect(self) -> list[pytest.Item]:
-        traces = find_traces(self.root)
+        invariants = not self.config.getoption("--replayllm-no-invariants")
+        return [TraceItem.from_parent(self, name=ITEM_NAME, trace=self.path.parent,
+                                      invariants=invariants)]
+
+
+def _trace_file(parent: pytest.Collector, path: Path) -> TraceFile:
+    return TraceFile.from_parent(parent, path=path, nodeid=_node_path(parent.config, path))
+
+
+class TraceDirectory(pytest.Directory):
+    """The traces under one ``--replayllm-traces`` directory that no command-line argument
+    reaches (node id: its path, as a test directory's)."""
+
+    def collect(self) -> list[pytest.File]:
+        traces = find_traces(self.path)
         if not traces:
-            raise pytest.UsageError(f"--replayllm-traces {self.root}: no trace (run.json) under it")
-        return [
-            TraceItem.from_parent(self, name=str(t.relative_to(self.root)) if t != self.root
-                                  else t.name, trace=t, invariants=self.invariants)
-            for t in traces
-        ]
+            raise pytest.UsageError(f"--replayllm-traces {self.path}: no trace (run.json) under it")
+        return [_trace_file(self, t / HEADER_FILE) for t in traces]
+
+
+def _roots(config: pytest.Config) -> list[Path]:
+    """The ``--replayllm-traces`` directories, absolute, none inside another (counted once)."""
+    roots = sorted({Path(d).resolve() for d in config.getoption("--replayllm-traces")})
+    return [r for r in roots if not any(o in r.parents for o in roots)]
+
+
+def _arguments_inside(session: pytest.Session, root: Path) -> bool:
+    """Whether a command-line path is ``root`` or inside it (``pytest ID`` selecting a trace):
+    then pytest's own collection reaches the traces it names (``pytest_collect_file``)."""
+    initial = getattr(session, "_initialpaths", frozenset())  # the arguments' paths
+    return any(p == root or root in p.parents for p in initial)
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> TraceFile | None:
+    """A trace's ``run.json`` reached by a command-line path inside a ``--replayllm-traces``
+    directory (``pytest --replayllm-traces T T/a/run.json::replays``, or ``T/a``)."""
+    if file_path.name != HEADER_FILE:
+        return None
+    for root in _roots(parent.config):
+        if (file_path.parent == root or root in file_path.parents) and \
+                _arguments_inside(parent.session, root):
+            return _trace_file(parent, file_path)
+    return None
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_make_collect_report(collector: pytest.Collector) -> Any:
-    """The session's collection also yields one ``TraceDirectory`` per ``--replayllm-traces``.
+    """The session's collection also yields one ``TraceDirectory`` per ``--replayllm-traces``
+    directory that no command-line path lies inside (those are collected from the paths).
 
     Added during collection proper (not to the item list afterwards), so the traces are collected,
-    counted (``collected N items``, ``--collect-only``), selected (``-k``, ``--deselect``) and
-    distributed like any test module's items.
+    counted (``collected N items``, ``--collect-only``), selected (``-k``, ``--deselect``, node
+    ids) and distributed like any test module's items.
     """
     report = yield
     if not isinstance(collector, pytest.Session) or not report.passed:
         return report
     config = collector.config
-    invariants = not config.getoption("--replayllm-no-invariants")
-    for directory in config.getoption("--replayllm-traces"):
-        root = Path(directory).resolve()
+    for root in _roots(config):
         if not find_traces(root):
             raise pytest.UsageError(f"--replayllm-traces {root}: no trace (run.json) under it")
-        report.result.append(TraceDirectory.from_parent(
-            collector, name=f"replayllm-traces[{directory}]", root=root, invariants=invariants
-        ))
+        if not _arguments_inside(collector, root):
+            report.result.append(TraceDirectory.from_parent(
+                collector, path=root, nodeid=_node_path(config, root)))
     return report

@@ -23,6 +23,9 @@ Plain ``whatif SOURCE`` follows the same rule when SOURCE itself is incomplete
 (``incomplete_source``): its "recorded" row and every predicted row cover the requests the
 recording finished, each run cut at the step that finished the last of them
 (``SimWorkload.scope``, applied by ``run_variant``); one that finished none has no recorded row.
+So does ``whatif SOURCE --compare LOADGEN_RESULT`` (``restricts``): its recorded and predicted
+rows as plain whatif's, and its client row the result's rows of those same requests
+(``scope_client``); a SOURCE that finished none leaves nothing to compare (refused).
 """
 
 from __future__ import annotations
@@ -163,11 +166,15 @@ def incomplete_source(workload: Any, restrict: bool) -> str | None:
     """The warning for an incomplete SOURCE (None for a complete one or no recording). With
     ``restrict`` (plain ``whatif``: predictions set beside the recording), also sets
     ``workload.scope`` to the requests it finished, so that ``run_variant`` and
-    ``recorded_events`` cover those only."""
+    ``recorded_events`` cover those only. One killed before it recorded any request is refused
+    (``ReplayLLMError``): there is nothing to re-run (whatif and tune ran zero requests)."""
     recorded = workload.recorded
     if recorded is None or recorded.complete:
         return None
     total = len(workload.requests)
+    if not total:
+        raise ReplayLLMError(f"{workload.name} is incomplete ({_stopped(recorded)}) and "
+                             "recorded no request: nothing to re-run")
     if not restrict:
         return (f"{workload.name} is incomplete ({_stopped(recorded)}): its workload is only "
                 f"the {total} requests it recorded")
@@ -178,6 +185,54 @@ def incomplete_source(workload: Any, restrict: bool) -> str | None:
                 "runs them all to the end")
     workload.scope = RecordedScope(workload.name, seq_ids, total, int(recorded.last_step))
     return workload.scope.source_warning()
+
+
+def restricts(compare: str | None) -> bool:
+    """Whether ``incomplete_source`` restricts an incomplete SOURCE to the requests it finished:
+    for plain whatif and ``--compare LOADGEN_RESULT``, not ``--compare OTHER_TRACE`` (whose own
+    scope, ``load_other``'s, applies)."""
+    if not compare:
+        return True
+    from replay.loadgen.result import is_result  # only with --compare: the HTTP client's imports
+
+    return is_result(compare)
+
+
+def scope_client(frame: Any, summary: dict[str, float], workload: Any, name: str
+                 ) -> tuple[Any, dict[str, float], int, list[str]]:
+    """A loadgen result (``name``) restricted as an incomplete SOURCE's recorded and predicted
+    rows are (``incomplete_source``): the rows of the requests the recording finished, matched by
+    their ``index`` in the workload, summarized anew (its makespan up to the last of them); and
+    how many requests the other rows cover, and a line saying so. Unchanged for a complete
+    SOURCE. Raises ``ReplayLLMError`` where nothing can be set side by side: a SOURCE that
+    finished none, a result holding none of them, or one whose requests at those indices are
+    not the SOURCE's (other max_tokens: another workload)."""
+    from replay.loadgen.result import summarize
+
+    recorded, scope = workload.recorded, getattr(workload, "scope", None)
+    if recorded is None or recorded.complete:
+        return frame, summary, len(workload.requests), []
+    if scope is None:
+        raise _nothing_to_compare(workload.name, _stopped(recorded), len(workload.requests))
+    added = recorded.tables["request_added"]
+    position = np.flatnonzero(np.isin(np.asarray(added["seq_id"], dtype=np.int64),
+                                      scope.seq_ids))
+    wanted = dict(zip(position.tolist(),
+                      np.asarray(added["max_tokens"], dtype=np.int64)[position].tolist()))
+    kept = frame[frame["index"].isin(list(wanted))]
+    for index, max_tokens in zip(kept["index"].tolist(), kept["max_tokens"].tolist()):
+        if int(max_tokens) != wanted[int(index)]:
+            raise ReplayLLMError(
+                f"{name} ran another workload than {workload.name} (request {int(index)}: "
+                f"max_tokens {int(max_tokens)} vs {wanted[int(index)]}): its rows cannot be "
+                f"matched to the {scope.finished} requests the incomplete recording finished")
+    if not len(kept):
+        raise ReplayLLMError(f"{name} holds none of the {scope.finished} requests the "
+                             f"incomplete recording {workload.name} finished: nothing to compare")
+    line = (f"note: the client row covers the {len(kept)} of those {scope.finished} requests "
+            f"{name} holds (matched by their index in the workload), up to the last of them")
+    return (kept, summarize(kept, summary.get("makespan_s", float("nan"))), scope.finished,
+            [line])
 
 
 def recorded_events(workload: Any) -> RecordedEvents | None:
@@ -230,7 +285,7 @@ def client_view(frame: Any, summary: dict[str, float], run: dict[str, Any], name
     frame = frame.assign(**{column: frame[column] + sign * wait for column, sign in
                             (("sent_s", 1), ("send_lag_s", 1), ("ttft_s", -1), ("e2e_s", -1))})
     lines.append(f"note: {int(retried.sum())} of the {len(frame)} requests in {name} were "
-                 "retried (refused, or their connection lost before an answer): their client "
+                 "retried (refused, or never reaching the server): their client "
                  "TTFT and e2e count from the accepted attempt, as the server's trace does "
                  f"({float(wait.sum()):.3g} s of refused attempts and waits, retry_wait_s, "
                  "left out)")

@@ -41,7 +41,10 @@ from replay.whatif.cost.features import StepFeatures, computed_tokens, step_clas
 from replay.whatif.cost.linear import causal_work
 from replay.whatif.cost.model import CostModel, StepTime
 
-# Synthetic tokens: a fixed affine walk over a small id range (any id below every vocab size).
+# Synthetic tokens: a fixed affine walk over a small range of ids past every vocabulary
+# (int32, as a trace column holds them): no real token equals one, so a KV block holding one
+# never matches a prompt's block in the prefix cache (a hit no real run has) and never EOS.
+SYNTHETIC_BASE = 2**30
 SYNTHETIC_RANGE = 10000
 SYNTHETIC_STRIDE = 7919
 
@@ -163,17 +166,17 @@ class SimExecutor:
         return self._synthetic(seq_id, position)
 
     def _synthetic(self, seq_id: int, position: int) -> int:
-        token = (seq_id * SYNTHETIC_STRIDE + position) % SYNTHETIC_RANGE
-        return token + 1 if token == self.eos else token
+        token = SYNTHETIC_BASE + (seq_id * SYNTHETIC_STRIDE + position) % SYNTHETIC_RANGE
+        return token + 1 if token == self.eos else token  # an EOS set past the vocabulary
 
     def _sample(self, sampled: list) -> list[int]:
         """The token each sampled sequence samples now: its recorded one, else synthetic."""
         tokens = self.tokens
         if not tokens:  # nothing recorded (a workload without answers): all synthetic
             self.synthesized += len(sampled)
-            out = [(s.seq_id * SYNTHETIC_STRIDE + s.num_tokens - s.num_prompt_tokens)
-                   % SYNTHETIC_RANGE for s in sampled]
-            if 0 <= self.eos < SYNTHETIC_RANGE and self.eos in out:
+            out = [SYNTHETIC_BASE + (s.seq_id * SYNTHETIC_STRIDE + s.num_tokens
+                                     - s.num_prompt_tokens) % SYNTHETIC_RANGE for s in sampled]
+            if SYNTHETIC_BASE <= self.eos < SYNTHETIC_BASE + SYNTHETIC_RANGE and self.eos in out:
                 out = [t + 1 if t == self.eos else t for t in out]
             return out
         return [self._token(s.seq_id, s.num_tokens - s.num_prompt_tokens) for s in sampled]
@@ -183,9 +186,9 @@ class SimExecutor:
         """The tokens of ``steps`` samplings of each sequence (``completions``: the tokens each
         has sampled so far), sequences by row: what ``_sample`` would give them one by one (a
         decode stretch, ``engine.decode_stretch``). Counts nothing: see ``count_sampled``."""
-        tokens = (seq_ids[:, None] * SYNTHETIC_STRIDE + completions[:, None]
-                  + np.arange(steps)) % SYNTHETIC_RANGE
-        if 0 <= self.eos < SYNTHETIC_RANGE:
+        tokens = SYNTHETIC_BASE + (seq_ids[:, None] * SYNTHETIC_STRIDE + completions[:, None]
+                                   + np.arange(steps)) % SYNTHETIC_RANGE
+        if SYNTHETIC_BASE <= self.eos < SYNTHETIC_BASE + SYNTHETIC_RANGE:
             tokens[tokens == self.eos] += 1
         recorded = self.tokens
         if recorded:

@@ -73,8 +73,9 @@ def parse_slo(text: str) -> Slo:
         limit = float(value)
     except ValueError:
         raise TuneError(f"--slo {metric}: {value!r} is not a number of seconds") from None
-    if not limit > 0:
-        raise TuneError(f"--slo {metric}: the limit must be > 0 seconds, got {value}")
+    if not 0 < limit < math.inf:  # inf bounds nothing: every configuration would meet it
+        raise TuneError(f"--slo {metric}: the limit must be a finite number > 0 of seconds, "
+                        f"got {value}")
     return Slo(metric, limit)
 
 

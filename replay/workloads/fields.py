@@ -22,6 +22,10 @@ MAX_TOKENS_LIMIT = 1 << 20  # max_tokens and a recipe's prompt_len: at most this
 INT32_MAX = (1 << 31) - 1
 INT64_MAX = (1 << 63) - 1
 MAX_CONVERSATION_ID_LEN = 256
+# The latest arrival and the longest think time a request may ask for: a run (and loadgen) waits
+# for them on the wall clock, so a typo (1e12) would wait for ever; a week is far past any
+# recorded production trace. ``check_request`` holds every request to it.
+MAX_ARRIVAL_S = 7 * 24 * 3600.0
 
 FIELDS = (
     "prompt_token_ids", "prompt", "hash_ids", "hash_block_size", "prompt_len", "salt",
@@ -40,6 +44,23 @@ def check_temperature(value: float, option: str = "--temperature") -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or \
             not (math.isfinite(value) and value >= 0):
         raise InvalidRequestError(f"{option} must be a finite number >= 0, got {value!r}")
+
+
+def check_request(request: Request, where: str) -> None:
+    """The rule every request meets before it is run, simulated or sent (``run``, ``whatif``,
+    ``tune``, ``loadgen``) and before ``workload generate`` or ``import`` writes it: an arrival and
+    a think time that are finite numbers of seconds in [0, ``MAX_ARRIVAL_S``] (so no driver waits
+    for ever), ``max_tokens`` an integer in [1, int32] (so no trace column overflows).
+
+    Raises ``InvalidRequestError``, one line starting with ``where``."""
+    for name in ("arrival_s", "think_time_s"):
+        value = getattr(request, name)
+        if not (_is_number(value) and math.isfinite(value) and 0 <= value <= MAX_ARRIVAL_S):
+            raise InvalidRequestError(f"{where}: {name} must be a finite number of seconds in "
+                                      f"[0, {MAX_ARRIVAL_S:.0f}], got {value!r}")
+    if not (_is_int(request.max_tokens) and 1 <= request.max_tokens <= INT32_MAX):
+        raise InvalidRequestError(f"{where}: max_tokens must be an integer in [1, {INT32_MAX}], "
+                                  f"got {request.max_tokens!r}")
 
 
 def _is_int(value: Any) -> bool:

@@ -19,12 +19,14 @@ import numpy as np
 from engine.errors import InvalidRequestError
 from replay.workloads.arrivals import ArrivalProcess
 from replay.workloads.distributions import Distribution, IntDraws, parse
-from replay.workloads.fields import MAX_TOKENS_LIMIT, check_temperature
+from replay.workloads.fields import MAX_TOKENS_LIMIT, check_request, check_temperature
 from replay.workloads.recipe import PromptRecipe
 from replay.workloads.request import REFERENCE_TEMPERATURE, Request
 
 SALT_STRIDE = 1 << 40  # salts: seed * SALT_STRIDE + request number + 1 (unique per request)
 SYSTEM_ID_STRIDE = 1 << 32  # system prompt s names blocks s * SYSTEM_ID_STRIDE + k
+# System prompts are all made before the first request (their ids and popularity): at most this.
+MAX_SYSTEM_PROMPTS = 1 << 16
 
 
 @dataclass
@@ -53,6 +55,9 @@ class GenerateSpec:
                                            and self.popularity >= 0):
             raise InvalidRequestError(f"--system-prompts and --popularity must be finite and "
                                       f">= 0, got {self.system_prompts} and {self.popularity}")
+        if self.system_prompts > MAX_SYSTEM_PROMPTS:
+            raise InvalidRequestError(f"--system-prompts must be at most {MAX_SYSTEM_PROMPTS:,}, "
+                                      f"got {self.system_prompts:,}")
         check_temperature(self.temperature)
         if not 1 <= self.hash_block_size <= MAX_TOKENS_LIMIT:
             raise InvalidRequestError(f"--hash-block-size must be >= 1, got "
@@ -155,5 +160,12 @@ class Generator:
                  conversation_id: str | None, turn: int = 0, think_time_s: float = 0.0,
                  ) -> Request:
         self.counts.requests += 1
-        return Request(prompt, max_tokens, self.spec.temperature, self.spec.ignore_eos,
-                       arrival_s, conversation_id, turn, think_time_s)
+        request = Request(prompt, max_tokens, self.spec.temperature, self.spec.ignore_eos,
+                          arrival_s, conversation_id, turn, think_time_s)
+        try:  # the rule run, whatif and loadgen hold it to: never write what they refuse
+            check_request(request, f"generated request {self.counts.requests}")
+        except InvalidRequestError as exc:
+            raise InvalidRequestError(f"{exc} (run and whatif would refuse it: a higher --rate, "
+                                      "earlier --schedule times, fewer --num-requests or a "
+                                      "shorter --think-time)") from None
+        return request

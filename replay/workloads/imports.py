@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from engine.errors import InvalidRequestError
-from replay.workloads.fields import MAX_TOKENS_LIMIT, WorkloadFormatError
+from replay.workloads.fields import MAX_TOKENS_LIMIT, WorkloadFormatError, check_request
 from replay.workloads.import_options import (
     SALT_STRIDE,
     ImportCounts,
@@ -130,11 +130,8 @@ def select(pairs: Iterator[tuple[float | None, Request]], options: ImportOptions
             if options.limit is not None and first_turns >= options.limit:
                 counts.drop(f"beyond --limit {options.limit}")
                 continue
-            arrival = (seconds - options.start_s) * options.time_scale
-            if not math.isfinite(arrival):
-                raise InvalidRequestError(f"--time-scale {options.time_scale:g} puts the "
-                                          f"request at {seconds:g} s of the trace at {arrival} s")
-            request = _replace(request, arrival_s=arrival)
+            request = _replace(request, arrival_s=(seconds - options.start_s)
+                               * options.time_scale)
         if not request.prompt_len and request.prompt_len is not None:
             counts.drop("empty prompt")
             kept_conversations.discard(conversation)  # type: ignore[arg-type]
@@ -149,6 +146,7 @@ def select(pairs: Iterator[tuple[float | None, Request]], options: ImportOptions
         if fitted.max_tokens > MAX_TOKENS_LIMIT:
             counts.change(f"output length clipped to {MAX_TOKENS_LIMIT}")
             fitted = _replace(fitted, max_tokens=MAX_TOKENS_LIMIT)
+        _check_kept(fitted, seconds, options, f"{name}: request {counts.read}")
         if conversation is not None:
             kept_conversations.add(conversation)
         first_turns += not fitted.follows_previous_turn
@@ -156,6 +154,23 @@ def select(pairs: Iterator[tuple[float | None, Request]], options: ImportOptions
         yield fitted
     if not counts.kept:
         raise WorkloadFormatError(_nothing_kept(name, options, counts, span))
+
+
+def _check_kept(request: Request, seconds: float | None, options: ImportOptions,
+                where: str) -> None:
+    """Hold a kept request to the rule run, whatif and loadgen hold it to
+    (``replay.workloads.fields.check_request``: arrivals and think times within a week), so no
+    import writes a file they would refuse."""
+    if seconds is not None and options.time_scale != 1:
+        where = (f"--time-scale {options.time_scale:g} puts the request at {seconds:g} s of the "
+                 f"trace at {request.arrival_s:g} s")
+    elif seconds is not None:
+        where = f"{where} (at {seconds:g} s of the trace)"
+    try:
+        check_request(request, where)
+    except InvalidRequestError as exc:
+        raise InvalidRequestError(f"{exc} (run and whatif would refuse it: --time-scale, --end "
+                                  "or --limit keep the arrivals within it)") from None
 
 
 def _nothing_kept(name: str | Path, options: ImportOptions, counts: ImportCounts,

@@ -8,6 +8,7 @@ import numpy as np
 
 from engine.errors import ReplayLLMError
 from replay.workloads.describe import WorkloadSummary
+from tracing.outfile import write_via_temporary
 
 DPI = 100
 FIGURE_SIZE = (12.0, 3.6)
@@ -39,7 +40,8 @@ def plot_summary(summary: WorkloadSummary, path: str | Path, title: str = "") ->
         figure.suptitle(title)
     figure.subplots_adjust(left=0.06, right=0.98, bottom=0.16, top=0.84, wspace=0.3)
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out)
-    plt.close(figure)
+    try:  # a failure (a full disk) leaves no partial plot and an earlier one whole
+        write_via_temporary(out, lambda tmp: figure.savefig(tmp, format=out.suffix[1:].lower()))
+    finally:
+        plt.close(figure)
     return out

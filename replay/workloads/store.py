@@ -24,7 +24,7 @@ from replay.workloads.fields import (
     request_from_record,
 )
 from replay.workloads.request import Request
-from replay.workloads.text_input import TEXT_ERRORS, open_text, read_error
+from replay.workloads.text_input import TEXT_ERRORS, loads, open_text, read_error
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 ROW_GROUP = 65536
@@ -54,11 +54,7 @@ def _read_jsonl(path: str | Path, ignore_unknown: bool) -> Iterator[Request]:
                 if not line.strip():
                     continue
                 where = f"{path}:{number}"
-                try:
-                    item = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise WorkloadFormatError(f"{where}: not JSON ({exc.msg}, column {exc.colno})"
-                                              ) from None
+                item = loads(line, where)
                 if isinstance(item, dict) and FORMAT_NAME in item:
                     if number != 1:
                         raise WorkloadFormatError(f"{where}: a header line may only be line 1")
@@ -137,7 +133,7 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
         raise read_error(path, exc) from None
     try:
         item = json.loads(first)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, or JSON it cannot take: no header
         return {}
     return item if isinstance(item, dict) and FORMAT_NAME in item else {}
 

@@ -66,7 +66,7 @@ def json_records(path: str | Path) -> Iterator[tuple[str, Any]]:
                 return
             for number, line in enumerate(_prepend(first, handle), skipped + 1):
                 if line.strip():
-                    yield f"{path}:{number}", _loads(line, f"{path}:{number}")
+                    yield f"{path}:{number}", loads(line, f"{path}:{number}")
         except TEXT_ERRORS as exc:
             raise read_error(path, exc) from None
 
@@ -76,13 +76,22 @@ def _prepend(first: str, handle: IO[str]) -> Iterator[str]:
     yield from handle
 
 
-def _loads(text: str, where: str) -> Any:
+def loads(text: str, where: str) -> Any:
+    """One JSON value (a line of a JSON Lines file); every way it is not JSON is one line."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise WorkloadFormatError(f"{where}: not JSON ({exc.msg}, column {exc.colno})") from None
-    except RecursionError:
-        raise WorkloadFormatError(f"{where}: not JSON (nested too deeply)") from None
+    except (RecursionError, ValueError) as exc:
+        raise WorkloadFormatError(f"{where}: not JSON ({_unreadable(exc)})") from None
+
+
+def _unreadable(exc: BaseException) -> str:
+    """What ``json.loads`` could not take beyond a syntax error: nesting past the recursion
+    limit, an integer past Python's 4,300-digit limit on converting a string."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return f"a number too long to read: {str(exc).split(';')[0]}"
 
 
 def _array(path: str | Path, text: str) -> Iterator[tuple[str, Any]]:
@@ -91,7 +100,7 @@ def _array(path: str | Path, text: str) -> Iterator[tuple[str, Any]]:
     except json.JSONDecodeError as exc:
         raise WorkloadFormatError(f"{path}:{exc.lineno}: not a JSON array ({exc.msg}, column "
                                   f"{exc.colno})") from None
-    except RecursionError:
-        raise WorkloadFormatError(f"{path}: not JSON (nested too deeply)") from None
+    except (RecursionError, ValueError) as exc:
+        raise WorkloadFormatError(f"{path}: not JSON ({_unreadable(exc)})") from None
     for number, item in enumerate(data):
         yield f"{path}: element {number}", item

@@ -32,3 +32,34 @@ def test_bad_kernel_choices_fail_in_one_line() -> None:
     assert Config().replace(long_prefill_kernel="triton").long_prefill_kernel == "triton"
     assert parse_override("fused_kv_store", "off") is False
     assert Config().replace(fused_kernels=False).fused_kernels is False
+
+
+def test_a_pool_no_trace_could_describe_is_refused() -> None:
+    """`--set num_kvcache_blocks=2000000000` passed the int32 bound and a what-if spent minutes
+    building two billion blocks; over 2^22 (the largest pool a trace may describe) it is a
+    ConfigError, and a pool sized from memory is capped there."""
+    from engine.config import MAX_KV_BLOCKS, cap_blocks
+    from tracing.validate import MAX_TRACE_BLOCKS
+
+    assert MAX_KV_BLOCKS == MAX_TRACE_BLOCKS == 2**22
+    assert Config(num_kvcache_blocks=MAX_KV_BLOCKS).num_kvcache_blocks == MAX_KV_BLOCKS
+    for blocks in (MAX_KV_BLOCKS + 1, 2_000_000_000, 2**31 - 1):
+        with pytest.raises(ConfigError, match=r"num_kvcache_blocks must be int in \[1, 4194304\] "
+                           r"or -1 \(the largest pool a trace may describe"):
+            Config().replace(num_kvcache_blocks=blocks)
+    assert cap_blocks(10**12) == MAX_KV_BLOCKS and cap_blocks(7) == 7
+
+
+def test_a_memory_sized_pool_is_capped() -> None:
+    """`kv_cache_bytes` of a petabyte on the CPU sized a pool past any trace's bound."""
+    from engine.config import MAX_KV_BLOCKS
+    from engine.runner.model_runner import ModelRunner
+
+    class Sized(ModelRunner):
+        kv_block_bytes = 1024  # type: ignore[assignment]
+
+    runner = object.__new__(Sized)
+    runner.config = Config(kv_cache_bytes=2**50)
+    assert runner._kv_block_count() == MAX_KV_BLOCKS
+    runner.config = Config(kv_cache_bytes=4096)
+    assert runner._kv_block_count() == 4

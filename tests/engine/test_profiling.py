@@ -10,6 +10,7 @@ import pytest
 
 from engine.config import Config
 from engine.profiling import (
+    MAX_REPEATS,
     ProfileError,
     ProfilePoint,
     load_profile,
@@ -193,3 +194,33 @@ def test_the_cpu_runner_reads_a_shared_prefix_and_writes_only_its_own_blocks() -
         assert runner.execute(private).token_ids == tokens
     finally:
         runner.close()
+
+
+def test_a_point_stops_repeating_at_the_budget() -> None:
+    """`profile --repeats 10**20 --budget-s 1` ran for ever: the budget was checked between
+    points only, and the first point of each kind (nothing to estimate it from) ran all its
+    repeats. Now a point stops repeating at the budget (its row says how many ran)."""
+    config = Config(max_model_len=4096, max_num_seqs=512, max_num_batched_tokens=32768,
+                    num_kvcache_blocks=20000)
+    step = max(r["interval_s"] for r in law_profile(config)["rows"])
+    budget = 0.05
+    cut = law_profile(config, budget_s=budget, repeats=MAX_REPEATS)
+    assert cut["elapsed_s"] <= budget + 2 * step  # a warm-up and one repeat past it at most
+    assert cut["rows"] and cut["rows"][0]["repeats"] < MAX_REPEATS
+    assert law_profile(config, budget_s=10.0, repeats=2)["rows"][0]["repeats"] == 2
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--repeats", str(10**20)], "--repeats must be an integer in [1, 1000], got 1000000"),
+    (["--repeats", "0"], "--repeats must be an integer in [1, 1000], got 0"),
+    (["--budget-s", "inf"], "--budget-s must be a finite number of seconds > 0, got inf"),
+    (["--budget-s", "nan"], "--budget-s must be a finite number of seconds > 0, got nan"),
+])
+def test_profile_refuses_nonsense_settings_before_the_model_loads(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], needle: str) -> None:
+    assert main(["profile", "--out", str(tmp_path / "p.json"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err and "start-up" not in err
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(ProfileError, match="--repeats"):
+        law_profile(Config(num_kvcache_blocks=64), repeats=MAX_REPEATS + 1)

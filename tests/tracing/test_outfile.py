@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tracing.outdir import OutputDirError, output_dir_above, write_owner
+from tracing.outdir import OutputDirError, check_output_dir, output_dir_above, write_owner
 from tracing.outfile import check_output_file, starts_with, write_via_temporary
 
 
@@ -73,3 +73,29 @@ def test_write_via_temporary_leaves_the_old_file_on_failure(tmp_path: Path) -> N
     assert out.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["r.html"]
     write_via_temporary(out, lambda tmp: tmp.write_text("new"))
     assert out.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["r.html"]
+
+
+def test_a_parent_that_is_a_file_or_not_writable_is_refused(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """An output under a path whose nearest existing ancestor is a file (`--out notes.txt/x`)
+    or a directory this process may not write in passed the check, and the command failed only
+    when it wrote, after its work (whatif, tune, profile, loadgen: the results lost; a plot:
+    a FileExistsError traceback). Now refused by both checks before anything runs; a missing
+    directory, made at write time, is still fine."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("x")
+    for path in (notes / "o.html", notes / "a" / "b" / "o.html"):
+        with pytest.raises(OutputDirError, match="notes.txt is a file, not a directory"):
+            check_output_file(path, "report", _never)
+        with pytest.raises(OutputDirError, match="notes.txt is a file, not a directory"):
+            check_output_dir(path, "whatif", force=True)
+    check_output_file(tmp_path / "new" / "deeper" / "o.html", "report", _never)
+    assert not check_output_dir(tmp_path / "new" / "deeper", "whatif", force=True)
+    import tracing.outdir as outdir
+
+    monkeypatch.setattr(outdir.os, "access", lambda path, mode: Path(path) != tmp_path)
+    with pytest.raises(OutputDirError, match="no permission to write in"):
+        check_output_file(tmp_path / "o.html", "report", _never)
+    with pytest.raises(OutputDirError, match="no permission to write in"):
+        check_output_dir(tmp_path / "sub" / "o", "whatif", force=True)

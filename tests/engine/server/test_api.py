@@ -135,13 +135,27 @@ def test_chat_sync_and_async_equal_generate(server: ServerProcess, reference: LL
 
 def test_a_stop_string_ends_the_answer(server: ServerProcess, reference: LLM,
                                        sent: Sent) -> None:
+    """The text before the stop string, and usage counting the tokens through the one that
+    completed it, as LLM.generate's token_ids (not a token the overlapped engine made after
+    it), streamed or not."""
     text, _ = _expected(reference, PROMPTS[0], SETTINGS[0])
     stop = text[3:5]
-    out = _client(server).completions.create(model=MODEL, prompt=PROMPTS[0],
-                                             max_tokens=MAX_TOKENS, temperature=0, stop=[stop])
-    assert out.choices[0].text == text[: text.find(stop)]
-    assert out.choices[0].finish_reason == "stop"
-    sent.add()
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, stop=[stop])
+    num_tokens = len(reference.generate([PROMPTS[0]], params, use_tqdm=False)[0]["token_ids"])
+    client = _client(server)
+    for _ in range(3):
+        out = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=MAX_TOKENS,
+                                        temperature=0, stop=[stop])
+        assert out.choices[0].text == text[: text.find(stop)]
+        assert out.choices[0].finish_reason == "stop"
+        assert out.usage.completion_tokens == num_tokens
+        chunks = list(client.completions.create(model=MODEL, prompt=PROMPTS[0],
+                                                max_tokens=MAX_TOKENS, temperature=0,
+                                                stop=stop, stream=True,
+                                                stream_options={"include_usage": True}))
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == out.choices[0].text
+        assert chunks[-1].usage.completion_tokens == num_tokens
+        sent.add(2)
 
 
 BAD_REQUESTS = [

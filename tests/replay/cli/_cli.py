@@ -95,3 +95,12 @@ def corrupt_copy(tmp_path: Path, edit: Callable[[Path], object]) -> Path:
     shutil.copytree(SAMPLE, trace)
     edit(trace)
     return trace
+
+
+def killed_copy(trace: str | Path, dest: Path, keep: int) -> str:
+    """``trace`` as a killed run leaves it: no summary.json, only its first ``keep`` markers."""
+    shutil.copytree(trace, dest)
+    (dest / "summary.json").unlink()
+    for marker in sorted((dest / "_commits").glob("seg-*.json"))[keep:]:
+        marker.unlink()
+    return str(dest)

@@ -110,14 +110,30 @@ def test_a_deleted_last_commit_marker_is_damage_not_an_incomplete_trace(
 def test_a_kv_cache_larger_than_memory(tmp_path: Path, tiny_workload: Path) -> None:
     """`run --set num_kvcache_blocks=2147483647 --force` was torch's RuntimeError traceback
     ("DefaultCPUAllocator: can't allocate memory"); now one line, and the old trace is whole.
-    (A petabyte: past any address space, so the allocation fails at once, never swaps.)"""
+    Since session 31 a pool over 2^22 blocks is a config error (engine.config.MAX_KV_BLOCKS);
+    2^22 blocks of 65,536 tokens still reach the allocator: 512 TB, past any address space,
+    so the allocation fails at once, never swaps."""
     trace = owned_trace(tmp_path / "t")
     before = snapshot(trace)
-    code, _, err = run_cli(["run", "--workload", str(tiny_workload), "--out", str(trace),
-                            "--force", "--set", "num_kvcache_blocks=2147483647"])
+    for sets, needles in ((["num_kvcache_blocks=4194304", "kvcache_block_size=65536"],
+                           ("out of memory", "num_kvcache_blocks")),
+                          (["num_kvcache_blocks=2147483647"],
+                           ("num_kvcache_blocks must be int in [1, 4194304]",))):
+        code, _, err = run_cli(["run", "--workload", str(tiny_workload), "--out", str(trace),
+                                "--force", *[a for s in sets for a in ("--set", s)]])
+        assert code == 2, err
+        one_error(err, *needles)
+        assert snapshot(trace) == before
+
+
+def test_whatif_refuses_a_pool_no_trace_could_describe(tmp_path: Path) -> None:
+    """`whatif TRACE --set num_kvcache_blocks=2000000000` built two billion blocks for minutes
+    (the bound was int32); now one line at once (engine.config.MAX_KV_BLOCKS, 2^22)."""
+    code, _, err = run_cli(["whatif", str(SAMPLE), "--set", "num_kvcache_blocks=2000000000",
+                            "--no-plots", "--out", str(tmp_path / "w")])
     assert code == 2, err
-    one_error(err, "out of memory", "num_kvcache_blocks")
-    assert snapshot(trace) == before
+    one_error(err, "num_kvcache_blocks must be int in [1, 4194304]", "got 2000000000")
+    assert not (tmp_path / "w").exists()
 
 
 def test_out_of_memory_words_only_allocation_failures() -> None:

@@ -198,3 +198,27 @@ def test_profile_rewrites_its_own_file(tmp_path: Path) -> None:
         assert code == 0, err
     assert out.read_text().startswith('{\n "format": "replayllm-profile"')
     assert [p.name for p in tmp_path.iterdir()] == ["p.json"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["whatif", str(SAMPLE), "--no-plots", "--jobs", "1", "--out", "{f}/o"],
+    ["tune", str(SAMPLE), "--slo", "ttft_p99=1", "--no-plots", "--jobs", "1", "--out", "{f}/o"],
+    ["whatif", str(SAMPLE), "--no-plots", "--jobs", "1", "--out", "{d}/o", "--report",
+     "{f}/r.html"],
+    ["profile", "--out", "{f}/p.json"],
+    ["loadgen", "{w}", "--url", "http://127.0.0.1:9", "--out", "{f}/r.parquet"],
+    ["workload", "describe", "{w}", "--plots", "{f}/w.png"],
+    ["workload", "generate", "--num-requests", "2", "--out", "{f}/w.jsonl"],
+])
+def test_an_output_under_a_file_is_refused_before_any_work(tmp_path: Path, tiny_workload: Path,
+                                                           argv: list[str]) -> None:
+    """`--out notes.txt/o`: whatif and tune ran the whole search, printed it, then failed to
+    write it; profile timed the model for minutes first; loadgen would have lost the run;
+    `describe --plots notes.txt/w.png` was a FileExistsError traceback. Now one line naming
+    the file in the way, before anything runs, and the file is untouched."""
+    notes = _precious(tmp_path)
+    args = [a.format(f=notes, d=tmp_path, w=tiny_workload) for a in argv]
+    code, out, err = run_cli(args)
+    assert code == 2, err
+    one_error(err, "precious.txt is a file, not a directory")
+    assert "variant" not in out and notes.read_text() == PRECIOUS

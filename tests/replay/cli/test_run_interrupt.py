@@ -71,3 +71,72 @@ def test_a_signal_mid_run_leaves_an_incomplete_trace_and_one_line(
     assert got.counts()["request_added"] < len(REQUESTS)
     code, out, _ = run_cli(["verify", str(trace)])
     assert code == 0 and "identical" in out and "incomplete" in out, out
+
+
+# A run whose 4th model call is Ctrl-C'd twice, the second while the first is being handled,
+# mid-step (the step's batch already recorded): signal.raise_signal runs the handler at once.
+_TWICE = """
+import signal, sys
+from engine.runner.model_runner import ModelRunner
+calls = iter(range(10**6))
+def wrap(original):
+    def model_call(self, *args, **kwargs):
+        if next(calls) == 3:
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+        return original(self, *args, **kwargs)
+    return model_call
+for name in ("launch", "execute"):
+    setattr(ModelRunner, name, wrap(getattr(ModelRunner, name)))
+from replay.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlapped", "sequential"])
+def test_a_second_ctrl_c_mid_step_still_stops_between_steps(tmp_path: Path,
+                                                            overlap: bool) -> None:
+    """The second SIGINT raised ``KeyboardInterrupt`` where it landed: mid-step, and the close
+    committed that half step (a ``batch_scheduled`` with no ``model_step``), with the bare
+    ``replayllm run: interrupted``. Now it is one line and the run stops as after the first."""
+    workload = write_jsonl(tmp_path / "w.jsonl", [
+        {"prompt_token_ids": [1, 2, 3, i + 4], "max_tokens": 8, "ignore_eos": True,
+         "temperature": 0.0} for i in range(4)])
+    trace = tmp_path / "t"
+    done = subprocess.run(
+        [sys.executable, "-c", _TWICE, "run", "--workload", str(workload), "--out", str(trace),
+         "--set", "max_num_seqs=2", "--set", f"async_scheduling={str(overlap).lower()}",
+         "--set", "trace_flush_steps=1"],
+        cwd=REPO, capture_output=True, text=True, timeout=DEADLINE_S)
+    lines = message_lines(done.stderr)
+    assert done.returncode == 130, done.stderr[-2000:]
+    assert lines[0].startswith("replayllm run: SIGINT again: already stopping"), lines
+    assert len(lines) == 2 and lines[1].startswith(
+        f"replayllm run: interrupted (SIGINT): {trace} is an incomplete trace"), lines
+    got = read_trace(trace)
+    assert not got.complete and got.last_step >= 1
+    steps = got.table("model_step").column("step").to_pylist()
+    assert steps == list(range(got.last_step + 1)) == got.table("batch_scheduled").column(
+        "step").to_pylist()
+    code, out, _ = run_cli(["verify", str(trace)])
+    assert code == 0 and "identical" in out and "incomplete" in out, out
+
+
+def test_the_handler_says_a_second_signal_while_recording_and_raises_before(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Driven directly: the first signal sets the flag; a second one while a traced engine runs
+    or closes is a line on stderr, nothing raised; before recording starts it interrupts."""
+    from replay.cli import interrupt
+
+    with interrupt.deferred_signals():
+        interrupt._on_signal(signal.SIGTERM, None)
+        with interrupt.recording():
+            interrupt._on_signal(signal.SIGINT, None)
+            interrupt._on_signal(signal.SIGINT, None)
+            with pytest.raises(interrupt.RunInterrupted) as stop:
+                interrupt.check()
+        assert stop.value.exit_status == 128 + signal.SIGTERM  # the first signal's
+        with pytest.raises(KeyboardInterrupt):
+            interrupt._on_signal(signal.SIGINT, None)
+    err = capsys.readouterr().err
+    assert err.count("replayllm run: SIGINT again: already stopping") == 2, err

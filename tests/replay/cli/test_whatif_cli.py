@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from _cli import killed_copy
 
 from engine.config import Config
 from replay.cli.main import main as replayllm
@@ -187,17 +188,6 @@ def test_host_from_prices_host_work_on_another_machine(tmp_path, capsys):
     assert ttft[1] > ttft[0] and ttft[2] == pytest.approx(ttft[1], rel=1e-9)
 
 
-def _killed_copy(trace: str, dest, keep: int) -> str:
-    """``trace`` as a killed run leaves it: no summary.json, only its first ``keep`` markers."""
-    import shutil
-
-    shutil.copytree(trace, dest)
-    (dest / "summary.json").unlink()
-    for marker in sorted((dest / "_commits").glob("seg-*.json"))[keep:]:
-        marker.unlink()
-    return str(dest)
-
-
 def test_compare_with_an_incomplete_recording_compares_its_finished_requests(
         traces, tmp_path, capsys):
     """--compare against a killed run's trace used to set the prediction of the whole workload
@@ -208,7 +198,7 @@ def test_compare_with_an_incomplete_recording_compares_its_finished_requests(
     from replay.recorded import from_trace
     from tracing.reader import read_trace
 
-    killed = _killed_copy(traces["b"], tmp_path / "killed", keep=1)
+    killed = killed_copy(traces["b"], tmp_path / "killed", keep=1)
     recorded = from_trace(read_trace(killed))
     finished = len(recorded.tables["request_finished"]["seq_id"])
     assert not recorded.complete and 0 < finished < NUM_SEQS
@@ -232,7 +222,7 @@ def test_compare_with_a_recording_that_finished_nothing_refuses(traces, tmp_path
     """A killed recording that finished no request leaves nothing to compare: one line saying
     so, exit 2 (one that committed no step was said to have "ran another workload (0 vs 16
     requests)")."""
-    killed = _killed_copy(traces["b"], tmp_path / "killed", keep=0)
+    killed = killed_copy(traces["b"], tmp_path / "killed", keep=0)
     code, _, stderr = run_cli(capsys, traces["a"], "--compare", killed,
                               "--out", str(tmp_path / "cmp"), "--no-plots")
     assert code == 2 and stderr.count("\n") == 1
@@ -248,7 +238,7 @@ def test_nothing_to_compare_is_refused_before_fitting_a_model(traces, tmp_path, 
         raise AssertionError("a step-time model was fitted before the refusal")
 
     monkeypatch.setattr(CostModel, "fit", no_fit)
-    killed = _killed_copy(traces["b"], tmp_path / "killed", keep=0)
+    killed = killed_copy(traces["b"], tmp_path / "killed", keep=0)
     code, stdout, stderr = run_cli(capsys, traces["a"], "--compare", killed,
                                    "--out", str(tmp_path / "cmp"), "--no-plots")
     assert code == 2 and "nothing to compare" in stderr and "MAPE" not in stdout
@@ -264,7 +254,7 @@ def test_whatif_on_an_incomplete_source_covers_the_requests_it_finished(traces, 
     from replay.recorded import from_trace
     from tracing.reader import read_trace
 
-    killed = _killed_copy(traces["b"], tmp_path / "killed", keep=1)
+    killed = killed_copy(traces["b"], tmp_path / "killed", keep=1)
     recorded = from_trace(read_trace(killed))
     finished = len(set(recorded.tables["request_finished"]["seq_id"].tolist()))
     assert 0 < finished < NUM_SEQS
@@ -366,7 +356,7 @@ def test_tune_on_an_incomplete_source_covers_the_requests_it_finished(traces, tm
     """``tune`` loads its TRACE as whatif does (``_source``): a killed source is warned about and
     searched over the requests it finished (this session's change first left tune calling the
     loader without its source: every tune run failed)."""
-    killed = _killed_copy(traces["b"], tmp_path / "killed", keep=1)
+    killed = killed_copy(traces["b"], tmp_path / "killed", keep=1)
     code = replayllm(["tune", killed, "--slo", "ttft_p99=100", "--space", "max_num_seqs=8,16",
                       "--out", str(tmp_path / "t")])
     out = capsys.readouterr().out

@@ -55,3 +55,22 @@ def test_stream_misuse_is_one_clear_line(traces, tmp_path, capsys):  # noqa: F81
                               "--trace-out", str(tmp_path / "t"), "--grid", "max_num_seqs=2,4",
                               "--no-plots")
     assert code == 2 and "drop --grid" in stderr
+
+
+def test_streamed_workloads_follow_the_plain_whatif_rules(traces, tmp_path, capsys):  # noqa: F811
+    """An empty file streamed wrote results of no request and exited 0, and an arrival of
+    1e300 s printed a 300-digit makespan: without --stream both are one line (no requests;
+    an arrival past a week), and now with it too, before any table."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    far = tmp_path / "far.jsonl"
+    far.write_text('{"prompt_token_ids": [1, 2], "max_tokens": 2}\n'
+                   '{"prompt_token_ids": [1, 2], "max_tokens": 2, "arrival_s": 1e300}\n')
+    for path, needle in ((empty, "the workload holds no requests"),
+                         (far, "request 1: arrival_s must be a finite number of seconds")):
+        for stream in ([], ["--stream"]):
+            code, out, err = run_cli(capsys, "--workload", str(path), "--timing-from",
+                                     traces["a"], "--no-plots", "--out",
+                                     str(tmp_path / "o"), *stream)
+            assert code == 2 and needle in err and err.count("\n") == 1, (stream, err)
+            assert "variant" not in out and not (tmp_path / "o").exists()

@@ -49,8 +49,8 @@ def test_retry_waits_are_left_out_and_said() -> None:
     assert shown["e2e_s"].tolist() == pytest.approx([0.1] * N)
     assert shown_summary["ttft_mean_s"] == pytest.approx(0.05)
     assert shown_summary["retries"] == 1 and frame["ttft_s"][1] == pytest.approx(2.05)
-    assert lines == ["note: 1 of the 4 requests in r.parquet were retried (refused, or their "
-                     "connection lost before an answer): their client TTFT and e2e count from "
+    assert lines == ["note: 1 of the 4 requests in r.parquet were retried (refused, or "
+                     "never reaching the server): their client TTFT and e2e count from "
                      "the accepted attempt, as the server's trace does (2 s of refused attempts "
                      "and waits, retry_wait_s, left out)"]
     plain, plain_summary = _result({})

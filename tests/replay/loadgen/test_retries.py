@@ -12,6 +12,7 @@ import signal
 import time
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import aiohttp
 import pytest
@@ -179,12 +180,13 @@ def test_the_backoff_doubles_with_jitter_up_to_its_cap() -> None:
     assert retry.retry_delay("3", 5) == 3.0  # the server's answer before the backoff
 
 
-def test_gateway_errors_and_connections_lost_before_an_answer_are_retried(
+def test_gateway_errors_are_retried_a_connection_lost_once_sent_is_not(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """502 once for p0, 504 twice for p1, the connection closed before the status line once for
-    p2: each answered at its next attempts (a backoff apart). p3's connection drops after two
-    chunks of its answer: never sent again (its partial answer must not be asked for twice),
-    it fails naming the cut (was: the 502, 504 and the dropped connection failed at once)."""
+    """502 once for p0, 504 twice for p1: each answered at its next attempts (a backoff apart).
+    p2's connection is closed by the server once it has read the whole request, before any
+    status line: the server may be running it, so it is not sent again (was: retried, the
+    server's work done twice and counted twice) and fails with its error and why. p3's
+    connection drops after two chunks of its answer: never sent again either."""
     monkeypatch.setattr(retry, "BACKOFF_BASE_S", 0.01)
     seen: Counter = Counter()
 
@@ -194,7 +196,7 @@ def test_gateway_errors_and_connections_lost_before_an_answer_are_retried(
         status = {"p0": (502, 1), "p1": (504, 2)}.get(prompt)
         if status is not None and seen[prompt] <= status[1]:
             return web.json_response({"error": {"message": "bad gateway"}}, status=status[0])
-        if prompt == "p2" and seen[prompt] == 1:
+        if prompt == "p2":
             return await stream(request, tokens(3), close_after=0)
         return await stream(request, tokens(3), close_after=2 if prompt == "p3" else None)
 
@@ -202,11 +204,53 @@ def test_gateway_errors_and_connections_lost_before_an_answer_are_retried(
     with FakeServer(answer) as server:
         status = main(["loadgen", str(workload(tmp_path / "w.jsonl", 4)), "--url", server.url,
                        "--out", str(out)])
-    assert status == 1 and seen == {"p0": 2, "p1": 3, "p2": 2, "p3": 1}
+    assert status == 1 and seen == {"p0": 2, "p1": 3, "p2": 1, "p3": 1}
     frame, summary, _ = read_result(out)
-    assert frame["error"].tolist() == ["", "", "", "the server closed the connection mid-stream"]
-    assert frame["retries"].tolist() == [1, 2, 1, 0] and summary["retries"] == 4
-    assert frame["completion_tokens"].tolist()[:3] == [3, 3, 3]
+    assert frame["error"].tolist() == [
+        "", "", f"ServerDisconnectedError: Server disconnected ({retry.SENT_WHOLE})",
+        "the server closed the connection mid-stream"]
+    assert frame["retries"].tolist() == [1, 2, 0, 0] and summary["retries"] == 3
+    assert frame["completion_tokens"].tolist()[:2] == [3, 3]
+
+
+_KEY = SimpleNamespace(host="h", port=80, ssl=True)  # what a connector error names
+
+
+@pytest.mark.parametrize(("exc", "reached"), [
+    (aiohttp.ClientConnectorError(_KEY, OSError(111, "Connection refused")), False),
+    (aiohttp.ClientConnectorDNSError(_KEY, OSError(-2, "Name not known")), False),
+    (aiohttp.ClientOSError(32, "Can not write request body for http://h/v1/completions"), False),
+    (aiohttp.ClientConnectionResetError("Cannot write to closing transport"), False),
+    (aiohttp.ServerDisconnectedError(), True),
+    (aiohttp.ClientOSError(104, "Connection reset by peer"), True),
+])
+def test_only_a_request_that_never_reached_the_server_is_retried(
+        exc: Exception, reached: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A POST failing before any answer is sent again only where the request provably never
+    reached the server: no connection, or a write that failed before the request was whole.
+    A disconnect or reset once it was written may be a server already generating: one attempt,
+    failing with its error and why it was not retried (was: every one retried)."""
+    assert retry.never_reached(exc) is not reached
+
+    class Session:
+        timeout = aiohttp.ClientTimeout(total=60)
+        posts = 0
+
+        async def post(self, *args: object, **kwargs: object) -> None:
+            Session.posts += 1
+            raise exc
+
+    async def go() -> Measured:
+        return await send(Session(), "http://h/v1/completions", {},  # type: ignore[arg-type]
+                          Measured(0, 1, 1, 0.0), time.perf_counter, max_retries=1,
+                          rng=retry.retry_rng(0, 0))
+
+    monkeypatch.setattr(retry, "BACKOFF_BASE_S", 0.001)
+    out = asyncio.run(go())
+    assert out.done and Session.posts == (1 if reached else 2)
+    assert out.retries == (0 if reached else 1)
+    assert out.error.startswith(type(exc).__name__)
+    assert out.error.endswith(f"({retry.SENT_WHOLE})" if reached else "(after 1 retry)")
 
 
 def test_a_refused_connection_is_retried_then_fails_with_its_error(

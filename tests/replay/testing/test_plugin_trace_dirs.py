@@ -16,6 +16,8 @@ import pytest
 
 from replay.testing.replays import IncompleteTraceWarning, ReplayMismatch, assert_replays
 
+pytest_plugins = ["pytester"]
+
 REPO = Path(__file__).resolve().parents[3]
 DEMO = REPO / "traces" / "cpu-tiny-demo"
 
@@ -99,7 +101,38 @@ def test_trace_cases_are_collected_counted_and_selected(tmp_path: Path) -> None:
         return done.stdout
 
     out = collect()
-    assert f"::replayllm-traces[{root}]::a/one" in out and "::two" in out, out
+    assert "traces/a/one/run.json::replays" in out and "traces/two/run.json::replays" in out, out
     assert "2 tests collected" in out, out
     out = collect("-k", "two")
     assert "a/one" not in out and "1/2 tests collected (1 deselected)" in out, out
+
+
+def _ids(result: pytest.RunResult) -> list[str]:
+    return [line for line in result.outlines if "::" in line]
+
+
+def test_trace_cases_have_node_ids_rooted_at_their_trace_and_are_selected_by_them(
+        pytester: pytest.Pytester) -> None:
+    """A case's node id was ``::replayllm-traces[DIR]::a/one``: rooted nowhere (a leading
+    ``::``) and no argument could select it. It is now its trace's ``run.json`` path from the
+    rootdir, as a test file's, and ``pytest ID`` runs that case alone."""
+    root = pytester.path / "traces"
+    shutil.copytree(DEMO, root / "a" / "one")
+    shutil.copytree(DEMO, root / "two")
+    pytester.makepyfile(test_empty="")
+    want = ["traces/a/one/run.json::replays", "traces/two/run.json::replays"]
+    for traces in ("traces", str(root)):  # relative or absolute: the same ids
+        result = pytester.runpytest("--collect-only", "-q", "--replayllm-traces", traces,
+                                    "test_empty.py")
+        assert _ids(result) == want, result.outlines
+    # The default arguments (the rootdir) hold the traces: each is still collected once.
+    result = pytester.runpytest("--collect-only", "-q", "--replayllm-traces", "traces")
+    assert _ids(result) == want, result.outlines
+    # Selected by its node id, or by its directory: that case alone.
+    for selection in (want[1], "traces/two", "traces/two/run.json"):
+        result = pytester.runpytest("--collect-only", "-q", "--replayllm-traces", "traces",
+                                    selection)
+        assert _ids(result) == [want[1]], (selection, result.outlines)
+    result = pytester.runpytest("-q", "-p", "no:cacheprovider", "--replayllm-traces", "traces",
+                                want[0], "--replayllm-no-invariants")
+    result.assert_outcomes(passed=1)

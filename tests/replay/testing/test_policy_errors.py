@@ -82,10 +82,11 @@ def test_the_cli_reports_a_policy_error_in_one_line_and_keeps_the_trace(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``replayllm run`` under a policy that raises mid-run exits 2 with one line naming the
-    policy; the trace it leaves is closed and readable (the invariant checker finds only the
-    unfinished requests); ``verify`` and ``whatif`` exit 2 with one line (in a ``whatif`` grid the
-    policy's variant alone cannot run, the others are predicted); ``assert_replays``
-    (the pytest plugin's check) fails with ReplayMismatch saying why it cannot replay."""
+    policy; the trace it leaves is closed, readable and incomplete (the step the error cut is
+    dropped: the run did not finish; it was a complete trace whose requests never finished);
+    ``verify`` and ``whatif`` exit 2 with one line (in a ``whatif`` grid the policy's variant
+    alone cannot run, the others are predicted); ``assert_replays`` (the pytest plugin's check)
+    fails with ReplayMismatch saying why it cannot replay."""
     from replay.cli.main import main
     from replay.testing import assert_replays
     from tracing.reader import read_trace
@@ -101,8 +102,9 @@ def test_the_cli_reports_a_policy_error_in_one_line_and_keeps_the_trace(
     assert f"replayllm run: error: {line}" in err and "Traceback" not in err
     trace = read_trace(out)
     assert trace.header["policy"] == f"{raises_module}:Raises"
+    assert not trace.complete and not (out / "summary.json").exists()
     report = check_trace(out)
-    assert report.names() == ["completion"], report.report()
+    assert report.names() == [], report.report()
 
     assert main(["verify", str(out)]) == 2
     err = capsys.readouterr().err

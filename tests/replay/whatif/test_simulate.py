@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import event, given
+from hypothesis import event, example, given
 from hypothesis import strategies as st
 
 from engine.config import Config
@@ -148,7 +148,20 @@ def config_pairs_and_prompts(draw: st.DrawFn) -> tuple[Config, Config, list[Requ
     return a, b, requests
 
 
+# Found by the deep profile: B's prefix cache (one-token blocks) and a sequence A rejected, so
+# the simulation samples synthetic tokens for it; one equal to a prompt token (0) made its decode
+# block a copy of a prompt block, a hit B's real run never had.
+SYNTHETIC_COLLISION = (
+    Config(num_kvcache_blocks=1, kvcache_block_size=1, max_model_len=8, max_num_batched_tokens=8,
+           max_num_seqs=1, enable_prefix_caching=False),
+    Config(num_kvcache_blocks=4, kvcache_block_size=1, max_model_len=8, max_num_batched_tokens=8,
+           max_num_seqs=2, enable_prefix_caching=True),
+    [Request([0], max_tokens=3, temperature=0.6), Request([0], max_tokens=1, temperature=0.6),
+     Request([0, 0], max_tokens=3, temperature=0.6)])
+
+
 @given(config_pairs_and_prompts())
+@example(SYNTHETIC_COLLISION)
 def test_decision_fidelity_property(case: tuple[Config, Config, list[Request]]) -> None:
     """For any two configs and any step-0 ignore_eos workload: sim(B from A) == record(B), or
     the variant is reported as one that cannot run exactly when B rejects a request A served."""

@@ -34,7 +34,9 @@ SLOS = [Slo("ttft_p99", 0.5), Slo("tpot_p50", 0.0055)]
 def test_parse_slo_reads_metric_and_seconds_and_rejects_bad_input():
     assert parse_slo("ttft_p99=0.5") == Slo("ttft_p99", 0.5)
     assert parse_slo(" tpot_mean = 0.02").key == "tpot_mean_s"
-    for bad in ("ttft=0.5", "ttft_p99", "ttft_p99=fast", "ttft_p99=0", "throughput=1"):
+    # inf and 1e400 bounded nothing: every configuration "met" them (was accepted)
+    for bad in ("ttft=0.5", "ttft_p99", "ttft_p99=fast", "ttft_p99=0", "throughput=1",
+                "ttft_p99=inf", "e2e_p50=1e400", "ttft_p99=nan"):
         with pytest.raises(TuneError, match="--slo"):
             parse_slo(bad)
 

@@ -67,6 +67,10 @@ def test_an_unsorted_schedule_and_an_overflowing_rate_are_errors(tmp_path: Path)
     ({"temperature": float("nan")}, "--temperature must be a finite number >= 0"),
     ({"temperature": -1.0}, "--temperature must be a finite number >= 0"),
     ({"system_prompts": 3, "popularity": float("nan")}, "--popularity must be finite"),
+    # 10**20 was a numpy "Maximum allowed dimension exceeded" traceback; 10**9 ran out of memory
+    # making every system prompt before the first request
+    ({"system_prompts": 10**20}, "--system-prompts must be at most 65,536"),
+    ({"system_prompts": 10**9}, "--system-prompts must be at most 65,536"),
 ])
 def test_settings_the_file_format_refuses_are_errors(changes: dict, message: str) -> None:
     """A temperature that is NaN or negative (before: written, then refused by every reader)

@@ -209,8 +209,10 @@ def test_options_that_would_write_an_unreadable_file_are_rejected(tmp_path: Path
         ImportOptions(rate=0.0)
     trace = tmp_path / "t.csv"
     trace.write_text(azure_text(rows=ROWS + [("2023-11-16 18:17:13", 1, 1)]))
+    # The first arrival past a week (run's rule, fields.check_request) is refused: here the
+    # second row's 5e307 s, before the last row's overflow to infinity.
     with pytest.raises(InvalidRequestError, match=r"--time-scale 1e\+308 puts the request at "
-                       r"9.5 s of the trace at inf s"):
+                       r"0.5 s of the trace at 5e\+307 s: arrival_s must be a finite number"):
         run(trace, "azure", time_scale=1e308)
 
 
@@ -239,3 +241,16 @@ def test_the_same_import_twice_gives_the_same_workload(tmp_path: Path) -> None:
     assert first == second
     assert [r.prompt.salt for r in run(trace, "azure", seed=4)[0]] != \
         [r.prompt.salt for r in first]
+
+
+@pytest.mark.parametrize("fmt, text", [
+    ("mooncake", '{"timestamp": 0, "input_length": ' + "9" * 5000 + ', "output_length": 1}\n'),
+    ("sharegpt", '[{"id": "x", "n": ' + "9" * 5000 + ', "conversations": []}]'),
+])
+def test_an_integer_too_long_to_parse_is_one_line(tmp_path: Path, fmt: str, text: str) -> None:
+    """An integer of over 4,300 digits in a JSON trace was a ValueError traceback (Python's
+    limit on converting a string to int); now one line naming the file."""
+    path = tmp_path / "t.json"
+    path.write_text(text)
+    with pytest.raises(WorkloadFormatError, match="t.json.*not JSON .a number too long to read"):
+        run(path, fmt)

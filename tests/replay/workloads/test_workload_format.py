@@ -146,3 +146,26 @@ def test_equal_hash_ids_give_identical_blocks_at_any_engine_block_size(engine_bl
     tokens = np.asarray(a.token_ids())
     assert tokens.min() >= 0 and tokens.max() < 10000 and len(tokens) == 1400
     assert a.clipped(700).token_ids() == a.token_ids()[:700]
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+LONG_INT = "9" * 5_000
+
+
+@pytest.mark.parametrize("line, needle", [
+    ('{"prompt_token_ids": ' + DEEP + ', "max_tokens": 2}', "nested too deeply"),
+    (DEEP, "nested too deeply"),
+    ('{"prompt_token_ids": [1], "max_tokens": ' + LONG_INT + "}", "a number too long to read"),
+    ('{"prompt_token_ids": [' + LONG_INT + '], "max_tokens": 2}', "a number too long to read"),
+])
+def test_json_the_parser_cannot_take_is_a_format_error(tmp_path: Path, line: str,
+                                                       needle: str) -> None:
+    """A line nested past the recursion limit or holding an integer of over 4,300 digits was a
+    RecursionError / ValueError traceback from every command reading a workload (describe,
+    import, loadgen, whatif --stream); now one line naming the file and line."""
+    path = tmp_path / "w.jsonl"
+    path.write_text('{"prompt_token_ids": [1], "max_tokens": 2}\n' + line + "\n")
+    with pytest.raises(WorkloadFormatError, match=rf"w\.jsonl:2: not JSON \({needle}"):
+        list(read_workload(path))
+    path.write_text(line + "\n")  # as a first line: no header, not an exception
+    assert read_metadata(path) == {}

@@ -5,7 +5,8 @@ host work, how the two overlap, or the prefills that interrupt the decodes? This
 recording from a source (as ``benchmarks.matrix fidelity`` does) and sets recorded against
 predicted per step class and, for decode steps, per bin of rows: how many steps, their median
 interval (the wall time each step added: from the previous step's end, or from the arrival it
-waited for, to its own end, as the cost model reads a recording), device time and host work,
+waited for, to its own end, as the cost model reads a recording) and mean interval (a tail of
+stalled steps moves a cell's TPOT and not the median), device time and host work,
 and each class's share of the run's busy wall time.
 
     python -m benchmarks.step_errors TARGET --source SOURCE [--profile PROFILE] [--json OUT]
@@ -68,6 +69,9 @@ def _summary(table: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, float]
     busy = np.nansum(table["interval"])
     return {"steps": int(mask.sum()),
             "interval_ms": 1e3 * median(table["interval"][mask]),
+            # The mean too: a tail of stalled steps moves TPOT, not the median.
+            "interval_mean_ms": 1e3 * float(np.nanmean(table["interval"][mask]))
+            if mask.any() else float("nan"),
             "device_ms": 1e3 * median(table["device"][mask]),
             "host_ms": 1e3 * median(table["host"][mask]),
             "wall_share": float(np.nansum(table["interval"][mask]) / busy) if busy else 0.0}
@@ -92,15 +96,19 @@ def _order(name: str) -> tuple[str, int]:
     return base, int(rest.split("-")[0]) if rest else 0
 
 
-def predict(target: str, source: str, profile: str | None) -> tuple[Any, Any]:
+def predict(target: str, source: str, profile: str | None,
+            options: list[str] | None = None) -> tuple[Any, Any]:
     """The target's events and its prediction's from ``source`` (and ``profile``) under the
-    target's own workload, arrivals and Config."""
+    target's own workload, arrivals and Config; ``options``: ``CostOptions`` items
+    (``name=value``)."""
     from replay.recorded import from_trace
     from replay.whatif.cost.model import CostModel
+    from replay.whatif.cost.options import CostOptions
     from replay.whatif.simulate import cold_start_of, load_source, run_variant
     from tracing.reader import read_trace
 
-    model = CostModel.fit(from_trace(read_trace(source)), source=source, profile=profile)
+    model = CostModel.fit(from_trace(read_trace(source)), source=source, profile=profile,
+                          options=CostOptions.parse(options or []))
     events = from_trace(read_trace(target))
     result = run_variant(load_source(events), {}, model, Path(target).name,
                          cold_start=cold_start_of(events.header))
@@ -112,8 +120,8 @@ def predict(target: str, source: str, profile: str | None) -> tuple[Any, Any]:
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The comparison as a table: recorded / predicted per column, and the predicted median
     interval's error."""
-    lines = ["| steps | count | interval ms | error | device ms | host ms | share of wall |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| steps | count | interval ms | error | mean interval ms | error | device ms | "
+             "host ms | share of wall |", "|---|---|---|---|---|---|---|---|---|"]
 
     def pair(row: dict[str, Any], key: str, fmt: str) -> str:
         a, b = row["recorded"], row["predicted"]
@@ -121,10 +129,13 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
     for row in rows:
         a, b = row["recorded"], row["predicted"]
-        error = ("" if a is None or b is None or not a["interval_ms"]
-                 else f"{b['interval_ms'] / a['interval_ms'] - 1:+.1%}")
+        def error(key: str, a: Any = a, b: Any = b) -> str:
+            return ("" if a is None or b is None or not a[key]
+                    else f"{b[key] / a[key] - 1:+.1%}")
+
         lines.append(f"| {row['steps']} | {pair(row, 'steps', 'd')} | "
-                     f"{pair(row, 'interval_ms', '.3f')} | {error} | "
+                     f"{pair(row, 'interval_ms', '.3f')} | {error('interval_ms')} | "
+                     f"{pair(row, 'interval_mean_ms', '.3f')} | {error('interval_mean_ms')} | "
                      f"{pair(row, 'device_ms', '.3f')} | {pair(row, 'host_ms', '.3f')} | "
                      f"{pair(row, 'wall_share', '.1%')} |")
     return "\n".join(lines)
@@ -137,11 +148,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", required=True, help="the timing source's recording")
     parser.add_argument("--profile", help="a device profile (replayllm profile)")
     parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--cost-option", action="append", default=[], metavar="NAME=VALUE",
+                        help="replay.whatif.cost.options.CostOptions (repeatable)")
     args = parser.parse_args(argv)
     from engine.errors import ReplayLLMError
 
     try:
-        recorded, predicted = predict(args.target, args.source, args.profile)
+        recorded, predicted = predict(args.target, args.source, args.profile,
+                                      args.cost_option)
     except ReplayLLMError as exc:
         raise SystemExit(f"error: {exc}") from None
     rows = compare(recorded, predicted)

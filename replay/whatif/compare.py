@@ -31,6 +31,7 @@ rows as plain whatif's, and its client row the result's rows of those same reque
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -154,6 +155,9 @@ def load_other(workload: Any, path: str | None
 
     if is_result(path):
         return None
+    if Path(path).is_file():  # neither kind --compare takes: say both
+        raise ReplayLLMError(f"{path}: neither a trace (a directory holding run.json) nor a "
+                             "loadgen result (a Parquet file `replayllm loadgen` wrote)")
     trace = read_trace(path)
     if not trace.complete and not trace.counts()["request_finished"]:
         raise _nothing_to_compare(path, _stopped(trace), len(workload.requests))

@@ -69,3 +69,31 @@ def test_few_row_decodes_of_a_conversation_cell_are_priced_high(capsys) -> None:
     line = next(x for x in out.splitlines() if x.startswith("| decode_graph 1-3 rows"))
     error = float(line.split("|")[4].strip().rstrip("%"))
     assert 8.0 <= error <= 15.0, line
+
+
+def test_the_mean_interval_shows_a_tail_the_median_hides() -> None:
+    """Three decodes of 1 ms and one stalled 5 ms one: the median says 1 ms, the mean 2 ms (a
+    cell's TPOT follows the mean); the table carries both, each with its error."""
+    steps = {"step": [0, 1, 2, 3, 4], "kind": ["prefill"] + ["decode"] * 4,
+             "graph_used": [False] + [True] * 4,
+             "wall_time_s": [0.010, 0.011, 0.012, 0.017, 0.018],
+             "num_seqs": [2] * 5, "duration_s": [0.010] + [0.001] * 4, "host_s": [0.001] * 5}
+    events = SimpleNamespace(tables={"model_step": steps,
+                                     "request_added": {"step": [0, 0], "arrival_s": [0.0, 0.0]}})
+    row = next(r for r in compare(events, events) if r["steps"].startswith("decode"))
+    assert abs(row["recorded"]["interval_ms"] - 1.0) < 1e-9
+    assert abs(row["recorded"]["interval_mean_ms"] - 2.0) < 1e-9
+    line = next(x for x in markdown([row]).splitlines() if x.startswith("| decode"))
+    assert line.count("+0.0%") == 2
+
+
+def test_cost_options_reach_the_model(capsys) -> None:
+    """``--cost-option decode_routes=true`` prices the conversation cell's few-row decodes
+    otherwise than the default (the option reaches ``CostModel.fit``)."""
+    args = [str(H100 / "conversation-default"), "--source", str(SOURCE), "--profile", str(PROFILE)]
+    lines = []
+    for extra in ([], ["--cost-option", "decode_routes=true"]):
+        assert main(args + extra) == 0
+        out = capsys.readouterr().out
+        lines.append(next(x for x in out.splitlines() if x.startswith("| decode_graph 1-3")))
+    assert lines[0] != lines[1]

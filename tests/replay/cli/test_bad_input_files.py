@@ -63,3 +63,16 @@ def test_a_damaged_loadgen_result(tmp_path: Path) -> None:
         code, _, err = _whatif(tmp_path, "--compare", str(tmp_path / name))
         assert code == 2, err
         one_error(err, name, needle)
+
+
+def test_a_file_that_is_neither_kind_compare_takes(tmp_path: Path) -> None:
+    """A Parquet file without loadgen metadata (another tool's table) or a text file given to
+    ``--compare``: one line naming both kinds it takes (was: "not a trace", as if only a
+    trace were meant)."""
+    pd.DataFrame({"a": [1]}).to_parquet(tmp_path / "other.parquet")
+    (tmp_path / "notes.txt").write_text("hello")
+    for name in ("other.parquet", "notes.txt"):
+        code, _, err = _whatif(tmp_path, "--compare", str(tmp_path / name))
+        assert code == 2, err
+        one_error(err, name, "neither a trace")
+        assert "loadgen result" in err

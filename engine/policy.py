@@ -19,6 +19,8 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable, Iterable
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
@@ -230,7 +232,7 @@ def policy_class(name: str) -> type[Policy]:
         )
     module_name, _, attr = name.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        module = _import_policy_module(module_name)
     except (Exception, SystemExit) as exc:  # any import failure is the user's to fix: one line
         why = f"it raised SystemExit({exc.code!r})" if isinstance(exc, SystemExit) else exc
         raise ConfigError(f"policy {name!r}: cannot import {module_name}: {why}") from None
@@ -240,6 +242,24 @@ def policy_class(name: str) -> type[Policy]:
             f"policy {name!r}: {attr} is not a subclass of engine.policy.Policy in {module_name}"
         )
     return cls
+
+
+def _import_policy_module(module_name: str) -> Any:
+    """Import a policy's module; one not found on ``sys.path`` is looked up in the working
+    directory too, as ``python -m`` would (the ``replayllm`` script's path holds only its own
+    folder): ``sjf.py`` beside the user runs with ``--set policy=sjf:ShortestJobFirst``.
+    The directory goes last, so it never shadows an installed module."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        top, cwd = module_name.partition(".")[0], os.getcwd()
+        beside = os.path.isfile(os.path.join(cwd, top + ".py")) or os.path.isdir(
+            os.path.join(cwd, top))
+        if exc.name != top or not beside or "" in sys.path or cwd in sys.path:
+            raise
+    sys.path.append(cwd)
+    importlib.invalidate_caches()
+    return importlib.import_module(module_name)
 
 
 def make_policy(config: EngineConfig) -> Policy | GuardedPolicy:

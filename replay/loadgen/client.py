@@ -66,9 +66,10 @@ class MalformedStream(ValueError):
 
 
 def request_body(request: Request, model: str | None) -> dict[str, Any]:
-    """The completions body of a workload request (streaming, usage in the last chunk)."""
+    """The completions body of a workload request (streaming, usage in the last chunk); a
+    recipe prompt (``prompt_len``) is sent as its token ids."""
     body: dict[str, Any] = {
-        "prompt": request.prompt,
+        "prompt": request.prompt_token_ids(),
         "max_tokens": request.max_tokens,
         "temperature": request.temperature,
         "stream": True,

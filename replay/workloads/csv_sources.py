@@ -27,12 +27,12 @@ from typing import Any
 import numpy as np
 
 from replay.workloads.fields import WorkloadFormatError
+from replay.workloads.formats import NEEDS, key, names_in, not_format
 from replay.workloads.import_options import COUNT_LIMIT
 from replay.workloads.text_input import TEXT_ERRORS, open_text, read_error
 
 CHUNK_ROWS = 100_000
-AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
+KINDS = {"azure": "an Azure LLM inference CSV", "burstgpt": "a BurstGPT CSV"}
 Row = tuple[str, float, int, int]  # (file:line, arrival_s, prompt tokens, output tokens)
 # Epoch units by magnitude (2001 to 2255 in each): (low, high, nanoseconds per unit, name).
 EPOCH_UNITS = ((1e9, 9e9, 10**9, "seconds"), (1e12, 9e12, 10**6, "milliseconds"),
@@ -41,33 +41,31 @@ ZONE = r"\d:\d\d(?::\d\d(?:[.,]\d*)?)?\s*(?:[zZ]|[+-]\d\d(?::?\d\d)?)\s*$"
 SECONDS_LIMIT = 9e9  # a seconds column: at most this (its nanoseconds fit an int64)
 
 
-def _key(name: str) -> str:
-    return "".join(name.split()).casefold()
-
-
 def _blank(row: list[str]) -> bool:
     return not row or (len(row) == 1 and not row[0].strip())
 
 
-def _columns(where: str, header: list[str], needed: tuple[str, ...], kind: str) -> list[int]:
-    keys = [_key(name) for name in header]
+def _columns(where: str, header: list[str], fmt: str) -> list[int]:
+    keys = [key(name) for name in header]
     index = []
-    for column in needed:
-        found = [i for i, key in enumerate(keys) if key == _key(column)]
-        if not found:
-            raise WorkloadFormatError(f"{where}: not {kind} CSV: no column {column!r} "
-                                      f"(columns: {', '.join(header) or 'none'})")
+    for column in NEEDS[fmt][1]:
+        found = [i for i, k in enumerate(keys) if k == key(column)]
+        if not found:  # names what the file holds (a JSON line's fields), and the formats read
+            found = names_in(",".join(header))
+            problem = "a JSON line, not a CSV header" if found[0] == "fields" else \
+                f"no column {column!r}"
+            raise not_format(f"{where}: not {KINDS[fmt]}: {problem}", fmt, found)
         if len(found) > 1:
             raise WorkloadFormatError(f"{where}: column {column!r} appears {len(found)} times")
         index.append(found[0])
     return index
 
 
-def _chunks(path: str | Path, needed: tuple[str, ...], kind: str) -> Iterator[tuple[list[int],
-                                                                                 list[Any]]]:
+def _chunks(path: str | Path, fmt: str) -> Iterator[tuple[list[int], list[Any]]]:
     """(line numbers, one pandas Series of strings per needed column) per chunk of rows."""
     import pandas as pd
 
+    needed = NEEDS[fmt][1]
     handle = open_text(path, newline="")
     with handle:
         reader = csv.reader(handle)
@@ -76,8 +74,8 @@ def _chunks(path: str | Path, needed: tuple[str, ...], kind: str) -> Iterator[tu
             while header is not None and _blank(header):
                 header = next(reader, None)
             if header is None:
-                raise WorkloadFormatError(f"{path}: empty file: not {kind} CSV (no header)")
-            index = _columns(f"{path}:{reader.line_num}", header, needed, kind)
+                raise WorkloadFormatError(f"{path}: empty file: not {KINDS[fmt]} (no header)")
+            index = _columns(f"{path}:{reader.line_num}", header, fmt)
             lines: list[int] = []
             cells: list[list[str]] = [[] for _ in needed]
             for row in reader:
@@ -173,11 +171,11 @@ class _Clock:
         return parsed.dt.tz_localize(None).to_numpy(dtype="datetime64[ns]").astype(np.int64)
 
 
-def _rows(path: str | Path, columns: tuple[str, ...], kind: str, epoch: bool) -> Iterator[Row]:
-    time, prompt_column, output_column = columns
+def _rows(path: str | Path, fmt: str, epoch: bool) -> Iterator[Row]:
+    time, prompt_column, output_column = NEEDS[fmt][1]
     clock = _Clock(path, time, epoch)
     origin: int | None = None
-    for lines, (times, prompts, outputs) in _chunks(path, columns, kind):
+    for lines, (times, prompts, outputs) in _chunks(path, fmt):
         ns = clock.nanoseconds(lines, times)
         prompt = _counts(path, lines, prompts, prompt_column)
         output = _counts(path, lines, outputs, output_column)
@@ -190,9 +188,9 @@ def _rows(path: str | Path, columns: tuple[str, ...], kind: str, epoch: bool) ->
 
 def azure_rows(path: str | Path) -> Iterator[Row]:
     """Azure LLM inference 2023 or 2024 (``TIMESTAMP`` a date-time; an epoch number read too)."""
-    return _rows(path, AZURE_COLUMNS, "an Azure LLM inference", epoch=True)
+    return _rows(path, "azure", epoch=True)
 
 
 def burstgpt_rows(path: str | Path) -> Iterator[Row]:
     """BurstGPT v1 or v1.2 (``Timestamp`` is seconds from the trace start; a date-time too)."""
-    return _rows(path, BURSTGPT_COLUMNS, "a BurstGPT", epoch=False)
+    return _rows(path, "burstgpt", epoch=False)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from engine.errors import InvalidRequestError
 from replay.workloads.fields import MAX_TOKENS_LIMIT, WorkloadFormatError, check_request
+from replay.workloads.formats import FORMATS
 from replay.workloads.import_options import (
     SALT_STRIDE,
     ImportCounts,
@@ -25,18 +26,27 @@ from replay.workloads.import_options import (
 from replay.workloads.recipe import PromptRecipe
 from replay.workloads.request import Request
 
-FORMATS = ("azure", "burstgpt", "mooncake", "sharegpt", "replayllm")
+# A source yields, for a row it read but will not send, the reason (a str) in place of a
+# request; ``select`` counts it as read and dropped for that reason (``Dropped``).
+Dropped = str
+BURSTGPT_FAILED = "failed request (Response tokens 0)"
 
 
-def _lengths_rows(rows: Iterator[tuple[str, float, int, int]],
-                  options: ImportOptions) -> Iterator[tuple[str, float, Request]]:
-    """CSV rows as (where, trace seconds, request) with prompts unique to each row."""
+def _lengths_rows(rows: Iterator[tuple[str, float, int, int]], options: ImportOptions,
+                  failed: str | None = None) -> Iterator[tuple[str, float, Request | Dropped]]:
+    """CSV rows as (where, trace seconds, request) with prompts unique to each row; with
+    ``failed``, a row that generated nothing is that reason instead (BurstGPT marks a failed
+    request by 0 response tokens; its ``without_fails`` files and vLLM's reader drop them)."""
     for number, (where, seconds, prompt_len, output_len) in enumerate(rows, 2):
+        if failed is not None and output_len == 0:
+            yield where, seconds, failed
+            continue
         recipe = PromptRecipe((), 1, prompt_len, options.seed * SALT_STRIDE + number)
         yield where, seconds, make_request(recipe, output_len, options)
 
 
-def trace_arrivals(rows: Iterator[tuple[str, float, Request]]) -> Iterator[tuple[float, Request]]:
+def trace_arrivals(rows: Iterator[tuple[str, float, Request | Dropped]]
+                   ) -> Iterator[tuple[float, Request | Dropped]]:
     """A trace's (where, seconds, request) rows as (seconds after its first row, request).
 
     The one rule of every trace format's times: arrivals count from the first row (a trace of
@@ -55,10 +65,11 @@ def trace_arrivals(rows: Iterator[tuple[str, float, Request]]) -> Iterator[tuple
         yield seconds - first, request
 
 
-def source(path: str | Path, fmt: str, options: ImportOptions) -> Iterator[tuple[float | None,
-                                                                              Request]]:
-    """(trace seconds or None for a later turn, request) of a file, in file order; a request's
-    ``max_tokens`` may be 0 here (the trace generated nothing) and is fixed by ``select``."""
+def source(path: str | Path, fmt: str, options: ImportOptions
+           ) -> Iterator[tuple[float | None, Request | Dropped]]:
+    """(trace seconds or None for a later turn, request or why the row is dropped) of a file,
+    in file order; a request's ``max_tokens`` may be 0 here (the trace generated nothing) and
+    is fixed by ``select``."""
     if fmt == "azure":
         from replay.workloads.csv_sources import azure_rows
 
@@ -66,7 +77,7 @@ def source(path: str | Path, fmt: str, options: ImportOptions) -> Iterator[tuple
     if fmt == "burstgpt":
         from replay.workloads.csv_sources import burstgpt_rows
 
-        return trace_arrivals(_lengths_rows(burstgpt_rows(path), options))
+        return trace_arrivals(_lengths_rows(burstgpt_rows(path), options, BURSTGPT_FAILED))
     if fmt == "mooncake":
         from replay.workloads.json_sources import mooncake_requests
 
@@ -105,7 +116,7 @@ def _replace(request: Request, **changes: object) -> Request:
     return replace(request, **changes)  # type: ignore[arg-type]
 
 
-def select(pairs: Iterator[tuple[float | None, Request]], options: ImportOptions,
+def select(pairs: Iterator[tuple[float | None, Request | Dropped]], options: ImportOptions,
            counts: ImportCounts, name: str | Path = "the source") -> Iterator[Request]:
     """Apply the options to ``source``'s pairs, counting every request in ``counts``.
 
@@ -116,6 +127,9 @@ def select(pairs: Iterator[tuple[float | None, Request]], options: ImportOptions
     span = (math.inf, -math.inf)  # first and last first-turn times read
     for seconds, request in pairs:
         counts.read += 1
+        if isinstance(request, Dropped):
+            counts.drop(request)
+            continue
         conversation = request.conversation_id
         if request.follows_previous_turn:
             if conversation not in kept_conversations:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from replay.workloads.fields import INT64_MAX, WorkloadFormatError
+from replay.workloads.formats import NEEDS, not_format
 from replay.workloads.import_options import COUNT_LIMIT, SALT_STRIDE, ImportOptions, make_request
 from replay.workloads.recipe import PromptRecipe
 from replay.workloads.request import Request
@@ -55,10 +56,14 @@ def mooncake_requests(path: str | Path, options: ImportOptions) -> Iterator[tupl
                                                                                 Request]]:
     """(where, seconds, request) per record of a Mooncake-format JSONL file (or JSON array)."""
     block = options.block_size
-    for number, (where, item) in enumerate(json_records(path), 1):
+    for number, (where, item) in enumerate(json_records(path, "mooncake"), 1):
         if not isinstance(item, dict):
             raise WorkloadFormatError(f"{where}: expected a JSON object, got "
                                       f"{type(item).__name__}")
+        missing = [k for k in NEEDS["mooncake"][1] if k not in item]
+        if missing:  # another format's record (a ShareGPT conversation): say which, once
+            raise not_format(f"{where}: not a Mooncake record: no field {missing[0]!r}",
+                             "mooncake", ("fields", [str(k) for k in item]))
         unknown = [k for k in item if k not in MOONCAKE_FIELDS]
         if unknown and not options.ignore_unknown_fields:
             raise WorkloadFormatError(f"{where}: field {unknown[0]!r}: unknown field "
@@ -80,16 +85,21 @@ def mooncake_requests(path: str | Path, options: ImportOptions) -> Iterator[tupl
                                                   output, options)
 
 
-def sharegpt_requests(path: str | Path, options: ImportOptions) -> Iterator[tuple[float | None,
-                                                                                Request]]:
-    """(seconds or None for a later turn, request) per turn of each conversation."""
+def sharegpt_requests(path: str | Path, options: ImportOptions
+                      ) -> Iterator[tuple[float | None, Request | str]]:
+    """(seconds or None for a later turn, request) per turn of each conversation; what is read
+    but sent as no turn (a conversation without messages, an answer with no question text
+    before it) is the reason instead, counted as dropped by ``replay.workloads.imports``."""
     from engine.model.checkpoint import default_model_dir
     from engine.model.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(options.model or default_model_dir())
     rng = np.random.default_rng(options.seed)
     start = 0.0
-    for index, (where, entry) in enumerate(json_records(path)):
+    for index, (where, entry) in enumerate(json_records(path, "sharegpt")):
+        if isinstance(entry, dict) and "conversations" not in entry:
+            raise not_format(f"{where}: not a ShareGPT conversation: no field 'conversations'",
+                             "sharegpt", ("fields", [str(k) for k in entry]))
         messages = entry.get("conversations") if isinstance(entry, dict) else None
         if not isinstance(messages, list) or not all(
             isinstance(m, dict) and isinstance(m.get("from"), str)
@@ -100,6 +110,8 @@ def sharegpt_requests(path: str | Path, options: ImportOptions) -> Iterator[tupl
         conversation = f"{entry.get('id', '')}#{index}"  # ShareGPT files repeat some ids
         if options.rate is not None and index:
             start += float(rng.exponential(1.0 / options.rate))
+        if not messages:
+            yield start, "empty conversation"
         pending: list[int] = []
         turn = 0
         for message in messages:
@@ -110,8 +122,9 @@ def sharegpt_requests(path: str | Path, options: ImportOptions) -> Iterator[tupl
                 continue
             if role not in ASSISTANT:
                 raise WorkloadFormatError(f"{where}: field 'from': unknown role {role!r}")
-            if not pending:
-                continue  # an answer with no question before it: nothing to send
+            if not pending:  # nothing to send (ShareGPT splits start with one)
+                yield (start if turn == 0 else None), "answer with no question text before it"
+                continue
             extra: dict[str, Any] = {"conversation_id": conversation, "turn": turn}
             yield (start if turn == 0 else None), make_request(pending, len(tokens), options,
                                                            **extra)

@@ -3,6 +3,9 @@ hand-made cases (priority admission and victim, the two eviction orders)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from engine.config import Config
@@ -45,6 +48,33 @@ def test_an_import_path_is_validated_by_importing_it(policy_module) -> None:
         Config(policy="good:NotAPolicy")
     with pytest.raises(ConfigError, match="or an import path package.module:ClassName"):
         Config(policy="good")
+
+
+def test_a_policy_module_in_the_working_directory_is_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sjf.py`` beside the user, as docs/policies.md writes it, is found by its import path
+    from the ``replayllm`` script, whose ``sys.path`` holds its own folder, not the working
+    directory (was: ``cannot import sjf: No module named 'sjf'``, the README's own
+    ``whatif --set policy=mypkg.sched:ShortestJobFirst``); the folder goes last, and a module
+    found nowhere is still refused."""
+    package = tmp_path / "cwdpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "sched.py").write_text("from engine.policy import Policy\n\n\n"
+                                      "class Mine(Policy):\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    cwd = str(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", cwd)])
+    for name in ("cwdpkg", "cwdpkg.sched"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    assert Config(policy="cwdpkg.sched:Mine").policy == "cwdpkg.sched:Mine"
+    assert sys.path[-1] == cwd
+    assert policy_source("cwdpkg.sched:Mine")["sha256"]
+    with pytest.raises(ConfigError, match="cannot import cwdpkg.missing"):
+        Config(policy="cwdpkg.missing:Mine")
+    with pytest.raises(ConfigError, match="cannot import elsewhere"):
+        Config(policy="elsewhere:Mine")
 
 
 @pytest.mark.parametrize("body, message, budget, prompt_len", [

@@ -143,16 +143,17 @@ def test_burstgpt_layouts_are_read_by_column_name(tmp_path: Path, layout: str) -
               "Log Type"]
     rows = [[5, "ChatGPT", 472, 18, 490, "Conversation log"],
             [7.5, "GPT-4", 1024, 0, 1024, "API log"],
-            [9, "ChatGPT", 0, 30, 30, "Conversation log"]]
+            [9, "ChatGPT", 0, 30, 30, "Conversation log"],
+            [10, "GPT-4", 60, 2, 62, "API log"]]
     if layout == "v1.2":  # two more columns, and the order shuffled
         header = ["Session ID", "Elapsed time"] + header[::-1]
         rows = [[11, 0.5] + row[::-1] for row in rows]
     path = write_csv(tmp_path / f"BurstGPT_{layout}.csv", header, rows)
     requests, counts = run(path, "burstgpt")
     assert [(r.arrival_s, len(r.prompt), r.max_tokens) for r in requests] == [
-        (0.0, 472, 18), (2.5, 1024, 1)]  # seconds after the first row (5 s)
-    assert counts.dropped == {"empty prompt": 1}
-    assert counts.changed == {"output length 0 raised to 1": 1}
+        (0.0, 472, 18), (5.0, 60, 2)]  # seconds after the first row (5 s)
+    assert counts.dropped == {"empty prompt": 1, "failed request (Response tokens 0)": 1}
+    assert not counts.changed  # 0 response tokens: a failed request, dropped (session 31)
 
 
 def test_sharegpt_conversations_become_dependent_turns(tmp_path: Path) -> None:

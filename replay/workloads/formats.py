@@ -1,0 +1,63 @@
+"""The formats ``workload import`` reads, told by the names their files hold, for the one error a
+file of another format gets: it names what the file holds (its CSV columns or its record's JSON
+fields), every format read with the names it needs, and the format whose names the file has, if
+one has them (``--format azure`` given a BurstGPT file, a Mooncake file given as CSV)."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+from replay.workloads.fields import WorkloadFormatError
+
+FORMATS = ("azure", "burstgpt", "mooncake", "sharegpt", "replayllm")
+# format: (what it is, the column or field names a file of it must hold)
+NEEDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "azure": ("CSV", ("TIMESTAMP", "ContextTokens", "GeneratedTokens")),
+    "burstgpt": ("CSV", ("Timestamp", "Request tokens", "Response tokens")),
+    "mooncake": ("JSONL", ("timestamp", "input_length", "output_length")),
+    "sharegpt": ("JSON", ("conversations",)),
+}
+SHOWN, SHOWN_CHARS = 12, 40  # names shown of what a file holds, characters of each
+
+
+def key(name: str) -> str:
+    """A column name as matched: case, and spaces around and inside it, ignored."""
+    return "".join(name.split()).casefold()
+
+
+def supported() -> str:
+    """Every format read, with the names each needs."""
+    parts = [f"{fmt} ({kind}: {', '.join(names)})" for fmt, (kind, names) in NEEDS.items()]
+    return "; ".join(parts + ["replayllm (this project's JSONL or Parquet)"])
+
+
+def names_in(line: str) -> tuple[str, list[str]]:
+    """What a file's first line holds: ('fields', the keys of a JSON object) or ('columns',
+    its CSV cells)."""
+    text = line.strip()
+    if text.startswith("{"):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        if isinstance(value, dict):
+            return "fields", [str(k) for k in value]
+    return "columns", next(csv.reader([text]), [])
+
+
+def not_format(problem: str, fmt: str, found: tuple[str, list[str]]) -> WorkloadFormatError:
+    """The one-line error of a file that is not ``fmt``: ``problem`` says where and why
+    ('t.csv:1: not a BurstGPT CSV: no column 'Request tokens''), ``found`` what the file holds
+    (``names_in`` of its first line, or ('fields', keys) of a JSON record)."""
+    noun, names = found
+    shown = [n if len(n) <= SHOWN_CHARS else n[:SHOWN_CHARS] + "..." for n in names[:SHOWN]]
+    listed = ", ".join(shown) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+    message = (f"{problem} ({noun} found: {listed or 'none'}); workload import reads "
+               f"{supported()}")
+    keys = {key(n) for n in names}
+    matches = [f for f, (_, need) in NEEDS.items()
+               if f != fmt and all(key(n) in keys for n in need)]
+    if matches:
+        message += f"; this file looks like --format {matches[0]}"
+    return WorkloadFormatError(message)

@@ -51,6 +51,26 @@ from engine.server.protocol import (
 
 # Seconds the engine thread gets, after the HTTP server stopped, to abort what is left.
 ENGINE_STOP_GRACE_S = 5.0
+# The Retry-After (seconds) of a request refused because the server is shutting down.
+SHUTDOWN_RETRY_AFTER_S = 1
+
+
+class EngineStopper:
+    """Stops the engine once (``engine.shutdown`` in a thread), for whoever asks first: the
+    server when the grace period is over (``engine.server.run``: the engine aborts what is left,
+    so every stream ends with ``finish_reason`` ``abort`` and ``[DONE]`` before the HTTP server
+    gives up on its connections) or the app's lifespan at shutdown. Each call awaits the same
+    stop."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self._future: asyncio.Future | None = None
+
+    def __call__(self, grace_s: float) -> asyncio.Future:
+        if self._future is None:
+            self._future = asyncio.get_running_loop().run_in_executor(
+                None, self.engine.shutdown, grace_s)
+        return self._future
 
 
 @dataclass
@@ -68,6 +88,7 @@ class ServerState:
     prompts: PromptPreparer
     max_request_bytes: int
     bodies: BodyParser
+    stop_engine: EngineStopper
 
 
 def create_app(engine: Any, model_name: str, max_request_bytes: int | None = None,
@@ -86,7 +107,7 @@ def create_app(engine: Any, model_name: str, max_request_bytes: int | None = Non
         max_request_bytes = default_max_request_bytes(engine.max_model_len)
     state = ServerState(engine, engine.tokenizer, model_name, engine.max_model_len,
                         engine.vocab_size, metrics, int(time.time()), prompts,
-                        max_request_bytes, BodyParser())
+                        max_request_bytes, BodyParser(), EngineStopper(engine))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -96,8 +117,7 @@ def create_app(engine: Any, model_name: str, max_request_bytes: int | None = Non
         finally:
             prompts.close()
             state.bodies.close()
-            await asyncio.get_running_loop().run_in_executor(None, engine.shutdown,
-                                                             ENGINE_STOP_GRACE_S)
+            await state.stop_engine(ENGINE_STOP_GRACE_S)
 
     app = FastAPI(title="replayllm", lifespan=lifespan)
     app.state.server = state
@@ -208,8 +228,9 @@ async def _serve(state: ServerState, request: Request, parsed: ParsedRequest,
     stream.arrival_s = state.engine.now()
     try:
         state.engine.submit(stream)
-    except EngineStopped as exc:
-        raise ApiError(str(exc), status=503, kind="service_unavailable") from None
+    except EngineStopped as exc:  # shutting down: come back (to the next server) later
+        raise ApiError(str(exc), status=503, kind="service_unavailable",
+                       headers={"Retry-After": str(SHUTDOWN_RETRY_AFTER_S)}) from None
     generation = gen.Generation(state.engine, stream, state.tokenizer, state.metrics, received)
     request_id, created = gen.new_id(parsed.chat), int(time.time())
     if parsed.stream:

@@ -10,6 +10,9 @@ from engine.errors import ReplayLLMError
 log = logging.getLogger(__name__)
 
 DEFAULT_GRACE_S = 30.0
+# After the grace period, how long the aborted streams have to send their last chunks before
+# uvicorn cancels what is left.
+STREAM_END_S = 5.0
 
 
 ENGINE_MODES = ("process", "thread")
@@ -34,27 +37,59 @@ def _report_on_sigusr1(engine: Any) -> None:
     signal.signal(signal.SIGUSR1, report)
 
 
-def _exit_cleanly_on_sigterm(server: Any) -> Any:
-    """SIGTERM stops the server as SIGINT does, and then the process exits normally.
+def _stop_cleanly_on_signals(server: Any) -> dict[int, Any]:
+    """SIGTERM and SIGINT only ask uvicorn to stop; the process then exits normally.
 
     uvicorn handles both signals itself (stop taking connections, the grace period, the
     lifespan's shutdown: the trace closed), then raises the signal again under the handler it
-    found. Python's default SIGTERM kills the process there, before ``serve`` returns: no
-    summary line, exit status 143, and nothing after ``server.run()`` ran (the KV-event
-    publisher of a threaded engine left open). This handler, in place before uvicorn's, only
-    asks uvicorn to stop: also for a SIGTERM that comes just before uvicorn took the signal.
-    Returns the handler it replaced (None: none replaced).
+    found. Python's default SIGTERM kills the process there, before ``serve`` returns (no
+    summary line, exit status 143, nothing after ``server.run()`` ran: the KV-event publisher of
+    a threaded engine left open), and its default SIGINT raised ``KeyboardInterrupt``: exit 130
+    and ``interrupted``, the summary lost. These handlers, in place before uvicorn's, only ask
+    uvicorn to stop: also for a signal that comes just before uvicorn took it. Returns the
+    handlers they replaced (empty: none replaced, off the main thread).
     """
     import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
-        return None
+        return {}
 
     def stop(*_: Any) -> None:
         server.should_exit = True
 
-    return signal.signal(signal.SIGTERM, stop)
+    return {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
+def _server_class() -> Any:
+    import asyncio
+
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        """uvicorn's server, whose shutdown has the engine abort what still runs when the grace
+        period is over, so that every open stream ends with ``finish_reason`` ``abort`` and
+        ``[DONE]`` (a whole answer with ``abort``), each recorded ``aborted``; uvicorn's own
+        timeout (``STREAM_END_S`` later) only cancels what is left then. uvicorn alone cut every
+        stream mid-body at the grace period (an incomplete chunked read, no error, no
+        ``[DONE]``) and logged a traceback for each."""
+
+        def __init__(self, config: Any, stop_engine: Any, grace_s: float) -> None:
+            super().__init__(config)
+            self.stop_engine, self.grace_s = stop_engine, grace_s
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            async def abort_after_grace() -> None:
+                await asyncio.sleep(self.grace_s)
+                await self.stop_engine(0.0)
+
+            aborter = asyncio.ensure_future(abort_after_grace())
+            try:
+                await super().shutdown(sockets)
+            finally:
+                aborter.cancel()
+
+    return GracefulServer
 
 
 def serve(
@@ -77,8 +112,14 @@ def serve(
     and streaming never take the interpreter from the engine loop), ``thread`` in a thread
     of this one. ``proxy`` (``engine.server.proxy.ProxyStepTimes``): the real engine core over
     a stand-in executor with a GPU's step times, to measure the server on a CPU.
-    On a signal the server stops taking connections, gives running requests ``grace_s``
-    seconds to finish, aborts the rest (recorded ``aborted``) and closes the trace.
+    On SIGTERM or SIGINT the server stops taking connections (a new one is refused), gives
+    running requests ``grace_s`` seconds to finish, aborts the rest (recorded ``aborted``; a
+    stream ends with ``finish_reason`` ``abort`` and ``[DONE]``), closes the trace (complete)
+    and returns: ``replayllm serve`` prints its summary line and exits 0. A request that
+    reaches the engine after intake stopped is a 503 with ``Retry-After``. An engine that died
+    (its process killed) fails every open request with an error event or a 500 and every new
+    one with a 503, ``/health`` says 503, and the server stops with ``the engine failed``
+    (``replayllm serve`` exits 2); its trace keeps the steps flushed so far (incomplete).
     ``max_request_bytes`` (None: from the context) and ``max_waiting_prompts`` (None: the
     default): what a client may make the frontend hold (``engine.server.limits``).
     """
@@ -127,19 +168,20 @@ def serve(
     if max_waiting_prompts is not None:
         limits["max_waiting_prompts"] = max_waiting_prompts
     app = create_app(engine, name, **limits)
-    config = uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=grace_s,
+    config = uvicorn.Config(app, host=host, port=port,
+                            timeout_graceful_shutdown=grace_s + STREAM_END_S,
                             log_level="warning", access_log=False)
-    server = uvicorn.Server(config)
-    previous_sigterm = _exit_cleanly_on_sigterm(server)
+    server = _server_class()(config, app.state.server.stop_engine, grace_s)
+    previous_handlers = _stop_cleanly_on_signals(server)
     print(f"replayllm serve: {name} on http://{host}:{port} (engine in a {engine_mode})"
           + (f", recording to {trace_dir}" if trace_dir else ""), flush=True)
     try:
         server.run()
     finally:
-        if previous_sigterm is not None:
-            import signal
+        import signal
 
-            signal.signal(signal.SIGTERM, previous_sigterm)
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
         if publisher is not None:
             publisher.close()
         if engine_mode == "process" and engine.summary is None:

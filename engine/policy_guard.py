@@ -179,6 +179,11 @@ class GuardedPolicy:
 
     def admit(self, waiting: SequenceABC[Sequence], step: Any) -> Iterable[Sequence]:
         seqs = tuple(waiting)
+        if not seqs:
+            # Nothing to decide: the policy is not asked. An engine's idle steps and a replay's
+            # last step (neither schedules anything) then call it equally often, so a policy
+            # that counts its calls decides the same live and in replay.
+            return ()
         answer = self._call("admit", self.inner.admit, OfferedViews(seqs, self._view),
                             self._enter(step))
         try:

@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
              f"as recorded: {'meets' if base.meets else 'misses'} {slo_text}"]
     if best is None:
         lines.append(f"no configuration searched meets {slo_text}")
+        lines += tune_report.verdict(result)
     else:
         lines.append(f"best: {best.name} (goodput {best.goodput_req_s:.2f} req/s)")
         lines += result.set_lines() or ["(the source's own settings)"]

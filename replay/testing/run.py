@@ -3,8 +3,11 @@
 ``run_workload(workload)`` adds each request at its arrival step (idle steps count), aborts the
 ones with an abort step, steps an ``EngineCore`` with the ``ScriptedExecutor`` (scripted tokens, a
 simulated paged KV cache), checks each step (``StepObserver``), the outcome (``admission``,
-``completion``, ``bounded``, ``drained``) and the whole event stream (``check_events``: block
-accounting, refcounts, hash chains, budgets, every event field against the state it reports).
+``completion``, ``bounded``, ``drained``), the whole event stream (``check_events``: block
+accounting, refcounts, hash chains, budgets, every event field against the state it reports) and
+that the recorded events replay identically (``replay``: ``replay.verify.verify_events`` re-drives
+the scheduler and the policy from the recording; a policy that decides differently from the same
+state, by randomness, the clock or ``id()``, fails it, as its traces would fail ``verify``).
 A policy that raises or answers what the scheduler cannot carry out (a ``PolicyError``, at
 construction or in a step) is the ``policy`` violation, one that schedules nothing while
 requests wait the ``progress`` one: the run stops there and the events so far are checked.
@@ -33,14 +36,20 @@ from tracing.sink import MemorySink
 
 
 def run_workload(
-    workload: Workload, sink: Any = None, observe: bool = True, overlap: bool = False
+    workload: Workload,
+    sink: Any = None,
+    observe: bool = True,
+    overlap: bool = False,
+    replay: bool = True,
 ) -> Run:
     """Drive ``workload`` through an EngineCore step by step; collect every property violation.
 
     Requests are added at their arrival step (driver steps count idle ones too); the run stops when
     all have arrived and none is unfinished, or when the step bound is passed. ``overlap``: the
     executor launches asynchronously, so EngineCore overlaps steps where it can (the observer,
-    which checks the state after every step, needs ``observe=False`` then).
+    which checks the state after every step, needs ``observe=False`` then: no property but the
+    simulated KV's is checked). ``replay``: with ``observe``, also check that the recording
+    replays identically (the ``replay`` property; skipped after a violation that stopped the run).
     """
     config = workload.config
     run = Run(workload)
@@ -107,7 +116,30 @@ def run_workload(
         report = check_events(run.sink.header, run.sink.tables, complete=not stuck)
         for v in report.violations:
             run.check(False, v.name, str(v))
+        if replay and not stuck:
+            _check_replay(run)
     return run
+
+
+def _check_replay(run: Run) -> None:
+    """The ``replay`` property: the recording re-drives the scheduler to the same decisions."""
+    from engine.errors import ReplayLLMError
+    from replay.verify import verify_events
+
+    try:
+        result = verify_events(run.sink.header, run.sink.tables)
+    except ReplayLLMError as exc:  # the policy raised or answered wrongly in the replay only
+        run.check(False, "replay", f"the recording cannot be replayed: {exc}")
+        return
+    if result.identical:
+        return
+    why = result.report().splitlines()[0]
+    if result.replay_note:
+        why += f"; replay stopped: {result.replay_note}"
+    run.check(False, "replay",
+              f"the recording does not replay identically ({why}): the policy decided otherwise "
+              f"from the same requests and state (randomness, the clock, id() or state kept "
+              f"across runs?)")
 
 
 # The violations that stop a run early: its stream is checked as an incomplete one.

@@ -25,7 +25,7 @@ from replay.testing.strategies import (
     RequestSpec,
     Workload,
 )
-from tracing.schema import MEASURED_COLUMNS, NO_HASH
+from tracing.schema import EVENT_KINDS, MEASURED_COLUMNS, NO_HASH
 
 
 class PropertyViolations(AssertionError):
@@ -172,6 +172,13 @@ class Run:
     def check(self, ok: bool, prop: str, message: str) -> None:
         if not ok:
             self.violations.setdefault(prop, []).append(message)
+
+    def decisions(self) -> dict[str, dict[str, list]]:
+        """The recorded event stream without its measured columns (times, durations), by kind:
+        what two runs of one workload must agree on (``run_workload(w, overlap=True,
+        observe=False).decisions() == run_workload(w).decisions()``)."""
+        tables = self.sink.tables
+        return {kind: decision_columns(kind, tables[kind]) for kind in EVENT_KINDS}
 
     def raise_violations(self) -> None:
         if self.violations:

@@ -21,6 +21,7 @@ UNSIMULATED_FIELDS = (
     "dtype",
     "attention_backend",
     "freeze_gc_heap",
+    "device",  # the timing source's device prices every step (a profile prices another)
 )
 # Config fields that change only how fast the GPU kernels run (numerics, not decisions): the
 # cost model takes its step times from the timing source, recorded under the source's values.

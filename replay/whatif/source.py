@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from engine.config import Config
-from engine.errors import ReplayLLMError
+from engine.errors import ConfigError, ReplayLLMError
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
@@ -84,9 +84,26 @@ def _tokens_by_seq(events: RecordedEvents) -> dict[int, list[int]]:
     }
 
 
+def _source_config(header: dict[str, Any], name: str) -> Config:
+    """The recording's Config; a user policy that cannot be imported here is named as such
+    (the simulation re-runs the source's scheduler, so it needs the policy's module)."""
+    from engine.policy import is_import_path, policy_class
+
+    policy = str((header.get("config") or {}).get("policy", ""))
+    if is_import_path(policy):
+        try:
+            policy_class(policy)
+        except ConfigError as exc:
+            raise ReplayLLMError(
+                f"{name} was recorded with the user policy {policy}, which cannot be imported "
+                f"here ({exc}); the simulation builds the recorded configuration, so put the "
+                "policy's package on PYTHONPATH (even to --set another policy)") from None
+    return config_from_header(header)
+
+
 def workload_from_recorded(events: RecordedEvents, name: str = "trace") -> SimWorkload:
     """The workload of a recording: its requests, their tokens, arrivals and aborts."""
-    config = config_from_header(events.header)
+    config = _source_config(events.header, name)
     added, finished = events.tables["request_added"], events.tables["request_finished"]
     reasons = dict(zip(np.asarray(finished["seq_id"]).tolist(),
                        np.asarray(finished["reason"]).tolist()))

@@ -8,7 +8,9 @@ meets every SLO, at the workload's own arrivals; a run missing one has none.
 Search: where the space holds more configurations than ``budget``, successive halving on request
 subsets (Hyperband's inner loop): every configuration runs on the first ``n / eta^R`` requests,
 the best ``1/eta`` of them (by goodput, then by how far they miss the SLOs) go on to ``eta``
-times as many requests, until at most ``budget`` run on the whole workload. Configurations
+times as many requests, until at most ``budget`` run on the whole workload (the last cut keeps
+``budget`` where subsets under ``MIN_SUBSET`` requests would be needed to cut by ``eta``; a
+workload too small for any subset runs every configuration, and the search says so). Configurations
 the Config rejects (``prefill_first`` with a token budget under ``max_model_len``) are dropped
 before anything runs. The source's own configuration always runs on the whole workload, so the
 result says whether the defaults meet the SLOs.
@@ -143,6 +145,12 @@ class TuneResult:
     source_config: Any
     rungs: list[tuple[int, int]] = field(default_factory=list)  # (requests, configurations)
     considered: int = 0
+    budget: int = DEFAULT_BUDGET
+
+    def changes(self, e: Evaluation) -> int:
+        """How many settings ``e`` changes from the source's."""
+        base = self.source_config.to_dict()
+        return sum(base.get(k) != v for k, v in e.overrides.items())
 
     @property
     def best(self) -> Evaluation | None:
@@ -150,13 +158,21 @@ class TuneResult:
         meeting = [e for e in self.evaluations if e.meets]
         if not meeting:
             return None
-        base = self.source_config.to_dict()
-        return max(meeting, key=lambda e: (e.rank_key(), -sum(
-            base.get(k) != v for k, v in e.overrides.items())))
+        return max(meeting, key=lambda e: (e.rank_key(), -self.changes(e)))
+
+    @property
+    def closest(self) -> Evaluation | None:
+        """Where nothing meets the SLOs: the run missing them by the least (None otherwise)."""
+        ok = [e for e in self.evaluations if e.result.ok]
+        if self.best is not None or not ok:
+            return None
+        return max(ok, key=lambda e: (e.rank_key(), -self.changes(e)))
 
     def pareto_front(self) -> list[Evaluation]:
         """The runs no other run beats on throughput and on every SLO metric at once."""
-        ok = [e for e in self.evaluations if e.result.ok]
+        # Of runs with equal values, the one with the fewest changes stands for them all (the
+        # one ``best`` picks, so the best is a row of the printed front), then the first.
+        ok = sorted((e for e in self.evaluations if e.result.ok), key=self.changes)
 
         def values(e: Evaluation) -> tuple[float, ...]:
             return (-e.throughput_req_s, *(e.result.metrics.get(s.key, math.inf)
@@ -165,7 +181,6 @@ class TuneResult:
         front = []
         for i, e in enumerate(ok):
             mine = values(e)
-            # Of runs with equal values, the first stands for them all.
             dominated = any(
                 all(a <= b for a, b in zip(theirs, mine)) and (theirs != mine or j < i)
                 for j, theirs in ((j, values(o)) for j, o in enumerate(ok))
@@ -257,8 +272,10 @@ def tune(
             break
         ranked = sorted(range(len(pool)), key=lambda i: evaluations[i].rank_key(), reverse=True)
         keep = max(math.ceil(len(pool) / eta), 1)
+        if number == len(sizes) - 2:  # into the whole workload: never more than the budget
+            keep = min(keep, budget)
         pool = [pool[i] for i in ranked[:keep] if evaluations[i].result.ok] or [pool[ranked[0]]]
     baseline_result = run_variants(workload, [("as recorded", {})])[0]
     baseline = Evaluation({}, baseline_result, total, slos_t)
     return TuneResult(slos_t, evaluations, baseline, workload.config, rungs,
-                      len(candidates(workload, space)))
+                      len(candidates(workload, space)), budget)

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from replay.whatif.tune import Evaluation, TuneResult
+from replay.whatif.tune import MIN_SUBSET, Evaluation, TuneResult
 
 
 def _row(e: Evaluation, result: TuneResult, front: set[int]) -> dict[str, Any]:
@@ -62,7 +62,22 @@ def table(result: TuneResult, only_front: bool = True) -> str:
 def describe_search(result: TuneResult) -> str:
     rungs = ", ".join(f"{c} on {n} requests" for n, c in result.rungs)
     method = "full grid" if len(result.rungs) == 1 else "successive halving"
-    return f"searched {result.considered} configurations ({method}: {rungs})"
+    text = f"searched {result.considered} configurations ({method}: {rungs})"
+    whole = result.rungs[-1][1] if result.rungs else 0
+    if whole > result.budget:  # never in silence: the workload is too small to narrow on
+        text += (f"; all {whole} on the whole workload, over --budget {result.budget}: "
+                 f"{result.rungs[-1][0]} requests are too few for a subset of {MIN_SUBSET} or more")
+    return text
+
+
+def verdict(result: TuneResult) -> list[str]:
+    """Why nothing meets the SLOs: the run that misses them by the least, and by how much."""
+    near = result.closest
+    if near is None:
+        return []
+    misses = [f"{s.metric} {near.result.metrics.get(s.key, math.nan) * 1e3:.2f} ms > "
+              f"{s.limit_s * 1e3:g} ms" for s in result.slos if s.ratio(near.result.metrics) > 1]
+    return [f"closest: {near.name or 'as recorded'} misses {', '.join(misses)}"]
 
 
 def write_pareto_plot(result: TuneResult, path: str | Path) -> Path:

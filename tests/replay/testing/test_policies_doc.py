@@ -57,7 +57,7 @@ def test_the_policy_guide_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
             assert "scheduler made no progress" in report and "rebuild it: Workload(" in report
         for name in [k for k in namespace if k.startswith("test_")]:
             del namespace[name]
-    assert tags == ["sjf.py", "run", "run", "test", "short_only.py", "test-fails"]
+    assert tags == ["sjf.py", "run", "run", "test", "test", "short_only.py", "test-fails"]
     assert "identical:" in capsys.readouterr().out
 
     # Edit the policy the trace was recorded with: verify says so first, then diverges.

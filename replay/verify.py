@@ -82,13 +82,13 @@ class VerifyResult:
         d = self.divergence
         assert d is not None  # identical is False only with a divergence
         kind = (d.recorded or d.replayed or {}).get("kind", "?")
-        lines = [f"diverged at event {d.event_id} (step {d.step}, {kind}){scope}"]
+        # A replay that stopped early is the cause: said first, not after the table.
+        stopped = f"; replay stopped: {self.replay_note}" if self.replay_note else ""
+        lines = [f"diverged at event {d.event_id} (step {d.step}, {kind}){scope}{stopped}"]
         lines.append(_side_by_side(d))
         if d.context:
             lines.append("last events before it (recorded):")
             lines += ["  " + _one_line(e) for e in d.context]
-        if self.replay_note:
-            lines.append(f"replay stopped: {self.replay_note}")
         return "\n".join(lines)
 
 

@@ -11,7 +11,13 @@ MAX_PORT = 65535
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    serve = sub.add_parser("serve", help="serve a model over the OpenAI API, recording a trace")
+    serve = sub.add_parser(
+        "serve", help="serve a model over the OpenAI API, recording a trace",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="on SIGINT or SIGTERM the server stops taking requests, lets running ones finish\n"
+               "for --grace seconds, aborts the rest (each stream ends with an abort chunk),\n"
+               "writes a complete trace and exits 0; exit 2: a bad setting, or the engine\n"
+               "failed (its trace then ends incomplete, at the last flushed step)")
     serve.add_argument("--model", default=None, help="checkpoint directory (default: tiny model)")
     serve.add_argument("--trace-dir", default=None, help="record the served traffic here")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")

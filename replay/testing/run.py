@@ -133,9 +133,7 @@ def _check_replay(run: Run) -> None:
         return
     if result.identical:
         return
-    why = result.report().splitlines()[0]
-    if result.replay_note:
-        why += f"; replay stopped: {result.replay_note}"
+    why = result.report().splitlines()[0]  # with where the replay stopped, if it did
     run.check(False, "replay",
               f"the recording does not replay identically ({why}): the policy decided otherwise "
               f"from the same requests and state (randomness, the clock, id() or state kept "

@@ -240,3 +240,17 @@ def test_a_complete_trace_of_a_run_without_steps_verifies(tmp_path: Path) -> Non
     assert result.complete and result.identical and result.num_steps == 0
     assert result.report() == (f"identical: {result.num_events} events over 0 steps "
                                "(complete trace of a run that scheduled no step)")
+
+
+def test_a_replay_that_stopped_early_says_why_on_the_first_line() -> None:
+    """When the replay stops early (here a divergence it cannot follow), the report's first
+    line carries the reason; it used to come after the whole side-by-side table."""
+    from replay.verify import Divergence, VerifyResult
+
+    d = Divergence(event_id=0, step=0, recorded={"kind": "request_added", "event_id": 0},
+                   replayed=None, columns=[], context=[])
+    text = VerifyResult(False, 10, 2, True, d,
+                        replay_note="policy 'm:P' raised ValueError").report()
+    first = text.splitlines()[0]
+    assert first.startswith("diverged at event 0") and "replay stopped: policy 'm:P'" in first
+    assert text.count("replay stopped") == 1

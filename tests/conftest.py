@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
 from pathlib import Path
+
+import pytest
 
 # pytest puts tests/ first on sys.path for this conftest; tests/engine, tests/tracing and
 # tests/replay would then shadow the real packages (as namespace packages) wherever the repository
@@ -39,3 +42,17 @@ from replay.testing.profiles import load_profile, profile_from_env  # noqa: E402
 # ci unless HYPOTHESIS_PROFILE names another; `--hypothesis-profile NAME` (Hypothesis's plugin)
 # loads NAME after this, at pytest_configure.
 load_profile(profile_from_env("ci"), no_shrink=os.environ.get("HYPOTHESIS_NO_SHRINK") == "1")
+
+
+@pytest.fixture
+def policy_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Write a user policy module under tmp_path (importable by name); returns a writer,
+    ``write(name, body) -> name`` (the policy tests' modules, engine and replay.testing alike)."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def write(name: str, body: str) -> str:
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
+        sys.modules.pop(name, None)
+        return name
+
+    yield write

@@ -71,8 +71,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.errors import ReplayLLMError
     from replay.cli.paths import check_result_out
+    from replay.cli.run import load_requests
     from replay.loadgen.result import (
         requests_frame,
         summarize,
@@ -89,9 +89,6 @@ def run(args: argparse.Namespace) -> int:
         check_settings,
     )
     from replay.whatif.report import variants_table
-    from replay.workloads.builtin import reference_workload
-    from replay.workloads.fields import check_request
-    from replay.workloads.store import load_workload
 
     stall = DEFAULT_STALL_TIMEOUT_S if args.stall_timeout is None else args.stall_timeout
     total = DEFAULT_REQUEST_TIMEOUT_S if args.request_timeout is None else args.request_timeout
@@ -102,13 +99,7 @@ def run(args: argparse.Namespace) -> int:
                    args.num_requests, max_retries=retries)
     url = base_url(args.url)
     check_result_out(args.out)
-    requests = reference_workload() if args.workload == "bench" else load_workload(args.workload)
-    if not requests:
-        raise ReplayLLMError(f"{args.workload}: the workload has no requests")
-    if args.num_requests is not None:
-        requests = requests[: args.num_requests]
-    for index, request in enumerate(requests):  # the rule run and whatif hold them to
-        check_request(request, f"{args.workload}: request {index}")
+    requests = load_requests(args.workload, args.num_requests)  # as run and whatif read them
     measured, wall_s = run_load(requests, url, args.model, args.time_scale,
                                 args.max_concurrency, tokenizer=args.tokenizer,
                                 workers=args.workers, stall_timeout_s=stall,

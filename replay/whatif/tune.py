@@ -152,21 +152,21 @@ class TuneResult:
         base = self.source_config.to_dict()
         return sum(base.get(k) != v for k, v in e.overrides.items())
 
+    def _preferred(self, runs: list[Evaluation]) -> Evaluation | None:
+        """The top run by ``rank_key``; of equals, the fewest changes from the source."""
+        return max(runs, key=lambda e: (e.rank_key(), -self.changes(e)), default=None)
+
     @property
     def best(self) -> Evaluation | None:
         """The highest goodput meeting every SLO; of equals, the fewest changes from the source."""
-        meeting = [e for e in self.evaluations if e.meets]
-        if not meeting:
-            return None
-        return max(meeting, key=lambda e: (e.rank_key(), -self.changes(e)))
+        return self._preferred([e for e in self.evaluations if e.meets])
 
     @property
     def closest(self) -> Evaluation | None:
         """Where nothing meets the SLOs: the run missing them by the least (None otherwise)."""
-        ok = [e for e in self.evaluations if e.result.ok]
-        if self.best is not None or not ok:
+        if self.best is not None:
             return None
-        return max(ok, key=lambda e: (e.rank_key(), -self.changes(e)))
+        return self._preferred([e for e in self.evaluations if e.result.ok])
 
     def pareto_front(self) -> list[Evaluation]:
         """The runs no other run beats on throughput and on every SLO metric at once."""

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import gc
 import sys
-import textwrap
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,20 +39,6 @@ def release_module_engines() -> Iterator[None]:
     before = _open_engines()
     yield
     _release(before)
-
-
-@pytest.fixture
-def policy_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """Write a user policy module under tmp_path (importable by name); returns a writer
-    (the policy tests' modules: tests/engine/test_policy*.py)."""
-    monkeypatch.syspath_prepend(str(tmp_path))
-
-    def write(name: str, body: str) -> str:
-        (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
-        sys.modules.pop(name, None)
-        return name
-
-    yield write
 
 
 @pytest.fixture(scope="module")

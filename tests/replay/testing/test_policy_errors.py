@@ -4,8 +4,6 @@ with the shrunk workload, the recording so far stays closed and readable, and th
 
 from __future__ import annotations
 
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -41,11 +39,8 @@ RAISES = """
 
 
 @pytest.fixture
-def raises_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "raising_policy.py").write_text(textwrap.dedent(RAISES))
-    sys.modules.pop("raising_policy", None)
-    return "raising_policy"
+def raises_module(policy_module) -> str:
+    return policy_module("raising_policy", RAISES)
 
 
 def test_a_raising_policy_is_a_policy_violation_with_the_shrunk_workload(raises_module) -> None:

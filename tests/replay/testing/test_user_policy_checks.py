@@ -14,10 +14,6 @@ workflow needs from the public API.
 
 from __future__ import annotations
 
-import sys
-import textwrap
-from pathlib import Path
-
 import pytest
 from hypothesis import Phase, given, settings
 
@@ -85,11 +81,8 @@ POLICIES = """
 
 
 @pytest.fixture
-def module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "user_checks_policy.py").write_text(textwrap.dedent(POLICIES))
-    sys.modules.pop("user_checks_policy", None)
-    return "user_checks_policy"
+def module(policy_module) -> str:
+    return policy_module("user_checks_policy", POLICIES)
 
 
 def _two_at_once(policy: str) -> Workload:

@@ -21,7 +21,7 @@ from engine.outside_time import OutsideTime
 from engine.overlap_scheduler import OverlapScheduler
 from engine.policy import no_progress_error, policy_source
 from engine.running_columns import RunningColumns
-from engine.sampling_params import SamplingParams, check_recordable
+from engine.sampling_params import SamplingParams, check_arrival, check_recordable
 from engine.sequence import Sequence
 from engine.step_cut import StepCut
 from tracing.events import EventBuffer, NullEventBuffer
@@ -108,7 +108,10 @@ class EngineCore:
         A value no trace column can hold (a token id or ``max_tokens`` beyond int32) raises
         ``InvalidRequestError`` before anything is recorded: the recorder must never overflow.
         The rejection reason is recorded in the request's ``request_finished.error``.
-        ``priority``: lower goes first; ``token_bounds``: the prompt's (min, max) id if known."""
+        ``priority``: lower goes first; ``token_bounds``: the prompt's (min, max) id if known.
+        ``arrival_s``: seconds on the engine's clock (None: now); NaN, infinite or negative
+        raises ``InvalidRequestError`` (``check_arrival``) before anything is recorded."""
+        check_arrival(arrival_s)
         self.outside.input()
         added = self.now()
         check_recordable(token_ids, params, token_bounds, priority)

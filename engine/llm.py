@@ -204,6 +204,9 @@ class LLMEngine:
         """Queue one request; a bad one is recorded as rejected (see ``rejection``).
 
         ``priority``: lower is served first under ``policy="priority"`` (or a policy reading it).
+        ``arrival_s``: when it arrived, in seconds on the engine's clock (since it started:
+        ``self.core.now()``; None: now), never ``time.time()``; NaN, an infinity or a negative
+        time raises ``InvalidRequestError`` and records nothing.
         """
         self._check_open()
         token_ids, error, bounds = self._token_ids(prompt)

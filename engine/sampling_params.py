@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from array import array
 from dataclasses import dataclass
 
@@ -117,3 +118,17 @@ def check_recordable(token_ids: list[int] | array, params: SamplingParams,
     if token_ids and (bounds[0] < INT32_MIN or bounds[1] > INT32_MAX):
         bad = next(t for t in token_ids if not INT32_MIN <= t <= INT32_MAX)
         raise InvalidRequestError(f"token id {bad} does not fit a trace's int32 column")
+
+
+def check_arrival(arrival_s: float | None) -> None:
+    """Raise ``InvalidRequestError`` unless ``arrival_s`` is None (now) or a finite number of
+    seconds >= 0 on the engine's clock (seconds since the engine started, ``EngineCore.now``):
+    NaN, an infinity or a negative time would be recorded as the request's arrival (a negative
+    time to first token, an exported timeline decades long)."""
+    if arrival_s is None:
+        return
+    number = (isinstance(arrival_s, (int, float)) and not isinstance(arrival_s, bool))
+    if not (number and math.isfinite(arrival_s) and arrival_s >= 0):
+        raise InvalidRequestError(
+            f"arrival_s must be a finite number of seconds >= 0 on the engine's clock (seconds "
+            f"since the engine started, as EngineCore.now() reads), got {arrival_s!r}")

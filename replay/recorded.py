@@ -11,6 +11,8 @@ from engine.sampling_params import SamplingParams
 from tracing.schema import EVENT_KINDS, NO_SEED, all_columns, decode_stop
 
 LIST_COLUMNS = frozenset({"prompt_token_ids"})
+# Columns whose name ``RecordedEvents.row`` keeps for the event's own kind.
+ROW_KEYS = {"kind": "batch_kind"}
 
 
 @dataclass
@@ -59,11 +61,12 @@ class RecordedEvents:
         return len(self.tables["model_step"]["event_id"])
 
     def row(self, kind: str, index: int) -> dict[str, Any]:
-        """One event as a dict (for reports)."""
+        """One event as a dict (for reports): ``kind`` is the event's kind; a column of that
+        name (the batch kind of ``batch_scheduled`` and ``model_step``) is ``batch_kind``."""
         out: dict[str, Any] = {"kind": kind}
         for name, values in self.tables[kind].items():
             value = values[index]
-            out[name] = value.item() if isinstance(value, np.generic) else value
+            out[ROW_KEYS.get(name, name)] = value.item() if isinstance(value, np.generic) else value
         return out
 
 
@@ -95,18 +98,34 @@ def from_columns(
     }
     last_step = max((int(cols["step"].max()) for cols in converted.values() if len(cols["step"])),
                     default=-1)
-    return RecordedEvents(header, converted, last_step, complete)
+    return RecordedEvents(header, _arrivals_on_the_clock(converted), last_step, complete)
 
 
 def from_trace(trace: Any) -> RecordedEvents:
-    """Wrap a trace opened by ``tracing.read_trace``, keeping only fully recorded steps."""
-    last_step = int(trace.last_step)
-    converted: dict[str, dict[str, Any]] = {}
-    for kind in EVENT_KINDS:
-        cols = trace.columns(kind)
-        if not trace.complete and len(cols["step"]):
-            keep = cols["step"] <= last_step
-            if not keep.all():
-                cols = keep_rows(cols, keep)
-        converted[kind] = cols
-    return RecordedEvents(dict(trace.header), converted, last_step, bool(trace.complete))
+    """Wrap a trace opened by ``tracing.read_trace``: its tables, which for an incomplete trace
+    hold only the fully recorded steps (0 to ``last_step``, ``tracing.commits.Commits``)."""
+    converted = {kind: trace.columns(kind) for kind in EVENT_KINDS}
+    return RecordedEvents(dict(trace.header), _arrivals_on_the_clock(converted),
+                          int(trace.last_step), bool(trace.complete))
+
+
+def _arrivals_on_the_clock(tables: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``tables`` with every ``request_added.arrival_s`` a time on the engine's clock, which
+    a replay and a what-if hand back to ``EngineCore.add_request``: one that is not a finite
+    number >= 0 (a trace recorded before the engine refused them: ``LLM.add_request`` recorded
+    what it was given) reads as when the engine added the request (``added_s``, schema 7),
+    else the end of the step before (0 before the first), as the Perfetto export draws it."""
+    added = tables["request_added"]
+    arrival = np.asarray(added["arrival_s"], dtype=float)
+    bad = ~(np.isfinite(arrival) & (arrival >= 0))
+    if not bad.any():
+        return tables
+    steps = tables["model_step"]
+    ends = np.asarray(steps["wall_time_s"], dtype=float)
+    before = np.searchsorted(np.asarray(steps["step"]), np.asarray(added["step"])[bad]) - 1
+    fallback = np.where(before >= 0, ends[np.maximum(before, 0)] if len(ends) else 0.0, 0.0)
+    added_s = np.asarray(added["added_s"], dtype=float)[bad]
+    fixed = np.where(np.isfinite(added_s) & (added_s >= 0), added_s, fallback)
+    arrival = arrival.copy()
+    arrival[bad] = np.where(np.isfinite(fixed) & (fixed >= 0), fixed, 0.0)
+    return {**tables, "request_added": {**added, "arrival_s": arrival}}

@@ -28,6 +28,7 @@ import numpy as np
 from engine.policy import policy_change_note
 from replay.recorded import (
     LIST_COLUMNS,
+    ROW_KEYS,
     RecordedEvents,
     from_columns,
     from_trace,
@@ -109,11 +110,15 @@ def _side_by_side(d: Divergence) -> str:
     rec, rep = d.recorded or {}, d.replayed or {}
     names = list(dict.fromkeys([*rec.keys(), *rep.keys()]))
     width = max(len(n) for n in names) if names else 6
+    # Two events of one kind differ only in compared columns: measurements (times) are shown,
+    # never marked, as verify never compares them.
+    kind = rec.get("kind") if rec.get("kind") == rep.get("kind") else None
+    measured = {ROW_KEYS.get(n, n) for n in MEASURED_COLUMNS.get(kind, ())} if kind else set()
     rows = [f"  {'column':<{width}}  {'recorded':>24}  {'replayed':>24}"]
     for name in names:
         a = _short(rec.get(name, "-")) if d.recorded else "(no event)"
         b = _short(rep.get(name, "-")) if d.replayed else "(no event)"
-        mark = "  <--" if a != b else ""
+        mark = "  <--" if a != b and name not in measured else ""
         rows.append(f"  {name:<{width}}  {a:>24}  {b:>24}{mark}")
     return "\n".join(rows)
 

@@ -1,4 +1,4 @@
-"""Where a GPU step's host time goes, per workload and decode rows (issue 16's host level).
+"""Where a GPU step's host time goes, per workload, decode rows and prefill tokens (issue 16).
 
 The what-if prices a light-load decode's host work at what the reference workload's steps
 show, and light-load recordings spend less (docs/BENCHMARKS.md 7z): 0.55-0.85 ms a few-row step
@@ -9,7 +9,8 @@ wrapping the engine's own methods (no engine code changes): the scheduler's deci
 (``schedule``), the launch (``launch``: staging the inputs, the graph replay, the logits, the
 sampler, the step's token copy and events), the deferred post-processing (``defer``), the wait
 for the tokens in flight (``wait``, not host work), the resolve (``resolve``), the recorder
-(``sink``) and the collector's pauses (``gc``). ``other`` is the loop's time less all of them.
+(``sink``) and the collector's pauses (``gc``). ``other`` is the loop's time less all of them;
+``add`` is the driver's adds of requests since the previous iteration (outside the loop).
 
     python tools/probe_host_phases.py MODEL WORKLOAD_DIR OUT_DIR [--cells reference-default,...]
         [--traces DIR] [--requests N] [--warm-ups 1] [--deadline-s 150]
@@ -35,7 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROW_BINS = (1, 4, 8, 16, 32, 64, 128, 257)
 PARTS = ("schedule", "stage", "forward", "logits", "sample", "launched", "launch_rest",
-         "defer", "resolve", "sink", "gc", "other", "wait")
+         "defer", "resolve", "sink", "gc", "other", "wait", "add")
+# Prefill steps by batched tokens (graph prefills: the long-prompt cells' host, 7ac).
+TOKEN_BINS = (1, 2048, 8192, 16385)
 
 
 class Phases:
@@ -88,6 +91,8 @@ def instrument(llm: Any, phases: Phases) -> None:
     def launch_step(batch: Any, previous: Any = None) -> Any:
         if batch.is_decode:
             phases.now["decode_rows"] = len(batch.seqs)
+        elif batch.kind == "prefill":
+            phases.now["prefill_tokens"] = batch.num_batched_tokens
         return launch(batch, previous)
 
     runner.launch = launch_step
@@ -97,24 +102,39 @@ def instrument(llm: Any, phases: Phases) -> None:
         cls.result = phases.timed("wait", cls.result)
         cls._probed = True
     advance = core._advance_loop
+    add_request = phases.timed("add", core.add_request)
+
+    def add(*args: Any, **kwargs: Any) -> Any:
+        phases.now["adds"] += 1
+        return add_request(*args, **kwargs)
+
+    core.add_request = add
 
     def loop() -> bool:
-        phases.now = defaultdict(float)
+        pending = {k: phases.now.get(k, 0.0) for k in ("add", "adds")}  # since the last one
+        phases.now = defaultdict(float, pending)
         began = time.perf_counter()
         busy = advance()
         phases.now["loop"] = time.perf_counter() - began
         if phases.now.get("launch"):
             phases.rows.append(dict(phases.now))
+        phases.now = defaultdict(float)  # the adds before the next iteration start from 0
         return busy
 
     core._advance_loop = loop
 
 
-def summarize(rows: list[dict[str, Any]], host: dict[int, list[float]]) -> list[dict[str, Any]]:
-    """Per decode-row bin: the iterations' median of each part (ms) and the recorded host_s."""
+def summarize(rows: list[dict[str, Any]], host: dict[int, list[float]],
+              prefill_host: dict[int, list[float]] | None = None) -> list[dict[str, Any]]:
+    """Per decode-row bin, then per prefill-token bin: the iterations' median of each part
+    (ms) and the recorded host_s (``prefill_host``: of graph prefills, by batched tokens)."""
+    bins = [("decode_rows", lo, hi, f"{lo}-{hi - 1}", host)
+            for lo, hi in zip(ROW_BINS, ROW_BINS[1:])]
+    bins += [("prefill_tokens", lo, hi, f"prefill {lo}-{hi - 1} tok", prefill_host or {})
+             for lo, hi in zip(TOKEN_BINS, TOKEN_BINS[1:])]
     out = []
-    for lo, hi in zip(ROW_BINS, ROW_BINS[1:]):
-        mine = [r for r in rows if lo <= r.get("decode_rows", 0) < hi]
+    for key, lo, hi, label, recorded_by in bins:
+        mine = [r for r in rows if lo <= r.get(key, 0) < hi]
         if len(mine) < 5:
             continue
         for r in mine:
@@ -123,15 +143,17 @@ def summarize(rows: list[dict[str, Any]], host: dict[int, list[float]]) -> list[
             r["launch_rest"] = r["launch"] - inner
             r["other"] = r["loop"] - sum(r.get(k, 0.0) for k in (
                 "schedule", "launch", "defer", "resolve", "sink", "wait"))
-        line = {"rows": f"{lo}-{hi - 1}", "iterations": len(mine)}
+        line = {"rows": label, "iterations": len(mine)}
         for part in PARTS:
             line[part] = round(1e3 * float(np.median([r.get(part, 0.0) for r in mine])), 4)
         line["loop_less_wait"] = round(1e3 * float(np.median(
             [r["loop"] - r.get("wait", 0.0) for r in mine])), 4)
-        recorded = [h for n in range(lo, hi) for h in host.get(n, [])]
+        recorded = [h for n in range(lo, hi) for h in recorded_by.get(n, [])]
         line["recorded_host"] = round(1e3 * float(np.median(recorded)), 4) if recorded else None
         line["gc_per_100"] = round(100 * float(np.mean([r.get("gc0", 0) + r.get("gc1", 0)
                                                         + r.get("gc2", 0) for r in mine])), 2)
+        line["adds_mean"] = round(float(np.mean([r.get("adds", 0) for r in mine])), 2)
+        line["add_mean"] = round(1e3 * float(np.mean([r.get("add", 0.0) for r in mine])), 4)
         out.append(line)
     return out
 
@@ -144,13 +166,15 @@ def save_rows(path: Path, rows: list[dict[str, Any]]) -> None:
                                  for k in keys})
 
 
-def recorded_hosts(trace: Path) -> dict[int, list[float]]:
+def recorded_hosts(trace: Path, kind: str = "decode", by: str = "num_seqs"
+                   ) -> dict[int, list[float]]:
+    """The recorded ``host_s`` of the trace's graph steps of ``kind``, by ``by``."""
     from tracing.reader import read_trace
 
     steps = read_trace(str(trace)).df("model_step")
-    steps = steps[(steps.kind == "decode") & steps.graph_used]
+    steps = steps[(steps.kind == kind) & steps.graph_used]
     out: dict[int, list[float]] = defaultdict(list)
-    for n, h in zip(steps.num_seqs.tolist(), steps.host_s.tolist()):
+    for n, h in zip(steps[by].tolist(), steps.host_s.tolist()):
         out[int(n)].append(float(h))
     return out
 
@@ -198,16 +222,19 @@ def main(argv: list[str] | None = None) -> int:
             run_workload(llm, requests[:args.requests or len(requests)], use_tqdm=False)
         finally:
             llm.close()
-        table = summarize(phases.rows, recorded_hosts(trace))
+        table = summarize(phases.rows, recorded_hosts(trace),
+                          recorded_hosts(trace, "prefill", "prefill_tokens"))
         results[f"{index}-{cell}"] = table
         save_rows(args.out / f"rows-{index}-{cell}.npz", phases.rows)
         (args.out / "phases.json").write_text(json.dumps(results, indent=1))
         print(f"\n{index}-{cell} ({time.perf_counter() - began:.1f} s)")
-        print(" | ".join(["rows", "n", *PARTS, "loop-wait", "rec host", "gc/100"]))
+        print(" | ".join(["rows", "n", *PARTS, "loop-wait", "rec host", "gc/100", "adds",
+                          "add ms (mean)"]))
         for line in table:
             print(" | ".join(str(line[k]) for k in ("rows", "iterations", *PARTS,
                                                      "loop_less_wait", "recorded_host",
-                                                     "gc_per_100")), flush=True)
+                                                     "gc_per_100", "adds_mean", "add_mean")),
+                  flush=True)
     return 0
 
 

@@ -19,13 +19,16 @@ event carries ``pid`` and ``tid``; the slices of one track never overlap. The fi
 - one async span per request, from arrival to finish (a request still unfinished where the
   trace ends, e.g. a killed run's: to the end of its last step, reason ``unfinished``) and its
   prefix-cache hit tokens as args, with instants for when it was added, its first token and
-  each preemption (at the start of the step that preempted it).
+  each preemption (at the start of the step that preempted it). A request whose ``arrival_s``
+  is not a finite number (``LLM.add_request`` records what it is given) starts when it was
+  added, its ``ttft_s`` null: the file is strict JSON (no NaN, which viewers refuse).
 """
 
 from __future__ import annotations
 
 import bisect
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -161,6 +164,11 @@ def perfetto_events(trace: Trace) -> list[dict[str, Any]]:
     for ts in timeline.emptied:  # nothing running or waiting: every block is free
         events += _counters(ts, 0, 0, num_blocks if isinstance(num_blocks, int) else None)
     events += _request_spans(trace, timeline)
+    for event in events:  # strict JSON: a non-finite measurement in args becomes null
+        args = event.get("args")
+        if args and any(isinstance(v, float) and not math.isfinite(v) for v in args.values()):
+            event["args"] = {k: None if isinstance(v, float) and not math.isfinite(v) else v
+                             for k, v in args.items()}
     return events
 
 
@@ -168,6 +176,7 @@ def _request_spans(trace: Trace, timeline: _Timeline) -> list[dict[str, Any]]:
     added = trace.table("request_added")
     seq_ids = np.asarray(added.column("seq_id")).tolist()
     arrival = dict(zip(seq_ids, added.column("arrival_s").to_pylist()))
+    added_before = dict(zip(seq_ids, np.asarray(added.column("step")).tolist()))
     # When the engine began adding each request (schema 7; NaN before): its lag after arrival.
     added_at = (dict(zip(seq_ids, added.column("added_s").to_pylist()))
                 if "added_s" in added.column_names else {})
@@ -194,6 +203,12 @@ def _request_spans(trace: Trace, timeline: _Timeline) -> list[dict[str, Any]]:
                                                  "num_tokens")}})
     for seq_id in seq_ids:
         began = arrival.get(seq_id, 0.0)
+        added_s = added_at.get(seq_id)
+        measured = math.isfinite(began)
+        if not measured:  # an arrival_s given as NaN or infinity (LLM.add_request took it):
+            # drawn from when the engine added it, else from the end of the step before
+            began = (added_s if added_s is not None and math.isfinite(added_s)
+                     else timeline.end_by(added_before[seq_id] - 1, 0.0))
         row = finished.get(seq_id)
         if row is None:  # still running or waiting where the trace ends (a killed run)
             ended = max(timeline.last_end, began)
@@ -209,18 +224,36 @@ def _request_spans(trace: Trace, timeline: _Timeline) -> list[dict[str, Any]]:
             args["prefix_cache_hit_tokens"] = hit_tokens.get(seq_id, 0)
         common = {"cat": "request", "id": seq_id, "pid": _PID, "tid": _TID_STEPS,
                   "name": f"request {seq_id}"}
-        added_s = added_at.get(seq_id)
         if added_s is not None and np.isfinite(added_s):
             ended = max(ended, added_s)  # a request rejected as it was added: its span holds it
             out.append({**common, "ph": "n", "name": "added", "ts": added_s * _US})
         if seq_id in first_step:
             first = timeline.end_by(first_step[seq_id], began)
-            args["ttft_s"] = first - began
+            args["ttft_s"] = first - began if measured else None
             out.append({**common, "ph": "n", "name": "first token", "ts": first * _US})
         out.append({**common, "ph": "b", "ts": began * _US, "args": args})
         out.append({**common, "ph": "e", "ts": ended * _US})
     out.sort(key=lambda e: (e["ts"], e["ph"] != "b"))
     return out
+
+
+def perfetto_json(trace: Trace) -> bytes:
+    """The document ``export_perfetto`` writes, as strict JSON bytes (``TraceError`` for a
+    model step time that is not a finite number: viewers refuse NaN)."""
+    document = {
+        "traceEvents": perfetto_events(trace),
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "trace": str(trace.path),
+            "complete": trace.complete,
+            "last_step": trace.last_step,
+        },
+    }
+    try:
+        return json.dumps(document, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    except ValueError:  # NaN is not JSON: a viewer would refuse the whole file
+        raise TraceError(f"{trace.path}: cannot export: a model step's wall_time_s or "
+                         "duration_s is not a finite number (a damaged trace)") from None
 
 
 def export_perfetto(trace: Trace, out_path: str | Path, force: bool = False) -> Path:
@@ -232,16 +265,7 @@ def export_perfetto(trace: Trace, out_path: str | Path, force: bool = False) -> 
     """
     out = Path(out_path)
     check_export_path(trace, out, force)
-    document = {
-        "traceEvents": perfetto_events(trace),
-        "displayTimeUnit": "ms",
-        "otherData": {
-            "trace": str(trace.path),
-            "complete": trace.complete,
-            "last_step": trace.last_step,
-        },
-    }
-    data = json.dumps(document, separators=(",", ":")).encode("utf-8")
+    data = perfetto_json(trace)
     try:
         write_file_atomic(out, data)
     except OSError as exc:

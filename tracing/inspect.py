@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from tracing.outdir import lock_holder
 from tracing.reader import Trace
 
 
@@ -66,8 +67,10 @@ def _count_by(counts: dict[str, int]) -> str:
 
 def summarize(trace: Trace) -> dict[str, Any]:
     """What ``describe`` says, as numbers (``replayllm inspect TRACE --json``): the trace's
-    state and size, the run's setup, requests by finish reason, steps by kind, tokens, the
-    prefix-cache hit rate (None: nothing looked up), preemptions, wall, model and host time."""
+    state (``recording``: who still records it, ``"pid N"``, else None) and size, the run's
+    setup, requests by finish reason, steps by kind, tokens, the prefix-cache hit rate (None:
+    nothing looked up), preemptions, wall, model and host time; for an incomplete trace, over
+    steps 0 to ``last_step`` (the rows ``read_trace``'s tables hold)."""
     header = trace.header
     config = header.get("config") or {}
     model = header.get("model")
@@ -86,14 +89,17 @@ def summarize(trace: Trace) -> dict[str, Any]:
                else np.zeros(0))
     return {
         "path": str(trace.path), "complete": trace.complete, "last_step": trace.last_step,
+        "recording": None if trace.complete else lock_holder(trace.path),
         "schema_version": header.get("schema_version"), "segments": trace.segments,
-        "num_events": trace.num_events, "size_bytes": trace.size_bytes,
+        "num_events": trace.num_events,
+        "size_bytes": trace.size_bytes,
         "model": model_name, "policy": header.get("policy", config.get("policy")),
         "num_kvcache_blocks": header.get("num_blocks", config.get("num_kvcache_blocks")),
         "block_size": _block_size(header), "device": header.get("device"),
         "git_commit": header.get("git_commit"), "start_time": header.get("start_time"),
         "requests": added.num_rows,
-        "finished": _counts(trace.table("request_finished").column("reason").to_pylist()),
+        "finished": _counts(
+            trace.table("request_finished").column("reason").to_pylist()),
         "steps": steps.num_rows, "step_kinds": _counts(steps.column("kind").to_pylist()),
         "prompt_tokens": int(np.asarray(added.column("prompt_len"), np.int64).sum()),
         "completion_tokens": completion_tokens,
@@ -121,6 +127,10 @@ def describe(trace: Trace) -> str:
     header = trace.header
     if s["complete"]:
         state = "complete"
+    elif s["recording"]:  # a process still holds the lock: it has not stopped
+        so_far = ("no step committed yet" if s["last_step"] < 0
+                  else f"committed through step {s['last_step']} so far")
+        state = f"INCOMPLETE (being recorded by {s['recording']}; {so_far})"
     elif s["last_step"] < 0:
         state = "INCOMPLETE (recording stopped before any step was committed)"
     else:

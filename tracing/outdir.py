@@ -20,6 +20,7 @@ import errno
 import fcntl
 import json
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -292,6 +293,19 @@ def lock_holder(path: Path) -> str | None:
 
 
 # --- outputs written whole ------------------------------------------------------------------------
+def _make_stage(final: Path) -> Path:
+    """A fresh hidden sibling of ``final``, made by ``mkdir`` so that it gets a new directory's
+    mode under the umask (``mkdtemp``'s is 0700: the output stayed private to its writer)."""
+    for _ in range(100):
+        stage = final.parent / f".{final.name}.tmp-{secrets.token_hex(4)}"
+        try:
+            os.mkdir(stage)
+        except FileExistsError:
+            continue
+        return stage
+    raise FileExistsError(errno.EEXIST, "no free temporary name", str(final.parent))
+
+
 @contextlib.contextmanager
 def staged_dir(path: str | Path, kind: str, command: str, force: bool) -> Iterator[Path]:
     """Yield a fresh temporary sibling of ``path`` to write a whole output into; on success it
@@ -304,7 +318,7 @@ def staged_dir(path: str | Path, kind: str, command: str, force: bool) -> Iterat
     replacing = check_output_dir(final, kind, force)
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+        stage = _make_stage(final)
     except OSError as exc:
         raise OutputDirError(f"{final}: cannot create ({describe_os_error(exc)})") from None
     try:

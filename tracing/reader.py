@@ -2,88 +2,43 @@
 
 Only committed segments are read (a segment is committed once its marker in ``_commits/``
 exists); temporary and unlisted files are ignored, so the trace of a killed process reads as the
-prefix it managed to commit. Every problem with the files raises ``TraceError`` with one line
-naming the file, never a pyarrow traceback.
+prefix it managed to commit: steps 0 to ``last_step``, whose rows are all its tables hold (its
+last segment may also hold the first rows of the step after, which no table returns). Every
+problem with the files raises ``TraceError`` with one line naming the file, never a pyarrow
+traceback.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from tracing.commits import (
+    PARQUET_ERRORS,
+    Commits,
+    Segment,
+    SegmentFile,
+    committed_segments,
+    load_json,
+)
 from tracing.convert import column_to_python
 from tracing.errors import TraceError, one_line
-from tracing.layout import (
-    COMMITS_DIR,
-    HEADER_FILE,
-    SUMMARY_FILE,
-    marker_file,
-    marker_index,
-    tmp_path,
-)
+from tracing.layout import HEADER_FILE, SUMMARY_FILE
 from tracing.schema import (
     ADDED_COLUMN_DEFAULTS,
     EVENT_KINDS,
     arrow_schema,
     column_types,
 )
-from tracing.validate import check_header, check_marker, check_summary
+from tracing.validate import check_header, check_summary
 
 if TYPE_CHECKING:
     import pandas as pd
 
-_PARQUET_ERRORS = (OSError, pa.ArrowException, ValueError)
-
-
-@dataclass(frozen=True)
-class SegmentFile:
-    """One committed Parquet file: its kind, its segment, its (final) path and its rows."""
-
-    kind: str
-    segment: int
-    path: Path
-    rows: int
-
-    def located(self) -> Path:
-        """Where the file is now: its final name, or the temporary one if the writer died (or,
-        for a trace being recorded, has not yet renamed it) after committing the segment."""
-        return self.path if self.path.exists() else tmp_path(self.path)
-
-
-@dataclass(frozen=True)
-class Segment:
-    """A committed segment: every event of steps <= ``through_step`` not in an earlier one."""
-
-    index: int
-    through_step: int
-    num_events: int
-    files: tuple[SegmentFile, ...]
-    first_event_id: int | None = None
-    last_event_id: int | None = None
-
-
-def _load_json(path: Path, what: str) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read {what} ({exc.strerror or one_line(exc)})") from None
-    except UnicodeDecodeError:
-        raise TraceError(f"{path}: {what} is not UTF-8 text") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TraceError(
-            f"{path}: {what} is not valid JSON (line {exc.lineno}, column {exc.colno})"
-        ) from None
-    if not isinstance(data, dict):
-        raise TraceError(f"{path}: {what} must be a JSON object, got {type(data).__name__}")
-    return data
+__all__ = ["Segment", "SegmentFile", "Trace", "read_trace"]
 
 
 class Trace:
@@ -91,7 +46,9 @@ class Trace:
 
     ``complete`` is True when the recording closed cleanly (``summary.json`` present and every
     segment it counts committed); ``last_step`` is the last step whose events are all in the
-    committed segments (-1 if none).
+    committed segments (-1 if none). An incomplete trace's tables, counts and event stream hold
+    only the rows of steps 0 to ``last_step`` (``tracing.commits.Commits``): the prefix
+    ``verify`` checks, the same rows for every reader (``inspect``, the exports, ``whatif``).
     """
 
     def __init__(
@@ -104,28 +61,30 @@ class Trace:
         self.path = path
         self.header = header
         self.summary = summary
-        self._segments = segments
+        self._commits = Commits(segments, summary)
         self._tables: dict[str, pa.Table] = {}
-        self.last_step = max((s.through_step for s in segments), default=-1)
-        expected = summary.get("segments") if summary is not None else None
-        self.complete = summary is not None and expected in (None, len(segments))
 
     # --- shape ------------------------------------------------------------------------------------
     @property
+    def complete(self) -> bool:
+        return self._commits.complete
+
+    @property
+    def last_step(self) -> int:
+        return self._commits.last_step
+
+    @property
     def segments(self) -> int:
         """How many committed segments the trace has."""
-        return len(self._segments)
+        return len(self._commits.segments)
 
     def segment_list(self) -> list[Segment]:
-        return list(self._segments)
+        return list(self._commits.segments)
 
     def counts(self) -> dict[str, int]:
-        """Rows per event kind, over the committed segments (from the markers: reads no data)."""
-        out = dict.fromkeys(EVENT_KINDS, 0)
-        for seg in self._segments:
-            for f in seg.files:
-                out[f.kind] += f.rows
-        return out
+        """Rows per event kind in ``table(kind)``: the commit markers' counts (reads no data),
+        for an incomplete trace less the rows of steps after ``last_step``."""
+        return self._commits.counts()
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -139,8 +98,9 @@ class Trace:
 
     @property
     def size_bytes(self) -> int:
-        """Bytes of the committed Parquet files."""
-        return sum(f.located().stat().st_size for seg in self._segments for f in seg.files)
+        """Bytes of the committed Parquet files (under whichever name each has: the writer of a
+        trace being recorded renames them as it goes)."""
+        return self._commits.size_bytes()
 
     def __repr__(self) -> str:
         state = "complete" if self.complete else f"incomplete, through step {self.last_step}"
@@ -151,20 +111,22 @@ class Trace:
 
     # --- data -------------------------------------------------------------------------------------
     def table(self, kind: str) -> pa.Table:
-        """Every committed row of ``kind`` in event_id order, typed as in ``EVENT_COLUMNS``."""
+        """Every committed row of ``kind`` in event_id order, typed as in ``EVENT_COLUMNS``
+        (for an incomplete trace, of steps 0 to ``last_step`` only)."""
         if kind not in EVENT_KINDS:
             raise TraceError(f"unknown event kind {kind!r}; kinds: {', '.join(EVENT_KINDS)}")
         cached = self._tables.get(kind)
         if cached is not None:
             return cached
         schema = arrow_schema(kind)
-        parts = [_read_file(f) for seg in self._segments for f in seg.files if f.kind == kind]
+        parts = [_read_file(f) for f in self._commits.files(kind)]
         table = pa.concat_tables(parts) if parts else schema.empty_table()
         table = table.combine_chunks()
         if table.num_rows > 1:
             ids = table.column("event_id").to_numpy()
             if not (np.diff(ids) > 0).all():
                 table = table.sort_by("event_id")
+        table = self._commits.prefix_table(table)
         self._tables[kind] = table
         return table
 
@@ -176,7 +138,7 @@ class Trace:
         if kind not in EVENT_KINDS:
             raise TraceError(f"unknown event kind {kind!r}; kinds: {', '.join(EVENT_KINDS)}")
         types = column_types(kind)
-        parts = [_read_file(f) for seg in self._segments for f in seg.files if f.kind == kind]
+        parts = [_read_file(f) for f in self._commits.files(kind)]
         if not parts:
             parts = [arrow_schema(kind).empty_table()]
         cols = {
@@ -194,7 +156,7 @@ class Trace:
                 name: [v[i] for i in order] if isinstance(v, list) else v[order]
                 for name, v in cols.items()
             }
-        return cols
+        return self._commits.prefix_columns(cols)
 
     def df(self, kind: str) -> pd.DataFrame:
         """``table(kind)`` as a pandas DataFrame."""
@@ -227,20 +189,6 @@ class Trace:
         )
 
 
-def _open_parquet(f: SegmentFile) -> pq.ParquetFile:
-    path = f.located()
-    if not path.exists():
-        path = f.path  # the writer renamed it since located() looked
-    try:
-        return pq.ParquetFile(path)
-    except FileNotFoundError:
-        raise TraceError(f"{f.path}: missing, but its segment is committed") from None
-    except _PARQUET_ERRORS as exc:
-        raise TraceError(
-            f"{path}: not a readable Parquet file, truncated or corrupted ({one_line(exc)})"
-        ) from None
-
-
 def _check_schema(f: SegmentFile, schema: pa.Schema, num_rows: int) -> None:
     got = {field.name: field.type for field in schema}
     # A file of an older schema version may lack the columns added since (filled on reading).
@@ -267,16 +215,16 @@ def _check_schema(f: SegmentFile, schema: pa.Schema, num_rows: int) -> None:
 
 def _check_file(f: SegmentFile) -> None:
     """Validate a file's footer (magic bytes, schema, row count) without reading its data."""
-    pf = _open_parquet(f)
+    pf = f.open()
     _check_schema(f, pf.schema_arrow, pf.metadata.num_rows)
 
 
 def _read_file(f: SegmentFile) -> pa.Table:
-    pf = _open_parquet(f)
+    pf = f.open()
     _check_schema(f, pf.schema_arrow, pf.metadata.num_rows)
     try:
         table = pf.read()
-    except _PARQUET_ERRORS as exc:
+    except PARQUET_ERRORS as exc:
         raise TraceError(f"{f.path}: cannot read Parquet data ({one_line(exc)})") from None
     if nulls := [n for n, c in zip(table.column_names, table.columns) if c.null_count]:
         raise TraceError(f"{f.path}: column {nulls[0]} holds nulls, which a recorder never "
@@ -316,59 +264,6 @@ def _constant_strings(value: str, rows: int) -> pa.Array:
                                  [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data * rows)])
 
 
-def _parse_marker(root: Path, path: Path, index: int, data: dict[str, Any]) -> Segment:
-    check_marker(path, index, data)
-    files: list[SegmentFile] = []
-    for kind, entry in data["files"].items():
-        final = root / entry["file"]
-        file = SegmentFile(kind, index, final, entry["rows"])
-        # The marker is written before the renames: a crash in between leaves the hidden name.
-        if not file.located().exists():
-            raise TraceError(f"{final}: missing, but committed by {path.name}")
-        if file.located().is_symlink():
-            raise TraceError(f"{final}: is a symbolic link, not a file the recorder wrote")
-        files.append(file)
-    num_events = sum(f.rows for f in files)
-    return Segment(index, data["through_step"], num_events, tuple(files),
-                   data.get("first_event_id"), data.get("last_event_id"))
-
-
-def _committed_segments(root: Path) -> list[Segment]:
-    commits = root / COMMITS_DIR
-    if not commits.is_dir():
-        return []
-    try:
-        names = [p.name for p in commits.iterdir()]
-    except OSError as exc:
-        raise TraceError(f"{commits}: cannot list ({exc.strerror or one_line(exc)})") from None
-    indices = sorted(i for name in names if (i := marker_index(name)) is not None)
-    segments: list[Segment] = []
-    for expected, index in enumerate(indices):
-        path = root / marker_file(index)
-        if index != expected:
-            raise TraceError(
-                f"{path}: segment {index} is committed but segment {expected} is not; "
-                "a commit marker was deleted"
-            )
-        segment = _parse_marker(root, path, index, _load_json(path, "commit marker"))
-        if segments:
-            _check_follows(path, segments[-1], segment)
-        segments.append(segment)
-    return segments
-
-
-def _check_follows(path: Path, previous: Segment, segment: Segment) -> None:
-    """A segment's steps and event ids come after its predecessor's (a duplicated or reordered
-    segment is caught here)."""
-    if segment.through_step < previous.through_step:
-        raise TraceError(f"{path}: through_step {segment.through_step} is before segment "
-                         f"{previous.index}'s {previous.through_step}")
-    last = previous.last_event_id
-    if last is not None and segment.first_event_id is not None and segment.first_event_id <= last:
-        raise TraceError(f"{path}: event ids start at {segment.first_event_id}, but segment "
-                         f"{previous.index} ends at {last} (a duplicated segment?)")
-
-
 def read_trace(path: str | Path, validate: bool = True) -> Trace:
     """Open the trace directory ``path``.
 
@@ -384,11 +279,11 @@ def read_trace(path: str | Path, validate: bool = True) -> Trace:
     header_path = root / HEADER_FILE
     if not header_path.is_file():
         raise TraceError(f"{root}: not a trace directory (no {HEADER_FILE})")
-    header = _load_json(header_path, "trace header")
+    header = load_json(header_path, "trace header")
     check_header(header_path, header)
-    segments = _committed_segments(root)
+    segments = committed_segments(root)
     summary_path = root / SUMMARY_FILE
-    summary = _load_json(summary_path, "trace summary") if summary_path.exists() else None
+    summary = load_json(summary_path, "trace summary") if summary_path.exists() else None
     if summary is not None:
         check_summary(summary_path, summary, len(segments))
     if validate:

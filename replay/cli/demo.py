@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 
 from replay.workloads.builtin import (
@@ -32,6 +33,15 @@ def _replaces_own_demo(trace_dir: str) -> bool:
 
     owner = read_owner(Path(trace_dir)) if Path(trace_dir).is_dir() else None
     return owner is not None and owner.get("command") == DEMO_WRITER
+
+
+def load_hint(trace_dir: str) -> str:
+    """A shell command that loads the trace's ``seq_scheduled`` table with pandas, quoted so
+    that it runs as printed whatever the path holds (spaces, quotes, ``$``)."""
+    code = f"import pandas as pd; print(pd.read_parquet({f'{trace_dir}/seq_scheduled'!r}).head())"
+    if not any(c in code for c in '"$`\\!'):
+        return f'python -c "{code}"'  # the plain form, for a plain path
+    return f"python -c {shlex.quote(code)}"
 
 
 def run_demo(trace_dir: str, force: bool = False) -> int:
@@ -75,7 +85,6 @@ def run_demo(trace_dir: str, force: bool = False) -> int:
     result = verify(trace_dir)
     print(f"\nverify: {result.report()}")
     print(f"\ntrace: {trace_dir}")
-    print("load it: python -c \"import pandas as pd; "
-          f"print(pd.read_parquet('{trace_dir}/seq_scheduled').head())\"")
+    print(f"load it: {load_hint(trace_dir)}")
     print(f"demo took {time.perf_counter() - began:.1f} s")
     return 0 if result.identical else 1

@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("trace", help="trace directory")
     export.add_argument("--format", choices=["perfetto", "vllm-kv-events"], default="perfetto")
     export.add_argument("--out", default=None, help="output file (default: TRACE/trace.json, "
-                        "or TRACE/kv-events.msgpack)")
+                        "or TRACE/kv-events.msgpack; - writes the perfetto JSON to stdout)")
     _add_force(export, "replace a file that is not an earlier export")
 
     make_model = sub.add_parser("make-model", help="write a random-weight Qwen3 checkpoint")
@@ -155,23 +155,11 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    import os
+    from tracing.export_command import run_export
 
-    from tracing.export import export_perfetto
-    from tracing.reader import read_trace
-
-    if args.format == "vllm-kv-events":
-        from tracing.kv_events import export_kv_events
-        from tracing.layout import KV_EXPORT_FILE
-
-        path, count = export_kv_events(read_trace(args.trace),
-                                       args.out or os.path.join(args.trace, KV_EXPORT_FILE),
-                                       force=args.force)
-        print(f"wrote {path} ({count} KV events in vLLM's format, msgpack EventBatch maps)")
-        return 0
-    out = args.out or os.path.join(args.trace, "trace.json")
-    export_perfetto(read_trace(args.trace), out, force=args.force)
-    print(f"wrote {out} (open it in https://ui.perfetto.dev or chrome://tracing)")
+    line = run_export(args.trace, args.out, args.format, force=args.force)
+    if line is not None:  # None: the export went to stdout (--out -)
+        print(line)
     return 0
 
 

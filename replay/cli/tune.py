@@ -18,7 +18,7 @@ from replay.cli.paths import check_out_dir, check_report, write_report_file
 from replay.cli.variants import WhatifError, parse_grid
 from replay.cli.whatif import _load, _source
 from replay.whatif.executors import EXECUTORS, variant_runner
-from replay.whatif.tune import DEFAULT_BUDGET, DEFAULT_ETA, default_space, parse_slo, tune
+from replay.whatif.tune import DEFAULT_BUDGET, DEFAULT_ETA, default_space, parse_slos, tune
 from tracing.outdir import TUNE, staged_dir
 
 DEFAULT_OUT = "out/tune"
@@ -64,11 +64,12 @@ def run(args: argparse.Namespace) -> int:
         raise WhatifError("give a TRACE or --workload bench|FILE (exactly one)")
     if args.jobs is not None and args.jobs < 1:
         raise WhatifError(f"--jobs must be >= 1, got {args.jobs}")
-    slos = [parse_slo(s) for s in args.slo]
-    space = parse_grid(args.space)
+    slos = list(parse_slos(args.slo))
+    space = parse_grid(args.space, option="--space")
     check_out_dir(args.out, TUNE)  # before the search, not after it
     check_report(args.report, args.out)
-    workload, cost, notes = _load(args, _source(args))
+    # A space setting the policy (--space policy=...) needs no recorded user policy's module.
+    workload, cost, notes = _load(args, _source(args, policy_needed="policy" not in space))
     for note in notes:
         print(f"note: {note}")
     if cost is None:
@@ -93,10 +94,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {', '.join(p.name for p in written)} to {args.out}")
     slo_text = ", ".join(str(s) for s in slos)
     base = result.baseline
-    print(f"as recorded: {'meets' if base.meets else 'misses'} {slo_text}")
+    as_recorded = (f"as recorded: {'meets' if base.meets else 'misses'} {slo_text}"
+                   if base.result.ok else f"as recorded: {base.result.status}")
+    print(as_recorded)
     best = result.best
-    lines = [tune_report.describe_search(result), tune_report.table(result),
-             f"as recorded: {'meets' if base.meets else 'misses'} {slo_text}"]
+    lines = [tune_report.describe_search(result), tune_report.table(result), as_recorded]
     if best is None:
         lines.append(f"no configuration searched meets {slo_text}")
         lines += tune_report.verdict(result)

@@ -31,18 +31,21 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return config_parse_overrides(items, parse_value)
 
 
-def parse_grid(items: list[str], fixed: dict[str, Any] | None = None) -> dict[str, list[Any]]:
+def parse_grid(items: list[str], fixed: dict[str, Any] | None = None,
+               option: str = "--grid") -> dict[str, list[Any]]:
     """``--grid KEY=V1,V2,...`` items as value lists; a key given twice, an empty value or a
-    key also fixed by ``--set`` (``fixed``) is an error, not a variant silently dropped."""
+    key also fixed by ``--set`` (``fixed``) is an error, not a variant silently dropped.
+    ``option``: the flag the items came with, as errors name it (``tune``'s ``--space``)."""
+    twice = f"{option} and {option}" + (" or --set" if fixed is not None else "")
     out: dict[str, list[Any]] = {}
     for item in items:
         key, sep, text = item.partition("=")
         key = key.strip()
         values = text.split(",")
         if not sep or not text.strip() or not all(v.strip() for v in values):
-            raise WhatifError(f"--grid expects KEY=V1,V2,... (no empty value), got {item!r}")
+            raise WhatifError(f"{option} expects KEY=V1,V2,... (no empty value), got {item!r}")
         if key in out or key in (fixed or {}):
-            raise WhatifError(f"{key} is given twice (--grid and --grid or --set)")
+            raise WhatifError(f"{key} is given twice ({twice})")
         out[key] = [parse_value(key, v) for v in values]
     return out
 

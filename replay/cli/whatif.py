@@ -24,6 +24,7 @@ from replay.cli.variants import (
     parse_overrides,
 )
 from replay.metrics import compute, has_timings
+from replay.whatif import run_outputs
 from replay.whatif.compare import incomplete_source, load_other, note_scope, recorded_events
 from replay.whatif.cost.model import CostModel
 from replay.whatif.executors import EXECUTORS
@@ -125,16 +126,17 @@ def _load_timing_trace(path: str, args: argparse.Namespace | None = None
     return model, config
 
 
-def _source(args: argparse.Namespace) -> SimWorkload | None:
+def _source(args: argparse.Namespace, policy_needed: bool = True) -> SimWorkload | None:
     """TRACE's workload (None with --workload), warning when the recording is incomplete; plain
-    whatif then covers the requests it finished only (``replay.whatif.compare``)."""
+    whatif then covers the requests it finished only (``replay.whatif.compare``). False
+    ``policy_needed``: every variant sets a policy, a recorded user policy's module may be gone."""
     if args.num_seqs is not None and args.workload is None:  # never ignored in silence
         raise WhatifError("--num-seqs takes --workload (a TRACE's requests are all re-run)")
     if args.trace is None:
         return None
     from replay.whatif.compare import restricts  # not --compare OTHER_TRACE's: its own scope
 
-    workload = load_source(args.trace)
+    workload = load_source(args.trace, policy_needed)
     warning = incomplete_source(workload, restrict=restricts(getattr(args, "compare", None)))
     if warning is not None:
         print(f"warning: {warning}")
@@ -155,7 +157,7 @@ def _load(args: argparse.Namespace, workload: SimWorkload | None
         if cost is None:
             cost, notes = load_timing("auto", workload)
             return workload, cost, notes
-        return workload, cost, []
+        return workload, cost, _timing_notes(args, workload, cost)
     from replay.cli.run import load_requests
 
     requests = load_requests(args.workload, args.num_seqs)
@@ -169,74 +171,19 @@ def _load(args: argparse.Namespace, workload: SimWorkload | None
     return workload, cost, notes
 
 
+def _timing_notes(args: argparse.Namespace, workload: SimWorkload, cost: CostModel | None
+                  ) -> list[str]:
+    """Where ``--timing-from`` ran another device or model than TRACE, whose recorded row the
+    predictions stand beside (not with --compare OTHER_TRACE: ``device_note`` names OTHER's)."""
+    from replay.whatif.compare import restricts
+    from replay.whatif.notes import timing_note
+
+    note = (timing_note(cost, workload.header, args.timing_from, workload.name)
+            if args.timing_from else None)
+    return [note] if note and restricts(getattr(args, "compare", None)) else []
+
+
 # --- commands -----------------------------------------------------------------------------------
-def _row(label: str, source: str, result: Any, status: str = "ok", **extra: Any) -> dict:
-    return {
-        "label": label,
-        "source": source,
-        "status": status,
-        "metrics": dict(result.summary) if result is not None else {},
-        "steps": getattr(result, "steps", None),
-        "requests": getattr(result, "requests", None),
-        **extra,
-    }
-
-
-def _sim_row(result: SimResult, source: str = "predicted") -> dict:
-    return _row(result.name, source, result if result.ok else None, result.status,
-                overrides=result.overrides, notes=result.notes)
-
-
-def _finish(args: argparse.Namespace, rows: list[dict], cost: CostModel | None,
-            plotter: Any, extra: dict | None = None) -> None:
-    """Write the outputs into a fresh directory renamed to ``--out`` once all are written
-    (``tracing.outdir.staged_dir``): an earlier whatif's files never stay beside them, and a
-    full disk leaves nothing half-written."""
-    from replay.whatif.report import write_outputs
-    from tracing.outdir import WHATIF, staged_dir
-
-    notes = []
-    with staged_dir(args.out, WHATIF, "whatif", force=True) as stage:
-        written = write_outputs(stage, rows, extra)
-        if cost is not None:
-            cost.save(stage / "cost_model.json")
-            written.append(stage / "cost_model.json")
-        if plotter is not None:
-            from replay.whatif.plots import PlotRun, PlotsUnavailable
-
-            runs = [PlotRun(r["label"], r["metrics"], r["steps"], r["requests"])
-                    for r in rows if r["status"] == "ok"]
-            try:
-                written += plotter.write(stage, runs)
-            except PlotsUnavailable as exc:
-                notes.append(f"plots skipped: {exc}")
-    for note in notes:
-        print(note)
-    print(f"wrote {', '.join(p.name for p in written)} to {args.out}")
-    if getattr(args, "report", None):
-        import pandas as pd
-
-        from replay.cli.paths import write_report_file
-        from replay.whatif.html_report import write_report
-        from replay.whatif.report import variants_table
-
-        tables = [("summary", pd.read_parquet(Path(args.out) / "summary.parquet"))]
-        tables += [(name, frame) for name, frame in (extra or {}).items()]
-        # The files were written in the staging directory, since renamed to --out.
-        plots = [Path(args.out) / p.name for p in written if p.suffix == ".png"]
-        page = write_report_file(args.report, write_report, "replayllm whatif",
-                                 [variants_table(rows)], tables, plots)
-        print(f"wrote {page}")
-
-
-def _plotter(args: argparse.Namespace) -> Any:
-    if args.no_plots:
-        return None
-    from replay.whatif.plots import PlotWorker
-
-    return PlotWorker()
-
-
 def _compare(args: argparse.Namespace, workload: SimWorkload, cost: CostModel | None,
              plotter: Any, against: tuple[Any, Any]) -> int:
     """Predict OTHER_TRACE's configuration and set the prediction beside its recording. An
@@ -283,11 +230,11 @@ def _compare(args: argparse.Namespace, workload: SimWorkload, cost: CostModel | 
     import pandas as pd
 
     notes = [] if scope is None else [scope.note()]
-    table_rows = [_row("measured", "recorded", measured, notes=notes),
-                  _sim_row(result) if predicted is None else
-                  _row(result.name, "predicted", predicted, overrides=result.overrides,
-                       notes=result.notes + notes)]
-    _finish(args, table_rows, cost, plotter, {"compare": pd.DataFrame(rows)})
+    table_rows = [run_outputs.row("measured", "recorded", measured, notes=notes),
+                  run_outputs.sim_row(result) if predicted is None else
+                  run_outputs.row(result.name, "predicted", predicted,
+                                  overrides=result.overrides, notes=result.notes + notes)]
+    run_outputs.finish(args, table_rows, cost, plotter, {"compare": pd.DataFrame(rows)})
     return 0
 
 
@@ -302,17 +249,20 @@ def _compare_client(args: argparse.Namespace, workload: SimWorkload, cost: CostM
     frame, summary, settings = read_result(args.compare)
     if workload.recorded is None:
         raise WhatifError("--compare LOADGEN_RESULT needs a TRACE")
-    frame, summary, total, scoped = scope_client(frame, summary, workload, args.compare)
+    frame, summary, total, scoped = scope_client(frame, summary, workload, args.compare,
+                                                  partial=bool(settings.get("partial")))
     frame, summary, notes = client_view(frame, summary, settings, args.compare, workload.name,
                                         total)  # retry waits left out
     for line in scoped + notes:
         print(line)
     result = run_variant(workload, {}, cost, name="predicted")
-    rows = [_row("recorded", "recorded", compute(recorded_events(workload))), _sim_row(result),
+    rows = [run_outputs.row("recorded", "recorded", compute(recorded_events(workload)),
+                            notes=_timing_notes(args, workload, cost)),
+            run_outputs.sim_row(result),
             table_row(f"client ({settings.get('url', '?')})", summary, frame, notes)]
     note_scope(rows, workload)
     print(variants_table(rows))
-    _finish(args, rows, cost, plotter)
+    run_outputs.finish(args, rows, cost, plotter)
     return 0
 
 
@@ -333,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
     check_profile_arg(args.profile)
     check_out_dir(args.out, WHATIF)  # before the work, not after it
     check_report(args.report, args.out)
-    plotter = _plotter(args)
+    plotter = run_outputs.plotter(args)
     try:
         return _whatif(args, overrides, grid, plotter)
     finally:
@@ -343,12 +293,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _whatif(args: argparse.Namespace, overrides: dict[str, Any], grid: dict[str, list[Any]],
             plotter: Any) -> int:
+    variants = build_variants(overrides, grid)
     if args.stream or args.trace_out:
         from replay.cli.whatif_stream import run_streamed
 
-        return run_streamed(args, build_variants(overrides, grid), _load_timing_trace, _finish,
-                            _sim_row)
-    source = _source(args)
+        return run_streamed(args, variants, _load_timing_trace, run_outputs.finish,
+                            run_outputs.sim_row)
+    source = _source(args, bool(args.compare) or not all("policy" in v for _, v in variants))
     against = load_other(source, args.compare)  # checked before any step-time model is fitted
     workload, cost, notes = _load(args, source)
     if cost is not None and cost.host is not None:
@@ -361,7 +312,6 @@ def _whatif(args: argparse.Namespace, overrides: dict[str, Any], grid: dict[str,
         if against is None:
             return _compare_client(args, workload, cost, plotter)
         return _compare(args, workload, cost, plotter, against)
-    variants = build_variants(overrides, grid)
     if workload.config.num_kvcache_blocks == AUTO_SIZED_BLOCKS and not all(
         "num_kvcache_blocks" in v for _, v in variants
     ):
@@ -369,8 +319,9 @@ def _whatif(args: argparse.Namespace, overrides: dict[str, Any], grid: dict[str,
                           "num_kvcache_blocks=N (or --timing-from a trace, whose pool is used)")
     results = _run_variants(workload, variants, cost, args.jobs, args.executor)
     recorded = recorded_events(workload)  # an incomplete source's finished requests only
-    rows = [] if recorded is None else [_row("recorded", "recorded", compute(recorded))]
-    rows += [_sim_row(r) for r in results]
+    rows = ([] if recorded is None else [run_outputs.row(  # the note in summary.parquet too
+        "recorded", "recorded", compute(recorded), notes=_timing_notes(args, workload, cost))])
+    rows += [run_outputs.sim_row(r) for r in results]
     note_scope(rows, workload)
     for r in results:
         for note in r.notes:
@@ -378,7 +329,7 @@ def _whatif(args: argparse.Namespace, overrides: dict[str, Any], grid: dict[str,
     from replay.whatif.report import variants_table
 
     print(variants_table(rows))
-    _finish(args, rows, cost, plotter)
+    run_outputs.finish(args, rows, cost, plotter)
     if not any(r.ok for r in results):
         statuses = "; ".join(f"{r.name}: {r.status}" for r in results)
         raise WhatifError(f"no variant could run ({statuses})")

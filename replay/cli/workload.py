@@ -14,7 +14,7 @@ from replay.cli.paths import check_plot_file, check_workload_out
 from replay.workloads.arrivals import PROCESSES, ArrivalProcess
 from replay.workloads.distributions import parse
 from replay.workloads.import_options import OVER_LENGTH
-from replay.workloads.imports import FORMATS
+from replay.workloads.imports import FORMATS, check_format_options
 
 DISTRIBUTIONS = "fixed:V, uniform:LO,HI, normal:MEAN,STD, lognormal:MEAN,SIGMA, zipf:A,MAX, " \
     "exponential:MEAN or empirical:FILE"
@@ -41,19 +41,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     gen.add_argument("--output-len", default="fixed:128", help="max_tokens, same forms")
     gen.add_argument("--system-prompts", type=int, default=0,
                      help="N shared system prompts before the first turn's own tokens")
-    gen.add_argument("--system-prompt-len", default="fixed:512", help="their lengths")
-    gen.add_argument("--popularity", type=float, default=1.0,
-                     help="Zipf exponent over system prompt ranks (0: uniform)")
+    gen.add_argument("--system-prompt-len", default=None,
+                     help="their lengths (default fixed:512)")
+    gen.add_argument("--popularity", type=float, default=None,
+                     help="Zipf exponent over system prompt ranks (default 1; 0: uniform)")
     gen.add_argument("--turns", default="fixed:1", help="turns per conversation")
     gen.add_argument("--think-time", default="fixed:0", help="seconds between an answer and "
-                     "the next turn")
+                     "the next turn (with --turns of more than one)")
     gen.add_argument("--user-len", default=None, help="new tokens of a later turn (default: "
-                     "--prompt-len)")
+                     "--prompt-len; with --turns of more than one)")
     gen.add_argument("--temperature", type=float, default=0.6)
     gen.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                      help="let a request stop at EOS before its max_tokens")
-    gen.add_argument("--hash-block-size", type=int, default=16,
-                     help="tokens per named block of a system prompt")
+    gen.add_argument("--hash-block-size", type=int, default=None,
+                     help="tokens per named block of a system prompt (default 16)")
     gen.add_argument("--seed", type=int, default=0)
 
     imp = sub.add_parser("import", help="a public trace or a workload file as a workload file")
@@ -64,21 +65,27 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     imp.add_argument("--end", type=float, default=math.inf, help="window end (s of the trace)")
     imp.add_argument("--limit", type=int, default=None, help="keep at most N first turns")
     imp.add_argument("--time-scale", type=float, default=1.0,
-                     help="multiply arrival times (0.5: the same trace twice as fast)")
+                     help="multiply arrival and think times, >= 0 (0.5: the same trace twice as "
+                     "fast; 0: everything at once)")
     imp.add_argument("--max-prompt-len", type=int, default=None)
     imp.add_argument("--over-length", choices=OVER_LENGTH, default="drop",
                      help="what to do with a prompt over --max-prompt-len (each one counted)")
-    imp.add_argument("--block-size", type=int, default=512,
-                     help="mooncake: tokens per hash_ids entry (Mooncake 512, Bailian 16)")
+    imp.add_argument("--block-size", type=int, default=None,
+                     help="mooncake: tokens per hash_ids entry (default 512: Mooncake; Bailian "
+                     "16)")
     imp.add_argument("--rate", type=float, default=None,
                      help="sharegpt: conversations/s, Poisson (default: all at 0)")
     imp.add_argument("--model", default=None, help="sharegpt: tokenizer directory (default: "
                      "the tiny model's Qwen vocabulary)")
+    imp.add_argument("--filter-model", default=None, metavar="NAME",
+                     help="burstgpt: keep the rows of this Model only (ChatGPT or GPT-4; "
+                     "case ignored; the others dropped, counted)")
     imp.add_argument("--temperature", type=float, default=0.6)
     imp.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false")
     imp.add_argument("--seed", type=int, default=0, help="salt of the synthesized tokens")
     imp.add_argument("--ignore-unknown-fields", action="store_true",
-                     help="read past fields this version does not know (else an error)")
+                     help="mooncake and replayllm: read past fields this version does not "
+                     "know (else an error)")
 
     desc = sub.add_parser("describe", help="requests, span, rate, lengths, prefix reuse, plots")
     desc.add_argument("workload", help="workload file (.jsonl or .parquet)")
@@ -104,7 +111,8 @@ def _generate(args: argparse.Namespace) -> int:
         prompt_len=parse(args.prompt_len, "--prompt-len"),
         output_len=parse(args.output_len, "--output-len"),
         system_prompts=args.system_prompts,
-        system_prompt_len=parse(args.system_prompt_len, "--system-prompt-len"),
+        system_prompt_len=parse(args.system_prompt_len, "--system-prompt-len")
+        if args.system_prompt_len is not None else None,
         popularity=args.popularity,
         turns=parse(args.turns, "--turns"),
         think_time_s=parse(args.think_time, "--think-time"),
@@ -112,6 +120,9 @@ def _generate(args: argparse.Namespace) -> int:
         temperature=args.temperature, ignore_eos=args.ignore_eos,
         hash_block_size=args.hash_block_size, seed=args.seed,
     )
+    if spec.system_prompts:  # the defaults the spec set, recorded in the header's command
+        args.system_prompt_len = args.system_prompt_len or spec.system_prompt_len.text
+        args.popularity, args.hash_block_size = spec.popularity, spec.hash_block_size
     check_workload_out(args.out)
     generator = Generator(spec)
     writer = WorkloadWriter(args.out)
@@ -138,11 +149,17 @@ def _import(args: argparse.Namespace) -> int:
     from replay.workloads.store import WorkloadWriter
 
     check_workload_out(args.out, args.source)
+    # --block-size's default (512) is Mooncake's: only the CLI knows whether it was given
+    check_format_options(args.format, {"--block-size"} if args.block_size is not None else set())
+    if args.format == "mooncake" and args.block_size is None:
+        args.block_size = 512  # the default, recorded in the header's command
     options = ImportOptions(
         start_s=args.start, end_s=args.end, limit=args.limit, time_scale=args.time_scale,
         max_prompt_len=args.max_prompt_len, over_length=args.over_length, seed=args.seed,
-        block_size=args.block_size, temperature=args.temperature, ignore_eos=args.ignore_eos,
+        block_size=512 if args.block_size is None else args.block_size,
+        temperature=args.temperature, ignore_eos=args.ignore_eos,
         ignore_unknown_fields=args.ignore_unknown_fields, model=args.model, rate=args.rate,
+        filter_model=args.filter_model,
     )
     counts = ImportCounts()
     writer = WorkloadWriter(args.out)
@@ -164,6 +181,8 @@ def _describe(args: argparse.Namespace) -> int:
         check_plot_file(args.plots)
     summary = summarize(_progress(read_workload(args.workload, args.ignore_unknown_fields),
                                   "describe"), args.block_size)
+    if not summary.requests:  # as run refuses it (replay/cli/run.py load_requests)
+        raise InvalidRequestError(f"{args.workload}: the workload holds no requests")
     print(table(summary))
     if args.plots:
         from replay.workloads.plots import plot_summary

@@ -11,11 +11,12 @@
   mixed, under ``overlap_mixed_steps``) (any policy).
 - For the built-in policies, their rules: ``queue_order`` (admission first come first served, by
   priority under ``priority``; preempted sequences back at the front; the running queue stays in
-  admission order), ``victim`` (the newest
-  running sequence, the lowest priority first under ``priority``, only for an older one of the
-  batch), ``batch_shape`` (prefill_first/priority: a step is all admissions or all decodes;
-  chunked: prefill work first, decodes one token, the kind label matches) and ``maximality``
-  (the scheduler stops admitting, chunking or decoding only when a budget or the pool runs out).
+  admission order), ``victim`` (the newest running sequence, the lowest priority first under
+  ``priority``, only for an older one of the batch or one the step then preempts too: a victim
+  sharing its blocks frees none), ``batch_shape`` (prefill_first/priority: a step is all
+  admissions or all decodes; chunked: prefill work first, decodes one token, the kind label
+  matches) and ``maximality`` (the scheduler stops admitting, chunking or decoding only when a
+  budget or the pool runs out).
 """
 
 from __future__ import annotations
@@ -166,6 +167,7 @@ class StepObserver:
         run, check = self.run, self.run.check
         admitted: list[int] = []
         victims: list[int] = []
+        needs: list[tuple[int, int]] = []  # (victim, the sequence it made room for)
         ordered = self.builtin is not None
         for _, kind, row in self._new_rows():
             if kind == "preempted":
@@ -183,9 +185,7 @@ class StepObserver:
                           f" the policy's victim among the running is {worst}")
                 for_seq = row["for_seq_id"]
                 if for_seq != NO_SEQ:
-                    check(for_seq in ids and self.rank[for_seq] < self.rank.get(victim, -1),
-                          "victim", f"step {run.steps}: seq {victim} preempted for {for_seq}, "
-                          "which is not an older sequence of this batch")
+                    needs.append((victim, for_seq))
                 victims.append(victim)
                 run.preempted.add(victim)
                 self.queue.appendleft(victim)
@@ -200,6 +200,14 @@ class StepObserver:
                     self.queue.remove(seq_id)
                 admitted.append(seq_id)
                 self.rank[seq_id] = next(self.next_rank)
+        # The sequence a victim made room for runs in this batch, unless the step preempted it
+        # too: a victim whose blocks are shared (prefix hits) frees none by its release, so the
+        # needy one may end as its own victim (vLLM's loop does the same).
+        for victim, for_seq in needs:
+            check((for_seq in ids or for_seq in victims)
+                  and self.rank[for_seq] < self.rank.get(victim, -1),
+                  "victim", f"step {run.steps}: seq {victim} preempted for {for_seq}, which is "
+                  "neither an older sequence of this batch nor preempted in this step")
         waiting_now = [s.seq_id for s in self.core.scheduler.waiting]
         check(waiting_now == list(self.queue), "queue_order",
               f"step {run.steps}: waiting queue {waiting_now}, model {list(self.queue)}")

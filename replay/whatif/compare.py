@@ -202,15 +202,16 @@ def restricts(compare: str | None) -> bool:
     return is_result(compare)
 
 
-def scope_client(frame: Any, summary: dict[str, float], workload: Any, name: str
-                 ) -> tuple[Any, dict[str, float], int, list[str]]:
+def scope_client(frame: Any, summary: dict[str, float], workload: Any, name: str,
+                 partial: bool = False) -> tuple[Any, dict[str, float], int, list[str]]:
     """A loadgen result (``name``) restricted as an incomplete SOURCE's recorded and predicted
     rows are (``incomplete_source``): the rows of the requests the recording finished, matched by
-    their ``index`` in the workload, summarized anew (its makespan up to the last of them); and
+    prompt length and max_tokens in workload order (``_match_client_rows``), summarized anew
+    (its makespan up to the last of them); and
     how many requests the other rows cover, and a line saying so. Unchanged for a complete
     SOURCE. Raises ``ReplayLLMError`` where nothing can be set side by side: a SOURCE that
-    finished none, a result holding none of them, or one whose requests at those indices are
-    not the SOURCE's (other max_tokens: another workload)."""
+    finished none, a result holding none of them, or one lacking any of them (another workload;
+    a ``partial`` result, cut by Ctrl-C, may lack some)."""
     from replay.loadgen.result import summarize
 
     recorded, scope = workload.recorded, getattr(workload, "scope", None)
@@ -219,24 +220,55 @@ def scope_client(frame: Any, summary: dict[str, float], workload: Any, name: str
     if scope is None:
         raise _nothing_to_compare(workload.name, _stopped(recorded), len(workload.requests))
     added = recorded.tables["request_added"]
-    position = np.flatnonzero(np.isin(np.asarray(added["seq_id"], dtype=np.int64),
-                                      scope.seq_ids))
-    wanted = dict(zip(position.tolist(),
-                      np.asarray(added["max_tokens"], dtype=np.int64)[position].tolist()))
-    kept = frame[frame["index"].isin(list(wanted))]
-    for index, max_tokens in zip(kept["index"].tolist(), kept["max_tokens"].tolist()):
-        if int(max_tokens) != wanted[int(index)]:
-            raise ReplayLLMError(
-                f"{name} ran another workload than {workload.name} (request {int(index)}: "
-                f"max_tokens {int(max_tokens)} vs {wanted[int(index)]}): its rows cannot be "
-                f"matched to the {scope.finished} requests the incomplete recording finished")
+    finished = np.isin(np.asarray(added["seq_id"], dtype=np.int64), scope.seq_ids)
+    rows = _match_client_rows(frame, added, finished)
+    kept = frame.loc[[row for row, done in zip(rows, finished) if done and row is not None]]
+    if len(kept) < scope.finished and (not partial or not len(kept)) and len(frame):
+        raise ReplayLLMError(
+            f"{name} ran another workload than {workload.name} ({scope.finished - len(kept)} of "
+            f"the {scope.finished} requests the incomplete recording finished have no request "
+            "of their prompt length and max_tokens there): its rows cannot be matched to the "
+            f"{scope.finished} requests it finished")
     if not len(kept):
         raise ReplayLLMError(f"{name} holds none of the {scope.finished} requests the "
                              f"incomplete recording {workload.name} finished: nothing to compare")
+    kept = kept.sort_values("index")
     line = (f"note: the client row covers the {len(kept)} of those {scope.finished} requests "
-            f"{name} holds (matched by their index in the workload), up to the last of them")
+            f"{name} holds (matched by prompt length and max_tokens in workload order), up to the "
+            "last of them")
     return (kept, summarize(kept, summary.get("makespan_s", float("nan"))), scope.finished,
             [line])
+
+
+def _match_client_rows(frame: Any, added: dict[str, Any], finished: np.ndarray
+                       ) -> list[Any]:
+    """The client row (a label of ``frame``, or None where it holds none) of each request the
+    recording added, in ``seq_id`` order.
+
+    The engine numbers requests in the order they reach it, which is not the workload's
+    (``index``) where a later request's body is sent or parsed first. So a row is matched by
+    its shape, its prompt tokens and max_tokens: the k-th recorded request of a shape gets the
+    k-th row of that shape by index. Where that matches fewer ``finished`` requests than
+    max_tokens alone (a result whose prompt counts are not the server's), max_tokens alone."""
+    theirs = list(zip(np.asarray(frame["prompt_tokens"]).tolist(),
+                      np.asarray(frame["max_tokens"]).tolist()))
+    order = np.argsort(np.asarray(frame["index"]), kind="stable")
+    ours = list(zip(np.asarray(added["prompt_len"]).tolist(),
+                    np.asarray(added["max_tokens"]).tolist()))
+    best: list[Any] = []
+    for shape in ((lambda k: (int(k[0]), int(k[1]))), (lambda k: int(k[1]))):
+        rows: dict[Any, list[Any]] = {}
+        for i in order:
+            rows.setdefault(shape(theirs[i]), []).append(frame.index[i])
+        queues = {key: iter(found) for key, found in rows.items()}
+        matched = [next(queues.get(shape(key), iter(())), None) for key in ours]
+        if not best or _count(matched, finished) > _count(best, finished):
+            best = matched
+    return best
+
+
+def _count(rows: list[Any], finished: np.ndarray) -> int:
+    return sum(1 for row, done in zip(rows, finished) if done and row is not None)
 
 
 def recorded_events(workload: Any) -> RecordedEvents | None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from engine.config import Config
 from engine.graph_sizes import prefill_graph_limit, prefill_graph_prompts
-from replay.whatif.cost.model import CostModel
+from replay.whatif.cost.model import CostModel, recorded_model
 from replay.whatif.sim_executor import SimExecutor
 from tracing.header import recorded_device
 
@@ -46,6 +46,32 @@ def device_note(cost: CostModel | None, recorded: Mapping[str, Any]) -> str | No
         return None
     return (f"recorded on {theirs}, the timing source on {cost.device}: the prediction prices "
             "the source's device (a profile or a source recorded on that device prices it)")
+
+
+def timing_note(cost: CostModel | None, recorded: Mapping[str, Any], timing: str = "",
+                source: str = "the source") -> str | None:
+    """A note where the timing source (``timing``: ``--timing-from``'s name) ran another device
+    or model than the source recording (``recorded``: its header; ``source``: its name): the
+    predictions price the timing source's, so the recording's own figures (whatif's recorded
+    row) are no like-for-like measure of them. Both sides named by device and model; a side
+    that does not say (a model saved before ``model_name``) is taken as the same."""
+    if cost is None:
+        return None
+    ours, theirs = recorded_device(recorded), recorded_model(recorded)
+    other_device = bool(cost.device and ours and cost.device != ours)
+    other_model = bool(cost.model_name and theirs and cost.model_name != theirs)
+    if not (other_device or other_model):
+        return None
+    what = " and ".join(w for w, differs in (("device", other_device), ("model", other_model))
+                        if differs)
+    return (f"--timing-from {timing or cost.source or 'its model'} ran "
+            f"{_named(cost.device, cost.model_name)}; {source} recorded {_named(ours, theirs)}: "
+            f"another {what}, so the predictions (priced on the former) are not like for like "
+            "with the recorded figures")
+
+
+def _named(device: str, model: str) -> str:
+    return f"{model or 'a model it does not name'} on {device or 'a device it does not name'}"
 
 
 def _prefill_graph_notes(source: Config, config: Config, cost: CostModel) -> list[str]:

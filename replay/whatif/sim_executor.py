@@ -49,6 +49,14 @@ SYNTHETIC_RANGE = 10000
 SYNTHETIC_STRIDE = 7919
 
 
+def synthetic_ids(eos: int) -> np.ndarray:
+    """Every synthetic token id in the walk's order (the token at walk ``w`` is the id at
+    ``w % SYNTHETIC_RANGE``): ``SYNTHETIC_BASE + i``, except that an EOS set among them is never
+    sampled (its id moves up by one). The one rule every synthetic token comes from."""
+    ids = SYNTHETIC_BASE + np.arange(SYNTHETIC_RANGE, dtype=np.int64)
+    return ids + (ids == eos)
+
+
 def step_features(num_seqs: int, prefill_tokens: int, work: int, decode_seqs: int,
                   context: int, padded: int, padded_tokens: int, kv_tokens: float,
                   longest_context: int, longest_prefill: int, kv_heads: int) -> StepFeatures:
@@ -137,6 +145,9 @@ class SimExecutor:
         self.last_interval_s = 0.0  # the last step's simulated interval
         self._decode_interval_s = 0.0  # the last decode step's (the pace of a decode stretch)
         self._synthetic_cycle: array | None = None  # ``sequence_tokens``' (made on first use)
+        # ``synthetic_ids``: an array for a decode stretch, a list for a token at a time.
+        self._synthetic_ids = synthetic_ids(eos)
+        self._synthetic_list: list[int] = self._synthetic_ids.tolist()
 
     def bind(self, seq_id: int, tokens: Sequence[int] | None) -> None:
         """Give sequence ``seq_id`` (ids are handed out in order) its recorded completion (a list
@@ -166,19 +177,16 @@ class SimExecutor:
         return self._synthetic(seq_id, position)
 
     def _synthetic(self, seq_id: int, position: int) -> int:
-        token = SYNTHETIC_BASE + (seq_id * SYNTHETIC_STRIDE + position) % SYNTHETIC_RANGE
-        return token + 1 if token == self.eos else token  # an EOS set past the vocabulary
+        return self._synthetic_list[(seq_id * SYNTHETIC_STRIDE + position) % SYNTHETIC_RANGE]
 
     def _sample(self, sampled: list) -> list[int]:
         """The token each sampled sequence samples now: its recorded one, else synthetic."""
         tokens = self.tokens
         if not tokens:  # nothing recorded (a workload without answers): all synthetic
             self.synthesized += len(sampled)
-            out = [SYNTHETIC_BASE + (s.seq_id * SYNTHETIC_STRIDE + s.num_tokens
-                                     - s.num_prompt_tokens) % SYNTHETIC_RANGE for s in sampled]
-            if SYNTHETIC_BASE <= self.eos < SYNTHETIC_BASE + SYNTHETIC_RANGE and self.eos in out:
-                out = [t + 1 if t == self.eos else t for t in out]
-            return out
+            ids = self._synthetic_list
+            return [ids[(s.seq_id * SYNTHETIC_STRIDE + s.num_tokens - s.num_prompt_tokens)
+                        % SYNTHETIC_RANGE] for s in sampled]
         return [self._token(s.seq_id, s.num_tokens - s.num_prompt_tokens) for s in sampled]
 
     def decode_tokens(self, seq_ids: np.ndarray, completions: np.ndarray,
@@ -186,10 +194,8 @@ class SimExecutor:
         """The tokens of ``steps`` samplings of each sequence (``completions``: the tokens each
         has sampled so far), sequences by row: what ``_sample`` would give them one by one (a
         decode stretch, ``engine.decode_stretch``). Counts nothing: see ``count_sampled``."""
-        tokens = SYNTHETIC_BASE + (seq_ids[:, None] * SYNTHETIC_STRIDE + completions[:, None]
-                                   + np.arange(steps)) % SYNTHETIC_RANGE
-        if SYNTHETIC_BASE <= self.eos < SYNTHETIC_BASE + SYNTHETIC_RANGE:
-            tokens[tokens == self.eos] += 1
+        tokens = self._synthetic_ids[(seq_ids[:, None] * SYNTHETIC_STRIDE + completions[:, None]
+                                      + np.arange(steps)) % SYNTHETIC_RANGE]
         recorded = self.tokens
         if recorded:
             for row, seq_id in enumerate(seq_ids.tolist()):
@@ -211,8 +217,7 @@ class SimExecutor:
                                       count)[0].tolist()
         cycle = self._synthetic_cycle
         if cycle is None:  # every synthetic token in order, as ``_synthetic`` gives them
-            cycle = self._synthetic_cycle = array(
-                TOKEN_TYPECODE, [self._synthetic(0, at) for at in range(SYNTHETIC_RANGE)])
+            cycle = self._synthetic_cycle = array(TOKEN_TYPECODE, self._synthetic_list)
         start = (seq_id * SYNTHETIC_STRIDE + completion) % SYNTHETIC_RANGE
         tokens = cycle[start:start + count]
         while len(tokens) < count:

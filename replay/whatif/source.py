@@ -84,9 +84,17 @@ def _tokens_by_seq(events: RecordedEvents) -> dict[int, list[int]]:
     }
 
 
-def _source_config(header: dict[str, Any], name: str) -> Config:
+# Stands in for a recorded user policy absent here while the Config's other rules are checked:
+# a user policy is never held to the whole-prompt token rule, and neither is ``chunked``.
+_STAND_IN_POLICY = "chunked"
+
+
+def _source_config(header: dict[str, Any], name: str, policy_needed: bool = True) -> Config:
     """The recording's Config; a user policy that cannot be imported here is named as such
-    (the simulation re-runs the source's scheduler, so it needs the policy's module)."""
+    (the simulation re-runs the source's scheduler, so it needs the policy's module).
+
+    ``policy_needed`` False (every variant sets another policy): such a policy is kept by name
+    only (``_config_naming_policy``), so a variant overriding it runs without its module."""
     from engine.policy import is_import_path, policy_class
 
     policy = str((header.get("config") or {}).get("policy", ""))
@@ -94,21 +102,48 @@ def _source_config(header: dict[str, Any], name: str) -> Config:
         try:
             policy_class(policy)
         except ConfigError as exc:
+            if not policy_needed:
+                return _config_naming_policy(header, policy)
             raise ReplayLLMError(
                 f"{name} was recorded with the user policy {policy}, which cannot be imported "
                 f"here ({exc}); the simulation builds the recorded configuration, so put the "
-                "policy's package on PYTHONPATH (even to --set another policy)") from None
+                "policy's package on PYTHONPATH, or set a built-in policy for every variant "
+                "(whatif --set policy=chunked, tune --space policy=...)") from None
     return config_from_header(header)
 
 
-def workload_from_recorded(events: RecordedEvents, name: str = "trace") -> SimWorkload:
-    """The workload of a recording: its requests, their tokens, arrivals and aborts."""
-    config = _source_config(events.header, name)
+def _config_naming_policy(header: dict[str, Any], policy: str) -> Config:
+    """The recorded Config, its ``policy`` the user policy's name although it cannot be
+    imported: every other rule is checked (on a stand-in policy), ``to_dict`` is the recorded
+    configuration, ``replace(policy=...)`` gives a valid Config and any other ``replace`` the
+    import's ``ConfigError`` (a variant keeping the policy: ``cannot run``, naming it)."""
+    config = config_from_header({**header, "config": {**header["config"],
+                                                      "policy": _STAND_IN_POLICY}})
+    object.__setattr__(config, "policy", policy)  # frozen: the recorded name, unvalidated
+    return config
+
+
+def _probe_config(config: Config) -> Config:
+    """A Config whose scheduler can be built, for ``admission_error`` (policy-independent)."""
+    from engine.policy import policy_class
+
+    try:
+        policy_class(config.policy)
+    except ConfigError:
+        return config.replace(policy=_STAND_IN_POLICY)
+    return config
+
+
+def workload_from_recorded(events: RecordedEvents, name: str = "trace",
+                           policy_needed: bool = True) -> SimWorkload:
+    """The workload of a recording: its requests, their tokens, arrivals and aborts.
+    ``policy_needed`` False: a recorded user policy may be absent (``_source_config``)."""
+    config = _source_config(events.header, name, policy_needed)
     added, finished = events.tables["request_added"], events.tables["request_finished"]
     reasons = dict(zip(np.asarray(finished["seq_id"]).tolist(),
                        np.asarray(finished["reason"]).tolist()))
     tokens = _tokens_by_seq(events)
-    probe = Scheduler(config, config.num_kvcache_blocks, NullEventBuffer())
+    probe = Scheduler(_probe_config(config), config.num_kvcache_blocks, NullEventBuffer())
     requests: list[SimRequest] = []
     index_of: dict[int, int] = {}
     for row, seq_id in enumerate(np.asarray(added["seq_id"]).tolist()):
@@ -160,16 +195,19 @@ def workload_from_requests(requests: list[Request], config: Config, name: str) -
     return SimWorkload(name, config, header, out, start_s=0.0, workload=list(requests))
 
 
-def load_source(source: Any) -> SimWorkload:
-    """A SimWorkload from a trace path, an opened trace, recorded events or a SimWorkload."""
+def load_source(source: Any, policy_needed: bool = True) -> SimWorkload:
+    """A SimWorkload from a trace path, an opened trace, recorded events or a SimWorkload.
+    ``policy_needed`` False: every variant sets its own policy, so a recorded user policy's
+    module may be absent (a variant keeping it cannot run)."""
     if isinstance(source, SimWorkload):
         return source
     if isinstance(source, RecordedEvents):
-        return workload_from_recorded(source)
+        return workload_from_recorded(source, policy_needed=policy_needed)
     if isinstance(source, (str, Path)):
         from tracing.reader import read_trace
 
-        return workload_from_recorded(from_trace(read_trace(source)), name=str(source))
+        return workload_from_recorded(from_trace(read_trace(source)), str(source), policy_needed)
     if hasattr(source, "table") and hasattr(source, "header"):
-        return workload_from_recorded(from_trace(source), name=str(getattr(source, "path", "")))
+        return workload_from_recorded(from_trace(source), str(getattr(source, "path", "")),
+                                      policy_needed)
     raise TypeError(f"cannot simulate from a {type(source).__name__}")

@@ -81,6 +81,24 @@ def parse_slo(text: str) -> Slo:
     return Slo(metric, limit)
 
 
+def check_slos(slos: list[Slo]) -> tuple[Slo, ...]:
+    """The SLOs to meet, checked: at least one, and one limit per metric (a metric given twice
+    would be held to both limits in silence, one of them moot)."""
+    if not slos:
+        raise TuneError("give at least one --slo METRIC=SECONDS")
+    seen: set[str] = set()
+    for slo in slos:
+        if slo.metric in seen:
+            raise TuneError(f"--slo {slo.metric} is given twice; give each metric one limit")
+        seen.add(slo.metric)
+    return tuple(slos)
+
+
+def parse_slos(texts: list[str]) -> tuple[Slo, ...]:
+    """``--slo`` values (``METRIC=SECONDS`` each) -> the checked SLOs (``check_slos``)."""
+    return check_slos([parse_slo(text) for text in texts])
+
+
 def default_space(workload: SimWorkload) -> dict[str, list[Any]]:
     """The space searched when ``--space`` names no key: around the source's own settings.
 
@@ -153,20 +171,26 @@ class TuneResult:
         return sum(base.get(k) != v for k, v in e.overrides.items())
 
     def _preferred(self, runs: list[Evaluation]) -> Evaluation | None:
-        """The top run by ``rank_key``; of equals, the fewest changes from the source."""
+        """The top run by ``rank_key``; of equals, the fewest changes from the source (of equal
+        changes, the first: a searched run before the source's own)."""
         return max(runs, key=lambda e: (e.rank_key(), -self.changes(e)), default=None)
+
+    def _whole_runs(self) -> list[Evaluation]:
+        """Every run on the whole workload: the searched ones, then the source's own (which a
+        search narrowed to ``--budget`` may have cut, or whose space may not hold it)."""
+        return [*self.evaluations, self.baseline]
 
     @property
     def best(self) -> Evaluation | None:
         """The highest goodput meeting every SLO; of equals, the fewest changes from the source."""
-        return self._preferred([e for e in self.evaluations if e.meets])
+        return self._preferred([e for e in self._whole_runs() if e.meets])
 
     @property
     def closest(self) -> Evaluation | None:
         """Where nothing meets the SLOs: the run missing them by the least (None otherwise)."""
         if self.best is not None:
             return None
-        return self._preferred([e for e in self.evaluations if e.result.ok])
+        return self._preferred([e for e in self._whole_runs() if e.result.ok])
 
     def pareto_front(self) -> list[Evaluation]:
         """The runs no other run beats on throughput and on every SLO metric at once."""
@@ -202,15 +226,19 @@ def _text(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def candidates(workload: SimWorkload, space: dict[str, list[Any]]) -> list[dict[str, Any]]:
-    """Every combination of the space the Config accepts, in a fixed order."""
+def candidates(workload: SimWorkload, space: dict[str, list[Any]],
+               rejected: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every combination of the space the Config accepts, in a fixed order (``rejected``, if
+    given, gets each other one with the Config's reason)."""
     keys = list(space)
     out = []
     for combo in itertools.product(*(space[k] for k in keys)):
         overrides = dict(zip(keys, combo))
         try:
             workload.config.replace(**overrides)
-        except ConfigError:
+        except ConfigError as exc:
+            if rejected is not None:
+                rejected.append(f"{format_overrides(overrides)}: {exc}")
             continue
         out.append(overrides)
     return out
@@ -251,14 +279,14 @@ def tune(
     eta: int = DEFAULT_ETA,
 ) -> TuneResult:
     """Search ``space`` for the highest goodput meeting ``slos`` (see the module docstring)."""
-    if not slos:
-        raise TuneError("give at least one --slo METRIC=SECONDS")
+    slos_t = check_slos(slos)
     if budget < 1 or eta < 2:
         raise TuneError(f"--budget must be >= 1 and --eta >= 2, got {budget} and {eta}")
-    pool = candidates(workload, space)
-    if not pool:
-        raise TuneError("no configuration of the space is valid (see engine/config.py's rules)")
-    slos_t = tuple(slos)
+    rejected: list[str] = []
+    pool = candidates(workload, space, rejected)
+    if not pool:  # the first one's reason: the rest are usually alike
+        raise TuneError(f"no configuration of the space is valid ({len(rejected)} rejected; "
+                        f"the first, {rejected[0]})")
     total = len(workload.requests)
     sizes = rung_sizes(len(pool), total, budget, eta)
     rungs = []

@@ -50,6 +50,9 @@ class ArrivalProcess:
         if self.kind == "schedule" and self.rate is not None:
             raise InvalidRequestError("--rate does not apply to --arrivals schedule (its file "
                                       "gives the times)")
+        if self.kind in ("constant", "gamma") and self.rate is None:  # poisson: the default
+            raise InvalidRequestError(f"--arrivals {self.kind} needs --rate (without one every "
+                                      "request arrives at 0)")
         if self.kind != "gamma" and self.burstiness != 1.0:
             raise InvalidRequestError(f"--burstiness applies to --arrivals gamma, not "
                                       f"{self.kind}")

@@ -33,7 +33,9 @@ from replay.workloads.text_input import TEXT_ERRORS, open_text, read_error
 
 CHUNK_ROWS = 100_000
 KINDS = {"azure": "an Azure LLM inference CSV", "burstgpt": "a BurstGPT CSV"}
-Row = tuple[str, float, int, int]  # (file:line, arrival_s, prompt tokens, output tokens)
+# (file:line, arrival_s, prompt tokens, output tokens, BurstGPT's Model when asked for)
+Row = tuple[str, float, int, int, str | None]
+MODEL = "Model"  # BurstGPT's column of the model served (ChatGPT, GPT-4): --filter-model
 # Epoch units by magnitude (2001 to 2255 in each): (low, high, nanoseconds per unit, name).
 EPOCH_UNITS = ((1e9, 9e9, 10**9, "seconds"), (1e12, 9e12, 10**6, "milliseconds"),
                (1e15, 9e15, 10**3, "microseconds"), (1e18, 9e18, 1, "nanoseconds"))
@@ -45,15 +47,16 @@ def _blank(row: list[str]) -> bool:
     return not row or (len(row) == 1 and not row[0].strip())
 
 
-def _columns(where: str, header: list[str], fmt: str) -> list[int]:
+def _columns(where: str, header: list[str], fmt: str, extra: tuple[str, ...]) -> list[int]:
     keys = [key(name) for name in header]
     index = []
-    for column in NEEDS[fmt][1]:
+    for column in NEEDS[fmt][1] + extra:
         found = [i for i, k in enumerate(keys) if k == key(column)]
         if not found:  # names what the file holds (a JSON line's fields), and the formats read
             found = names_in(",".join(header))
             problem = "a JSON line, not a CSV header" if found[0] == "fields" else \
-                f"no column {column!r}"
+                f"no column {column!r}" + (" (--filter-model reads it)" if column == MODEL
+                                           else "")
             raise not_format(f"{where}: not {KINDS[fmt]}: {problem}", fmt, found)
         if len(found) > 1:
             raise WorkloadFormatError(f"{where}: column {column!r} appears {len(found)} times")
@@ -61,11 +64,13 @@ def _columns(where: str, header: list[str], fmt: str) -> list[int]:
     return index
 
 
-def _chunks(path: str | Path, fmt: str) -> Iterator[tuple[list[int], list[Any]]]:
-    """(line numbers, one pandas Series of strings per needed column) per chunk of rows."""
+def _chunks(path: str | Path, fmt: str, extra: tuple[str, ...] = ()
+            ) -> Iterator[tuple[list[int], list[Any]]]:
+    """(line numbers, one pandas Series of strings per needed column, then per ``extra``
+    column) per chunk of rows."""
     import pandas as pd
 
-    needed = NEEDS[fmt][1]
+    needed = NEEDS[fmt][1] + extra
     handle = open_text(path, newline="")
     with handle:
         reader = csv.reader(handle)
@@ -75,7 +80,7 @@ def _chunks(path: str | Path, fmt: str) -> Iterator[tuple[list[int], list[Any]]]
                 header = next(reader, None)
             if header is None:
                 raise WorkloadFormatError(f"{path}: empty file: not {KINDS[fmt]} (no header)")
-            index = _columns(f"{path}:{reader.line_num}", header, fmt)
+            index = _columns(f"{path}:{reader.line_num}", header, fmt, extra)
             lines: list[int] = []
             cells: list[list[str]] = [[] for _ in needed]
             for row in reader:
@@ -171,11 +176,12 @@ class _Clock:
         return parsed.dt.tz_localize(None).to_numpy(dtype="datetime64[ns]").astype(np.int64)
 
 
-def _rows(path: str | Path, fmt: str, epoch: bool) -> Iterator[Row]:
+def _rows(path: str | Path, fmt: str, epoch: bool, model: bool = False) -> Iterator[Row]:
     time, prompt_column, output_column = NEEDS[fmt][1]
     clock = _Clock(path, time, epoch)
     origin: int | None = None
-    for lines, (times, prompts, outputs) in _chunks(path, fmt):
+    for lines, (times, prompts, outputs, *models) in _chunks(path, fmt,
+                                                             (MODEL,) if model else ()):
         ns = clock.nanoseconds(lines, times)
         prompt = _counts(path, lines, prompts, prompt_column)
         output = _counts(path, lines, outputs, output_column)
@@ -183,7 +189,7 @@ def _rows(path: str | Path, fmt: str, epoch: bool) -> Iterator[Row]:
             origin = int(ns[0])
         seconds = (ns - origin) / 1e9  # exact to the nanosecond before the float division
         yield from zip((f"{path}:{line}" for line in lines), seconds.tolist(), prompt.tolist(),
-                       output.tolist())
+                       output.tolist(), models[0].tolist() if models else [None] * len(lines))
 
 
 def azure_rows(path: str | Path) -> Iterator[Row]:
@@ -191,6 +197,7 @@ def azure_rows(path: str | Path) -> Iterator[Row]:
     return _rows(path, "azure", epoch=True)
 
 
-def burstgpt_rows(path: str | Path) -> Iterator[Row]:
-    """BurstGPT v1 or v1.2 (``Timestamp`` is seconds from the trace start; a date-time too)."""
-    return _rows(path, "burstgpt", epoch=False)
+def burstgpt_rows(path: str | Path, model: bool = False) -> Iterator[Row]:
+    """BurstGPT v1 or v1.2 (``Timestamp`` is seconds from the trace start; a date-time too);
+    with ``model``, each row's ``Model`` too (else None)."""
+    return _rows(path, "burstgpt", epoch=False, model=model)

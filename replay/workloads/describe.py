@@ -142,6 +142,14 @@ def summarize(requests: Iterable[Request], block_size: int) -> WorkloadSummary:
     return out
 
 
+def _number(value: float, decimals: int = 3) -> str:
+    """``value`` with thousands separators, or in scientific notation outside [0.001, 1e12)
+    (a workload imported with ``--time-scale 1e-300`` has rates of 300 digits)."""
+    if value == 0 or 1e-3 <= abs(value) < 1e12:
+        return f"{value:,.{decimals}f}"
+    return f"{value:.3e}"
+
+
 def _quantiles(values: np.ndarray) -> str:
     if not len(values):
         return "-"
@@ -155,8 +163,8 @@ def table(summary: WorkloadSummary) -> str:
     rows = [
         ("requests", f"{summary.requests:,}"),
         ("conversations", f"{summary.conversations:,} ({summary.later_turns:,} later turns)"),
-        ("time span", f"{summary.span_s:,.3f} s (first-turn arrivals)"),
-        ("mean rate", f"{(summary.conversations - 1) / summary.span_s:,.3f} req/s"
+        ("time span", f"{_number(summary.span_s)} s (first-turn arrivals)"),
+        ("mean rate", f"{_number((summary.conversations - 1) / summary.span_s)} req/s"
          if summary.span_s > 0 else "- (all at once)"),
         ("prompt tokens", _quantiles(summary.prompt_lens)),
         ("output tokens", _quantiles(summary.output_lens)),
@@ -170,5 +178,6 @@ def table(summary: WorkloadSummary) -> str:
     rates = summary.rate_over_time()
     if rates:
         lines.append("rate over time")
-        lines += [f"  {a:>12,.1f} - {b:>12,.1f} s  {r:>10,.3f} req/s" for a, b, r in rates]
+        lines += [f"  {_number(a, 1):>12} - {_number(b, 1):>12} s  {_number(r):>10} req/s"
+                  for a, b, r in rates]
     return "\n".join(lines)

@@ -18,6 +18,8 @@ NEEDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mooncake": ("JSONL", ("timestamp", "input_length", "output_length")),
     "sharegpt": ("JSON", ("conversations",)),
 }
+# format: other sets of names a file of it may hold instead (OpenAI-style chat files)
+OR_NEEDS: dict[str, tuple[tuple[str, ...], ...]] = {"sharegpt": (("messages",),)}
 SHOWN, SHOWN_CHARS = 12, 40  # names shown of what a file holds, characters of each
 
 
@@ -26,9 +28,15 @@ def key(name: str) -> str:
     return "".join(name.split()).casefold()
 
 
+def name_sets(fmt: str) -> tuple[tuple[str, ...], ...]:
+    """The sets of names a file of ``fmt`` holds one of (all the names of a set)."""
+    return (NEEDS[fmt][1],) + OR_NEEDS.get(fmt, ())
+
+
 def supported() -> str:
     """Every format read, with the names each needs."""
-    parts = [f"{fmt} ({kind}: {', '.join(names)})" for fmt, (kind, names) in NEEDS.items()]
+    parts = [f"{fmt} ({kind}: {' or '.join(', '.join(s) for s in name_sets(fmt))})"
+             for fmt, (kind, _) in NEEDS.items()]
     return "; ".join(parts + ["replayllm (this project's JSONL or Parquet)"])
 
 
@@ -56,8 +64,8 @@ def not_format(problem: str, fmt: str, found: tuple[str, list[str]]) -> Workload
     message = (f"{problem} ({noun} found: {listed or 'none'}); workload import reads "
                f"{supported()}")
     keys = {key(n) for n in names}
-    matches = [f for f, (_, need) in NEEDS.items()
-               if f != fmt and all(key(n) in keys for n in need)]
+    matches = [f for f in NEEDS if f != fmt
+               and any(all(key(n) in keys for n in need) for need in name_sets(f))]
     if matches:
         message += f"; this file looks like --format {matches[0]}"
     return WorkloadFormatError(message)

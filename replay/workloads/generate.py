@@ -38,19 +38,29 @@ class GenerateSpec:
     prompt_len: Distribution = field(default_factory=lambda: parse("fixed:256"))
     output_len: Distribution = field(default_factory=lambda: parse("fixed:128"))
     system_prompts: int = 0
-    system_prompt_len: Distribution = field(default_factory=lambda: parse("fixed:512"))
-    popularity: float = 1.0  # Zipf exponent over system prompts' ranks (0: uniform)
+    # The system prompts' options: None is the default (fixed:512, 1.0, 16), set by
+    # __post_init__; a value given without system_prompts is an error (it would change nothing).
+    system_prompt_len: Distribution | None = None
+    popularity: float | None = None  # Zipf exponent over system prompts' ranks (0: uniform)
     turns: Distribution = field(default_factory=lambda: parse("fixed:1"))
+    # Later turns' options: given with single-turn conversations, an error (see above).
     think_time_s: Distribution = field(default_factory=lambda: parse("fixed:0"))
     user_len: Distribution | None = None  # later turns' new tokens (None: prompt_len)
     temperature: float = REFERENCE_TEMPERATURE
     ignore_eos: bool = True
-    hash_block_size: int = 16
+    hash_block_size: int | None = None  # tokens per named block of a system prompt
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.num_requests < 1:
             raise InvalidRequestError(f"--num-requests must be >= 1, got {self.num_requests}")
+        self._refuse_options_that_cannot_apply()
+        if self.system_prompt_len is None:
+            self.system_prompt_len = parse("fixed:512")
+        if self.popularity is None:
+            self.popularity = 1.0
+        if self.hash_block_size is None:
+            self.hash_block_size = 16
         if self.system_prompts < 0 or not (math.isfinite(self.popularity)
                                            and self.popularity >= 0):
             raise InvalidRequestError(f"--system-prompts and --popularity must be finite and "
@@ -64,6 +74,30 @@ class GenerateSpec:
                                       f"{self.hash_block_size}")
         if not 0 <= self.seed < 1 << 20:
             raise InvalidRequestError(f"--seed must be in [0, {1 << 20}), got {self.seed}")
+
+
+    def _refuse_options_that_cannot_apply(self) -> None:
+        """The one rule of options that only some workloads use (as the importer refuses an
+        option of another format): given where it would change nothing, one line, never
+        silently ignored. Later-turn options need conversations that can have a second turn;
+        system-prompt options need system prompts."""
+        high = self.turns.support[1]
+        if np.rint(high) < 2:  # every conversation has one turn (turns clip into [1, ...])
+            if self.user_len is not None:
+                raise InvalidRequestError(f"--user-len applies to later turns only, and --turns "
+                                          f"{self.turns.text or self.turns.kind} gives every "
+                                          "conversation one turn")
+            if self.think_time_s.support != (0.0, 0.0):
+                raise InvalidRequestError(f"--think-time applies to later turns only, and "
+                                          f"--turns {self.turns.text or self.turns.kind} gives "
+                                          "every conversation one turn")
+        if not self.system_prompts:
+            for flag, value in (("--system-prompt-len", self.system_prompt_len),
+                                ("--popularity", self.popularity),
+                                ("--hash-block-size", self.hash_block_size)):
+                if value is not None:
+                    raise InvalidRequestError(f"{flag} applies to system prompts only: give "
+                                              "--system-prompts N (N >= 1) too")
 
 
 @dataclass

@@ -16,17 +16,20 @@ SALT_STRIDE = 1 << 40
 # A trace's token count must lie in [0, COUNT_LIMIT] (else the row is malformed); ``select``
 # then drops or clips a prompt over MAX_TOKENS_LIMIT and clips such an output length, counted.
 COUNT_LIMIT = INT32_MAX
+# Why ``select`` drops a request it reads (``Gate``; a later turn goes with its first turn).
+OUTSIDE, LATER_TURN = "outside the time window", "later turn of a conversation not kept"
 
 
 @dataclass(frozen=True)
 class ImportOptions:
     """What to keep and how: the window is in the trace's seconds (from its first request),
-    before ``time_scale``; kept arrivals are rebased to the window start, then scaled."""
+    before ``time_scale``; kept arrivals are rebased to the window start, then scaled, and
+    think times of later turns are scaled alike (every time of the traffic)."""
 
     start_s: float = 0.0
     end_s: float = math.inf
     limit: int | None = None
-    time_scale: float = 1.0  # arrival times are multiplied by it (0.5: twice as fast)
+    time_scale: float = 1.0  # times of the traffic are multiplied by it (0.5: twice as fast)
     max_prompt_len: int | None = None
     over_length: str = "drop"  # "drop" or "clip" prompts over max_prompt_len
     seed: int = 0
@@ -36,6 +39,7 @@ class ImportOptions:
     ignore_unknown_fields: bool = False
     model: str | None = None  # sharegpt: tokenizer directory (None: the tiny model's)
     rate: float | None = None  # sharegpt: conversations per second (None: all at 0)
+    filter_model: str | None = None  # burstgpt: keep the rows of this Model only (None: all)
 
     def __post_init__(self) -> None:
         if not (self.start_s >= 0 and self.end_s > self.start_s):
@@ -44,8 +48,10 @@ class ImportOptions:
         if self.limit is not None and self.limit < 1:
             raise InvalidRequestError(f"--limit must be >= 1, got {self.limit}")
         if not (math.isfinite(self.time_scale) and self.time_scale >= 0):
-            raise InvalidRequestError(f"--time-scale must be finite and >= 0, got "
+            raise InvalidRequestError(f"--time-scale must be a finite number >= 0, got "
                                       f"{self.time_scale}")
+        # 0 sends everything at once; -0.0 is that 0, not arrivals written as -0.0
+        object.__setattr__(self, "time_scale", self.time_scale + 0.0)
         if self.max_prompt_len is not None and not 1 <= self.max_prompt_len <= MAX_TOKENS_LIMIT:
             raise InvalidRequestError(f"--max-prompt-len must be in [1, {MAX_TOKENS_LIMIT}]")
         if self.over_length not in OVER_LENGTH:
@@ -58,6 +64,28 @@ class ImportOptions:
         check_temperature(self.temperature)
         if self.rate is not None and not (math.isfinite(self.rate) and self.rate > 0):
             raise InvalidRequestError(f"--rate must be finite and > 0, got {self.rate}")
+        if self.filter_model is not None and not self.filter_model.strip():
+            raise InvalidRequestError("--filter-model must name a model (BurstGPT's: ChatGPT, "
+                                      "GPT-4)")
+
+
+class Gate:
+    """What ``select`` will drop of a first turn by its time or by ``--limit`` alone, whatever
+    the request: a source asks before building a costly one (ShareGPT's tokenizing is nearly
+    all of its import's time) and yields the reason instead. ``first_turns``: kept so far."""
+
+    def __init__(self, options: ImportOptions) -> None:
+        self.options, self.first_turns = options, 0
+
+    def drops(self, seconds: float) -> str | None:
+        """Why a first turn arriving at ``seconds`` of the trace, read now, is dropped, if it
+        is, whatever it holds."""
+        options = self.options
+        if not options.start_s <= seconds < options.end_s:
+            return OUTSIDE
+        if options.limit is not None and self.first_turns >= options.limit:
+            return f"beyond --limit {options.limit}"
+        return None
 
 
 @dataclass

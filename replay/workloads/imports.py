@@ -16,9 +16,12 @@ from pathlib import Path
 
 from engine.errors import InvalidRequestError
 from replay.workloads.fields import MAX_TOKENS_LIMIT, WorkloadFormatError, check_request
-from replay.workloads.formats import FORMATS
+from replay.workloads.formats import FORMATS, key
 from replay.workloads.import_options import (
+    LATER_TURN,
+    OUTSIDE,
     SALT_STRIDE,
+    Gate,
     ImportCounts,
     ImportOptions,
     make_request,
@@ -30,19 +33,53 @@ from replay.workloads.request import Request
 # request; ``select`` counts it as read and dropped for that reason (``Dropped``).
 Dropped = str
 BURSTGPT_FAILED = "failed request (Response tokens 0)"
+MODELS_SHOWN = 20  # models named when --filter-model matches none
+# Options of some formats only (ImportOptions field, flag, its value when not given, the formats
+# it applies to): given with another format, an error (``check_format_options``), not ignored.
+FORMAT_OPTIONS: tuple[tuple[str, str, object, tuple[str, ...]], ...] = (
+    ("rate", "--rate", None, ("sharegpt",)), ("model", "--model", None, ("sharegpt",)),
+    ("filter_model", "--filter-model", None, ("burstgpt",)),
+    ("block_size", "--block-size", 512, ("mooncake",)),  # the CLI's default is None: given
+    # the CSV columns are read by name, other columns ignored; ShareGPT reads its fields only
+    ("ignore_unknown_fields", "--ignore-unknown-fields", False, ("mooncake", "replayllm")),
+)
 
 
-def _lengths_rows(rows: Iterator[tuple[str, float, int, int]], options: ImportOptions,
-                  failed: str | None = None) -> Iterator[tuple[str, float, Request | Dropped]]:
+def _lengths_rows(rows: Iterator[tuple[str, float, int, int, str | None]],
+                  options: ImportOptions, failed: str | None = None
+                  ) -> Iterator[tuple[str, float, Request | Dropped]]:
     """CSV rows as (where, trace seconds, request) with prompts unique to each row; with
     ``failed``, a row that generated nothing is that reason instead (BurstGPT marks a failed
-    request by 0 response tokens; its ``without_fails`` files and vLLM's reader drop them)."""
-    for number, (where, seconds, prompt_len, output_len) in enumerate(rows, 2):
+    request by 0 response tokens; its ``without_fails`` files and vLLM's reader drop them);
+    a row of another model than ``options.filter_model`` too."""
+    for number, (where, seconds, prompt_len, output_len, model) in enumerate(rows, 2):
+        if model is not None and key(model) != key(options.filter_model or ""):
+            yield where, seconds, f"Model not {options.filter_model.strip()}"  # type: ignore
+            continue
         if failed is not None and output_len == 0:
             yield where, seconds, failed
             continue
         recipe = PromptRecipe((), 1, prompt_len, options.seed * SALT_STRIDE + number)
         yield where, seconds, make_request(recipe, output_len, options)
+
+
+def _one_model(path: str | Path, rows: Iterator[tuple[str, float, int, int, str | None]],
+               model: str) -> Iterator[tuple[str, float, int, int, str | None]]:
+    """``rows`` as they are, then, if no row's Model is ``model`` (case and spaces ignored),
+    the error naming the models present, with their rows (the first ``MODELS_SHOWN``)."""
+    present: dict[str, int] = {}
+    wanted, matched = key(model), False
+    for row in rows:
+        name = str(row[4])
+        matched = matched or key(name) == wanted
+        if name in present or len(present) < MODELS_SHOWN:
+            present[name] = present.get(name, 0) + 1
+        yield row
+    if present and not matched:
+        listed = ", ".join(f"{name} ({n:,} row{'s' if n != 1 else ''})"
+                           for name, n in sorted(present.items()))
+        raise WorkloadFormatError(f"{path}: no row has Model {model.strip()!r} (the models "
+                                  f"present: {listed})")
 
 
 def trace_arrivals(rows: Iterator[tuple[str, float, Request | Dropped]]
@@ -65,11 +102,23 @@ def trace_arrivals(rows: Iterator[tuple[str, float, Request | Dropped]]
         yield seconds - first, request
 
 
-def source(path: str | Path, fmt: str, options: ImportOptions
+def check_format_options(fmt: str, given: set[str]) -> None:
+    """The one rule of options that apply to some formats only: each flag in ``given`` that
+    does not apply to ``fmt`` is an error (one line), never silently ignored."""
+    for _, flag, _, owners in FORMAT_OPTIONS:
+        if flag in given and fmt not in owners:
+            raise InvalidRequestError(f"{flag} applies to --format {' and '.join(owners)} only, "
+                                      f"not {fmt}")
+
+
+def source(path: str | Path, fmt: str, options: ImportOptions, gate: Gate | None = None
            ) -> Iterator[tuple[float | None, Request | Dropped]]:
     """(trace seconds or None for a later turn, request or why the row is dropped) of a file,
     in file order; a request's ``max_tokens`` may be 0 here (the trace generated nothing) and
-    is fixed by ``select``."""
+    is fixed by ``select``. ``gate``: ``select``'s, for sources that skip building what it
+    drops."""
+    check_format_options(fmt, {flag for name, flag, unset, _ in FORMAT_OPTIONS
+                               if getattr(options, name) != unset})
     if fmt == "azure":
         from replay.workloads.csv_sources import azure_rows
 
@@ -77,7 +126,10 @@ def source(path: str | Path, fmt: str, options: ImportOptions
     if fmt == "burstgpt":
         from replay.workloads.csv_sources import burstgpt_rows
 
-        return trace_arrivals(_lengths_rows(burstgpt_rows(path), options, BURSTGPT_FAILED))
+        rows = burstgpt_rows(path, model=options.filter_model is not None)
+        if options.filter_model is not None:
+            rows = _one_model(path, rows, options.filter_model)
+        return trace_arrivals(_lengths_rows(rows, options, BURSTGPT_FAILED))
     if fmt == "mooncake":
         from replay.workloads.json_sources import mooncake_requests
 
@@ -85,7 +137,7 @@ def source(path: str | Path, fmt: str, options: ImportOptions
     if fmt == "sharegpt":
         from replay.workloads.json_sources import sharegpt_requests
 
-        return sharegpt_requests(path, options)
+        return sharegpt_requests(path, options, gate)
     if fmt == "replayllm":
         from replay.workloads.store import read_workload
 
@@ -117,35 +169,38 @@ def _replace(request: Request, **changes: object) -> Request:
 
 
 def select(pairs: Iterator[tuple[float | None, Request | Dropped]], options: ImportOptions,
-           counts: ImportCounts, name: str | Path = "the source") -> Iterator[Request]:
+           counts: ImportCounts, name: str | Path = "the source", gate: Gate | None = None
+           ) -> Iterator[Request]:
     """Apply the options to ``source``'s pairs, counting every request in ``counts``.
 
     A later turn follows its conversation's first turn: out of the window or dropped with it.
-    Keeping no request at all is an error (``name`` is the source's, for its message)."""
+    Keeping no request at all is an error (``name`` is the source's, for its message).
+    ``gate``: the one given to the source, if any (it counts the first turns kept)."""
     kept_conversations: set[str] = set()
-    first_turns = 0
+    gate = gate or Gate(options)
     span = (math.inf, -math.inf)  # first and last first-turn times read
     for seconds, request in pairs:
         counts.read += 1
+        if seconds is not None:
+            span = (min(span[0], seconds), max(span[1], seconds))
         if isinstance(request, Dropped):
             counts.drop(request)
             continue
         conversation = request.conversation_id
         if request.follows_previous_turn:
             if conversation not in kept_conversations:
-                counts.drop("later turn of a conversation not kept")
+                counts.drop(LATER_TURN)
                 continue
         else:
             assert seconds is not None
-            span = (min(span[0], seconds), max(span[1], seconds))
-            if not options.start_s <= seconds < options.end_s:
-                counts.drop("outside the time window")
-                continue
-            if options.limit is not None and first_turns >= options.limit:
-                counts.drop(f"beyond --limit {options.limit}")
+            dropped = gate.drops(seconds)
+            if dropped is not None:
+                counts.drop(dropped)
                 continue
             request = _replace(request, arrival_s=(seconds - options.start_s)
                                * options.time_scale)
+        if request.think_time_s and options.time_scale != 1:  # every time of the traffic
+            request = _replace(request, think_time_s=request.think_time_s * options.time_scale)
         if not request.prompt_len and request.prompt_len is not None:
             counts.drop("empty prompt")
             kept_conversations.discard(conversation)  # type: ignore[arg-type]
@@ -163,7 +218,7 @@ def select(pairs: Iterator[tuple[float | None, Request | Dropped]], options: Imp
         _check_kept(fitted, seconds, options, f"{name}: request {counts.read}")
         if conversation is not None:
             kept_conversations.add(conversation)
-        first_turns += not fitted.follows_previous_turn
+        gate.first_turns += not fitted.follows_previous_turn
         counts.kept += 1
         yield fitted
     if not counts.kept:
@@ -178,13 +233,17 @@ def _check_kept(request: Request, seconds: float | None, options: ImportOptions,
     if seconds is not None and options.time_scale != 1:
         where = (f"--time-scale {options.time_scale:g} puts the request at {seconds:g} s of the "
                  f"trace at {request.arrival_s:g} s")
+    elif options.time_scale != 1:
+        where = (f"{where}: --time-scale {options.time_scale:g} makes its think time "
+                 f"{request.think_time_s:g} s")
     elif seconds is not None:
         where = f"{where} (at {seconds:g} s of the trace)"
     try:
         check_request(request, where)
     except InvalidRequestError as exc:
-        raise InvalidRequestError(f"{exc} (run and whatif would refuse it: --time-scale, --end "
-                                  "or --limit keep the arrivals within it)") from None
+        hint = ("--time-scale, --end or --limit keep the arrivals within it" if seconds is not None
+                else "a smaller --time-scale keeps the think times within it")
+        raise InvalidRequestError(f"{exc} (run and whatif would refuse it: {hint})") from None
 
 
 def _nothing_kept(name: str | Path, options: ImportOptions, counts: ImportCounts,
@@ -192,7 +251,7 @@ def _nothing_kept(name: str | Path, options: ImportOptions, counts: ImportCounts
     if not counts.read:
         return f"{name}: holds no requests (an empty file, or a header only)"
     message = f"{name}: the import keeps none of its requests ({counts.describe()})"
-    if "outside the time window" in counts.dropped and span[0] <= span[1]:
+    if OUTSIDE in counts.dropped and span[0] <= span[1]:
         message += (f"; its first turns arrive from {span[0]:g} to {span[1]:g} s, the window "
                     f"is [{options.start_s:g}, {options.end_s:g}) s")
     return message
@@ -201,4 +260,5 @@ def _nothing_kept(name: str | Path, options: ImportOptions, counts: ImportCounts
 def import_workload(path: str | Path, fmt: str, options: ImportOptions,
                     counts: ImportCounts) -> Iterator[Request]:
     """The requests ``options`` keep from ``path`` in format ``fmt``, streaming."""
-    return select(source(path, fmt, options), options, counts, path)
+    gate = Gate(options)
+    return select(source(path, fmt, options, gate), options, counts, path, gate)

@@ -5,9 +5,10 @@ line, ``timestamp`` (ms from the start), ``input_length``, ``output_length`` and
 (one id per ``block_size`` tokens of the prompt; equal ids, equal contents). Each becomes a
 recipe (``replay.workloads.recipe``) whose tokens are equal exactly where the ids are, at any
 engine block size. ShareGPT: a JSON array (or JSONL) of ``{"id", "conversations": [{"from",
-"value"}, ...]}``; each human message and the answer after it is a turn, the text tokenized
-with the Qwen vocabulary and the answer's length its ``max_tokens`` (conversation ids are
-``ID#INDEX``: ShareGPT files repeat ids).
+"value"}, ...]}``, messages as ``{"role", "content"}`` too, or under ``messages`` (OpenAI chat,
+as many Hugging Face datasets); each question (with the system messages before it) and the
+answer after it is a turn, the text tokenized with the Qwen vocabulary and the answer's length
+its ``max_tokens`` (conversation ids are ``ID#INDEX``: ShareGPT files repeat ids).
 """
 
 from __future__ import annotations
@@ -20,14 +21,25 @@ import numpy as np
 
 from replay.workloads.fields import INT64_MAX, WorkloadFormatError
 from replay.workloads.formats import NEEDS, not_format
-from replay.workloads.import_options import COUNT_LIMIT, SALT_STRIDE, ImportOptions, make_request
+from replay.workloads.import_options import (
+    COUNT_LIMIT,
+    LATER_TURN,
+    SALT_STRIDE,
+    Gate,
+    ImportOptions,
+    make_request,
+)
 from replay.workloads.recipe import PromptRecipe
 from replay.workloads.request import Request
 from replay.workloads.text_input import json_records
 
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
-HUMAN, ASSISTANT, SYSTEM = ("human", "user"), ("gpt", "assistant", "chatgpt", "bing", "bard"), \
-    ("system",)
+# Roles, by side: a question (a tool's or a function's result is the model's input too), an
+# answer (a tool call is the model's output), a system message (part of the next question).
+HUMAN = ("human", "user", "tool", "function", "observation", "ipython")
+ASSISTANT = ("gpt", "assistant", "chatgpt", "model", "bing", "bard", "function_call")
+SYSTEM = ("system", "developer")
+MESSAGE_FORMS = (("from", "value"), ("role", "content"))
 
 
 def _int(item: dict[str, Any], key: str, where: str, low: int, high: int) -> int:
@@ -85,11 +97,79 @@ def mooncake_requests(path: str | Path, options: ImportOptions) -> Iterator[tupl
                                                   output, options)
 
 
-def sharegpt_requests(path: str | Path, options: ImportOptions
+def _text(content: object, where: str) -> str | None:
+    """A message's text: a string, null (a tool call's answer: no text) or OpenAI's list of
+    ``{"type": "text", "text": str}`` parts, joined by newlines; None if it is none of them."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        return None
+    texts = []
+    for position, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise WorkloadFormatError(f"{where}: content part {position} is {kind!r}: only "
+                                      "text parts are read")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _messages(entry: dict[str, Any], field: str, where: str) -> Iterator[tuple[str, str]]:
+    """(role, text) of each message of ``entry[field]``, in ShareGPT's ``from``/``value`` form
+    or the chat form's ``role``/``content``; a role is lower-cased and must be known."""
+    messages = entry[field]
+    if not isinstance(messages, list):
+        raise WorkloadFormatError(f"{where}: field {field!r}: expected a list of messages, got "
+                                  f"{type(messages).__name__}")
+    for position, message in enumerate(messages):
+        at = f"{where}: field {field!r}: message {position}"
+        role = text = None
+        if isinstance(message, dict):
+            role_key, text_key = next((f for f in MESSAGE_FORMS if f[0] in message),
+                                      MESSAGE_FORMS[0])
+            role = message.get(role_key)
+            value = message.get(text_key)
+            text = _text(value, at) if text_key == "content" and text_key in message else value
+        if not isinstance(role, str) or not isinstance(text, str):
+            got = (f"an object with fields {', '.join(map(str, message))}"
+                   if isinstance(message, dict) else type(message).__name__)
+            raise WorkloadFormatError(f'{at}: expected {{"from": str, "value": str}} or '
+                                      f'{{"role": str, "content": str}}, got {got}')
+        if role.lower() not in HUMAN + ASSISTANT + SYSTEM:
+            raise WorkloadFormatError(
+                f"{at}: unknown role {role!r} (the prompt side: {', '.join(HUMAN)}; the answer "
+                f"side: {', '.join(ASSISTANT)}; a system message: {', '.join(SYSTEM)})")
+        yield role.lower(), text
+
+
+def _dropped_whole(messages: list[tuple[str, str]], start: float, reason: str
+                   ) -> Iterator[tuple[float | None, str]]:
+    """The pairs of a conversation ``select`` drops whole (its first turn for ``reason``), as
+    ``sharegpt_requests`` gives them but without tokenizing: a question is text if not empty."""
+    pending, turn = False, 0
+    for role, text in messages:
+        if role not in ASSISTANT:
+            pending = pending or bool(text)
+            continue
+        when = start if turn == 0 else None
+        if not pending:
+            yield when, "answer with no question text before it"
+            continue
+        yield when, reason if turn == 0 else LATER_TURN
+        pending, turn = False, turn + 1
+    if pending:
+        yield (start, reason) if turn == 0 else (None, LATER_TURN)
+
+
+def sharegpt_requests(path: str | Path, options: ImportOptions, gate: Gate | None = None
                       ) -> Iterator[tuple[float | None, Request | str]]:
     """(seconds or None for a later turn, request) per turn of each conversation; what is read
     but sent as no turn (a conversation without messages, an answer with no question text
-    before it) is the reason instead, counted as dropped by ``replay.workloads.imports``."""
+    before it) is the reason instead, counted as dropped by ``replay.workloads.imports``.
+
+    A conversation is ``conversations`` (or, absent, ``messages``): messages in ShareGPT's
+    ``from``/``value`` form or the chat form's ``role``/``content``. Questions, and system
+    messages, before an answer are its turn's prompt."""
     from engine.model.checkpoint import default_model_dir
     from engine.model.tokenizer import load_tokenizer
 
@@ -97,31 +177,31 @@ def sharegpt_requests(path: str | Path, options: ImportOptions
     rng = np.random.default_rng(options.seed)
     start = 0.0
     for index, (where, entry) in enumerate(json_records(path, "sharegpt")):
-        if isinstance(entry, dict) and "conversations" not in entry:
-            raise not_format(f"{where}: not a ShareGPT conversation: no field 'conversations'",
-                             "sharegpt", ("fields", [str(k) for k in entry]))
-        messages = entry.get("conversations") if isinstance(entry, dict) else None
-        if not isinstance(messages, list) or not all(
-            isinstance(m, dict) and isinstance(m.get("from"), str)
-            and isinstance(m.get("value"), str) for m in messages
-        ):
-            raise WorkloadFormatError(f"{where}: field 'conversations': expected a list of "
-                                      "{\"from\": str, \"value\": str}")
+        if not isinstance(entry, dict):
+            raise WorkloadFormatError(f"{where}: expected a JSON object with field "
+                                      f"'conversations' or 'messages', got "
+                                      f"{type(entry).__name__}")
+        field = next((f for f in ("conversations", "messages") if f in entry), None)
+        if field is None:
+            raise not_format(f"{where}: not a ShareGPT conversation: no field 'conversations' "
+                             "or 'messages'", "sharegpt", ("fields", [str(k) for k in entry]))
+        messages = list(_messages(entry, field, where))
         conversation = f"{entry.get('id', '')}#{index}"  # ShareGPT files repeat some ids
         if options.rate is not None and index:
             start += float(rng.exponential(1.0 / options.rate))
         if not messages:
             yield start, "empty conversation"
+        dropped = gate.drops(start) if gate is not None else None
+        if dropped is not None:  # the whole conversation: nothing to tokenize
+            yield from _dropped_whole(messages, start, dropped)
+            continue
         pending: list[int] = []
         turn = 0
-        for message in messages:
-            role = message["from"].lower()
-            tokens = tokenizer.encode(message["value"], add_special_tokens=False)
-            if role in HUMAN or role in SYSTEM:
+        for role, text in messages:
+            tokens = tokenizer.encode(text, add_special_tokens=False)
+            if role not in ASSISTANT:
                 pending += tokens
                 continue
-            if role not in ASSISTANT:
-                raise WorkloadFormatError(f"{where}: field 'from': unknown role {role!r}")
             if not pending:  # nothing to send (ShareGPT splits start with one)
                 yield (start if turn == 0 else None), "answer with no question text before it"
                 continue

@@ -146,6 +146,33 @@ def _aborted_mid_prompt_workload() -> Workload:
     return Workload(config, requests)
 
 
+def _victim_freeing_nothing_workload() -> Workload:
+    """Found by the deep profile: under ``priority`` seq 0 needs a block, its victim seq 2 shares
+    its one block with seq 7 (a prefix hit), so the release frees none and seq 0 then preempts
+    itself: a victim preempted for a sequence the same step preempts (as vLLM's loop does)."""
+    config = Config(policy="priority", num_kvcache_blocks=15, kvcache_block_size=1,
+                    max_model_len=16, max_num_batched_tokens=16, max_num_seqs=3, eos=-1)
+
+    def req(prompt: tuple[int, ...], tokens: int, priority: int = 0, arrival: int = 0,
+            ignore_eos: bool = False) -> RequestSpec:
+        return RequestSpec(arrival, prompt, tokens, ignore_eos, (2,) * tokens, priority=priority)
+
+    return Workload(config, (
+        req((0,), 22, 1), req((0,) * 5, 16), req((2,), 2, 1), req((0,) * 10, 1),
+        req((0,) * 17, 8), req((1, 0, 0), 2), req((0,), 1), req((2, 2, 2, 0), 2, arrival=2,
+                                                              ignore_eos=True)))
+
+
+VICTIM_FREEING_NOTHING = _victim_freeing_nothing_workload()
+
+
+def test_a_victim_may_be_preempted_for_a_sequence_the_step_then_preempts() -> None:
+    run = run_workload(VICTIM_FREEING_NOTHING)
+    preempted = run.sink.tables["preempted"]
+    assert list(zip(preempted["seq_id"], preempted["for_seq_id"]))[:2] == [(2, 0), (0, -1)]
+    run.raise_violations()
+
+
 @pytest.mark.parametrize("workload", HIT_THEN_ADMIT, ids=["prefill_first", "chunked"])
 def test_cached_tokens_are_not_charged_to_the_budget(workload: Workload) -> None:
     run = run_workload(workload)
@@ -199,6 +226,7 @@ def test_hand_made_workloads_preempt_and_share_prefixes(workload: Workload) -> N
 @example(workload=HIT_THEN_ADMIT[0])
 @example(workload=HIT_THEN_ADMIT[1])
 @example(workload=_aborted_mid_prompt_workload())
+@example(workload=VICTIM_FREEING_NOTHING)
 def test_scheduler_properties(workload: Workload) -> None:
     """Admission, completion, no starvation, budgets, batch shape, queue order, preemption victim,
     maximality, overlapped flags, KV-cache contents, the final drained pool and every invariant

@@ -254,3 +254,32 @@ def test_a_replay_that_stopped_early_says_why_on_the_first_line() -> None:
     first = text.splitlines()[0]
     assert first.startswith("diverged at event 0") and "replay stopped: policy 'm:P'" in first
     assert text.count("replay stopped") == 1
+
+
+@pytest.mark.parametrize("kind", ["model_step", "batch_scheduled"])
+def test_report_names_the_event_kind_and_marks_only_compared_columns(kind: str) -> None:
+    """``batch_scheduled`` and ``model_step`` have a column named ``kind`` (the batch kind):
+    the report's event dict took it over, so a tampered step read "diverged at event N (step S,
+    prefill)", naming neither event, and context lines "#N step S decode: ...". The event's
+    kind now stays ``kind``, the column shows as ``batch_kind``; and a measured column (times,
+    never compared) is shown without the ``<--`` that marked it as differing."""
+    sink = _recorded()
+    tables = copy.deepcopy(sink.tables)
+    rows = tables[kind]
+    index = next(i for i, k in enumerate(rows["kind"]) if k == "decode")
+    rows["kind"][index] = "prefill"
+    if kind == "model_step":  # a replay measures other times: shown, not marked
+        rows["wall_time_s"][index] += 1.0
+        rows["duration_s"][index] += 1.0
+    result = verify_events(sink.header, tables)
+    d = result.divergence
+    assert d is not None and d.event_id == rows["event_id"][index]
+    assert d.recorded is not None and d.recorded["kind"] == kind
+    assert d.recorded["batch_kind"] == "prefill" and d.columns == ["kind"]
+    text = result.report()
+    assert text.splitlines()[0].startswith(f"diverged at event {d.event_id} (step {d.step}, "
+                                           f"{kind})")
+    marked = [line.split()[0] for line in text.splitlines() if line.endswith("<--")]
+    assert marked == ["batch_kind"]
+    context = [line for line in text.splitlines() if line.lstrip().startswith("#")]
+    assert context and not any(" decode:" in line or " prefill:" in line for line in context)

@@ -143,3 +143,42 @@ class SlowExecutor(NullExecutor):
     def execute(self, batch: Any) -> Any:
         time.sleep(self.sleep_s)
         return super().execute(batch)
+
+
+def record_overlapped(workload: Workload, trace_dir: Path, flush_steps: int = 3) -> Path:
+    """Record ``workload`` under async scheduling (the null executor's overlap): each step's
+    schedule is made before the step before it is cut into a segment."""
+    recorder = ParquetRecorder(trace_dir, fsync=False, flush_steps=flush_steps)
+    core = EngineCore(workload.config(),
+                      NullExecutor(workload.num_blocks, vocab_size=1000, overlap=True),
+                      sink=recorder, clock=FakeClock(),
+                      header={"model": {"architecture": "null"}, "device": "cpu: test"})
+    for req in workload.requests:
+        core.add_request(req.prompt, _params(req))
+    core.run_until_idle()
+    core.close()
+    return trace_dir
+
+
+def kill_after_partial_step(full: Path, cut: Path, kind: str) -> Path:
+    """Copy ``full`` to ``cut`` as a killed run leaves it (no summary.json, later markers gone),
+    cut after the first segment committing a ``kind`` row of the step after its own last one."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from tracing.layout import COMMITS_DIR
+    from tracing.reader import read_trace
+
+    def partial(seg: Any) -> bool:
+        return any(
+            (pq.read_table(f.located(), columns=["step"]).column("step").to_numpy()
+             > seg.through_step).any()
+            for f in seg.files if f.kind == kind)
+
+    keep = next(seg.index + 1 for seg in read_trace(full).segment_list() if partial(seg))
+    shutil.copytree(full, cut)
+    (cut / "summary.json").unlink()
+    for marker in sorted((cut / COMMITS_DIR).glob("seg-*.json"))[keep:]:
+        marker.unlink()
+    return cut

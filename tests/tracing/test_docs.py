@@ -50,3 +50,39 @@ def test_sql_snippets_run(trace_dir: Path) -> None:
     for sql in statements:
         rows = con.execute(sql.replace("'TRACE/", f"'{trace_dir}/")).fetchall()
         assert rows
+
+
+def _option_names(command: str) -> set[str]:
+    """The options ``replayllm bench`` or ``python -m benchmarks.scheduler`` takes."""
+    import argparse
+
+    if command.startswith("replayllm"):
+        from replay.cli.main import build_parser
+
+        sub = next(a for a in build_parser()._actions
+                   if isinstance(a, argparse._SubParsersAction))
+        return {s for a in sub.choices["bench"]._actions for s in a.option_strings}
+    source = (DOC.parents[1] / "benchmarks" / "scheduler.py").read_text()
+    return set(re.findall(r'add_argument\("(--[\w-]+)"', source)) | {"-h", "--help"}
+
+
+def test_benchmark_options_belong_to_the_command_named() -> None:
+    """The doc said "`python -m benchmarks.scheduler` (`replayllm bench scheduler`) measures
+    it (`--step-ms 3.6` ...)": `replayllm bench` has no `--step-ms` (only the module does).
+    Every option the doc writes in a span of its own, or inside a command, is one the command
+    it follows (the nearest before it in its paragraph) takes."""
+    checked = 0
+    for paragraph in DOC.read_text().split("\n\n"):
+        command = None
+        for span in re.findall(r"`([^`]+)`", paragraph):
+            span = " ".join(span.split())
+            if span.startswith(("replayllm bench", "python -m benchmarks.scheduler")):
+                command = span
+            elif not span.startswith("--"):
+                continue
+            if command is None:
+                continue
+            for option in re.findall(r"(?<![\w-])(--[\w-]+)", span):
+                assert option in _option_names(command), (option, command)
+                checked += 1
+    assert checked >= 3

@@ -155,3 +155,60 @@ def test_preemptions_and_prefix_hits_show_in_the_request_spans() -> None:
     assert {i: s["args"]["prefix_cache_hit_tokens"] for i, s in spans.items()} == {
         i: hits.count(i) * size for i in spans}
     assert sum(s["args"]["prefix_cache_hit_tokens"] for s in spans.values()) > 0
+
+
+def _strict_json(text: str) -> Any:
+    """``json.loads`` refusing NaN and Infinity, which are not JSON (Perfetto rejects the file)."""
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("arrival", [float("nan"), float("inf")])
+def test_a_non_finite_arrival_still_exports_strict_json(tmp_path: Path, arrival: float) -> None:
+    """``LLM.add_request(..., arrival_s=...)`` recorded what it was given, NaN or infinity
+    included, until it refused them (tests/engine/test_arrival_check.py): the export wrote
+    ``"ts":NaN`` (or ``Infinity``) for that request's span, which is not JSON, and
+    ui.perfetto.dev and chrome://tracing refused the whole file. In such a trace (here one
+    edited to hold it) the span starts when the engine added the request, its ``ttft_s`` null;
+    the others are unchanged."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    record(reference_like(6), tmp_path / "t")
+    path = next((tmp_path / "t" / "request_added").glob("seg-*.parquet"))
+    table = pq.read_table(path)
+    arrivals = table.column("arrival_s").to_pylist()
+    arrivals[2] = arrival
+    index = table.schema.get_field_index("arrival_s")
+    pq.write_table(table.set_column(index, table.schema.field(index),
+                                    pa.array(arrivals, pa.float64())), path)
+    trace = read_trace(tmp_path / "t")
+    out = export_perfetto(trace, tmp_path / "x.json")
+    events = _strict_json(out.read_text())["traceEvents"]
+    begins = {e["id"]: e for e in events if e["ph"] == "b"}
+    added = {e["id"]: e["ts"] for e in events if e.get("name") == "added"}
+    assert begins[2]["ts"] == added[2] and begins[2]["args"]["ttft_s"] is None
+    assert all(math.isfinite(begins[i]["args"]["ttft_s"]) for i in begins if i != 2)
+
+
+def test_a_damaged_step_time_is_one_line_not_an_invalid_file(tmp_path: Path) -> None:
+    """A model step whose ``wall_time_s`` reads NaN (a damaged or hand-edited trace) cannot be
+    placed on the timeline: ``replayllm export`` says so in one line, exit 2, and writes no
+    file, where it wrote one that no viewer loads."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from replay.cli.main import main
+
+    record(reference_like(6), tmp_path / "t")
+    path = next((tmp_path / "t" / "model_step").glob("seg-*.parquet"))
+    table = pq.read_table(path)
+    walls = table.column("wall_time_s").to_pylist()
+    walls[1] = float("nan")
+    index = table.schema.get_field_index("wall_time_s")
+    pq.write_table(table.set_column(index, table.schema.field(index),
+                                    pa.array(walls, pa.float64())), path)
+    assert main(["export", str(tmp_path / "t"), "--out", str(tmp_path / "x.json")]) == 2
+    assert not (tmp_path / "x.json").exists()

@@ -103,3 +103,70 @@ def test_inspect_json_holds_describes_figures_as_numbers(tmp_path: Path, capsys)
         assert data["completion_tokens"] == trace.table("token_sampled").num_rows
         assert sum(data["finished"].values()) == trace.table("request_finished").num_rows
         assert f"requests {data['requests']:,} " in describe(trace)
+
+
+def test_a_trace_still_being_recorded_is_not_called_stopped(tmp_path: Path) -> None:
+    """`replayllm inspect` on a trace whose recording is under way (a server's, a long run's)
+    said "INCOMPLETE (recording stopped; committed through step N)", as for a killed run's.
+    While a process holds the trace's lock it now says who records it and how far it is
+    committed so far (`--json`: `recording`, "pid N"); once closed, the trace is complete."""
+    import os
+
+    from _trace_helpers import FakeClock, _params
+
+    from engine.engine_core import EngineCore
+    from engine.executor import NullExecutor
+    from tracing.inspect import summarize
+    from tracing.recorder import ParquetRecorder
+
+    workload = reference_like(8)
+    recorder = ParquetRecorder(tmp_path / "t", fsync=False, flush_steps=1, background=False)
+    core = EngineCore(workload.config(), NullExecutor(workload.num_blocks, vocab_size=1000),
+                      sink=recorder, clock=FakeClock(),
+                      header={"model": {"architecture": "null"}, "device": "cpu: test"})
+    for req in workload.requests:
+        core.add_request(req.prompt, _params(req))
+    for _ in range(3):
+        core.step()
+    trace = read_trace(tmp_path / "t")
+    assert not trace.complete and trace.last_step >= 0
+    text = describe(trace)
+    assert (f"INCOMPLETE (being recorded by pid {os.getpid()}; committed through step "
+            f"{trace.last_step} so far)") in text
+    assert "stopped" not in text
+    assert summarize(trace)["recording"] == f"pid {os.getpid()}"
+    core.run_until_idle()
+    core.close()
+    closed = read_trace(tmp_path / "t")
+    assert closed.complete and summarize(closed)["recording"] is None
+    killed = read_trace(_killed(tmp_path / "k", keep=2))  # nobody holds its lock
+    assert "INCOMPLETE (recording stopped; committed through step" in describe(killed)
+    assert summarize(killed)["recording"] is None
+
+
+def test_a_killed_overlapped_run_is_summarized_over_the_steps_verify_checks(
+        tmp_path: Path) -> None:
+    """Under async scheduling the engine schedules step N+1 before step N's segment is cut,
+    so a killed run's last segment can hold step N+1's schedule (its admissions, their
+    prefix-cache hits) though the trace is committed only through step N. `inspect` counted
+    those rows: more events than `verify` reports for the same trace ("1,907 events" against
+    "identical: 1898 events", a tiny-model CPU run killed mid-way) and hits of a step that never
+    ran. It now sums steps 0 to `last_step`, the prefix `verify` checks: the rows `read_trace`'s
+    tables hold (tests/tracing/test_committed_prefix.py)."""
+    import pyarrow.parquet as pq
+    from _trace_helpers import kill_after_partial_step, record_overlapped
+
+    from replay.verify import verify
+    from tracing.inspect import summarize
+
+    full = record_overlapped(reference_like(24), tmp_path / "full")
+    trace = read_trace(kill_after_partial_step(full, tmp_path / "cut", "block_hit"))
+    on_disk = np.concatenate([
+        pq.read_table(f.located(), columns=["step"]).column("step").to_numpy()
+        for seg in trace.segment_list() for f in seg.files if f.kind == "block_hit"])
+    assert (on_disk > trace.last_step).any()
+    s = summarize(trace)
+    assert s["num_events"] == verify(trace).num_events == trace.num_events
+    size = trace.header["block_size"]
+    assert s["prefix_cache_hit_tokens"] == int((on_disk <= trace.last_step).sum()) * size
+    assert f"{s['num_events']:,} events" in describe(trace)

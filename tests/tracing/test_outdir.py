@@ -91,3 +91,22 @@ def test_staged_dir_never_replaces_a_directory_it_did_not_write(tmp_path: Path) 
         pass
     assert (out / "mine.txt").read_text() == "mine"
     assert sorted(os.listdir(tmp_path)) == ["w"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027], ids=["022", "027"])
+def test_an_output_written_whole_gets_a_new_directorys_mode(tmp_path: Path, umask: int) -> None:
+    """``make-model``, ``whatif --out`` and ``tune --out`` write into a ``mkdtemp`` stage,
+    which is private (0700): renamed into place, the checkpoint or result stayed unreadable
+    to anyone but its writer (a serving account, a teammate), its files' 0644 notwithstanding.
+    The directory now gets the mode ``mkdir`` gives under the umask, as a trace's has."""
+    previous = os.umask(umask)
+    try:
+        with staged_dir(tmp_path / "new", WHATIF, "test", force=True) as stage:
+            (stage / "a.parquet").write_text("one")
+        (tmp_path / "empty").mkdir()  # an empty directory given as the output is replaced
+        with staged_dir(tmp_path / "empty", WHATIF, "test", force=True) as stage:
+            (stage / "a.parquet").write_text("one")
+    finally:
+        os.umask(previous)
+    for name in ("new", "empty"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o777 & ~umask, name

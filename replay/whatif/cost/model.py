@@ -46,6 +46,21 @@ from tracing.header import recorded_device
 MODEL_VERSION = 12  # of the saved JSON (``to_dict``); a file of another version is refused
 
 
+def recorded_model(header: Mapping[str, Any]) -> str:
+    """The model a trace ran, in words its step times depend on ("Qwen3ForCausalLM, 596M
+    parameters, bfloat16"), never its path (the same checkpoint lives elsewhere on another
+    machine); empty where the header does not say."""
+    model = header.get("model")
+    if not isinstance(model, Mapping):
+        return str(model or "")
+    params = model.get("num_params")
+    parts = [str(model.get("architecture") or "a model"),
+             f"{params / 1e6:,.0f}M parameters" if isinstance(params, int | float) else
+             f"{model.get('num_layers', '?')} layers, hidden size {model.get('hidden_size', '?')}",
+             str(model.get("dtype") or "")]
+    return ", ".join(p for p in parts if p)
+
+
 @dataclass(slots=True)
 class StepTime:
     """A step's predicted device time, host time (the engine's own CPU work; 0 in interval mode)
@@ -106,6 +121,7 @@ class CostModel:
     # and the host the model prices on where not the source's (``on_host``).
     host_calibration: dict[str, float] = field(default_factory=dict)
     device: str = ""  # the timing source's device (``tracing.header.recorded_device``)
+    model_name: str = ""  # the timing source's model (``recorded_model``); "" where unknown
     host: HostSpeed | None = None
     _times: dict[str, _ClassTimes] = field(default_factory=dict, init=False, repr=False,
                                            compare=False)
@@ -170,7 +186,8 @@ class CostModel:
                     shared_read_fraction=fraction, shared_kv=fraction < 1.0,
                     add=add,
                     host_calibration=calibration_hosts(events.header.get("calibration") or []),
-                    device=recorded_device(events.header))
+                    device=recorded_device(events.header),
+                    model_name=recorded_model(events.header))
         for cls_name, report in reports.items():
             mask = fitted.classes == cls_name
             model.coverage[cls_name] = explain.class_coverage(

@@ -59,3 +59,62 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
     assert main(["workload", "generate", "--out", str(tmp_path / "x.jsonl"), "--num-requests",
                  "5", "--prompt-len", "uniform:9"]) == 2
     assert "uniform takes 2" in capsys.readouterr().err
+
+
+def test_burstgpt_filter_model_through_the_cli(tmp_path: Path, capsys) -> None:
+    """``--filter-model`` keeps one BurstGPT model, counted in the output and the header; a
+    model with no rows is one line naming the models present, exit 2, no file (session 32)."""
+    trace = tmp_path / "BurstGPT_1.csv"
+    trace.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                     "0,ChatGPT,10,5,15,Conversation log\n1,GPT-4,20,6,26,API log\n")
+    out = tmp_path / "w.jsonl"
+    assert main(["workload", "import", str(trace), "--format", "burstgpt", "--filter-model",
+                 "GPT-4", "--out", str(out)]) == 0
+    assert "kept 1, dropped 1 (Model not GPT-4)" in capsys.readouterr().out
+    assert [(r.arrival_s, len(r.prompt)) for r in read_workload(out)] == [(1.0, 20)]
+    assert read_metadata(out)["imported"]["command"]["filter_model"] == "GPT-4"
+    out.unlink()
+    assert main(["workload", "import", str(trace), "--format", "burstgpt", "--filter-model",
+                 "Claude", "--out", str(out)]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == (f"replayllm workload: error: {trace}: no row has Model 'Claude' (the models "
+                    "present: ChatGPT (1 row), GPT-4 (1 row))")
+    assert not out.exists()
+
+
+def test_describe_refuses_an_empty_workload(tmp_path: Path, capsys) -> None:
+    """An empty workload (no bytes, blank lines, a header only) is one line, exit 2, as ``run``
+    refuses it (before: exit 0 and a table of 'requests 0'); no plot is written."""
+    from replay.workloads.store import WorkloadWriter
+
+    empty = tmp_path / "empty.parquet"
+    WorkloadWriter(empty).close({"generated": {}})
+    for path, text in [(tmp_path / "e.jsonl", ""), (tmp_path / "b.jsonl", "\n\n"),
+                       (tmp_path / "h.jsonl", '{"replayllm_workload": 1}\n'), (empty, None)]:
+        if text is not None:
+            path.write_text(text)
+        png = tmp_path / "p.png"
+        assert main(["workload", "describe", str(path), "--plots", str(png)]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and not png.exists()
+        assert captured.err.strip().splitlines()[-1] == (
+            f"replayllm workload: error: {path}: the workload holds no requests")
+
+
+def test_an_option_of_another_format_is_refused(tmp_path: Path, capsys) -> None:
+    """``--rate`` and ``--model`` (sharegpt), ``--block-size`` (mooncake) and
+    ``--filter-model`` (burstgpt) given with another format are one line, exit 2, no file
+    (before: ignored, exit 0: ``--rate 5`` on a Mooncake trace wrote its own arrivals)."""
+    out = tmp_path / "w.jsonl"
+    for option, value, owner in [("--rate", "5", "sharegpt"), ("--model", "/tmp/m", "sharegpt"),
+                                 ("--block-size", "16", "mooncake"),
+                                 ("--filter-model", "GPT-4", "burstgpt")]:
+        assert main(["workload", "import", str(MOONCAKE) if owner != "mooncake" else
+                     str(MOONCAKE.parent / "AzureLLMInferenceTrace_code.csv"), "--format",
+                     "mooncake" if owner != "mooncake" else "azure", "--out", str(out), option,
+                     value]) == 2
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert line.startswith(f"replayllm workload: error: {option} applies to --format "
+                               f"{owner} only, not ") and not out.exists()
+    assert main(["workload", "import", str(MOONCAKE), "--format", "mooncake", "--out", str(out),
+                 "--block-size", "512", "--limit", "3"]) == 0

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.errors import InvalidRequestError
 from replay.workloads.describe import summarize
 from replay.workloads.fields import WorkloadFormatError
 from replay.workloads.import_options import ImportCounts, ImportOptions
@@ -82,9 +83,9 @@ SHAREGPT = json.dumps([{"id": "a", "conversations": [{"from": "human", "value": 
      + "; this file looks like --format mooncake$"),
     (SHAREGPT, "mooncake", r"t: element 0: not a Mooncake record: no field 'timestamp' \(fields "
      r"found: id, conversations\)" + SUPPORTED + "; this file looks like --format sharegpt$"),
-    ('[{"id": "a", "messages": [{"role": "user", "content": "hi"}]}]', "sharegpt",
-     r"t: element 0: not a ShareGPT conversation: no field 'conversations' \(fields found: id, "
-     r"messages\)" + SUPPORTED + "$"),
+    ('[{"id": "a", "instruction": "hi", "output": "hello"}]', "sharegpt",
+     r"t: element 0: not a ShareGPT conversation: no field 'conversations' or 'messages' "
+     r"\(fields found: id, instruction, output\)" + SUPPORTED + "$"),
     ("request_id,arrival,prompt_tokens\n1,0.5,10\n", "azure", r"t:1: not an Azure LLM inference "
      r"CSV: no column 'TIMESTAMP' \(columns found: request_id, arrival, prompt_tokens\)"
      + SUPPORTED + "$"),
@@ -202,3 +203,29 @@ def test_a_json_array_is_decoded_element_by_element_across_chunks(
             list(text_input.json_records(path))
     path.write_text("[ ]\n")
     assert list(text_input.json_records(path)) == []
+
+
+def test_burstgpt_filter_model_keeps_one_model_and_counts_the_others(tmp_path: Path) -> None:
+    """``--filter-model GPT-4`` keeps that model's rows (as vLLM's BurstGPT reader does, which
+    keeps only GPT-4), matched ignoring case and spaces; the others are dropped and counted,
+    their times still the trace's (the first kept request arrives at its trace time: 7 s). A
+    model with no rows is one line naming the models present (session 32: before, no option)."""
+    path = burstgpt_file(tmp_path)
+    requests, counts = run(path, "burstgpt", filter_model="GPT-4 ")
+    assert [(r.arrival_s, len(r.prompt)) for r in requests] == [(7.0, 300)]
+    assert counts.read == 4 and counts.kept == 1
+    assert counts.dropped == {"Model not GPT-4": 2, "failed request (Response tokens 0)": 1}
+    requests, counts = run(path, "burstgpt", filter_model="chatgpt")
+    assert [(r.arrival_s, len(r.prompt)) for r in requests] == [(0.0, 472)]
+    with pytest.raises(WorkloadFormatError, match=r"BurstGPT_1.csv: no row has Model 'GPT4' "
+                       r"\(the models present: ChatGPT \(2 rows\), GPT-4 \(2 rows\)\)$"):
+        run(path, "burstgpt", filter_model="GPT4")
+    with pytest.raises(InvalidRequestError, match=r"--filter-model applies to --format "
+                       r"burstgpt only, not azure$"):
+        run(path, "azure", filter_model="GPT-4")
+    no_model = tmp_path / "no_model.csv"
+    no_model.write_text("Timestamp,Request tokens,Response tokens\n0,5,5\n")
+    assert len(run(no_model, "burstgpt")[0]) == 1
+    with pytest.raises(WorkloadFormatError, match=r"no_model.csv:1: not a BurstGPT CSV: no "
+                       r"column 'Model' \(--filter-model reads it\)"):
+        run(no_model, "burstgpt", filter_model="GPT-4")

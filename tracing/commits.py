@@ -1,0 +1,232 @@
+"""The commit bookkeeping of a trace directory: which segments and files are committed, and
+which of their rows belong to the committed prefix.
+
+A segment is committed once its marker in ``_commits/`` exists. ``Commits`` holds the committed
+segments and owns the one rule every reader of an incomplete trace applies: its rows are those
+of steps 0 to ``last_step`` (the prefix ``verify`` checks). A killed run's last segment can hold
+the first events of the step after (its arrivals and, under async scheduling, its schedule:
+admissions, prefix-cache hits), committed with it though that step never ran whole.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tracing.errors import TraceError, one_line
+from tracing.layout import COMMITS_DIR, marker_file, marker_index, tmp_path
+from tracing.schema import EVENT_KINDS
+from tracing.validate import check_marker
+
+PARQUET_ERRORS = (OSError, pa.ArrowException, ValueError)
+
+
+@dataclass(frozen=True)
+class SegmentFile:
+    """One committed Parquet file: its kind, its segment, its (final) path and its rows."""
+
+    kind: str
+    segment: int
+    path: Path
+    rows: int
+
+    def located(self) -> Path:
+        """Where the file is now: its final name, or the temporary one if the writer died (or,
+        for a trace being recorded, has not yet renamed it) after committing the segment."""
+        return self.path if self.path.exists() else tmp_path(self.path)
+
+    def size(self) -> int:
+        """Its size in bytes, under whichever name it has; the writer of a trace being recorded
+        may rename it from the temporary name to the final one at any moment."""
+        for path in (self.path, tmp_path(self.path), self.path):  # final, temporary, renamed
+            try:
+                return path.stat().st_size
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise TraceError(f"{path}: cannot read its size ({one_line(exc)})") from None
+        raise TraceError(f"{self.path}: missing, but its segment is committed")
+
+    def open(self) -> pq.ParquetFile:
+        """The file, opened for reading (``TraceError``, one line, if missing or damaged)."""
+        path = self.located()
+        if not path.exists():
+            path = self.path  # the writer renamed it since located() looked
+        try:
+            return pq.ParquetFile(path)
+        except FileNotFoundError:
+            raise TraceError(f"{self.path}: missing, but its segment is committed") from None
+        except PARQUET_ERRORS as exc:
+            raise TraceError(
+                f"{path}: not a readable Parquet file, truncated or corrupted ({one_line(exc)})"
+            ) from None
+
+    def rows_after(self, step: int) -> int:
+        """How many of its rows belong to steps after ``step`` (from the footer's statistics
+        when they rule it out, else by reading the ``step`` column alone)."""
+        pf = self.open()
+        meta = pf.metadata
+        maxima = []
+        for group in range(meta.num_row_groups):
+            row_group = meta.row_group(group)
+            column = next((row_group.column(i) for i in range(row_group.num_columns)
+                           if row_group.column(i).path_in_schema == "step"), None)
+            stats = column.statistics if column is not None else None
+            maxima.append(stats.max if stats is not None and stats.has_min_max else None)
+        if all(m is not None and m <= step for m in maxima):
+            return 0
+        try:
+            steps = pf.read(columns=["step"]).column("step")
+        except (*PARQUET_ERRORS, KeyError) as exc:
+            raise TraceError(f"{self.path}: cannot read Parquet data ({one_line(exc)})") from None
+        return int((np.asarray(steps) > step).sum())
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A committed segment: every event of steps <= ``through_step`` not in an earlier one."""
+
+    index: int
+    through_step: int
+    num_events: int
+    files: tuple[SegmentFile, ...]
+    first_event_id: int | None = None
+    last_event_id: int | None = None
+
+
+class Commits:
+    """The committed segments of a trace, whether it is complete, and its committed prefix.
+
+    ``complete``: ``summary.json`` present and every segment it counts committed. ``last_step``:
+    the last step whose events are all in the committed segments (-1 if none). For an incomplete
+    trace only rows of steps up to ``last_step`` are committed rows (``prefix_table``,
+    ``prefix_columns``, ``counts``); a complete trace's rows all are.
+    """
+
+    def __init__(self, segments: list[Segment], summary: dict[str, Any] | None) -> None:
+        self.segments = segments
+        self.last_step = max((s.through_step for s in segments), default=-1)
+        expected = summary.get("segments") if summary is not None else None
+        self.complete = summary is not None and expected in (None, len(segments))
+        self._counts: dict[str, int] | None = None
+
+    def files(self, kind: str | None = None) -> list[SegmentFile]:
+        """The committed files (of ``kind``), in segment order."""
+        return [f for seg in self.segments for f in seg.files if kind in (None, f.kind)]
+
+    def counts(self) -> dict[str, int]:
+        """Committed rows per event kind: the markers' counts, less (incomplete trace) the rows
+        of steps after ``last_step``."""
+        if self._counts is None:
+            out = dict.fromkeys(EVENT_KINDS, 0)
+            for f in self.files():
+                out[f.kind] += f.rows
+                if not self.complete and f.rows:
+                    out[f.kind] -= f.rows_after(self.last_step)
+            self._counts = out
+        return dict(self._counts)
+
+    def size_bytes(self) -> int:
+        return sum(f.size() for f in self.files())
+
+    def _keep(self, steps: Any) -> np.ndarray | None:
+        """Which rows of an incomplete trace's table, by their ``step``, are committed; None
+        when all are (a complete trace, or no row after ``last_step``)."""
+        if self.complete or len(steps) == 0:
+            return None
+        keep = np.asarray(steps) <= self.last_step
+        return None if keep.all() else keep
+
+    def prefix_table(self, table: pa.Table) -> pa.Table:
+        """``table``'s committed rows."""
+        keep = self._keep(table.column("step"))
+        return table if keep is None else table.filter(pa.array(keep))
+
+    def prefix_columns(self, cols: dict[str, Any]) -> dict[str, Any]:
+        """The committed rows of one table's columns (name -> numpy array or list)."""
+        keep = self._keep(cols["step"])
+        if keep is None:
+            return cols
+        rows = np.flatnonzero(keep)
+        return {name: [values[i] for i in rows] if isinstance(values, list) else values[keep]
+                for name, values in cols.items()}
+
+
+def load_json(path: Path, what: str) -> dict[str, Any]:
+    """A JSON object from ``path`` (``TraceError``, one line naming the file, otherwise)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read {what} ({exc.strerror or one_line(exc)})") from None
+    except UnicodeDecodeError:
+        raise TraceError(f"{path}: {what} is not UTF-8 text") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TraceError(
+            f"{path}: {what} is not valid JSON (line {exc.lineno}, column {exc.colno})"
+        ) from None
+    if not isinstance(data, dict):
+        raise TraceError(f"{path}: {what} must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _parse_marker(root: Path, path: Path, index: int, data: dict[str, Any]) -> Segment:
+    check_marker(path, index, data)
+    files: list[SegmentFile] = []
+    for kind, entry in data["files"].items():
+        final = root / entry["file"]
+        file = SegmentFile(kind, index, final, entry["rows"])
+        # The marker is written before the renames: a crash in between leaves the hidden name.
+        if not file.located().exists():
+            raise TraceError(f"{final}: missing, but committed by {path.name}")
+        if file.located().is_symlink():
+            raise TraceError(f"{final}: is a symbolic link, not a file the recorder wrote")
+        files.append(file)
+    num_events = sum(f.rows for f in files)
+    return Segment(index, data["through_step"], num_events, tuple(files),
+                   data.get("first_event_id"), data.get("last_event_id"))
+
+
+def committed_segments(root: Path) -> list[Segment]:
+    """The segments of the trace directory ``root`` with a commit marker, in order
+    (``TraceError`` for a gap, a damaged marker or a segment out of order)."""
+    commits = root / COMMITS_DIR
+    if not commits.is_dir():
+        return []
+    try:
+        names = [p.name for p in commits.iterdir()]
+    except OSError as exc:
+        raise TraceError(f"{commits}: cannot list ({exc.strerror or one_line(exc)})") from None
+    indices = sorted(i for name in names if (i := marker_index(name)) is not None)
+    segments: list[Segment] = []
+    for expected, index in enumerate(indices):
+        path = root / marker_file(index)
+        if index != expected:
+            raise TraceError(
+                f"{path}: segment {index} is committed but segment {expected} is not; "
+                "a commit marker was deleted"
+            )
+        segment = _parse_marker(root, path, index, load_json(path, "commit marker"))
+        if segments:
+            _check_follows(path, segments[-1], segment)
+        segments.append(segment)
+    return segments
+
+
+def _check_follows(path: Path, previous: Segment, segment: Segment) -> None:
+    """A segment's steps and event ids come after its predecessor's (a duplicated or reordered
+    segment is caught here)."""
+    if segment.through_step < previous.through_step:
+        raise TraceError(f"{path}: through_step {segment.through_step} is before segment "
+                         f"{previous.index}'s {previous.through_step}")
+    last = previous.last_event_id
+    if last is not None and segment.first_event_id is not None and segment.first_event_id <= last:
+        raise TraceError(f"{path}: event ids start at {segment.first_event_id}, but segment "
+                         f"{previous.index} ends at {last} (a duplicated segment?)")

@@ -61,6 +61,10 @@ class EngineProcess(RequestIntake):
             self.process.join(5)
             raise ReplayLLMError(f"the engine process exited ({self.process.exitcode}) "
                                  "while starting") from None
+        except BaseException:  # Ctrl-C twice while starting: the engine goes too, at once
+            self.process.kill()
+            self.process.join(5)
+            raise
         if message is None:
             self.process.kill()
             raise ReplayLLMError("the engine process did not start")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from engine.errors import ReplayLLMError
@@ -37,27 +38,59 @@ def _report_on_sigusr1(engine: Any) -> None:
     signal.signal(signal.SIGUSR1, report)
 
 
-def _stop_cleanly_on_signals(server: Any) -> dict[int, Any]:
-    """SIGTERM and SIGINT only ask uvicorn to stop; the process then exits normally.
+class StopRequest:
+    """The handler of SIGTERM and SIGINT for the whole of ``serve``, start-up included.
+
+    Once the server exists (``attach``) a signal only asks uvicorn to stop (``should_exit``);
+    uvicorn's own handlers, in place while it runs, do the same and then raise the signal again
+    under this one. A signal that comes while the engine is still starting (the model loading,
+    before ``/health`` answers) is noted: the start-up goes on, and the server then stops at
+    once, as after a signal while serving (no request taken, the trace closed complete, the
+    summary line, exit 0). Before, Python's default handlers were in place until just before
+    ``server.run()``: SIGTERM there killed the server (exit 143, no summary; the engine process
+    killed with it, its trace left open) and SIGINT raised ``KeyboardInterrupt`` (exit 130, an
+    incomplete trace). A second SIGINT while starting still stops at once
+    (``KeyboardInterrupt``), as a second Ctrl-C forces uvicorn's shutdown.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.server: Any = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        import signal
+
+        if self.server is not None:
+            self.server.should_exit = True
+            return
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def attach(self, server: Any) -> None:
+        """From now on a signal stops ``server``; one that came while starting already has."""
+        self.server = server
+        if self.requested:
+            server.should_exit = True
+
+
+def _stop_cleanly_on_signals(stop: StopRequest) -> dict[int, Any]:
+    """SIGTERM and SIGINT go to ``stop`` (``StopRequest``) instead of killing the process:
+    installed before the engine starts, so no signal finds Python's default handlers.
 
     uvicorn handles both signals itself (stop taking connections, the grace period, the
     lifespan's shutdown: the trace closed), then raises the signal again under the handler it
     found. Python's default SIGTERM kills the process there, before ``serve`` returns (no
     summary line, exit status 143, nothing after ``server.run()`` ran: the KV-event publisher of
     a threaded engine left open), and its default SIGINT raised ``KeyboardInterrupt``: exit 130
-    and ``interrupted``, the summary lost. These handlers, in place before uvicorn's, only ask
-    uvicorn to stop: also for a signal that comes just before uvicorn took it. Returns the
-    handlers they replaced (empty: none replaced, off the main thread).
+    and ``interrupted``, the summary lost. Returns the handlers they replaced (empty: none
+    replaced, off the main thread).
     """
     import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         return {}
-
-    def stop(*_: Any) -> None:
-        server.should_exit = True
-
     return {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
 
 
@@ -115,7 +148,8 @@ def serve(
     On SIGTERM or SIGINT the server stops taking connections (a new one is refused), gives
     running requests ``grace_s`` seconds to finish, aborts the rest (recorded ``aborted``; a
     stream ends with ``finish_reason`` ``abort`` and ``[DONE]``), closes the trace (complete)
-    and returns: ``replayllm serve`` prints its summary line and exits 0. A request that
+    and returns: ``replayllm serve`` prints its summary line and exits 0; a signal during the
+    start-up stops the server as soon as it has started (``StopRequest``). A request that
     reaches the engine after intake stopped is a 503 with ``Retry-After``. An engine that died
     (its process killed) fails every open request with an error event or a 500 and every new
     one with a 503, ``/health`` says 503, and the server stops with ``the engine failed``
@@ -123,11 +157,28 @@ def serve(
     ``max_request_bytes`` (None: from the context) and ``max_waiting_prompts`` (None: the
     default): what a client may make the frontend hold (``engine.server.limits``).
     """
+    stop = StopRequest()
+    previous_handlers = _stop_cleanly_on_signals(stop)  # before the imports and the start-up
+    try:
+        return _serve(stop, model, trace_dir, host, port, overrides, served_model_name, grace_s,
+                      kv_events_endpoint, engine_mode, proxy, max_request_bytes,
+                      max_waiting_prompts)
+    finally:
+        import signal
+
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
+
+
+def _serve(stop: StopRequest, model: str | None, trace_dir: str | None, host: str, port: int,
+           overrides: dict[str, Any] | None, served_model_name: str | None, grace_s: float,
+           kv_events_endpoint: str | None, engine_mode: str, proxy: Any,
+           max_request_bytes: int | None,
+           max_waiting_prompts: int | None) -> dict[str, Any] | None:
     try:
         import uvicorn
 
         from engine.server.app import create_app
-        from engine.server.metrics import ServerMetrics
     except ImportError as exc:
         raise ReplayLLMError(
             f"replayllm serve needs the 'serve' extra (pip install 'replayllm[serve]'): {exc}"
@@ -145,43 +196,25 @@ def serve(
                              f"got {engine_mode!r}")
     name = served_model_name or (model if model is not None else "replayllm-tiny")
     spec = EngineSpec(model, trace_dir, dict(overrides or {}), kv_events_endpoint, proxy)
-    publisher = None
-    if engine_mode == "process":
-        from engine.server.engine_client import EngineProcess
-
-        engine: Any = EngineProcess(spec, ServerMetrics(name))
-    else:
-        from engine.server.engine_loop import EngineLoop
-
-        wrap_sink = None
-        if kv_events_endpoint is not None:
-            from engine.server.kv_publisher import ZmqKVPublisher
-            from tracing.kv_events import KVEventTap
-
-            publisher = ZmqKVPublisher(kv_events_endpoint)
-
-            def wrap_sink(sink: Any) -> Any:
-                return KVEventTap(sink, publisher)
-        engine = EngineLoop(spec.build(wrap_sink), ServerMetrics(name))
-    _report_on_sigusr1(engine)
-    limits: dict[str, Any] = {"max_request_bytes": max_request_bytes}
-    if max_waiting_prompts is not None:
-        limits["max_waiting_prompts"] = max_waiting_prompts
-    app = create_app(engine, name, **limits)
-    config = uvicorn.Config(app, host=host, port=port,
-                            timeout_graceful_shutdown=grace_s + STREAM_END_S,
-                            log_level="warning", access_log=False)
-    server = _server_class()(config, app.state.server.stop_engine, grace_s)
-    previous_handlers = _stop_cleanly_on_signals(server)
-    print(f"replayllm serve: {name} on http://{host}:{port} (engine in a {engine_mode})"
-          + (f", recording to {trace_dir}" if trace_dir else ""), flush=True)
+    engine, publisher = _start_engine(spec, name, engine_mode, kv_events_endpoint)
     try:
+        _report_on_sigusr1(engine)
+        limits: dict[str, Any] = {"max_request_bytes": max_request_bytes}
+        if max_waiting_prompts is not None:
+            limits["max_waiting_prompts"] = max_waiting_prompts
+        app = create_app(engine, name, **limits)
+        config = uvicorn.Config(app, host=host, port=port,
+                                timeout_graceful_shutdown=grace_s + STREAM_END_S,
+                                log_level="warning", access_log=False)
+        server = _server_class()(config, app.state.server.stop_engine, grace_s)
+        stop.attach(server)
+        print(f"replayllm serve: {name} on http://{host}:{port} (engine in a {engine_mode})"
+              + (f", recording to {trace_dir}" if trace_dir else ""), flush=True)
+        if stop.requested:
+            print("replayllm serve: a stop signal came while starting: stopping",
+                  file=sys.stderr, flush=True)
         server.run()
     finally:
-        import signal
-
-        for sig, handler in previous_handlers.items():
-            signal.signal(sig, handler)
         if publisher is not None:
             publisher.close()
         if engine_mode == "process" and engine.summary is None:
@@ -189,3 +222,32 @@ def serve(
     if engine.error is not None:
         raise ReplayLLMError(f"the engine failed: {engine.error}")
     return engine.summary
+
+
+def _start_engine(spec: Any, name: str, engine_mode: str,
+                  kv_events_endpoint: str | None) -> tuple[Any, Any]:
+    """The started engine (``EngineProcess`` or ``EngineLoop``) and the KV-event publisher of a
+    threaded engine (None otherwise)."""
+    from engine.server.metrics import ServerMetrics
+
+    if engine_mode == "process":
+        from engine.server.engine_client import EngineProcess
+
+        return EngineProcess(spec, ServerMetrics(name)), None
+    from engine.server.engine_loop import EngineLoop
+
+    publisher = wrap_sink = None
+    if kv_events_endpoint is not None:
+        from engine.server.kv_publisher import ZmqKVPublisher
+        from tracing.kv_events import KVEventTap
+
+        publisher = ZmqKVPublisher(kv_events_endpoint)
+
+        def wrap_sink(sink: Any) -> Any:
+            return KVEventTap(sink, publisher)
+    try:
+        return EngineLoop(spec.build(wrap_sink), ServerMetrics(name)), publisher
+    except BaseException:
+        if publisher is not None:
+            publisher.close()
+        raise

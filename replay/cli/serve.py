@@ -16,7 +16,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="on SIGINT or SIGTERM the server stops taking requests, lets running ones finish\n"
                "for --grace seconds, aborts the rest (each stream ends with an abort chunk),\n"
-               "writes a complete trace and exits 0; exit 2: a bad setting, or the engine\n"
+               "writes a complete trace and exits 0 (a signal while the model loads: once\n"
+               "started, the server stops at once); exit 2: a bad setting, or the engine\n"
                "failed (its trace then ends incomplete, at the last flushed step)")
     serve.add_argument("--model", default=None, help="checkpoint directory (default: tiny model)")
     serve.add_argument("--trace-dir", default=None, help="record the served traffic here")

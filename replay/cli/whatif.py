@@ -222,11 +222,12 @@ def _compare(args: argparse.Namespace, workload: SimWorkload, cost: CostModel | 
                                              else f"{args.compare} has no measured step times"))
     rows = comparison_rows(result.metrics if predicted is None else predicted.summary,
                            measured.summary)
-    print(comparison_table(rows))
     events, over = result.events, ""
     if scope is not None:  # the recording's steps only, as verify compares a killed run's
         events, over = cut_to_step(events, scope.last_step), f" (steps 0 to {scope.last_step})"
-    print(f"decision streams{over}: " + describe_divergence(compare_decisions(other, events)))
+    printed = [comparison_table(rows), f"decision streams{over}: "
+               + describe_divergence(compare_decisions(other, events))]
+    print("\n".join(printed))
     import pandas as pd
 
     notes = [] if scope is None else [scope.note()]
@@ -234,7 +235,8 @@ def _compare(args: argparse.Namespace, workload: SimWorkload, cost: CostModel | 
                   run_outputs.sim_row(result) if predicted is None else
                   run_outputs.row(result.name, "predicted", predicted,
                                   overrides=result.overrides, notes=result.notes + notes)]
-    run_outputs.finish(args, table_rows, cost, plotter, {"compare": pd.DataFrame(rows)})
+    run_outputs.finish(args, table_rows, cost, plotter, {"compare": pd.DataFrame(rows)},
+                       ([f"warning: {scope.warning()}"] if scope is not None else []) + printed)
     return 0
 
 

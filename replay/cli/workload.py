@@ -31,7 +31,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     gen.add_argument("--out", required=True, help="file to write (.jsonl or .parquet)")
     gen.add_argument("--num-requests", type=int, required=True,
                      help="first turns to generate (each conversation adds its later turns)")
-    gen.add_argument("--arrivals", choices=PROCESSES, default="poisson")
+    gen.add_argument("--arrivals", choices=PROCESSES, default=None,
+                     help="arrival process (default: poisson with --rate, else all at 0; "
+                     "constant, poisson and gamma need --rate)")
     gen.add_argument("--rate", type=float, default=None, help="requests/s (default: all at 0)")
     gen.add_argument("--burstiness", type=float, default=1.0,
                      help="gamma shape, as vllm bench serve (1: Poisson, <1 burstier)")
@@ -123,6 +125,8 @@ def _generate(args: argparse.Namespace) -> int:
     if spec.system_prompts:  # the defaults the spec set, recorded in the header's command
         args.system_prompt_len = args.system_prompt_len or spec.system_prompt_len.text
         args.popularity, args.hash_block_size = spec.popularity, spec.hash_block_size
+    if args.rate is not None:  # poisson, the default with a rate (without one: null, all at 0)
+        args.arrivals = spec.arrivals.kind
     check_workload_out(args.out)
     generator = Generator(spec)
     writer = WorkloadWriter(args.out)

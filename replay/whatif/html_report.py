@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import html
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,17 @@ STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1200px}"
          "pre{background:#f4f4f4;padding:.6em}")
 
 
+def number(value: float) -> str:
+    """A float cell of a table: a whole number in full (a token count, a step count; a column
+    holding a cannot-run row's NaN is float), 1,000 and above to one decimal (a throughput:
+    ``27386.9``, not ``2.739e+04``), other values to four significant digits."""
+    if not math.isfinite(value):
+        return "n/a" if math.isnan(value) else str(value)
+    if value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.1f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
 def write_report(path: str | Path, title: str, lines: list[str],
                  tables: list[tuple[str, pd.DataFrame]], plots: list[Path]) -> Path:
     """Write the page: ``lines`` as preformatted text, each table, each PNG plot (one
@@ -28,7 +40,7 @@ def write_report(path: str | Path, title: str, lines: list[str],
         parts.append("<pre>" + html.escape("\n".join(lines)) + "</pre>")
     for caption, frame in tables:
         parts.append(f"<h2>{html.escape(caption)}</h2>")
-        parts.append(frame.to_html(index=False, na_rep="n/a", float_format=lambda v: f"{v:.4g}",
+        parts.append(frame.to_html(index=False, na_rep="n/a", float_format=number,
                                    border=0))
     for plot in plots:
         data = base64.b64encode(Path(plot).read_bytes()).decode("ascii")

@@ -42,10 +42,12 @@ def plotter(args: argparse.Namespace) -> Any:
 
 
 def finish(args: argparse.Namespace, rows: list[dict], cost: CostModel | None,
-           plots: Any, extra: dict | None = None) -> None:
+           plots: Any, extra: dict | None = None, lines: list[str] | None = None) -> None:
     """Write the outputs into a fresh directory renamed to ``--out`` once all are written
     (``tracing.outdir.staged_dir``): an earlier whatif's files never stay beside them, and a
-    full disk leaves nothing half-written. ``plots``: ``plotter(args)``'s worker, or None."""
+    full disk leaves nothing half-written. ``plots``: ``plotter(args)``'s worker, or None;
+    ``lines``: what the run printed besides the variants table (``--compare``'s table and
+    verdict), shown above it in the ``--report`` page."""
     from replay.whatif.report import write_outputs
     from tracing.outdir import WHATIF, staged_dir
 
@@ -68,11 +70,11 @@ def finish(args: argparse.Namespace, rows: list[dict], cost: CostModel | None,
         print(note)
     print(f"wrote {', '.join(p.name for p in written)} to {args.out}")
     if getattr(args, "report", None):
-        _write_report(args, rows, extra, written)
+        _write_report(args, rows, extra, written, lines or [])
 
 
 def _write_report(args: argparse.Namespace, rows: list[dict], extra: dict | None,
-                  written: list[Path]) -> None:
+                  written: list[Path], lines: list[str]) -> None:
     import pandas as pd
 
     from replay.whatif.html_report import write_report
@@ -84,5 +86,5 @@ def _write_report(args: argparse.Namespace, rows: list[dict], extra: dict | None
     # The files were written in the staging directory, since renamed to --out.
     pngs = [Path(args.out) / p.name for p in written if p.suffix == ".png"]
     page = write_via_temporary(args.report, lambda tmp: write_report(
-        tmp, "replayllm whatif", [variants_table(rows)], tables, pngs))
+        tmp, "replayllm whatif", [*lines, variants_table(rows)], tables, pngs))
     print(f"wrote {page}")

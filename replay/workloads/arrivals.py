@@ -5,8 +5,10 @@ inter-arrival times are Gamma with shape ``burstiness`` and scale ``1 / (rate * 
 their mean is ``1 / rate`` and their coefficient of variation ``1 / sqrt(burstiness)``;
 burstiness 1 is Poisson (exponential gaps), below 1 burstier, above 1 more regular. ``constant``
 spaces arrivals ``1 / rate`` apart; ``schedule`` reads one arrival time (seconds) a line. The
-first request arrives at 0 and each later one a gap after the previous one, as in vLLM; no rate
-(``rate`` None or infinite) sends everything at 0.
+first request arrives at 0 and each later one a gap after the previous one, as in vLLM. No
+process named (``kind`` None, the default) is Poisson, and without a rate everything at 0; a
+process named without a rate is an error (it would change nothing). An infinite rate sends
+everything at 0.
 """
 
 from __future__ import annotations
@@ -26,15 +28,19 @@ CHUNK = 65536
 
 @dataclass(frozen=True)
 class ArrivalProcess:
-    """How first turns arrive: ``kind`` (PROCESSES), ``rate`` (requests/s), ``burstiness``
-    (the Gamma shape; Poisson is 1), ``schedule`` (a file of arrival times)."""
+    """How first turns arrive: ``kind`` (PROCESSES; None, the default, is ``poisson`` and may
+    go without a rate, set by __post_init__), ``rate`` (requests/s), ``burstiness`` (the Gamma
+    shape; Poisson is 1), ``schedule`` (a file of arrival times)."""
 
-    kind: str = "poisson"
+    kind: str | None = None
     rate: float | None = None
     burstiness: float = 1.0
     schedule: str | None = None
 
     def __post_init__(self) -> None:
+        named = self.kind is not None
+        if not named:  # the default: Poisson, everything at 0 without a rate
+            object.__setattr__(self, "kind", "poisson")
         if self.kind not in PROCESSES:
             raise InvalidRequestError(f"arrivals: unknown process {self.kind!r}; one of "
                                       f"{', '.join(PROCESSES)}")
@@ -46,16 +52,17 @@ class ArrivalProcess:
             raise InvalidRequestError("arrivals 'schedule' needs --schedule FILE")
         # Options that the process would ignore are contradictions, not defaults.
         if self.schedule and self.kind != "schedule":
-            raise InvalidRequestError(f"--schedule needs --arrivals schedule, not {self.kind}")
+            raise InvalidRequestError("--schedule needs --arrivals schedule"
+                                      + (f", not {self.kind}" if named else ""))
         if self.kind == "schedule" and self.rate is not None:
             raise InvalidRequestError("--rate does not apply to --arrivals schedule (its file "
                                       "gives the times)")
-        if self.kind in ("constant", "gamma") and self.rate is None:  # poisson: the default
+        if named and self.kind != "schedule" and self.rate is None:
             raise InvalidRequestError(f"--arrivals {self.kind} needs --rate (without one every "
                                       "request arrives at 0)")
         if self.kind != "gamma" and self.burstiness != 1.0:
-            raise InvalidRequestError(f"--burstiness applies to --arrivals gamma, not "
-                                      f"{self.kind}")
+            raise InvalidRequestError("--burstiness applies to --arrivals gamma"
+                                      + (f", not {self.kind}" if named else ""))
 
     @property
     def shape(self) -> float:

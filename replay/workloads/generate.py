@@ -119,11 +119,15 @@ class Generator:
             "prompt_len": IntDraws(spec.prompt_len, MAX_TOKENS_LIMIT, "--prompt-len"),
             "output_len": IntDraws(spec.output_len, MAX_TOKENS_LIMIT, "--output-len"),
             "turns": IntDraws(spec.turns, 1 << 16, "--turns"),
-            "user_len": IntDraws(spec.user_len or spec.prompt_len, MAX_TOKENS_LIMIT,
-                                 "--user-len" if spec.user_len else "--prompt-len"),
             "system_prompt_len": IntDraws(spec.system_prompt_len, MAX_TOKENS_LIMIT,
                                           "--system-prompt-len"),
         }
+        # A later turn's new tokens: from --user-len, else from --prompt-len, whose draws (and
+        # their clips, counted under its name) they then are.
+        self.user_draws = self.draws["prompt_len"]
+        if spec.user_len is not None:
+            self.user_draws = self.draws["user_len"] = IntDraws(spec.user_len, MAX_TOKENS_LIMIT,
+                                                                "--user-len")
         # Clipped after the draws: a system prompt and the request's own tokens together over
         # MAX_TOKENS_LIMIT (clipped to it), a think time drawn below 0 (raised to 0).
         self.clipped_after = {"prompt_len (with its system prompt)": 0, "think_time_s": 0}
@@ -153,7 +157,7 @@ class Generator:
             turns = self.draws["turns"].sample(rng, n).tolist()
             picks = rng.choice(len(systems), n, p=popularity).tolist() if systems else None
             later = sum(turns) - n
-            user = self.draws["user_len"].sample(rng, later).tolist()
+            user = self.user_draws.sample(rng, later).tolist()
             later_output = self.draws["output_len"].sample(rng, later).tolist()
             think_raw = spec.think_time_s.sample(rng, later)
             self.clipped_after["think_time_s"] += int((think_raw < 0).sum())

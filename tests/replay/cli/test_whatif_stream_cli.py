@@ -74,3 +74,22 @@ def test_streamed_workloads_follow_the_plain_whatif_rules(traces, tmp_path, caps
                                      str(tmp_path / "o"), *stream)
             assert code == 2 and needle in err and err.count("\n") == 1, (stream, err)
             assert "variant" not in out and not (tmp_path / "o").exists()
+
+
+def test_stream_says_it_draws_no_plots_in_output_and_report(traces, tmp_path,  # noqa: F811
+                                                            capsys):
+    """Before: ``--stream`` without ``--no-plots`` wrote no PNG and a ``--report`` page without
+    a plot, saying nothing (a plain whatif draws four)."""
+    path = workload_file(tmp_path / "w.parquet")
+    page = tmp_path / "r.html"
+    code, out, _ = run_cli(capsys, "--workload", path, "--timing-from", traces["a"], "--stream",
+                           "--set", "num_kvcache_blocks=40", "--out", str(tmp_path / "o"),
+                           "--report", str(page))
+    assert code == 0
+    assert "note: --stream draws no plots" in out
+    assert not list((tmp_path / "o").glob("*.png"))
+    assert "--stream draws no plots" in page.read_text()
+    code, out, _ = run_cli(capsys, "--workload", path, "--timing-from", traces["a"], "--stream",
+                           "--set", "num_kvcache_blocks=40", "--out", str(tmp_path / "o2"),
+                           "--no-plots")
+    assert code == 0 and "draws no plots" not in out

@@ -92,6 +92,11 @@ def test_import_refuses_ignore_unknown_fields_where_it_cannot_apply(
      "give --system-prompts N (N >= 1) too"),
     (["--arrivals", "constant"], "--arrivals constant needs --rate (without one every request "
      "arrives at 0)"),
+    # before: accepted, every request at 0 (the CLI could not tell it from the default)
+    (["--arrivals", "poisson"], "--arrivals poisson needs --rate (without one every request "
+     "arrives at 0)"),
+    (["--burstiness", "0.5"], "--burstiness applies to --arrivals gamma"),
+    (["--schedule", "times.txt"], "--schedule needs --arrivals schedule"),
 ])
 def test_generate_refuses_options_that_cannot_apply(tmp_path: Path, options: list[str],
                                                     message: str,
@@ -113,3 +118,39 @@ def test_generate_records_the_system_prompt_defaults(tmp_path: Path) -> None:
     command = read_metadata(out)["generated"]["command"]
     assert (command["system_prompt_len"], command["popularity"],
             command["hash_block_size"]) == ("fixed:512", 1.0, 16)
+
+
+@pytest.mark.parametrize("options,arrivals", [([], None), (["--rate", "50"], "poisson"),
+                                              (["--arrivals", "poisson", "--rate", "50"],
+                                               "poisson")])
+def test_generate_without_arrivals_keeps_the_default(tmp_path: Path, options: list[str],
+                                                     arrivals: str | None) -> None:
+    """No --arrivals: Poisson, and without --rate everything at 0, as before; the header's
+    command names the process only where one ran (null: everything at 0)."""
+    from replay.workloads.store import read_metadata
+
+    out = tmp_path / "w.jsonl"
+    assert main(["workload", "generate", "--num-requests", "4", "--out", str(out),
+                 *options]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()[1:]]
+    times = [row.get("arrival_s", 0.0) for row in rows]
+    assert (max(times) > 0) == bool(options)
+    assert read_metadata(out)["generated"]["command"]["arrivals"] == arrivals
+
+
+@pytest.mark.parametrize("options,labels", [
+    ([], {"prompt_len"}),  # before: the later turns' clips were labelled user_len
+    (["--user-len", "normal:1,40"], {"prompt_len", "user_len"}),
+])
+def test_generate_labels_clips_by_the_option_that_drew_them(
+        tmp_path: Path, options: list[str], labels: set[str],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from replay.workloads.store import read_metadata
+
+    out = tmp_path / "w.jsonl"
+    assert main(["workload", "generate", "--num-requests", "200", "--out", str(out),
+                 "--prompt-len", "normal:1,40", "--turns", "fixed:3", *options]) == 0
+    clipped = read_metadata(out)["generated"]["clipped"]
+    assert set(clipped) == labels
+    printed = capsys.readouterr().out
+    assert ("user_len values clipped" in printed) == ("user_len" in labels)

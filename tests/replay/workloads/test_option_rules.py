@@ -117,10 +117,12 @@ def test_generate_options_that_apply_are_kept() -> None:
                                            hash_block_size=8)))) == 3
 
 
-@pytest.mark.parametrize("kind", ["constant", "gamma"])
+@pytest.mark.parametrize("kind", ["constant", "gamma", "poisson"])
 def test_an_arrival_process_without_a_rate_is_an_error(kind: str) -> None:
-    """Without ``--rate`` every request arrives at 0: ``--arrivals constant`` or ``gamma``
-    (and its ``--burstiness``) had no effect (before: accepted)."""
+    """Without ``--rate`` every request arrives at 0: ``--arrivals constant``, ``gamma`` (and
+    its ``--burstiness``) or ``poisson`` named had no effect (before: accepted)."""
     with pytest.raises(InvalidRequestError, match=f"--arrivals {kind} needs --rate"):
         ArrivalProcess(kind, None, 0.5 if kind == "gamma" else 1.0)
-    assert not ArrivalProcess("poisson").rate  # the default: all at 0, as documented
+    default = ArrivalProcess()  # none named: Poisson, all at 0 without a rate, as documented
+    assert (default.kind, default.rate) == ("poisson", None)
+    assert ArrivalProcess(rate=2.0).kind == "poisson"

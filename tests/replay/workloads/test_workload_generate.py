@@ -49,7 +49,7 @@ def test_constant_and_scheduled_arrivals_are_exact(tmp_path: Path) -> None:
         0.0, 0.5, 2.25]
     with pytest.raises(InvalidRequestError, match="3 arrival times for 4 requests"):
         arrivals(ArrivalProcess("schedule", schedule=str(schedule)), n=4)
-    assert not arrivals(ArrivalProcess("poisson", None), n=5).any()  # no rate: all at once
+    assert not arrivals(ArrivalProcess(None, None), n=5).any()  # no rate: all at once
 
 
 @pytest.mark.parametrize("spec, mean, std", [

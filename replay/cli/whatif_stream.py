@@ -2,13 +2,16 @@
 
 The requests are read as the simulated clock reaches their arrival and forgotten when they
 finish (``replay.whatif.stream``); ``--trace-out DIR`` also writes the simulated events there as
-a trace, in segments. Variants run one after another, each reading the file again.
+a trace, in segments. Variants run one after another, each reading the file again, each with
+a progress bar on stderr (requests finished of the file's; only when stderr is a terminal).
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from engine.config import AUTO_SIZED_BLOCKS, Config
@@ -47,10 +50,13 @@ def run_streamed(args: argparse.Namespace, variants: list[tuple[str, dict[str, A
         raise ReplayLLMError("the KV pool size is unknown without a trace: --set "
                              "num_kvcache_blocks=N (or --timing-from a trace)")
     check_first_request(args.workload)
+    total = count_requests(args.workload) if progress_wanted() else None
     rows = []
     for name, overrides in variants:
         source = WorkloadSource(checked_requests(args.workload), config, name=str(args.workload))
-        result = simulate_stream(source, overrides, cost, name, trace_out=args.trace_out)
+        with progress_bar(name, total) as progress:
+            result = simulate_stream(source, overrides, cost, name, trace_out=args.trace_out,
+                                     progress=progress)
         for note in result.notes:
             print(f"note ({result.name}): {note}")
         rows.append(row(result))
@@ -80,3 +86,55 @@ def checked_requests(workload: str) -> Iterator[Any]:
     for index, request in enumerate(read_workload(workload)):
         check_request(request, f"{workload}: request {index}")
         yield request
+
+
+def progress_wanted() -> bool:
+    """Whether to draw progress bars: when stderr is a terminal (a redirected or captured
+    stderr gets none, so a log or a test reads only the command's own lines)."""
+    return sys.stderr.isatty()
+
+
+@contextlib.contextmanager
+def progress_bar(name: str, total: int | None) -> Iterator[Callable[[int], None] | None]:
+    """A tqdm bar of one variant's finished requests, on stderr, as ``replayllm run`` draws
+    one: ``simulate_stream``'s ``progress`` (called each ``PROGRESS_EVERY`` requests, tqdm
+    redrawing at most twice a second), or None when ``progress_wanted()`` says no."""
+    if not progress_wanted():
+        yield None
+        return
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, desc=name, unit=" req", dynamic_ncols=True, mininterval=0.5,
+               file=sys.stderr)
+
+    def progress(finished: int) -> None:
+        bar.update(finished - bar.n)
+
+    try:
+        yield progress
+    finally:
+        bar.close()  # also when stopped: no redraw after the caller's last line
+
+
+def count_requests(workload: str) -> int | None:
+    """The requests in ``workload``, for the bar's total: a Parquet file's row count (its
+    footer), a JSONL file's non-blank lines but the header (one pass, no parsing); None if it
+    cannot be read (reading it for the run then says why)."""
+    import json
+
+    from replay.workloads.fields import FORMAT_NAME
+    from replay.workloads.store import is_parquet
+    from replay.workloads.text_input import open_text
+
+    try:
+        if is_parquet(workload):
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(workload).metadata.num_rows
+        with open_text(workload) as handle:
+            first = handle.readline()
+            count = sum(1 for line in handle if line.strip())
+        header = first.strip() and FORMAT_NAME in first and FORMAT_NAME in json.loads(first)
+        return count + (bool(first.strip()) and not header)
+    except Exception:  # noqa: BLE001 (a bar without a total, never a failed run)
+        return None

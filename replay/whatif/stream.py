@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -46,6 +46,8 @@ STREAM_COVERAGE_NOTE = ("streamed: where this variant's steps leave the timing s
                         "is not checked (run without streaming for the coverage warnings)")
 # Requests read ahead of the one due next, to make their recipe prompts' tokens in one batch.
 MATERIALISE_AHEAD = 256
+# Finished requests between two calls of ``simulate_stream``'s ``progress`` (never each step).
+PROGRESS_EVERY = 1000
 
 
 class RequestSource(Protocol):
@@ -136,14 +138,20 @@ class StreamInputs:
 
     Timed: a request is due at its ``arrival_s``; untimed (no step-time model): at once (there
     is no clock to wait on, so every request joins at the start, as with ``run_variant``).
-    Finished requests are released from the executor and the engine as each step returns.
+    Finished requests are released from the executor and the engine as each step returns,
+    and counted (``finished``, rejected ones included): ``progress(finished)`` is called each
+    ``PROGRESS_EVERY`` of them.
     """
 
     def __init__(self, core: EngineCore, requests: Iterator[SimRequest], executor: SimExecutor,
-                 timed: bool, name: str) -> None:
+                 timed: bool, name: str,
+                 progress: Callable[[int], None] | None = None) -> None:
         self.core, self.requests, self.executor = core, requests, executor
         self.timed, self.name = timed, name
         self.added = 0
+        self.finished = 0
+        self.progress = progress
+        self._report_at = PROGRESS_EVERY if progress is not None else float("inf")
         self.cannot_serve = 0
         self.first_problem = ""
         self._last_due = -np.inf
@@ -187,14 +195,24 @@ class StreamInputs:
                 self.first_problem = f"request {self.added}: {reason}"
         if seq.is_finished:  # rejected
             self._release(seq.seq_id)
+            self._count(1)
         self.added += 1
 
     def next_due(self) -> float | None:
         return self._due(self._next) if self._next is not None else None
 
     def on_result(self, result: StepResult, now: float) -> None:
-        for seq in result.finished:
-            self._release(seq.seq_id)
+        finished = result.finished
+        if finished:
+            for seq in finished:
+                self._release(seq.seq_id)
+            self._count(len(finished))
+
+    def _count(self, finished: int) -> None:
+        self.finished += finished
+        if self.finished >= self._report_at and self.progress is not None:
+            self._report_at = self.finished + PROGRESS_EVERY
+            self.progress(self.finished)
 
     def _release(self, seq_id: int) -> None:
         self.executor.release(seq_id)
@@ -225,12 +243,15 @@ def simulate_stream(
     trace_out: str | Path | None = None,
     downstream: Any = None,
     cold_start: bool | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> SimResult:
     """Simulate ``source`` under its Config with ``overrides``, in memory bounded by the
     requests in flight (see the module docstring). ``trace_out``: also write the simulated
     event stream there as a trace, in segments; ``downstream``: another sink to hand every
-    event to (a ``tracing.sink.MemorySink`` in tests). Never raises for a variant that cannot
-    run (status says why); a source out of arrival order raises ``ReplayLLMError``."""
+    event to (a ``tracing.sink.MemorySink`` in tests); ``progress(finished)``: told the count of
+    requests finished every ``PROGRESS_EVERY`` of them and once at the end (a progress bar).
+    Never raises for a variant that cannot run (status says why); a source out of arrival order
+    raises ``ReplayLLMError``."""
     began = time.perf_counter()
     overrides = dict(overrides or {})
     name = name or " ".join(f"{k}={v}" for k, v in overrides.items()) or "as recorded"
@@ -245,9 +266,11 @@ def simulate_stream(
     if isinstance(built, str):
         return SimResult(name, overrides, built, timed)
     config, executor, core = built
-    inputs = StreamInputs(core, iter(source), executor, timed, source.name)
+    inputs = StreamInputs(core, iter(source), executor, timed, source.name, progress)
     _drive(core, inputs, source.start_s, timed)
     core.close()
+    if progress is not None:
+        progress(inputs.finished)
     if inputs.cannot_serve:
         return SimResult(name, overrides, f"{CANNOT_RUN}: {inputs.cannot_serve} of "
                          f"{inputs.added} requests can never be scheduled "

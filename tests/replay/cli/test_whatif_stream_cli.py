@@ -2,10 +2,13 @@
 
 What these tests prove: the streamed run prints the same table and writes the same summary as
 the whole-workload run of the same file; ``--trace-out`` writes a trace of the simulated run;
-misuse (a trace source, a grid with --trace-out) is one clear line and exit status 2.
+misuse (a trace source, a grid with --trace-out) is one clear line and exit status 2; a
+progress bar per variant on a terminal's stderr only, the outputs unchanged by it.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import pandas as pd
 
@@ -93,3 +96,47 @@ def test_stream_says_it_draws_no_plots_in_output_and_report(traces, tmp_path,  #
                            "--set", "num_kvcache_blocks=40", "--out", str(tmp_path / "o2"),
                            "--no-plots")
     assert code == 0 and "draws no plots" not in out
+
+
+def test_stream_progress_bar_on_a_terminal_only_and_results_unchanged(traces, tmp_path,  # noqa: F811
+                                                                       capsys, monkeypatch):
+    """``whatif --stream`` was silent for the whole simulation (minutes for a million
+    requests): it now draws one tqdm bar per variant on stderr, counting the requests finished
+    of the file's, when stderr is a terminal (forced here); none when it is not (captured, as
+    here unforced); the outputs are the same bytes either way."""
+    from replay.cli import whatif_stream
+    from replay.whatif import stream
+
+    path = workload_file(tmp_path / "w.jsonl")  # JSONL with its header line: 12 requests
+    argv = ["--workload", path, "--timing-from", traces["a"], "--no-plots", "--stream",
+            "--set", "num_kvcache_blocks=40", "--grid", "max_num_seqs=2,4"]
+    code, out_off, err_off = run_cli(capsys, *argv, "--out", str(tmp_path / "off"))
+    assert code == 0 and err_off == ""
+    monkeypatch.setattr(whatif_stream, "progress_wanted", lambda: True)
+    code, out_on, err_on = run_cli(capsys, *argv, "--out", str(tmp_path / "on"))
+    assert code == 0
+    for name in ("max_num_seqs=2", "max_num_seqs=4"):
+        assert f"{name}: 100%" in err_on and "12/12" in err_on, err_on
+    assert out_on.replace(str(tmp_path / "on"), "OUT") == \
+        out_off.replace(str(tmp_path / "off"), "OUT")
+    written = sorted(p.name for p in (tmp_path / "off").iterdir())
+    assert "summary.parquet" in written and "requests.parquet" in written
+    for name in written:
+        assert (tmp_path / "on" / name).read_bytes() == (tmp_path / "off" / name).read_bytes()
+
+    # The bar is told every PROGRESS_EVERY finished requests and at the end, never each step.
+    calls: list[tuple[str, int | None, list[int]]] = []
+
+    @contextlib.contextmanager
+    def recording(name, total):
+        calls.append((name, total, []))
+        yield calls[-1][2].append
+
+    monkeypatch.setattr(stream, "PROGRESS_EVERY", 5)
+    monkeypatch.setattr(whatif_stream, "progress_bar", recording)
+    assert run_cli(capsys, *argv, "--out", str(tmp_path / "rec"))[0] == 0
+    assert [(name, total) for name, total, _ in calls] == [("max_num_seqs=2", 12),
+                                                          ("max_num_seqs=4", 12)]
+    for _, _, seen in calls:
+        assert seen[-1] == 12 and len(seen) <= 4 and seen == sorted(seen), seen
+        assert all(b - a >= 5 for a, b in zip(seen, seen[1:-1])), seen

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cli_args import json_out, milliseconds, positive_int
 from engine.config import Config
 from engine.engine_core import EngineCore
 from engine.executor import NullExecutor
@@ -207,11 +208,13 @@ def main(argv: list[str] | None = None, json_path: str | None = None,
     ``json_path``/``repeat`` (as ``replayllm bench`` calls its suites), no parsing."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scheduler",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=3, help="runs per mode (median kept)")
-    parser.add_argument("--flush-steps", type=int, default=DEFAULT_FLUSH_STEPS)
-    parser.add_argument("--step-ms", type=float, default=0.0,
+    parser.add_argument("--repeat", type=positive_int, default=3,
+                        help="runs per mode (median kept)")
+    parser.add_argument("--flush-steps", type=positive_int, default=DEFAULT_FLUSH_STEPS)
+    parser.add_argument("--step-ms", type=milliseconds, default=0.0,
                         help="simulated device time per step (GIL released)")
-    parser.add_argument("--json", default=None, help="also write the results here as JSON")
+    parser.add_argument("--json", type=json_out, default=None,
+                        help="also write the results here as JSON")
     if argv is None and (json_path is not None or repeat is not None):
         argv = [*(["--json", json_path] if json_path else []), "--repeat", str(repeat or 3)]
     args = parser.parse_args(argv)

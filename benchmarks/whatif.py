@@ -117,10 +117,14 @@ def main(argv: list[str] | None = None, json_path: str | None = None,
     called with ``json_path``/``repeat`` (as ``replayllm bench`` calls its suites), no parsing."""
     import argparse
 
+    from benchmarks.cli_args import json_out, positive_int
+
     parser = argparse.ArgumentParser(prog="python -m benchmarks.whatif",
                                      description=__doc__.split("\n")[0])
-    parser.add_argument("--json", default=None, help="also write the results here as JSON")
-    parser.add_argument("--repeat", type=int, default=3, help="timed repetitions (median kept)")
+    parser.add_argument("--json", type=json_out, default=None,
+                        help="also write the results here as JSON")
+    parser.add_argument("--repeat", type=positive_int, default=3,
+                        help="timed repetitions (median kept)")
     parser.add_argument("--fidelity", nargs="+", metavar="TRACE",
                         help="instead: predict each trace from each other one, Markdown table")
     if argv is None and (json_path is not None or repeat is not None):

@@ -78,6 +78,10 @@ DEFAULT_REPEATS = 3
 # The most timed runs a point may ask for: the start-up calibration's bound (Config's
 # calibration_repeats). Either way a point stops repeating at the budget (``run_profile``).
 MAX_REPEATS = 1000
+# The model's shape in a profile's key (``profile_key``): the architecture alone names a family
+# (the tiny model and Qwen3-0.6B are both Qwen3ForCausalLM), whose sizes time differently.
+MODEL_SHAPE = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
+               "intermediate_size", "vocab_size")
 
 
 class ProfileError(ReplayLLMError):
@@ -244,7 +248,7 @@ def profile_grid(config: Config, graph_shapes: Callable[[ProfilePoint], bool] | 
     (level 3 repeats those eagerly; None: no graphs, no eager copies)."""
     def fits(point: ProfilePoint) -> bool:
         tokens = sum(n for n, _ in point.prompts) + len(point.decode_contexts)
-        return (point.num_seqs <= config.max_num_seqs
+        return (point.num_seqs <= config.max_num_seqs and min(point.decode_contexts, default=1) >= 1
                 and tokens <= config.max_num_batched_tokens
                 and point.blocks(config.kvcache_block_size) <= config.num_kvcache_blocks)
 
@@ -273,6 +277,10 @@ def profile_key(description: dict[str, Any], engine_version: str) -> dict[str, A
         "attention_backend": description.get("attention_backend"),
         "engine_version": engine_version,
     }
+    if all(model.get(k) is not None for k in MODEL_SHAPE):  # which model, not just its family
+        key["model"] = ("{num_layers} layers, hidden {hidden_size}, heads {num_heads}/"
+                        "{num_kv_heads} x {head_dim}, ffn {intermediate_size}, vocab "
+                        "{vocab_size}").format(**model)
     if "fused_kernels" in description:  # a CUDA runner: the kernels its steps ran
         key["kernels"] = {
             "fused_kernels": description["fused_kernels"],
@@ -296,14 +304,16 @@ def profile_key(description: dict[str, Any], engine_version: str) -> dict[str, A
 
 def run_profile(executor: Executor, config: Config, budget_s: float = DEFAULT_BUDGET_S,
                 repeats: int = DEFAULT_REPEATS, clock: Callable[[], float] = time.perf_counter,
-                engine_version: str = "", progress: Callable[[str], None] | None = None
-                ) -> dict[str, Any]:
+                engine_version: str = "", progress: Callable[[str], None] | None = None,
+                stop: Callable[[], bool] | None = None) -> dict[str, Any]:
     """Time ``profile_grid`` through ``executor`` within ``budget_s`` seconds: a point is skipped
     where the time spent plus its estimate (the last point of its kind's time, scaled up by its
     tokens) would pass the budget, so lower levels are timed first and the run ends within
     about one point of the budget: a point's repeats stop at the budget too, once one is timed.
     Returns the profile (``save_profile`` writes it). A budget or a repeat count out of bounds
-    (``check_profile_settings``; an infinite budget is none) raises ``ProfileError``."""
+    (``check_profile_settings``; an infinite budget is none) raises ``ProfileError``. ``stop``
+    (Ctrl-C, asked between points): once true, the points left are skipped and the profile is
+    marked ``interrupted``."""
     check_profile_settings(budget_s, repeats, finite=False)
     description = executor.describe()
     graph_sizes = description.get("graph_batch_sizes") or []
@@ -321,9 +331,12 @@ def run_profile(executor: Executor, config: Config, budget_s: float = DEFAULT_BU
 
     grid = profile_grid(config, graph_shape if (graph_sizes or graph_tokens) else None)
     began = clock()
-    rows, skipped = [], 0
+    rows, skipped, interrupted = [], 0, False
     last: dict[str, tuple[float, int]] = {}  # kind -> (seconds, tokens) of its last point
-    for point in grid:
+    for index, point in enumerate(grid):
+        if stop is not None and stop():
+            interrupted, skipped = True, skipped + len(grid) - index
+            break
         tokens = sum(n for n, _ in point.prompts) + len(point.decode_contexts)
         seconds, before = last.get(point.kind, (0.0, 1))
         estimate = seconds * max(1.0, tokens / before)  # never below the last point's
@@ -342,7 +355,7 @@ def run_profile(executor: Executor, config: Config, budget_s: float = DEFAULT_BU
         rows.append(row)
         if progress is not None:
             progress(f"{point.label}: {1e3 * row['interval_s']:.2f} ms")
-    return {
+    profile = {
         "format": PROFILE_FORMAT,
         "version": PROFILE_VERSION,
         "key": profile_key(description, engine_version),
@@ -358,6 +371,9 @@ def run_profile(executor: Executor, config: Config, budget_s: float = DEFAULT_BU
         "decode_tables": DECODE_TABLES_OWN,
         "rows": rows,
     }
+    if interrupted:  # a prefix of the grid: its levels' last points may be missing
+        profile["interrupted"] = True
+    return profile
 
 
 def save_profile(profile: dict[str, Any], path: str | Path) -> None:

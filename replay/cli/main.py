@@ -177,6 +177,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     if args.repeat < 1:  # 0 fell back to 3 in silence, -1 was an AssertionError
         raise ReplayLLMError(f"--repeat must be >= 1, got {args.repeat}")
+    if args.json == "":  # it used to mean "no JSON" in silence
+        raise ReplayLLMError("--json is empty: give the file to write the results to")
     if args.json:  # checked before the benchmark runs, not after
         from replay.cli.paths import check_bench_json
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from importlib import metadata
 from typing import Any
 
@@ -47,8 +48,9 @@ def engine_version() -> str:
 def run(args: argparse.Namespace) -> int:
     from engine.config import Config, parse_overrides
     from engine.model.checkpoint import default_model_dir
-    from engine.profiling import check_profile_settings, run_profile, save_profile
+    from engine.profiling import ProfileError, check_profile_settings, run_profile, save_profile
     from engine.runner.model_runner import ModelRunner
+    from replay.cli import interrupt
     from replay.cli.paths import check_profile_out
     from tracing.header import git_commit
     from tracing.outfile import write_via_temporary
@@ -57,19 +59,59 @@ def run(args: argparse.Namespace) -> int:
     check_profile_out(args.out)  # before the minutes of timing, not after them
     model_dir = str(args.model) if args.model is not None else str(default_model_dir())
     config = Config(model=model_dir, **{**PROFILE_DEFAULTS, **parse_overrides(args.overrides)})
-    runner = ModelRunner(config)
-    try:
-        config = config.replace(num_kvcache_blocks=runner.num_kvcache_blocks,
-                                eos=runner.eos_token_id)
-        profile = run_profile(runner, config, args.budget_s, args.repeats,
-                              engine_version=engine_version(),
-                              progress=None if args.quiet else print)
-    finally:
-        runner.close()
+    # Ctrl-C, SIGTERM: stop between two points and keep what was timed (a second one: at once).
+    with interrupt.deferred_signals():
+        runner = ModelRunner(config)
+        try:
+            config = config.replace(num_kvcache_blocks=runner.num_kvcache_blocks,
+                                    eos=runner.eos_token_id)
+            profile = run_profile(runner, config, args.budget_s, args.repeats,
+                                  engine_version=engine_version(),
+                                  progress=None if args.quiet else print, stop=_signalled)
+        finally:
+            runner.close()
+        signal = _signal_name()
+    rows, points = len(profile["rows"]), profile["points"]
+    if signal and not rows:
+        print(f"replayllm profile: interrupted ({signal}) before any step was timed: nothing "
+              "written", file=sys.stderr)
+        return _exit_status(signal)
+    if not points:  # a file the what-if would refuse ("no timed steps"): refused here
+        raise ProfileError("no step shape fits these settings (max_model_len, max_num_seqs, "
+                           "max_num_batched_tokens, num_kvcache_blocks): nothing to time")
+    if not rows:
+        raise ProfileError(f"--budget-s {args.budget_s:g} timed none of the {points} steps: "
+                           "nothing written; give it more seconds")
     profile["git_commit"] = git_commit()
     write_via_temporary(args.out, lambda tmp: save_profile(profile, tmp))
+    if signal:
+        print(f"replayllm profile: interrupted ({signal}): wrote the {rows} steps timed so far "
+              f"(of {points}) to {args.out}, marked interrupted", file=sys.stderr)
+        return _exit_status(signal)
     key = ", ".join(f"{k} {v}" for k, v in profile["key"].items())
-    print(f"wrote {len(profile['rows'])} timed steps ({profile['skipped']} of {profile['points']} "
+    print(f"wrote {rows} timed steps ({profile['skipped']} of {points} "
           f"skipped for the {args.budget_s:g} s budget) in {profile['elapsed_s']:.1f} s to "
           f"{args.out}: {key}")
     return 0
+
+
+def _signalled() -> bool:
+    """Whether Ctrl-C or SIGTERM arrived (``replay.cli.interrupt``'s deferred flag)."""
+    return _signal_name() is not None
+
+
+def _signal_name() -> str | None:
+    from replay.cli import interrupt
+
+    try:
+        interrupt.check()
+    except interrupt.RunInterrupted as stop:
+        return stop.name
+    return None
+
+
+def _exit_status(name: str) -> int:
+    """The shell's convention: 128 + the signal's number (130 for SIGINT)."""
+    import signal
+
+    return 128 + signal.Signals[name].value

@@ -23,12 +23,14 @@ selects one for the property tests of your policy.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 HEADER_FILE = "run.json"
+ENTRY_POINT = "replayllm"  # pyproject.toml's pytest11 entry
 
 try:  # Hypothesis is optional (the ``testing`` extra); the trace cases do not need it.
     from replay.testing import profiles as _profiles
@@ -38,6 +40,18 @@ else:
     # At import, before any pytest_configure: Hypothesis's own plugin loads the profile named by
     # --hypothesis-profile there, and a conftest may load one at its import.
     _profiles.register_profiles()
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    """Registered under one of its two names (the ``replayllm`` entry point, or this module's
+    path from a conftest's ``pytest_plugins`` or ``-p``), the plugin blocks the other, so naming
+    it both ways finds it already there instead of registering the module twice: pluggy's
+    ``ValueError: Plugin already registered under a different name`` and a page of traceback,
+    before any test ran."""
+    name = pluginmanager.get_name(sys.modules[__name__])
+    for other in (ENTRY_POINT, __name__):
+        if name is not None and other != name and pluginmanager.get_plugin(other) is None:
+            pluginmanager.set_blocked(other)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -129,8 +143,18 @@ class TraceDirectory(pytest.Directory):
     def collect(self) -> list[pytest.File]:
         traces = find_traces(self.path)
         if not traces:
-            raise pytest.UsageError(f"--replayllm-traces {self.path}: no trace (run.json) under it")
+            raise pytest.UsageError(_no_traces(self.path))
         return [_trace_file(self, t / HEADER_FILE) for t in traces]
+
+
+def _no_traces(root: Path) -> str:
+    """Why ``--replayllm-traces ROOT`` has no case, in one line: a missing path (a typo) was
+    "no trace (run.json) under it", as if the directory were there and empty."""
+    if not root.exists():
+        return f"--replayllm-traces {root}: no such directory"
+    if root.is_file():
+        return f"--replayllm-traces {root}: a file; name the trace directory holding it"
+    return f"--replayllm-traces {root}: no trace (run.json) under it"
 
 
 def _roots(config: pytest.Config) -> list[Path]:
@@ -173,7 +197,7 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Any:
     config = collector.config
     for root in _roots(config):
         if not find_traces(root):
-            raise pytest.UsageError(f"--replayllm-traces {root}: no trace (run.json) under it")
+            raise pytest.UsageError(_no_traces(root))
         if not _arguments_inside(collector, root):
             report.result.append(TraceDirectory.from_parent(
                 collector, path=root, nodeid=_node_path(config, root)))

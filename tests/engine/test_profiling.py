@@ -81,7 +81,7 @@ def test_profile_cli_on_the_tiny_model(tmp_path: Path) -> None:
                  "--set", "max_num_batched_tokens=64", "--set", "num_kvcache_blocks=32"]) == 0
     profile = load_profile(out)
     assert set(profile["key"]) == {"device", "architecture", "dtype", "tensor_parallel_size",
-                                   "attention_backend", "engine_version"}
+                                   "attention_backend", "engine_version", "model"}
     assert profile["key"]["device"] == "cpu" and profile["rows"]
     assert all(r["interval_s"] > 0 for r in profile["rows"])
 

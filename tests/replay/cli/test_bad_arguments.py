@@ -152,6 +152,7 @@ def test_out_of_memory_words_only_allocation_failures() -> None:
     (["--repeat", "-1"], "--repeat must be >= 1"),  # was: an AssertionError traceback
     (["--json", "{dir}"], "not a regular file"),    # was: IsADirectoryError after the run
     (["--json", "{mine}"], "not an earlier benchmark result"),  # was: overwritten
+    (["--json", ""], "--json is empty"),            # was: ran, and wrote no JSON in silence
 ])
 def test_bench_arguments_checked_before_running(tmp_path: Path, argv: list[str],
                                                 needle: str) -> None:

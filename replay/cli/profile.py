@@ -67,15 +67,16 @@ def run(args: argparse.Namespace) -> int:
                                     eos=runner.eos_token_id)
             profile = run_profile(runner, config, args.budget_s, args.repeats,
                                   engine_version=engine_version(),
-                                  progress=None if args.quiet else print, stop=_signalled)
+                                  progress=None if args.quiet else print,
+                                  stop=lambda: _interruption() is not None)
         finally:
             runner.close()
-        signal = _signal_name()
+        stopped = _interruption()
     rows, points = len(profile["rows"]), profile["points"]
-    if signal and not rows:
-        print(f"replayllm profile: interrupted ({signal}) before any step was timed: nothing "
-              "written", file=sys.stderr)
-        return _exit_status(signal)
+    if stopped and not rows:
+        print(f"replayllm profile: interrupted ({stopped.name}) before any step was timed: "
+              "nothing written", file=sys.stderr)
+        return stopped.exit_status
     if not points:  # a file the what-if would refuse ("no timed steps"): refused here
         raise ProfileError("no step shape fits these settings (max_model_len, max_num_seqs, "
                            "max_num_batched_tokens, num_kvcache_blocks): nothing to time")
@@ -84,10 +85,10 @@ def run(args: argparse.Namespace) -> int:
                            "nothing written; give it more seconds")
     profile["git_commit"] = git_commit()
     write_via_temporary(args.out, lambda tmp: save_profile(profile, tmp))
-    if signal:
-        print(f"replayllm profile: interrupted ({signal}): wrote the {rows} steps timed so far "
-              f"(of {points}) to {args.out}, marked interrupted", file=sys.stderr)
-        return _exit_status(signal)
+    if stopped:
+        print(f"replayllm profile: interrupted ({stopped.name}): wrote the {rows} steps timed so "
+              f"far (of {points}) to {args.out}, marked interrupted", file=sys.stderr)
+        return stopped.exit_status
     key = ", ".join(f"{k} {v}" for k, v in profile["key"].items())
     print(f"wrote {rows} timed steps ({profile['skipped']} of {points} "
           f"skipped for the {args.budget_s:g} s budget) in {profile['elapsed_s']:.1f} s to "
@@ -95,23 +96,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _signalled() -> bool:
-    """Whether Ctrl-C or SIGTERM arrived (``replay.cli.interrupt``'s deferred flag)."""
-    return _signal_name() is not None
-
-
-def _signal_name() -> str | None:
+def _interruption() -> Any:
+    """The deferred Ctrl-C or SIGTERM (``replay.cli.interrupt.RunInterrupted``), or None."""
     from replay.cli import interrupt
 
     try:
         interrupt.check()
     except interrupt.RunInterrupted as stop:
-        return stop.name
+        return stop
     return None
-
-
-def _exit_status(name: str) -> int:
-    """The shell's convention: 128 + the signal's number (130 for SIGINT)."""
-    import signal
-
-    return 128 + signal.Signals[name].value

@@ -118,12 +118,9 @@ def progress_bar(name: str, total: int | None) -> Iterator[Callable[[int], None]
 
 def count_requests(workload: str) -> int | None:
     """The requests in ``workload``, for the bar's total: a Parquet file's row count (its
-    footer), a JSONL file's non-blank lines but the header (one pass, no parsing); None if it
-    cannot be read (reading it for the run then says why)."""
-    import json
-
-    from replay.workloads.fields import FORMAT_NAME
-    from replay.workloads.store import is_parquet
+    footer), a JSONL file's non-blank lines but its header (``read_metadata``; one pass, no
+    parsing); None if it cannot be read (reading it for the run then says why)."""
+    from replay.workloads.store import is_parquet, read_metadata
     from replay.workloads.text_input import open_text
 
     try:
@@ -132,9 +129,7 @@ def count_requests(workload: str) -> int | None:
 
             return pq.ParquetFile(workload).metadata.num_rows
         with open_text(workload) as handle:
-            first = handle.readline()
             count = sum(1 for line in handle if line.strip())
-        header = first.strip() and FORMAT_NAME in first and FORMAT_NAME in json.loads(first)
-        return count + (bool(first.strip()) and not header)
+        return count - bool(read_metadata(workload))
     except Exception:  # noqa: BLE001 (a bar without a total, never a failed run)
         return None

@@ -13,8 +13,8 @@ from engine.errors import InvalidRequestError
 from replay.cli.paths import check_plot_file, check_workload_out
 from replay.workloads.arrivals import PROCESSES, ArrivalProcess
 from replay.workloads.distributions import parse
-from replay.workloads.import_options import OVER_LENGTH
-from replay.workloads.imports import FORMATS, check_format_options
+from replay.workloads.import_options import MOONCAKE_BLOCK_SIZE, OVER_LENGTH
+from replay.workloads.imports import FORMATS
 
 DISTRIBUTIONS = "fixed:V, uniform:LO,HI, normal:MEAN,STD, lognormal:MEAN,SIGMA, zipf:A,MAX, " \
     "exponential:MEAN or empirical:FILE"
@@ -153,14 +153,12 @@ def _import(args: argparse.Namespace) -> int:
     from replay.workloads.store import WorkloadWriter
 
     check_workload_out(args.out, args.source)
-    # --block-size's default (512) is Mooncake's: only the CLI knows whether it was given
-    check_format_options(args.format, {"--block-size"} if args.block_size is not None else set())
     if args.format == "mooncake" and args.block_size is None:
-        args.block_size = 512  # the default, recorded in the header's command
+        args.block_size = MOONCAKE_BLOCK_SIZE  # the default, recorded in the header's command
     options = ImportOptions(
         start_s=args.start, end_s=args.end, limit=args.limit, time_scale=args.time_scale,
         max_prompt_len=args.max_prompt_len, over_length=args.over_length, seed=args.seed,
-        block_size=512 if args.block_size is None else args.block_size,
+        block_size=args.block_size,
         temperature=args.temperature, ignore_eos=args.ignore_eos,
         ignore_unknown_fields=args.ignore_unknown_fields, model=args.model, rate=args.rate,
         filter_model=args.filter_model,

@@ -16,6 +16,7 @@ SALT_STRIDE = 1 << 40
 # A trace's token count must lie in [0, COUNT_LIMIT] (else the row is malformed); ``select``
 # then drops or clips a prompt over MAX_TOKENS_LIMIT and clips such an output length, counted.
 COUNT_LIMIT = INT32_MAX
+MOONCAKE_BLOCK_SIZE = 512  # tokens per hash_ids entry where --block-size is not given
 # Why ``select`` drops a request it reads (``Gate``; a later turn goes with its first turn).
 OUTSIDE, LATER_TURN = "outside the time window", "later turn of a conversation not kept"
 
@@ -33,7 +34,7 @@ class ImportOptions:
     max_prompt_len: int | None = None
     over_length: str = "drop"  # "drop" or "clip" prompts over max_prompt_len
     seed: int = 0
-    block_size: int = 512  # mooncake: tokens per hash_ids entry
+    block_size: int | None = None  # mooncake: tokens per hash_ids entry (None: 512)
     temperature: float = REFERENCE_TEMPERATURE
     ignore_eos: bool = True  # a trace's output lengths are only honoured with ignore_eos
     ignore_unknown_fields: bool = False
@@ -57,7 +58,7 @@ class ImportOptions:
         if self.over_length not in OVER_LENGTH:
             raise InvalidRequestError(f"--over-length must be drop or clip, got "
                                       f"{self.over_length!r}")
-        if not 1 <= self.block_size <= MAX_TOKENS_LIMIT:
+        if self.block_size is not None and not 1 <= self.block_size <= MAX_TOKENS_LIMIT:
             raise InvalidRequestError(f"--block-size must be >= 1, got {self.block_size}")
         if not 0 <= self.seed < 1 << 20:
             raise InvalidRequestError(f"--seed must be in [0, {1 << 20})")

@@ -39,7 +39,7 @@ MODELS_SHOWN = 20  # models named when --filter-model matches none
 FORMAT_OPTIONS: tuple[tuple[str, str, object, tuple[str, ...]], ...] = (
     ("rate", "--rate", None, ("sharegpt",)), ("model", "--model", None, ("sharegpt",)),
     ("filter_model", "--filter-model", None, ("burstgpt",)),
-    ("block_size", "--block-size", 512, ("mooncake",)),  # the CLI's default is None: given
+    ("block_size", "--block-size", None, ("mooncake",)),
     # the CSV columns are read by name, other columns ignored; ShareGPT reads its fields only
     ("ignore_unknown_fields", "--ignore-unknown-fields", False, ("mooncake", "replayllm")),
 )

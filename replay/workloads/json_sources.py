@@ -24,6 +24,7 @@ from replay.workloads.formats import NEEDS, not_format
 from replay.workloads.import_options import (
     COUNT_LIMIT,
     LATER_TURN,
+    MOONCAKE_BLOCK_SIZE,
     SALT_STRIDE,
     Gate,
     ImportOptions,
@@ -67,7 +68,7 @@ def _hash_ids(item: dict[str, Any], where: str) -> list[int]:
 def mooncake_requests(path: str | Path, options: ImportOptions) -> Iterator[tuple[str, float,
                                                                                 Request]]:
     """(where, seconds, request) per record of a Mooncake-format JSONL file (or JSON array)."""
-    block = options.block_size
+    block = options.block_size or MOONCAKE_BLOCK_SIZE
     for number, (where, item) in enumerate(json_records(path, "mooncake"), 1):
         if not isinstance(item, dict):
             raise WorkloadFormatError(f"{where}: expected a JSON object, got "

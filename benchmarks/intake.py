@@ -30,7 +30,8 @@ def time_intake(length: int, requests: int, seed: int = 0) -> dict[str, Any]:
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     with tempfile.TemporaryDirectory() as out:
         llm = LLM(str(default_model_dir()), trace_dir=f"{out}/trace",
-                  max_model_len=max(length + 1, 4096), max_num_batched_tokens=max(length, 16384),
+                  max_model_len=max(length + 1, 4096),
+                  max_num_batched_tokens=max(length + 1, 16384),  # prefill_first takes it whole
                   kvcache_block_size=256, num_kvcache_blocks=max(8, -(-length // 256) + 1))
         seconds = []
         for prompt in prompts:

@@ -29,11 +29,8 @@ from tracing.sink import EventSink
 
 
 class EngineCore:
-    """Scheduler + executor + event buffer, stepping in lock-step.
-
-    ``clock`` supplies wall time for measurements only (never for decisions); the simulator passes
-    a simulated clock.
-    """
+    """Scheduler + executor + event buffer, stepping in lock-step. ``clock`` supplies wall time
+    for measurements only (never for decisions); the simulator passes a simulated clock."""
 
     def __init__(
         self,
@@ -166,7 +163,7 @@ class EngineCore:
         """Requests queued or running, or steps not yet returned by ``step``."""
         return not self.scheduler.is_finished() or self._in_flight is not None or bool(self._ready)
 
-    def step(self) -> StepResult | None:
+    def step(self, decide: bool = True) -> StepResult | None:
         """Make one scheduling decision and run it; return the oldest step completed and not yet
         returned, or None (idle, or no step has completed yet: see ``has_unfinished``).
 
@@ -176,13 +173,17 @@ class EngineCore:
         the next step before waiting for those tokens: host work hides under device time. The
         decisions and the events (order and values) are exactly those of the sequential loop,
         one decision per call in both; only the returned result may lag one call behind.
-        """
+        ``decide=False`` only resolves the step in flight, for a driver that reads its tokens
+        before the next decision (``LLM.generate``'s stop strings), as the sequential loop."""
         cut = self._cut
         if cut.step is not None:
             cut.refuse()
         self.outside.entered()
         cut.step = self._in_flight.step if self._in_flight is not None else self.step_index
-        self._advance_loop()
+        if decide:
+            self._advance_loop()
+        else:
+            self.drain()
         cut.step = None
         self.outside.left()
         return self._ready.popleft() if self._ready else None

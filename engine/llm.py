@@ -6,7 +6,6 @@ import itertools
 import logging
 import time
 import weakref
-from collections.abc import Sequence as SequenceABC
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -16,13 +15,14 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.engine_core import EngineCore, StepResult
 from engine.errors import ConfigError, EngineClosedError, InvalidRequestError
 from engine.gc_heap import freeze_startup_heap, release_heap
+from engine.prompt_ids import token_id_list
 from engine.sampling_params import SamplingParams, check_recordable, is_valid_text
 from engine.sequence import Sequence
 from engine.startup_progress import StartupProgress
 
 log = logging.getLogger(__name__)
 
-Prompt = str | list[int]
+Prompt = str | list[int]  # or any sequence of int token ids, a numpy array's included
 
 
 def _make_sink(trace_dir: str | None, config: Config, force: bool, command: str) -> Any:
@@ -176,18 +176,9 @@ class LLMEngine:
                 raise InvalidRequestError(  # the tokenizer's own error was a TypeError
                     "a prompt is not valid Unicode text (it holds a lone surrogate)") from None
             return ids, None, (min(ids), max(ids)) if ids else None  # scanned once, here
-        if (isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, SequenceABC)
-                or not _all_int(prompt)):  # bytes would pass as a list of ints
-            raise InvalidRequestError(
-                f"a prompt must be a str or a list of int token ids, got {type(prompt).__name__}"
-            )
-        token_ids = list(prompt)
-        if not token_ids:
+        token_ids, bounds = token_id_list(prompt)
+        if bounds is None:
             return token_ids, None, None
-        # min/max run in C: a per-token Python check cost ~60 us per 560-token prompt, which
-        # delayed the first step of a 256-request batch by ~17 ms (docs/gpu-notes.md, session 4).
-        # The core's int32 check takes the same bounds (each pass costs ~10 ns a token).
-        bounds = min(token_ids), max(token_ids)
         if bounds[0] < 0 or bounds[1] >= self.vocab_size:
             bad = next(t for t in token_ids if not 0 <= t < self.vocab_size)
             return (token_ids, f"token id {bad} is outside the vocabulary [0, {self.vocab_size})",
@@ -313,9 +304,13 @@ class LLMEngine:
         bar = tqdm(total=len(seqs), desc="generate", disable=not use_tqdm, dynamic_ncols=True)
         bar.update(sum(seq.is_finished for seq in seqs))  # this call's rejected requests
         prefill_rate = decode_rate = 0.0
+        watching = set(stops or ())  # requests still looking for a stop string
         while self.core.has_unfinished():
             began = time.perf_counter()
-            result = self.core.step()
+            # Stop strings are checked between steps, as in the sequential loop: while a request
+            # looks for one, the step in flight comes back before the next decision, so no token
+            # past its stop is sampled (the trace would count it, the answer would not).
+            result = (self.core.step(decide=False) if watching else None) or self.core.step()
             if result is None:  # a step launched, none completed yet (overlapped scheduling)
                 continue
             elapsed = max(time.perf_counter() - began, 1e-9)
@@ -331,6 +326,7 @@ class LLMEngine:
                              if s.finish_reason == "stop" and s.seq_id not in texts]
             bar.update(len(finished))
             for seq in finished:
+                watching.discard(seq.seq_id)
                 detok = stops.get(seq.seq_id) if stops else None
                 texts[seq.seq_id] = detok.text if detok is not None and detok.stopped \
                     else self._text(seq)
@@ -386,10 +382,3 @@ def _params_list(sampling_params: Any) -> list[SamplingParams]:
         raise InvalidRequestError("sampling_params must be a SamplingParams or a list of them, "
                                   f"got {type(bad).__name__}")
     return items
-
-
-def _all_int(values: SequenceABC) -> bool:
-    """Every value an int and none a bool (the common all-``int`` case checked in C)."""
-    if set(map(type, values)) <= {int}:
-        return True
-    return all(isinstance(t, int) and not isinstance(t, bool) for t in values)

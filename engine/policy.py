@@ -16,6 +16,7 @@ to a sequence it is offered (its hooks get read-only views) is one ``PolicyError
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import inspect
@@ -231,15 +232,49 @@ def policy_class(name: str) -> type[Policy]:
             + f" or an import path package.module:ClassName, got {name!r}"
         )
     module_name, _, attr = name.partition(":")
+    if "(" in attr:
+        raise ConfigError(
+            f"policy {name!r}: a policy takes no arguments (it is built with the engine Config "
+            "alone): give a setting as a class attribute of a subclass and name that subclass "
+            "(docs/policies.md)")
     try:
         module = _import_policy_module(module_name)
     except (Exception, SystemExit) as exc:  # any import failure is the user's to fix: one line
         why = f"it raised SystemExit({exc.code!r})" if isinstance(exc, SystemExit) else exc
+        if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:
+            # A file path where the import path wants a module (``sjf.py:X``, ``./sjf.py:X``):
+            # Python's own error speaks of packages and relative imports.
+            module = os.path.splitext(os.path.basename(module_name))[0]
+            raise ConfigError(
+                f"policy {name!r}: name the module, not its file: {module}:{attr} (its "
+                "directory on PYTHONPATH or the working directory)") from None
+        if isinstance(exc, ModuleNotFoundError) and (
+                exc.name == module_name or module_name.startswith(f"{exc.name}.")):
+            # The policy's own module (not one it imports) was not found: say where it was
+            # looked for, as verify of a trace recorded in another directory meets it.
+            why = (f"{exc} (looked for on sys.path and in the working directory "
+                   f"{os.getcwd()}; put the directory holding it on PYTHONPATH)")
         raise ConfigError(f"policy {name!r}: cannot import {module_name}: {why}") from None
     cls = getattr(module, attr, None)
+    if cls is None and not hasattr(module, attr):
+        where = getattr(module, "__file__", None)
+        found = sorted(k for k, v in vars(module).items()
+                       if isinstance(v, type) and issubclass(v, Policy) and v.__module__ ==
+                       module.__name__)
+        close = difflib.get_close_matches(attr, found, n=3)
+        shown = close or found[:6]  # the likeliest first; a long module is not listed whole
+        more = f" and {len(found) - len(shown)} more" if len(found) > len(shown) else ""
+        raise ConfigError(
+            f"policy {name!r}: {module_name}{f' ({where})' if where else ''} defines no {attr}; "
+            + (f"its Policy subclasses: {', '.join(shown)}{more}" if found else
+               "it defines no Policy subclass"))
     if not (isinstance(cls, type) and issubclass(cls, Policy)):
+        # The file imported, named: a module of the same name earlier on sys.path (the standard
+        # library's random for ./random.py) shadows the user's.
+        where = getattr(module, "__file__", None)
         raise ConfigError(
             f"policy {name!r}: {attr} is not a subclass of engine.policy.Policy in {module_name}"
+            + (f" ({where})" if where else "")
         )
     return cls
 
@@ -304,16 +339,17 @@ def policy_source(name: str) -> dict[str, str] | None:
 
 
 def policy_change_note(header: dict[str, Any]) -> str | None:
-    """Why a trace's user policy may decide otherwise today: its source changed, or it cannot
-    be imported; None when the header records no user policy or the code is unchanged."""
+    """Why a trace's user policy may decide otherwise today: its source changed; None when the
+    header records no user policy, the code is unchanged, or it cannot be imported (the replay
+    builds the recorded Config, whose import error then says so: a note said it twice)."""
     recorded = header.get("policy_source")
     if not isinstance(recorded, dict):
         return None
     name = recorded.get("policy", "?")
     try:
         now = policy_source(name)
-    except ConfigError as exc:
-        return f"the recorded policy cannot be loaded: {exc}"
+    except ConfigError:
+        return None
     if now is None or now.get("sha256") == recorded.get("sha256"):
         return None
     return (

@@ -12,15 +12,15 @@ from __future__ import annotations
 import operator
 import os
 import sys
+import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Sequence as SequenceABC
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from engine.errors import ReplayLLMError
 from engine.policy_view import OfferedViews, SequenceView, make_view, real
-
-if TYPE_CHECKING:
-    from engine.sequence import Sequence
+from engine.sequence import Sequence
 
 # This guard, its views and engine/policy.py: a failure's location is outside them.
 _OWN_FILES = {os.path.abspath(__file__)} | {
@@ -35,6 +35,22 @@ class PolicyError(ReplayLLMError):
 
 class NoProgressError(PolicyError):
     """A user policy scheduled nothing while requests wait: the run cannot go on."""
+
+
+class PolicySlowWarning(UserWarning):
+    """A user policy's hook took longer than ``SLOW_HOOK_S`` in one call."""
+
+
+# One hook call of a policy longer than this is reported (once per policy and hook in a
+# process): a scheduler decides in microseconds, and a hook taking seconds stretches every step
+# of a live run and every example of a property test without a word (the project's Hypothesis
+# profiles set no deadline, as a workload runs an engine). A warning, never an error: the
+# decisions stay the policy's, and a timing never fails a test.
+SLOW_HOOK_S = 0.25
+_warned_slow: set[tuple[str, str]] = set()
+# A hook's own exceptions become PolicyError; SystemExit too (a leftover ``sys.exit()`` in a
+# hook ended the process with no message). KeyboardInterrupt stays the user's Ctrl-C.
+_POLICY_FAILURES = (Exception, SystemExit)
 
 
 def described(exc: BaseException) -> str:
@@ -61,6 +77,11 @@ def _caller() -> str | None:
 
 
 def _what(value: Any) -> str:
+    if isinstance(value, Sequence):
+        # Hooks are offered views, never a Sequence: this is a copy (copy.copy, deepcopy or
+        # pickling a view gives a detached Sequence), equal in seq_id to the one offered.
+        return (f"a copy of seq {value.seq_id} (copying a view detaches it; answer with the "
+                "sequence offered)")
     seq_id = getattr(value, "seq_id", None)
     return f"seq {seq_id}" if isinstance(seq_id, int) else f"{value!r:.60} ({type(value).__name__})"
 
@@ -136,16 +157,37 @@ class GuardedPolicy:
 
     def _call(self, hook: str, fn: Callable[..., Any], *args: Any) -> Any:
         self._hook = hook
+        started = time.perf_counter()
         try:
             answer = fn(*args)
         except PolicyError:
             self._refusal = None  # raised: nothing left to report
             raise
-        except Exception as exc:
+        except _POLICY_FAILURES as exc:
             raise PolicyError(f"policy {self.name!r} raised {described(exc)} in {hook}") from exc
+        self._timed(hook, fn, started)
         if self._refusal is not None:
             self._check_refusal()
         return answer
+
+    def _timed(self, hook: str, fn: Any, started: float) -> None:
+        """Warn (once per policy and hook) when one call of ``hook`` took over SLOW_HOOK_S."""
+        took = time.perf_counter() - started
+        if took <= SLOW_HOOK_S or (self.name, hook) in _warned_slow:
+            return
+        _warned_slow.add((self.name, hook))
+        code = getattr(fn, "__code__", None) or getattr(fn, "gi_code", None)
+        path = os.path.abspath(code.co_filename) if code is not None else None
+        if path in _OWN_FILES:
+            path = None
+        where = f" ({os.path.basename(path)}:{code.co_firstlineno})" if path else ""
+        warning = PolicySlowWarning(
+            f"policy {self.name!r} took {took:.2f} s in one {hook} call{where}, over "
+            f"{SLOW_HOOK_S} s: every step waits for it (reported once per hook)")
+        if path:  # shown at the hook's own definition, not at this line of the guard
+            warnings.warn_explicit(warning, PolicySlowWarning, path, code.co_firstlineno)
+        else:
+            warnings.warn(warning, stacklevel=2)
 
     def _check_refusal(self) -> None:
         """Raise the refusal of a change the policy caught and went on from."""
@@ -194,25 +236,34 @@ class GuardedPolicy:
         return self._admitted(items, {id(seq) for seq in seqs})
 
     def _admitted(self, items: Iterator[Any], offered: set[int]) -> Iterator[Sequence]:
+        admitted: set[int] = set()
         while True:
             self._hook = "admit"  # a generator admit resumes after the scheduler's chunk calls
+            started = time.perf_counter()
             try:
                 item = next(items)
             except StopIteration:
+                self._timed("admit", items, started)
                 self._check_refusal()
                 return
             except PolicyError:
                 self._refusal = None
                 raise
-            except Exception as exc:
+            except _POLICY_FAILURES as exc:
                 raise PolicyError(f"policy {self.name!r} raised {described(exc)} in admit") \
                     from exc
+            self._timed("admit", items, started)
             if self._refusal is not None:
                 self._check_refusal()
             seq = real(item)
             if id(seq) not in offered:
-                raise PolicyError(f"policy {self.name!r} admitted {_what(item)}, which is not "
-                                  "one of the waiting sequences offered")
+                already = id(seq) in admitted
+                raise PolicyError(
+                    f"policy {self.name!r} admitted {_what(item)} twice in one admit call"
+                    if already else f"policy {self.name!r} admitted {_what(item)}, which is not "
+                    "one of the waiting sequences offered")
+            offered.discard(id(seq))  # admitted: a second answer of it is refused above
+            admitted.add(id(seq))
             yield seq
 
     def chunk(self, seq: Sequence, remaining: int, step: Any) -> int:

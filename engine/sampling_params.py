@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import numbers
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from engine.errors import InvalidRequestError
@@ -42,6 +44,15 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        # numpy's numbers (a sweep's np.int64, np.float32) as the Python ones they stand for,
+        # so every check below and the trace see plain values.
+        real, integral = (numbers.Real, float), (numbers.Integral, int)
+        for name, (kind, number) in (("temperature", real), ("top_p", real),
+                                     ("max_tokens", integral), ("top_k", integral),
+                                     ("seed", integral)):
+            value = getattr(self, name)
+            if isinstance(value, kind) and not isinstance(value, (bool, int, float)):
+                object.__setattr__(self, name, number(value))
         if not _is_number(self.temperature) or self.temperature in (INF, -INF):
             raise InvalidRequestError(
                 f"temperature must be a finite number, got {self.temperature!r}")
@@ -60,14 +71,15 @@ class SamplingParams:
                 f"top_k must be an integer in [0, {INT32_MAX}] (0: off), got {self.top_k!r}")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
             raise InvalidRequestError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
-        if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
-            raise InvalidRequestError(
-                f"stop must be a sequence of non-empty strings, got {self.stop!r}"
-            )
+        stop = () if self.stop is None else self.stop  # vLLM's "no stop strings"
+        if not isinstance(stop, str) and isinstance(stop, Iterable):
+            stop = tuple(stop)  # once: a generator is read here, not emptied by the check
+        if not isinstance(stop, tuple) or not all(isinstance(s, str) and s for s in stop):
+            raise InvalidRequestError(f"stop must be a sequence of non-empty strings, got {stop!r}")
+        object.__setattr__(self, "stop", stop)
         for text in self.stop:
             if not is_valid_text(text):  # a lone surrogate: no trace column can hold it
                 raise InvalidRequestError(f"stop string {text!r} is not valid Unicode text")
-        object.__setattr__(self, "stop", tuple(self.stop))
 
     @property
     def needs_row_sampling(self) -> bool:

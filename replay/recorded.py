@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from engine.sampling_params import SamplingParams
+from tracing.export import arrivals_on_the_clock
 from tracing.schema import EVENT_KINDS, NO_SEED, all_columns, decode_stop
 
 LIST_COLUMNS = frozenset({"prompt_token_ids"})
@@ -111,21 +112,12 @@ def from_trace(trace: Any) -> RecordedEvents:
 
 def _arrivals_on_the_clock(tables: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """``tables`` with every ``request_added.arrival_s`` a time on the engine's clock, which
-    a replay and a what-if hand back to ``EngineCore.add_request``: one that is not a finite
-    number >= 0 (a trace recorded before the engine refused them: ``LLM.add_request`` recorded
-    what it was given) reads as when the engine added the request (``added_s``, schema 7),
-    else the end of the step before (0 before the first), as the Perfetto export draws it."""
-    added = tables["request_added"]
-    arrival = np.asarray(added["arrival_s"], dtype=float)
-    bad = ~(np.isfinite(arrival) & (arrival >= 0))
-    if not bad.any():
+    a replay and a what-if hand back to ``EngineCore.add_request``: one not recorded as such
+    takes the export's stand-in (``tracing.export.arrivals_on_the_clock``, the one rule)."""
+    added, steps = tables["request_added"], tables["model_step"]
+    arrival, measured = arrivals_on_the_clock(added["arrival_s"], added["added_s"],
+                                              added["step"], steps["step"],
+                                              steps["wall_time_s"])
+    if measured.all():
         return tables
-    steps = tables["model_step"]
-    ends = np.asarray(steps["wall_time_s"], dtype=float)
-    before = np.searchsorted(np.asarray(steps["step"]), np.asarray(added["step"])[bad]) - 1
-    fallback = np.where(before >= 0, ends[np.maximum(before, 0)] if len(ends) else 0.0, 0.0)
-    added_s = np.asarray(added["added_s"], dtype=float)[bad]
-    fixed = np.where(np.isfinite(added_s) & (added_s >= 0), added_s, fallback)
-    arrival = arrival.copy()
-    arrival[bad] = np.where(np.isfinite(fixed) & (fixed >= 0), fixed, 0.0)
     return {**tables, "request_added": {**added, "arrival_s": arrival}}

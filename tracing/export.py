@@ -21,7 +21,8 @@ event carries ``pid`` and ``tid``; the slices of one track never overlap. The fi
   prefix-cache hit tokens as args, with instants for when it was added, its first token and
   each preemption (at the start of the step that preempted it). A request whose ``arrival_s``
   is not a finite number (``LLM.add_request`` records what it is given) starts when it was
-  added, its ``ttft_s`` null: the file is strict JSON (no NaN, which viewers refuse).
+  added, its ``ttft_s`` null: the file is strict JSON (no NaN, which viewers refuse); so does
+  a negative one (``arrivals_on_the_clock``, the rule a replay reads such an arrival by).
 """
 
 from __future__ import annotations
@@ -61,6 +62,33 @@ _MODEL_ARGS = (
 
 # Finishes recorded between steps, carrying the number of the step after them.
 _BETWEEN_STEPS = ("aborted", "stop", "rejected")
+
+
+def arrivals_on_the_clock(arrival: Any, added_s: Any, added_step: Any, steps: Any,
+                          step_ends: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Each request's arrival as a time on the engine's clock, and which were recorded as one.
+
+    ``arrival``, ``added_s``, ``added_step``: ``request_added``'s columns; ``steps``,
+    ``step_ends``: ``model_step``'s ``step`` and ``wall_time_s`` (in step order). An arrival
+    that is not a finite number >= 0 (a trace recorded before the engine refused them:
+    ``LLM.add_request`` recorded what it was given) stands in as when the engine added the
+    request (``added_s``, schema 7), else the end of the model step before the request's step,
+    else 0. The one rule for the export's spans and for what a replay or what-if hands back to
+    ``EngineCore.add_request`` (``replay.recorded``)."""
+    times = np.asarray(arrival, dtype=float)
+    measured = np.isfinite(times) & (times >= 0)
+    if measured.all():
+        return times, measured
+    bad = ~measured
+    ends = np.asarray(step_ends, dtype=float)
+    before = np.searchsorted(np.asarray(steps), np.asarray(added_step)[bad]) - 1
+    fallback = (np.where(before >= 0, ends[np.maximum(before, 0)], 0.0) if len(ends)
+                else np.zeros(int(bad.sum())))
+    added = np.asarray(added_s, dtype=float)[bad]
+    fixed = np.where(np.isfinite(added) & (added >= 0), added, fallback)
+    times = times.copy()
+    times[bad] = np.where(np.isfinite(fixed) & (fixed >= 0), fixed, 0.0)
+    return times, measured
 
 
 def _meta(name: str, tid: int, value: str) -> dict[str, Any]:
@@ -175,11 +203,14 @@ def perfetto_events(trace: Trace) -> list[dict[str, Any]]:
 def _request_spans(trace: Trace, timeline: _Timeline) -> list[dict[str, Any]]:
     added = trace.table("request_added")
     seq_ids = np.asarray(added.column("seq_id")).tolist()
-    arrival = dict(zip(seq_ids, added.column("arrival_s").to_pylist()))
-    added_before = dict(zip(seq_ids, np.asarray(added.column("step")).tolist()))
     # When the engine began adding each request (schema 7; NaN before): its lag after arrival.
     added_at = (dict(zip(seq_ids, added.column("added_s").to_pylist()))
                 if "added_s" in added.column_names else {})
+    steps = trace.table("model_step")
+    times, measured = arrivals_on_the_clock(
+        added.column("arrival_s"), [added_at.get(i, math.nan) for i in seq_ids],
+        added.column("step"), steps.column("step"), steps.column("wall_time_s"))
+    arrival = dict(zip(seq_ids, zip(times.tolist(), measured.tolist())))
     sampled = trace.table("token_sampled")
     first_step: dict[int, int] = {}
     generated: dict[int, int] = {}
@@ -202,13 +233,10 @@ def _request_spans(trace: Trace, timeline: _Timeline) -> list[dict[str, Any]]:
                     "args": {k: row[k] for k in ("step", "blocks_released", "for_seq_id",
                                                  "num_tokens")}})
     for seq_id in seq_ids:
-        began = arrival.get(seq_id, 0.0)
+        # An arrival_s given as NaN, infinity or negative (LLM.add_request took it) is drawn
+        # from its stand-in (arrivals_on_the_clock), its TTFT unknown.
+        began, measured = arrival[seq_id]
         added_s = added_at.get(seq_id)
-        measured = math.isfinite(began)
-        if not measured:  # an arrival_s given as NaN or infinity (LLM.add_request took it):
-            # drawn from when the engine added it, else from the end of the step before
-            began = (added_s if added_s is not None and math.isfinite(added_s)
-                     else timeline.end_by(added_before[seq_id] - 1, 0.0))
         row = finished.get(seq_id)
         if row is None:  # still running or waiting where the trace ends (a killed run)
             ended = max(timeline.last_end, began)

@@ -212,7 +212,7 @@ def check_output_dir(
                              "move it away or choose another output")
     if kind == TRACE:
         if holder := lock_holder(path):
-            raise OutputDirError(f"{path}: is being recorded by another process ({holder})")
+            raise OutputDirError(being_recorded(path, holder))
         if not force and complete is not None and complete(path):
             raise OutputDirError(f"{path}: already holds a complete trace; {FORCE_HINT}")
     elif not force:
@@ -258,16 +258,37 @@ class DirLock:
             os.close(self.fd)
             self.fd = None
             if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                raise OutputDirError(f"{path}: is being recorded by another process "
-                                     f"({lock_holder(path) or 'lock held'})") from None
+                raise OutputDirError(being_recorded(path, lock_holder(path))) from None
             raise OutputDirError(f"{lock}: cannot lock ({describe_os_error(exc)})") from None
-        os.ftruncate(self.fd, 0)
-        os.write(self.fd, f"pid {os.getpid()}\n".encode())
+        try:
+            os.ftruncate(self.fd, 0)
+            write_all(self.fd, f"pid {os.getpid()}\n".encode())
+        except OSError as exc:  # a full disk: no lock held, one line
+            self.abandon()
+            raise OutputDirError(f"{lock}: cannot write ({describe_os_error(exc)})") from None
 
     def release(self) -> None:
         if self.fd is not None:
             os.close(self.fd)  # closing the descriptor drops the flock
             self.fd = None
+
+    def abandon(self) -> None:
+        """Release after a failed start (a full disk): with no owner record written, the lock
+        file is this start's only trace, and is removed, so the directory can be used again
+        rather than refused as holding files replayllm did not write."""
+        self.release()
+        if not (self.path / OWNER_FILE).exists():
+            with contextlib.suppress(OSError):
+                os.unlink(self.path / LOCK_FILE)
+
+
+def being_recorded(path: Path, holder: str | None) -> str:
+    """The refusal of a directory another recorder holds, naming it: an engine of this very
+    process (not closed yet) is told apart from another process."""
+    if holder == f"pid {os.getpid()}":
+        return (f"{path}: is being recorded by another process ({holder}: this one, by an "
+                "engine not closed yet; close() it first)")
+    return f"{path}: is being recorded by another process ({holder or 'lock held'})"
 
 
 def lock_holder(path: Path) -> str | None:

@@ -146,6 +146,7 @@ class ParquetRecorder:
         try:
             write_json_atomic(self.trace_dir / HEADER_FILE, self.header, self.fsync)
         except OSError as exc:
+            self._release_failed_open()
             raise TraceError(f"{self.trace_dir / HEADER_FILE}: cannot write ({exc})") from None
         self._writer = (ProcessSegmentWriter(self.trace_dir, self.fsync)
                         if self.writer == "process" and self.background
@@ -271,7 +272,15 @@ class ParquetRecorder:
             write_owner(root, TRACE, self.command)
             make_dir_nofollow(root / COMMITS_DIR)
         except OSError as exc:
+            self._release_failed_open()
             raise TraceError(f"{root}: cannot create trace directory ({exc})") from None
+
+    def _release_failed_open(self) -> None:
+        """An open that failed (a full disk) lets the directory go: a later recorder of this
+        process may claim it, rather than find it held by its own pid."""
+        if self._lock is not None:
+            self._lock.abandon()
+            self._lock = None
 
     def _flush(
         self, buffer: EventBuffer, through_step: int, schema_only: list[str] | None = None

@@ -165,15 +165,11 @@ def create_app(engine: Any, model_name: str, max_request_bytes: int | None = Non
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        received = time.perf_counter()
-        parsed = await _parsed(state, request, parse_completion)
-        return await _serve(state, request, parsed, received)
+        return await _serve(state, request, parse_completion)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        received = time.perf_counter()
-        parsed = await _parsed(state, request, parse_chat)
-        return await _serve(state, request, parsed, received)
+        return await _serve(state, request, parse_chat)
 
     return app
 
@@ -200,9 +196,29 @@ def _admit(state: ServerState, parsed: ParsedRequest, ids: list[int],
             f"{limit - len(ids)})", field, code="context_length_exceeded")
     params = parsed.sampling_params(max_tokens)
     error = state.engine.admission_error(ids, params)
-    if error is not None:
-        raise ApiError(error, field)
-    return RequestStream(ids, params, float("nan"))
+    if error is not None:  # more than the engine's KV pool could ever hold
+        if state.engine.admission_error(ids, parsed.sampling_params(1)) is not None:
+            raise ApiError(error, field)  # the prompt alone does not fit
+        if parsed.max_tokens_param is not None:
+            raise ApiError(error, parsed.max_tokens_param)
+        # A default (chat's: the rest of the context): the longest answer the pool can hold.
+        params = parsed.sampling_params(_longest_answer(state, ids, parsed, max_tokens))
+    return RequestStream(ids, params, float("nan"), priority=parsed.priority)
+
+
+def _longest_answer(state: ServerState, ids: list[int], parsed: ParsedRequest,
+                    refused: int) -> int:
+    """The largest ``max_tokens`` below ``refused`` the engine admits for prompt ``ids``
+    (1 is admitted), by bisection over its own rule (``admission_error``, which grows with
+    ``max_tokens``), so the frontend keeps no copy of the pool's arithmetic."""
+    low, high = 1, refused  # admitted, refused
+    while high - low > 1:
+        middle = (low + high) // 2
+        if state.engine.admission_error(ids, parsed.sampling_params(middle)) is None:
+            low = middle
+        else:
+            high = middle
+    return low
 
 
 def _check_model(state: ServerState, name: str, param: str | None) -> None:
@@ -212,13 +228,18 @@ def _check_model(state: ServerState, name: str, param: str | None) -> None:
                        f"{state.model_name!r}", param, status=404, code="model_not_found")
 
 
-async def _serve(state: ServerState, request: Request, parsed: ParsedRequest,
-                 received: float) -> Response:
-    """Tokenize, check and submit the request, then answer it. ``received``: when it came in
-    (``time.perf_counter``), where the server's latency metrics start."""
-    if parsed.model is not None:
-        _check_model(state, parsed.model, "model")
-    try:  # a long prompt: off the event loop, dropped if the client leaves meanwhile
+async def _serve(state: ServerState, request: Request,
+                 check: Callable[[dict[str, Any]], ParsedRequest]) -> Response:
+    """Read and ``check`` the body, tokenize, check and submit the request, then answer it. The
+    server's latency metrics start as it comes in. A client that leaves before its request is
+    submitted (while its body arrives, or its long prompt waits or tokenizes) gets a 499 and
+    never reaches the engine."""
+    received = time.perf_counter()
+    try:
+        parsed = await _parsed(state, request, check)
+        if parsed.model is not None:
+            _check_model(state, parsed.model, "model")
+        # A long prompt: off the event loop, dropped if the client leaves meanwhile.
         ids, field = await state.prompts.token_ids(parsed, lambda: _disconnected(request))
     except ClientLeft:
         return Response(status_code=499)

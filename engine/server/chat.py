@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.server.protocol import ApiError
+
 # ChatML, the format Qwen's instruct models use; for checkpoints without a template (the tiny
 # model's tokenizer files have none).
 CHATML_TEMPLATE = (
@@ -16,10 +18,21 @@ CHATML_TEMPLATE = (
 
 def chat_prompt_text(tokenizer: Any, messages: list[dict[str, str]]) -> str:
     """``messages`` under the tokenizer's template, ending with the opening of the assistant's
-    turn: the text the prompt's token ids encode."""
+    turn: the text the prompt's token ids encode. A 400 ``ApiError`` naming ``messages`` where
+    the template refuses them while rendering (``raise_exception``: roles that do not
+    alternate, a system turn it has no place for): the client's to change. A template that
+    does not compile is the server's fault and goes through (a 500)."""
+    import jinja2
+
     template = getattr(tokenizer, "chat_template", None) or CHATML_TEMPLATE
-    return tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
-                                         add_generation_prompt=True)
+    try:
+        return tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
+                                             add_generation_prompt=True)
+    except jinja2.TemplateSyntaxError:
+        raise
+    except jinja2.TemplateError as exc:
+        raise ApiError(f"the model's chat template refuses these messages: {exc}",
+                       "messages") from None
 
 
 def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:

@@ -129,7 +129,8 @@ class EngineProcess(RequestIntake):
             self._count_in()
         stream.seq_id = next(self._ids)
         self._streams[stream.seq_id] = stream
-        self._send(("add", stream.seq_id, stream.token_ids, stream.params, stream.arrival_s))
+        self._send(("add", stream.seq_id, stream.token_ids, stream.params, stream.arrival_s,
+                    stream.priority))
 
     def finish(self, stream: RequestStream, reason: str) -> None:
         """Finish a request from outside: ``aborted`` (the client left) or ``stop``."""

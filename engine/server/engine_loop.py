@@ -24,7 +24,7 @@ from engine.engine_core import EngineCore, StepResult
 from engine.llm import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
-from engine.server.step_stats import StatsApplier, step_stats
+from engine.server.step_stats import StatsApplier, state_stats, step_stats
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ class RequestStream:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     seq_id: int = NO_SEQ  # set by the engine thread when it is added
     answered: bool = False  # a token has been handed to ``queue`` (``put_all``)
+    priority: int = 0  # lower is served first under policy=priority (the request's own)
 
 
 class RequestIntake:
@@ -202,6 +203,7 @@ class EngineLoop(RequestIntake):
             commands = list(self._commands)
             self._commands.clear()
         deliveries: list[tuple[RequestStream, list[int], str | None, str | None]] = []
+        ended = False  # a request ended here, between steps: the gauges need its change
         for action, stream, reason in commands:
             if action == "add":
                 self._add(core, stream, deliveries)
@@ -210,6 +212,9 @@ class EngineLoop(RequestIntake):
                 core.finish(stream.seq_id, reason)
                 core.forget(stream.seq_id)
                 self._retire(1)
+                ended = True
+        if ended and self.metrics is not None:
+            self._stats.apply(state_stats(core))
         if self._stop:  # the grace period is over: abort what is left
             for seq_id, stream in list(self._streams.items()):
                 core.finish(seq_id, "aborted")
@@ -224,7 +229,8 @@ class EngineLoop(RequestIntake):
             deliveries.append((stream, [], None, "the server is shutting down"))
             self._retire(1)
             return
-        seq = core.add_request(stream.token_ids, stream.params, arrival_s=stream.arrival_s)
+        seq = core.add_request(stream.token_ids, stream.params, arrival_s=stream.arrival_s,
+                               priority=stream.priority)
         stream.seq_id = seq.seq_id
         rejection = core.rejections.get(seq.seq_id)
         if rejection is not None:

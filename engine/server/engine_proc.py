@@ -5,13 +5,14 @@ the frontend process, so neither waits on the other's interpreter.
 Across two pipes, as pickled tuples (commands on a ``multiprocessing`` pipe; outputs as
 ``engine.server.frames`` messages, which the frontend's event loop reads without blocking):
 
-- frontend -> engine: ``("add", rid, token_ids, params, arrival_s)``, ``("finish", rid,
+- frontend -> engine: ``("add", rid, token_ids, params, arrival_s, priority)``, ``("finish", rid,
   reason)`` (the client left: ``aborted``; a stop string: ``stop``), ``("stop",)`` (the grace
   period is over: abort what is left and close the trace);
 - engine -> frontend: ``("ready", EngineInfo)`` once, then one ``("out", rids, tokens,
   finishes, errors, stats)`` per engine step (every request's new token of that step, the
   requests that finished, ``StepStats``) and one per batch of inputs that produced errors or
-  aborts, and ``("closed", summary, error)`` last.
+  aborts or ended requests (then with the scheduler's state: ``step_stats.state_stats``), and
+  ``("closed", summary, error)`` last.
 
 Stop strings are found in the frontend, which detokenizes anyway (vLLM v1's output processor
 does the same): the answer's text is cut exactly at the stop, and the engine hears ``finish(rid,
@@ -42,7 +43,7 @@ from typing import Any
 
 from engine.engine_core import EngineCore, StepResult
 from engine.server.frames import widen_pipe, write_message
-from engine.server.step_stats import step_stats
+from engine.server.step_stats import state_stats, step_stats
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +192,7 @@ class PipeInputs:
         """Add and finish what the frontend sent (never blocks)."""
         finishes: list[tuple[int, str]] = []
         errors: list[tuple[int, str]] = []
+        ended = False  # a request ended here, between steps: the gauges need its change
         conn = self.conn
         while not self.stopping:
             try:
@@ -209,6 +211,7 @@ class PipeInputs:
                     del self.rid_of[seq_id]
                     core.finish(seq_id, message[2])
                     core.forget(seq_id)
+                    ended = True
             elif kind == "stop":
                 self.stopping = True
         if self.stopping and not self.done:
@@ -219,13 +222,13 @@ class PipeInputs:
             self.rid_of.clear()
             self.seq_of.clear()
             self.done = True
-        if finishes or errors:
-            self._send([], [], finishes, errors, None)
+        if finishes or errors or ended:
+            self._send([], [], finishes, errors, tuple(state_stats(core)) if ended else None)
 
     def _add(self, core: EngineCore, message: tuple, errors: list) -> None:
-        _, rid, token_ids, params, arrival_s = message
+        _, rid, token_ids, params, arrival_s, priority = message
         try:
-            seq = core.add_request(token_ids, params, arrival_s=arrival_s)
+            seq = core.add_request(token_ids, params, arrival_s=arrival_s, priority=priority)
         except Exception as exc:  # noqa: BLE001 - InvalidRequestError: that request's answer
             errors.append((rid, str(exc)))
             return

@@ -28,6 +28,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from starlette.requests import ClientDisconnect
+
+from engine.server.prompt import ClientLeft
 from engine.server.protocol import ApiError, parse_json_body
 
 T = TypeVar("T")
@@ -46,16 +49,21 @@ def default_max_request_bytes(max_model_len: int) -> int:
 
 async def read_body(request: Any, limit: int) -> bytes:
     """The body of a Starlette ``request``, at most ``limit`` bytes; a 413 ``ApiError`` as soon
-    as it is known to be larger (from its ``Content-Length``, else as it arrives)."""
+    as it is known to be larger (from its ``Content-Length``, else as it arrives);
+    ``ClientLeft`` when the client disconnects before the body is whole (an ordinary client
+    event, not the server's error)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.strip().isdigit() and int(declared) > limit:
         raise _too_large(f"is {int(declared)} bytes", limit)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(f"runs past {limit} bytes", limit)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(f"runs past {limit} bytes", limit)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientLeft from None
     return b"".join(chunks)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import InvalidRequestError
-from engine.sampling_params import INT32_MAX, SamplingParams, is_valid_text
+from engine.sampling_params import INT32_MAX, INT32_MIN, SamplingParams, is_valid_text
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_STOP_STRINGS = 4  # OpenAI's limit
@@ -59,6 +59,7 @@ class ParsedRequest:
     stream: bool = False
     include_usage: bool = False
     continuous_usage: bool = False  # every chunk carries the usage so far (vLLM's option)
+    priority: int = 0  # vLLM's extension: lower is served first under policy=priority
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         try:
@@ -72,7 +73,7 @@ class ParsedRequest:
 # Fields both endpoints accept (with the values they may take where that is limited).
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
            "stream_options", "n", "user", "ignore_eos", "presence_penalty", "frequency_penalty",
-           "logit_bias", "logprobs", "best_of"}
+           "logit_bias", "logprobs", "best_of", "priority"}
 # Bookkeeping that changes nothing in an answer (OpenAI's stored completions, tags, the
 # billing tier, its cache and abuse keys): accepted and ignored, as vLLM does, since clients
 # and frameworks send them by default.
@@ -310,6 +311,12 @@ def _common(body: dict[str, Any], request: ParsedRequest) -> None:
         if not _is_int(seed) or not 0 <= seed < 2**63:
             raise ApiError(f"seed must be an integer in [0, 2**63), got {seed!r}", "seed")
         request.seed = seed
+    priority = body.get("priority")
+    if priority is not None:  # the trace's int32 column (``check_recordable``'s bounds)
+        if not _is_int(priority) or not INT32_MIN <= priority <= INT32_MAX:
+            raise ApiError(f"priority must be an integer in [{INT32_MIN}, {INT32_MAX}], got "
+                           f"{priority!r}", "priority")
+        request.priority = priority
     request.stop = _stop(body.get("stop"))
     request.ignore_eos = _bool(body, "ignore_eos", False)
     request.stream = _bool(body, "stream", False)

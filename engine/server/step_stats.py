@@ -23,8 +23,7 @@ class StepStats(NamedTuple):
 
 def step_stats(core: EngineCore, result: StepResult) -> StepStats:
     """What ``result``'s step did and the scheduler's state after it."""
-    scheduler, batch = core.scheduler, result.batch
-    pool = scheduler.block_manager
+    batch = result.batch
     queried = hits = computed = 0
     for i in range(batch.num_prefill_seqs):
         seq, new = batch.seqs[i], batch.num_new_tokens[i]
@@ -32,10 +31,19 @@ def step_stats(core: EngineCore, result: StepResult) -> StepStats:
         if batch.context_lens[i] - new == seq.num_cached_tokens:  # its first chunk
             queried += seq.num_prompt_tokens
             hits += seq.num_cached_tokens
+    return state_stats(core)._replace(prefix_queries=queried, prefix_hits=hits,
+                                      prompt_tokens=computed,
+                                      generation_tokens=len(result.output.token_ids))
+
+
+def state_stats(core: EngineCore) -> StepStats:
+    """The scheduler's state now, no step's counts: also for requests the frontend ended
+    between steps (an abort, a stop string). The last one ended leaves the engine idle, with no
+    step after it to report that nothing runs and no block is held any more."""
+    scheduler, pool = core.scheduler, core.scheduler.block_manager
     return StepStats(len(scheduler.running), len(scheduler.waiting),
                      1.0 - len(pool.free_block_ids) / max(pool.num_blocks, 1),
-                     scheduler.num_preemptions, queried, hits, computed,
-                     len(result.output.token_ids))
+                     scheduler.num_preemptions, 0, 0, 0, 0)
 
 
 class StatsApplier:

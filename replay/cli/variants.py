@@ -33,8 +33,9 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 
 def parse_grid(items: list[str], fixed: dict[str, Any] | None = None,
                option: str = "--grid") -> dict[str, list[Any]]:
-    """``--grid KEY=V1,V2,...`` items as value lists; a key given twice, an empty value or a
-    key also fixed by ``--set`` (``fixed``) is an error, not a variant silently dropped.
+    """``--grid KEY=V1,V2,...`` items as value lists; a key given twice, an empty value, a
+    value given twice (``1,01``: two variants of one name) or a key also fixed by ``--set``
+    (``fixed``) is an error, not a variant silently dropped or doubled.
     ``option``: the flag the items came with, as errors name it (``tune``'s ``--space``)."""
     twice = f"{option} and {option}" + (" or --set" if fixed is not None else "")
     out: dict[str, list[Any]] = {}
@@ -47,6 +48,10 @@ def parse_grid(items: list[str], fixed: dict[str, Any] | None = None,
         if key in out or key in (fixed or {}):
             raise WhatifError(f"{key} is given twice ({twice})")
         out[key] = [parse_value(key, v) for v in values]
+        repeated = [v for i, v in enumerate(out[key]) if v in out[key][:i]]
+        if repeated:  # two variants of one name: their rows could not be told apart
+            raise WhatifError(f"{option} {key}: the value {repeated[0]} is given twice "
+                              f"(in {item!r})")
     return out
 
 
@@ -62,3 +67,12 @@ def build_variants(
         point = dict(zip(keys, combo))
         variants.append((format_overrides(point), {**overrides, **point}))
     return variants
+
+
+def check_some_ran(results: list[Any]) -> None:
+    """The exit rule of ``whatif``, streamed or not: where no variant could run (each a
+    ``SimResult``), one line naming each one's status (exit 2), once the table and outputs
+    are written."""
+    if not any(r.ok for r in results):
+        statuses = "; ".join(f"{r.name}: {r.status}" for r in results)
+        raise WhatifError(f"no variant could run ({statuses})")

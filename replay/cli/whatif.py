@@ -20,6 +20,7 @@ from engine.config import AUTO_SIZED_BLOCKS, Config
 from replay.cli.variants import (
     WhatifError,
     build_variants,
+    check_some_ran,
     parse_grid,
     parse_overrides,
 )
@@ -144,7 +145,9 @@ def _source(args: argparse.Namespace, policy_needed: bool = True) -> SimWorkload
 
 
 def _load(args: argparse.Namespace, workload: SimWorkload | None
-          ) -> tuple[SimWorkload, CostModel | None, list[str]]:
+          ) -> tuple[SimWorkload, CostModel | None, list[str], list[str]]:
+    """The workload, its step-time model, the notes to print, and ``_timing_notes`` (printed
+    too, and whatif's recorded row's notes: worked out once, it may read --compare's file)."""
     timing_config: Config | None = None
     cost: CostModel | None = None
     if args.timing_from:
@@ -156,8 +159,8 @@ def _load(args: argparse.Namespace, workload: SimWorkload | None
     if workload is not None:
         if cost is None:
             cost, notes = load_timing("auto", workload)
-            return workload, cost, notes
-        return workload, cost, _timing_notes(args, workload, cost)
+            return workload, cost, notes, []
+        return workload, cost, [], _timing_notes(args, workload, cost)
     from replay.cli.run import load_requests
 
     requests = load_requests(args.workload, args.num_seqs)
@@ -168,7 +171,7 @@ def _load(args: argparse.Namespace, workload: SimWorkload | None
         notes.append("no step-time model (--timing-from TRACE): decisions only, no times")
         if any(r.arrival_s > 0 for r in requests):
             notes.append("without times, arrivals cannot be honoured: every request joins at once")
-    return workload, cost, notes
+    return workload, cost, notes, []
 
 
 def _timing_notes(args: argparse.Namespace, workload: SimWorkload, cost: CostModel | None
@@ -191,6 +194,7 @@ def _compare(args: argparse.Namespace, workload: SimWorkload, cost: CostModel | 
     and the output saying so. ``against``: ``compare.load_other``'s (recording, scope)."""
     from replay.replayer import config_from_header
     from replay.verify import compare_decisions, cut_to_step, describe_divergence
+    from replay.whatif.compare import abort_note
     from replay.whatif.notes import device_note
     from replay.whatif.report import comparison_rows, comparison_table
 
@@ -208,7 +212,8 @@ def _compare(args: argparse.Namespace, workload: SimWorkload, cost: CostModel | 
               f"first-step costs are {'charged' if cold else 'left out'}")
     result = run_variant(workload, overrides, cost, name="predicted", cold_start=cold)
     device = device_note(cost, other.header)
-    for note in result.notes + ([device] if device else []):
+    aborts = abort_note(workload, other, args.compare)
+    for note in result.notes + [n for n in (device, aborts) if n]:
         print(f"note: {note}")
     if not result.ok:
         print(f"predicted: {result.status}")
@@ -241,9 +246,10 @@ def _compare(args: argparse.Namespace, workload: SimWorkload, cost: CostModel | 
 
 
 def _compare_client(args: argparse.Namespace, workload: SimWorkload, cost: CostModel | None,
-                    plotter: Any) -> int:
+                    plotter: Any, timing: list[str]) -> int:
     """TRACE as recorded, its prediction and a loadgen run's client figures in one table: retry
-    waits left out, a partial result flagged, an incomplete TRACE's finished requests only."""
+    waits left out, a partial result flagged, an incomplete TRACE's finished requests only.
+    ``timing``: ``_timing_notes``, for the recorded row."""
     from replay.loadgen.result import read_result, table_row
     from replay.whatif.compare import client_view, scope_client
     from replay.whatif.report import variants_table
@@ -259,7 +265,7 @@ def _compare_client(args: argparse.Namespace, workload: SimWorkload, cost: CostM
         print(line)
     result = run_variant(workload, {}, cost, name="predicted")
     rows = [run_outputs.row("recorded", "recorded", compute(recorded_events(workload)),
-                            notes=_timing_notes(args, workload, cost)),
+                            notes=timing),
             run_outputs.sim_row(result),
             table_row(f"client ({settings.get('url', '?')})", summary, frame, notes)]
     note_scope(rows, workload)
@@ -303,7 +309,8 @@ def _whatif(args: argparse.Namespace, overrides: dict[str, Any], grid: dict[str,
                             run_outputs.sim_row)
     source = _source(args, bool(args.compare) or not all("policy" in v for _, v in variants))
     against = load_other(source, args.compare)  # checked before any step-time model is fitted
-    workload, cost, notes = _load(args, source)
+    workload, cost, notes, timing = _load(args, source)
+    notes = [*notes, *timing]
     if cost is not None and cost.host is not None:
         notes = [cost.host.words(), *notes]
     for note in notes:
@@ -312,7 +319,7 @@ def _whatif(args: argparse.Namespace, overrides: dict[str, Any], grid: dict[str,
         print(cost.describe())
     if args.compare:
         if against is None:
-            return _compare_client(args, workload, cost, plotter)
+            return _compare_client(args, workload, cost, plotter, timing)
         return _compare(args, workload, cost, plotter, against)
     if workload.config.num_kvcache_blocks == AUTO_SIZED_BLOCKS and not all(
         "num_kvcache_blocks" in v for _, v in variants
@@ -322,7 +329,7 @@ def _whatif(args: argparse.Namespace, overrides: dict[str, Any], grid: dict[str,
     results = _run_variants(workload, variants, cost, args.jobs, args.executor)
     recorded = recorded_events(workload)  # an incomplete source's finished requests only
     rows = ([] if recorded is None else [run_outputs.row(  # the note in summary.parquet too
-        "recorded", "recorded", compute(recorded), notes=_timing_notes(args, workload, cost))])
+        "recorded", "recorded", compute(recorded), notes=timing)])
     rows += [run_outputs.sim_row(r) for r in results]
     note_scope(rows, workload)
     for r in results:
@@ -332,9 +339,7 @@ def _whatif(args: argparse.Namespace, overrides: dict[str, Any], grid: dict[str,
 
     print(variants_table(rows))
     run_outputs.finish(args, rows, cost, plotter)
-    if not any(r.ok for r in results):
-        statuses = "; ".join(f"{r.name}: {r.status}" for r in results)
-        raise WhatifError(f"no variant could run ({statuses})")
+    check_some_ran(results)
     return 0
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from engine.config import AUTO_SIZED_BLOCKS, Config
 from engine.errors import InvalidRequestError, ReplayLLMError
+from replay.cli.variants import check_some_ran
 
 # Plots draw every step (1.2 M for 200,000 requests: 7 s and 0.8 GB in matplotlib), which the
 # bounded memory of --stream cannot afford: said, not skipped in silence.
@@ -40,6 +41,8 @@ def run_streamed(args: argparse.Namespace, variants: list[tuple[str, dict[str, A
         raise ReplayLLMError("--num-seqs does not apply to --stream (cut the file instead)")
     if args.trace_out and len(variants) > 1:
         raise ReplayLLMError("--trace-out writes one variant's trace: drop --grid")
+    if args.trace_out:
+        check_trace_out(args.trace_out, args.out)
     cost, config = timing(args.timing_from) if args.timing_from else (None, None)
     config = config or Config()
     if cost is None:
@@ -51,7 +54,7 @@ def run_streamed(args: argparse.Namespace, variants: list[tuple[str, dict[str, A
                              "num_kvcache_blocks=N (or --timing-from a trace)")
     check_first_request(args.workload)
     total = count_requests(args.workload) if progress_wanted() else None
-    rows = []
+    rows, results = [], []
     for name, overrides in variants:
         source = WorkloadSource(checked_requests(args.workload), config, name=str(args.workload))
         with progress_bar(name, total) as progress:
@@ -60,12 +63,29 @@ def run_streamed(args: argparse.Namespace, variants: list[tuple[str, dict[str, A
         for note in result.notes:
             print(f"note ({result.name}): {note}")
         rows.append(row(result))
+        results.append(result)
     print(variants_table(rows))
     lines = [] if args.no_plots else [NO_PLOTS_NOTE]
     for line in lines:
         print(line)
     finish(args, rows, cost, None, None, lines)  # lines: in the --report page too
+    check_some_ran(results)  # as without --stream: exit 2 where none could run
     return 0
+
+
+def check_trace_out(trace_out: str, out: str) -> None:
+    """Before the work: ``--trace-out`` and ``--out`` are two directories, neither inside the
+    other (the outputs were refused only once the whole simulation had run, and lost), and
+    ``--trace-out`` replaces no recording (``stream.trace_out_replaces``)."""
+    from pathlib import Path
+
+    from replay.whatif.stream import trace_out_replaces
+
+    trace, results = Path(trace_out).resolve(), Path(out).resolve()
+    if trace == results or results in trace.parents or trace in results.parents:
+        raise ReplayLLMError(f"--trace-out {trace_out} and --out {out} must be two directories, "
+                             "neither inside the other")
+    trace_out_replaces(trace_out)
 
 
 def check_first_request(workload: str) -> None:

@@ -66,8 +66,8 @@ class MalformedStream(ValueError):
 
 
 def request_body(request: Request, model: str | None) -> dict[str, Any]:
-    """The completions body of a workload request (streaming, usage in the last chunk); a
-    recipe prompt (``prompt_len``) is sent as its token ids."""
+    """The completions body of a workload request (streaming, usage in the last chunk, its
+    priority where it has one); a recipe prompt (``prompt_len``) is sent as its token ids."""
     body: dict[str, Any] = {
         "prompt": request.prompt_token_ids(),
         "max_tokens": request.max_tokens,
@@ -79,6 +79,8 @@ def request_body(request: Request, model: str | None) -> dict[str, Any]:
         body["model"] = model
     if request.ignore_eos:
         body["ignore_eos"] = True  # vLLM's extension, which replayllm serve shares
+    if request.priority:  # vLLM's too (lower first under policy=priority); 0 is the default
+        body["priority"] = request.priority
     return body
 
 

@@ -78,6 +78,14 @@ def load_profile(name: str, *, no_shrink: bool = False) -> str:
     return name
 
 
+def registered() -> list[str]:
+    """The names of the Hypothesis profiles registered now (ours, Hypothesis's own, a
+    conftest's), for a message naming the choices. Hypothesis keeps them in a private mapping
+    and has no public list; without it, ours and ``default``."""
+    names = getattr(settings, "_profiles", None)
+    return sorted(names) if isinstance(names, dict) else [*PROFILES, "default"]
+
+
 def profile_from_env(default: str | None = None) -> str | None:
     """The profile ``HYPOTHESIS_PROFILE`` names, else ``default``."""
     return os.environ.get(ENV) or default

@@ -55,12 +55,26 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """``HYPOTHESIS_PROFILE=ci|deep|dev`` loads that profile (``--hypothesis-profile`` wins)."""
+    """``HYPOTHESIS_PROFILE=ci|deep|dev`` loads that profile (``--hypothesis-profile`` wins); a
+    profile the user's conftest registered loads the same way, and a name no profile has is a
+    usage error (it ran Hypothesis's ``default`` in silence: a "deep" run of 100 examples)."""
     if _profiles is None or config.getoption("--hypothesis-profile", None):
         return
     name = _profiles.profile_from_env()
     if name in _profiles.PROFILES:
         _profiles.load_profile(name, no_shrink=os.environ.get("HYPOTHESIS_NO_SHRINK") == "1")
+    elif name:
+        from hypothesis import settings
+        from hypothesis.errors import InvalidArgument
+
+        try:
+            settings.load_profile(name)
+        except InvalidArgument:
+            known = ", ".join(_profiles.registered())
+            raise pytest.UsageError(
+                f"{_profiles.ENV}={name!r} names no registered Hypothesis profile (registered: "
+                f"{known}; a conftest registers its own with settings.register_profile)"
+            ) from None
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

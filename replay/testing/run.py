@@ -135,9 +135,10 @@ def _check_replay(run: Run) -> None:
         return
     why = result.report().splitlines()[0]  # with where the replay stopped, if it did
     run.check(False, "replay",
-              f"the recording does not replay identically ({why}): the policy decided otherwise "
-              f"from the same requests and state (randomness, the clock, id() or state kept "
-              f"across runs?)")
+              f"the recording does not replay identically ({why}): policy "
+              f"{run.workload.config.policy!r} decided otherwise from the same requests and "
+              "state (randomness, the clock, id(), the order of a set of sequences, or state "
+              "kept across runs?)")
 
 
 # The violations that stop a run early: its stream is checked as an incomplete one.

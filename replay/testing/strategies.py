@@ -13,8 +13,10 @@ mid-run, aborts, and request priorities.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -105,17 +107,39 @@ class Workload:
         )
 
     def code(self) -> str:
-        """Python that rebuilds this workload (for a failure report)."""
+        """Python that rebuilds this workload (for a failure report): the fields the strategies
+        draw, then any other Config field off its default (a user's own strategy may set it)."""
         c = self.config
-        fields = ", ".join(
-            f"{k}={getattr(c, k)!r}"
-            for k in ("policy", "eviction", "num_kvcache_blocks", "kvcache_block_size",
-                      "max_model_len", "max_num_batched_tokens", "max_num_seqs", "eos",
-                      "enable_prefix_caching", "hash_seed")
-        )
+        default = _default_config()
+        names = list(_DRAWN_FIELDS) + [
+            k for k in Config.field_names()
+            if k not in _DRAWN_FIELDS and getattr(c, k) != getattr(default, k)]
+        fields = ", ".join(f"{k}={getattr(c, k)!r}" for k in names)
         lines = [f"Workload(Config({fields}), ("]
         lines += [f"    {r!r}," for r in self.requests]
         return "\n".join(lines + ["))"])
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """How Hypothesis prints a failing workload: ``code()``, not the dataclass dump of every
+        Config field (kernels, GC, the model: tens of lines no policy test sets)."""
+        printer.text(self.code())
+
+
+# The Config fields the strategies draw, in the order ``Workload.code`` writes them.
+_DRAWN_FIELDS = ("policy", "eviction", "num_kvcache_blocks", "kvcache_block_size",
+                 "max_model_len", "max_num_batched_tokens", "max_num_seqs", "eos",
+                 "enable_prefix_caching", "hash_seed")
+
+
+@functools.cache
+def _default_config() -> Config:
+    return Config()
+
+
+def _as_tuple(names: tuple[str, ...] | str) -> tuple[str, ...]:
+    """One policy or eviction order given as a string (``policies=("my:P")``, the tuple's
+    comma forgotten) is that name, not its characters."""
+    return (names,) if isinstance(names, str) else tuple(names)
 
 
 def _whole_prompts(policy: str) -> bool:
@@ -126,16 +150,16 @@ def _whole_prompts(policy: str) -> bool:
 @st.composite
 def engine_configs(
     draw: st.DrawFn,
-    policies: tuple[str, ...] = BUILTIN,
+    policies: tuple[str, ...] | str = BUILTIN,
     num_blocks: st.SearchStrategy[int] | None = None,
-    evictions: tuple[str, ...] = ("release", "lru"),
+    evictions: tuple[str, ...] | str = ("release", "lru"),
 ) -> Config:
     """A small engine Config: small budgets, edge values drawn often.
 
     ``policies``: built-in names or import paths; ``num_blocks`` defaults to a pool of about one
     to two of the longest possible requests.
     """
-    policy = draw(st.sampled_from(policies))
+    policy = draw(st.sampled_from(_as_tuple(policies)))
     block_size = draw(st.sampled_from([1, 2, 2, 3, 4, 4, 8]))
     max_model_len = draw(st.one_of(st.sampled_from([12, 16, 24, 32]), st.integers(1, 40)))
     if num_blocks is None:
@@ -157,17 +181,17 @@ def engine_configs(
         enable_prefix_caching=draw(st.booleans() | st.just(True)),
         hash_seed=draw(st.integers(0, 2**64 - 1)),
         eos=draw(st.sampled_from(EOS_IDS)),
-        eviction=draw(st.sampled_from(evictions)),
+        eviction=draw(st.sampled_from(_as_tuple(evictions))),
     )
 
 
 @st.composite
 def workloads(
     draw: st.DrawFn,
-    policies: tuple[str, ...] = BUILTIN,
+    policies: tuple[str, ...] | str = BUILTIN,
     max_requests: int = 10,
     max_arrival_step: int = 6,
-    evictions: tuple[str, ...] = ("release", "lru"),
+    evictions: tuple[str, ...] | str = ("release", "lru"),
 ) -> Workload:
     """A config plus requests arriving at different steps, with shared prefixes and edge lengths.
 

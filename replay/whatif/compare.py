@@ -67,6 +67,24 @@ def check_same_workload(workload: Any, other: RecordedEvents, other_name: str) -
         )
 
 
+def abort_note(workload: Any, other: RecordedEvents, other_name: str) -> str | None:
+    """A note where ``other`` aborted other requests than ``workload`` (by their place in the
+    workload): the prediction replays the source's aborts, not OTHER's, so their decision
+    streams part at the first abort one of them has and the other lacks (the workload check
+    compares prompt lengths and max_tokens only)."""
+    added, finished = other.tables["request_added"], other.tables["request_finished"]
+    place = {seq: i for i, seq in enumerate(np.asarray(added["seq_id"]).tolist())}
+    theirs = {place[seq] for seq, reason in zip(np.asarray(finished["seq_id"]).tolist(),
+                                                np.asarray(finished["reason"]).tolist())
+              if reason == "aborted" and seq in place}
+    ours = {index for _, _, index in workload.aborts}
+    if theirs == ours:
+        return None
+    return (f"{other_name} aborted {len(theirs)} requests, {workload.name} {len(ours)} "
+            f"({len(theirs ^ ours)} differ): the prediction replays {workload.name}'s aborts, "
+            "so the decisions part where they differ")
+
+
 @dataclass(frozen=True)
 class RecordedScope:
     """The requests an incomplete recording finished, out of the workload's ``total``."""
@@ -170,15 +188,18 @@ def incomplete_source(workload: Any, restrict: bool) -> str | None:
     """The warning for an incomplete SOURCE (None for a complete one or no recording). With
     ``restrict`` (plain ``whatif``: predictions set beside the recording), also sets
     ``workload.scope`` to the requests it finished, so that ``run_variant`` and
-    ``recorded_events`` cover those only. One killed before it recorded any request is refused
-    (``ReplayLLMError``): there is nothing to re-run (whatif and tune ran zero requests)."""
+    ``recorded_events`` cover those only. A recording of no request, killed before it recorded
+    one or complete (an ``LLM`` opened and closed), is refused (``ReplayLLMError``): there is
+    nothing to re-run (whatif and tune ran zero requests), as an empty workload file is."""
     recorded = workload.recorded
-    if recorded is None or recorded.complete:
+    if recorded is None:
         return None
     total = len(workload.requests)
     if not total:
-        raise ReplayLLMError(f"{workload.name} is incomplete ({_stopped(recorded)}) and "
-                             "recorded no request: nothing to re-run")
+        state = "" if recorded.complete else f"is incomplete ({_stopped(recorded)}) and "
+        raise ReplayLLMError(f"{workload.name} {state}recorded no request: nothing to re-run")
+    if recorded.complete:
+        return None
     if not restrict:
         return (f"{workload.name} is incomplete ({_stopped(recorded)}): its workload is only "
                 f"the {total} requests it recorded")

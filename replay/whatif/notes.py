@@ -110,7 +110,10 @@ def variant_notes(source: Config, config: Config, cost: CostModel | None,
                      "each is charged a whole interval as the source's steps took, whatever "
                      "overlap saves")
     if cost is not None and config.enforce_eager and "decode_eager" not in cost.fits:
-        notes.append("the timing source has no eager decodes: predicted from graph decodes")
+        # Named by the fit the model then takes (``CostModel.fallback``): a source of few
+        # steps may have no graph decodes either (its one fit pooled).
+        notes.append("the timing source has no eager decodes: predicted from "
+                     f"{cost.fallback('decode_eager') or 'its decode fit'}")
     changed = [k for k in UNSIMULATED_FIELDS if getattr(source, k) != getattr(config, k)]
     if changed:
         notes.append(f"{', '.join(changed)}: not simulated (no effect on scheduling; step times "

@@ -60,8 +60,9 @@ def finish(args: argparse.Namespace, rows: list[dict], cost: CostModel | None,
         if plots is not None:
             from replay.whatif.plots import PlotRun, PlotsUnavailable
 
+            # A loadgen client's row has figures only: no steps or requests to draw.
             runs = [PlotRun(r["label"], r["metrics"], r["steps"], r["requests"])
-                    for r in rows if r["status"] == "ok"]
+                    for r in rows if r["status"] == "ok" and "steps" in r]
             try:
                 written += plots.write(stage, runs)
             except PlotsUnavailable as exc:

@@ -50,6 +50,40 @@ MATERIALISE_AHEAD = 256
 PROGRESS_EVERY = 1000
 
 
+# The command named in a simulated trace's owner record: ``trace_out`` replaces only those.
+TRACE_OUT_WRITER = "whatif"
+
+
+def trace_out_replaces(path: str | Path) -> bool:
+    """Check that a simulated trace may be written at ``path`` (before any work); True where
+    it replaces an earlier one. Only a trace an earlier ``trace_out`` wrote is replaced (its
+    owner record's command, or a header saying ``simulated_from``): a recording of ``run``,
+    ``serve`` or ``LLM``, complete or killed, is measured data no simulation may overwrite;
+    anything else is held to the rules of a trace directory (``tracing.recorder``)."""
+    import json
+
+    from tracing.outdir import OutputDirError, read_owner
+    from tracing.recorder import check_trace_dir
+
+    where = Path(path)
+    owner = read_owner(where) if where.is_dir() and not where.is_symlink() else None
+    if owner is not None and owner.get("kind") == "trace":
+        try:
+            header = json.loads((where / "run.json").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            header = None
+        simulated = isinstance(header, dict) and "simulated_from" in header
+        command = owner.get("command")
+        if command != TRACE_OUT_WRITER and not simulated:
+            writer = "LLM (the Python API)" if command == "api" else f"replayllm {command}"
+            raise OutputDirError(
+                f"{where}: holds a trace recorded by {writer}; "
+                "--trace-out replaces only a simulated trace it wrote earlier: choose another "
+                "directory")
+        return check_trace_dir(where, overwrite=True)
+    return check_trace_dir(where, overwrite=False)
+
+
 class RequestSource(Protocol):
     """Requests to simulate, in arrival order, and the settings of the run they came from."""
 
@@ -259,7 +293,8 @@ def simulate_stream(
     if trace_out is not None:
         from tracing.recorder import ParquetRecorder
 
-        downstream = ParquetRecorder(trace_out, overwrite=True)
+        downstream = ParquetRecorder(trace_out, overwrite=trace_out_replaces(trace_out),
+                                     command=TRACE_OUT_WRITER)
     metrics = StreamingMetrics(downstream=downstream)
     built = build_engine(source.config, source.header, source.name, overrides, cost,
                          cold_start, sink=metrics)

@@ -3,7 +3,8 @@
 As Vidur-Search does, every configuration of a space is simulated and judged against the SLOs
 (latency percentiles), and the result is the best one plus the Pareto front of what was
 evaluated. Goodput here is the served requests per second (over the makespan) of a run that
-meets every SLO, at the workload's own arrivals; a run missing one has none.
+meets every SLO, at the workload's own arrivals; a run missing one has none. A rejected request
+is not served, nor one a recorded abort ended before it finished.
 
 Search: where the space holds more configurations than ``budget``, successive halving on request
 subsets (Hyperband's inner loop): every configuration runs on the first ``n / eta^R`` requests,
@@ -137,9 +138,19 @@ class Evaluation:
     @property
     def throughput_req_s(self) -> float:
         m = self.result.metrics
-        served = m.get("requests", 0.0) - m.get("rejected", 0.0)
+        served = m.get("requests", 0.0) - m.get("rejected", 0.0) - self.aborted
         makespan = m.get("makespan_s", math.nan)
         return served / makespan if self.result.ok and makespan > 0 else 0.0
+
+    @property
+    def aborted(self) -> int:
+        """Requests a replayed abort ended before they finished: not served. (An abort comes
+        at its recorded time, so a slower configuration has more of them and, ending early,
+        a shorter makespan: counted as served, they raised its goodput.)"""
+        frame = self.result.requests
+        if frame is None or "finish_reason" not in frame:
+            return 0
+        return int((frame["finish_reason"] == "aborted").sum())
 
     @property
     def goodput_req_s(self) -> float:
@@ -245,13 +256,17 @@ def candidates(workload: SimWorkload, space: dict[str, list[Any]],
 
 
 def subset(workload: SimWorkload, num_requests: int) -> SimWorkload:
-    """The workload's first ``num_requests`` requests (and the aborts that target them)."""
+    """The workload's first ``num_requests`` requests (and the aborts and stops that target
+    them); a workload file's requests (``workload``, which a simulation feeds, indexing
+    ``requests`` by position) are cut alike."""
     if num_requests >= len(workload.requests):
         return workload
     return dataclasses.replace(
         workload,
         requests=workload.requests[:num_requests],
         aborts=[a for a in workload.aborts if a[2] < num_requests],
+        stops=[a for a in workload.stops if a[2] < num_requests],
+        workload=None if workload.workload is None else workload.workload[:num_requests],
         recorded=None,
     )
 

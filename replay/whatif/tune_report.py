@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from replay.whatif.tune import MIN_SUBSET, Evaluation, TuneResult
+from replay.whatif.tune import MIN_SUBSET, Evaluation, Slo, TuneResult
 
 
 def _row(e: Evaluation, result: TuneResult, front: set[int]) -> dict[str, Any]:
@@ -75,9 +75,17 @@ def verdict(result: TuneResult) -> list[str]:
     near = result.closest
     if near is None:
         return []
-    misses = [f"{s.metric} {near.result.metrics.get(s.key, math.nan) * 1e3:.2f} ms > "
-              f"{s.limit_s * 1e3:g} ms" for s in result.slos if s.ratio(near.result.metrics) > 1]
+    misses = [_miss(s, near.result.metrics.get(s.key, math.nan)) for s in result.slos
+              if s.ratio(near.result.metrics) > 1]
     return [f"closest: {near.name or 'as recorded'} misses {', '.join(misses)}"]
+
+
+def _miss(slo: Slo, value: float) -> str:
+    """How a run misses ``slo``: its value, or that it has none (every request rejected, or
+    a TPOT where every request made one token: it printed ``nan ms > 500 ms``)."""
+    if not math.isfinite(value):
+        return f"{slo.metric} has no value (no request served has one)"
+    return f"{slo.metric} {value * 1e3:.2f} ms > {slo.limit_s * 1e3:g} ms"
 
 
 def write_pareto_plot(result: TuneResult, path: str | Path) -> Path:

@@ -16,11 +16,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from engine.errors import InvalidRequestError
+from replay.workloads.text_input import numbers
 
 PROCESSES = ("constant", "poisson", "gamma", "schedule")
 CHUNK = 65536
@@ -96,20 +96,12 @@ class ArrivalProcess:
 
 
 def _schedule(path: str, n: int) -> Iterator[np.ndarray]:
-    try:
-        words = Path(path).read_text(encoding="utf-8").split()
-    except OSError as exc:
-        raise InvalidRequestError(f"--schedule: cannot read {path}: {exc.strerror}") from None
-    times = []
-    for number, word in enumerate(words, 1):
-        try:
-            value = float(word)
-        except ValueError:
-            raise InvalidRequestError(f"{path}:{number}: not a time: {word!r}") from None
+    times: list[float] = []
+    for where, value in numbers(path, "--schedule"):
         if not math.isfinite(value) or value < 0:
-            raise InvalidRequestError(f"{path}:{number}: a time must be finite and >= 0")
+            raise InvalidRequestError(f"{where}: a time must be finite and >= 0, got {value:g}")
         if times and value < times[-1]:
-            raise InvalidRequestError(f"{path}:{number}: {word} is before the time above it "
+            raise InvalidRequestError(f"{where}: {value:g} is before the time above it "
                                       f"({times[-1]:g}): arrival times must not decrease")
         times.append(value)
     if len(times) < n:

@@ -5,10 +5,13 @@ in any order, are ignored); the file may be gzip-compressed, start with a byte-o
 lines with CRLF and end with blank lines (``replay.workloads.text_input``). Rows stream in
 chunks, so a 27-million-row file fits in bounded memory. Every row must have as many fields as
 the header: a row with more or fewer (an unquoted comma, a cut line) would put values under the
-wrong column. Prompts are recipes of the trace's lengths with tokens unique to each request (the
-traces carry no text and no prefix structure). Each source yields ``(where, arrival seconds after
-the first row, prompt tokens, output tokens)``; ``replay.workloads.imports`` turns them into
-requests. A malformed cell raises ``WorkloadFormatError`` naming file, line and column.
+wrong column. Quoting is RFC 4180's (``csv`` strict): a quoted field may hold commas and line
+ends, and a row is named by the line it starts on; a quote never closed is an error, not a last
+field holding every row after it. Prompts are recipes of the trace's lengths with tokens
+unique to each request (the traces carry no text and no prefix structure). Each source yields
+``(where, arrival seconds after the first row, prompt tokens, output tokens)``;
+``replay.workloads.imports`` turns them into requests. A malformed cell raises
+``WorkloadFormatError`` naming file, line and column.
 
 Times (``TIMESTAMP`` of Azure, ``Timestamp`` of BurstGPT): ISO 8601 date-times, all with a
 time zone (converted to UTC) or all without one (a file mixing both is an error: the zone of the
@@ -73,24 +76,29 @@ def _chunks(path: str | Path, fmt: str, extra: tuple[str, ...] = ()
     needed = NEEDS[fmt][1] + extra
     handle = open_text(path, newline="")
     with handle:
-        reader = csv.reader(handle)
+        # strict: a quote left open is an error at the end of the file, never one last field
+        # holding every row after it (the rows lost in silence)
+        reader = csv.reader(handle, strict=True)
+        start = 1  # the line a record starts on (a quoted field may hold line ends)
         try:
             header = next(reader, None)
             while header is not None and _blank(header):
-                header = next(reader, None)
+                start, header = reader.line_num + 1, next(reader, None)
             if header is None:
                 raise WorkloadFormatError(f"{path}: empty file: not {KINDS[fmt]} (no header)")
-            index = _columns(f"{path}:{reader.line_num}", header, fmt, extra)
+            index = _columns(f"{path}:{start}", header, fmt, extra)
             lines: list[int] = []
             cells: list[list[str]] = [[] for _ in needed]
+            start = reader.line_num + 1
             for row in reader:
+                row_start, start = start, reader.line_num + 1
                 if _blank(row):
                     continue
                 if len(row) != len(header):
                     raise WorkloadFormatError(
-                        f"{path}:{reader.line_num}: {len(row)} fields, the header has "
+                        f"{path}:{row_start}: {len(row)} fields, the header has "
                         f"{len(header)} (an unquoted comma or a cut line?)")
-                lines.append(reader.line_num)
+                lines.append(row_start)
                 for column, i in zip(cells, index):
                     column.append(row[i])
                 if len(lines) >= CHUNK_ROWS:
@@ -99,8 +107,9 @@ def _chunks(path: str | Path, fmt: str, extra: tuple[str, ...] = ()
             if lines:
                 yield lines, [pd.Series(c, dtype=object) for c in cells]
         except csv.Error as exc:
-            raise WorkloadFormatError(f"{path}:{reader.line_num}: malformed CSV ({exc})"
-                                      ) from None
+            runs = (f"; the record starting here runs to line {reader.line_num}: a quote "
+                    "opened and never closed?" if reader.line_num > start else "")
+            raise WorkloadFormatError(f"{path}:{start}: malformed CSV ({exc}){runs}") from None
         except TEXT_ERRORS as exc:
             raise read_error(path, exc) from None
 

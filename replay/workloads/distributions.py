@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from engine.errors import InvalidRequestError
+from replay.workloads.text_input import numbers
 
 KINDS = ("fixed", "uniform", "normal", "lognormal", "zipf", "exponential", "empirical")
 ZIPF_MAX_SUPPORT = 1 << 22
@@ -118,18 +118,10 @@ def parse(spec: str, what: str = "distribution") -> Distribution:
 
 
 def _empirical(path: str, what: str, spec: str) -> Distribution:
-    try:
-        lines = Path(path).read_text(encoding="utf-8").split()
-    except OSError as exc:
-        raise SpecError(f"{what}: cannot read {path}: {exc.strerror}") from None
     values = []
-    for number, word in enumerate(lines, 1):
-        try:
-            value = float(word)
-        except ValueError:
-            raise SpecError(f"{path}:{number}: not a number: {word!r}") from None
+    for where, value in numbers(path, what):
         if not math.isfinite(value) or value < 0:
-            raise SpecError(f"{path}:{number}: must be finite and >= 0, got {word}")
+            raise SpecError(f"{where}: must be finite and >= 0, got {value:g}")
         values.append(value)
     if not values:
         raise SpecError(f"{what}: {path} holds no values")

@@ -124,6 +124,16 @@ class _Record:
         return value
 
 
+def is_unicode(text: str) -> bool:
+    """Whether ``text`` is Unicode text: JSON may hold a lone surrogate (``"\\ud83d"`` without
+    its pair, an emoji cut in a scraped dump), which no tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _prompt(record: _Record) -> list[int] | str | PromptRecipe:
     given = [f for f in ("prompt_token_ids", "prompt", "prompt_len") if record.has(f)]
     if len(given) != 1:
@@ -142,6 +152,9 @@ def _prompt(record: _Record) -> list[int] | str | PromptRecipe:
         text = record.item["prompt"]
         if not isinstance(text, str) or not text:
             raise record.fail("prompt", f"must be a non-empty string, got {text!r}")
+        if not is_unicode(text):  # no tokenizer takes it: refused here, by file and line
+            raise record.fail("prompt", "holds a lone surrogate (JSON's \\ud83d without its "
+                              "pair): not Unicode text")
         return text
     length = record.int_("prompt_len", 1, MAX_TOKENS_LIMIT)
     hash_ids = record.int_list("hash_ids", 0, INT64_MAX) if record.has("hash_ids") else []

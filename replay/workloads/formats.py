@@ -18,8 +18,10 @@ NEEDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mooncake": ("JSONL", ("timestamp", "input_length", "output_length")),
     "sharegpt": ("JSON", ("conversations",)),
 }
-# format: other sets of names a file of it may hold instead (OpenAI-style chat files)
-OR_NEEDS: dict[str, tuple[tuple[str, ...], ...]] = {"sharegpt": (("messages",),)}
+# format: other sets of names a file of it may hold instead (OpenAI-style chat files,
+# LMSYS-Chat-1M and WildChat)
+OR_NEEDS: dict[str, tuple[tuple[str, ...], ...]] = {"sharegpt": (("messages",),
+                                                                ("conversation",))}
 SHOWN, SHOWN_CHARS = 12, 40  # names shown of what a file holds, characters of each
 
 
@@ -63,9 +65,14 @@ def not_format(problem: str, fmt: str, found: tuple[str, list[str]]) -> Workload
     listed = ", ".join(shown) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
     message = (f"{problem} ({noun} found: {listed or 'none'}); workload import reads "
                f"{supported()}")
-    keys = {key(n) for n in names}
-    matches = [f for f in NEEDS if f != fmt
-               and any(all(key(n) in keys for n in need) for need in name_sets(f))]
-    if matches:
-        message += f"; this file looks like --format {matches[0]}"
+    match = looks_like(names, fmt)
+    if match:
+        message += f"; this file looks like --format {match}"
     return WorkloadFormatError(message)
+
+
+def looks_like(names: list[str], other_than: str | None = None) -> str | None:
+    """The trace format (not ``other_than``) whose needed names ``names`` all hold, if one."""
+    keys = {key(n) for n in names}
+    return next((f for f in NEEDS if f != other_than
+                 and any(all(key(n) in keys for n in need) for need in name_sets(f))), None)

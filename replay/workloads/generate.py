@@ -70,8 +70,8 @@ class GenerateSpec:
                                       f"got {self.system_prompts:,}")
         check_temperature(self.temperature)
         if not 1 <= self.hash_block_size <= MAX_TOKENS_LIMIT:
-            raise InvalidRequestError(f"--hash-block-size must be >= 1, got "
-                                      f"{self.hash_block_size}")
+            raise InvalidRequestError(f"--hash-block-size must be in [1, {MAX_TOKENS_LIMIT}], "
+                                      f"got {self.hash_block_size}")
         if not 0 <= self.seed < 1 << 20:
             raise InvalidRequestError(f"--seed must be in [0, {1 << 20}), got {self.seed}")
 

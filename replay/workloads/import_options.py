@@ -59,7 +59,8 @@ class ImportOptions:
             raise InvalidRequestError(f"--over-length must be drop or clip, got "
                                       f"{self.over_length!r}")
         if self.block_size is not None and not 1 <= self.block_size <= MAX_TOKENS_LIMIT:
-            raise InvalidRequestError(f"--block-size must be >= 1, got {self.block_size}")
+            raise InvalidRequestError(f"--block-size must be in [1, {MAX_TOKENS_LIMIT}], got "
+                                      f"{self.block_size}")
         if not 0 <= self.seed < 1 << 20:
             raise InvalidRequestError(f"--seed must be in [0, {1 << 20})")
         check_temperature(self.temperature)

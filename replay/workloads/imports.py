@@ -163,9 +163,11 @@ def _fit_length(request: Request, options: ImportOptions, counts: ImportCounts) 
 
 
 def _replace(request: Request, **changes: object) -> Request:
-    from dataclasses import replace
-
-    return replace(request, **changes)  # type: ignore[arg-type]
+    """``dataclasses.replace`` without its generic machinery (Request has no ``__post_init__``
+    to run): it was a third of the import's time per row (a 27-million-row Azure trace)."""
+    copy = object.__new__(Request)
+    copy.__dict__.update(request.__dict__, **changes)
+    return copy
 
 
 def select(pairs: Iterator[tuple[float | None, Request | Dropped]], options: ImportOptions,

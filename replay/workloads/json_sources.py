@@ -6,9 +6,10 @@ line, ``timestamp`` (ms from the start), ``input_length``, ``output_length`` and
 recipe (``replay.workloads.recipe``) whose tokens are equal exactly where the ids are, at any
 engine block size. ShareGPT: a JSON array (or JSONL) of ``{"id", "conversations": [{"from",
 "value"}, ...]}``, messages as ``{"role", "content"}`` too, or under ``messages`` (OpenAI chat,
-as many Hugging Face datasets); each question (with the system messages before it) and the
-answer after it is a turn, the text tokenized with the Qwen vocabulary and the answer's length
-its ``max_tokens`` (conversation ids are ``ID#INDEX``: ShareGPT files repeat ids).
+as many Hugging Face datasets) or ``conversation`` (LMSYS-Chat-1M, WildChat); each question
+(with the system messages before it) and the answer after it is a turn, the text tokenized
+with the Qwen vocabulary and the answer's length its ``max_tokens`` (conversation ids are
+``ID#INDEX``: ShareGPT files repeat ids).
 """
 
 from __future__ import annotations
@@ -19,7 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from replay.workloads.fields import INT64_MAX, WorkloadFormatError
+from replay.workloads.fields import (
+    INT64_MAX,
+    MAX_CONVERSATION_ID_LEN,
+    WorkloadFormatError,
+    is_unicode,
+)
 from replay.workloads.formats import NEEDS, not_format
 from replay.workloads.import_options import (
     COUNT_LIMIT,
@@ -41,6 +47,19 @@ HUMAN = ("human", "user", "tool", "function", "observation", "ipython")
 ASSISTANT = ("gpt", "assistant", "chatgpt", "model", "bing", "bard", "function_call")
 SYSTEM = ("system", "developer")
 MESSAGE_FORMS = (("from", "value"), ("role", "content"))
+# Content parts of text: OpenAI chat's and Anthropic's "text", the Responses API's
+# "input_text" (a question's) and "output_text" (an answer's).
+TEXT_PARTS = ("text", "input_text", "output_text")
+# Why a conversation whose text is no Unicode string is dropped whole (counted, not sent).
+NOT_UNICODE = "text with a lone surrogate, not Unicode"
+# A message's fields besides its role and text that say nothing of its text (OpenAI's tool
+# calls and names, ShareGPT's rendered copy, axolotl's training weight): a message of its role
+# and these only, its text absent, has no text (as ``content: null``); another field beside
+# an absent text may be the text under another name, and is an error.
+MESSAGE_METADATA = frozenset(("name", "tool_calls", "function_call", "tool_call_id", "refusal",
+                              "weight", "markdown"))
+# An entry's conversation: ShareGPT's, OpenAI chat's, LMSYS-Chat-1M's and WildChat's field.
+CONVERSATION_FIELDS = ("conversations", "messages", "conversation")
 
 
 def _int(item: dict[str, Any], key: str, where: str, low: int, high: int) -> int:
@@ -99,16 +118,16 @@ def mooncake_requests(path: str | Path, options: ImportOptions) -> Iterator[tupl
 
 
 def _text(content: object, where: str) -> str | None:
-    """A message's text: a string, null (a tool call's answer: no text) or OpenAI's list of
-    ``{"type": "text", "text": str}`` parts, joined by newlines; None if it is none of them."""
-    if content is None or isinstance(content, str):
-        return content or ""
+    """A message's text: a string or a list of ``{"type": "text", "text": str}`` parts (or
+    ``input_text``/``output_text``: TEXT_PARTS), joined by newlines; None if it is neither."""
+    if isinstance(content, str):
+        return content
     if not isinstance(content, list):
         return None
     texts = []
     for position, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind != "text" or not isinstance(part.get("text"), str):
+        if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
             raise WorkloadFormatError(f"{where}: content part {position} is {kind!r}: only "
                                       "text parts are read")
         texts.append(part["text"])
@@ -129,8 +148,10 @@ def _messages(entry: dict[str, Any], field: str, where: str) -> Iterator[tuple[s
             role_key, text_key = next((f for f in MESSAGE_FORMS if f[0] in message),
                                       MESSAGE_FORMS[0])
             role = message.get(role_key)
-            value = message.get(text_key)
-            text = _text(value, at) if text_key == "content" and text_key in message else value
+            if text_key in message or set(message) <= {role_key} | MESSAGE_METADATA:
+                value = message.get(text_key)  # absent or null: no text
+                text = "" if value is None else _text(value, at) if text_key == "content" \
+                    else value
         if not isinstance(role, str) or not isinstance(text, str):
             got = (f"an object with fields {', '.join(map(str, message))}"
                    if isinstance(message, dict) else type(message).__name__)
@@ -141,6 +162,46 @@ def _messages(entry: dict[str, Any], field: str, where: str) -> Iterator[tuple[s
                 f"{at}: unknown role {role!r} (the prompt side: {', '.join(HUMAN)}; the answer "
                 f"side: {', '.join(ASSISTANT)}; a system message: {', '.join(SYSTEM)})")
         yield role.lower(), text
+
+
+def _conversation(entry: dict[str, Any], where: str) -> list[tuple[str, str]]:
+    """The (role, text) messages of an entry's conversation field (``CONVERSATION_FIELDS``).
+    An entry holding two of them (a dataset converted from one form, the other kept) is read
+    where they hold the same messages (roles by side: ``human`` is ``user``) and is an error
+    where they differ: which one to send is the user's choice, never a silent one."""
+    fields = [f for f in CONVERSATION_FIELDS if f in entry]
+    if not fields:
+        raise not_format(f"{where}: not a ShareGPT conversation: no field 'conversations', "
+                         "'messages' or 'conversation'", "sharegpt",
+                         ("fields", [str(k) for k in entry]))
+    messages = list(_messages(entry, fields[0], where))
+    for other in fields[1:]:
+        others = list(_messages(entry, other, where))
+        differ = [i for i, (a, b) in enumerate(zip(messages, others))
+                  if (_side(a[0]), a[1]) != (_side(b[0]), b[1])]
+        if differ or len(others) != len(messages):
+            at = (f"message {differ[0]} differs" if differ else
+                  f"{len(messages)} and {len(others)} messages")
+            raise WorkloadFormatError(
+                f"{where}: fields {fields[0]!r} and {other!r} hold different conversations "
+                f"({at}): keep one of them in each entry")
+    return messages
+
+
+def _conversation_id(entry: dict[str, Any], index: int) -> str:
+    """``ID#INDEX`` (ShareGPT files repeat some ids; LMSYS-Chat-1M's is ``conversation_id``),
+    within the workload format's MAX_CONVERSATION_ID_LEN characters (a longer id was written,
+    and the file then refused by every reader): the id is cut, ``#INDEX`` keeps it unique. An
+    id that is neither a string nor an integer (null, an object) is left out."""
+    name = entry.get("id", entry.get("conversation_id"))
+    if isinstance(name, bool) or not isinstance(name, (str, int)):
+        name = ""
+    suffix = f"#{index}"
+    return f"{str(name)[:MAX_CONVERSATION_ID_LEN - len(suffix)]}{suffix}"
+
+
+def _side(role: str) -> str:
+    return "question" if role in HUMAN else "answer" if role in ASSISTANT else "system"
 
 
 def _dropped_whole(messages: list[tuple[str, str]], start: float, reason: str
@@ -168,9 +229,9 @@ def sharegpt_requests(path: str | Path, options: ImportOptions, gate: Gate | Non
     but sent as no turn (a conversation without messages, an answer with no question text
     before it) is the reason instead, counted as dropped by ``replay.workloads.imports``.
 
-    A conversation is ``conversations`` (or, absent, ``messages``): messages in ShareGPT's
-    ``from``/``value`` form or the chat form's ``role``/``content``. Questions, and system
-    messages, before an answer are its turn's prompt."""
+    A conversation is ``conversations``, ``messages`` or ``conversation`` (``_conversation``):
+    messages in ShareGPT's ``from``/``value`` form or the chat form's ``role``/``content``.
+    Questions, and system messages, before an answer are its turn's prompt."""
     from engine.model.checkpoint import default_model_dir
     from engine.model.tokenizer import load_tokenizer
 
@@ -180,19 +241,17 @@ def sharegpt_requests(path: str | Path, options: ImportOptions, gate: Gate | Non
     for index, (where, entry) in enumerate(json_records(path, "sharegpt")):
         if not isinstance(entry, dict):
             raise WorkloadFormatError(f"{where}: expected a JSON object with field "
-                                      f"'conversations' or 'messages', got "
+                                      f"'conversations', 'messages' or 'conversation', got "
                                       f"{type(entry).__name__}")
-        field = next((f for f in ("conversations", "messages") if f in entry), None)
-        if field is None:
-            raise not_format(f"{where}: not a ShareGPT conversation: no field 'conversations' "
-                             "or 'messages'", "sharegpt", ("fields", [str(k) for k in entry]))
-        messages = list(_messages(entry, field, where))
-        conversation = f"{entry.get('id', '')}#{index}"  # ShareGPT files repeat some ids
+        messages = _conversation(entry, where)
+        conversation = _conversation_id(entry, index)
         if options.rate is not None and index:
             start += float(rng.exponential(1.0 / options.rate))
         if not messages:
             yield start, "empty conversation"
         dropped = gate.drops(start) if gate is not None else None
+        if dropped is None and not all(is_unicode(text) for _, text in messages):
+            dropped = NOT_UNICODE
         if dropped is not None:  # the whole conversation: nothing to tokenize
             yield from _dropped_whole(messages, start, dropped)
             continue

@@ -8,11 +8,12 @@ key-value metadata under ``replayllm_workload``.
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from replay.workloads.fields import (
     FORMAT_NAME,
@@ -23,6 +24,7 @@ from replay.workloads.fields import (
     record_from_request,
     request_from_record,
 )
+from replay.workloads.formats import looks_like, names_in
 from replay.workloads.request import Request
 from replay.workloads.text_input import TEXT_ERRORS, loads, open_text, read_error
 
@@ -45,22 +47,40 @@ def _open_error(path: str | Path, exc: OSError) -> WorkloadFormatError:
     return WorkloadFormatError(f"cannot read workload {path}: {exc.strerror or exc}")
 
 
+def _trace_hint(path: str | Path, line: str, exc: WorkloadFormatError) -> WorkloadFormatError:
+    """The error of a workload file's first record, saying so where the file is a public
+    trace (a Mooncake or ShareGPT file, a CSV given to ``run --workload`` or ``describe``):
+    such a file is imported first, not read past with --ignore-unknown-fields."""
+    fmt = looks_like(names_in(line)[1])
+    if fmt is None:
+        return exc
+    return WorkloadFormatError(f"{exc}; {path} looks like a trace of --format {fmt}, not a "
+                               f"workload file: make one with `replayllm workload import {path} "
+                               f"--format {fmt} --out FILE`")
+
+
 def _read_jsonl(path: str | Path, ignore_unknown: bool) -> Iterator[Request]:
     order = ConversationOrder()
     handle = open_text(path)  # gzip-compressed too, and a byte-order mark skipped
     with handle:
         try:
+            first = True
             for number, line in enumerate(handle, 1):
                 if not line.strip():
                     continue
                 where = f"{path}:{number}"
-                item = loads(line, where)
-                if isinstance(item, dict) and FORMAT_NAME in item:
-                    if number != 1:
-                        raise WorkloadFormatError(f"{where}: a header line may only be line 1")
-                    _check_version(item, where)
-                    continue
-                request = request_from_record(item, where, ignore_unknown)
+                try:
+                    item = loads(line, where)
+                    if isinstance(item, dict) and FORMAT_NAME in item:
+                        if number != 1:
+                            raise WorkloadFormatError(f"{where}: a header line may only be "
+                                                      "line 1")
+                        _check_version(item, where)
+                        continue
+                    request = request_from_record(item, where, ignore_unknown)
+                except WorkloadFormatError as exc:
+                    raise _trace_hint(path, line, exc) if first else exc from None
+                first = False
                 order.check(request, where)
                 yield request
         except TEXT_ERRORS as exc:
@@ -163,6 +183,9 @@ class WorkloadWriter:
         self.count = 0
         self._rows: list[dict[str, Any]] = []
         self._parquet = is_parquet(path)
+        if str(path).lower().endswith(tuple(s + ".gz" for s in PARQUET_SUFFIXES)):
+            raise WorkloadFormatError(f"cannot write {path}: Parquet compresses its own columns "
+                                      f"(zstd); name it {Path(path).stem}")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._handle = (None if self._parquet
@@ -210,6 +233,15 @@ class WorkloadWriter:
         self._writer.write_table(pa.Table.from_pylist(self._rows, schema=schema))
         self._rows = []
 
+    def _open_out(self) -> BinaryIO:
+        """The final JSONL file: gzip-compressed where its name ends in ``.gz`` (as every
+        reader here, ``zcat`` and pandas expect; it was plain text under that name), with no
+        time stamp in the gzip header, so the same command writes the same bytes."""
+        if self.path.name.lower().endswith(".gz"):
+            compressed = gzip.GzipFile(self.path, "wb", compresslevel=6, mtime=0)
+            return compressed  # type: ignore[return-value]
+        return open(self.path, "wb")
+
     def _tmp_path(self) -> Path:
         return self.path.with_name(self.path.name + ".partial")
 
@@ -218,9 +250,8 @@ class WorkloadWriter:
         self.meta.update(meta or {})
         if self._handle is not None:
             self._handle.close()
-            with open(self.path, "w", encoding="utf-8") as out, \
-                    open(self._tmp_path(), encoding="utf-8") as rows:
-                out.write(json.dumps(self.meta) + "\n")
+            with self._open_out() as out, open(self._tmp_path(), "rb") as rows:
+                out.write((json.dumps(self.meta) + "\n").encode())
                 shutil.copyfileobj(rows, out, 1 << 20)
             self._tmp_path().unlink()
             return

@@ -11,8 +11,10 @@ Every failure raises ``WorkloadFormatError`` in one line naming the file.
 from __future__ import annotations
 
 import gzip
+import io
 import itertools
 import json
+import os
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,37 +28,162 @@ OTHER_COMPRESSIONS = {b"PK\x03\x04": "zip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh":
                       b"\xfd7zXZ\x00": "xz"}
 ARRAY_CHUNK = 1 << 20  # characters of a JSON array read at a time (more for a longer element)
 TEXT_ERRORS = (UnicodeDecodeError, EOFError, gzip.BadGzipFile, zlib.error)
+PARQUET_MAGIC, PARQUET_BATCH = b"PAR1", 1024  # rows a batch (a chat row may be 100 KB)
 
 
 def read_error(path: str | Path, exc: BaseException) -> WorkloadFormatError:
     """The one-line error of a failure while reading ``path``'s text."""
     if isinstance(exc, UnicodeDecodeError):
-        return WorkloadFormatError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})")
+        found = _undecodable(path)
+        if found is None:  # a pipe, read once: where its bytes were is not known
+            return WorkloadFormatError(f"{path}: not UTF-8 text ({exc.reason})")
+        line, column, reason = found
+        return WorkloadFormatError(f"{path}:{line}: not UTF-8 text ({reason} at byte {column} "
+                                   "of the line)")
     if isinstance(exc, OSError) and not isinstance(exc, gzip.BadGzipFile):
         return WorkloadFormatError(f"cannot read {path}: {exc.strerror or exc}")
     return WorkloadFormatError(f"{path}: corrupt or truncated gzip data ({exc or 'end of file'})")
 
 
-def open_text(path: str | Path, newline: str | None = None) -> IO[str]:
-    """``path`` as UTF-8 text (gzip decompressed, a byte-order mark skipped)."""
+def _undecodable(path: str | Path) -> tuple[int, int, str] | None:
+    """(line, byte of the line from 1, reason) of the first bytes of ``path`` (decompressed)
+    that are not UTF-8, found by reading the file again: a decoder's error knows only its
+    offset in the chunk it was given (``at byte 4016`` for a byte 90 KB in). None for a pipe,
+    which cannot be read again. A line end never lies inside a UTF-8 character, so each line
+    decodes alone."""
+    if not os.path.isfile(path):
+        return None
     try:
         with open(path, "rb") as raw:
-            magic = raw.read(6)
+            packed = raw.read(len(GZIP_MAGIC)) == GZIP_MAGIC
+            raw.seek(0)
+            stream = gzip.GzipFile(fileobj=raw, mode="rb") if packed else raw
+            for number, line in enumerate(stream, 1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    return number, exc.start + 1, exc.reason
+    except (OSError, EOFError, zlib.error):
+        return None
+    return None
+
+
+class _Prefixed(io.RawIOBase):
+    """A stream that cannot seek back (a pipe, ``/dev/stdin``, ``<(zcat f)``), its first bytes,
+    read to tell its compression, put back in front: such a file can be opened only once."""
+
+    def __init__(self, head: bytes, rest: IO[bytes]) -> None:
+        self.head, self.rest = head, rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.head:
+            n = min(len(buffer), len(self.head))
+            buffer[:n], self.head = self.head[:n], self.head[n:]
+            return n
+        return self.rest.readinto(buffer)  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self.rest.close()
+        super().close()
+
+
+class _Text(io.TextIOWrapper):
+    """Text over a gzip stream that also closes the file under it (a ``GzipFile`` given a
+    file object leaves it open)."""
+
+    def __init__(self, binary: IO[bytes], under: IO[bytes], newline: str | None) -> None:
+        super().__init__(binary, encoding="utf-8-sig", newline=newline)
+        self.under = under
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self.under.close()
+
+
+def open_text(path: str | Path, newline: str | None = None) -> IO[str]:
+    """``path`` as UTF-8 text (gzip decompressed, a byte-order mark skipped). The file is
+    opened once, so a pipe (``/dev/stdin``, ``<(zcat trace.csv.gz)``) reads whole: opening it
+    a second time found its first bytes gone (an "empty file")."""
+    try:
+        raw: IO[bytes] = open(path, "rb")
+    except OSError as exc:
+        raise read_error(path, exc) from None
+    try:
+        magic = raw.read(6)
+        if raw.seekable():
+            raw.seek(0)
+        else:
+            raw = io.BufferedReader(_Prefixed(magic, raw))
+        if magic.startswith(PARQUET_MAGIC):
+            raise WorkloadFormatError(f"{path}: a Parquet file, not text: azure and burstgpt "
+                                      "read CSV (a workload file in Parquet is named .parquet)")
         for prefix, name in OTHER_COMPRESSIONS.items():
             if magic.startswith(prefix):
                 raise WorkloadFormatError(f"{path}: {name}-compressed; decompress it first "
                                           "(gzip is read directly)")
         if magic.startswith(GZIP_MAGIC):
-            return gzip.open(path, "rt", encoding="utf-8-sig", newline=newline)
-        return open(path, encoding="utf-8-sig", newline=newline)
+            return _Text(gzip.GzipFile(fileobj=raw, mode="rb"), raw, newline)
+        return io.TextIOWrapper(raw, encoding="utf-8-sig", newline=newline)
     except OSError as exc:
+        raw.close()
         raise read_error(path, exc) from None
+    except BaseException:
+        raw.close()
+        raise
+
+
+def _is_parquet(path: str | Path) -> bool:
+    """Whether ``path`` is a Parquet file, told by its first bytes (a pipe never is: Parquet is
+    read from its end, and a pipe must not be opened twice)."""
+    try:
+        if not os.path.isfile(path):
+            return False
+        with open(path, "rb") as raw:
+            return raw.read(len(PARQUET_MAGIC)) == PARQUET_MAGIC
+    except OSError:
+        return False
+
+
+def _parquet_records(path: str | Path) -> Iterator[tuple[str, Any]]:
+    """(``path:row N``, record) of each row of a Parquet file (Hugging Face publishes
+    LMSYS-Chat-1M, WildChat and many chat sets so), a null being an absent field, as in a
+    workload file; read in batches, never whole."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise WorkloadFormatError(f"{path}: not a readable Parquet file ({_first_line(exc)})"
+                                  ) from None
+    row = 0
+    try:
+        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH):
+            for record in batch.to_pylist():
+                row += 1
+                yield f"{path}:row {row}", {k: v for k, v in record.items() if v is not None}
+    except (OSError, pa.ArrowException) as exc:
+        raise WorkloadFormatError(f"{path}:row {row + 1}: cannot read the Parquet file "
+                                  f"({_first_line(exc)})") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def json_records(path: str | Path, fmt: str | None = None) -> Iterator[tuple[str, Any]]:
-    """(where, value) of each record of a JSON Lines file (``path:LINE``; blank lines skipped)
-    or of a JSON array (``path: element N``, from 0). A first line that is not JSON is, for an
-    importer's ``fmt``, the error naming what it holds (a CSV's columns) and the formats read."""
+    """(where, value) of each record of a JSON Lines file (``path:LINE``; blank lines skipped),
+    of a JSON array (``path:LINE: element N``, N from 0) or of a Parquet file (``path:row N``).
+    A first line that is not JSON is, for an importer's ``fmt``, the error naming what it holds
+    (a CSV's columns) and the formats read."""
+    if _is_parquet(path):
+        yield from _parquet_records(path)
+        return
     handle = open_text(path)
     with handle:
         try:
@@ -107,6 +234,14 @@ class _ArrayText:
     def __init__(self, path: str | Path, handle: IO[str], start: str) -> None:
         self.path, self.handle, self.text = path, handle, start
         self.pos, self.line, self.eof, self.chunk = start.index("[") + 1, 0, False, ARRAY_CHUNK
+        self.mark = self.mark_lines = 0  # line ends counted in ``text[:mark]``
+
+    def line_at(self, at: int) -> int:
+        """The line of ``text[at]`` (``at`` not before the last one asked), counting only the
+        text since then: every element's line costs one pass over the file in all."""
+        self.mark_lines += self.text.count("\n", self.mark, at)
+        self.mark = at
+        return self.line + self.mark_lines + 1
 
     def read_more(self) -> bool:
         """Append a chunk (each larger than the last while one element spans them)."""
@@ -126,8 +261,9 @@ class _ArrayText:
     def consumed(self) -> None:
         cut = self.text.rfind("\n", 0, self.pos) + 1
         if cut > ARRAY_CHUNK:
-            self.line += self.text.count("\n", 0, cut)
+            self.line = self.line_at(cut) - 1
             self.text, self.pos, self.chunk = self.text[cut:], self.pos - cut, ARRAY_CHUNK
+            self.mark = self.mark_lines = 0
 
     def error(self, message: str, at: int | None = None) -> WorkloadFormatError:
         at = self.pos if at is None else at
@@ -148,7 +284,8 @@ def _cut(value: Any, text: str, end: int) -> bool:
 
 
 def _array(path: str | Path, handle: IO[str], start: str) -> Iterator[tuple[str, Any]]:
-    """(``path: element N``, value) of each element of a JSON array, decoded one at a time."""
+    """(``path:LINE: element N``, value) of each element of a JSON array, decoded one at a
+    time; LINE is where the element starts (a pretty-printed 600 MB ShareGPT file has ~15 M)."""
     text, decoder = _ArrayText(path, handle, start), json.JSONDecoder()
     for number in itertools.count():
         char = text.next_char()
@@ -157,6 +294,7 @@ def _array(path: str | Path, handle: IO[str], start: str) -> Iterator[tuple[str,
             break
         if not char:
             raise text.error("Expecting value" if number == 0 else "Expecting ',' delimiter")
+        where = f"{path}:{text.line_at(text.pos)}: element {number}"
         while True:
             try:
                 value, end = decoder.raw_decode(text.text, text.pos)
@@ -165,12 +303,11 @@ def _array(path: str | Path, handle: IO[str], start: str) -> Iterator[tuple[str,
                     continue  # the element goes on in the next chunk
                 raise text.error(exc.msg, exc.pos) from None
             except (RecursionError, ValueError) as exc:
-                raise WorkloadFormatError(f"{path}: element {number}: not JSON "
-                                          f"({_unreadable(exc)})") from None
+                raise WorkloadFormatError(f"{where}: not JSON ({_unreadable(exc)})") from None
             if not _cut(value, text.text, end) or not text.read_more():
                 break  # else a number at the chunk's end may go on: decode it again
         text.pos = end
-        yield f"{path}: element {number}", value
+        yield where, value
         separator = text.next_char()
         text.pos += 1
         if separator == "]":
@@ -180,3 +317,26 @@ def _array(path: str | Path, handle: IO[str], start: str) -> Iterator[tuple[str,
         text.consumed()
     if text.next_char():
         raise text.error("Extra data")
+
+
+def numbers(path: str | Path, what: str) -> Iterator[tuple[str, float]]:
+    """(``path:LINE``, value) of each number of a file of numbers, one a line (or several,
+    whitespace between): ``--schedule`` and ``empirical:FILE``. Read as every trace is
+    (gzip, a byte-order mark, CRLF); a word that is not a number, bytes that are not UTF-8 or a
+    file that cannot be opened (``what``, the option, named) are one line."""
+    try:
+        handle = open_text(path)
+    except WorkloadFormatError as exc:
+        raise WorkloadFormatError(f"{what}: {exc}") from None
+    with handle:
+        try:
+            for number, line in enumerate(handle, 1):
+                for word in line.split():
+                    try:
+                        value = float(word)
+                    except ValueError:
+                        raise WorkloadFormatError(f"{path}:{number}: not a number: {word!r}"
+                                                  ) from None
+                    yield f"{path}:{number}", value
+        except TEXT_ERRORS as exc:
+            raise read_error(path, exc) from None

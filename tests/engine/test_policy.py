@@ -42,7 +42,7 @@ def test_an_import_path_is_validated_by_importing_it(policy_module) -> None:
     assert Config(policy="good:Mine").policy == "good:Mine"
     with pytest.raises(ConfigError, match="cannot import nowhere"):
         Config(policy="nowhere:Mine")
-    with pytest.raises(ConfigError, match="Missing is not a subclass of engine.policy.Policy"):
+    with pytest.raises(ConfigError, match="defines no Missing; its Policy subclasses: Mine"):
         Config(policy="good:Missing")
     with pytest.raises(ConfigError, match="NotAPolicy is not a subclass"):
         Config(policy="good:NotAPolicy")
@@ -81,7 +81,7 @@ def test_a_policy_module_in_the_working_directory_is_found(
     ("def chunk(self, seq, remaining, step):\n        return remaining + 1",
      "chose 4 tokens for seq 0", 16, 3),
     ("def admit(self, waiting, step):\n        yield from waiting\n        yield from waiting",
-     "admitted seq 0, which is not waiting", 16, 3),
+     "admitted seq 0 twice in one admit call", 16, 3),
     ("def admit(self, waiting, step):\n        yield from waiting\n"
      "    def chunk(self, seq, remaining, step):\n"
      "        return min(remaining, step.tokens_left + 1)",
@@ -234,7 +234,7 @@ def test_a_module_that_exits_on_import_is_a_config_error(policy_module) -> None:
      r"policy 'bad:Bad' admitted 0 \(int\), which is not one of the waiting sequences offered"),
     ("Policy", "def admit(self, waiting, step):\n        yield from waiting\n"
      "        yield from waiting",
-     "policy 'bad:Bad' admitted seq 0, which is not waiting"),
+     "policy 'bad:Bad' admitted seq 0 twice in one admit call"),
     ("Policy", "def admit(self, waiting, step):\n        step._charge(-100, -100)\n"
      "        yield from waiting", "policy 'bad:Bad' charged the step's budget"),
     ("Policy", "def admit(self, waiting, step):\n        return ()",

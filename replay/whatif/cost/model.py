@@ -138,7 +138,8 @@ class CostModel:
         options = options or CostOptions()
         name = source or "the trace"
         if not has_timings(events):
-            raise CostModelError(f"{name} has no measured step times (recorded without a model)")
+            why = "recorded without a model" if events.num_steps else "it ran no step"
+            raise CostModelError(f"{name} has no measured step times ({why})")
         host_times = options.overlap and features.has_host_times(events)
         add = fit_add_cost(events) if options.request_add else AddCost()
         steps = features.steps_of(events, host_times, add=add, causal=options.causal_work)
@@ -177,7 +178,8 @@ class CostModel:
         fits, reports = fitting.fit_all(weighed, options.prefill_roofline, fraction,
                                         options.relative_roofline, routes)
         if not fits:
-            raise CostModelError(f"{name} has too few steps to fit a model")
+            raise CostModelError(f"{name} has too few steps to fit a model ({len(own)} "
+                                 "timed); give --timing-from a trace (or MODEL.json) of more")
         prefill_sizes, prefill_max_seqs = graphs.source_prefill_graphs(events)
         model = cls(fits, source=source, graph_sizes=graphs.observed_graph_sizes(events),
                     warmup_s=warmup_s, selection=reports, window_steps=leading,

@@ -107,9 +107,10 @@ def test_tool_roles_and_null_content(tmp_path: Path) -> None:
      r"t.jsonl:1: field 'messages': message 0: content part 0 is 'image_url': only text "
      r"parts are read$"),
     ({"id": "a", "instruction": "hi", "output": "hello"},
-     r"t.jsonl:1: not a ShareGPT conversation: no field 'conversations' or 'messages' \(fields "
+     r"t.jsonl:1: not a ShareGPT conversation: no field 'conversations', 'messages' or "
+     r"'conversation' \(fields "
      r"found: id, instruction, output\); workload import reads .*sharegpt \(JSON: "
-     r"conversations or messages\).*$"),
+     r"conversations or messages or conversation\).*$"),
 ])
 def test_malformed_chat_entries_are_one_line(tmp_path: Path, entry: dict, message: str) -> None:
     path = write(tmp_path, "t.jsonl", [entry], lines=True)

@@ -81,10 +81,11 @@ SHAREGPT = json.dumps([{"id": "a", "conversations": [{"from": "human", "value": 
     (MOONCAKE_LINE, "burstgpt", r"t:1: not a BurstGPT CSV: a JSON line, not a CSV header "
      r"\(fields found: timestamp, input_length, output_length, hash_ids\)" + SUPPORTED
      + "; this file looks like --format mooncake$"),
-    (SHAREGPT, "mooncake", r"t: element 0: not a Mooncake record: no field 'timestamp' \(fields "
+    (SHAREGPT, "mooncake", r"t:1: element 0: not a Mooncake record: no field 'timestamp' \(fields "
      r"found: id, conversations\)" + SUPPORTED + "; this file looks like --format sharegpt$"),
     ('[{"id": "a", "instruction": "hi", "output": "hello"}]', "sharegpt",
-     r"t: element 0: not a ShareGPT conversation: no field 'conversations' or 'messages' "
+     r"t:1: element 0: not a ShareGPT conversation: no field 'conversations', 'messages' or "
+     r"'conversation' "
      r"\(fields found: id, instruction, output\)" + SUPPORTED + "$"),
     ("request_id,arrival,prompt_tokens\n1,0.5,10\n", "azure", r"t:1: not an Azure LLM inference "
      r"CSV: no column 'TIMESTAMP' \(columns found: request_id, arrival, prompt_tokens\)"

@@ -180,10 +180,7 @@ class EngineCore:
             cut.refuse()
         self.outside.entered()
         cut.step = self._in_flight.step if self._in_flight is not None else self.step_index
-        if decide:
-            self._advance_loop()
-        else:
-            self.drain()
+        (self._advance_loop if decide else self.drain)()
         cut.step = None
         self.outside.left()
         return self._ready.popleft() if self._ready else None

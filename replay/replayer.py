@@ -15,7 +15,8 @@ from engine.batch import ScheduledBatch, StepOutput
 from engine.config import Config
 from engine.drive import drive
 from engine.engine_core import EngineCore, StepResult
-from engine.errors import ReplayLLMError
+from engine.errors import ConfigError, ReplayLLMError
+from engine.policy import is_import_path
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from replay.recorded import RecordedEvents, from_columns
@@ -142,6 +143,12 @@ def config_from_header(header: dict[str, Any], **overrides: Any) -> Config:
         config = Config(**recorded)
         return config.replace(**overrides) if overrides else config
     except (TypeError, ValueError) as exc:
+        policy = overrides.get("policy", recorded.get("policy"))
+        if isinstance(exc, ConfigError) and is_import_path(str(policy)) and str(policy) in str(exc):
+            # A sound header whose user policy's code is not importable here (another machine,
+            # another directory): say so, not that the config is invalid.
+            raise HeaderError(f"the trace was recorded with the user policy {policy!r}, "
+                              f"which cannot be loaded here: {exc}") from None
         raise HeaderError(f"the trace header's config is invalid: {exc}") from None
 
 

@@ -24,7 +24,9 @@ TRACES = Path(__file__).resolve().parents[2] / "traces"
 # traces/matrix-s23-h100/, and one chat cell three times on a third, traces/matrix-s24-chat/;
 # the engine with the decode prologue on a fourth H100, traces/matrix-s28-h100/, and its chat
 # cell three times on a fifth and a sixth, traces/matrix-s28-chat/ and traces/matrix-s28-chat-b/;
-# the engine with one staging copy a step on a seventh H100, traces/matrix-s30-h100/).
+# the engine with one staging copy a step on a seventh H100, traces/matrix-s30-h100/; and that
+# engine's default cells on an H200, traces/matrix-s33-h200/, with chat three times in one
+# process, traces/matrix-s33-h200-chat/).
 COMMITTED = sorted(p.parent for p in TRACES.glob("*/run.json")) + sorted(
     p.parent for p in TRACES.glob("matrix*/*/run.json"))
 
@@ -56,6 +58,8 @@ def test_the_expected_traces_are_committed() -> None:
     assert sum(p.parent.name == "matrix-s28-chat" for p in COMMITTED) == 3
     assert sum(p.parent.name == "matrix-s28-chat-b" for p in COMMITTED) == 3
     assert sum(p.parent.name == "matrix-s30-h100" for p in COMMITTED) == 16
+    assert sum(p.parent.name == "matrix-s33-h200" for p in COMMITTED) == 8
+    assert sum(p.parent.name == "matrix-s33-h200-chat" for p in COMMITTED) == 3
 
 
 @pytest.mark.parametrize("cell", ["reference-default-3", "azure-code-default"])

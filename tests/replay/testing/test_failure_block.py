@@ -148,6 +148,9 @@ def test_verify_elsewhere_of_a_user_policy_trace_says_why_once(
     text = captured.out + captured.err
     assert text.count(f"cannot import {module}") == 1, text
     assert "PYTHONPATH" in text and "Traceback" not in text
+    # The trace is sound; only its policy's code is absent here: not "the config is invalid".
+    assert "config is invalid" not in text
+    assert "recorded with the user policy" in text
     with pytest.raises(ReplayMismatch) as failure:
         assert_replays(trace)
     assert str(failure.value).count(f"cannot import {module}") == 1

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from replay.recorded import RecordedEvents
+from tracing.inspect import header_block_size, header_num_blocks
 
 if TYPE_CHECKING:  # pandas loads on first use: ``import replay`` stays light
     import pandas as pd
@@ -212,9 +213,10 @@ def compute(events: RecordedEvents, timed: bool | None = None) -> RunMetrics:
 
 
 def pool_of(header: dict) -> tuple[int, int]:
-    """(KV blocks, block size) of a run's header."""
-    num_blocks = int(header.get("num_blocks") or header.get("config", {}).get("num_kvcache_blocks"))
-    block_size = int(header.get("block_size") or header["config"]["kvcache_block_size"])
+    """(KV blocks, block size) of a run's header (``tracing.inspect``'s rule for each)."""
+    num_blocks, block_size = header_num_blocks(header), header_block_size(header)
+    if num_blocks is None or block_size is None:
+        raise ValueError("the header gives no KV pool (num_blocks, block_size)")
     return num_blocks, block_size
 
 

@@ -7,7 +7,8 @@ event carries ``pid`` and ``tid``; the slices of one track never overlap. The fi
 - track "steps": one slice per engine step, from the previous step's end to this one's (the
   scheduler's and the executor's time together). While the engine is idle (no request left,
   waiting for the next arrival) there is no slice: the step after the gap starts when its first
-  request was added;
+  request was added (one rejected or aborted before any step ran it woke none; a request
+  finished between steps, as an abort is, has left the engine by the next step);
 - track "model": one slice per model step, ``[wall_time_s - duration_s, wall_time_s]``, named by
   its kind (prefill / decode / mixed) with the batch features and the measured ``duration_s``
   as args; a step launched before the previous one's tokens were back (overlapped) is drawn from
@@ -37,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from tracing.errors import TraceError
+from tracing.inspect import header_block_size, header_num_blocks
 from tracing.layout import EXPORT_FILE
 from tracing.outdir import describe_os_error, write_file_atomic
 from tracing.outfile import check_output_file, starts_with
@@ -91,6 +93,26 @@ def arrivals_on_the_clock(arrival: Any, added_s: Any, added_step: Any, steps: An
     return times, measured
 
 
+def _departures(added: Any, finished: Any) -> tuple[np.ndarray, set[int]]:
+    """For each finished request, the first step it is no longer in the engine for: the step
+    after the one it finished in, or, for a finish recorded between steps (an abort, a stop
+    string, a rejection: ``_BETWEEN_STEPS``, carrying the next step's number), that step itself;
+    never before the step after its arrival's. And the requests dropped between the steps
+    around their arrival (rejected, or aborted while waiting), which woke no step."""
+    added_step = dict(zip(np.asarray(added.column("seq_id")).tolist(),
+                          np.asarray(added.column("step"), dtype=np.int64).tolist()))
+    gone, dropped = [], set()
+    for seq_id, step, reason in zip(np.asarray(finished.column("seq_id")).tolist(),
+                                    np.asarray(finished.column("step"), np.int64).tolist(),
+                                    finished.column("reason").to_pylist()):
+        between = reason in _BETWEEN_STEPS
+        arrived = added_step.get(seq_id, step)
+        if between and step == arrived:
+            dropped.add(seq_id)
+        gone.append(max(step if between else step + 1, arrived + 1))
+    return np.asarray(gone, dtype=np.int64), dropped
+
+
 def _meta(name: str, tid: int, value: str) -> dict[str, Any]:
     return {"ph": "M", "name": name, "pid": _PID, "tid": tid, "args": {"name": value}}
 
@@ -108,20 +130,22 @@ class _Timeline:
         if "added_s" in added.column_names:  # schema 7: when the engine began adding it
             added_s = np.asarray(added.column("added_s"), dtype=float)
             when = np.where(np.isfinite(added_s), added_s, when)
+        gone, dropped = _departures(added, trace.table("request_finished"))
         woken: dict[int, float] = {}
-        for step, t in zip(add_steps.tolist(), when.tolist()):
-            if np.isfinite(t):
+        for seq_id, step, t in zip(np.asarray(added.column("seq_id")).tolist(),
+                                   add_steps.tolist(), when.tolist()):
+            if np.isfinite(t) and seq_id not in dropped:
                 woken[step] = min(woken.get(step, t), t)
         add_sorted = np.sort(add_steps)
-        fin_sorted = np.sort(np.asarray(trace.table("request_finished").column("step"),
-                                        dtype=np.int64))
+        gone_sorted = np.sort(gone)
         self.start_of: dict[int, float] = {}
         self.end_of: dict[int, float] = {}
         self.emptied: list[float] = []  # when the engine was left with no request
         previous = 0.0
         for step, end in zip(self.steps, ends):
             start = previous
-            left = int(np.searchsorted(add_sorted, step)) - int(np.searchsorted(fin_sorted, step))
+            left = (int(np.searchsorted(add_sorted, step))
+                    - int(np.searchsorted(gone_sorted, step, side="right")))
             if left == 0:  # no request left before this step: it waited for one to arrive
                 start = max(previous, woken.get(step, previous))
                 if start > previous:
@@ -129,7 +153,7 @@ class _Timeline:
             self.start_of[step] = min(start, end)
             self.end_of[step] = end
             previous = max(previous, end)
-        if self.steps and len(add_sorted) == len(fin_sorted):
+        if self.steps and len(add_sorted) == len(gone_sorted):
             self.emptied.append(previous)
         self._sorted = sorted(self.end_of)
 
@@ -188,9 +212,9 @@ def perfetto_events(trace: Trace) -> list[dict[str, Any]]:
         ts = timeline.start_of.get(row["step"])
         if ts is not None:
             events += _counters(ts, row["num_running"], row["num_waiting"], row["free_blocks"])
-    num_blocks = trace.header.get("num_blocks")
+    num_blocks = header_num_blocks(trace.header)
     for ts in timeline.emptied:  # nothing running or waiting: every block is free
-        events += _counters(ts, 0, 0, num_blocks if isinstance(num_blocks, int) else None)
+        events += _counters(ts, 0, 0, num_blocks)
     events += _request_spans(trace, timeline)
     for event in events:  # strict JSON: a non-finite measurement in args becomes null
         args = event.get("args")
@@ -220,7 +244,7 @@ def _request_spans(trace: Trace, timeline: _Timeline) -> list[dict[str, Any]]:
         first_step.setdefault(seq_id, step)
         generated[seq_id] = generated.get(seq_id, 0) + 1
     finished = {row["seq_id"]: row for row in trace.table("request_finished").to_pylist()}
-    block_size = trace.header.get("block_size")
+    block_size = header_block_size(trace.header)
     hit_tokens: dict[int, int] = {}
     for seq_id in np.asarray(trace.table("block_hit").column("seq_id")).tolist():
         hit_tokens[seq_id] = hit_tokens.get(seq_id, 0) + (block_size or 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -10,11 +11,30 @@ from tracing.outdir import lock_holder
 from tracing.reader import Trace
 
 
-def _block_size(header: dict[str, Any]) -> int | None:
-    size = header.get("block_size")
-    if size is None:
-        size = (header.get("config") or {}).get("kvcache_block_size")
-    return int(size) if isinstance(size, (int, float)) else None
+def _header_int(header: dict[str, Any], key: str, config_key: str) -> int | None:
+    value = header.get(key)
+    if value is None:
+        config = header.get("config")
+        value = config.get(config_key) if isinstance(config, dict) else None
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def header_block_size(header: dict[str, Any]) -> int | None:
+    """Tokens per KV block: the header's ``block_size``, else its engine config's
+    ``kvcache_block_size`` (``tracing.validate`` requires neither); None if it holds neither.
+    The one rule ``inspect`` and both exports read the block size by."""
+    return _header_int(header, "block_size", "kvcache_block_size")
+
+
+def header_num_blocks(header: dict[str, Any]) -> int | None:
+    """The KV pool's size: the header's ``num_blocks``, else ``config.num_kvcache_blocks``."""
+    return _header_int(header, "num_blocks", "num_kvcache_blocks")
+
+
+def _finite(value: Any) -> Any:
+    """A float that is not a finite number (a damaged step time) as None: ``--json`` output
+    is strict JSON, which has no NaN or Infinity (``jq``, ``JSON.parse`` refuse them)."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def prefix_cache_hit_rate(trace: Trace) -> tuple[int, int]:
@@ -27,7 +47,7 @@ def prefix_cache_hit_rate(trace: Trace) -> tuple[int, int]:
     still waiting where a killed run's trace ends) and preempted sequences not yet back are
     never looked up.
     """
-    block_size = _block_size(trace.header) or 0
+    block_size = header_block_size(trace.header) or 0
     admitted: dict[int, int] = {}  # seq_id -> admissions
     for kind in ("block_hit", "block_allocated"):
         table = trace.table(kind)
@@ -87,15 +107,15 @@ def summarize(trace: Trace) -> dict[str, Any]:
     host = np.asarray(steps.column("host_s"), float) if "host_s" in names else np.zeros(0)
     outside = (np.asarray(steps.column("outside_s"), float) if "outside_s" in names
                else np.zeros(0))
-    return {
+    figures = {
         "path": str(trace.path), "complete": trace.complete, "last_step": trace.last_step,
         "recording": None if trace.complete else lock_holder(trace.path),
         "schema_version": header.get("schema_version"), "segments": trace.segments,
         "num_events": trace.num_events,
         "size_bytes": trace.size_bytes,
         "model": model_name, "policy": header.get("policy", config.get("policy")),
-        "num_kvcache_blocks": header.get("num_blocks", config.get("num_kvcache_blocks")),
-        "block_size": _block_size(header), "device": header.get("device"),
+        "num_kvcache_blocks": header_num_blocks(header),
+        "block_size": header_block_size(header), "device": header.get("device"),
         "git_commit": header.get("git_commit"), "start_time": header.get("start_time"),
         "requests": added.num_rows,
         "finished": _counts(
@@ -115,10 +135,15 @@ def summarize(trace: Trace) -> dict[str, Any]:
         "outside_s": (float(outside.sum()) if len(outside) and np.isfinite(outside).all()
                       else None),
     }
+    return {key: _finite(value) for key, value in figures.items()}
 
 
 def _or_unknown(value: Any) -> Any:
     return "?" if value is None else value
+
+
+def _seconds(value: float | None) -> str:
+    return "? s" if value is None else f"{value:.2f} s"
 
 
 def describe(trace: Trace) -> str:
@@ -153,8 +178,8 @@ def describe(trace: Trace) -> str:
         f"prefix cache hit rate {hit_rate} ({s['prefix_cache_hit_tokens']:,} of "
         f"{s['prefix_cache_lookup_tokens']:,} looked-up tokens)",
         f"preemptions {s['preemptions']:,} (in {s['preemption_steps']:,} steps); wall time "
-        f"{s['wall_time_s']:.2f} s (model {s['model_time_s']:.2f} s); throughput {throughput} "
-        "(completion tokens)",
+        f"{_seconds(s['wall_time_s'])} (model {_seconds(s['model_time_s'])}); throughput "
+        f"{throughput} (completion tokens)",
     ]
     thread = _engine_thread(trace.table("model_step"))
     if thread:

@@ -161,6 +161,19 @@ class KVEventTranslator:
                     "medium": MEDIUM})
 
 
+def translator_for(header: dict[str, Any], where: Any = "run.json") -> KVEventTranslator:
+    """The translator for the run ``header`` describes; ``TraceError`` naming ``where`` when
+    it gives no block size (``tracing.inspect.header_block_size``): a block's token ids are
+    cut from its sequence by it."""
+    from tracing.inspect import header_block_size
+
+    size = header_block_size(header)
+    if size is None:
+        raise TraceError(f"{where}: its header gives no block size (block_size or "
+                         "config.kvcache_block_size): cannot cut the KV blocks' token ids")
+    return KVEventTranslator(size, keeps_duplicates(header))
+
+
 def _merged_rows(tables: dict[str, dict[str, Any]], start: dict[str, int]) -> Iterator:
     """Rows of the read kinds from ``start[kind]`` on, merged by event id."""
     rows = []
@@ -186,7 +199,7 @@ class KVEventTap:
         self._cursor: dict[str, int] = {}
 
     def open(self, header: dict[str, Any]) -> None:
-        self.translator = KVEventTranslator(int(header["block_size"]), keeps_duplicates(header))
+        self.translator = translator_for(header)
         if self.inner is not None:
             self.inner.open(header)
         self.publish(event_batch(time.time(), [all_blocks_cleared()]))  # a fresh, empty pool
@@ -219,7 +232,7 @@ def trace_kv_batches(trace: Any) -> Iterator[dict[str, Any]]:
     """One ``EventBatch`` per step of a trace that stored or removed blocks (after a first
     ``AllBlocksCleared``), stamped with the step's end on the run's clock (Unix seconds)."""
     header = trace.header
-    translator = KVEventTranslator(int(header["block_size"]), keeps_duplicates(header))
+    translator = translator_for(header, getattr(trace, "path", "run.json"))
     start = _start_unix(header)
     tables = {kind: trace.columns(kind) for kind in _READ}
     ends = dict(zip(trace.columns("model_step")["step"].tolist(),

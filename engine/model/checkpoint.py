@@ -336,8 +336,15 @@ def default_model_dir() -> Path:
                 f"cached model {final} is incomplete (missing {', '.join(missing)}); delete it"
             )
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    except OSError as exc:  # a read-only home, or $REPLAYLLM_CACHE naming a file
+        from tracing.outdir import describe_os_error
+
+        raise ModelLoadError(
+            f"cannot make the tiny model in {final.parent} ({describe_os_error(exc)}); "
+            f"set ${CACHE_ENV} to a writable directory") from None
     try:
         make_model(DEFAULT_PRESET, tmp)
         try:

@@ -19,8 +19,13 @@ EPILOG = """exit status:
   2    nothing sent: a bad option or file, or a server that cannot be reached (no result)
   130  interrupted (Ctrl-C): the requests completed so far written, the result marked partial
 
-Completion tokens are the server's usage counts where it sends them, else its content chunks
-counted (one token each); the result's token_source column says which.
+Completion tokens are the server's usage counts where it sends them, else (or where a count is
+below them) its output chunks counted (one token each); the token_source column says which.
+An output chunk is one of text, answer or reasoning, or one with empty text that is neither a
+chat's role chunk nor a finish reason's (a token whose text the server holds back, as vLLM
+sends); TTFT is the first, e2e the answer's end (its finish reason, else [DONE]). A request
+that sent no output has no TTFT, one whose tokens came in one chunk no TPOT; the run says how
+many.
 
 A request refused with HTTP 429, 502, 503 or 504, or one that never reached the server (no
 connection, or the connection lost before the request was written whole), is sent again
@@ -78,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         summarize,
         table_row,
         token_sources,
+        unmeasured,
         write_result,
     )
     from replay.loadgen.runner import run_load
@@ -122,8 +128,11 @@ def run(args: argparse.Namespace) -> int:
     path = write_result(args.out, frame, summary, settings)
     print(variants_table([table_row("client", summary)]))
     if "chunks" in settings["completion_tokens_from"]:
-        print("note: the server sent no usage counts for some requests; their completion "
-              "tokens are content chunks counted (one token a chunk)")
+        print("note: the server sent no usage counts (or ones below the output chunks seen) for "
+              "some requests; their completion tokens are output chunks counted (one token a "
+              "chunk)")
+    for line in unmeasured(frame):
+        print(line)
     retried = frame[frame["retries"] > 0]
     if len(retried):
         print(f"{len(retried)} requests were retried (refused with HTTP 429/502/503/504, or "

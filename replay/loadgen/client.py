@@ -9,8 +9,14 @@ with one request (an error status, a dropped connection, a malformed chunk, a ti
 request's ``error``, never an exception out of the run; an answer of 429, 502, 503 or 504,
 or a request that never reached the server (``retry.never_reached``), is first retried
 (``send``). Completion tokens are
-the server's ``usage`` where it reports one, else the content chunks counted (``token_source``
-says which).
+the server's ``usage`` where it reports one, else (or where its count is below them) the output
+chunks counted (``token_source`` says which).
+
+A token's arrival (TTFT is the first, ITL the gaps between them) is a chunk of generated output
+of any kind: text, a chat delta's ``content``, or a reasoning model's ``reasoning_content`` /
+``reasoning``, also one whose text is "" where the server holds a token's text back
+(``_held_back``); never a chat's role-only first chunk, a finish reason's chunk without text, nor
+a usage chunk. e2e ends at the answer's end: its first finish reason, else its ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -55,10 +61,13 @@ class Measured:
     finish_reason: str = ""
     error: str = ""
     text: str | None = None  # the answer's text, when kept (a conversation's next turn needs it)
-    token_source: str = ""  # "usage" (the server's count), "chunks" (content chunks counted)
+    token_source: str = ""  # "usage" (the server's count), "chunks" (output chunks counted)
     done: bool = False  # answered or failed; False: never sent, or cut short by an interrupt
     retries: int = 0  # times it was sent again (``send``: after a 429, 502, 503, 504 ...)
     retry_wait_s: float = 0.0  # from the first send to the accepted attempt's (``send``)
+    # When the answer ended: its first finish reason, else its [DONE] (e2e's end: an answer
+    # with no output has one too).
+    end_s: float = float("nan")
 
 
 class MalformedStream(ValueError):
@@ -217,6 +226,8 @@ async def _read_response(response: aiohttp.ClientResponse, out: Measured, clock:
                 return True
             if event.data.strip() == b"[DONE]":
                 ended = True
+                if math.isnan(out.end_s):
+                    out.end_s = clock()
                 return True
             _read_chunk(_parse(event.data), out, clock())
             if out.error:  # the server said it failed
@@ -230,6 +241,10 @@ async def _read_response(response: aiohttp.ClientResponse, out: Measured, clock:
             break
     else:
         take(decoder.close())
+    if out.token_source == "usage" and out.completion_tokens < len(out.chunk_times_s):
+        # Each output chunk is at least one token: a usage below them is not the answer's (a
+        # proxy's zeros in every chunk, as LiteLLM's, a count sent before the end).
+        out.completion_tokens, out.token_source = len(out.chunk_times_s), "chunks"
     if out.error:
         return
     if not (ended or out.finish_reason):
@@ -287,7 +302,7 @@ def _read_chunk(chunk: dict[str, Any], out: Measured, now: float) -> None:
         thought = delta.get("reasoning_content") or delta.get("reasoning")
         if not all(isinstance(t, str) for t in (text or "", thought or "")):
             raise MalformedStream(f"a chunk's text is not a string: {_quote(chunk)}")
-        if text or thought:
+        if text or thought or _held_back(choice, delta):
             if text and out.text is not None:
                 out.text += text
             if out.first_token_s != out.first_token_s:  # NaN: the first one
@@ -298,9 +313,24 @@ def _read_chunk(chunk: dict[str, Any], out: Measured, now: float) -> None:
                 out.completion_tokens += 1
                 out.token_source = "chunks"
         if choice.get("finish_reason"):
+            if not out.finish_reason:
+                out.end_s = now
             out.finish_reason = str(choice["finish_reason"])
             if out.finish_reason in FAILED_FINISH:  # the server gave up on it (vLLM, SGLang)
                 out.error = f"the server ended the answer with finish_reason {out.finish_reason!r}"
+
+
+def _held_back(choice: dict[str, Any], delta: dict[str, Any]) -> bool:
+    """Whether a choice without text is a generated token whose text the server holds back
+    (vLLM and replayllm serve send a chunk for each step that made tokens, its text ""
+    for one that ends mid-character or decodes to nothing): an empty ``text`` or ``content``
+    string in a chunk that is not a chat's role chunk nor a finish reason's (either may come
+    with "" and no token: a framing chunk, not output)."""
+    if choice.get("finish_reason") or delta.get("role"):
+        return False
+    return any(isinstance(value, str) for value in (
+        choice.get("text"), delta.get("content"), delta.get("reasoning_content"),
+        delta.get("reasoning")))
 
 
 def _error_of(error: Any) -> str:

@@ -23,7 +23,7 @@ NUMERIC_COLUMNS = ("index", "arrival_s", "sent_s", "prompt_tokens", "max_tokens"
                    "completion_tokens", "ttft_s", "tpot_s", "e2e_s", "queue_s", "send_lag_s")
 REQUEST_COLUMNS = (*NUMERIC_COLUMNS, "itl_s", "finish_reason", "error")
 # Written since; a reader does not require it (earlier results lack it): where each request's
-# completion_tokens came from, "usage" (the server's count) or "chunks" (content chunks).
+# completion_tokens came from, "usage" (the server's count) or "chunks" (output chunks).
 TOKEN_SOURCE = "token_source"
 # Written since, defaulted on reading an earlier result (none retried): how many times each
 # request was sent again (``client.send``: a 429, 502, 503, 504, no connection), and the seconds
@@ -40,14 +40,19 @@ class ResultError(ReplayLLMError):
 
 def requests_frame(measured: list[Measured]) -> pd.DataFrame:
     """One row per request: when it was due and (first) sent, client-side TTFT / TPOT / e2e,
-    tokens, the inter-token latencies (``itl_s``: gaps between content chunks), any error, and
-    the retries (``client.send``) with the time they took."""
+    tokens, the inter-token latencies (``itl_s``: gaps between output chunks, ``client``'s
+    token arrivals), any error, and the retries (``client.send``) with the time they took."""
     rows = []
     for m in measured:
         ttft = m.first_token_s - m.sent_s
-        e2e = m.last_token_s - m.sent_s
+        # The answer's end (an answer with no output has one); a result of a client that did
+        # not keep it: the last output's.
+        e2e = (m.last_token_s if np.isnan(m.end_s) else m.end_s) - m.sent_s
         n = m.completion_tokens
-        tpot = (m.last_token_s - m.first_token_s) / (n - 1) if n > 1 else float("nan")
+        # Over the gap from the first output to the last: none where all came in one chunk,
+        # whose tokens' times the client cannot see (not 0 s a token).
+        tpot = ((m.last_token_s - m.first_token_s) / (n - 1)
+                if n > 1 and len(m.chunk_times_s) > 1 else float("nan"))
         rows.append({
             "index": m.index, "arrival_s": m.arrival_s, "sent_s": m.sent_s,
             "prompt_tokens": m.prompt_tokens or m.prompt_len, "max_tokens": m.max_tokens,
@@ -67,6 +72,28 @@ def token_sources(frame: pd.DataFrame) -> str:
     (some requests each way) or "none" (no request got an answer)."""
     found = set(frame[TOKEN_SOURCE]) if TOKEN_SOURCE in frame.columns else set()
     return "+".join(name for name in ("usage", "chunks") if name in found) or "none"
+
+
+def unmeasured(frame: pd.DataFrame) -> list[str]:
+    """One line for each figure some answered requests could not give (left out of the
+    summary's statistics of it): no TTFT where no output came, no TPOT where more than one
+    token came in a single chunk."""
+    ok = frame[frame["error"] == ""]
+    no_output = int(ok["ttft_s"].isna().sum())
+    one_chunk = int((ok["ttft_s"].notna() & ok["tpot_s"].isna()
+                     & (ok["completion_tokens"] > 1)).sum())
+    lines = []
+    if no_output:
+        lines.append(f"note: {_requests(no_output)} sent no output (no TTFT): the answer ended "
+                     "without text; its e2e is when it ended")
+    if one_chunk:
+        lines.append(f"note: {_requests(one_chunk)} sent their output in one chunk (no TPOT): "
+                     "the times between their tokens cannot be seen")
+    return lines
+
+
+def _requests(n: int) -> str:
+    return f"{n} request{'' if n == 1 else 's'}"
 
 
 def summarize(frame: pd.DataFrame, wall_s: float) -> dict[str, float]:

@@ -52,6 +52,7 @@ def run_streamed(args: argparse.Namespace, variants: list[tuple[str, dict[str, A
             "num_kvcache_blocks" in v for _, v in variants):
         raise ReplayLLMError("the KV pool size is unknown without a trace: --set "
                              "num_kvcache_blocks=N (or --timing-from a trace)")
+    check_regular_file(args.workload)
     check_first_request(args.workload)
     total = count_requests(args.workload) if progress_wanted() else None
     rows, results = [], []
@@ -86,6 +87,22 @@ def check_trace_out(trace_out: str, out: str) -> None:
         raise ReplayLLMError(f"--trace-out {trace_out} and --out {out} must be two directories, "
                              "neither inside the other")
     trace_out_replaces(trace_out)
+
+
+def check_regular_file(workload: str) -> None:
+    """Refuse a pipe or other non-seekable source: --stream reads the file once to check it and
+    once per variant, and a pipe's second read is empty (it simulated 0 requests, exit 0)."""
+    import os
+    import stat
+
+    try:
+        mode = os.stat(workload).st_mode
+    except OSError:
+        return  # the reader's own error names it
+    if not stat.S_ISREG(mode):
+        raise ReplayLLMError(
+            f"{workload}: --stream reads the workload more than once, so it must be a regular "
+            "file, not a pipe (a .gz file is read as it is; without --stream a pipe is read once)")
 
 
 def check_first_request(workload: str) -> None:

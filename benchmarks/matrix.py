@@ -9,6 +9,7 @@ predicted from one source on any CPU.
     python -m benchmarks.matrix ablation TRACES --source TRACE [--profile PROFILE] [...]
     python -m benchmarks.matrix steps TRACES --source TRACE [--profile PROFILE] [...]
     python -m benchmarks.matrix drift TRACES --source TRACE [--profile PROFILE] [...]
+    python -m benchmarks.matrix waits TRACES --source TRACE [--profile PROFILE] [...]
     python -m benchmarks.matrix spread TRACES OTHER [--summary]   # two device calls
 
 ``prepare`` writes each family's workload with the project's own generators and importers;
@@ -23,6 +24,8 @@ killed recording, is shown as such and not compared; an incomplete source is ref
 recorded steps by the model, per step class (``replay.whatif.matrix_study``); ``drift`` cuts
 each cell's run into spans of wall time and shows its host's speed moving (the median host time
 of its decodes and eager steps) and the eager steps' device time following it (``host_drift``);
+``waits`` splits each cell's TTFT into the queue (arrival to first scheduled) and the rest,
+recorded against predicted (``request_waits``);
 ``spread`` reads each cell recorded in both directories (two device calls, hosts) as
 ``fidelity`` reads a prediction: OTHER's recorded metrics against TRACES', and OTHER's host
 speed by the two start-up calibrations (``replay.whatif.fidelity.machine_spread_rows``).
@@ -213,7 +216,7 @@ def _main(argv: list[str] | None = None) -> int:
     spread.add_argument("traces", type=Path)
     spread.add_argument("other", type=Path)
     spread.add_argument("--summary", action="store_true")
-    for command in ("fidelity", "ablation", "steps", "drift"):
+    for command in ("fidelity", "ablation", "steps", "drift", "waits"):
         f = sub.add_parser(command)
         f.add_argument("traces", type=Path)
         f.add_argument("--source", required=True)
@@ -239,9 +242,9 @@ def _main(argv: list[str] | None = None) -> int:
     from replay.whatif.cost.options import CostOptions
 
     options = CostOptions.parse(args.cost_options)
-    if args.command in ("steps", "drift"):
+    if args.command in ("steps", "drift", "waits"):
         return steps(targets, args.source, args.profile, options, args.target_host,
-                     drift=args.command == "drift")
+                     study=args.command)
     if args.command == "ablation":
         return ablation(targets, args.source, args.profile, options, args.target_host)
     from replay.whatif.fidelity import MATRIX_TARGETS, matrix_markdown, matrix_rows
@@ -275,19 +278,26 @@ def machine_spread(targets: list[str], other: Path, summary: bool = False) -> in
 
 
 def steps(targets: list[str], source: str, profile: str | None, options: Any,
-          target_host: bool = False, drift: bool = False) -> int:
-    """Print each cell's recorded steps priced by the model, per class (``step_errors``), or
-    with ``drift`` per span of wall time (``host_drift``)."""
+          target_host: bool = False, study: str = "steps") -> int:
+    """Print each cell's recorded steps priced by the model, per class (``step_errors``), with
+    ``study="drift"`` per span of wall time (``host_drift``), with ``"waits"`` its TTFT split
+    into the queue and the rest, recorded against predicted (``request_waits``)."""
     from replay.recorded import from_trace
     from replay.whatif.cost.model import CostModel
     from replay.whatif.fidelity import check_complete_source
     from replay.whatif.matrix_study import (
         host_drift,
         host_drift_markdown,
+        request_waits,
+        request_waits_markdown,
         step_errors,
         step_errors_markdown,
     )
     from tracing.reader import read_trace
+
+    study_of, markdown = {"steps": (step_errors, step_errors_markdown),
+                          "drift": (host_drift, host_drift_markdown),
+                          "waits": (request_waits, request_waits_markdown)}[study]
 
     source_trace = read_trace(source)
     check_complete_source(source_trace, source)
@@ -298,8 +308,8 @@ def steps(targets: list[str], source: str, profile: str | None, options: Any,
         events = from_trace(read_trace(target))
         priced = (model.on_host(events.header.get("calibration") or [], Path(target).name)
                   if target_host else model)
-        cells[Path(target).name] = (host_drift if drift else step_errors)(priced, events)
-    print((host_drift_markdown if drift else step_errors_markdown)(cells))
+        cells[Path(target).name] = study_of(priced, events)
+    print(markdown(cells))
     return 0
 
 

@@ -183,3 +183,46 @@ def ablation_markdown(results: dict[str, dict[str, Any]], targets: dict[str, flo
         lines.append(f"| {name} | " + " | ".join(cells)
                      + f" | {summary['misses']} of {summary['cells'] * len(targets)} |")
     return "\n".join(lines)
+
+
+def request_waits(model: CostModel, events: Any) -> dict[str, list[float]]:
+    """Where a target's TTFT goes, recorded against predicted (the target's workload simulated
+    under its own Config by ``model``): per metric, [recorded, predicted] of the median and mean
+    over requests of ``queue_s`` (arrival to first scheduled) and the rest of the TTFT (the
+    first step and any steps before the first token), so a TTFT error is placed in the wait for
+    a step or in the steps."""
+    from replay.metrics import compute
+    from replay.whatif.simulate import cold_start_of, load_source, run_variant
+
+    recorded = compute(events).requests
+    predicted = run_variant(load_source(events), {}, model, "waits",
+                            cold_start=cold_start_of(events.header))
+    if not predicted.ok or predicted.requests is None:
+        return {}
+    out: dict[str, list[float]] = {}
+    for table in (recorded, predicted.requests):
+        ttft = np.asarray(table["ttft_s"], dtype=float)
+        queue = np.asarray(table["queue_s"], dtype=float)
+        for name, values in (("ttft", ttft), ("queue", queue), ("after queue", ttft - queue)):
+            out.setdefault(f"{name} p50", []).append(float(np.nanmedian(values)))
+            out.setdefault(f"{name} mean", []).append(float(np.nanmean(values)))
+    return out
+
+
+def request_waits_markdown(cells: dict[str, dict[str, list[float]]]) -> str:
+    """``request_waits`` of each cell as one Markdown table (ms, recorded -> predicted)."""
+    names = ["ttft p50", "queue p50", "after queue p50", "ttft mean", "queue mean",
+             "after queue mean"]
+    lines = ["| cell | " + " | ".join(f"{n} ms" for n in names) + " |",
+             "|---" * (len(names) + 1) + "|"]
+    for cell, waits in cells.items():
+        if not waits:
+            lines.append(f"| {cell} | " + " | ".join("cannot run" for _ in names) + " |")
+            continue
+        parts = []
+        for name in names:
+            recorded, predicted = waits[name]
+            error = 100 * (predicted - recorded) / recorded if recorded > 0 else 0.0
+            parts.append(f"{1e3 * recorded:.1f} → {1e3 * predicted:.1f} ({error:+.0f}%)")
+        lines.append(f"| {cell} | " + " | ".join(parts) + " |")
+    return "\n".join(lines)

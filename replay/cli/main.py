@@ -253,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``replayllm`` console script."""
     args = build_parser().parse_args(argv)
     try:
+        check_path_options(args)
         status = COMMANDS[args.command](args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
         return status
@@ -271,6 +272,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"replayllm {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+# Options naming a path to write: an empty one read as the working directory (".") and was
+# refused as such, or worse. ``export --out`` has its own message (``-`` is standard output).
+PATH_OPTIONS = ("out", "trace_dir", "trace_out", "report")
+
+
+def check_path_options(args: argparse.Namespace) -> None:
+    """Refuse an empty path option in one line (``--out ""``)."""
+    for name in PATH_OPTIONS:
+        if getattr(args, name, None) == "" and not (args.command == "export" and name == "out"):
+            raise ReplayLLMError(f"--{name.replace('_', '-')} is empty: give a path")
 
 
 def out_of_memory(exc: BaseException) -> str | None:

@@ -86,7 +86,7 @@ def _corrupt(root: Path, trace: Path, action: tuple) -> None:
             return
         try:
             header = json.loads(path.read_text())
-        except ValueError:
+        except (ValueError, OSError):  # unreadable, or deleted by an earlier action
             return
         if isinstance(header, dict):
             header[action[1]] = action[2]

@@ -177,16 +177,17 @@ def test_no_output_directory_inside_a_trace(tmp_path: Path, tiny_workload: Path)
 @pytest.mark.parametrize("name", ["", "d", "precious.txt", "t/p.json"])
 def test_profile_out_checked_before_timing(tmp_path: Path, name: str,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """`profile --out DIR` (or "", the working directory) was a traceback after the whole
+    """`profile --out DIR` (or "", once the working directory) was a traceback after the whole
     profile had run (minutes on a GPU), `--out mine.txt` overwrote the user's file and
-    `--out TRACE/p.json` wrote into a trace. Now one line before the model loads."""
+    `--out TRACE/p.json` wrote into a trace. Now one line before the model loads; an empty
+    `--out` names the option."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "d").mkdir()
     mine = _precious(tmp_path)
     owned_trace(tmp_path / "t")
     code, out, err = run_cli(["profile", "--out", name, "--budget-s", "1"])
     assert code == 2, err
-    one_error(err, name or ".")
+    one_error(err, name or "--out is empty")
     assert out == "" and mine.read_text() == PRECIOUS
 
 

@@ -100,7 +100,8 @@ def eager_calibration(header: dict[str, Any]) -> dict[str, float]:
 def host_stalls(steps: dict[str, Any], start_time: float,
                 causes: dict[str, list[tuple[float, float]]]) -> dict[str, Any]:
     """The steps whose host time exceeds their class's median (prefill, decode or mixed) by
-    more than ``STALL_S``, and how many of them overlap each cause's windows ((perf_counter
+    more than ``STALL_S`` (``stalls_by_class``: per class, how many and their host seconds
+    beyond its median), and how many of them overlap each cause's windows ((perf_counter
     start, seconds) each: the collector's pauses, the trace writer's work, the recorder's
     Arrow staging, the probe's gaps).
     A step spans the time from the previous step's end to its own (``wall_time_s`` is a
@@ -113,9 +114,16 @@ def host_stalls(steps: dict[str, Any], start_time: float,
     prefill = np.asarray(steps["prefill_tokens"]) > 0
     decode = np.asarray(steps["decode_seqs"]) > 0
     stalled = np.zeros(len(host), bool)
-    for members in (prefill & ~decode, decode & ~prefill, prefill & decode):
+    by_class: dict[str, list[float]] = {}
+    for name, members in (("prefill", prefill & ~decode), ("decode", decode & ~prefill),
+                          ("mixed", prefill & decode)):
         if members.any():
-            stalled |= members & (host > np.median(host[members]) + STALL_S)
+            median = np.median(host[members])
+            hit = members & (host > median + STALL_S)
+            stalled |= hit
+            # Per class: the stalls and their host time beyond the class's median, which every
+            # request queued behind one of them waits.
+            by_class[name] = [int(hit.sum()), round(float((host[hit] - median).sum()), 4)]
     from tracing.recorder import STAGE_STEPS
 
     # The recorder converts events to Arrow after every STAGE_STEPS-th step, charged to the next.
@@ -123,7 +131,8 @@ def host_stalls(steps: dict[str, Any], start_time: float,
     out: dict[str, Any] = {"steps": len(host), "stalls": int(stalled.sum()),
                            "stall_host_s": round(float(host[stalled].sum()), 4),
                            "stalls_after_staging": int((stalled & staged).sum()),
-                           "steps_after_staging": int(staged.sum())}
+                           "steps_after_staging": int(staged.sum()),
+                           "stalls_by_class": by_class}
     explained = np.zeros(len(host), bool)
     for name, windows in causes.items():
         hit = np.zeros(len(host), bool)

@@ -20,6 +20,7 @@ from engine.in_flight import InFlight
 from engine.outside_time import OutsideTime
 from engine.overlap_scheduler import OverlapScheduler
 from engine.policy import no_progress_error, policy_source
+from engine.prompt_ids import int32_ids
 from engine.running_columns import RunningColumns
 from engine.sampling_params import SamplingParams, check_arrival, check_recordable
 from engine.sequence import Sequence
@@ -111,6 +112,7 @@ class EngineCore:
         check_arrival(arrival_s)
         self.outside.input()
         added = self.now()
+        token_ids = int32_ids(token_ids)  # a list only where an id is past int32: refused next
         check_recordable(token_ids, params, token_bounds, priority)
         arrival = added if arrival_s is None else arrival_s
         seq = Sequence(self.next_seq_id, token_ids, params, arrival)

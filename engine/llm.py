@@ -6,6 +6,7 @@ import itertools
 import logging
 import time
 import weakref
+from array import array
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -15,7 +16,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.engine_core import EngineCore, StepResult
 from engine.errors import ConfigError, EngineClosedError, InvalidRequestError
 from engine.gc_heap import freeze_startup_heap, release_heap
-from engine.prompt_ids import token_id_list
+from engine.prompt_ids import id_bounds, int32_ids, prompt_token_ids
 from engine.sampling_params import SamplingParams, check_recordable, is_valid_text
 from engine.sequence import Sequence
 from engine.startup_progress import StartupProgress
@@ -164,7 +165,8 @@ class LLMEngine:
             freeze_startup_heap()
 
     # --- requests ---------------------------------------------------------------------------------
-    def _token_ids(self, prompt: Prompt) -> tuple[list[int], str | None, tuple[int, int] | None]:
+    def _token_ids(self, prompt: Prompt) -> tuple[array | list[int], str | None,
+                                                  tuple[int, int] | None]:
         """Tokenize; return (token ids, rejection reason, the smallest and largest id where
         computed) without raising on a bad prompt."""
         if isinstance(prompt, str):
@@ -175,8 +177,10 @@ class LLMEngine:
                     raise
                 raise InvalidRequestError(  # the tokenizer's own error was a TypeError
                     "a prompt is not valid Unicode text (it holds a lone surrogate)") from None
-            return ids, None, (min(ids), max(ids)) if ids else None  # scanned once, here
-        token_ids, bounds = token_id_list(prompt)
+            token_ids = int32_ids(ids)  # bounded once, here
+            return token_ids, None, (id_bounds(token_ids) if isinstance(token_ids, array)
+                                     else (min(ids), max(ids)) if ids else None)
+        token_ids, bounds = prompt_token_ids(prompt)
         if bounds is None:
             return token_ids, None, None
         if bounds[0] < 0 or bounds[1] >= self.vocab_size:
@@ -203,7 +207,7 @@ class LLMEngine:
         token_ids, error, bounds = self._token_ids(prompt)
         return self._add(token_ids, error, bounds, params, arrival_s, priority)
 
-    def _add(self, token_ids: list[int], error: str | None, bounds: tuple[int, int] | None,
+    def _add(self, token_ids: array | list[int], error: str | None, bounds: tuple[int, int] | None,
              params: SamplingParams, arrival_s: float | None, priority: int) -> Sequence:
         seq = self.core.add_request(
             token_ids, params, arrival_s=arrival_s, error=error, priority=priority,
@@ -333,11 +337,11 @@ class LLMEngine:
         bar.close()
 
     def _text(self, seq: Sequence) -> str:
-        completion = seq.completion_token_ids
+        completion = list(seq.completion_token_ids)
         return self.tokenizer.decode(completion) if completion else ""
 
     def _output(self, seq: Sequence, text: str | None = None) -> dict[str, Any]:
-        completion = seq.completion_token_ids
+        completion = list(seq.completion_token_ids)  # the caller's list, not the engine's buffer
         return {
             "text": self._text(seq) if text is None else text,
             "token_ids": completion,

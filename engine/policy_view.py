@@ -15,6 +15,7 @@ of the policy's own (it was an AttributeError naming ``_guard``).
 from __future__ import annotations
 
 import copy
+from array import array
 from collections.abc import Iterator
 from collections.abc import Sequence as SequenceABC
 from operator import attrgetter
@@ -124,7 +125,8 @@ def real(value: Any) -> Any:
 
 class ReadOnlyList(SequenceABC):
     """A sequence's ``token_ids`` or ``block_table`` read in place: indexing, slicing (a copy),
-    iteration, ``len``, ``in``, ``==``, ``+``; every way to change it is refused."""
+    iteration, ``len``, ``in``, ``==``, ``+``; every way to change it is refused. A list to the
+    policy whatever the engine holds (token ids are an int32 ``array``: engine/prompt_ids.py)."""
 
     __slots__ = ("_items", "_view", "_name")
 
@@ -134,6 +136,8 @@ class ReadOnlyList(SequenceABC):
         self._name = name
 
     def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return _listed(self._items[index])
         return self._items[index]
 
     def __len__(self) -> int:
@@ -155,18 +159,19 @@ class ReadOnlyList(SequenceABC):
         return self._items.count(value)
 
     def __eq__(self, other: object) -> bool:
-        return self._items == (other._items if isinstance(other, ReadOnlyList) else other)
+        items = other._items if isinstance(other, ReadOnlyList) else other
+        return _listed(self._items) == (_listed(items) if isinstance(items, array) else items)
 
     __hash__ = None  # type: ignore[assignment]  # as a list
 
     def __add__(self, other: Any) -> Any:
-        return self._items + other
+        return _listed(self._items) + other
 
     def __radd__(self, other: Any) -> Any:
-        return other + self._items
+        return other + _listed(self._items)
 
     def __repr__(self) -> str:
-        return repr(self._items)
+        return repr(_listed(self._items))
 
     def _refused(self, how: str) -> NoReturn:
         view = self._view
@@ -234,3 +239,8 @@ class OfferedViews(SequenceABC):
 
     def __repr__(self) -> str:
         return f"({', '.join(map(repr, self._seqs))})"
+
+
+def _listed(items: Any) -> Any:
+    """``items`` as a list where the engine holds an ``array`` (a policy sees lists)."""
+    return items.tolist() if isinstance(items, array) else items

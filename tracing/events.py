@@ -6,6 +6,7 @@ event, which keeps recording cheap at hundreds of sequences per step.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Sequence
 
 from tracing.schema import EVENT_KINDS, NO_SEED, NOT_PADDED, all_columns
@@ -91,7 +92,8 @@ class EventBuffer:
         t["seq_id"].append(seq_id)
         t["arrival_s"].append(arrival_s)
         t["prompt_len"].append(len(prompt_token_ids))
-        t["prompt_token_ids"].append(list(prompt_token_ids) if self.keep_prompt_tokens else None)
+        t["prompt_token_ids"].append(_prompt_copy(prompt_token_ids) if self.keep_prompt_tokens
+                                     else None)
         t["temperature"].append(temperature)
         t["max_tokens"].append(max_tokens)
         t["ignore_eos"].append(ignore_eos)
@@ -327,3 +329,12 @@ class NullEventBuffer(EventBuffer):
     patch_block_hash = _noop  # type: ignore[assignment]
     patch_last_rejection = _noop  # type: ignore[assignment]
     extend_rows = _noop  # type: ignore[assignment]
+
+
+def _prompt_copy(prompt_token_ids: Sequence[int]) -> array | list[int]:
+    """The event's own copy of a prompt (the sequence's buffer grows as it decodes): an int32
+    array copied as bytes (``tracing.convert`` then hands a segment's prompts to Arrow as one
+    buffer), else a list."""
+    if isinstance(prompt_token_ids, array) and prompt_token_ids.typecode == "i":
+        return array("i", prompt_token_ids)
+    return list(prompt_token_ids)

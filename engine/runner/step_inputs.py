@@ -1,4 +1,4 @@
-"""One step's inputs as plain lists (``StepPayload``), and the checks of a scheduled batch.
+"""One step's inputs as plain lists and arrays (``StepPayload``), and the checks of a batch.
 
 A payload is what every rank needs to run a step: rank 0 builds it from the scheduler's batch
 and, under tensor parallelism, broadcasts it (it is small and picklable); the eager path and the
@@ -8,6 +8,7 @@ CUDA-graph prefill read it too. Only the single-GPU decode stages straight from 
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +17,7 @@ from engine.batch import ScheduledBatch
 from engine.executor import PendingStep
 from engine.model.attention_metadata import AttentionMetadata, build_attention_metadata
 from engine.model.layers.sampler import RowOptions, row_options
-from engine.sequence import PENDING_TOKEN
+from engine.sequence import PENDING_TOKEN, TOKEN_TYPECODE
 
 
 @dataclass
@@ -25,7 +26,7 @@ class StepPayload:
 
     decode: bool  # True: a decode-only batch (the graph path)
     seq_ids: list[int]
-    input_ids: list[int]
+    input_ids: list[int] | array  # a prefill's: an int32 array (its prompts' bytes, copied)
     query_lens: list[int]
     context_lens: list[int]
     block_tables: list[list[int]]
@@ -47,10 +48,11 @@ def payload_from_batch(
     ``pending_values``: seq_id -> value of a last token still pending in ``seq.token_ids``.
     """
     seqs, ctx = batch.seqs, batch.context_lens
+    input_ids: list[int] | array
     if decode:  # one query token per sequence: its last token
         input_ids = [seq.token_ids[c - 1] for seq, c in zip(seqs, ctx)]
-    else:
-        input_ids = []
+    else:  # one buffer: staged for the device (and broadcast) without a Python int a token
+        input_ids = array(TOKEN_TYPECODE)
         for seq, new, c in zip(seqs, batch.num_new_tokens, ctx):
             input_ids.extend(seq.token_ids[c - new : c])
     if pending_values:
@@ -136,7 +138,10 @@ def eager_inputs(
     positions, metadata = build_attention_metadata(
         query_lens, context_lens, block_tables, block_size, num_prefill, device, longest_first
     )
-    ids = torch.tensor(payload.input_ids, dtype=torch.int64).to(device)
+    flat = payload.input_ids
+    ids = (torch.frombuffer(flat, dtype=torch.int32).to(torch.int64)
+           if isinstance(flat, array) and flat else torch.tensor(flat, dtype=torch.int64))
+    ids = ids.to(device)
     return ids, positions, metadata
 
 

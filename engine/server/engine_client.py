@@ -25,6 +25,7 @@ from typing import Any
 
 from engine.errors import ReplayLLMError
 from engine.gc_heap import freeze_startup_heap, release_heap
+from engine.prompt_ids import int32_ids
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
@@ -129,8 +130,9 @@ class EngineProcess(RequestIntake):
             self._count_in()
         stream.seq_id = next(self._ids)
         self._streams[stream.seq_id] = stream
-        self._send(("add", stream.seq_id, stream.token_ids, stream.params, stream.arrival_s,
-                    stream.priority))
+        # An int32 array pickles as its bytes: the engine's process unpickles no int a token.
+        self._send(("add", stream.seq_id, int32_ids(stream.token_ids), stream.params,
+                    stream.arrival_s, stream.priority))
 
     def finish(self, stream: RequestStream, reason: str) -> None:
         """Finish a request from outside: ``aborted`` (the client left) or ``stop``."""

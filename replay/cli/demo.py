@@ -76,8 +76,8 @@ def run_demo(trace_dir: str, force: bool = False) -> int:
     print(f"\n{len(seqs)} requests, {summary['completion_tokens']} tokens generated "
           f"in {summary['elapsed_s']:.2f} s ({summary['throughput_tok_s']:.0f} tok/s on CPU)")
     for seq in seqs[:SHOWN_OUTPUTS]:
-        prompt = llm.tokenizer.decode(seq.prompt_token_ids)
-        text = llm.tokenizer.decode(seq.completion_token_ids)
+        prompt = llm.tokenizer.decode(list(seq.prompt_token_ids))
+        text = llm.tokenizer.decode(list(seq.completion_token_ids))
         print(f"  [{seq.seq_id}] {_preview(prompt)!r}\n      -> {_preview(text)!r} "
               f"({seq.num_completion_tokens} tokens, {seq.finish_reason})")
     trace = read_trace(trace_dir)

@@ -196,9 +196,11 @@ def _check_outcome(run: Run) -> None:
             f"expected {reason!r}",
         )
         check(
-            seq.completion_token_ids == tokens and seq.prompt_token_ids == list(spec.prompt),
+            list(seq.completion_token_ids) == tokens
+            and list(seq.prompt_token_ids) == list(spec.prompt),
             "completion",
-            f"seq {seq_id}{again}: completion {seq.completion_token_ids}, expected {tokens}",
+            f"seq {seq_id}{again}: completion {list(seq.completion_token_ids)}, "
+            f"expected {tokens}",
         )
         check(
             sampled.get(seq_id, []) == tokens,

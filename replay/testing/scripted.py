@@ -9,6 +9,7 @@ full block whose KV is computed is entered in the prefix cache with its chain ha
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -194,7 +195,7 @@ def decision_columns(kind: str, cols: dict[str, list]) -> dict[str, list]:
     """A recorded table without its measured columns (what replay must reproduce)."""
     measured = MEASURED_COLUMNS.get(kind, frozenset())
     return {
-        name: [list(v) if isinstance(v, (list, tuple, np.ndarray)) else v for v in values]
+        name: [list(v) if isinstance(v, (list, tuple, np.ndarray, array)) else v for v in values]
         for name, values in cols.items()
         if name not in measured
     }

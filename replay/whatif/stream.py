@@ -31,8 +31,7 @@ from engine.config import Config
 from engine.drive import drive
 from engine.engine_core import EngineCore, StepResult
 from engine.errors import ReplayLLMError
-from engine.sampling_params import INT32_MAX, INT32_MIN
-from engine.sequence import TOKEN_TYPECODE
+from engine.prompt_ids import prompt_token_ids
 from replay.stream_metrics import StreamingMetrics
 from replay.whatif.cost.model import CostModel
 from replay.whatif.notes import variant_notes
@@ -97,21 +96,11 @@ class RequestSource(Protocol):
 
 def prompt_ids(prompt: Any) -> array | list[int]:
     """A prompt (token ids, a numpy array or a recipe) as the engine takes it: an int32
-    ``array('i')`` (one copy of the bytes; the engine then hashes its blocks without converting
-    each token: ``engine.sequence.Sequence``), or the list of ints where a value does not fit
-    int32 (the engine then refuses it with its own message)."""
+    ``array('i')``, or the list of ints where a value does not fit int32 (the engine then
+    refuses it with its own message): ``engine.prompt_ids.prompt_token_ids``."""
     if isinstance(prompt, PromptRecipe):
         prompt = prompt.tokens()
-    if isinstance(prompt, np.ndarray):
-        if prompt.dtype != np.int32:
-            if len(prompt) and (prompt.min() < INT32_MIN or prompt.max() > INT32_MAX):
-                return prompt.tolist()
-            prompt = prompt.astype(np.int32)
-        return array(TOKEN_TYPECODE, prompt.tobytes())
-    try:
-        return array(TOKEN_TYPECODE, prompt)
-    except OverflowError:
-        return list(prompt)
+    return prompt_token_ids(prompt)[0]
 
 
 def sim_request(request: Request, where: str) -> SimRequest:

@@ -11,10 +11,12 @@ and the simulator both feed workloads through this one class; only how a request
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections.abc import Callable, Sequence
 
 from engine.engine_core import EngineCore, StepResult
 from engine.errors import InvalidRequestError
+from engine.prompt_ids import prompt_token_ids
 from engine.sequence import Sequence as EngineSequence
 from replay.workloads.recipe import PromptRecipe, recipe_tokens
 from replay.workloads.request import Request
@@ -59,7 +61,8 @@ class WorkloadInputs:
         self.index_of: dict[int, int] = {}  # seq_id -> request index
         self.due_s: dict[int, float] = {}  # request index -> when it fell due
         self.skipped_turns = 0
-        self.prepared: dict[int, list[int]] = {}  # request index -> its prompt, built ahead
+        # request index -> its prompt, built ahead (an int32 array: engine/prompt_ids.py)
+        self.prepared: dict[int, list[int] | array] = {}
 
     def prepare(self, max_tokens: int) -> int:
         """Build the token-id prompts (recipes materialised, all in one pass) of the first turns
@@ -86,10 +89,12 @@ class WorkloadInputs:
             tokens_in_batch += len(self.requests[index].prompt)  # type: ignore[arg-type]
             if position == len(recipes) - 1 or tokens_in_batch >= PREPARE_BATCH_TOKENS:
                 built = recipe_tokens([self.requests[i].prompt for i in batch])  # type: ignore
-                self.prepared.update((i, tokens.tolist()) for i, tokens in zip(batch, built))
+                self.prepared.update((i, prompt_token_ids(tokens)[0])
+                                     for i, tokens in zip(batch, built))
                 batch, tokens_in_batch = [], 0
         for index in chosen:
-            self.prepared.setdefault(index, self.requests[index].prompt)  # type: ignore[arg-type]
+            if index not in self.prepared:
+                self.prepared[index] = _as_array(self.requests[index].prompt)  # type: ignore
         return held
 
     def _arrival(self, index: int) -> float:
@@ -155,7 +160,16 @@ class WorkloadInputs:
             if seq.finish_reason not in FINISHED_NORMALLY:
                 self._skip_after(index)  # type: ignore[arg-type]
                 continue
-            prompt = seq.prompt_token_ids + seq.completion_token_ids + \
-                self._user_tokens(following)
+            prompt = seq.token_ids[:]  # the previous prompt and answer, then the new tokens
+            prompt.extend(self._user_tokens(following))
             think = self.requests[following].think_time_s if self.timed else 0.0
             heapq.heappush(self.released, (now + think, following, prompt))
+
+
+def _as_array(prompt: list[int]) -> list[int] | array:
+    """A workload's token-id prompt as the engine holds it (``prompt_token_ids``); one that is
+    not token ids stays as given, for the engine to refuse when it falls due."""
+    try:
+        return prompt_token_ids(prompt)[0]
+    except InvalidRequestError:
+        return prompt

@@ -63,6 +63,9 @@ def test_a_host_stall_is_attributed_to_the_causes_that_overlap_it() -> None:
     assert out["stalls_unexplained"] == 1  # step 6
     assert out["steps_after_staging"] == 2  # steps 0 and 8 follow a conversion to Arrow
     assert out["stalls_after_staging"] == 0
+    # per class: how many, and their host beyond the class's median (what a queue waits)
+    assert out["stalls_by_class"] == {"decode": [3, round(0.011 + 0.010 + 0.008, 4)],
+                                      "prefill": [0, 0.0]}
 
 
 def test_the_probe_reports_its_gaps_on_the_shared_clock() -> None:

@@ -74,7 +74,7 @@ def test_admit_changing_a_waiting_sequence_is_one_policy_error(
     before = _state(seq)
     with pytest.raises(PolicyError, match=rf"policy 'bad:Bad' tried to change {message}"):
         core.step()
-    assert _state(seq) == before and seq.token_ids == [1, 2, 3]
+    assert _state(seq) == before and list(seq.token_ids) == [1, 2, 3]
 
 
 @pytest.mark.parametrize("base, hook, change, message", [
@@ -118,7 +118,7 @@ def test_a_policy_that_catches_the_refusal_still_stops_the_step(policy_module) -
     core.add_request([1, 2, 3], GREEDY)
     with pytest.raises(PolicyError, match=r"seq 0's token_ids \(append\) in admit \(bad.py:6\)"):
         core.step()
-    assert core.scheduler.waiting[0].token_ids == [1, 2, 3]
+    assert list(core.scheduler.waiting[0].token_ids) == [1, 2, 3]
 
 
 @pytest.mark.parametrize("change, field", [
@@ -299,6 +299,6 @@ class Snap(Policy):
     core.step()
     shallow, deep, again = core.scheduler.policy.inner.history[0]
     assert type(shallow) is type(deep[0]) is type(again) is Sequence
-    assert shallow.token_ids == [1, 2, 3, 99] and again.token_ids == [1, 2, 3]
-    assert seq.token_ids[:3] == [1, 2, 3] and 99 not in seq.token_ids
+    assert list(shallow.token_ids) == [1, 2, 3, 99] and list(again.token_ids) == [1, 2, 3]
+    assert list(seq.token_ids[:3]) == [1, 2, 3] and 99 not in seq.token_ids
     assert seq.status is SequenceStatus.RUNNING

@@ -108,6 +108,8 @@ def expected_pydict(kind: str, columns: dict[str, list]) -> dict[str, list]:
         values = columns[name]
         if t == "float32":
             values = np.asarray(values, dtype=np.float32).astype(np.float64).tolist()
+        elif t.startswith("list<"):  # an int32 array prompt (engine/prompt_ids.py) as a list
+            values = [None if v is None else list(v) for v in values]
         out[name] = values
     return out
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from array import array
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -151,7 +152,7 @@ def _rows(tables: dict[str, dict[str, list]], through: int) -> dict[str, list[tu
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, (list, np.ndarray)):
+    if isinstance(value, (list, np.ndarray, array)):  # an int32 array prompt in memory
         return tuple(int(v) for v in value)
     return round(float(value), 5) if isinstance(value, float) else value
 

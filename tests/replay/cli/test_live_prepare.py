@@ -72,7 +72,8 @@ def test_beyond_the_budget_prompts_are_built_as_they_fall_due() -> None:
     budget = sum(r.prompt_len for r in requests[:3])  # type: ignore[misc]
     assert inputs.prepare(budget) == budget
     assert set(inputs.prepared) == {0, 1, 2}
-    assert [inputs._prompt(i) for i in range(6)] == [r.prompt_token_ids() for r in workload()]
+    assert [list(inputs._prompt(i)) for i in range(6)] == [r.prompt_token_ids()
+                                                           for r in workload()]
     assert inputs._prompt(6) == "some text" and not inputs.prepared
 
 
@@ -81,7 +82,7 @@ def test_a_later_turns_own_tokens_are_prepared() -> None:
                 Request(PromptRecipe((), 16, 5, salt=9), 2, conversation_id="c", turn=1)]
     inputs = _inputs(requests)
     assert inputs.prepare(1000) == 8
-    assert inputs.prepared[1] == requests[1].prompt_token_ids()
+    assert list(inputs.prepared[1]) == requests[1].prompt_token_ids()
     assert inputs._user_tokens(1) == requests[1].prompt_token_ids()
 
 
@@ -92,4 +93,5 @@ def test_preparing_changes_no_prompt(budget: int, monkeypatch) -> None:
     monkeypatch.setattr(module, "PREPARE_BATCH_TOKENS", 100)  # several numpy passes
     inputs = _inputs(workload())
     inputs.prepare(budget)
-    assert [inputs._prompt(i) for i in range(6)] == [r.prompt_token_ids() for r in workload()]
+    assert [list(inputs._prompt(i)) for i in range(6)] == [r.prompt_token_ids()
+                                                           for r in workload()]

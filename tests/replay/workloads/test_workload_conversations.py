@@ -54,7 +54,7 @@ def test_live_and_simulated_conversations_send_the_same_prompts_and_hit_alike() 
         live_tables = llm.core.events.tables
         live_index = {seq.seq_id: i for i, seq in enumerate(seqs)}
         live = by_request(live_tables, live_index)
-        answers = [seq.completion_token_ids for seq in seqs]
+        answers = [list(seq.completion_token_ids) for seq in seqs]
         config = llm.config
     finally:
         llm.close()

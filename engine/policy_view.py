@@ -85,8 +85,8 @@ class SequenceView:
         return ReadOnlyList(self._seq.block_table, self, "block_table")
 
     def block(self, index: int, block_size: int) -> Any:
-        """``Sequence.block``: a copy of the block's token ids."""
-        return self._seq.block(index, block_size)
+        """``Sequence.block``: a copy of the block's token ids, as a list."""
+        return _listed(self._seq.block(index, block_size))
 
     def append_token(self, token_id: int) -> NoReturn:
         self._guard._refuse(self._seq, "token_ids", "append_token")

@@ -22,6 +22,11 @@ What a client can make the frontend hold is bounded (``engine.server.limits``): 
 (``BodyParser``); a long prompt finding the tokenizing pool full is a 429 with a
 ``Retry-After``. A client that leaves while its prompt is in the pool is never submitted: the
 engine and the trace never see it.
+
+A request that meets a stopped engine (shutting down, or its process dead) is a 503
+``service_unavailable`` with a ``Retry-After`` wherever it meets it: refused by ``submit``, or
+failed by the engine after it (``EngineStopped`` on its stream); a stream, its 200 already
+sent, ends with an error event of that type and ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -249,9 +254,8 @@ async def _serve(state: ServerState, request: Request,
     stream.arrival_s = state.engine.now()
     try:
         state.engine.submit(stream)
-    except EngineStopped as exc:  # shutting down: come back (to the next server) later
-        raise ApiError(str(exc), status=503, kind="service_unavailable",
-                       headers={"Retry-After": str(SHUTDOWN_RETRY_AFTER_S)}) from None
+    except EngineStopped as exc:
+        raise _unavailable(exc) from None
     generation = gen.Generation(state.engine, stream, state.tokenizer, state.metrics, received)
     request_id, created = gen.new_id(parsed.chat), int(time.time())
     if parsed.stream:
@@ -261,6 +265,14 @@ async def _serve(state: ServerState, request: Request,
         return await _whole(state, request, parsed, generation, request_id, created)
     finally:
         generation.close()
+
+
+def _unavailable(exc: EngineStopped) -> ApiError:
+    """The answer to a request that met a stopped engine, wherever it met it (``submit``
+    refused it; or the engine, its process dead or the grace period over, never finished it):
+    a 503 ``service_unavailable``, come back (to the next server) later."""
+    return ApiError(str(exc), status=503, kind="service_unavailable",
+                    headers={"Retry-After": str(SHUTDOWN_RETRY_AFTER_S)})
 
 
 class _EventStream(StreamingResponse):
@@ -304,6 +316,8 @@ async def _whole(state: ServerState, request: Request, parsed: ParsedRequest,
         return Response(status_code=499)
     try:
         text, reason = answer.result()
+    except EngineStopped as exc:  # it stopped after taking the request: as if before
+        raise _unavailable(exc) from None
     except gen.GenerationError as exc:
         raise ApiError(str(exc), status=500, kind="server_error") from None
     return JSONResponse(gen.full_response(parsed.chat, request_id, state.model_name, created,
@@ -344,6 +358,10 @@ async def _events(state: ServerState, parsed: ParsedRequest, generation: gen.Gen
                 text = None if chat else ""
                 yield gen.chunk(chat, request_id, model, created, text, piece.finish_reason,
                                 usage, usage=so_far())
+    except EngineStopped as exc:  # the 200 is sent: the whole answer's 503 as the last event
+        yield gen.sse(_unavailable(exc).body())
+        yield gen.DONE
+        return
     except gen.GenerationError as exc:
         yield gen.sse(ApiError(str(exc), status=500, kind="server_error").body())
         yield gen.DONE

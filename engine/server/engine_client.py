@@ -29,7 +29,13 @@ from engine.prompt_ids import int32_ids
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
-from engine.server.engine_loop import NO_SEQ, RequestIntake, RequestStream, put_all
+from engine.server.engine_loop import (
+    NO_SEQ,
+    EngineStopped,
+    RequestIntake,
+    RequestStream,
+    put_all,
+)
 from engine.server.engine_proc import EngineInfo, EngineSpec, PipeCounts, spawn_engine
 from engine.server.frames import MessageReader, pipe_room
 from engine.server.step_stats import StepStats
@@ -131,8 +137,13 @@ class EngineProcess(RequestIntake):
         stream.seq_id = next(self._ids)
         self._streams[stream.seq_id] = stream
         # An int32 array pickles as its bytes: the engine's process unpickles no int a token.
-        self._send(("add", stream.seq_id, int32_ids(stream.token_ids), stream.params,
-                    stream.arrival_s, stream.priority))
+        if not self._send(("add", stream.seq_id, int32_ids(stream.token_ids), stream.params,
+                           stream.arrival_s, stream.priority)):
+            # The write met a broken pipe: refused as a stopped engine's (a stream's 503 comes
+            # before its 200), not failed later through the stream.
+            if self._streams.pop(stream.seq_id, None) is not None:
+                self._retire(1)
+            raise EngineStopped(str(self.error))
 
     def finish(self, stream: RequestStream, reason: str) -> None:
         """Finish a request from outside: ``aborted`` (the client left) or ``stop``."""
@@ -140,9 +151,10 @@ class EngineProcess(RequestIntake):
             self._retire(1)
             self._send(("finish", stream.seq_id, reason))
 
-    def _send(self, message: tuple) -> None:
+    def _send(self, message: tuple) -> bool:
         """Write ``message`` to the engine now where that cannot block (nothing queued before
-        it, room for it in the pipe); otherwise queue it for the sender thread. Never blocks."""
+        it, room for it in the pipe); otherwise queue it for the sender thread. Never blocks.
+        False: the write met a broken pipe (the engine process is gone)."""
         payload = bytes(ForkingPickler.dumps(message))  # what ``Connection.send`` writes
         if self._write_lock.acquire(blocking=False):
             try:
@@ -151,15 +163,22 @@ class EngineProcess(RequestIntake):
                 if not self._queued and room is not None and needed <= room:
                     self.conn.send_bytes(payload)
                     self.counts.command(message[0])
-                    return
-            except OSError as exc:
-                self.error = self.error or exc
-                return
+                    return True
+            except OSError:
+                self._pipe_broke()
+                return False
             finally:
                 self._write_lock.release()
         with self._queue_lock:
             self._queued += 1
         self._outbox.put((message[0], payload))
+        return True
+
+    def _pipe_broke(self) -> None:
+        """A command could not be written: the engine process is gone (its end closed). Said
+        as the reader says it when it finds the process gone (which may come first or after),
+        not as the write's ``[Errno 32] Broken pipe``."""
+        self.error = self.error or ReplayLLMError("the engine process died")
 
     def _send_loop(self) -> None:
         """The sender thread: the queued commands to the pipe, in order, until ``None``."""
@@ -171,8 +190,8 @@ class EngineProcess(RequestIntake):
             try:
                 with self._write_lock:
                     self.conn.send_bytes(payload)
-            except OSError as exc:
-                self.error = self.error or exc
+            except OSError:
+                self._pipe_broke()
                 return
             finally:
                 with self._queue_lock:
@@ -206,7 +225,8 @@ class EngineProcess(RequestIntake):
             self.error = ReplayLLMError(message[2])
         self._stop_reading()
         self._closed.set()
-        self._fail_all("the server is shutting down")
+        self._fail_all("the server is shutting down" if message[2] is None
+                       else f"the engine failed: {message[2]}")
 
     def _stop_reading(self) -> None:
         if self._loop is not None:
@@ -239,10 +259,13 @@ class EngineProcess(RequestIntake):
             self._stats.apply(StepStats(*stats))
 
     def _fail_all(self, message: str) -> None:
+        """End every open request with ``EngineStopped(message)``: the engine stopped (its
+        process died or closed) before finishing them; also those just sent down a broken
+        pipe (the process dead before its EOF was read)."""
         streams = list(self._streams.values())
         self._streams.clear()
         for stream in streams:
-            stream.queue.put_nowait(([], None, message))
+            stream.queue.put_nowait(([], None, EngineStopped(message)))
         if streams:
             self._retire(len(streams))
 

@@ -34,7 +34,9 @@ NO_SEQ = -1
 
 
 class EngineStopped(Exception):
-    """The engine takes no more requests (shutting down, or it failed)."""
+    """The engine takes no more requests (shutting down, or it failed): what ``submit`` raises,
+    and the error a submitted request's stream gets when the engine stopped before finishing
+    it (the server answers both with a 503)."""
 
 
 @dataclass(eq=False)
@@ -42,7 +44,9 @@ class RequestStream:
     """One request between the frontend and the engine thread.
 
     ``queue`` (on the frontend's event loop) receives ``(token_ids, finish_reason, error)``
-    items: new tokens of a step, the engine's finish reason when it finished, or an error.
+    items: new tokens of a step, the engine's finish reason when it finished, or an error: the
+    engine's refusal of the request (a str) or ``EngineStopped`` (it stopped before finishing
+    the request).
     """
 
     token_ids: list[int]
@@ -54,6 +58,10 @@ class RequestStream:
     seq_id: int = NO_SEQ  # set by the engine thread when it is added
     answered: bool = False  # a token has been handed to ``queue`` (``put_all``)
     priority: int = 0  # lower is served first under policy=priority (the request's own)
+
+
+# What the engine hands a stream: ``(stream, token_ids, finish_reason, error)``.
+Delivery = tuple[RequestStream, list[int], str | None, str | EngineStopped | None]
 
 
 class RequestIntake:
@@ -202,7 +210,7 @@ class EngineLoop(RequestIntake):
         with self._cond:
             commands = list(self._commands)
             self._commands.clear()
-        deliveries: list[tuple[RequestStream, list[int], str | None, str | None]] = []
+        deliveries: list[Delivery] = []
         ended = False  # a request ended here, between steps: the gauges need its change
         for action, stream, reason in commands:
             if action == "add":
@@ -225,8 +233,8 @@ class EngineLoop(RequestIntake):
         self._deliver(deliveries)
 
     def _add(self, core: EngineCore, stream: RequestStream, deliveries: list) -> None:
-        if self._stop:
-            deliveries.append((stream, [], None, "the server is shutting down"))
+        if self._stop:  # submitted before intake stopped, not taken before the grace ended
+            deliveries.append((stream, [], None, EngineStopped("the server is shutting down")))
             self._retire(1)
             return
         seq = core.add_request(stream.token_ids, stream.params, arrival_s=stream.arrival_s,
@@ -248,7 +256,7 @@ class EngineLoop(RequestIntake):
     def on_result(self, result: StepResult, now: float) -> None:
         """Hand the step's tokens and finishes to their streams (one event-loop call)."""
         streams = self._streams
-        deliveries: list[tuple[RequestStream, list[int], str | None, str | None]] = []
+        deliveries: list[Delivery] = []
         finished = {seq.seq_id: seq.finish_reason for seq in result.finished}
         for seq, token in zip(result.batch.sampled_seqs, result.output.token_ids):
             stream = streams.get(seq.seq_id)
@@ -277,7 +285,7 @@ class EngineLoop(RequestIntake):
             self._commands.clear()
         streams = list(self._streams.values()) + pending
         self._streams.clear()
-        self._deliver([(stream, [], None, message) for stream in streams])
+        self._deliver([(stream, [], None, EngineStopped(message)) for stream in streams])
         self._retire(len(streams))
 
     def _observe(self, result: StepResult) -> None:
@@ -285,7 +293,7 @@ class EngineLoop(RequestIntake):
         self._stats.apply(step_stats(self.core, result))
 
 
-def put_all(deliveries: list[tuple[RequestStream, list[int], str | None, str | None]]) -> None:
+def put_all(deliveries: list[Delivery]) -> None:
     """Put each ``(stream, tokens, finish_reason, error)`` on its stream's queue (event-loop
     thread), first tokens before the rest: the streams' tasks run in the order their queues
     got an item, and a request's first token would otherwise wait, as its TTFT, behind the

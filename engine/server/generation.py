@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from engine.server.engine_loop import RequestStream
+from engine.server.engine_loop import EngineStopped, RequestStream
 from engine.server.fast_text import StreamDetokenizer, backend_decoder
 
 # The engine's finish reasons as OpenAI's.
@@ -18,7 +18,8 @@ OPENAI_FINISH = {"eos": "stop", "stop": "stop", "length": "length", "aborted": "
 
 
 class GenerationError(Exception):
-    """The engine refused or failed the request after it was queued."""
+    """The engine refused the request after it was queued (an engine that stopped before
+    finishing it raises ``EngineStopped`` instead)."""
 
 
 @dataclass
@@ -54,7 +55,9 @@ class Generation:
                 "total_tokens": self.num_prompt_tokens + self.num_completion_tokens}
 
     async def pieces(self) -> AsyncIterator[Piece]:
-        """The answer's text as it becomes final; the last piece carries the finish reason."""
+        """The answer's text as it becomes final; the last piece carries the finish reason.
+        ``GenerationError``: the engine refused the request; ``EngineStopped``: the engine
+        stopped (died, or the server's grace period ended) before finishing it."""
         try:
             while True:
                 tokens, reason, error = await self.stream.queue.get()
@@ -65,6 +68,8 @@ class Generation:
                     tokens = tokens + more
                 if error is not None:
                     self.done = True
+                    if isinstance(error, EngineStopped):
+                        raise error
                     raise GenerationError(error)
                 text = self.detok.add(tokens)
                 # The detokenizer takes tokens up to the one that completes a stop string and

@@ -150,9 +150,11 @@ def serve(
     stream ends with ``finish_reason`` ``abort`` and ``[DONE]``), closes the trace (complete)
     and returns: ``replayllm serve`` prints its summary line and exits 0; a signal during the
     start-up stops the server as soon as it has started (``StopRequest``). A request that
-    reaches the engine after intake stopped is a 503 with ``Retry-After``. An engine that died
-    (its process killed) fails every open request with an error event or a 500 and every new
-    one with a 503, ``/health`` says 503, and the server stops with ``the engine failed``
+    reaches the engine after intake stopped, or that the engine thread (``engine_mode``
+    ``thread``) had not taken when the grace period ended, is a 503 with ``Retry-After``. An
+    engine that died (its process killed) fails every open request and every new one with a
+    503 (a stream, its 200 sent: an error event of that type and ``[DONE]``), ``/health`` says
+    503, and the server stops with ``the engine failed``
     (``replayllm serve`` exits 2); its trace keeps the steps flushed so far (incomplete).
     ``max_request_bytes`` (None: from the context) and ``max_waiting_prompts`` (None: the
     default): what a client may make the frontend hold (``engine.server.limits``).

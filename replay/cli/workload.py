@@ -143,8 +143,12 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _command(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: v for k, v in vars(args).items() if k not in ("command", "workload_command")
-            and not (isinstance(v, float) and math.isinf(v))}
+    """The options of the command, as its output's header records them: every one, so that
+    given back they write the same file. A float JSON cannot hold (``--rate inf``, import's
+    default ``--end``) is the string the option takes (``inf``); dropped, the header's command
+    lost the rate and kept the ``poisson`` it implied, which without one is an error."""
+    return {k: str(v) if isinstance(v, float) and not math.isfinite(v) else v
+            for k, v in vars(args).items() if k not in ("command", "workload_command")}
 
 
 def _import(args: argparse.Namespace) -> int:

@@ -7,11 +7,13 @@ chunks, so a 27-million-row file fits in bounded memory. Every row must have as 
 the header: a row with more or fewer (an unquoted comma, a cut line) would put values under the
 wrong column. Quoting is RFC 4180's (``csv`` strict): a quoted field may hold commas and line
 ends, and a row is named by the line it starts on; a quote never closed is an error, not a last
-field holding every row after it. Prompts are recipes of the trace's lengths with tokens
-unique to each request (the traces carry no text and no prefix structure). Each source yields
-``(where, arrival seconds after the first row, prompt tokens, output tokens)``;
-``replay.workloads.imports`` turns them into requests. A malformed cell raises
-``WorkloadFormatError`` naming file, line and column.
+field holding every row after it. A malformed row is an error once the reader reaches it, the
+rows before it given first: an import that stops reading earlier (``--limit``, ``--end``) never
+meets it, and reads little past its stop (the first chunks are small: ``FIRST_CHUNK_ROWS``).
+Prompts are recipes of the trace's lengths with tokens unique to each request (the traces
+carry no text and no prefix structure). Each source yields ``(where, arrival seconds after the
+first row, prompt tokens, output tokens)``; ``replay.workloads.imports`` turns them into
+requests. A malformed cell raises ``WorkloadFormatError`` naming file, line and column.
 
 Times (``TIMESTAMP`` of Azure, ``Timestamp`` of BurstGPT): ISO 8601 date-times, all with a
 time zone (converted to UTC) or all without one (a file mixing both is an error: the zone of the
@@ -23,7 +25,7 @@ in none of those ranges, or of another unit than the first row's, is an error).
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ from replay.workloads.import_options import COUNT_LIMIT
 from replay.workloads.text_input import TEXT_ERRORS, open_text, read_error
 
 CHUNK_ROWS = 100_000
+FIRST_CHUNK_ROWS = 1024  # then twice as many a chunk, up to CHUNK_ROWS
 KINDS = {"azure": "an Azure LLM inference CSV", "burstgpt": "a BurstGPT CSV"}
 # (file:line, arrival_s, prompt tokens, output tokens, BurstGPT's Model when asked for)
 Row = tuple[str, float, int, int, str | None]
@@ -70,16 +73,21 @@ def _columns(where: str, header: list[str], fmt: str, extra: tuple[str, ...]) ->
 def _chunks(path: str | Path, fmt: str, extra: tuple[str, ...] = ()
             ) -> Iterator[tuple[list[int], list[Any]]]:
     """(line numbers, one pandas Series of strings per needed column, then per ``extra``
-    column) per chunk of rows."""
+    column) per chunk of rows; a row that is no CSV record of the header's fields, or text
+    that cannot be read, is an error raised after the rows before it are yielded."""
     import pandas as pd
 
     needed = NEEDS[fmt][1] + extra
+    lines: list[int] = []
+    cells: list[list[str]] = [[] for _ in needed]
+    error: WorkloadFormatError | None = None
     handle = open_text(path, newline="")
     with handle:
         # strict: a quote left open is an error at the end of the file, never one last field
         # holding every row after it (the rows lost in silence)
         reader = csv.reader(handle, strict=True)
         start = 1  # the line a record starts on (a quoted field may hold line ends)
+        size = FIRST_CHUNK_ROWS
         try:
             header = next(reader, None)
             while header is not None and _blank(header):
@@ -87,31 +95,33 @@ def _chunks(path: str | Path, fmt: str, extra: tuple[str, ...] = ()
             if header is None:
                 raise WorkloadFormatError(f"{path}: empty file: not {KINDS[fmt]} (no header)")
             index = _columns(f"{path}:{start}", header, fmt, extra)
-            lines: list[int] = []
-            cells: list[list[str]] = [[] for _ in needed]
             start = reader.line_num + 1
             for row in reader:
                 row_start, start = start, reader.line_num + 1
                 if _blank(row):
                     continue
                 if len(row) != len(header):
-                    raise WorkloadFormatError(
+                    error = WorkloadFormatError(
                         f"{path}:{row_start}: {len(row)} fields, the header has "
                         f"{len(header)} (an unquoted comma or a cut line?)")
+                    break
                 lines.append(row_start)
                 for column, i in zip(cells, index):
                     column.append(row[i])
-                if len(lines) >= CHUNK_ROWS:
+                if len(lines) >= size:
                     yield lines, [pd.Series(c, dtype=object) for c in cells]
                     lines, cells = [], [[] for _ in needed]
-            if lines:
-                yield lines, [pd.Series(c, dtype=object) for c in cells]
+                    size = min(2 * size, CHUNK_ROWS)
         except csv.Error as exc:
             runs = (f"; the record starting here runs to line {reader.line_num}: a quote "
                     "opened and never closed?" if reader.line_num > start else "")
-            raise WorkloadFormatError(f"{path}:{start}: malformed CSV ({exc}){runs}") from None
+            error = WorkloadFormatError(f"{path}:{start}: malformed CSV ({exc}){runs}")
         except TEXT_ERRORS as exc:
-            raise read_error(path, exc) from None
+            error = read_error(path, exc)
+        if lines:
+            yield lines, [pd.Series(c, dtype=object) for c in cells]
+    if error is not None:
+        raise error from None
 
 
 def _bad(path: str | Path, lines: list[int], mask: np.ndarray, values: Any, column: str,
@@ -152,6 +162,16 @@ class _Clock:
         return f"{what}, as line {self.first_line}"
 
     def nanoseconds(self, lines: list[int], values: Any) -> np.ndarray:
+        """The times of a chunk's rows as nanoseconds; a chunk it refuses decides nothing (the
+        first chunk read sets the form and unit)."""
+        decided = (self.form, self.unit, self.first_line)
+        try:
+            return self._nanoseconds(lines, values)
+        except WorkloadFormatError:
+            self.form, self.unit, self.first_line = decided
+            raise
+
+    def _nanoseconds(self, lines: list[int], values: Any) -> np.ndarray:
         import pandas as pd
 
         numbers = pd.to_numeric(values, errors="coerce").to_numpy(dtype=float)
@@ -185,20 +205,53 @@ class _Clock:
         return parsed.dt.tz_localize(None).to_numpy(dtype="datetime64[ns]").astype(np.int64)
 
 
+Parsed = tuple[np.ndarray, np.ndarray, np.ndarray]  # a chunk's nanoseconds, prompts, outputs
+
+
 def _rows(path: str | Path, fmt: str, epoch: bool, model: bool = False) -> Iterator[Row]:
+    """The rows of a CSV trace (``Row``), in file order; a malformed row raises once the rows
+    before it are given."""
     time, prompt_column, output_column = NEEDS[fmt][1]
     clock = _Clock(path, time, epoch)
+
+    def parse(lines: list[int], columns: list[Any]) -> Parsed:
+        return (clock.nanoseconds(lines, columns[0]),
+                _counts(path, lines, columns[1], prompt_column),
+                _counts(path, lines, columns[2], output_column))
+
     origin: int | None = None
-    for lines, (times, prompts, outputs, *models) in _chunks(path, fmt,
-                                                             (MODEL,) if model else ()):
-        ns = clock.nanoseconds(lines, times)
-        prompt = _counts(path, lines, prompts, prompt_column)
-        output = _counts(path, lines, outputs, output_column)
+    for lines, columns in _chunks(path, fmt, (MODEL,) if model else ()):
+        error: WorkloadFormatError | None = None
+        try:
+            ns, prompt, output = parse(lines, columns)
+        except WorkloadFormatError as exc:  # the rows before the first malformed one first
+            good, error = _first_bad(parse, lines, columns, exc)
+            if not good:
+                raise error from None
+            lines, columns = lines[:good], [c.iloc[:good] for c in columns]
+            ns, prompt, output = parse(lines, columns)
         if origin is None:
             origin = int(ns[0])
         seconds = (ns - origin) / 1e9  # exact to the nanosecond before the float division
         yield from zip((f"{path}:{line}" for line in lines), seconds.tolist(), prompt.tolist(),
-                       output.tolist(), models[0].tolist() if models else [None] * len(lines))
+                       output.tolist(), columns[3].tolist() if model else [None] * len(lines))
+        if error is not None:
+            raise error
+
+
+def _first_bad(parse: Callable[[list[int], list[Any]], Parsed], lines: list[int],
+               columns: list[Any], error: WorkloadFormatError) -> tuple[int, WorkloadFormatError]:
+    """(index, error) of the first row of a chunk that ``parse`` refused (``error``), found by
+    bisecting its leading rows: a row's checks do not depend on the rows after it."""
+    good, bad = 0, len(lines)  # the first ``good`` rows parse, the first ``bad`` do not
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        try:
+            parse(lines[:middle], [c.iloc[:middle] for c in columns])
+            good = middle
+        except WorkloadFormatError as exc:
+            bad, error = middle, exc
+    return good, error
 
 
 def azure_rows(path: str | Path) -> Iterator[Row]:

@@ -74,10 +74,14 @@ class ImportOptions:
 class Gate:
     """What ``select`` will drop of a first turn by its time or by ``--limit`` alone, whatever
     the request: a source asks before building a costly one (ShareGPT's tokenizing is nearly
-    all of its import's time) and yields the reason instead. ``first_turns``: kept so far."""
+    all of its import's time) and yields the reason instead. ``first_turns``: kept so far;
+    ``in_conversation``: whether a kept request belongs to a conversation (its later turns may
+    follow). A source whose rows are in time order asks ``closed`` after each row and stops
+    reading where no later row can be kept (``stop``: where and why, for ``ImportCounts``)."""
 
     def __init__(self, options: ImportOptions) -> None:
-        self.options, self.first_turns = options, 0
+        self.options, self.first_turns, self.in_conversation = options, 0, False
+        self.stopped: str | None = None
 
     def drops(self, seconds: float) -> str | None:
         """Why a first turn arriving at ``seconds`` of the trace, read now, is dropped, if it
@@ -89,30 +93,63 @@ class Gate:
             return f"beyond --limit {options.limit}"
         return None
 
+    def full(self) -> str | None:
+        """Why no first turn read from now on is kept, if ``--limit`` first turns are."""
+        limit = self.options.limit
+        if limit is not None and self.first_turns >= limit:
+            return f"--limit {limit} first turns kept"
+        return None
+
+    def closed(self, seconds: float) -> str | None:
+        """Why no first turn arriving at ``seconds`` of the trace or later, read from now on, is
+        kept (``full``, or ``seconds`` at or past ``--end``), if none is; None while none is kept
+        yet: such an import keeps nothing whatever follows, and reads on for the error naming
+        the whole trace's span (``select``)."""
+        if not self.first_turns:
+            return None
+        if seconds < self.options.end_s:
+            return self.full()
+        return (f"it arrives at {seconds:g} s of the trace, at or after --end "
+                f"{self.options.end_s:g}, and rows are in time order")
+
+    def stop(self, where: str, why: str) -> None:
+        """Record that the source stopped reading after the row at ``where``, for ``why``."""
+        self.stopped = (f"stopped reading at {where} ({why}): no later row could be kept; "
+                        "the rows after it are neither counted nor checked")
+
 
 @dataclass
 class ImportCounts:
-    """Every request read, kept, dropped (by reason) or changed (by what)."""
+    """Every request read, kept, dropped (by reason) or changed (by what); ``stopped``: where
+    and why the source stopped reading before its end (``Gate.stop``), None if it read all."""
 
     read: int = 0
     kept: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
     changed: dict[str, int] = field(default_factory=dict)
+    stopped: str | None = None
 
     def drop(self, reason: str, n: int = 1) -> None:
+        """Count ``n`` requests dropped for ``reason``."""
         self.dropped[reason] = self.dropped.get(reason, 0) + n
 
     def change(self, what: str) -> None:
+        """Count one request changed (``what``: how)."""
         self.changed[what] = self.changed.get(what, 0) + 1
 
     def to_dict(self) -> dict[str, object]:
-        return asdict(self)
+        """The counts for a workload file's header (``stopped`` only where reading stopped)."""
+        counts = asdict(self)
+        if self.stopped is None:
+            del counts["stopped"]
+        return counts
 
     def describe(self) -> str:
+        """The counts in one line (the import's summary), where reading stopped last."""
         parts = [f"read {self.read:,}", f"kept {self.kept:,}"]
         parts += [f"dropped {n:,} ({why})" for why, n in sorted(self.dropped.items())]
         parts += [f"{what}: {n:,}" for what, n in sorted(self.changed.items())]
-        return ", ".join(parts)
+        return ", ".join(parts) + (f"; {self.stopped}" if self.stopped else "")
 
 
 def make_request(prompt: PromptRecipe | list[int], output_len: int, options: ImportOptions,

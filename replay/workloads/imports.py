@@ -5,7 +5,10 @@ Formats (docs/workloads.md, "Importing"): ``azure`` (Azure LLM inference 2023 an
 conversations, tokenized with the Qwen vocabulary) and ``replayllm`` (this project's JSONL or
 Parquet). ``ImportOptions`` selects a time window and a number of requests, scales time and
 clips or drops long prompts; ``ImportCounts`` counts every request read and every one dropped
-or changed, by reason, so nothing is lost silently.
+or changed, by reason, so nothing is lost silently. A source whose rows are in time order stops
+reading where no later row can be kept (past ``--end``, or ``--limit`` first turns kept:
+``Gate.closed``); ``ImportCounts.stopped`` says where, and the rows after it are neither
+counted nor checked.
 """
 
 from __future__ import annotations
@@ -82,13 +85,15 @@ def _one_model(path: str | Path, rows: Iterator[tuple[str, float, int, int, str 
                                   f"present: {listed})")
 
 
-def trace_arrivals(rows: Iterator[tuple[str, float, Request | Dropped]]
+def trace_arrivals(rows: Iterator[tuple[str, float, Request | Dropped]], gate: Gate | None = None
                    ) -> Iterator[tuple[float, Request | Dropped]]:
     """A trace's (where, seconds, request) rows as (seconds after its first row, request).
 
     The one rule of every trace format's times: arrivals count from the first row (a trace of
     epoch times, or one whose first row is at 5 s, starts at once), and rows come in time order
-    (equal times allowed): a row before the one above it is an error naming both."""
+    (equal times allowed): a row before the one above it is an error naming both. With
+    ``select``'s ``gate``, reading stops after the row where the gate is ``closed`` (every later
+    row, arriving no earlier, would be dropped): the rows after it are not read, nor checked."""
     first = previous = 0.0
     previous_where = ""
     for where, seconds, request in rows:
@@ -100,6 +105,34 @@ def trace_arrivals(rows: Iterator[tuple[str, float, Request | Dropped]]
                 f"({previous_where}): a trace's rows must be in time order (sort it first)")
         previous, previous_where = seconds, where
         yield seconds - first, request
+        if gate is not None and (why := gate.closed(seconds - first)) is not None:
+            gate.stop(where, why)
+            _close(rows)
+            return
+
+
+def _close(rows: Iterator[object]) -> None:
+    """Close a generator left unfinished (its file with it) now, not when it is collected."""
+    close = getattr(rows, "close", None)
+    if close is not None:
+        close()
+
+
+def _workload_pairs(path: str | Path, options: ImportOptions, gate: Gate | None
+                    ) -> Iterator[tuple[float | None, Request]]:
+    """A workload file's requests as (arrival or None for a later turn, request). Its rows need
+    not be in time order and a conversation's turns may lie anywhere after its first: reading
+    stops only where ``--limit`` first turns are kept and none of the kept requests belongs to
+    a conversation (no later row can then be kept)."""
+    from replay.workloads.store import read_workload
+
+    requests = read_workload(path, options.ignore_unknown_fields)
+    for number, request in enumerate(requests, 1):
+        yield (None if request.follows_previous_turn else request.arrival_s), request
+        if gate is not None and not gate.in_conversation and (why := gate.full()) is not None:
+            gate.stop(f"request {number:,} of {path}", why)
+            _close(requests)
+            return
 
 
 def check_format_options(fmt: str, given: set[str]) -> None:
@@ -116,33 +149,30 @@ def source(path: str | Path, fmt: str, options: ImportOptions, gate: Gate | None
     """(trace seconds or None for a later turn, request or why the row is dropped) of a file,
     in file order; a request's ``max_tokens`` may be 0 here (the trace generated nothing) and
     is fixed by ``select``. ``gate``: ``select``'s, for sources that skip building what it
-    drops."""
+    drops and stop reading where it keeps nothing more (``trace_arrivals``)."""
     check_format_options(fmt, {flag for name, flag, unset, _ in FORMAT_OPTIONS
                                if getattr(options, name) != unset})
     if fmt == "azure":
         from replay.workloads.csv_sources import azure_rows
 
-        return trace_arrivals(_lengths_rows(azure_rows(path), options))
+        return trace_arrivals(_lengths_rows(azure_rows(path), options), gate)
     if fmt == "burstgpt":
         from replay.workloads.csv_sources import burstgpt_rows
 
         rows = burstgpt_rows(path, model=options.filter_model is not None)
         if options.filter_model is not None:
             rows = _one_model(path, rows, options.filter_model)
-        return trace_arrivals(_lengths_rows(rows, options, BURSTGPT_FAILED))
+        return trace_arrivals(_lengths_rows(rows, options, BURSTGPT_FAILED), gate)
     if fmt == "mooncake":
         from replay.workloads.json_sources import mooncake_requests
 
-        return trace_arrivals(mooncake_requests(path, options))
+        return trace_arrivals(mooncake_requests(path, options), gate)
     if fmt == "sharegpt":
         from replay.workloads.json_sources import sharegpt_requests
 
         return sharegpt_requests(path, options, gate)
     if fmt == "replayllm":
-        from replay.workloads.store import read_workload
-
-        return ((None if r.follows_previous_turn else r.arrival_s, r)
-                for r in read_workload(path, options.ignore_unknown_fields))
+        return _workload_pairs(path, options, gate)
     raise InvalidRequestError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
 
 
@@ -177,7 +207,8 @@ def select(pairs: Iterator[tuple[float | None, Request | Dropped]], options: Imp
 
     A later turn follows its conversation's first turn: out of the window or dropped with it.
     Keeping no request at all is an error (``name`` is the source's, for its message).
-    ``gate``: the one given to the source, if any (it counts the first turns kept)."""
+    ``gate``: the one given to the source, if any (it counts the first turns kept, and says
+    where the source stopped reading: ``counts.stopped``)."""
     kept_conversations: set[str] = set()
     gate = gate or Gate(options)
     span = (math.inf, -math.inf)  # first and last first-turn times read
@@ -220,9 +251,11 @@ def select(pairs: Iterator[tuple[float | None, Request | Dropped]], options: Imp
         _check_kept(fitted, seconds, options, f"{name}: request {counts.read}")
         if conversation is not None:
             kept_conversations.add(conversation)
+            gate.in_conversation = True
         gate.first_turns += not fitted.follows_previous_turn
         counts.kept += 1
         yield fitted
+    counts.stopped = gate.stopped
     if not counts.kept:
         raise WorkloadFormatError(_nothing_kept(name, options, counts, span))
 

@@ -231,7 +231,10 @@ def sharegpt_requests(path: str | Path, options: ImportOptions, gate: Gate | Non
 
     A conversation is ``conversations``, ``messages`` or ``conversation`` (``_conversation``):
     messages in ShareGPT's ``from``/``value`` form or the chat form's ``role``/``content``.
-    Questions, and system messages, before an answer are its turn's prompt."""
+    Questions, and system messages, before an answer are its turn's prompt. Conversations
+    start in file order, never earlier than the one before: reading stops after a whole
+    conversation where ``gate`` is ``closed`` (each has its own id, so no later entry holds a
+    turn of a kept one)."""
     from engine.model.checkpoint import default_model_dir
     from engine.model.tokenizer import load_tokenizer
 
@@ -254,21 +257,30 @@ def sharegpt_requests(path: str | Path, options: ImportOptions, gate: Gate | Non
             dropped = NOT_UNICODE
         if dropped is not None:  # the whole conversation: nothing to tokenize
             yield from _dropped_whole(messages, start, dropped)
+        else:
+            yield from _turns(messages, start, conversation, tokenizer, options)
+        if gate is not None and (why := gate.closed(start)) is not None:
+            gate.stop(where, why)
+            return
+
+
+def _turns(messages: list[tuple[str, str]], start: float, conversation: str, tokenizer: Any,
+           options: ImportOptions) -> Iterator[tuple[float | None, Request | str]]:
+    """``sharegpt_requests``'s pairs of one conversation starting at ``start``, tokenized."""
+    pending: list[int] = []
+    turn = 0
+    for role, text in messages:
+        tokens = tokenizer.encode(text, add_special_tokens=False)
+        if role not in ASSISTANT:
+            pending += tokens
             continue
-        pending: list[int] = []
-        turn = 0
-        for role, text in messages:
-            tokens = tokenizer.encode(text, add_special_tokens=False)
-            if role not in ASSISTANT:
-                pending += tokens
-                continue
-            if not pending:  # nothing to send (ShareGPT splits start with one)
-                yield (start if turn == 0 else None), "answer with no question text before it"
-                continue
-            extra: dict[str, Any] = {"conversation_id": conversation, "turn": turn}
-            yield (start if turn == 0 else None), make_request(pending, len(tokens), options,
+        if not pending:  # nothing to send (ShareGPT splits start with one)
+            yield (start if turn == 0 else None), "answer with no question text before it"
+            continue
+        extra: dict[str, Any] = {"conversation_id": conversation, "turn": turn}
+        yield (start if turn == 0 else None), make_request(pending, len(tokens), options,
                                                            **extra)
-            pending, turn = [], turn + 1
-        if pending:  # a last question with no answer: sent, its output length 0 (counted)
-            yield (start if turn == 0 else None), make_request(
-                pending, 0, options, conversation_id=conversation, turn=turn)
+        pending, turn = [], turn + 1
+    if pending:  # a last question with no answer: sent, its output length 0 (counted)
+        yield (start if turn == 0 else None), make_request(
+            pending, 0, options, conversation_id=conversation, turn=turn)

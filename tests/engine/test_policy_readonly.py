@@ -302,3 +302,17 @@ class Snap(Policy):
     assert list(shallow.token_ids) == [1, 2, 3, 99] and list(again.token_ids) == [1, 2, 3]
     assert list(seq.token_ids[:3]) == [1, 2, 3] and 99 not in seq.token_ids
     assert seq.status is SequenceStatus.RUNNING
+
+
+def test_a_policy_reads_an_array_held_prompt_as_a_list() -> None:
+    """The engine holds token ids as an int32 array (engine/prompt_ids.py); a policy still reads
+    a list: equal to one, sliced to one, added to one, shown as one, its blocks as lists."""
+    from array import array
+
+    guard = make_policy(CONFIG.replace(policy="engine.policy:Chunked"))
+    view = SequenceView(Sequence(0, array("i", [1, 2, 3]), GREEDY), guard)
+    ids = view.token_ids
+    assert ids == [1, 2, 3] and ids == array("i", [1, 2, 3]) and ids != [1, 2]
+    assert ids[:2] == [1, 2] and type(ids[:2]) is list and ids[1] == 2
+    assert ids + [4] == [1, 2, 3, 4] and [0] + ids == [0, 1, 2, 3]
+    assert repr(ids) == "[1, 2, 3]" and view.block(0, 2) == [1, 2]

@@ -88,3 +88,30 @@ def test_a_prefill_payload_is_the_prompts_slices_in_one_int32_buffer() -> None:
     payload = payload_from_batch(batch, decode=False)
     assert isinstance(payload.input_ids, array)
     assert payload.input_ids.tolist() == [1, 2, 3, 6, 7, 8, 11]
+
+
+def test_the_graph_paths_stage_an_int32_payload_as_they_staged_a_list() -> None:
+    """The CUDA-graph prefill and mixed steps write a payload's ids into numpy staging buffers
+    (``stage_prefill``, ``stage_mixed``): an int32 array stages the very values a list did."""
+    import numpy as np
+
+    from engine.runner.mixed_graphs import stage_mixed
+    from engine.runner.prefill_graphs import STAGED_ROWS, stage_prefill
+
+    ids = [5, 6, 7, 8, 9, 10, 42]  # two prompt chunks (3 and 3 tokens), one decode row
+    query, context, tables = [3, 3, 1], [3, 5, 9], [[0], [1, 2], [3, 4, 5]]
+
+    def staged(form: Any, mixed: bool) -> list[np.ndarray]:
+        i64 = np.full((STAGED_ROWS, 32), -7, dtype=np.int64)
+        i32 = np.zeros(64, dtype=np.int32)
+        blocks = np.zeros((24, 8), dtype=np.int32)
+        if mixed:
+            stage_mixed(i64, i32, blocks, form, query, context, tables, 2, 4, (8, 4))
+        else:
+            stage_prefill(i64, i32, blocks, form[:6], query[:2], context[:2], tables[:2], 4,
+                          8, 16)
+        return [i64, i32, blocks]
+
+    for mixed in (False, True):
+        for got, want in zip(staged(array("i", ids), mixed), staged(ids, mixed)):
+            assert np.array_equal(got, want)

@@ -134,7 +134,8 @@ def test_conversations_the_import_drops_whole_are_not_tokenized(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A conversation past ``--limit`` or outside the window is dropped whole, so its text is
     not tokenized (before: every message of the file was, ~2 ms a conversation: minutes for a
-    600 MB ShareGPT file with ``--limit 10``); the counts are those of tokenizing it all."""
+    600 MB ShareGPT file with ``--limit 10``); the counts are those of tokenizing it all, up to
+    where reading stops (after the conversation that reaches ``--limit``)."""
     from engine.model import tokenizer as tokenizer_module
 
     real = tokenizer_module.load_tokenizer
@@ -160,10 +161,10 @@ def test_conversations_the_import_drops_whole_are_not_tokenized(
         requests, counts = run(path, **options)  # type: ignore[arg-type]
         assert {r.conversation_id for r in requests} == {f"{i}#{i}" for i in kept}
         assert len(encoded) == len(kept) * len(DIALOGUE)
-        assert counts.read == all_counts.read and counts.kept == 2 * len(kept)
-        assert sum(counts.dropped.values()) == all_counts.read - counts.kept
+        assert counts.kept == 2 * len(kept)
+        assert sum(counts.dropped.values()) == counts.read - counts.kept
+        assert counts.read == (all_counts.read if counts.stopped is None else 6)
     encoded.clear()
     _, counts = run(path, limit=2)
-    assert counts.dropped == {"beyond --limit 2": 3, "later turn of a conversation not kept": 3,
-                              "empty conversation": 1,
-                              "answer with no question text before it": 5}
+    assert counts.dropped == {"answer with no question text before it": 2}  # none read after
+    assert counts.stopped.startswith(f"stopped reading at {path}:1: element 1 (--limit 2")

@@ -83,16 +83,19 @@ def test_window_limit_scale_clip_and_drop_are_each_counted() -> None:
     requests, counts = run(MOONCAKE, "mooncake", start_s=100, end_s=200, time_scale=0.5,
                            max_prompt_len=8192, over_length="drop")
     long = [r for r in inside if r["input_length"] > 8192]
-    assert counts.read == len(rows)
-    assert counts.dropped == {"outside the time window": len(rows) - len(inside),
+    # reading stops at the first row at or past --end (rows are in time order): read, dropped
+    past = next(i for i, r in enumerate(rows) if r["timestamp"] / 1000 >= 200)
+    assert counts.read == past + 1
+    assert counts.dropped == {"outside the time window": past + 1 - len(inside),
                               "prompt over 8192 tokens": len(long)}
+    assert counts.stopped.startswith(f"stopped reading at {MOONCAKE}:{past + 1} (it arrives")
     kept = [r for r in inside if r["input_length"] <= 8192]
     assert [r.arrival_s for r in requests] == pytest.approx(
         [(r["timestamp"] / 1000 - 100) * 0.5 for r in kept])
     requests, counts = run(MOONCAKE, "mooncake", limit=10, max_prompt_len=1000,
                            over_length="clip")
     clipped = sum(r["input_length"] > 1000 for r in rows[:10])
-    assert len(requests) == 10 and counts.dropped == {"beyond --limit 10": len(rows) - 10}
+    assert len(requests) == 10 and counts.read == 10 and counts.dropped == {}  # none read after
     assert counts.changed == {"prompt clipped to 1000 tokens": clipped}
     assert max(len(r.prompt) for r in requests) == 1000
     assert requests[0].prompt == PromptRecipe(tuple(rows[0]["hash_ids"][:2]), 512, 1000,

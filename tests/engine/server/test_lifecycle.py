@@ -69,6 +69,23 @@ def _open_streams(server: ServerProcess) -> list[_Stream]:
     return streams
 
 
+def _committed(trace_dir: Path) -> None:
+    """Wait until the trace's writer has committed a step: the streams' first tokens come
+    before the background writer's first segment, and a kill before it leaves nothing to
+    verify (a busy machine made that window seconds long)."""
+    from tracing.errors import TraceError
+
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        try:
+            if read_trace(trace_dir).last_step >= 0:
+                return
+        except (TraceError, OSError):
+            pass
+        assert time.monotonic() < deadline, "no step committed"
+        time.sleep(0.02)
+
+
 def _join(streams: list[_Stream], within_s: float) -> None:
     deadline = time.monotonic() + within_s
     for stream in streams:
@@ -116,6 +133,7 @@ def test_a_killed_engine_process_fails_requests_at_once_and_the_server_stops(
                 if b"spawn_main" in f.read():
                     engine_pid = child
         assert engine_pid != server.proc.pid
+        _committed(tmp_path / "t")  # a step the killed trace must keep, written before the kill
         os.kill(engine_pid, signal.SIGKILL)
         _join(streams, 10.0)
         for stream in streams:

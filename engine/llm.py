@@ -16,7 +16,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.engine_core import EngineCore, StepResult
 from engine.errors import ConfigError, EngineClosedError, InvalidRequestError
 from engine.gc_heap import freeze_startup_heap, release_heap
-from engine.prompt_ids import id_bounds, int32_ids, prompt_token_ids
+from engine.prompt_ids import prompt_token_ids
 from engine.sampling_params import SamplingParams, check_recordable, is_valid_text
 from engine.sequence import Sequence
 from engine.startup_progress import StartupProgress
@@ -177,9 +177,8 @@ class LLMEngine:
                     raise
                 raise InvalidRequestError(  # the tokenizer's own error was a TypeError
                     "a prompt is not valid Unicode text (it holds a lone surrogate)") from None
-            token_ids = int32_ids(ids)  # bounded once, here
-            return token_ids, None, (id_bounds(token_ids) if isinstance(token_ids, array)
-                                     else (min(ids), max(ids)) if ids else None)
+            token_ids, bounds = prompt_token_ids(ids)  # bounded once, here
+            return token_ids, None, bounds
         token_ids, bounds = prompt_token_ids(prompt)
         if bounds is None:
             return token_ids, None, None

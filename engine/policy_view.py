@@ -160,7 +160,7 @@ class ReadOnlyList(SequenceABC):
 
     def __eq__(self, other: object) -> bool:
         items = other._items if isinstance(other, ReadOnlyList) else other
-        return _listed(self._items) == (_listed(items) if isinstance(items, array) else items)
+        return _listed(self._items) == _listed(items)
 
     __hash__ = None  # type: ignore[assignment]  # as a list
 

@@ -19,6 +19,7 @@ import numpy as np
 from engine.errors import InvalidRequestError
 from engine.sampling_params import INT32_MAX, INT32_MIN
 from engine.sequence import TOKEN_TYPECODE
+from tracing.schema import is_int32_array
 
 Bounds = tuple[int, int]
 
@@ -35,7 +36,7 @@ def int32_ids(ids: SequenceABC[int]) -> array | list[int]:
     """Ids already known to be ints (a tokenizer's, a checked list) as an int32 array: one
     pass in C; a list where a value is not an int32 (the engine then refuses it with its own
     message, ``check_recordable``)."""
-    if isinstance(ids, array) and ids.typecode == TOKEN_TYPECODE:
+    if is_int32_array(ids):
         return ids
     if isinstance(ids, np.ndarray) and ids.ndim == 1 and ids.dtype.kind in "iu":
         return prompt_token_ids(ids)[0]  # from its buffer, not an int at a time
@@ -65,7 +66,7 @@ def prompt_token_ids(prompt: Any) -> tuple[array | list[int], Bounds | None]:
         return array(TOKEN_TYPECODE, prompt.astype(np.int32, copy=False).tobytes()), bounds
     if isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, SequenceABC):
         raise InvalidRequestError(f"{what} {type(prompt).__name__}")  # bytes: ints, not ids
-    if isinstance(prompt, array) and prompt.typecode == TOKEN_TYPECODE:
+    if is_int32_array(prompt):
         return prompt, id_bounds(prompt)
     try:
         ids = array(TOKEN_TYPECODE, prompt)

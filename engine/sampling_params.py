@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from engine.errors import InvalidRequestError
+from tracing.schema import is_int32_array
 
 INF = float("inf")
 INT32_MAX = 2**31 - 1
@@ -123,7 +124,7 @@ def check_recordable(token_ids: list[int] | array, params: SamplingParams,
     # min/max run in C: cheap next to the request's own scheduling. An int32 array holds only
     # recordable values. A negative id or one past the vocabulary is recordable: such a request
     # is rejected (and recorded); only a value no int32 column holds is refused here.
-    if isinstance(token_ids, array) and token_ids.typecode == "i" and token_ids.itemsize == 4:
+    if is_int32_array(token_ids):
         return
     if token_ids and bounds is None:
         bounds = min(token_ids), max(token_ids)

@@ -7,14 +7,13 @@ so every column is assembled from numpy buffers instead: about 20-40 ns per valu
 from __future__ import annotations
 
 import itertools
-from array import array
 from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
 
 from tracing.errors import TraceError
-from tracing.schema import arrow_schema, column_types
+from tracing.schema import arrow_schema, column_types, is_int32_array
 
 _NUMPY_DTYPES = {
     "int64": np.int64,
@@ -45,10 +44,6 @@ def _strings(values: list[str]) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), len(values), [None, pa.py_buffer(offsets), data])
 
 
-def _is_int32_array(value: object) -> bool:
-    return isinstance(value, array) and value.typecode == "i" and value.itemsize == 4
-
-
 def _to_arrow_array(values: list, type_name: str, arrow_type: pa.DataType) -> pa.Array:
     """One column list as an Arrow array, built from numpy buffers."""
     dtype = _NUMPY_DTYPES.get(type_name)
@@ -65,7 +60,7 @@ def _to_arrow_array(values: list, type_name: str, arrow_type: pa.DataType) -> pa
             raise TraceError(f"{total} list items in one segment overflow list<int32> offsets")
         item_type = arrow_type.value_type
         item_dtype = _NUMPY_DTYPES[type_name[len("list<") : -1]]
-        if item_dtype is np.int32 and all(_is_int32_array(v) for v in values):
+        if item_dtype is np.int32 and all(is_int32_array(v) for v in values):
             # Prompts held as int32 arrays (engine/prompt_ids.py): their bytes, joined.
             flat = pa.Array.from_buffers(item_type, total, [None, pa.py_buffer(b"".join(values))])
         else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Sequence
 
-from tracing.schema import EVENT_KINDS, NO_SEED, NOT_PADDED, all_columns
+from tracing.schema import EVENT_KINDS, NO_SEED, NOT_PADDED, all_columns, is_int32_array
 
 
 class EventBuffer:
@@ -335,6 +335,6 @@ def _prompt_copy(prompt_token_ids: Sequence[int]) -> array | list[int]:
     """The event's own copy of a prompt (the sequence's buffer grows as it decodes): an int32
     array copied as bytes (``tracing.convert`` then hands a segment's prompts to Arrow as one
     buffer), else a list."""
-    if isinstance(prompt_token_ids, array) and prompt_token_ids.typecode == "i":
+    if is_int32_array(prompt_token_ids):
         return array("i", prompt_token_ids)
     return list(prompt_token_ids)

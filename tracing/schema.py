@@ -8,6 +8,7 @@ Every event is a row in the table of its kind. All tables share two leading colu
 from __future__ import annotations
 
 import json
+from array import array
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -193,3 +194,10 @@ def arrow_schema(kind: str) -> pa.Schema:
         schema = pa.schema([(name, to_arrow(t)) for name, t in column_types(kind).items()])
         _ARROW_SCHEMAS[kind] = schema
     return schema
+
+
+def is_int32_array(value: object) -> bool:
+    """Whether ``value`` is an ``array('i')`` of 4-byte ints: ids held as an int32 column's
+    bytes (how the engine holds a prompt, engine/prompt_ids.py), which every int32 check and
+    copy may take as a buffer."""
+    return isinstance(value, array) and value.typecode == "i" and value.itemsize == 4

@@ -89,12 +89,14 @@ def _process_engine() -> Any:
     return EngineProcess(_spec())
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 @pytest.mark.parametrize("kind", list(PATHS))
-def test_a_request_sent_to_an_engine_process_that_just_died_is_a_503(kind: str) -> None:
+def test_a_request_sent_to_an_engine_process_that_just_died_is_a_503(kind: str,
+                                                                     stream: bool) -> None:
     """The engine process is dead but the frontend has not read its EOF yet: the request passes
-    the intake gate and its ``add`` meets a broken pipe; the frontend then fails it with the
-    engine (``the engine process died``). That was a 500 ``server_error``; a request a moment
-    later (the death known) was already a 503."""
+    the intake gate and its ``add`` meets a broken pipe, so ``submit`` refuses it as a stopped
+    engine's (``the engine process died``). That was a 500 ``server_error`` (a stream: a 200,
+    then an error event); a request a moment later (the death known) was already a 503."""
     path, body = PATHS[kind]
     engine = _process_engine()
 
@@ -102,29 +104,11 @@ def test_a_request_sent_to_an_engine_process_that_just_died_is_a_503(kind: str) 
         async with _served(engine) as client:
             assert (await client.post(path, json={**body, "max_tokens": 2})).status_code == 200
             _kill(engine)
-            error = _assert_unavailable(await client.post(path, json={**body, "max_tokens": 2}))
+            sent = {**body, "max_tokens": 2, "stream": stream}
+            error = _assert_unavailable(await client.post(path, json=sent))
             assert error["message"] == "the engine process died"
             late = _assert_unavailable(await client.post(path, json={**body, "max_tokens": 2}))
             assert late["message"] == "the engine failed: the engine process died"
-
-    _run(test)
-
-
-@pytest.mark.parametrize("kind", list(PATHS))
-def test_a_stream_sent_to_an_engine_process_that_just_died_is_a_503_before_its_200(
-        kind: str) -> None:
-    """The same broken pipe under a stream: ``submit`` refuses it, so the client gets the 503
-    status itself; it was a 200, then an error event."""
-    path, body = PATHS[kind]
-    engine = _process_engine()
-
-    async def test() -> None:
-        async with _served(engine) as client:
-            assert (await client.post(path, json={**body, "max_tokens": 2})).status_code == 200
-            _kill(engine)
-            streamed = {**body, "max_tokens": 2, "stream": True}
-            error = _assert_unavailable(await client.post(path, json=streamed))
-            assert error["message"] == "the engine process died"
 
     _run(test)
 

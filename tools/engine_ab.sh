@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Two engines' recordings of the same matrix cells on one GPU host, interleaved (new, old, new),
-# each trace's few-row decode host and device time printed (tools/decode_host_stats.py), and its
-# host stalls by step class (benchmarks.gc_pauses --traces: stalls_by_class): whether
+# each trace's few-row decode host and device time printed (tools/decode_host_stats.py), its
+# request metrics (tools/ab_ttft.py), and its host stalls by step class (benchmarks.gc_pauses --traces: stalls_by_class): whether
 # a difference between two matrices is the engine's or the host's (docs/gpu-notes.md session 30).
 # Usage:
 #   bash tools/engine_ab.sh prepare OLD_REV       # here: .oldengine (OLD_REV), .newengine (HEAD)
@@ -31,10 +31,11 @@ run)
             && python3 -m benchmarks.matrix record "$MODEL" "$root/.matrix" "/tmp/ab-$name" \
                 --only "${cells[@]}" 2>&1 | tr '\r' '\n' | grep -E "requests" \
             ; python3 tools/decode_host_stats.py /tmp/ab-"$name"/* \
-            ; PYTHONPATH=/tmp/site:$root/.newengine \
-              python3 -m benchmarks.gc_pauses --traces /tmp/ab-"$name"/* )
-        # The recordings come back under $OUT (the device tool's), for the what-if tables.
-        [ -n "${OUT:-}" ] && cp -r /tmp/ab-"$name" "$OUT/"
+            ; cd "$root" && PYTHONPATH=/tmp/site:$root python3 tools/ab_ttft.py /tmp/ab-"$name"/* \
+            ; python3 -m benchmarks.gc_pauses --traces /tmp/ab-"$name"/* )
+        # The recordings come back under $OUT (the device tool's), for the what-if tables: as
+        # one archive, since the tool returns files at most 16 folders deep and few of them.
+        [ -n "${OUT:-}" ] && tar czf "$OUT/ab-$name.tgz" -C /tmp "ab-$name"
     done ;;
 *) echo "usage: bash tools/engine_ab.sh prepare OLD_REV | run [CELL ...]" >&2; exit 2 ;;
 esac

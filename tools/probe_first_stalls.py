@@ -4,9 +4,15 @@ millisecond and every Triton compile logged. Prints each step whose host work ex
 ``--stall-ms`` in each run, and each stack that stayed put for that long.
 
     python tools/probe_first_stalls.py MODEL_DIR OUT_DIR [--runs 2] [--stall-ms 20] [--no-warm-up]
+        [--cell CELL --matrix-dir .matrix]
 
 A GPU tool (docs/gpu-notes.md, session 18): the first reference recording of each matrix call
-has two ~75 ms host stalls (steps 9 and 111) that its twins do not.
+has two ~75 ms host stalls (steps 9 and 111) that its twins do not. ``--cell`` runs a cell of
+``benchmarks.matrix`` (its workload file from ``--matrix-dir`` and its Config) instead of the
+reference: session 35's first Azure recording of a process has 12 decode steps at padded
+batches first used in the process whose host waits about one step of the device. Each run also
+prints the CUDA caching allocator's device allocations and frees during it, whose
+``cudaMalloc``/``cudaFree`` wait for the device.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import sys
 import threading
 import time
 import traceback
+from pathlib import Path
+from typing import Any
 
 
 def _sampler(thread_id: int, samples: list, stop: threading.Event) -> None:
@@ -42,6 +50,12 @@ def _long_stacks(samples: list, stall_s: float) -> list[tuple[float, float, tupl
     return runs
 
 
+def _device_allocations(torch: Any) -> list[int]:
+    """The CUDA caching allocator's ``cudaMalloc`` and ``cudaFree`` calls so far."""
+    stats = torch.cuda.memory_stats()
+    return [int(stats.get("num_device_alloc", -1)), int(stats.get("num_device_free", -1))]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
@@ -50,12 +64,16 @@ def main() -> int:
     parser.add_argument("--stall-ms", type=float, default=20.0)
     parser.add_argument("--no-warm-up", action="store_true",
                         help="no warm-up engines: what a fresh process's first run compiles")
+    parser.add_argument("--cell", help="a benchmarks.matrix cell instead of the reference")
+    parser.add_argument("--matrix-dir", default=".matrix",
+                        help="the cells' workload files (python -m benchmarks.matrix prepare)")
     args = parser.parse_args()
 
     import numpy as np
+    import torch
     import triton
 
-    from benchmarks.matrix import warm_up_engines
+    from benchmarks.matrix import CELLS, _requests, warm_up_engines
     from engine import LLM
     from replay.cli.live import run_workload
     from replay.workloads.builtin import reference_workload
@@ -68,7 +86,12 @@ def main() -> int:
         return False
 
     triton.knobs.runtime.jit_cache_hook = on_compile
-    requests = reference_workload()
+    overrides: dict = {}
+    if args.cell:
+        family, overrides = CELLS[args.cell]
+        requests = _requests(Path(args.matrix_dir), family)
+    else:
+        requests = reference_workload()
     if not args.no_warm_up:
         warm_up_engines(args.model)
     print(f"warm-up: {len(compiles)} Triton compiles", flush=True)
@@ -78,11 +101,13 @@ def main() -> int:
         sampler = threading.Thread(target=_sampler, args=(threading.get_ident(), samples, stop),
                                    daemon=True)
         trace = f"{args.out}/run{run}"
-        llm = LLM(args.model, trace_dir=trace)
+        llm = LLM(args.model, trace_dir=trace, **overrides)
         first_compile = len(compiles)
+        allocs = _device_allocations(torch)
         sampler.start()
         began = time.perf_counter()
         run_workload(llm, requests, use_tqdm=False)
+        allocs = [b - a for a, b in zip(allocs, _device_allocations(torch))]
         stop.set()
         sampler.join()
         llm.close()
@@ -93,8 +118,11 @@ def main() -> int:
               f"{len(compiles) - first_compile} Triton compiles, steps with host work over "
               f"{args.stall_ms:g} ms: "
               + ", ".join(f"{int(steps['step'][i])} ({host[i] * 1e3:.0f} ms, "
-                          f"{steps['kind'][i]} {int(steps['num_seqs'][i])} seqs)" for i in slow),
+                          f"{steps['kind'][i]} {int(steps['num_seqs'][i])} seqs, padded "
+                          f"{int(steps['padded_batch_size'][i])})" for i in slow),
               flush=True)
+        print(f"  caching allocator during the run: {allocs[0]} device allocations, "
+              f"{allocs[1]} frees", flush=True)
         for at, name in compiles[first_compile:]:
             print(f"  compile at +{(at - began) * 1e3:.0f} ms: {name}")
         for at, span, stack in _long_stacks(samples, args.stall_ms / 1e3):

@@ -26,7 +26,9 @@ TRACES = Path(__file__).resolve().parents[2] / "traces"
 # cell three times on a fifth and a sixth, traces/matrix-s28-chat/ and traces/matrix-s28-chat-b/;
 # the engine with one staging copy a step on a seventh H100, traces/matrix-s30-h100/; and that
 # engine's default cells on an H200, traces/matrix-s33-h200/, with chat three times in one
-# process, traces/matrix-s33-h200-chat/).
+# process, traces/matrix-s33-h200-chat/; the int32 prompt path's matrix on an eighth H100,
+# traces/matrix-s35-h100/, with Azure and bursty three times in one process,
+# traces/matrix-s35-h100-spread/).
 COMMITTED = sorted(p.parent for p in TRACES.glob("*/run.json")) + sorted(
     p.parent for p in TRACES.glob("matrix*/*/run.json"))
 
@@ -60,6 +62,8 @@ def test_the_expected_traces_are_committed() -> None:
     assert sum(p.parent.name == "matrix-s30-h100" for p in COMMITTED) == 16
     assert sum(p.parent.name == "matrix-s33-h200" for p in COMMITTED) == 8
     assert sum(p.parent.name == "matrix-s33-h200-chat" for p in COMMITTED) == 3
+    assert sum(p.parent.name == "matrix-s35-h100" for p in COMMITTED) == 13
+    assert sum(p.parent.name == "matrix-s35-h100-spread" for p in COMMITTED) == 6
 
 
 @pytest.mark.parametrize("cell", ["reference-default-3", "azure-code-default"])

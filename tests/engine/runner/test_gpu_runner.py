@@ -137,7 +137,7 @@ def run_engine(
     while not llm.is_finished():
         llm.step()
     result = {
-        "tokens": [o["token_ids"] for o in first] + [s.completion_token_ids for s in seqs],
+        "tokens": [o["token_ids"] for o in first] + [list(s.completion_token_ids) for s in seqs],
         "cached": [cached.get(s.seq_id, 0) for s in seqs],
         "preemptions": llm.core.scheduler.num_preemptions,
         "graphs": runner.describe().get("cuda_graphs", False),

@@ -140,8 +140,9 @@ class Policy:
         each admission). ``waiting`` is the queue: arrival order, preempted ones at the front.
 
         The scheduler stops admitting at the first one that finds no room (blocks, a sequence
-        slot, a token). Default: first come first served while the whole prompt fits the token
-        budget (cached tokens count, as in Nano-vLLM).
+        slot, a token); under the inherited whole-prompt ``chunk`` a prompt yielded past
+        ``step.tokens_left`` is a ``PolicyError``. Default: first come first served while the
+        whole prompt fits the token budget (cached tokens count, as in Nano-vLLM).
         """
         for seq in waiting:
             if seq.num_tokens > step.tokens_left:

@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 from engine.errors import ReplayLLMError
 from engine.policy_view import OfferedViews, SequenceView, make_view, real
-from engine.sequence import Sequence
+from engine.sequence import Sequence, SequenceStatus
 
 # This guard, its views and engine/policy.py: a failure's location is outside them.
 _OWN_FILES = {os.path.abspath(__file__)} | {
@@ -74,6 +74,11 @@ def _caller() -> str | None:
     while frame is not None and os.path.abspath(frame.f_code.co_filename) in _OWN_FILES:
         frame = frame.f_back  # type: ignore[assignment]
     return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}" if frame else None
+
+
+def _inherited(hook: Any) -> bool:
+    """Whether a policy's bound hook is one engine/policy.py defines (not the user's own)."""
+    return getattr(getattr(hook, "__func__", hook), "__module__", None) == "engine.policy"
 
 
 def _what(value: Any) -> str:
@@ -272,10 +277,25 @@ class GuardedPolicy:
         try:
             if isinstance(answer, bool):
                 raise TypeError
-            return operator.index(answer)
+            tokens = operator.index(answer)
         except TypeError:
             raise PolicyError(f"policy {self.name!r} chose {_what(answer)} tokens for seq "
                               f"{seq.seq_id}: chunk must return an int") from None
+        left = step.tokens_left
+        if 1 <= tokens <= min(remaining, left):
+            return tokens
+        if tokens > left and seq.status is SequenceStatus.WAITING and _inherited(self.inner.chunk):
+            # The policy's admit offered a prompt the step's budget cannot hold, and the chunk it
+            # inherits (Policy's) computes whole prompts: admit is what went wrong, not chunk.
+            raise PolicyError(
+                f"policy {self.name!r} admitted seq {seq.seq_id} ({remaining} prompt tokens to "
+                f"compute) with {left} left in the step's budget: the inherited Policy.chunk "
+                "computes a whole prompt, so admit may yield a sequence only while its prompt "
+                "fits step.tokens_left (as Policy.admit checks), or override chunk")
+        raise PolicyError(
+            f"policy {self.name!r} chose {tokens} tokens for seq {seq.seq_id} ({remaining} to "
+            f"compute, {left} left in the step's budget): chunk must return at least 1 and at "
+            "most min(remaining, step.tokens_left)")
 
     def victim(self, candidates: SequenceABC[Sequence], step: Any) -> Sequence:
         offered = tuple(candidates)

@@ -57,7 +57,10 @@ class SequenceView:
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash(self._seq)
+        # By the request's number, not the object's address: a set (or a dict built from one)
+        # of views then iterates in the same order live and in a replay, whose Sequences are
+        # other objects (hashing by address made ``for seq in set(waiting)`` decide by memory).
+        return hash(self._seq.seq_id)
 
     def __len__(self) -> int:
         return self._seq.num_tokens

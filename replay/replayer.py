@@ -245,6 +245,9 @@ def replay(recorded: RecordedEvents, **overrides: Any) -> ReplayRun:
               wait_until)
     except ReplayDiverged as exc:
         stopped = str(exc)
+        # Keep the decision events the cut step emitted before its executor refused it (close
+        # would drop them with the step): they show which decision parted from the recording.
+        sink.snapshot(core.events)
     steps = core.step_index
     core.close()
     replayed = from_columns(recorded.header, sink.tables)

@@ -11,6 +11,7 @@ admissions, prefix-cache hits), committed with it though that step never ran who
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,9 @@ class SegmentFile:
     segment: int
     path: Path
     rows: int
+    # The event-id range its segment's marker gives (None: a marker without one).
+    first_event_id: int | None = None
+    last_event_id: int | None = None
 
     def located(self) -> Path:
         """Where the file is now: its final name, or the temporary one if the writer died (or,
@@ -59,13 +63,34 @@ class SegmentFile:
         if not path.exists():
             path = self.path  # the writer renamed it since located() looked
         try:
-            return pq.ParquetFile(path)
+            return pq.ParquetFile(_arrow_source(path))
         except FileNotFoundError:
             raise TraceError(f"{self.path}: missing, but its segment is committed") from None
         except PARQUET_ERRORS as exc:
             raise TraceError(
                 f"{path}: not a readable Parquet file, truncated or corrupted ({one_line(exc)})"
             ) from None
+
+    def check_event_ids(self, pf: pq.ParquetFile) -> None:
+        """``TraceError`` unless its ``event_id`` values lie in its segment's range (the
+        footer's statistics, else the column itself): a file copied from another segment
+        (same kind and row count) would otherwise read as events of this one."""
+        first, last = self.first_event_id, self.last_event_id
+        if first is None or last is None or pf.metadata.num_rows == 0:
+            return
+        bounds = column_bounds(pf, "event_id")
+        if bounds is None:
+            try:
+                ids = np.asarray(pf.read(columns=["event_id"]).column("event_id"))
+            except (*PARQUET_ERRORS, KeyError) as exc:
+                raise TraceError(f"{self.path}: cannot read Parquet data ({one_line(exc)})"
+                                 ) from None
+            bounds = (int(ids.min()), int(ids.max()))
+        low, high = bounds
+        if low < first or high > last:
+            raise TraceError(f"{self.path}: holds event ids {low}..{high}, outside segment "
+                             f"{self.segment}'s {first}..{last}: a file of another segment "
+                             "or trace was copied here")
 
     def rows_after(self, step: int) -> int:
         """How many of its rows belong to steps after ``step`` (from the footer's statistics
@@ -86,6 +111,35 @@ class SegmentFile:
         except (*PARQUET_ERRORS, KeyError) as exc:
             raise TraceError(f"{self.path}: cannot read Parquet data ({one_line(exc)})") from None
         return int((np.asarray(steps) > step).sum())
+
+
+def _arrow_source(path: Path) -> str | pa.NativeFile:
+    """``path`` as pyarrow opens it: its text, or where that is not UTF-8 (a directory name of
+    undecodable bytes, legal on Linux, which pyarrow cannot take as text) the file opened by
+    its bytes."""
+    text = str(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return pa.OSFile(os.fsencode(path))
+    return text
+
+
+def column_bounds(pf: pq.ParquetFile, name: str) -> tuple[int, int] | None:
+    """The smallest and largest value of integer column ``name`` from the footer's statistics,
+    or None where a row group has none."""
+    meta = pf.metadata
+    lows, highs = [], []
+    for group in range(meta.num_row_groups):
+        row_group = meta.row_group(group)
+        column = next((row_group.column(i) for i in range(row_group.num_columns)
+                       if row_group.column(i).path_in_schema == name), None)
+        stats = column.statistics if column is not None else None
+        if stats is None or not stats.has_min_max:
+            return None
+        lows.append(stats.min)
+        highs.append(stats.max)
+    return (int(min(lows)), int(max(highs))) if lows else None
 
 
 @dataclass(frozen=True)
@@ -182,7 +236,8 @@ def _parse_marker(root: Path, path: Path, index: int, data: dict[str, Any]) -> S
     files: list[SegmentFile] = []
     for kind, entry in data["files"].items():
         final = root / entry["file"]
-        file = SegmentFile(kind, index, final, entry["rows"])
+        file = SegmentFile(kind, index, final, entry["rows"], data.get("first_event_id"),
+                           data.get("last_event_id"))
         # The marker is written before the renames: a crash in between leaves the hidden name.
         if not file.located().exists():
             raise TraceError(f"{final}: missing, but committed by {path.name}")

@@ -21,14 +21,16 @@ from tracing.commits import (
     Commits,
     Segment,
     SegmentFile,
+    column_bounds,
     committed_segments,
     load_json,
 )
 from tracing.convert import column_to_python
 from tracing.errors import TraceError, one_line
-from tracing.layout import HEADER_FILE, SUMMARY_FILE
+from tracing.layout import HEADER_FILE, SUMMARY_FILE, marker_file
 from tracing.schema import (
     ADDED_COLUMN_DEFAULTS,
+    ADDED_IN_VERSION,
     EVENT_KINDS,
     arrow_schema,
     column_types,
@@ -62,6 +64,8 @@ class Trace:
         self.header = header
         self.summary = summary
         self._commits = Commits(segments, summary)
+        version = header.get("schema_version")
+        self._version = version if isinstance(version, int) else None
         self._tables: dict[str, pa.Table] = {}
 
     # --- shape ------------------------------------------------------------------------------------
@@ -119,7 +123,7 @@ class Trace:
         if cached is not None:
             return cached
         schema = arrow_schema(kind)
-        parts = [_read_file(f) for f in self._commits.files(kind)]
+        parts = [_read_file(f, self._version) for f in self._commits.files(kind)]
         table = pa.concat_tables(parts) if parts else schema.empty_table()
         table = table.combine_chunks()
         if table.num_rows > 1:
@@ -138,7 +142,7 @@ class Trace:
         if kind not in EVENT_KINDS:
             raise TraceError(f"unknown event kind {kind!r}; kinds: {', '.join(EVENT_KINDS)}")
         types = column_types(kind)
-        parts = [_read_file(f) for f in self._commits.files(kind)]
+        parts = [_read_file(f, self._version) for f in self._commits.files(kind)]
         if not parts:
             parts = [arrow_schema(kind).empty_table()]
         cols = {
@@ -189,14 +193,19 @@ class Trace:
         )
 
 
-def _check_schema(f: SegmentFile, schema: pa.Schema, num_rows: int) -> None:
+def _check_schema(f: SegmentFile, schema: pa.Schema, num_rows: int, version: int | None) -> None:
+    """The file's columns are its kind's: a file of an older version may lack the columns
+    added since (filled on reading; some version-5 traces predate columns of version 5), but
+    never holds a column added after the header's schema ``version`` (a header edited to an
+    older version would make verify skip comparing such a column: ``COMPARED_SINCE``)."""
     got = {field.name: field.type for field in schema}
-    # A file of an older schema version may lack the columns added since (filled on reading).
     added = ADDED_COLUMN_DEFAULTS.get(f.kind, {})
+    since = ADDED_IN_VERSION.get(f.kind, {})
     want = {
         field.name: field.type
         for field in arrow_schema(f.kind)
-        if field.name in got or field.name not in added
+        if (field.name in got or field.name not in added)
+        and (not isinstance(version, int) or since.get(field.name, 0) <= version)
     }
     if list(got.items()) != list(want.items()):
         problems = []
@@ -208,20 +217,43 @@ def _check_schema(f: SegmentFile, schema: pa.Schema, num_rows: int) -> None:
             f"{n} is {t}, expected {want[n]}" for n, t in got.items() if n in want and t != want[n]
         ]
         detail = "; ".join(problems) or "columns out of order"
-        raise TraceError(f"{f.path}: columns do not match the {f.kind} schema: {detail}")
+        of = f" of version {version} (run.json)" if isinstance(version, int) else ""
+        raise TraceError(f"{f.path}: columns do not match the {f.kind} schema{of}: {detail}")
     if num_rows != f.rows:
         raise TraceError(f"{f.path}: holds {num_rows} rows, its commit marker says {f.rows}")
 
 
-def _check_file(f: SegmentFile) -> None:
-    """Validate a file's footer (magic bytes, schema, row count) without reading its data."""
+def _check_file(f: SegmentFile, version: int | None) -> int | None:
+    """Validate a file's footer (magic bytes, schema, row count, event-id range) without
+    reading its data; return its largest ``step`` (-1: no rows; None: the footer has no
+    statistics)."""
     pf = f.open()
-    _check_schema(f, pf.schema_arrow, pf.metadata.num_rows)
+    _check_schema(f, pf.schema_arrow, pf.metadata.num_rows, version)
+    f.check_event_ids(pf)
+    if not pf.metadata.num_rows:
+        return -1
+    bounds = column_bounds(pf, "step")
+    return bounds[1] if bounds is not None else None
 
 
-def _read_file(f: SegmentFile) -> pa.Table:
+def _check_through_step(root: Path, segments: list[Segment], steps: list[int | None]) -> None:
+    """The last marker's ``through_step`` is a step some committed row belongs to (or one
+    before it): a recorder commits only steps it took, so a marker claiming later steps was
+    edited (an incomplete trace's reader would otherwise keep a cut step's rows)."""
+    known = [s for s in steps if s is not None]
+    if not segments or len(known) < len(steps):
+        return
+    last, top = segments[-1], max(known, default=-1)
+    if last.through_step > top:
+        raise TraceError(f"{root / marker_file(last.index)}: through_step {last.through_step}, "
+                         f"but no committed event is of a step after {top}: the marker was "
+                         "edited")
+
+
+def _read_file(f: SegmentFile, version: int | None) -> pa.Table:
     pf = f.open()
-    _check_schema(f, pf.schema_arrow, pf.metadata.num_rows)
+    _check_schema(f, pf.schema_arrow, pf.metadata.num_rows, version)
+    f.check_event_ids(pf)
     try:
         table = pf.read()
     except PARQUET_ERRORS as exc:
@@ -285,9 +317,8 @@ def read_trace(path: str | Path, validate: bool = True) -> Trace:
     summary_path = root / SUMMARY_FILE
     summary = load_json(summary_path, "trace summary") if summary_path.exists() else None
     if summary is not None:
-        check_summary(summary_path, summary, len(segments))
+        check_summary(summary_path, summary, len(segments), header["schema_version"])
     if validate:
-        for seg in segments:
-            for f in seg.files:
-                _check_file(f)
+        steps = [_check_file(f, header["schema_version"]) for seg in segments for f in seg.files]
+        _check_through_step(root, segments, steps)
     return Trace(root, header, summary, segments)

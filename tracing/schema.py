@@ -146,6 +146,15 @@ ADDED_COLUMN_DEFAULTS: dict[str, dict[str, object]] = {
                    "padded_tokens": NOT_PADDED, "outside_s": float("nan")},
     "request_finished": {"error": ""},
 }
+# The schema version that added each column of ADDED_COLUMN_DEFAULTS (docs/trace-format.md): a
+# file of an older trace never holds it (the reader refuses one that does: a header edited to an
+# older version); some early version-5 traces lack the version-5 columns too (filled on reading).
+ADDED_IN_VERSION: dict[str, dict[str, int]] = {
+    "request_added": {"top_p": 5, "top_k": 5, "seed": 5, "stop": 5, "priority": 5,
+                      "added_s": 7},
+    "model_step": {"overlapped": 2, "host_s": 2, "padded_tokens": 3, "outside_s": 7},
+    "request_finished": {"error": 5},
+}
 # Added columns whose default is not what the engine would have recorded (an older trace's
 # rejections had reasons, just not stored): verify compares them only from this version on.
 COMPARED_SINCE: dict[str, dict[str, int]] = {"request_finished": {"error": 5}}

@@ -208,10 +208,16 @@ def check_profile_rows(path: Path, data: dict[str, Any]) -> None:
                              f"got {row['eager']!r}")
 
 
-def check_summary(path: Path, summary: dict[str, Any], committed: int) -> None:
-    """Raise ``TraceError`` unless ``summary.json``'s segment count is the committed one. A
-    clean close writes the summary after its last segment is committed, so a difference is a
-    commit marker deleted (or one added) since: never read as a shorter, "incomplete" trace."""
+def check_summary(path: Path, summary: dict[str, Any], committed: int,
+                  version: int | None = None) -> None:
+    """Raise ``TraceError`` unless ``summary.json``'s segment count is the committed one and its
+    ``schema_version`` the header's (``version``). A clean close writes the summary after its
+    last segment is committed, so a difference is a commit marker deleted (or one added) since:
+    never read as a shorter, "incomplete" trace; the recorder writes one version into both."""
+    stated = summary.get("schema_version")
+    if version is not None and stated is not None and stated != version:
+        raise TraceError(f"{path}: schema_version {stated!r}, but run.json says {version!r}; "
+                         "one of them was edited")
     expected = summary.get("segments")
     if expected is None:
         return

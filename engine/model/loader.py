@@ -3,7 +3,7 @@
 Every way a checkpoint can be unusable ends in one ModelLoadError line naming the file or tensor:
 no directory, no config.json, invalid JSON, an unsupported architecture, no weight file, a file
 the index names but that is absent, an unreadable file, an unexpected, misshapen or missing
-tensor.
+tensor, a tensor that is not floating-point or that two files hold.
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ def read_hf_config(model_dir: str | Path) -> dict[str, Any]:
 
 
 def weight_files(model_dir: str | Path) -> list[Path]:
-    """The ``*.safetensors`` files to load, sorted; checks the shard index if there is one."""
+    """The ``*.safetensors`` files to load, sorted: those the shard index names if there is one
+    (as transformers: another file there, a stale shard, is not read), else every one."""
     path = check_model_dir(model_dir)
     index_path = path / WEIGHTS_INDEX_FILE
     if index_path.is_file():
@@ -71,6 +72,8 @@ def weight_files(model_dir: str | Path) -> list[Path]:
         for shard in sorted(set(weight_map.values())):
             if not (path / shard).is_file():
                 raise ModelLoadError(f"missing weight file {path / shard} (listed in {index_path})")
+        if weight_map:
+            return [path / shard for shard in sorted(set(weight_map.values()))]
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(
@@ -120,11 +123,17 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
     params = dict(model.named_parameters())
     expected = _expected_shards(model, packed)
     loaded: dict[str, set[str | int | None]] = defaultdict(set)
+    found_in: dict[str, Path] = {}  # a tensor in two files: which one wins is no rule to keep
     arch = type(model).__name__
     for file in weight_files(path):
         try:
             with safe_open(str(file), framework="pt", device="cpu") as f:
                 for tensor_name in f.keys():
+                    if (other := found_in.setdefault(tensor_name, file)) != file:
+                        raise ModelLoadError(
+                            f"tensor {tensor_name!r} is in both {other} and {file}: remove the "
+                            "file that does not belong to the checkpoint"
+                        )
                     param_name, shard_id = _checkpoint_to_param(tensor_name, packed)
                     param = params.get(param_name)
                     if param is None:
@@ -160,6 +169,11 @@ def _load_one(
     tensor_name: str,
     file: Path,
 ) -> None:
+    if not tensor.is_floating_point():  # quantized or foreign data: copy_ would cast it blindly
+        raise ModelLoadError(
+            f"tensor {tensor_name!r} in {file} has dtype {str(tensor.dtype).removeprefix('torch.')}"
+            ", not a floating-point type: the engine loads float32, bfloat16 or float16 weights"
+        )
     weight_loader = getattr(param, "weight_loader", default_weight_loader)
     try:
         if shard_id is None:

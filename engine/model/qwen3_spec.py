@@ -74,6 +74,12 @@ class Qwen3Spec:
 
         heads = integer("num_attention_heads")
         hidden = integer("hidden_size")
+        kv_heads = integer("num_key_value_heads", heads)
+        if heads % kv_heads:  # grouped-query attention: each KV head serves a whole group
+            raise ModelLoadError(
+                f"{source}: num_attention_heads ({heads}) must be a multiple of "
+                f"num_key_value_heads ({kv_heads})"
+            )
         eos = cfg.get("eos_token_id")
         if isinstance(eos, list):  # several stop ids: the engine stops on the first one
             eos = eos[0] if eos else None
@@ -83,7 +89,7 @@ class Qwen3Spec:
             intermediate_size=integer("intermediate_size"),
             num_hidden_layers=integer("num_hidden_layers"),
             num_attention_heads=heads,
-            num_key_value_heads=integer("num_key_value_heads", heads),
+            num_key_value_heads=kv_heads,
             head_dim=integer("head_dim", hidden // heads),
             max_position_embeddings=integer("max_position_embeddings", HF_DEFAULT_MAX_POSITIONS),
             rms_norm_eps=number("rms_norm_eps", cfg.get("rms_norm_eps", HF_DEFAULT_RMS_EPS)),

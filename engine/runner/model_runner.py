@@ -25,7 +25,7 @@ import torch
 
 from engine.batch import ScheduledBatch, StepOutput
 from engine.config import AUTO_SIZED_BLOCKS, Config, cap_blocks
-from engine.errors import ConfigError
+from engine.errors import ConfigError, ReplayLLMError
 from engine.executor import DoneStep, PendingStep
 from engine.model.kernels.launch import long_prefill_kernel, programmatic_launch
 from engine.model.layers.attention import get_attention_backend
@@ -113,6 +113,21 @@ class ModelRunner:
             else:
                 assert store_dir is not None, "a TP worker needs the rendezvous store"
                 self.dist = tp.join(rank, world, store_dir, self.device)
+        try:
+            self._build(config)
+        except BaseException as exc:
+            if self.dist is not None and rank == 0:  # no worker, group or store outlives it
+                worker_error = None if isinstance(exc, ReplayLLMError) else \
+                    tp.failed_worker(self.dist)
+                tp.abort(self.dist)
+                self.dist = None
+                if worker_error is not None:  # rank 0's own error is the worker's vanishing
+                    raise worker_error from None
+            raise
+
+    def _build(self, config: Config) -> None:
+        """Load the model and allocate the KV cache (and on CUDA warm up and capture)."""
+        rank = self.rank
         if self.device.type == "cuda":
             if self.device.index is None:  # "cuda": pin the current device, for set_device
                 self.device = torch.device("cuda", torch.cuda.current_device())
@@ -124,6 +139,13 @@ class ModelRunner:
             self.kernels,
         )  # fmt: skip
         self.spec = self.model.spec
+        max_positions = self.spec.max_position_embeddings
+        if config.max_model_len > max_positions:
+            raise ConfigError(
+                f"max_model_len {config.max_model_len} exceeds the model's "
+                f"max_position_embeddings {max_positions} ({self.model_dir / 'config.json'}); "
+                f"set max_model_len <= {max_positions}"
+            )
         self.vocab_size: int = self.spec.vocab_size
         self.eos_token_id: int = (
             config.eos
@@ -329,7 +351,14 @@ class ModelRunner:
 def worker_main(config: Config, rank: int, store_dir: str) -> None:
     """A TP worker process's whole life: build its shard, then run every step rank 0 broadcasts."""
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.tensor_parallel_size))
-    runner = ModelRunner(config, rank=rank, store_dir=store_dir)
+    try:
+        runner = ModelRunner(config, rank=rank, store_dir=store_dir)
+    except ReplayLLMError as exc:  # rank 0 raises it, in one line: no traceback here
+        tp.report_failure(store_dir, rank, exc)
+        raise SystemExit(1) from None
+    except Exception as exc:  # a crash: rank 0 names it, and its traceback shows here
+        tp.report_failure(store_dir, rank, exc)
+        raise
     try:
         runner.worker_loop()
     finally:

@@ -8,13 +8,22 @@ by side. Each step rank 0 broadcasts the step's inputs (a small picklable ``Step
 a gloo group, then every rank runs the forward; the model's own collectives (all-reduce after
 row-parallel layers, all-gather of the logits) keep the shards in step, and rank 0 alone
 samples. A ``None`` payload tells workers to exit.
+
+A start-up that fails on any rank takes the whole group down (``abort``): no worker, process
+group or store directory outlives it, so the same process can start another engine. A worker
+that exits before joining (a script whose top level starts the engine without
+``if __name__ == "__main__":`` re-runs it in every spawned worker) is noticed at once, not after
+``RENDEZVOUS_TIMEOUT``; a worker's own start-up error reaches rank 0 through the store directory
+(``report_failure``) and is raised there, in one line.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.process
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -25,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from engine.config import Config
-from engine.errors import ConfigError
+from engine.errors import ConfigError, ReplayLLMError
 from engine.model.layers.parallel import ParallelGroup
 from engine.runner.step_inputs import StepPayload
 
@@ -33,6 +42,9 @@ STORE_FILE = "store"
 # How long a rank waits for the others at start-up (model loading included) or for a step.
 RENDEZVOUS_TIMEOUT = timedelta(minutes=10)
 WORKER_JOIN_TIMEOUT_S = 30.0
+JOINED_KEY = "joined/{rank}"  # a worker sets it in the store as it enters the rendezvous
+ERROR_FILE = "error-rank{rank}"  # a worker's start-up error, for rank 0 to raise
+POLL_S = 0.05
 
 
 @dataclass
@@ -74,28 +86,47 @@ WorkerMain = Callable[[Config, int, str], None]
 def start(config: Config, device: torch.device, target: WorkerMain) -> Distributed:
     """On rank 0: start ``tensor_parallel_size - 1`` processes running ``target`` (a module-level
     function: spawn pickles it by name) and join the group with them."""
+    if getattr(multiprocessing.process.current_process(), "_inheriting", False):
+        raise ConfigError(
+            "tensor_parallel_size > 1 starts worker processes, each of which imports your main "
+            "module: start the engine under `if __name__ == '__main__':`"
+        )
     world = config.tensor_parallel_size
     store_dir = tempfile.mkdtemp(prefix="replayllm-tp-")
     context = multiprocessing.get_context("spawn")
-    workers = []
-    for rank in range(1, world):
-        # Daemonic: if rank 0 dies, its workers die with it instead of waiting on a broadcast.
-        proc = context.Process(
-            target=target,
-            args=(config, rank, store_dir),
-            name=f"replayllm-tp{rank}",
-            daemon=True,
-        )
-        proc.start()
-        workers.append(proc)
-    dist_state = join(rank=0, world=world, store_dir=store_dir, device=device)
+    workers: list[Any] = []
+    try:
+        for rank in range(1, world):
+            # Daemonic: if rank 0 dies, its workers die with it instead of waiting on a broadcast.
+            proc = context.Process(
+                target=target,
+                args=(config, rank, store_dir),
+                name=f"replayllm-tp{rank}",
+                daemon=True,
+            )
+            proc.start()
+            workers.append(proc)
+        dist_state = join(rank=0, world=world, store_dir=store_dir, device=device,
+                          workers=workers)
+    except BaseException:
+        abort(Distributed(ParallelGroup(0, world, None), None, store_dir, workers))
+        raise
     dist_state.workers = workers
     return dist_state
 
 
-def join(rank: int, world: int, store_dir: str, device: torch.device) -> Distributed:
-    """Join the default group (model collectives) and a gloo group (step payloads)."""
+def join(rank: int, world: int, store_dir: str, device: torch.device,
+         workers: list[Any] | None = None) -> Distributed:
+    """Join the default group (model collectives) and a gloo group (step payloads).
+
+    Rank 0 passes its ``workers``: it waits for each to enter the rendezvous and fails at once,
+    naming it, if one exits first.
+    """
     store = dist.FileStore(str(Path(store_dir) / STORE_FILE), world)
+    if rank == 0:
+        _wait_for_workers(store, store_dir, workers or [])
+    else:
+        store.set(JOINED_KEY.format(rank=rank), "1")
     dist.init_process_group(
         _backend(device), store=store, rank=rank, world_size=world, timeout=RENDEZVOUS_TIMEOUT
     )
@@ -103,6 +134,50 @@ def join(rank: int, world: int, store_dir: str, device: torch.device) -> Distrib
     return Distributed(
         ParallelGroup(rank, world, None), control, store_dir if rank == 0 else None, []
     )
+
+
+def _wait_for_workers(store: Any, store_dir: str, workers: list[Any]) -> None:
+    keys = [JOINED_KEY.format(rank=rank) for rank in range(1, len(workers) + 1)]
+    deadline = time.monotonic() + RENDEZVOUS_TIMEOUT.total_seconds()
+    while not store.check(keys):
+        for rank, proc in enumerate(workers, start=1):
+            if not proc.is_alive():
+                raise worker_failure(store_dir, rank, proc) from None
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"tensor-parallel workers did not start within {RENDEZVOUS_TIMEOUT}"
+            )
+        time.sleep(POLL_S)
+
+
+def worker_failure(store_dir: str, rank: int, proc: Any) -> ReplayLLMError:
+    """The error of worker ``rank`` that exited: the one it reported, else its exit code."""
+    reported = Path(store_dir) / ERROR_FILE.format(rank=rank)
+    if reported.is_file():
+        return ReplayLLMError(f"tensor-parallel rank {rank}: {reported.read_text().strip()}")
+    return ReplayLLMError(
+        f"tensor-parallel worker rank {rank} exited (exit code {proc.exitcode}) before joining "
+        "the group; a script that starts an engine with tensor_parallel_size > 1 must do it "
+        "under `if __name__ == '__main__':`"
+    )
+
+
+def report_failure(store_dir: str, rank: int, error: BaseException) -> None:
+    """A worker's start-up error, left for rank 0 (``worker_failure``) to raise in one line."""
+    path = Path(store_dir) / ERROR_FILE.format(rank=rank)
+    try:
+        path.write_text(" ".join(str(error).split()) or type(error).__name__)
+    except OSError:  # rank 0 already removed the directory: it is going down anyway
+        pass
+
+
+def failed_worker(state: Distributed) -> ReplayLLMError | None:
+    """The error of the first worker that reported one or died, if any (rank 0)."""
+    for rank, proc in enumerate(state.workers, start=1):
+        reported = state.store_dir and (Path(state.store_dir) / ERROR_FILE.format(rank=rank))
+        if (reported and reported.is_file()) or (proc.exitcode not in (None, 0)):
+            return worker_failure(state.store_dir or "", rank, proc)
+    return None
 
 
 def broadcast_payload(payload: StepPayload | None, state: Distributed) -> StepPayload | None:
@@ -120,10 +195,21 @@ def agree_min(value: int, state: Distributed) -> int:
 
 
 def shutdown(state: Distributed) -> None:
-    """Rank 0: stop the workers, wait for them, leave the group, remove the store."""
-    broadcast_payload(None, state)
+    """Rank 0: stop the workers, wait for them, leave the group, remove the store. A worker
+    that died (killed, crashed) cannot take the last broadcast: the rest still happens."""
+    try:
+        broadcast_payload(None, state)
+    except RuntimeError:  # gloo: the connection to a dead worker is closed
+        abort(state)
+        return
     for proc in state.workers:
         proc.join(WORKER_JOIN_TIMEOUT_S)
+    abort(state)
+
+
+def abort(state: Distributed) -> None:
+    """Rank 0: end the workers still running, leave the group, remove the store (idempotent)."""
+    for proc in state.workers:
         if proc.is_alive():  # a stuck worker must not outlive the engine
             proc.terminate()
             proc.join(WORKER_JOIN_TIMEOUT_S)

@@ -64,6 +64,19 @@ class RequestStream:
 Delivery = tuple[RequestStream, list[int], str | None, str | EngineStopped | None]
 
 
+def results_in_flight(core: EngineCore) -> list[StepResult]:
+    """The step still in flight resolved, with every result ``core`` has not returned yet:
+    what a server stopping (its grace period over) hands its streams before aborting the
+    rest. Under async scheduling (the default, the CPU runner's too) the last step launched
+    has sampled a token of each running request, and finished those it brought to
+    ``max_tokens``: aborted without it, a client got ``abort`` a token short of the
+    ``length`` its trace holds, and an aborted one a token fewer than its trace counts."""
+    results = []
+    while (result := core.step(decide=False)) is not None:
+        results.append(result)
+    return results
+
+
 class RequestIntake:
     """What both engine handles (``EngineLoop`` here, ``EngineProcess`` in engine_client.py)
     keep of the requests they hold: the intake gate, the count of requests submitted and not yet
@@ -224,6 +237,8 @@ class EngineLoop(RequestIntake):
         if ended and self.metrics is not None:
             self._stats.apply(state_stats(core))
         if self._stop:  # the grace period is over: abort what is left
+            for result in results_in_flight(core):  # its tokens and finishes first
+                self.on_result(result, now)
             for seq_id, stream in list(self._streams.items()):
                 core.finish(seq_id, "aborted")
                 core.forget(seq_id)

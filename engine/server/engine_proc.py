@@ -42,6 +42,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from engine.engine_core import EngineCore, StepResult
+from engine.server.engine_loop import results_in_flight
 from engine.server.frames import widen_pipe, write_message
 from engine.server.step_stats import state_stats, step_stats
 
@@ -215,6 +216,8 @@ class PipeInputs:
             elif kind == "stop":
                 self.stopping = True
         if self.stopping and not self.done:
+            for result in results_in_flight(core):  # its tokens and finishes first
+                self.on_result(result, now)
             for seq_id, rid in self.rid_of.items():
                 core.finish(seq_id, "aborted")
                 core.forget(seq_id)

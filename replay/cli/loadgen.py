@@ -11,13 +11,14 @@ from typing import Any
 
 DEFAULT_OUT = "loadgen.parquet"
 EXIT_FAILED = 1  # the run went through, some requests failed (each with its error)
-EXIT_INTERRUPTED = 130  # Ctrl-C: the requests completed so far written, marked partial
+EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: the requests completed so far written, partial
 
 EPILOG = """exit status:
   0    every request answered
   1    some requests failed (the result is written, each failure with its status and message)
   2    nothing sent: a bad option or file, or a server that cannot be reached (no result)
-  130  interrupted (Ctrl-C): the requests completed so far written, the result marked partial
+  130  interrupted (Ctrl-C, or SIGTERM): the requests completed so far written, the result
+       marked partial
 
 Completion tokens are the server's usage counts where it sends them, else (or where a count is
 below them) its output chunks counted (one token each); the token_source column says which.
@@ -44,7 +45,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--url", required=True, help="the server's base URL, e.g. "
                    "http://127.0.0.1:8000 (a trailing /v1 is dropped)")
     p.add_argument("--model", default=None, help="model name to send (default: the server's "
-                   "first in /v1/models)")
+                   "first in /v1/models; a name its /v1/models does not list is refused)")
     p.add_argument("--time-scale", type=float, default=1.0, metavar="X",
                    help="multiply arrival times by X (0.5: twice the rate; open loop)")
     p.add_argument("--max-concurrency", type=int, default=None, metavar="N",
@@ -123,7 +124,10 @@ def run(args: argparse.Namespace) -> int:
         "url": url, "model": args.model, "workload": args.workload,
         "time_scale": args.time_scale, "max_concurrency": args.max_concurrency,
         "workers": args.workers, "stall_timeout_s": stall, "request_timeout_s": total,
-        "max_retries": retries, "seed": seed, "completion_tokens_from": token_sources(frame),
+        # Of the answered requests, whose tokens the summary counts (a failed stream's count
+        # is its chunks: the client stops reading at the failure, before any usage).
+        "max_retries": retries, "seed": seed,
+        "completion_tokens_from": token_sources(frame[frame["error"] == ""]),
         "partial": partial, "requests_planned": len(measured)}
     path = write_result(args.out, frame, summary, settings)
     print(variants_table([table_row("client", summary)]))

@@ -103,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
         lines.append(f"no configuration searched meets {slo_text}")
         lines += tune_report.verdict(result)
     else:
-        lines.append(f"best: {best.name} (goodput {best.goodput_req_s:.2f} req/s)")
+        lines.append(f"best: {best.name} (goodput {tune_report.rate(best.goodput_req_s)} "
+                     "req/s)")
         lines += result.set_lines() or ["(the source's own settings)"]
     for line in lines[3:]:
         print(line)

@@ -45,6 +45,8 @@ DEFAULT_OUT = "out/whatif"
 # "predicting ... under" line of --compare (they are still applied).
 COSMETIC_FIELDS = frozenset({"model", "trace_flush_steps", "trace_flush_seconds",
                              "trace_segment_writer", "device"})
+# Cost options that change only how a --profile's rows are used.
+PROFILE_OPTIONS = frozenset({"profile_mode", "profile_scale"})
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -114,6 +116,13 @@ def _load_timing_trace(path: str, args: argparse.Namespace | None = None
 
     config = None
     if Path(path).suffix == ".json":
+        refit = [flag for flag, given in (("--profile", getattr(args, "profile", None)),
+                                          ("--cost-option", getattr(args, "cost_options", None)))
+                 if given]
+        if refit:  # never ignored in silence: a saved model is fitted already
+            raise WhatifError(f"{' and '.join(refit)} shape the fit of a step-time model on a "
+                              f"trace; {path} is a saved model, fitted already: give "
+                              "--timing-from TRACE to refit, or drop them")
         model = CostModel.load(path)
     else:
         events = from_trace(read_trace(path))
@@ -285,6 +294,11 @@ def run(args: argparse.Namespace) -> int:
                           "drop --set, --grid and --workload")
     if args.jobs is not None and args.jobs < 1:
         raise WhatifError(f"--jobs must be >= 1, got {args.jobs}")
+    moot = sorted({item.partition("=")[0].strip() for item in args.cost_options}
+                  & PROFILE_OPTIONS)
+    if moot and not args.profile:  # never without effect in silence
+        raise WhatifError(f"--cost-option {', '.join(moot)} applies to a device profile: give "
+                          "--profile PROFILE.json, or drop it")
     from replay.cli.paths import check_out_dir, check_profile_arg, check_report
     from tracing.outdir import WHATIF
 

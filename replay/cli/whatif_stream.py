@@ -29,7 +29,8 @@ def run_streamed(args: argparse.Namespace, variants: list[tuple[str, dict[str, A
                  timing: Any, finish: Any, row: Any) -> int:
     """Stream ``args.workload`` through each variant, print the table, write the outputs.
 
-    ``timing``: loads (cost model, Config) from ``--timing-from``; ``finish`` and ``row`` are
+    ``timing``: loads (cost model, Config) from ``--timing-from`` (with ``args``' ``--profile``,
+    ``--cost-option`` and ``--host-from``, as without streaming); ``finish`` and ``row`` are
     the whatif command's output writer and table row (one format for both paths)."""
     from replay.whatif.report import variants_table
     from replay.whatif.stream import WorkloadSource, simulate_stream
@@ -43,7 +44,7 @@ def run_streamed(args: argparse.Namespace, variants: list[tuple[str, dict[str, A
         raise ReplayLLMError("--trace-out writes one variant's trace: drop --grid")
     if args.trace_out:
         check_trace_out(args.trace_out, args.out)
-    cost, config = timing(args.timing_from) if args.timing_from else (None, None)
+    cost, config = timing(args.timing_from, args) if args.timing_from else (None, None)
     config = config or Config()
     if cost is None:
         print("note: no step-time model (--timing-from TRACE): decisions only, no times; "

@@ -1,9 +1,11 @@
-"""Ctrl-C (SIGINT) in a load run: the run stops early and keeps what it measured.
+"""Ctrl-C (SIGINT) or SIGTERM in a load run: the run stops early and keeps what it measured.
 
-One process: the event loop's SIGINT handler cancels the run's task, which returns the requests
-answered so far. Several: the client processes ignore SIGINT; the parent, on SIGINT, sends each
-a stop over its pipe (readable on the worker's side: the same cancellation) and collects what
-they have. A second Ctrl-C is a KeyboardInterrupt, for a stop that hangs.
+One process: the event loop's handler of both cancels the run's task, which returns the
+requests answered so far. Several: the client processes ignore both; the parent, on either,
+sends each a stop over its pipe (readable on the worker's side: the same cancellation) and
+collects what they have. A second signal is a KeyboardInterrupt, for a stop that hangs.
+SIGTERM is what ``timeout``, ``kill`` and job schedulers send: it killed the run at once, the
+measurements of every request lost and no result written.
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ import signal
 from multiprocessing.connection import Connection
 from typing import Any
 
+# The signals that stop a load run early, keeping what it measured.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
 
 class Interrupt:
-    """While entered: the first SIGINT (or ``stop_fd`` readable) cancels the current task and
-    sets ``fired``; a second SIGINT is a KeyboardInterrupt (a stop that hangs can be forced).
-    """
+    """While entered: the first SIGINT or SIGTERM (or ``stop_fd`` readable) cancels the current
+    task and sets ``fired``; a second signal is a KeyboardInterrupt (a stop that hangs can be
+    forced)."""
 
     def __init__(self, stop_fd: int | None) -> None:
         self.stop_fd, self.fired = stop_fd, False
@@ -42,7 +47,8 @@ class Interrupt:
             if self.stop_fd is not None:
                 self.loop.add_reader(self.stop_fd, self._fire)
             else:
-                self.loop.add_signal_handler(signal.SIGINT, self._fire)
+                for signum in STOP_SIGNALS:
+                    self.loop.add_signal_handler(signum, self._fire)
             self.installed = True
         except (ValueError, RuntimeError, NotImplementedError):
             pass  # not the main thread: Ctrl-C is the caller's
@@ -53,15 +59,17 @@ class Interrupt:
             if self.stop_fd is not None:
                 self.loop.remove_reader(self.stop_fd)
             else:
-                self.loop.remove_signal_handler(signal.SIGINT)
+                for signum in STOP_SIGNALS:
+                    self.loop.remove_signal_handler(signum)
 
 
 class StopWorkersOnSigint:
-    """While entered (in the main thread): SIGINT sends each worker in ``conns`` its stop (and
-    sets ``sent``); a second SIGINT is a KeyboardInterrupt."""
+    """While entered (in the main thread): SIGINT or SIGTERM sends each worker in ``conns`` its
+    stop (and sets ``sent``); a second signal is a KeyboardInterrupt."""
 
     def __init__(self, conns: list[Connection]) -> None:
-        self.conns, self.sent, self.previous = conns, False, None
+        self.conns, self.sent = conns, False
+        self.previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.sent:
@@ -73,9 +81,10 @@ class StopWorkersOnSigint:
 
     def __enter__(self) -> StopWorkersOnSigint:
         with contextlib.suppress(ValueError):  # not the main thread: Ctrl-C is the caller's
-            self.previous = signal.signal(signal.SIGINT, self._handle)
+            for signum in STOP_SIGNALS:
+                self.previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)

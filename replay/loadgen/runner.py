@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from engine.errors import ReplayLLMError
 from replay.loadgen.client import Measured, chat_body, monotonic_clock, request_body, send
-from replay.loadgen.interrupt import Interrupt, StopWorkersOnSigint
+from replay.loadgen.interrupt import STOP_SIGNALS, Interrupt, StopWorkersOnSigint
 from replay.loadgen.retry import retry_rng
 from replay.loadgen.settings import (
     DEFAULT_MAX_RETRIES,
@@ -114,9 +114,9 @@ def run_load(
     sent. A refused request is retried up to ``max_retries`` times, its backoff's jitter
     drawn from ``seed`` and its index (``retry.retry_rng``: the same seed, the same waits).
 
-    SIGINT (Ctrl-C) ends the run early: the requests in flight are abandoned and the call
-    returns; a request that was answered or failed has ``done`` set, the others not (where
-    client processes were lost, None).
+    SIGINT (Ctrl-C) or SIGTERM ends the run early: the requests in flight are abandoned and
+    the call returns; a request that was answered or failed has ``done`` set, the others not
+    (where client processes were lost, None).
     """
     check_settings(time_scale, max_concurrency, workers, stall_timeout_s, request_timeout_s,
                    max_retries=max_retries)
@@ -168,7 +168,8 @@ async def _run(requests: list[Request], sessions: list[list[int]], texts: dict[i
                stop_fd: int | None = None) -> list[Measured]:
     """Run ``sessions`` on one event loop; the measured requests, in ``requests`` order (None
     where a request belongs to another worker's sessions). The run stops early, returning what
-    it has, on SIGINT (in the main thread) or, given ``stop_fd``, once that is readable."""
+    it has, on SIGINT or SIGTERM (in the main thread) or, given ``stop_fd``, once that is
+    readable."""
     measured: list[Any] = [None] * len(requests)
     for session in sessions:
         for i in session:
@@ -271,7 +272,8 @@ def _run_workers(requests: list[Request], sessions: list[list[int]], texts: dict
                  settings: ClientSettings, workers: int,
                  use_tqdm: bool) -> tuple[list[Measured], float]:
     """Sessions dealt round-robin to ``workers`` client processes, started together. The
-    workers ignore SIGINT: on Ctrl-C this process tells each to stop, and takes what it has."""
+    workers ignore SIGINT and SIGTERM: on either this process tells each to stop, and takes
+    what it has."""
     context = multiprocessing.get_context("spawn")
     limit = settings.max_concurrency
     per_worker = replace(settings, max_concurrency=limit and max(1, limit // workers))
@@ -319,7 +321,8 @@ def _run_workers(requests: list[Request], sessions: list[list[int]], texts: dict
 
 def _worker_main(conn: Connection, requests: list[Request], sessions: list[list[int]],
                  texts: dict[int, str], settings: ClientSettings) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent says when to stop (a message)
+    for signum in STOP_SIGNALS:  # the parent says when to stop (a message)
+        signal.signal(signum, signal.SIG_IGN)
     conn.send("ready")
     start = conn.recv()
     conn.send(run_loop(_run(requests, sessions, texts, settings, False, start,

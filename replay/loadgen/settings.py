@@ -21,6 +21,8 @@ DEFAULT_STALL_TIMEOUT_S = 600.0
 DEFAULT_MAX_RETRIES = 3
 # Finding the server (``/v1/models``) before the run: a server that does not answer this is down.
 PROBE_TIMEOUT_S = 30.0
+# How many of a server's model names the error for a model it does not list shows.
+MODELS_SHOWN = 5
 # After an interrupt, how long a client process has to send what it measured.
 WORKER_STOP_TIMEOUT_S = 30.0
 
@@ -90,7 +92,8 @@ def base_url(url: str) -> str:
 async def served_model(url: str, model: str | None, api_key: str | None = None) -> str | None:
     """``model``, else the first model ``/v1/models`` lists (servers that need a model name get
     one; one that lists none, or has no such endpoint, gets none). Asked either way: a server
-    that cannot be reached is one ``ReplayLLMError`` now, not a failure per request."""
+    that cannot be reached, or a ``model`` its list does not hold (every request would be
+    a 404), is one ``ReplayLLMError`` now, not a failure per request."""
     try:
         timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
         async with aiohttp.ClientSession(timeout=timeout, headers=auth_headers(api_key)) as client:
@@ -104,10 +107,22 @@ async def served_model(url: str, model: str | None, api_key: str | None = None) 
     if response.status in (401, 403):
         raise ReplayLLMError(f"{url} refused the client (HTTP {response.status}): give its "
                              "API key with --api-key (or OPENAI_API_KEY)")
-    if model is not None or response.status != 200:
-        return model
+    listed = _listed_models(body) if response.status == 200 else []
+    if model is None:
+        return listed[0] if listed else None
+    if listed and model not in listed:  # every request would be a 404: said once, now
+        shown = ", ".join(repr(name) for name in listed[:MODELS_SHOWN])
+        more = f" and {len(listed) - MODELS_SHOWN} more" if len(listed) > MODELS_SHOWN else ""
+        raise ReplayLLMError(f"{url} does not serve the model {model!r} (--model): its "
+                             f"/v1/models lists {shown}{more}")
+    return model
+
+
+def _listed_models(body: bytes) -> list[str]:
+    """The model ids of a ``/v1/models`` answer, in its order ([] where it holds none or is
+    not such a list: a server that lists nothing is not checked)."""
     try:
         data: Any = json.loads(body).get("data") or []
-        return str(data[0]["id"]) if data else None
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        return None
+        return [str(entry["id"]) for entry in data]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return []

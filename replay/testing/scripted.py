@@ -154,6 +154,11 @@ class ScriptedExecutor:
         pass
 
 
+# What the ``rebuild it:`` code needs, so a failure pastes as a test that runs as it is.
+REBUILD_IMPORTS = ("from engine import Config; "
+                   "from replay.testing import RequestSpec, Workload, run_workload")
+
+
 @dataclass
 class Run:
     """One workload run: the engine, what the test observed, and the violations it found."""
@@ -188,6 +193,7 @@ class Run:
             for prop, messages in sorted(self.violations.items()):
                 lines += [f"  {prop}: {m}" for m in messages[:3]]
             lines.append("  rebuild it: " + self.workload.code().replace("\n", "\n  "))
+            lines.append(f"  with: {REBUILD_IMPORTS}")
             raise PropertyViolations("\n".join(lines))
 
 

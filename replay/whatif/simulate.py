@@ -10,7 +10,9 @@ Arrivals: with a step-time model, a request joins once the simulated clock passe
 time (as ``replay.cli.live`` does on a real clock), and adding it takes the loop's host time
 (``SimExecutor.admit``); the requests the source added before its first step are added in one go,
 the clock starting at the first of them. Without a model there is no clock, and a request joins
-at the step the recording added it (or at once, when the engine would otherwise idle).
+at the step the recording added it (or at once, when the engine would otherwise idle). Aborts
+come at their recorded times (or steps); a request the source ended at a stop string ends after
+the same token, whenever that comes (``replay.whatif.sim_inputs``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import numpy as np
 
 from engine.config import AUTO_SIZED_BLOCKS, Config
 from engine.drive import drive
-from engine.engine_core import EngineCore, StepResult
+from engine.engine_core import EngineCore
 from engine.errors import ConfigError
 from engine.graph_sizes import mixed_graph_decode_sizes, prefill_graph_limit, prefill_graph_prompts
 from engine.policy_guard import PolicyError
@@ -35,6 +37,7 @@ from replay.recorded import RecordedEvents, from_columns, from_trace
 from replay.whatif.cost.model import CostModel
 from replay.whatif.notes import UNSIMULATED_FIELDS, variant_notes
 from replay.whatif.sim_executor import SimClock, SimExecutor
+from replay.whatif.sim_inputs import RecordedInputs
 from replay.whatif.source import (
     SimRequest,
     SimWorkload,
@@ -132,50 +135,6 @@ def _admission_problems(core: EngineCore, workload: SimWorkload) -> str | None:
     )
 
 
-class _WorkloadInputs:
-    """A workload's requests and aborts, due at their times (timed) or recorded steps."""
-
-    def __init__(self, executor: SimExecutor, workload: SimWorkload, timed: bool) -> None:
-        self.executor = executor
-        self.requests = workload.requests
-        self.keys = [r.arrival_s if timed else r.step for r in self.requests]
-        self.order = sorted(range(len(self.requests)), key=lambda i: (self.keys[i], i))
-        self.aborts = sorted(
-            [(a[0] if timed else a[1], a[2], "aborted") for a in workload.aborts]
-            + [(a[0] if timed else a[1], a[2], "stop") for a in workload.stops]
-        )
-        self.seq_of: dict[int, int] = {}
-        self.next_add = self.next_abort = 0
-
-    def feed(self, core: EngineCore, now: float) -> None:
-        order, keys, requests = self.order, self.keys, self.requests
-        while self.next_add < len(order) and keys[order[self.next_add]] <= now:
-            index = order[self.next_add]
-            request = requests[index]
-            seq = core.add_request(request.prompt, request.params, arrival_s=request.arrival_s,
-                                   error=request.precheck_error, priority=request.priority)
-            self.executor.bind(seq.seq_id, request.tokens)
-            self.executor.admit(len(request.prompt), request.arrival_s)
-            self.seq_of[index] = seq.seq_id
-            self.next_add += 1
-        aborts = self.aborts
-        while self.next_abort < len(aborts) and aborts[self.next_abort][0] <= now:
-            _, index, reason = aborts[self.next_abort]
-            target = self.seq_of.get(index)
-            if target is not None:
-                core.finish(target, reason)
-            self.next_abort += 1
-
-    def next_due(self) -> float | None:
-        """The next arrival (an abort still due after the last arrival has nothing to stop)."""
-        if self.next_add >= len(self.order):
-            return None
-        return self.keys[self.order[self.next_add]]
-
-    def on_result(self, result: StepResult, now: float) -> None:
-        pass
-
-
 def _run_workload(core: EngineCore, executor: SimExecutor, workload: SimWorkload,
                   timed: bool, host_lags: bool = False) -> None:
     """Feed requests and aborts at their times (or steps) and step until everything is done.
@@ -208,7 +167,7 @@ def _run_workload(core: EngineCore, executor: SimExecutor, workload: SimWorkload
         else:
             floor[0] = due
 
-    inputs = (_WorkloadInputs(executor, workload, timed) if workload.workload is None
+    inputs = (RecordedInputs(executor, workload, timed) if workload.workload is None
               else _workload_file_inputs(core, executor, workload, timed))
     drive(core, inputs, now, wait_until)
 

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from replay.whatif.report import NOT_AVAILABLE
 from replay.whatif.tune import MIN_SUBSET, Evaluation, Slo, TuneResult
 
 
@@ -47,9 +48,9 @@ def table(result: TuneResult, only_front: bool = True) -> str:
                           *("" for _ in result.slos)])
             continue
         cells.append([r["configuration"], "yes" if r["meets_slos"] else "no",
-                      f"{r['goodput_req_s']:.2f}", f"{r['throughput_req_s']:.2f}",
-                      f"{r['throughput_tok_s']:.0f}",
-                      *(f"{r[s.key] * 1e3:.2f}" for s in result.slos)])
+                      rate(r["goodput_req_s"]), rate(r["throughput_req_s"]),
+                      _cell(r["throughput_tok_s"], 1, ".0f"),
+                      *(_cell(r[s.key], 1e3, ".2f") for s in result.slos)])
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
 
     def line(values: list[str]) -> str:
@@ -57,6 +58,21 @@ def table(result: TuneResult, only_front: bool = True) -> str:
                          for i, (v, w) in enumerate(zip(values, widths)))
 
     return "\n".join([line(headers), *(line(c) for c in cells)])
+
+
+def rate(value: float) -> str:
+    """A rate in requests/s: two decimals, or three significant digits below 0.01 (a workload
+    spread over hours served 1e-05 req/s, which printed as 0.00 for every configuration,
+    the best's goodput too); ``n/a`` where there is none."""
+    if not math.isfinite(value):
+        return NOT_AVAILABLE
+    return f"{value:.3g}" if 0 < abs(value) < 0.01 else f"{value:.2f}"
+
+
+def _cell(value: float, scale: float, spec: str) -> str:
+    """``value * scale`` in ``spec``, or ``n/a`` where the run has no such value (a TPOT where
+    every request made one token printed ``nan``)."""
+    return format(value * scale, spec) if math.isfinite(value) else NOT_AVAILABLE
 
 
 def describe_search(result: TuneResult) -> str:

@@ -283,9 +283,11 @@ class ProfilePrior:
             lines = [f"priced by one fit of the source's steps pooled with the profile "
                      f"{self.path}'s rows {device}: {trace} steps within the source's range, "
                      f"{profile} within the profile's only"]
-        else:
-            lines = [f"priced by the source's fits on {trace} steps and the profile "
-                     f"{self.path} {device} on {profile}"]
+        else:  # what prices each step (``prices``), those outside both ranges included
+            profile = sum(self.prices(name, step) for step, name in
+                          zip(x.tolist(), classes.astype(str).tolist()))
+            lines = [f"priced by the source's fits on {len(classes) - profile} steps and the "
+                     f"profile {self.path} {device} on {profile}"]
         if self.mismatch:
             lines.append("the profile is not of the source's setup: " + ", ".join(
                 f"{k} {theirs} (source {ours})" for k, (theirs, ours) in self.mismatch.items()))
@@ -297,7 +299,12 @@ class ProfilePrior:
                          "eager steps' prices")
         for name in STEP_CLASSES:
             outside = pricing.get(name, {}).get(OUTSIDE, 0)
-            if outside:
+            if outside and self.mode == "profile" and name not in self.fits:
+                # (profile mode keeps no source range: these may be the source's own steps)
+                lines.append(f"{outside} {name} steps: the profile has no fit of {name} steps "
+                             "(no rows of them, or too few), so the source's fits price them "
+                             "(profile_mode=profile)")
+            elif outside:
                 lines.append(f"{outside} {name} steps lie outside both the source's and the "
                              "profile's range: extrapolated")
         return lines

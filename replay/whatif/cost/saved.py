@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypedDict, Union, get_args, get_origin, get_type_hints
 
 from engine.errors import ReplayLLMError
+from engine.profiling import PROFILE_FORMAT
 from replay.whatif.cost.features import FEATURES, LinearFit
 from replay.whatif.cost.overlap import OverlapModel
 from replay.whatif.cost.profile import ProfilePrior
@@ -100,6 +101,11 @@ def read_saved(path: str | Path, version: int, cls: type, shapes: dict[str, Any]
     ``CostModelError`` for a file that cannot be read, of another version, or of any field
     missing, unknown or of the wrong type."""
     data = read_json_object(path, CostModelError, "cost model")
+    if data.get("format") == PROFILE_FORMAT:  # said so, not "cost model version 1"
+        raise CostModelError(
+            f"{path}: a device profile (replayllm profile), not a saved cost model: give it "
+            "as --profile beside a trace (whatif TRACE --profile PROFILE.json, or --timing-from "
+            "TRACE --profile PROFILE.json; CostModel.fit(events, profile=...))")
     if "version" not in data:
         raise CostModelError(f"{path}: not a cost model file (no version field)")
     found = data["version"]

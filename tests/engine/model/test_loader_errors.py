@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -12,22 +11,10 @@ from safetensors.torch import load_file, save_file
 
 from engine.config import Config
 from engine.errors import ModelLoadError
-from engine.model.checkpoint import make_model
 from engine.model.layers.attention import get_attention_backend
 from engine.model.loader import build_model
 from engine.model.tokenizer import load_tokenizer
 from engine.runner.model_runner import ModelRunner
-
-
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_model("tiny", tmp_path_factory.mktemp("pristine"))
-
-
-@pytest.fixture()
-def ckpt(pristine: Path, tmp_path: Path) -> Path:
-    """A private copy of the tiny checkpoint for a test to break."""
-    return Path(shutil.copytree(pristine, tmp_path / "model"))
 
 
 def load(model_dir: Path) -> None:

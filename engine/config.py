@@ -285,9 +285,8 @@ def parse_override(key: str, text: str) -> Any:
     if key == "model":
         raise ConfigError("model is not a --set field: give the checkpoint directory with --model")
     if key not in Config.field_names():
-        raise ConfigError(
-            f"unknown config key {key!r}; valid keys: " + ", ".join(Config.field_names())
-        )
+        settable = [name for name in Config.field_names() if name != "model"]
+        raise ConfigError(f"unknown config key {key!r}; valid keys: " + ", ".join(settable))
     rule = FIELD_RULES.get(key)
     if rule is None:
         return text

@@ -150,7 +150,17 @@ def check_creatable(path: Path) -> None:
     if not ancestor.is_dir():
         raise OutputDirError(f"{path}: cannot be created: {ancestor} is a file, not a directory")
     if not os.access(ancestor, os.W_OK | os.X_OK):
+        if _read_only_file_system(ancestor):  # access() says no there too, whoever asks
+            raise OutputDirError(
+                f"{path}: cannot be created: {ancestor} is on a read-only file system")
         raise OutputDirError(f"{path}: cannot be created: no permission to write in {ancestor}")
+
+
+def _read_only_file_system(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def _is_cwd_or_ancestor(path: Path) -> bool:

@@ -99,3 +99,25 @@ def test_a_parent_that_is_a_file_or_not_writable_is_refused(tmp_path: Path,
         check_output_file(tmp_path / "o.html", "report", _never)
     with pytest.raises(OutputDirError, match="no permission to write in"):
         check_output_dir(tmp_path / "sub" / "o", "whatif", force=True)
+
+
+def test_a_read_only_file_system_is_named_as_such(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """An output under a directory of a read-only mount said "no permission to write in",
+    which sends a user after the directory's mode, not the mount; `statvfs`'s read-only flag
+    now names the file system (`access` denies either way)."""
+    import os
+
+    import tracing.outdir as outdir
+
+    real = os.statvfs(tmp_path)
+
+    class ReadOnly:
+        f_flag = real.f_flag | os.ST_RDONLY
+
+    monkeypatch.setattr(outdir.os, "access", lambda path, mode: Path(path) != tmp_path)
+    monkeypatch.setattr(outdir.os, "statvfs", lambda path: ReadOnly())
+    for check in (lambda: check_output_file(tmp_path / "o.html", "report", _never),
+                  lambda: check_output_dir(tmp_path / "sub" / "o", "export", force=True)):
+        with pytest.raises(OutputDirError, match="is on a read-only file system"):
+            check()

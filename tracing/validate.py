@@ -33,6 +33,9 @@ CALIBRATION_INTS = ("num_seqs", "prefill_tokens", "prefill_attn_work", "decode_s
                     "decode_context_tokens", "padded_batch_size")
 CALIBRATION_OPTIONAL_INTS = ("padded_tokens", "repeats")
 CALIBRATION_SECONDS = ("interval_s",)
+# The longest a timed step (a calibration's or a profile's row) may take: past an hour it is an
+# edit or a broken clock, and fitted it prices a run at absurd lengths without a word.
+MAX_STEP_S = 3600.0
 CALIBRATION_OPTIONAL_SECONDS = ("duration_s", "wait_s", "interval_p10_s", "interval_p90_s")
 # What a device profile's row adds to a calibration row (engine/profiling.run_profile).
 PROFILE_OPTIONAL_INTS = ("level", "decode_context_max", "cached_tokens", "prefix_groups",
@@ -137,12 +140,13 @@ def _check_calibration_row(path: Path, index: int, row: Any, what: str = "calibr
     for key in CALIBRATION_OPTIONAL_INTS:
         if key in row and not is_int(row[key], 0, INT64_MAX):
             raise TraceError(f"{where}: {key} must be an integer >= 0, got {row[key]!r}")
-    for key in CALIBRATION_SECONDS:
-        if not is_seconds(row.get(key)):
-            raise TraceError(f"{where}: {key} must be a finite number >= 0, got {row.get(key)!r}")
-    for key in CALIBRATION_OPTIONAL_SECONDS:
-        if row.get(key) is not None and not is_seconds(row[key]):
-            raise TraceError(f"{where}: {key} must be a finite number >= 0, got {row[key]!r}")
+    for key in CALIBRATION_SECONDS + CALIBRATION_OPTIONAL_SECONDS:
+        value = row.get(key)
+        if value is None and key in CALIBRATION_OPTIONAL_SECONDS:
+            continue
+        if not (is_seconds(value) and value <= MAX_STEP_S):
+            raise TraceError(f"{where}: {key} must be a finite number of seconds in "
+                             f"[0, {MAX_STEP_S:g}], got {value!r}")
 
 
 def check_marker(path: Path, index: int, data: dict[str, Any]) -> None:

@@ -28,6 +28,10 @@ EDITS: list[tuple[Callable[[dict[str, Any]], dict[str, Any]], str]] = [
     (lambda p: {**p, "rows": [1]}, "profile row 0 must be a JSON object"),
     (lambda p: {**p, "rows": [{}]}, "kind must be one of"),
     (_row(interval_s="nan"), "interval_s must be a finite number"),
+    # A step timed past an hour is an edit or a broken clock: fitted, it priced a tiny model's
+    # run at 7.6e299 s, printed in full (found by the what-if round, session 35).
+    (_row(interval_s=1e300), "interval_s must be a finite number"),
+    (_row(duration_s=4000.0), "duration_s must be a finite number"),
     (_row(num_seqs=-1), "num_seqs must be an integer >= 0"),
     (_row(graph_used="no"), "graph_used must be true or false"),
     (_row(label=None), "label must be a string"),

@@ -80,11 +80,7 @@ class SegmentFile:
             return
         bounds = column_bounds(pf, "event_id")
         if bounds is None:
-            try:
-                ids = np.asarray(pf.read(columns=["event_id"]).column("event_id"))
-            except (*PARQUET_ERRORS, KeyError) as exc:
-                raise TraceError(f"{self.path}: cannot read Parquet data ({one_line(exc)})"
-                                 ) from None
+            ids = self.read_column(pf, "event_id")
             bounds = (int(ids.min()), int(ids.max()))
         low, high = bounds
         if low < first or high > last:
@@ -96,21 +92,20 @@ class SegmentFile:
         """How many of its rows belong to steps after ``step`` (from the footer's statistics
         when they rule it out, else by reading the ``step`` column alone)."""
         pf = self.open()
-        meta = pf.metadata
-        maxima = []
-        for group in range(meta.num_row_groups):
-            row_group = meta.row_group(group)
-            column = next((row_group.column(i) for i in range(row_group.num_columns)
-                           if row_group.column(i).path_in_schema == "step"), None)
-            stats = column.statistics if column is not None else None
-            maxima.append(stats.max if stats is not None and stats.has_min_max else None)
-        if all(m is not None and m <= step for m in maxima):
+        if pf.metadata.num_row_groups == 0:
             return 0
+        bounds = column_bounds(pf, "step")
+        if bounds is not None and bounds[1] <= step:
+            return 0
+        return int((self.read_column(pf, "step") > step).sum())
+
+    def read_column(self, pf: pq.ParquetFile, name: str) -> np.ndarray:
+        """Column ``name`` of the file alone, as numpy (a ``TraceError`` where it cannot be
+        read)."""
         try:
-            steps = pf.read(columns=["step"]).column("step")
+            return np.asarray(pf.read(columns=[name]).column(name))
         except (*PARQUET_ERRORS, KeyError) as exc:
             raise TraceError(f"{self.path}: cannot read Parquet data ({one_line(exc)})") from None
-        return int((np.asarray(steps) > step).sum())
 
 
 def _arrow_source(path: Path) -> str | pa.NativeFile:

@@ -39,6 +39,7 @@ from tracing.validate import check_header, check_summary
 
 if TYPE_CHECKING:
     import pandas as pd
+    import pyarrow.parquet as pq
 
 __all__ = ["Segment", "SegmentFile", "Trace", "read_trace"]
 
@@ -64,8 +65,7 @@ class Trace:
         self.header = header
         self.summary = summary
         self._commits = Commits(segments, summary)
-        version = header.get("schema_version")
-        self._version = version if isinstance(version, int) else None
+        self._version = header.get("schema_version")  # read_trace checked it
         self._tables: dict[str, pa.Table] = {}
 
     # --- shape ------------------------------------------------------------------------------------
@@ -223,13 +223,19 @@ def _check_schema(f: SegmentFile, schema: pa.Schema, num_rows: int, version: int
         raise TraceError(f"{f.path}: holds {num_rows} rows, its commit marker says {f.rows}")
 
 
-def _check_file(f: SegmentFile, version: int | None) -> int | None:
-    """Validate a file's footer (magic bytes, schema, row count, event-id range) without
-    reading its data; return its largest ``step`` (-1: no rows; None: the footer has no
-    statistics)."""
+def _open_checked(f: SegmentFile, version: int | None) -> pq.ParquetFile:
+    """The file opened, its footer validated (magic bytes, schema, row count, event-id range)
+    without reading its data."""
     pf = f.open()
     _check_schema(f, pf.schema_arrow, pf.metadata.num_rows, version)
     f.check_event_ids(pf)
+    return pf
+
+
+def _check_file(f: SegmentFile, version: int | None) -> int | None:
+    """Validate a file's footer (``_open_checked``); return its largest ``step`` (-1: no rows;
+    None: the footer has no statistics)."""
+    pf = _open_checked(f, version)
     if not pf.metadata.num_rows:
         return -1
     bounds = column_bounds(pf, "step")
@@ -251,9 +257,7 @@ def _check_through_step(root: Path, segments: list[Segment], steps: list[int | N
 
 
 def _read_file(f: SegmentFile, version: int | None) -> pa.Table:
-    pf = f.open()
-    _check_schema(f, pf.schema_arrow, pf.metadata.num_rows, version)
-    f.check_event_ids(pf)
+    pf = _open_checked(f, version)
     try:
         table = pf.read()
     except PARQUET_ERRORS as exc:

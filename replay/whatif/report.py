@@ -31,8 +31,10 @@ TABLE_COLUMNS: tuple[tuple[str, str, str, float], ...] = (
 NOT_AVAILABLE = "n/a"
 
 
-def _cell(value: float | None, fmt: str, scale: float) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+def table_cell(value: float | None, fmt: str, scale: float = 1.0) -> str:
+    """``value * scale`` in ``fmt``, or ``n/a`` where a run has no such value (None, NaN: a
+    TPOT where every request made one token; the metrics give NaN, never an infinity)."""
+    if value is None or not math.isfinite(value):
         return NOT_AVAILABLE
     return fmt.format(value * scale)
 
@@ -47,7 +49,7 @@ def variants_table(rows: list[dict[str, Any]]) -> str:
             continue
         metrics = row["metrics"]
         body.append(
-            [row["label"], *(_cell(metrics.get(k), f, s) for k, _, f, s in TABLE_COLUMNS)]
+            [row["label"], *(table_cell(metrics.get(k), f, s) for k, _, f, s in TABLE_COLUMNS)]
         )
     cells = [b for b in body if isinstance(b, list)]
     widths = [max([len(headers[i]), *(len(c[i]) for c in cells)]) for i in range(len(headers))]
@@ -81,8 +83,8 @@ def comparison_table(rows: list[dict[str, Any]]) -> str:
         error = r["rel_error"]
         shown = NOT_AVAILABLE if math.isnan(error) else f"{100 * error:+.2f}%"
         lines.append(
-            f"{r['metric']:<{width}}  {_cell(r['predicted'], f, 1.0):>12}  "
-            f"{_cell(r['measured'], f, 1.0):>12}  {shown:>8}"
+            f"{r['metric']:<{width}}  {table_cell(r['predicted'], f):>12}  "
+            f"{table_cell(r['measured'], f):>12}  {shown:>8}"
         )
     return "\n".join(lines)
 

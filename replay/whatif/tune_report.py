@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from replay.whatif.report import NOT_AVAILABLE
+from replay.whatif.report import NOT_AVAILABLE, table_cell
 from replay.whatif.tune import MIN_SUBSET, Evaluation, Slo, TuneResult
 
 
@@ -49,8 +49,8 @@ def table(result: TuneResult, only_front: bool = True) -> str:
             continue
         cells.append([r["configuration"], "yes" if r["meets_slos"] else "no",
                       rate(r["goodput_req_s"]), rate(r["throughput_req_s"]),
-                      _cell(r["throughput_tok_s"], 1, ".0f"),
-                      *(_cell(r[s.key], 1e3, ".2f") for s in result.slos)])
+                      table_cell(r["throughput_tok_s"], "{:.0f}"),
+                      *(table_cell(r[s.key], "{:.2f}", 1e3) for s in result.slos)])
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
 
     def line(values: list[str]) -> str:
@@ -67,12 +67,6 @@ def rate(value: float) -> str:
     if not math.isfinite(value):
         return NOT_AVAILABLE
     return f"{value:.3g}" if 0 < abs(value) < 0.01 else f"{value:.2f}"
-
-
-def _cell(value: float, scale: float, spec: str) -> str:
-    """``value * scale`` in ``spec``, or ``n/a`` where the run has no such value (a TPOT where
-    every request made one token printed ``nan``)."""
-    return format(value * scale, spec) if math.isfinite(value) else NOT_AVAILABLE
 
 
 def describe_search(result: TuneResult) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.gc_pauses import host_stalls
+from benchmarks.gc_pauses import STALL_S, host_stalls
 from replay.recorded import from_trace
 from replay.whatif.fidelity import MATRIX_TARGETS, matrix_rows
 from tracing.reader import read_trace
@@ -35,7 +35,8 @@ def test_the_configurations_and_azure_meet_every_target_from_their_own_calls_sou
 
 
 def _decode_stalls(trace: str) -> list[tuple[int, int, bool]]:
-    """Each decode step whose host exceeds the decode median by 5 ms: (step, padded batch,
+    """Each decode step whose host exceeds the decode median by ``STALL_S`` (the stall rule of
+    ``host_stalls``, whose counts give no steps): (step, padded batch,
     whether the recording used that padded batch for the first time at or just before it)."""
     steps = from_trace(read_trace(trace)).tables["model_step"]
     stalls = host_stalls(steps, 0.0, {})
@@ -48,7 +49,7 @@ def _decode_stalls(trace: str) -> list[tuple[int, int, bool]]:
     for i in np.flatnonzero(decode):
         first_use.setdefault(int(padded[i]), i)
     return [(int(i), int(padded[i]), first_use[int(padded[i])] >= i - 2)
-            for i in np.flatnonzero(decode & (host > median + 0.005))]
+            for i in np.flatnonzero(decode & (host > median + STALL_S))]
 
 
 def test_only_a_processs_first_azure_recording_stalls_at_decode_batches_new_to_it() -> None:

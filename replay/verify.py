@@ -67,6 +67,11 @@ class VerifyResult:
     policy_note: str | None = None
     # The last step verified: the recording's last fully recorded step (-1: none).
     last_step: int = -1
+    # Committed segments the reader left unread (``Trace.unread_note``), or None.
+    unread_note: str | None = None
+    # Requests of the recorded prefix and how many of them it leaves unfinished.
+    num_requests: int = 0
+    unfinished: int = 0
 
     def scope(self) -> str:
         """How far the trace was verified: "" for a complete one with steps."""
@@ -75,17 +80,28 @@ class VerifyResult:
         return (f" (incomplete trace: verified the recorded prefix, steps 0 to "
                 f"{self.last_step})")
 
+    def unfinished_part(self) -> str:
+        """What an incomplete trace leaves unverified: the requests unfinished where it ends,
+        whose later steps it does not hold (nor a step cut by a kill or an error, dropped with
+        the requests added for it: ``engine/step_cut.py``); "" for a complete trace."""
+        if self.complete:
+            return ""
+        return f", {self.unfinished} of its {self.num_requests} requests unfinished where it ends"
+
     def report(self) -> str:
         """The text ``replayllm verify`` prints."""
         scope = self.scope()
+        note = [f"note: {self.unread_note}"] if self.unread_note else []
         if self.identical:
-            return f"identical: {self.num_events} events over {self.num_steps} steps{scope}"
+            return "\n".join([f"identical: {self.num_events} events over {self.num_steps} "
+                              f"steps{self.unfinished_part()}{scope}", *note])
         d = self.divergence
         assert d is not None  # identical is False only with a divergence
         kind = (d.recorded or d.replayed or {}).get("kind", "?")
         # A replay that stopped early is the cause: said first, not after the table.
         stopped = f"; replay stopped: {self.replay_note}" if self.replay_note else ""
-        lines = [f"diverged at event {d.event_id} (step {d.step}, {kind}){scope}{stopped}"]
+        lines = [f"diverged at event {d.event_id} (step {d.step}, {kind}){scope}{stopped}",
+                 *note]
         lines.append(_side_by_side(d))
         if d.context:
             lines.append("last events before it (recorded):")
@@ -234,7 +250,9 @@ def check_verifiable(trace: Any) -> None:
     with no step committed. ``trace``: a trace from ``read_trace`` or ``RecordedEvents``."""
     if not trace.complete and trace.last_step < 0:
         where = getattr(trace, "path", None)
-        raise TraceError(f"{where}: {NOTHING_COMMITTED}" if where else NOTHING_COMMITTED)
+        unread = getattr(trace, "unread_note", None)
+        what = f"{unread}: nothing to verify" if unread else NOTHING_COMMITTED
+        raise TraceError(f"{where}: {what}" if where else what)
 
 
 def verify_recorded(recorded: RecordedEvents) -> VerifyResult:
@@ -255,7 +273,15 @@ def verify_recorded(recorded: RecordedEvents) -> VerifyResult:
         replay_note=run.stopped_early if divergence is not None else None,
         policy_note=policy_change_note(recorded.header),
         last_step=int(recorded.last_step),
+        num_requests=recorded.num_rows("request_added"),
+        unfinished=len(_unfinished(recorded)),
     )
+
+
+def _unfinished(recorded: RecordedEvents) -> set[int]:
+    """The recorded requests without a ``request_finished`` event."""
+    added = np.asarray(recorded.column("request_added", "seq_id")).tolist()
+    return set(added) - set(np.asarray(recorded.column("request_finished", "seq_id")).tolist())
 
 
 def verify_events(header: dict[str, Any], tables: dict[str, dict[str, list]]) -> VerifyResult:
@@ -270,7 +296,9 @@ def verify(trace: Any) -> VerifyResult:
 
         trace = read_trace(trace)
     check_verifiable(trace)  # before reading the tables, naming the trace
-    return verify_recorded(from_trace(trace))
+    result = verify_recorded(from_trace(trace))
+    result.unread_note = getattr(trace, "unread_note", None)
+    return result
 
 
 # Columns whose values are sampled token ids or hashes over them.

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracing.errors import TraceError, one_line
+from tracing.errors import TraceError, UnfinishedFile, one_line
 from tracing.layout import COMMITS_DIR, marker_file, marker_index, tmp_path
 from tracing.schema import EVENT_KINDS
 from tracing.validate import check_marker
@@ -65,7 +65,11 @@ class SegmentFile:
         try:
             return pq.ParquetFile(_arrow_source(path))
         except FileNotFoundError:
-            raise TraceError(f"{self.path}: missing, but its segment is committed") from None
+            raise UnfinishedFile(f"{self.path}: missing, but its segment is committed") from None
+        except pa.ArrowInvalid as exc:  # no footer: cut short (or not Parquet at all)
+            raise UnfinishedFile(
+                f"{path}: not a readable Parquet file, truncated or corrupted ({one_line(exc)})"
+            ) from None
         except PARQUET_ERRORS as exc:
             raise TraceError(
                 f"{path}: not a readable Parquet file, truncated or corrupted ({one_line(exc)})"
@@ -235,7 +239,7 @@ def _parse_marker(root: Path, path: Path, index: int, data: dict[str, Any]) -> S
                            data.get("last_event_id"))
         # The marker is written before the renames: a crash in between leaves the hidden name.
         if not file.located().exists():
-            raise TraceError(f"{final}: missing, but committed by {path.name}")
+            raise UnfinishedFile(f"{final}: missing, but committed by {path.name}")
         if file.located().is_symlink():
             raise TraceError(f"{final}: is a symbolic link, not a file the recorder wrote")
         files.append(file)
@@ -244,12 +248,39 @@ def _parse_marker(root: Path, path: Path, index: int, data: dict[str, Any]) -> S
                    data.get("first_event_id"), data.get("last_event_id"))
 
 
-def committed_segments(root: Path) -> list[Segment]:
+@dataclass(frozen=True)
+class UnreadTail:
+    """The committed segments an incomplete trace's reader left unread, ``first`` to ``last``:
+    from the first one with a file missing or cut short (``UnfinishedFile``, ``reason``) on.
+
+    A copy of a trace taken while it was being recorded catches each directory at another
+    moment: a commit marker can be copied after its files' directory was, so the copy lacks
+    them (or holds one half-written). Every segment before it is whole (segments are committed
+    in order), so the trace reads as that prefix, and says so (``describe``)."""
+
+    first: int
+    last: int
+    reason: str
+
+    def describe(self, last_step: int) -> str:
+        """One line: what was not read, why, and what was."""
+        which = (f"segment {self.first} is committed but not all its" if self.first == self.last
+                 else f"segments {self.first} to {self.last} are committed but not all their")
+        read = (f"read segments 0 to {self.first - 1}, through step {last_step}" if self.first
+                else "read no segment")
+        return (f"{which} files are there whole ({self.reason}; "
+                f"a copy taken while the trace was being recorded, or a deleted file): {read}")
+
+
+def committed_segments(root: Path, tail_ok: bool = False) -> tuple[list[Segment],
+                                                                   UnreadTail | None]:
     """The segments of the trace directory ``root`` with a commit marker, in order
-    (``TraceError`` for a gap, a damaged marker or a segment out of order)."""
+    (``TraceError`` for a gap, a damaged marker or a segment out of order). With ``tail_ok``
+    (an incomplete trace) a segment whose file is missing ends the list there, the rest
+    unread (``UnreadTail``); otherwise that is a ``TraceError`` too."""
     commits = root / COMMITS_DIR
     if not commits.is_dir():
-        return []
+        return [], None
     try:
         names = [p.name for p in commits.iterdir()]
     except OSError as exc:
@@ -263,11 +294,21 @@ def committed_segments(root: Path) -> list[Segment]:
                 f"{path}: segment {index} is committed but segment {expected} is not; "
                 "a commit marker was deleted"
             )
-        segment = _parse_marker(root, path, index, load_json(path, "commit marker"))
+        try:
+            segment = _parse_marker(root, path, index, load_json(path, "commit marker"))
+        except UnfinishedFile as exc:
+            if not tail_ok:
+                raise
+            return segments, UnreadTail(index, indices[-1], relative_reason(root, exc))
         if segments:
             _check_follows(path, segments[-1], segment)
         segments.append(segment)
-    return segments
+    return segments, None
+
+
+def relative_reason(root: Path, exc: TraceError) -> str:
+    """``exc``'s line with the trace directory's own path left out of the file it names."""
+    return str(exc).replace(f"{root}{os.sep}", "", 1)
 
 
 def _check_follows(path: Path, previous: Segment, segment: Segment) -> None:

@@ -112,6 +112,7 @@ def summarize(trace: Trace) -> dict[str, Any]:
         "recording": None if trace.complete else lock_holder(trace.path),
         "schema_version": header.get("schema_version"), "segments": trace.segments,
         "num_events": trace.num_events,
+        "unread": trace.unread_note,
         "size_bytes": trace.size_bytes,
         "model": model_name, "policy": header.get("policy", config.get("policy")),
         "num_kvcache_blocks": header_num_blocks(header),
@@ -158,6 +159,8 @@ def describe(trace: Trace) -> str:
         state = f"INCOMPLETE (being recorded by {s['recording']}; {so_far})"
     elif s["last_step"] < 0:
         state = "INCOMPLETE (recording stopped before any step was committed)"
+    elif s["unread"]:  # a copy taken mid-recording: its markers go past the files it holds
+        state = f"INCOMPLETE (read through step {s['last_step']}; see the note below)"
     else:
         state = f"INCOMPLETE (recording stopped; committed through step {s['last_step']})"
     rate = s["prefix_cache_hit_rate"]
@@ -184,6 +187,8 @@ def describe(trace: Trace) -> str:
     thread = _engine_thread(trace.table("model_step"))
     if thread:
         lines.append(thread)
+    if s["unread"]:
+        lines.append(f"note: {s['unread']}")
     return "\n".join(lines)
 
 

@@ -21,12 +21,14 @@ from tracing.commits import (
     Commits,
     Segment,
     SegmentFile,
+    UnreadTail,
     column_bounds,
     committed_segments,
     load_json,
+    relative_reason,
 )
 from tracing.convert import column_to_python
-from tracing.errors import TraceError, one_line
+from tracing.errors import TraceError, UnfinishedFile, one_line
 from tracing.layout import HEADER_FILE, SUMMARY_FILE, marker_file
 from tracing.schema import (
     ADDED_COLUMN_DEFAULTS,
@@ -60,10 +62,13 @@ class Trace:
         header: dict[str, Any],
         summary: dict[str, Any] | None,
         segments: list[Segment],
+        unread: UnreadTail | None = None,
     ) -> None:
         self.path = path
         self.header = header
         self.summary = summary
+        # Committed segments left unread: a copy taken mid-recording lacks their files.
+        self.unread = unread
         self._commits = Commits(segments, summary)
         self._version = header.get("schema_version")  # read_trace checked it
         self._tables: dict[str, pa.Table] = {}
@@ -81,6 +86,12 @@ class Trace:
     def segments(self) -> int:
         """How many committed segments the trace has."""
         return len(self._commits.segments)
+
+    @property
+    def unread_note(self) -> str | None:
+        """One line saying which committed segments were not read and why (``UnreadTail``),
+        or None when every committed segment was."""
+        return self.unread.describe(self.last_step) if self.unread is not None else None
 
     def segment_list(self) -> list[Segment]:
         return list(self._commits.segments)
@@ -108,6 +119,8 @@ class Trace:
 
     def __repr__(self) -> str:
         state = "complete" if self.complete else f"incomplete, through step {self.last_step}"
+        if self.unread is not None:
+            state += f", segments {self.unread.first} to {self.unread.last} unread"
         return (
             f"Trace({str(self.path)!r}, "
             f"{self.segments} segments, {self.num_events} events, {state})"
@@ -306,6 +319,9 @@ def read_trace(path: str | Path, validate: bool = True) -> Trace:
     With ``validate`` (the default) every committed file's footer is checked now (Parquet magic,
     schema, row count), so a damaged file is reported before any analysis starts.
     Raises ``TraceError`` (one line, naming the file) for anything that is not a readable trace.
+    An incomplete trace (no ``summary.json``) whose committed segments from some segment on lack
+    a file, or hold one cut short (a copy taken while it was being recorded), reads as the
+    segments before it; ``Trace.unread_note`` says so.
     """
     root = Path(path)
     if not root.exists():
@@ -317,12 +333,34 @@ def read_trace(path: str | Path, validate: bool = True) -> Trace:
         raise TraceError(f"{root}: not a trace directory (no {HEADER_FILE})")
     header = load_json(header_path, "trace header")
     check_header(header_path, header)
-    segments = committed_segments(root)
     summary_path = root / SUMMARY_FILE
     summary = load_json(summary_path, "trace summary") if summary_path.exists() else None
+    segments, unread = committed_segments(root, tail_ok=summary is None)
     if summary is not None:
         check_summary(summary_path, summary, len(segments), header["schema_version"])
     if validate:
-        steps = [_check_file(f, header["schema_version"]) for seg in segments for f in seg.files]
+        segments, unread, steps = _validate_files(root, segments, unread,
+                                                  header["schema_version"], summary is None)
         _check_through_step(root, segments, steps)
-    return Trace(root, header, summary, segments)
+    return Trace(root, header, summary, segments, unread)
+
+
+def _validate_files(
+    root: Path, segments: list[Segment], unread: UnreadTail | None, version: int,
+    tail_ok: bool,
+) -> tuple[list[Segment], UnreadTail | None, list[int | None]]:
+    """Check every committed file's footer (``_check_file``); return the segments, the unread
+    tail and each file's largest step. With ``tail_ok`` (an incomplete trace) the first segment
+    holding a file cut short ends the segments read, as a missing one does."""
+    steps: list[int | None] = []
+    for position, segment in enumerate(segments):
+        try:
+            found = [_check_file(f, version) for f in segment.files]
+        except UnfinishedFile as exc:
+            if not tail_ok:
+                raise
+            last = unread.last if unread is not None else segments[-1].index
+            return (segments[:position], UnreadTail(segment.index, last,
+                                                    relative_reason(root, exc)), steps)
+        steps += found
+    return segments, unread, steps

@@ -1,14 +1,22 @@
 """Load a Hugging Face checkpoint directory (config.json + *.safetensors) into an engine model.
 
 Every way a checkpoint can be unusable ends in one ModelLoadError line naming the file or tensor:
-no directory, no config.json, invalid JSON, an unsupported architecture, no weight file, a file
-the index names but that is absent, an unreadable file, an unexpected, misshapen or missing
-tensor, a tensor that is not floating-point or that two files hold.
+no directory, no config.json, invalid JSON, an unsupported architecture, no weight file, a shard
+index whose ``weight_map`` is not an object of file names, a file the index names but that is
+absent, an unreadable file, an unexpected, misshapen or missing tensor, a tensor that is not
+float32, bfloat16, float16 or float64 or that two files hold, and a tensor holding a NaN or an
+infinity, or a value the serving dtype cannot hold (float16's 65504).
+
+The finiteness check is always on: one ``torch.aminmax`` per tensor, in its stored dtype, as it
+is loaded (NaN and infinities propagate through min and max; no temporary is made): 0.4-1.8 s
+over the 596M values of Qwen3-0.6B on a 2-core CPU, about a third of the load, where
+``torch.isfinite(t).all()`` took 17 s. It runs on rank 0 alone (every rank reads the same files).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -30,6 +38,9 @@ WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 # Checkpoint tensors some exporters include that the engine derives itself.
 _DERIVED_SUFFIXES = ("rotary_emb.inv_freq",)
+# The stored dtypes the engine casts from: a float8 tensor is one of a quantized checkpoint's
+# (its scales live in other tensors the engine does not apply), as integer ones are.
+LOADABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 def check_model_dir(model_dir: str | Path) -> Path:
@@ -69,6 +80,10 @@ def weight_files(model_dir: str | Path) -> list[Path]:
     index_path = path / WEIGHTS_INDEX_FILE
     if index_path.is_file():
         weight_map = read_json(index_path, "shard index").get("weight_map", {})
+        if not isinstance(weight_map, dict) or not all(
+                isinstance(shard, str) and shard for shard in weight_map.values()):
+            raise ModelLoadError(f"{index_path}: weight_map must be an object mapping tensor "
+                                 "names to weight file names")
         for shard in sorted(set(weight_map.values())):
             if not (path / shard).is_file():
                 raise ModelLoadError(f"missing weight file {path / shard} (listed in {index_path})")
@@ -115,8 +130,11 @@ def _expected_shards(
     return expected
 
 
-def load_weights(model: nn.Module, model_dir: str | Path) -> None:
-    """Copy every checkpoint tensor into ``model`` through its parameter's ``weight_loader``."""
+def load_weights(model: nn.Module, model_dir: str | Path, check_values: bool = True) -> None:
+    """Copy every checkpoint tensor into ``model`` through its parameter's ``weight_loader``.
+
+    ``check_values``: refuse a tensor holding a NaN or an infinity, or a value the parameter's
+    dtype overflows on (``check_finite``); a TP worker leaves it to rank 0."""
     path = check_model_dir(model_dir)
     packed: dict[str, tuple[str, str | int]] = getattr(model, "packed_modules_mapping", {})
     tied = bool(getattr(getattr(model, "spec", None), "tie_word_embeddings", False))
@@ -145,7 +163,10 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
                             f"unexpected tensor {tensor_name!r} in {file}: {arch} has no "
                             f"parameter {param_name!r}"
                         )
-                    _load_one(param, f.get_tensor(tensor_name), shard_id, tensor_name, file)
+                    tensor = f.get_tensor(tensor_name)
+                    _load_one(param, tensor, shard_id, tensor_name, file)
+                    if check_values:
+                        check_finite(tensor, param.dtype, f"tensor {tensor_name!r} in {file}")
                     loaded[param_name].add(shard_id)
         except SafetensorError as exc:
             raise ModelLoadError(f"cannot read weight file {file}: {exc}") from None
@@ -169,10 +190,10 @@ def _load_one(
     tensor_name: str,
     file: Path,
 ) -> None:
-    if not tensor.is_floating_point():  # quantized or foreign data: copy_ would cast it blindly
+    if tensor.dtype not in LOADABLE_DTYPES:  # quantized or foreign data: copy_ would cast it
         raise ModelLoadError(
             f"tensor {tensor_name!r} in {file} has dtype {str(tensor.dtype).removeprefix('torch.')}"
-            ", not a floating-point type: the engine loads float32, bfloat16 or float16 weights"
+            ", not a floating-point type the engine loads: float32, bfloat16 or float16 weights"
         )
     weight_loader = getattr(param, "weight_loader", default_weight_loader)
     try:
@@ -182,6 +203,36 @@ def _load_one(
             weight_loader(param, tensor, shard_id)
     except ValueError as exc:
         raise ModelLoadError(f"cannot load tensor {tensor_name!r} from {file}: {exc}") from None
+
+
+def check_finite(tensor: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    """Refuse ``tensor`` (``what`` names it) if it holds a NaN or an infinity, or a value that
+    ``dtype`` (the parameter it is cast into) rounds to an infinity.
+
+    One ``aminmax`` pass in the stored dtype: a NaN makes both results NaN, an infinity the
+    max or the min, so two finite results prove every value finite. Only a failing tensor is
+    read again, to count its values and place the first."""
+    if tensor.numel() == 0:
+        return
+    low, high = torch.aminmax(tensor)
+    if math.isfinite(low.item()) and math.isfinite(high.item()):
+        served = torch.stack((low, high)).to(dtype)
+        if bool(torch.isfinite(served).all()):
+            return
+        name = str(dtype).removeprefix("torch.")
+        raise ModelLoadError(
+            f"{what} holds values ({low.item():.6g} to {high.item():.6g}) that overflow {name} "
+            f"(largest {torch.finfo(dtype).max:.6g}): serve it in another dtype"
+        )
+    bad = ~torch.isfinite(tensor)
+    first = [int(i) for i in bad.nonzero()[0]]
+    kinds = " and ".join(kind for kind, found in (
+        ("NaN", bool(torch.isnan(tensor).any())), ("infinite", bool(torch.isinf(tensor).any())))
+        if found)
+    raise ModelLoadError(
+        f"{what} holds {int(bad.sum())} {kinds} value(s) (the first at {first}): the checkpoint "
+        "is corrupt"
+    )
 
 
 def build_model(
@@ -210,5 +261,5 @@ def build_model(
             model = model_cls(spec, backend, group, kernels)
     finally:
         torch.set_default_dtype(previous)
-    load_weights(model, path)
+    load_weights(model, path, check_values=group.rank == 0)
     return model.eval()

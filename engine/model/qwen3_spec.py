@@ -52,13 +52,25 @@ class Qwen3Spec:
                 raise ModelLoadError(f"{source}: {name} must be a positive number, got {value!r}")
             return float(value)
 
+        def flag(name: str) -> bool:
+            value = cfg.get(name)
+            if value is None:  # absent or null: transformers' default
+                return False
+            if not isinstance(value, bool):  # "false" is truthy: read as true, silently
+                raise ModelLoadError(f"{source}: {name} must be true or false, got {value!r}")
+            return value
+
         def unsupported(what: str) -> ModelLoadError:
             return ModelLoadError(f"{source}: {what} is not supported by the Qwen3 model")
 
         if cfg.get("hidden_act", "silu") != "silu":
             raise unsupported(f"hidden_act {cfg.get('hidden_act')!r}")
-        if cfg.get("use_sliding_window", False):
+        if flag("use_sliding_window"):
             raise unsupported("use_sliding_window=true")
+        if cfg.get("quantization_config"):  # its scales are tensors the engine would not apply
+            method = cfg["quantization_config"]
+            method = method.get("quant_method", "?") if isinstance(method, dict) else method
+            raise unsupported(f"a quantized checkpoint (quantization_config {method!r})")
         # transformers 5 writes rope_parameters; 4.x checkpoints have rope_theta (+ rope_scaling).
         rope_settings = [cfg[k] for k in ("rope_parameters", "rope_scaling") if cfg.get(k)]
         for rope in rope_settings:
@@ -80,11 +92,17 @@ class Qwen3Spec:
                 f"{source}: num_attention_heads ({heads}) must be a multiple of "
                 f"num_key_value_heads ({kv_heads})"
             )
+        vocab = integer("vocab_size")
         eos = cfg.get("eos_token_id")
-        if isinstance(eos, list):  # several stop ids: the engine stops on the first one
-            eos = eos[0] if eos else None
+        ids = eos if isinstance(eos, list) else [] if eos is None else [eos]
+        if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab for i in ids):
+            # A string or an id past the vocabulary was dropped: the engine never stopped.
+            raise ModelLoadError(
+                f"{source}: eos_token_id must be a token id in [0, {vocab}) or a list of them, "
+                f"got {eos!r}"
+            )
         return cls(
-            vocab_size=integer("vocab_size"),
+            vocab_size=vocab,
             hidden_size=hidden,
             intermediate_size=integer("intermediate_size"),
             num_hidden_layers=integer("num_hidden_layers"),
@@ -94,10 +112,10 @@ class Qwen3Spec:
             max_position_embeddings=integer("max_position_embeddings", HF_DEFAULT_MAX_POSITIONS),
             rms_norm_eps=number("rms_norm_eps", cfg.get("rms_norm_eps", HF_DEFAULT_RMS_EPS)),
             rope_theta=number("rope_theta", rope_theta),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", False)),
+            tie_word_embeddings=flag("tie_word_embeddings"),
+            attention_bias=flag("attention_bias"),
             torch_dtype=cfg.get("torch_dtype", cfg.get("dtype")),
-            eos_token_id=eos if isinstance(eos, int) else None,
+            eos_token_id=ids[0] if ids else None,  # several stop ids: the engine stops on the first
         )
 
     def describe(self) -> dict[str, Any]:

@@ -14,18 +14,22 @@ group or store directory outlives it, so the same process can start another engi
 that exits before joining (a script whose top level starts the engine without
 ``if __name__ == "__main__":`` re-runs it in every spawned worker) is noticed at once, not after
 ``RENDEZVOUS_TIMEOUT``; a worker's own start-up error reaches rank 0 through the store directory
-(``report_failure``) and is raised there, in one line.
+(``report_failure``) and is raised there, in one line. A worker that dies later (killed, crashed)
+makes rank 0's next collective or broadcast fail: rank 0 then raises one line naming the rank
+and how it ended (``WatchedGroup``), not gloo's multi-line error.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.connection
 import multiprocessing.process
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -45,6 +49,9 @@ WORKER_JOIN_TIMEOUT_S = 30.0
 JOINED_KEY = "joined/{rank}"  # a worker sets it in the store as it enters the rendezvous
 ERROR_FILE = "error-rank{rank}"  # a worker's start-up error, for rank 0 to raise
 POLL_S = 0.05
+# How long rank 0 waits, after a collective failed, for the worker whose connection closed to be
+# seen as exited (its sockets close as it dies, a moment before its exit status is ready).
+DEATH_WAIT_S = 5.0
 
 
 @dataclass
@@ -55,6 +62,50 @@ class Distributed:
     control: Any  # gloo group for step payloads (and for agreeing on the KV pool size)
     store_dir: str | None  # rank 0 removes it at shutdown
     workers: list[Any]
+
+
+class WorkerDiedError(ReplayLLMError, RuntimeError):
+    """A tensor-parallel worker died after joining the group (one line: its rank, how it ended);
+    a RuntimeError too, as the collective's own failure was."""
+
+
+@dataclass(frozen=True)
+class WatchedGroup(ParallelGroup):
+    """Rank 0's group: a collective that fails because a worker died raises one line naming the
+    worker and how it ended (``died_worker``); any other failure keeps its own error."""
+
+    store_dir: str = ""
+    workers: list[Any] = field(default_factory=list, compare=False, repr=False)
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        try:
+            return super().all_reduce(tensor)
+        except RuntimeError:
+            self.raise_if_died()
+            raise
+
+    def all_gather_last_dim(self, tensor: torch.Tensor) -> torch.Tensor:
+        try:
+            return super().all_gather_last_dim(tensor)
+        except RuntimeError:
+            self.raise_if_died()
+            raise
+
+    def raise_if_died(self) -> None:
+        """Rank 0: raise the one-line error of a worker that died, if one did. A worker: exit
+        with one line if rank 0 died (a worker lives for rank 0 alone). Waits up to
+        ``DEATH_WAIT_S`` for the death to show."""
+        if self.rank != 0:
+            parent = multiprocessing.parent_process()
+            if parent is not None:
+                parent.join(DEATH_WAIT_S)
+                if not parent.is_alive():
+                    raise SystemExit(f"tensor-parallel rank {self.rank}: rank 0 (process "
+                                     f"{parent.pid}) died; this worker exits") from None
+            return
+        error = died_worker(self.store_dir, self.workers, DEATH_WAIT_S)
+        if error is not None:
+            raise error from None
 
 
 def check_divisible(model_dir: Path, world: int) -> None:
@@ -131,9 +182,9 @@ def join(rank: int, world: int, store_dir: str, device: torch.device,
         _backend(device), store=store, rank=rank, world_size=world, timeout=RENDEZVOUS_TIMEOUT
     )
     control = dist.new_group(backend="gloo") if device.type == "cuda" else None
-    return Distributed(
-        ParallelGroup(rank, world, None), control, store_dir if rank == 0 else None, []
-    )
+    # Rank 0's workers: the list start() fills, where a collective that fails looks for the dead.
+    group = WatchedGroup(rank, world, None, store_dir, workers if rank == 0 and workers else [])
+    return Distributed(group, control, store_dir if rank == 0 else None, [])
 
 
 def _wait_for_workers(store: Any, store_dir: str, workers: list[Any]) -> None:
@@ -142,7 +193,7 @@ def _wait_for_workers(store: Any, store_dir: str, workers: list[Any]) -> None:
     while not store.check(keys):
         for rank, proc in enumerate(workers, start=1):
             if not proc.is_alive():
-                raise worker_failure(store_dir, rank, proc) from None
+                raise worker_failure(store_dir, rank, proc, joined=False) from None
         if time.monotonic() > deadline:
             raise RuntimeError(
                 f"tensor-parallel workers did not start within {RENDEZVOUS_TIMEOUT}"
@@ -150,16 +201,47 @@ def _wait_for_workers(store: Any, store_dir: str, workers: list[Any]) -> None:
         time.sleep(POLL_S)
 
 
-def worker_failure(store_dir: str, rank: int, proc: Any) -> ReplayLLMError:
-    """The error of worker ``rank`` that exited: the one it reported, else its exit code."""
-    reported = Path(store_dir) / ERROR_FILE.format(rank=rank)
-    if reported.is_file():
-        return ReplayLLMError(f"tensor-parallel rank {rank}: {reported.read_text().strip()}")
+def worker_failure(store_dir: str, rank: int, proc: Any, joined: bool = True) -> ReplayLLMError:
+    """The error of worker ``rank`` that exited: the one it reported, else how it ended
+    (``joined``: whether it had entered the group)."""
+    return _failure(rank, proc, _reported(store_dir, rank), joined)
+
+
+def _reported(store_dir: str | None, rank: int) -> str | None:
+    """The start-up error worker ``rank`` left for rank 0, read once; None if there is none."""
+    if not store_dir:
+        return None
+    try:
+        return (Path(store_dir) / ERROR_FILE.format(rank=rank)).read_text().strip()
+    except OSError:  # none written (or the directory is gone)
+        return None
+
+
+def _failure(rank: int, proc: Any, reported: str | None, joined: bool) -> ReplayLLMError:
+    if reported is not None:
+        return ReplayLLMError(f"tensor-parallel rank {rank}: {reported}")
+    ended = _how_it_ended(proc.exitcode)
+    if joined:
+        return WorkerDiedError(
+            f"tensor-parallel worker rank {rank} died ({ended}): the engine cannot run a step "
+            "without its shard"
+        )
     return ReplayLLMError(
-        f"tensor-parallel worker rank {rank} exited (exit code {proc.exitcode}) before joining "
+        f"tensor-parallel worker rank {rank} exited ({ended}) before joining "
         "the group; a script that starts an engine with tensor_parallel_size > 1 must do it "
         "under `if __name__ == '__main__':`"
     )
+
+
+def _how_it_ended(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
 
 
 def report_failure(store_dir: str, rank: int, error: BaseException) -> None:
@@ -174,16 +256,34 @@ def report_failure(store_dir: str, rank: int, error: BaseException) -> None:
 def failed_worker(state: Distributed) -> ReplayLLMError | None:
     """The error of the first worker that reported one or died, if any (rank 0)."""
     for rank, proc in enumerate(state.workers, start=1):
-        reported = state.store_dir and (Path(state.store_dir) / ERROR_FILE.format(rank=rank))
-        if (reported and reported.is_file()) or (proc.exitcode not in (None, 0)):
-            return worker_failure(state.store_dir or "", rank, proc)
+        reported = _reported(state.store_dir, rank)  # one read: the same text is raised
+        if reported is not None or proc.exitcode not in (None, 0):
+            return _failure(rank, proc, reported, joined=True)
+    return None
+
+
+def died_worker(store_dir: str, workers: list[Any], wait_s: float) -> ReplayLLMError | None:
+    """Rank 0, after a collective failed: the error of a worker that exited, waiting up to
+    ``wait_s`` for one to (its connection closes a moment before its exit is seen); None if
+    every worker still runs then (the failure is not a death)."""
+    live = [proc for proc in workers if proc.exitcode is None]
+    if len(live) == len(workers) and workers:
+        multiprocessing.connection.wait([proc.sentinel for proc in workers], timeout=wait_s)
+    for rank, proc in enumerate(workers, start=1):
+        if proc.exitcode is not None:
+            return _failure(rank, proc, _reported(store_dir, rank), joined=True)
     return None
 
 
 def broadcast_payload(payload: StepPayload | None, state: Distributed) -> StepPayload | None:
     """Rank 0 sends ``payload``; the other ranks receive it (``None``: shut down)."""
     box = [payload]
-    dist.broadcast_object_list(box, src=0, group=state.control)
+    try:
+        dist.broadcast_object_list(box, src=0, group=state.control)
+    except RuntimeError:
+        if isinstance(state.group, WatchedGroup):  # a rank that died is named, in one line
+            state.group.raise_if_died()
+        raise
     return box[0]
 
 
@@ -199,7 +299,7 @@ def shutdown(state: Distributed) -> None:
     that died (killed, crashed) cannot take the last broadcast: the rest still happens."""
     try:
         broadcast_payload(None, state)
-    except RuntimeError:  # gloo: the connection to a dead worker is closed
+    except (RuntimeError, ReplayLLMError):  # gloo: the connection to a dead worker is closed
         abort(state)
         return
     for proc in state.workers:

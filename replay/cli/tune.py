@@ -94,8 +94,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {', '.join(p.name for p in written)} to {args.out}")
     slo_text = ", ".join(str(s) for s in slos)
     base = result.baseline
-    as_recorded = (f"as recorded: {'meets' if base.meets else 'misses'} {slo_text}"
-                   if base.result.ok else f"as recorded: {base.result.status}")
+    as_recorded = (f"as recorded: {base.result.status}" if not base.result.ok else
+                   f"as recorded: rejects {base.result.newly_rejected} of {base.requests} "
+                   "requests" if base.result.newly_rejected else
+                   f"as recorded: {'meets' if base.meets else 'misses'} {slo_text}")
     print(as_recorded)
     best = result.best
     lines = [tune_report.describe_search(result), tune_report.table(result), as_recorded]

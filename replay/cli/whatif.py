@@ -112,6 +112,7 @@ def _load_timing_trace(path: str, args: argparse.Namespace | None = None
     model, and the trace's Config (if a trace)."""
     from replay.recorded import from_trace
     from replay.replayer import config_from_header
+    from replay.whatif.notes import simulated_note
     from tracing.reader import read_trace
 
     config = None
@@ -126,6 +127,9 @@ def _load_timing_trace(path: str, args: argparse.Namespace | None = None
         model = CostModel.load(path)
     else:
         events = from_trace(read_trace(path))
+        simulated = simulated_note(events.header, path, "timing source")
+        if simulated is not None and path != getattr(args, "trace", None):  # TRACE's: _source
+            print(f"note: {simulated}")
         profile = getattr(args, "profile", None)
         options = _cost_options(args) if args is not None else None
         model = CostModel.fit(events, source=path, profile=profile, options=options)
@@ -145,11 +149,15 @@ def _source(args: argparse.Namespace, policy_needed: bool = True) -> SimWorkload
     if args.trace is None:
         return None
     from replay.whatif.compare import restricts  # not --compare OTHER_TRACE's: its own scope
+    from replay.whatif.notes import simulated_note
 
     workload = load_source(args.trace, policy_needed)
     warning = incomplete_source(workload, restrict=restricts(getattr(args, "compare", None)))
     if warning is not None:
         print(f"warning: {warning}")
+    simulated = simulated_note(workload.header, args.trace, "source")
+    if simulated is not None:
+        print(f"note: {simulated}")
     return workload
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -14,7 +15,8 @@ from replay.cli.paths import check_plot_file, check_workload_out
 from replay.workloads.arrivals import PROCESSES, ArrivalProcess
 from replay.workloads.distributions import parse
 from replay.workloads.import_options import MOONCAKE_BLOCK_SIZE, OVER_LENGTH
-from replay.workloads.imports import FORMATS
+from replay.workloads.imports import FORMATS, TRACE_FORMATS, check_format_options
+from replay.workloads.request import REFERENCE_TEMPERATURE
 
 DISTRIBUTIONS = "fixed:V, uniform:LO,HI, normal:MEAN,STD, lognormal:MEAN,SIGMA, zipf:A,MAX, " \
     "exponential:MEAN or empirical:FILE"
@@ -82,9 +84,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     imp.add_argument("--filter-model", default=None, metavar="NAME",
                      help="burstgpt: keep the rows of this Model only (ChatGPT or GPT-4; "
                      "case ignored; the others dropped, counted)")
-    imp.add_argument("--temperature", type=float, default=0.6)
-    imp.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false")
-    imp.add_argument("--seed", type=int, default=0, help="salt of the synthesized tokens")
+    imp.add_argument("--temperature", type=float, default=None,
+                     help="the requests' temperature (default 0.6; not with --format replayllm, "
+                     "whose requests keep their own)")
+    imp.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                     help="let a request stop at EOS before the trace's output length")
+    imp.add_argument("--seed", type=int, default=None, help="salt of the synthesized tokens, "
+                     "and of sharegpt's --rate (default 0)")
     imp.add_argument("--ignore-unknown-fields", action="store_true",
                      help="mooncake and replayllm: read past fields this version does not "
                      "know (else an error)")
@@ -99,8 +105,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _progress(items: Any, desc: str, total: int | None = None) -> Any:
+    """``items`` with a progress bar on stderr when it is a terminal, as ``run`` and ``whatif
+    --stream`` draw theirs: a redirected or captured stderr holds only the command's own lines
+    (a log of a failed import held the bar's redraws before its one error line)."""
     return tqdm(items, desc=desc, total=total, unit=" req", dynamic_ncols=True,
-                mininterval=0.5)
+                mininterval=0.5, disable=not sys.stderr.isatty())
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -157,14 +166,22 @@ def _import(args: argparse.Namespace) -> int:
     from replay.workloads.store import WorkloadWriter
 
     check_workload_out(args.out, args.source)
+    # flags given, even at their default value, that the format does not take: one line
+    check_format_options(args.format, {flag for flag, value in (
+        ("--temperature", args.temperature), ("--seed", args.seed)) if value is not None})
     if args.format == "mooncake" and args.block_size is None:
         args.block_size = MOONCAKE_BLOCK_SIZE  # the default, recorded in the header's command
+    if args.format in TRACE_FORMATS:  # the defaults, recorded in the header's command
+        args.temperature = REFERENCE_TEMPERATURE if args.temperature is None \
+            else args.temperature
+        args.seed = 0 if args.seed is None else args.seed
     options = ImportOptions(
         start_s=args.start, end_s=args.end, limit=args.limit, time_scale=args.time_scale,
-        max_prompt_len=args.max_prompt_len, over_length=args.over_length, seed=args.seed,
-        block_size=args.block_size,
-        temperature=args.temperature, ignore_eos=args.ignore_eos,
-        ignore_unknown_fields=args.ignore_unknown_fields, model=args.model, rate=args.rate,
+        max_prompt_len=args.max_prompt_len, over_length=args.over_length,
+        seed=args.seed or 0, block_size=args.block_size,
+        temperature=REFERENCE_TEMPERATURE if args.temperature is None else args.temperature,
+        ignore_eos=args.ignore_eos, ignore_unknown_fields=args.ignore_unknown_fields,
+        model=args.model, rate=args.rate,
         filter_model=args.filter_model,
     )
     counts = ImportCounts()

@@ -134,3 +134,17 @@ def variant_notes(source: Config, config: Config, cost: CostModel | None,
         notes.append(f"kvcache_block_size changed with num_kvcache_blocks kept: the pool holds "
                      f"{tokens} tokens, not {before}")
     return notes
+
+
+def simulated_note(header: Mapping[str, Any], name: str, use: str) -> str | None:
+    """Where a trace given as ``use`` (``source``, ``timing source``) was written by a
+    simulation (``whatif --trace-out``: its header's ``simulated_from``), not recorded: its
+    step times are an earlier prediction's (None for a recording)."""
+    origin = header.get("simulated_from")
+    if origin is None:
+        return None
+    model = (header.get("executor") or {}).get("cost_model")
+    times = f"step-time model of {model}" if model else "no step-time model"
+    what = "step times" if use != "source" else "step times and 'recorded' row"
+    return (f"the {use} {name} is a simulated trace (of {origin}, {times}), not a recording: "
+            f"its {what} are an earlier prediction's")

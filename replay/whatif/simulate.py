@@ -83,6 +83,9 @@ class SimResult:
     events: RecordedEvents | None = None
     notes: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+    # Requests this variant's engine rejected that its source did not (a workload file's
+    # requests it can never serve, rejected as a live run rejects them): not served.
+    newly_rejected: int = 0
 
     @property
     def ok(self) -> bool:
@@ -119,7 +122,12 @@ def load_timing(timing: Any, workload: SimWorkload) -> tuple[CostModel | None, l
 
 # --- one variant --------------------------------------------------------------------------------
 def _admission_problems(core: EngineCore, workload: SimWorkload) -> str | None:
-    """Why the variant cannot serve a request the source served (None: it can serve all)."""
+    """Why the variant cannot serve a request a recording served (None: it can serve all).
+
+    A workload file's requests have no recording to match: the engine rejects those it cannot
+    serve as a live run does (``rejected_note``), so none is refused here."""
+    if workload.workload is not None:
+        return None
     bad = [
         (i, error)
         for i, r in enumerate(workload.requests)
@@ -129,14 +137,35 @@ def _admission_problems(core: EngineCore, workload: SimWorkload) -> str | None:
     if not bad:
         return None
     index, error = bad[0]
-    return (
-        f"{CANNOT_RUN}: {len(bad)} of {len(workload.requests)} requests can never be scheduled "
-        f"(request {index}: {error})"
-    )
+    return never_scheduled(len(bad), len(workload.requests), f"request {index}: {error}")
+
+
+def never_scheduled(count: int, total: int, first: str) -> str:
+    """The status of a variant that cannot serve ``count`` of ``total`` requests (``first``:
+    the first one and the engine's reason)."""
+    return f"{CANNOT_RUN}: {count} of {total} requests can never be scheduled ({first})"
+
+
+def rejected_note(count: int, total: int, first: str) -> str:
+    """The note of a workload-file variant whose engine rejected ``count`` of ``total``
+    requests it can never serve, as a live run rejects them (``Scheduler.admission_error``):
+    the rest are predicted, these counted (the summary's ``rejected``) and not served."""
+    return (f"{count} of {total} requests rejected by this configuration, as a live run "
+            f"rejects them ({first}); the others are predicted, without them")
+
+
+def _workload_rejections(core: EngineCore, inputs: Any) -> tuple[int, str]:
+    """(how many of a workload file's requests the engine rejected, the first one and why)."""
+    rejected = sorted((inputs.index_of[seq_id], reason)
+                      for seq_id, reason in core.rejections.items())
+    if not rejected:
+        return 0, ""
+    index, reason = rejected[0]
+    return len(rejected), f"request {index}: {reason}"
 
 
 def _run_workload(core: EngineCore, executor: SimExecutor, workload: SimWorkload,
-                  timed: bool, host_lags: bool = False) -> None:
+                  timed: bool, host_lags: bool = False) -> RecordedInputs | WorkloadInputs:
     """Feed requests and aborts at their times (or steps) and step until everything is done.
 
     Timed: the simulated clock starts at the first request the source added before its first
@@ -170,6 +199,7 @@ def _run_workload(core: EngineCore, executor: SimExecutor, workload: SimWorkload
     inputs = (RecordedInputs(executor, workload, timed) if workload.workload is None
               else _workload_file_inputs(core, executor, workload, timed))
     drive(core, inputs, now, wait_until)
+    return inputs
 
 
 def _host_lags(workload: SimWorkload, config: Config) -> bool:
@@ -253,10 +283,16 @@ def run_variant(
         problem = _admission_problems(core, workload)
         if problem is not None:
             return SimResult(name, overrides, problem, timed)
-        _run_workload(core, executor, workload, timed, host_lags=_host_lags(workload, config))
+        inputs = _run_workload(core, executor, workload, timed,
+                               host_lags=_host_lags(workload, config))
     except PolicyError as exc:
         return SimResult(name, overrides, f"{CANNOT_RUN}: {exc}", timed)
     core.close()
+    rejected, first = (_workload_rejections(core, inputs)
+                       if workload.workload is not None else (0, ""))
+    total = len(workload.requests)
+    if rejected and rejected + getattr(inputs, "skipped_turns", 0) >= total:  # none served
+        return SimResult(name, overrides, never_scheduled(rejected, total, first), timed)
     if keep_events:
         events = from_columns(core.header, core.events.tables)
     else:
@@ -265,11 +301,13 @@ def run_variant(
     scope = workload.scope  # an incomplete source's finished requests: metrics cover them only
     run = compute(events if scope is None else scope.restrict(events), timed=timed)
     notes = variant_notes(workload.config, config, cost, executor)
+    if rejected:
+        notes.append(rejected_note(rejected, total, first))
     if cost is not None:
         notes += cost.coverage_warnings(events)  # where this variant leaves the source's range
     return SimResult(
         name, overrides, OK, timed, run.summary, run.requests, run.steps,
-        events if keep_events else None, notes, time.perf_counter() - began,
+        events if keep_events else None, notes, time.perf_counter() - began, rejected,
     )
 
 

@@ -11,9 +11,9 @@ engine's own ``Scheduler`` and ``BlockManager`` decide everything, block by bloc
 - the event stream is folded into metrics columns as it goes (``StreamingMetrics``) or also
   written to a Parquet trace in segments (``trace_out``), never held whole.
 
-A variant that cannot serve a request the source served is reported ``cannot run`` with the
-count, as ``run_variant`` reports it; the count is found as requests are added (the run goes
-on, and its metrics are not reported).
+A request the variant can never serve is rejected by the engine as a live run rejects it,
+counted (the summary's ``rejected``) and named in a note, as ``run_variant`` does for a
+workload file; a variant that serves none is reported ``cannot run`` with the count.
 """
 
 from __future__ import annotations
@@ -36,7 +36,14 @@ from replay.stream_metrics import StreamingMetrics
 from replay.whatif.cost.model import CostModel
 from replay.whatif.notes import variant_notes
 from replay.whatif.sim_executor import SimExecutor
-from replay.whatif.simulate import CANNOT_RUN, OK, SimRequest, SimResult, build_engine
+from replay.whatif.simulate import (
+    OK,
+    SimRequest,
+    SimResult,
+    build_engine,
+    never_scheduled,
+    rejected_note,
+)
 from replay.workloads.recipe import PromptRecipe, recipe_tokens
 from replay.workloads.request import Request
 
@@ -295,13 +302,14 @@ def simulate_stream(
     core.close()
     if progress is not None:
         progress(inputs.finished)
-    if inputs.cannot_serve:
-        return SimResult(name, overrides, f"{CANNOT_RUN}: {inputs.cannot_serve} of "
-                         f"{inputs.added} requests can never be scheduled "
-                         f"({inputs.first_problem})", timed)
+    if inputs.cannot_serve and inputs.cannot_serve >= inputs.added:  # none served
+        return SimResult(name, overrides, never_scheduled(
+            inputs.cannot_serve, inputs.added, inputs.first_problem), timed)
     run = metrics.result(timed)
     notes = variant_notes(source.config, config, cost, executor)
+    if inputs.cannot_serve:
+        notes.append(rejected_note(inputs.cannot_serve, inputs.added, inputs.first_problem))
     if cost is not None:
         notes.append(STREAM_COVERAGE_NOTE)
     return SimResult(name, overrides, OK, timed, run.summary, run.requests, run.steps, None,
-                     notes, time.perf_counter() - began)
+                     notes, time.perf_counter() - began, inputs.cannot_serve)

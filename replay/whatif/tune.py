@@ -133,7 +133,10 @@ class Evaluation:
 
     @property
     def meets(self) -> bool:
-        return self.result.ok and all(s.ratio(self.result.metrics) <= 1 for s in self.slos)
+        """Every SLO met, serving every request the source serves: a configuration rejecting a
+        workload file's long requests would meet latency SLOs by leaving its hardest work out."""
+        return (self.result.ok and not self.result.newly_rejected
+                and all(s.ratio(self.result.metrics) <= 1 for s in self.slos))
 
     @property
     def throughput_req_s(self) -> float:
@@ -160,6 +163,8 @@ class Evaluation:
         """Larger is better: goodput first, then (for those missing) the worst SLO ratio."""
         if not self.result.ok:
             return (-math.inf, -math.inf)
+        if self.result.newly_rejected:  # below every run serving all, above one that cannot run
+            return (-math.inf, -float(self.result.newly_rejected))
         worst = max((s.ratio(self.result.metrics) for s in self.slos), default=0.0)
         return (self.goodput_req_s, -worst)
 
@@ -207,7 +212,8 @@ class TuneResult:
         """The runs no other run beats on throughput and on every SLO metric at once."""
         # Of runs with equal values, the one with the fewest changes stands for them all (the
         # one ``best`` picks, so the best is a row of the printed front), then the first.
-        ok = sorted((e for e in self.evaluations if e.result.ok), key=self.changes)
+        ok = sorted((e for e in self.evaluations if e.result.ok and not e.result.newly_rejected),
+                    key=self.changes)  # a run rejecting requests does not serve the workload
 
         def values(e: Evaluation) -> tuple[float, ...]:
             return (-e.throughput_req_s, *(e.result.metrics.get(s.key, math.inf)

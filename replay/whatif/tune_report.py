@@ -18,6 +18,7 @@ def _row(e: Evaluation, result: TuneResult, front: set[int]) -> dict[str, Any]:
         "status": e.result.status,
         "requests": e.requests,
         "meets_slos": e.meets,
+        "rejected": e.result.newly_rejected,
         "goodput_req_s": e.goodput_req_s,
         "throughput_req_s": e.throughput_req_s,
         "throughput_tok_s": m.get("throughput_tok_s", math.nan),
@@ -47,7 +48,8 @@ def table(result: TuneResult, only_front: bool = True) -> str:
             cells.append([r["configuration"], r["status"], "", "", "",
                           *("" for _ in result.slos)])
             continue
-        cells.append([r["configuration"], "yes" if r["meets_slos"] else "no",
+        meets = "yes" if r["meets_slos"] else f"rejects {r['rejected']}" if r["rejected"] else "no"
+        cells.append([r["configuration"], meets,
                       rate(r["goodput_req_s"]), rate(r["throughput_req_s"]),
                       table_cell(r["throughput_tok_s"], "{:.0f}"),
                       *(table_cell(r[s.key], "{:.2f}", 1e3) for s in result.slos)])
@@ -87,6 +89,8 @@ def verdict(result: TuneResult) -> list[str]:
         return []
     misses = [_miss(s, near.result.metrics.get(s.key, math.nan)) for s in result.slos
               if s.ratio(near.result.metrics) > 1]
+    if near.result.newly_rejected:
+        misses.insert(0, f"rejects {near.result.newly_rejected} of {near.requests} requests")
     return [f"closest: {near.name or 'as recorded'} misses {', '.join(misses)}"]
 
 

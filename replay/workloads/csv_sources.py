@@ -2,8 +2,9 @@
 
 Columns are found by name (case, and spaces around and inside a name, ignored; other columns,
 in any order, are ignored); the file may be gzip-compressed, start with a byte-order mark, end
-lines with CRLF and end with blank lines (``replay.workloads.text_input``). Rows stream in
-chunks, so a 27-million-row file fits in bounded memory. Every row must have as many fields as
+lines with CRLF and hold blank lines or rows of empty fields (``,,``), which are skipped
+(``replay.workloads.text_input``). Rows stream in chunks, so a 27-million-row file fits in
+bounded memory. Every row must have as many fields as
 the header: a row with more or fewer (an unquoted comma, a cut line) would put values under the
 wrong column. Quoting is RFC 4180's (``csv`` strict): a quoted field may hold commas and line
 ends, and a row is named by the line it starts on; a quote never closed is an error, not a last
@@ -50,7 +51,9 @@ SECONDS_LIMIT = 9e9  # a seconds column: at most this (its nanoseconds fit an in
 
 
 def _blank(row: list[str]) -> bool:
-    return not row or (len(row) == 1 and not row[0].strip())
+    """A row that holds nothing, skipped: a blank line, or empty fields only (``,,``: how a
+    spreadsheet saves its empty rows, often after the data)."""
+    return all(not cell.strip() for cell in row)
 
 
 def _columns(where: str, header: list[str], fmt: str, extra: tuple[str, ...]) -> list[int]:
@@ -153,6 +156,7 @@ class _Clock:
         self.form: str | None = None  # "number", "zoned" or "naive"
         self.unit: tuple[float, float, int, str] = (0.0, SECONDS_LIMIT, 10**9, "seconds")
         self.first_line = 0
+        self.base = 0.0  # the first time's whole part, in the file's unit: ``_exact``
 
     def _expected(self) -> str:
         if self.form == "number":
@@ -164,22 +168,24 @@ class _Clock:
     def nanoseconds(self, lines: list[int], values: Any) -> np.ndarray:
         """The times of a chunk's rows as nanoseconds; a chunk it refuses decides nothing (the
         first chunk read sets the form and unit)."""
-        decided = (self.form, self.unit, self.first_line)
+        decided = (self.form, self.unit, self.first_line, self.base)
         try:
             return self._nanoseconds(lines, values)
         except WorkloadFormatError:
-            self.form, self.unit, self.first_line = decided
+            self.form, self.unit, self.first_line, self.base = decided
             raise
 
     def _nanoseconds(self, lines: list[int], values: Any) -> np.ndarray:
         import pandas as pd
 
-        numbers = pd.to_numeric(values, errors="coerce").to_numpy(dtype=float)
+        parsed_numbers = pd.to_numeric(values, errors="coerce")
+        numbers = parsed_numbers.to_numpy(dtype=float)
         numeric = ~np.isnan(numbers)
         zoned = values.str.contains(ZONE, regex=True).to_numpy(dtype=bool)
         forms = np.where(numeric, "number", np.where(zoned, "zoned", "naive"))
         if self.form is None:
             self.form, self.first_line = str(forms[0]), lines[0]
+            self.base = float(np.floor(numbers[0])) if numeric[0] else 0.0
             if self.form == "number" and self.epoch:
                 units = [u for u in EPOCH_UNITS if u[0] <= numbers[0] < u[1]]
                 if not units:
@@ -195,7 +201,7 @@ class _Clock:
             bad = ~((numbers >= low) & (numbers < high))
             if bad.any():
                 raise _bad(self.path, lines, bad, values, self.column, self._expected())
-            return np.rint(numbers * scale).astype(np.int64)
+            return _exact(parsed_numbers, numbers, scale, self.base)
         parsed = pd.to_datetime(values, format="ISO8601", utc=True, errors="coerce")
         bad = (parsed.isna() | (parsed < pd.Timestamp("1970-01-01", tz="UTC"))
                | (parsed >= pd.Timestamp("2262-01-01", tz="UTC"))).to_numpy(dtype=bool)
@@ -203,6 +209,17 @@ class _Clock:
             raise _bad(self.path, lines, bad, values, self.column, "an ISO 8601 date and time "
                        "(years 1970 to 2261)")
         return parsed.dt.tz_localize(None).to_numpy(dtype="datetime64[ns]").astype(np.int64)
+
+
+def _exact(parsed: Any, numbers: np.ndarray, scale: int, base: float) -> np.ndarray:
+    """Times in units of ``1 / scale`` s as integer nanoseconds, exact where the file's numbers
+    are: integers (epoch milliseconds) in integer arithmetic, and decimals as their distance from
+    ``base`` (the file's first time's whole part: exact in floating point near it) before
+    scaling. Scaled whole, an epoch time of 1.7e18 ns is a float 256 ns apart from the next:
+    1715299201250 ms less 1715299200500 ms read as 0.749999872 s."""
+    if parsed.dtype.kind in "iu":
+        return parsed.to_numpy(dtype=np.int64) * scale
+    return int(base) * scale + np.rint((numbers - base) * scale).astype(np.int64)
 
 
 Parsed = tuple[np.ndarray, np.ndarray, np.ndarray]  # a chunk's nanoseconds, prompts, outputs

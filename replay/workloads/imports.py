@@ -30,7 +30,7 @@ from replay.workloads.import_options import (
     make_request,
 )
 from replay.workloads.recipe import PromptRecipe
-from replay.workloads.request import Request
+from replay.workloads.request import REFERENCE_TEMPERATURE, Request
 
 # A source yields, for a row it read but will not send, the reason (a str) in place of a
 # request; ``select`` counts it as read and dropped for that reason (``Dropped``).
@@ -39,12 +39,18 @@ BURSTGPT_FAILED = "failed request (Response tokens 0)"
 MODELS_SHOWN = 20  # models named when --filter-model matches none
 # Options of some formats only (ImportOptions field, flag, its value when not given, the formats
 # it applies to): given with another format, an error (``check_format_options``), not ignored.
+TRACE_FORMATS = ("azure", "burstgpt", "mooncake", "sharegpt")  # the public traces read
 FORMAT_OPTIONS: tuple[tuple[str, str, object, tuple[str, ...]], ...] = (
     ("rate", "--rate", None, ("sharegpt",)), ("model", "--model", None, ("sharegpt",)),
     ("filter_model", "--filter-model", None, ("burstgpt",)),
     ("block_size", "--block-size", None, ("mooncake",)),
     # the CSV columns are read by name, other columns ignored; ShareGPT reads its fields only
     ("ignore_unknown_fields", "--ignore-unknown-fields", False, ("mooncake", "replayllm")),
+    # what an importer gives the requests it makes; a workload file's keep their own (these
+    # were ignored with --format replayllm, while the header recorded them)
+    ("temperature", "--temperature", REFERENCE_TEMPERATURE, TRACE_FORMATS),
+    ("ignore_eos", "--no-ignore-eos", True, TRACE_FORMATS),
+    ("seed", "--seed", 0, TRACE_FORMATS),
 )
 
 
@@ -140,8 +146,11 @@ def check_format_options(fmt: str, given: set[str]) -> None:
     does not apply to ``fmt`` is an error (one line), never silently ignored."""
     for _, flag, _, owners in FORMAT_OPTIONS:
         if flag in given and fmt not in owners:
-            raise InvalidRequestError(f"{flag} applies to --format {' and '.join(owners)} only, "
-                                      f"not {fmt}")
+            listed = " and ".join([", ".join(owners[:-1]), owners[-1]] if len(owners) > 1
+                                  else owners)
+            keep = fmt == "replayllm" and flag in ("--temperature", "--no-ignore-eos", "--seed")
+            raise InvalidRequestError(f"{flag} applies to --format {listed} only, not {fmt}"
+                                      + (" (its requests keep their own)" if keep else ""))
 
 
 def source(path: str | Path, fmt: str, options: ImportOptions, gate: Gate | None = None

@@ -86,8 +86,12 @@ def _hash_ids(item: dict[str, Any], where: str) -> list[int]:
 
 def mooncake_requests(path: str | Path, options: ImportOptions) -> Iterator[tuple[str, float,
                                                                                 Request]]:
-    """(where, seconds, request) per record of a Mooncake-format JSONL file (or JSON array)."""
+    """(where, seconds, request) per record of a Mooncake-format JSONL file (or JSON array).
+    Seconds count from the first record's ``timestamp``, the milliseconds subtracted before
+    dividing: epoch milliseconds divided first lost their last digits (1715299200456 ms less
+    1715299200123 ms came out 0.33300018 s)."""
     block = options.block_size or MOONCAKE_BLOCK_SIZE
+    origin: float | None = None
     for number, (where, item) in enumerate(json_records(path, "mooncake"), 1):
         if not isinstance(item, dict):
             raise WorkloadFormatError(f"{where}: expected a JSON object, got "
@@ -113,8 +117,9 @@ def mooncake_requests(path: str | Path, options: ImportOptions) -> Iterator[tupl
                 f"{where}: field 'hash_ids': {len(ids)} ids for {length} tokens at "
                 f"--block-size {block} (at most {-(-length // block)}): is the block size wrong?")
         salt = options.seed * SALT_STRIDE + number
-        yield where, stamp / 1000.0, make_request(PromptRecipe(tuple(ids), block, length, salt),
-                                                  output, options)
+        origin = stamp if origin is None else origin
+        recipe = PromptRecipe(tuple(ids), block, length, salt)
+        yield where, (stamp - origin) / 1000.0, make_request(recipe, output, options)
 
 
 def _text(content: object, where: str) -> str | None:

@@ -8,6 +8,7 @@ key-value metadata under ``replayllm_workload``.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import shutil
@@ -27,6 +28,7 @@ from replay.workloads.fields import (
 from replay.workloads.formats import looks_like, names_in
 from replay.workloads.request import Request
 from replay.workloads.text_input import TEXT_ERRORS, loads, open_text, read_error
+from tracing.outfile import write_via_temporary
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 ROW_GROUP = 65536
@@ -206,22 +208,34 @@ class WorkloadWriter:
 
     def write_all(self, requests: Iterable[Request]) -> int:
         """Write every request; if producing or writing one fails, the partial file is removed
-        (no ``PATH.partial`` is left behind by a malformed source) and the error raised."""
+        (no ``PATH.partial`` is left behind by a malformed source) and the error raised, one
+        line for a write that failed (a full disk: it was a traceback)."""
         try:
             for request in requests:
                 self.write(request)
+        except OSError as exc:
+            self.abort()
+            raise self._cannot_write(exc) from None
         except BaseException:
             self.abort()
             raise
         return self.count
 
+    def _cannot_write(self, exc: OSError) -> WorkloadFormatError:
+        return WorkloadFormatError(f"cannot write {self.path}: {exc.strerror or exc}; nothing "
+                                   "was left there")
+
     def abort(self) -> None:
         """Give up the file: close and remove what was written so far."""
-        if self._handle is not None:
-            self._handle.close()
-        if self._writer is not None:
-            self._writer.close()
-        self._tmp_path().unlink(missing_ok=True)
+        try:
+            with contextlib.suppress(OSError):  # a full disk fails the last flush too
+                if self._handle is not None:
+                    self._handle.close()
+                if self._writer is not None:
+                    self._writer.close()
+        finally:
+            self._handle = self._writer = None
+            self._tmp_path().unlink(missing_ok=True)
 
     def _flush(self) -> None:
         import pyarrow as pa
@@ -233,40 +247,55 @@ class WorkloadWriter:
         self._writer.write_table(pa.Table.from_pylist(self._rows, schema=schema))
         self._rows = []
 
-    def _open_out(self) -> BinaryIO:
-        """The final JSONL file: gzip-compressed where its name ends in ``.gz`` (as every
-        reader here, ``zcat`` and pandas expect; it was plain text under that name), with no
-        time stamp in the gzip header, so the same command writes the same bytes."""
-        if self.path.name.lower().endswith(".gz"):
-            compressed = gzip.GzipFile(self.path, "wb", compresslevel=6, mtime=0)
-            return compressed  # type: ignore[return-value]
-        return open(self.path, "wb")
+    def _write_jsonl(self, target: Path) -> None:
+        """The final JSONL file, written to ``target``: gzip-compressed where its name ends in
+        ``.gz`` (as every reader here, ``zcat`` and pandas expect; it was plain text under that
+        name), with no time stamp in the gzip header and the final name in it, so the same
+        command writes the same bytes."""
+        with open(target, "wb") as raw, open(self._tmp_path(), "rb") as rows:
+            out: BinaryIO = raw
+            if self.path.name.lower().endswith(".gz"):
+                out = gzip.GzipFile(self.path.name, "wb", 6, raw, mtime=0)  # type: ignore
+            with out:
+                out.write((json.dumps(self.meta) + "\n").encode())
+                shutil.copyfileobj(rows, out, 1 << 20)
+
+    def _write_parquet(self, target: Path) -> None:
+        """The final Parquet file, written to ``target``: the row groups rewritten under the
+        final schema, whose metadata (an import's counts) is known only at the end."""
+        import pyarrow.parquet as pq
+
+        table = pq.ParquetFile(self._tmp_path())
+        schema = table.schema_arrow.with_metadata({FORMAT_NAME: json.dumps(self.meta)})
+        with pq.ParquetWriter(target, schema, compression="zstd") as final:
+            for group in range(table.num_row_groups):
+                final.write_table(table.read_row_group(group).cast(schema))
 
     def _tmp_path(self) -> Path:
         return self.path.with_name(self.path.name + ".partial")
 
     def close(self, meta: dict[str, Any] | None = None) -> None:
-        """Finish the file; for Parquet, ``meta`` joins the metadata (an import's counts)."""
+        """Finish the file; ``meta`` joins the header (an import's counts). The file is
+        written whole under a temporary name and renamed (``write_via_temporary``): a failure
+        (a full disk) is one line and leaves neither a cut file nor ``PATH.partial``, where it
+        was a traceback, a cut file (whole lines: a workload that read, short) and the partial
+        one."""
         self.meta.update(meta or {})
-        if self._handle is not None:
-            self._handle.close()
-            with self._open_out() as out, open(self._tmp_path(), "rb") as rows:
-                out.write((json.dumps(self.meta) + "\n").encode())
-                shutil.copyfileobj(rows, out, 1 << 20)
-            self._tmp_path().unlink()
-            return
-        import pyarrow.parquet as pq
-
-        if self._rows or self._writer is None:
-            self._flush()
-        self._writer.close()
-        # Metadata known only at the end: the row groups are rewritten under the final schema.
-        table = pq.ParquetFile(self._tmp_path())
-        schema = table.schema_arrow.with_metadata({FORMAT_NAME: json.dumps(self.meta)})
-        with pq.ParquetWriter(self.path, schema, compression="zstd") as final:
-            for group in range(table.num_row_groups):
-                final.write_table(table.read_row_group(group).cast(schema))
-        self._tmp_path().unlink()
+        try:
+            if self._handle is not None:
+                self._handle.close()
+                self._handle = None
+                write_via_temporary(self.path, self._write_jsonl)
+                return
+            if self._rows or self._writer is None:
+                self._flush()
+            self._writer.close()
+            self._writer = None
+            write_via_temporary(self.path, self._write_parquet)
+        except OSError as exc:
+            raise self._cannot_write(exc) from None
+        finally:
+            self.abort()  # the partial file, whatever happened
 
 
 def load_workload(path: str, ignore_unknown_fields: bool = False) -> list[Request]:

@@ -26,6 +26,7 @@ from replay.workloads.formats import names_in, not_format
 GZIP_MAGIC = b"\x1f\x8b"
 OTHER_COMPRESSIONS = {b"PK\x03\x04": "zip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bzip2",
                       b"\xfd7zXZ\x00": "xz"}
+PEEK_CHARS = 4096  # characters read to tell a JSON array from JSON Lines
 ARRAY_CHUNK = 1 << 20  # characters of a JSON array read at a time (more for a longer element)
 TEXT_ERRORS = (UnicodeDecodeError, EOFError, gzip.BadGzipFile, zlib.error)
 PARQUET_MAGIC, PARQUET_BATCH = b"PAR1", 1024  # rows a batch (a chat row may be 100 KB)
@@ -187,23 +188,30 @@ def json_records(path: str | Path, fmt: str | None = None) -> Iterator[tuple[str
     handle = open_text(path)
     with handle:
         try:
-            first, skipped = handle.readline(), 0
-            while first and not first.strip():
-                first, skipped = handle.readline(), skipped + 1
-            if not first:
+            # The first characters tell an array from JSON Lines: never the first line, which
+            # is the whole file for an array on one line (``json.dump`` without ``indent``).
+            head = handle.read(PEEK_CHARS)
+            while head and not head.strip() and (more := handle.read(PEEK_CHARS)):
+                head += more
+            if not head.strip():
                 return  # empty, or blank lines only
-            if first.lstrip().startswith("["):
-                yield from _array(path, handle, "\n" * skipped + first)
+            if head.lstrip().startswith("["):
+                yield from _array(path, handle, head)
                 return
-            try:
-                value = loads(first, f"{path}:{skipped + 1}")
-            except WorkloadFormatError as exc:
-                raise (exc if fmt is None else not_format(str(exc), fmt, names_in(first))
-                       ) from None
-            yield f"{path}:{skipped + 1}", value
-            for number, line in enumerate(handle, skipped + 2):
-                if line.strip():
-                    yield f"{path}:{number}", loads(line, f"{path}:{number}")
+            if not head.endswith("\n"):
+                head += handle.readline()  # the line the peek cut, whole
+            first = True
+            for number, line in enumerate(itertools.chain(io.StringIO(head), handle), 1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{number}"
+                try:
+                    value = loads(line, where)
+                except WorkloadFormatError as exc:
+                    raise (not_format(str(exc), fmt, names_in(line)) if first and fmt
+                           else exc) from None
+                first = False
+                yield where, value
         except TEXT_ERRORS as exc:
             raise read_error(path, exc) from None
 
@@ -228,13 +236,17 @@ def _unreadable(exc: BaseException) -> str:
 
 class _ArrayText:
     """A JSON array's text, read in chunks: ``text[pos:]`` is unread; what is consumed is
-    dropped at line starts (``line`` counts the lines dropped), so a 600 MB ShareGPT array holds
-    one chunk and one element in memory at a time, never the whole file as Python objects."""
+    dropped after an element's comma (``line`` counts the lines dropped, ``column`` the
+    characters of ``text``'s first line dropped before it), so a 600 MB ShareGPT array holds
+    one chunk and one element in memory at a time, never the whole file as Python objects,
+    whether pretty-printed or on one line (``json.dump`` without ``indent``: it was dropped at
+    line starts only, and a one-line array was held whole)."""
 
     def __init__(self, path: str | Path, handle: IO[str], start: str) -> None:
         self.path, self.handle, self.text = path, handle, start
         self.pos, self.line, self.eof, self.chunk = start.index("[") + 1, 0, False, ARRAY_CHUNK
         self.mark = self.mark_lines = 0  # line ends counted in ``text[:mark]``
+        self.column = 0  # characters of text's first line before text[0]
 
     def line_at(self, at: int) -> int:
         """The line of ``text[at]`` (``at`` not before the last one asked), counting only the
@@ -259,16 +271,20 @@ class _ArrayText:
                 return self.text[self.pos:self.pos + 1]
 
     def consumed(self) -> None:
-        cut = self.text.rfind("\n", 0, self.pos) + 1
+        """Drop the text read so far (the elements decoded), once it is a chunk's worth."""
+        cut = self.pos
         if cut > ARRAY_CHUNK:
             self.line = self.line_at(cut) - 1
-            self.text, self.pos, self.chunk = self.text[cut:], self.pos - cut, ARRAY_CHUNK
+            line_start = self.text.rfind("\n", 0, cut) + 1
+            self.column = cut - line_start + (self.column if not line_start else 0)
+            self.text, self.pos, self.chunk = self.text[cut:], 0, ARRAY_CHUNK
             self.mark = self.mark_lines = 0
 
     def error(self, message: str, at: int | None = None) -> WorkloadFormatError:
         at = self.pos if at is None else at
         line = self.line + self.text.count("\n", 0, at) + 1
-        column = at - self.text.rfind("\n", 0, at)
+        line_start = self.text.rfind("\n", 0, at) + 1
+        column = at - line_start + 1 + (self.column if not line_start else 0)
         return WorkloadFormatError(f"{self.path}:{line}: not a JSON array ({message}, column "
                                    f"{column})")
 

@@ -259,9 +259,12 @@ class ProfilePrior:
 
     def prices(self, cls_name: str, step: Any) -> bool:
         """Whether the profile's fit prices this step (rather than the source's)."""
+        return self._profile_prices(cls_name, self.priced_by(cls_name, step))
+
+    def _profile_prices(self, cls_name: str, where: str) -> bool:
+        """``prices`` of a step of ``cls_name`` that ``priced_by`` puts ``where``."""
         if self.mode == "pooled" or cls_name not in self.fits:
             return False
-        where = self.priced_by(cls_name, step)
         return where == PROFILE or (where == OUTSIDE and cls_name not in self.trace_range)
 
     def pricing(self, x: np.ndarray, classes: np.ndarray) -> dict[str, dict[str, int]]:
@@ -284,8 +287,8 @@ class ProfilePrior:
                      f"{self.path}'s rows {device}: {trace} steps within the source's range, "
                      f"{profile} within the profile's only"]
         else:  # what prices each step (``prices``), those outside both ranges included
-            profile = sum(self.prices(name, step) for step, name in
-                          zip(x.tolist(), classes.astype(str).tolist()))
+            profile = sum(n for name, counts in pricing.items() for where, n in counts.items()
+                          if self._profile_prices(name, where))
             lines = [f"priced by the source's fits on {len(classes) - profile} steps and the "
                      f"profile {self.path} {device} on {profile}"]
         if self.mismatch:

@@ -6,8 +6,8 @@ What these tests prove:
   stream, under configs with prefix hits, preemptions and chunked prefill, timed and untimed;
 - the engine and executor keep no state of a finished request (``EngineCore.forget``,
   ``SimExecutor.release``), and recorded tokens may come as numpy arrays;
-- a variant that cannot serve some requests is reported "cannot run" with the count, as
-  ``run_variant`` reports it; a workload out of arrival order is a one-line error;
+- a variant that cannot serve some requests rejects them (counted, in a note) as
+  ``run_variant`` does; a workload out of arrival order is a one-line error;
 - ``trace_out`` writes the simulated events as a trace whose metrics are the streamed ones.
 """
 
@@ -133,14 +133,16 @@ def test_recipe_prompts_read_from_a_parquet_file(cost: CostModel, tmp_path) -> N
     assert_same_run(requests, {}, cost, source=workload_file_source(path, TIMING))
 
 
-def test_a_variant_that_cannot_serve_some_requests_says_how_many(cost: CostModel) -> None:
+def test_a_variant_that_cannot_serve_some_requests_rejects_them(cost: CostModel) -> None:
+    """A pool too small for some requests: the engine rejects those as a live run does, the
+    rest are predicted, streamed exactly as whole (it was ``cannot run`` for the variant)."""
     requests = poisson_requests(30, seed=6)
     small = {"num_kvcache_blocks": 20, "kvcache_block_size": 16}  # 320 tokens: some fit
-    whole = run_variant(workload_from_requests(requests, TIMING, "w"), small, cost)
+    assert_same_run(requests, small, cost)
     streamed = simulate_stream(WorkloadSource(requests, TIMING, "w"), small, cost)
-    assert streamed.status == whole.status
-    count = int(streamed.status.split("cannot run: ")[1].split(" of 30 requests")[0])
-    assert 0 < count < 30
+    count = int(streamed.metrics["rejected"])
+    assert 0 < count < 30 and streamed.newly_rejected == count
+    assert any(n.startswith(f"{count} of 30 requests rejected") for n in streamed.notes)
 
 
 def test_a_workload_out_of_arrival_order_is_an_error(cost: CostModel) -> None:

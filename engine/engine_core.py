@@ -73,13 +73,9 @@ class EngineCore:
         # The executor's token rule for one sequence: lets a stretch leave its survivors behind.
         self._tokens_of = getattr(executor, "sequence_tokens", None)
         self.header = {
-            **(header or {}),
-            "config": config.to_dict(),
-            "block_size": config.kvcache_block_size,
-            "num_blocks": config.num_kvcache_blocks,
-            "hash_seed": config.hash_seed,
-            "policy": config.policy,
-            "eviction": config.eviction,
+            **(header or {}), "config": config.to_dict(), "block_size": config.kvcache_block_size,
+            "num_blocks": config.num_kvcache_blocks, "hash_seed": config.hash_seed,
+            "policy": config.policy, "eviction": config.eviction,
             "executor": executor.describe(),
         }
         source = policy_source(config.policy)
@@ -114,6 +110,7 @@ class EngineCore:
         added = self.now()
         token_ids = int32_ids(token_ids)  # a list only where an id is past int32: refused next
         check_recordable(token_ids, params, token_bounds, priority)
+        priority = int(priority)  # a numpy integer as the int it stands for (checked above)
         arrival = added if arrival_s is None else arrival_s
         seq = Sequence(self.next_seq_id, token_ids, params, arrival)
         self.next_seq_id += 1
@@ -139,11 +136,17 @@ class EngineCore:
 
     def finish(self, seq_id: int, reason: str) -> None:
         """Finish a request on an outside input (``aborted``, or ``stop``: a stop string found in
-        its text), between steps; emits its ``block_freed`` rows and ``request_finished``."""
+        its text), between steps; emits its ``block_freed`` rows and ``request_finished``. One
+        finished (maybe in the step in flight) or forgotten is a no-op: replay never sees it."""
         self.outside.input()
+        seq = self.sequences.get(seq_id)
+        if seq is None and not 0 <= seq_id < self.next_seq_id:
+            raise KeyError(f"no request {seq_id} was added to this engine")
+        if seq is None or seq.is_finished:
+            return
         self.drain()  # the sequence's last token must have its value before it is finished
         self._deferred_last = False  # the next step's inputs come after this change, not before
-        self.scheduler.finish(self.sequences[seq_id], reason)
+        self.scheduler.finish(seq, reason)
 
     def forget(self, seq_id: int) -> None:
         """Drop a finished request from ``sequences`` and ``rejections`` (a server that runs for
@@ -373,17 +376,13 @@ class EngineCore:
             self.step()
 
     def summary(self) -> dict[str, Any]:
-        elapsed = self.now()
-        return {
-            "steps": self.step_index,
-            "requests": self.next_seq_id,
-            "rejected": len(self.rejections) + self._forgotten_rejections,
-            "completion_tokens": self.num_completion_tokens,
-            "preemptions": self.scheduler.num_preemptions,
-            "elapsed_s": elapsed,
-            "throughput_tok_s": self.num_completion_tokens / elapsed if elapsed > 0 else 0.0,
-            "end_time_unix": time.time(),
-        }
+        elapsed, tokens = self.now(), self.num_completion_tokens
+        return {"steps": self.step_index, "requests": self.next_seq_id,
+                "rejected": len(self.rejections) + self._forgotten_rejections,
+                "completion_tokens": tokens, "preemptions": self.scheduler.num_preemptions,
+                "elapsed_s": elapsed,
+                "throughput_tok_s": tokens / elapsed if elapsed > 0 else 0.0,
+                "end_time_unix": time.time()}
 
     def close(self, interrupted: bool = False) -> dict[str, Any]:
         """Flush the trace (if any) with a summary (``interrupted``: no summary, the trace stays

@@ -8,6 +8,8 @@ from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
+
 from engine.errors import InvalidRequestError
 from tracing.schema import is_int32_array
 
@@ -61,6 +63,10 @@ class SamplingParams:
             raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
         if self.temperature < GREEDY_BELOW:
             object.__setattr__(self, "temperature", 0.0)
+        if isinstance(self.ignore_eos, np.bool_):
+            object.__setattr__(self, "ignore_eos", bool(self.ignore_eos))
+        if not isinstance(self.ignore_eos, bool):  # "false" or 0 would silently mean True/False
+            raise InvalidRequestError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         if not _is_int(self.max_tokens):
             raise InvalidRequestError(f"max_tokens must be an integer, got {self.max_tokens!r}")
         if self.max_tokens < 1:
@@ -114,6 +120,8 @@ def check_recordable(token_ids: list[int] | array, params: SamplingParams,
 
     ``bounds``: the prompt's smallest and largest token id where the caller has them (the
     frontend's vocabulary check found them), so a long prompt is not scanned twice."""
+    if isinstance(priority, numbers.Integral) and not isinstance(priority, (bool, np.bool_)):
+        priority = int(priority)  # numpy's integers too, as SamplingParams takes them
     if not (_is_int(priority) and INT32_MIN <= priority <= INT32_MAX):
         raise InvalidRequestError(
             f"priority must be an integer in [{INT32_MIN}, {INT32_MAX}], got {priority!r}")

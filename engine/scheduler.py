@@ -50,7 +50,6 @@ class Scheduler:
         )
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()  # in admission order
-        self.priorities: dict[int, int] = {}  # seq id -> priority, where not 0
         # Running sequences that have not sampled since they were admitted: every other running
         # sequence is decoding (one token left to compute, its prompt done), which lets a step
         # of decodes alone be built in bulk (``_decode_all``).
@@ -77,8 +76,7 @@ class Scheduler:
             top_p=seq.top_p, top_k=seq.top_k, seed=seq.seed, stop=encode_stop(seq.stop),
             priority=priority, added_s=added_s,
         )
-        if priority:
-            self.priorities[seq.seq_id] = priority
+        seq.priority = priority  # on the request: nothing kept here once it is forgotten
         error = precheck_error or self.admission_error(seq)
         if error is not None:
             self._finish(seq, "rejected", release=False)
@@ -160,7 +158,7 @@ class Scheduler:
 
     def priority(self, seq: Sequence) -> int:
         """The priority ``seq`` was added with (lower is served first). Emits: nothing."""
-        return self.priorities.get(seq.seq_id, 0)
+        return seq.priority
 
     def is_finished(self) -> bool:
         """Whether nothing is waiting or running. Emits: nothing."""

@@ -56,6 +56,7 @@ class Sequence:
         "arrival_s",
         "finish_reason",
         "num_preemptions",
+        "priority",
     )
 
     def __init__(
@@ -91,6 +92,7 @@ class Sequence:
         self.arrival_s = arrival_s
         self.finish_reason: str | None = None
         self.num_preemptions = 0
+        self.priority = 0  # set by ``Scheduler.add``: lower is served first
 
     def __len__(self) -> int:
         return self.num_tokens

@@ -16,8 +16,9 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from engine.drive import drive
 from engine.engine_core import EngineCore, StepResult
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 # How long the idle engine thread sleeps between checks when nothing wakes it.
 IDLE_WAIT_S = 0.5
 NO_SEQ = -1
+T = TypeVar("T")
 
 
 class EngineStopped(Exception):
@@ -64,17 +66,25 @@ class RequestStream:
 Delivery = tuple[RequestStream, list[int], str | None, str | EngineStopped | None]
 
 
-def results_in_flight(core: EngineCore) -> list[StepResult]:
-    """The step still in flight resolved, with every result ``core`` has not returned yet:
-    what a server stopping (its grace period over) hands its streams before aborting the
-    rest. Under async scheduling (the default, the CPU runner's too) the last step launched
-    has sampled a token of each running request, and finished those it brought to
-    ``max_tokens``: aborted without it, a client got ``abort`` a token short of the
-    ``length`` its trace holds, and an aborted one a token fewer than its trace counts."""
-    results = []
+def abort_all(core: EngineCore, held: dict[int, T], on_result: Callable[[StepResult, float],
+              None], now: float) -> list[T]:
+    """A stopping server's end of its requests (its grace period over), for both engine loops
+    (``EngineLoop``, ``engine_proc.PipeInputs``): first the step still in flight resolved, every
+    result ``core`` has not returned yet going to ``on_result`` (which takes the requests it
+    finishes out of ``held``); then every request still in ``held`` (engine ``seq_id`` -> the
+    loop's handle on it) aborted and forgotten. ``held`` is left empty; the handles of the
+    aborted, returned. Under async scheduling (the default, the CPU runner's too) the last step
+    launched has sampled a token of each running request, and finished those it brought to
+    ``max_tokens``: aborted without it, a client got ``abort`` a token short of the ``length``
+    its trace holds, and an aborted one a token fewer than its trace counts."""
     while (result := core.step(decide=False)) is not None:
-        results.append(result)
-    return results
+        on_result(result, now)
+    aborted = list(held.values())
+    for seq_id in held:
+        core.finish(seq_id, "aborted")
+        core.forget(seq_id)
+    held.clear()
+    return aborted
 
 
 class RequestIntake:
@@ -237,14 +247,9 @@ class EngineLoop(RequestIntake):
         if ended and self.metrics is not None:
             self._stats.apply(state_stats(core))
         if self._stop:  # the grace period is over: abort what is left
-            for result in results_in_flight(core):  # its tokens and finishes first
-                self.on_result(result, now)
-            for seq_id, stream in list(self._streams.items()):
-                core.finish(seq_id, "aborted")
-                core.forget(seq_id)
-                deliveries.append((stream, [], "aborted", None))
-            self._retire(len(self._streams))
-            self._streams.clear()
+            aborted = abort_all(core, self._streams, self.on_result, now)
+            deliveries.extend((stream, [], "aborted", None) for stream in aborted)
+            self._retire(len(aborted))
         self._deliver(deliveries)
 
     def _add(self, core: EngineCore, stream: RequestStream, deliveries: list) -> None:

@@ -42,7 +42,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from engine.engine_core import EngineCore, StepResult
-from engine.server.engine_loop import results_in_flight
+from engine.server.engine_loop import abort_all
 from engine.server.frames import widen_pipe, write_message
 from engine.server.step_stats import state_stats, step_stats
 
@@ -66,6 +66,7 @@ class EngineSpec:
     overrides: dict[str, Any]
     kv_events_endpoint: str | None = None
     proxy: Any = None
+    force: bool = False  # replace a complete trace already in trace_dir (serve --force)
 
     def build(self, wrap_sink: Any = None) -> Any:
         """The engine (``LLMEngine`` or ``ProxyEngine``): has ``core``, ``config``,
@@ -74,11 +75,12 @@ class EngineSpec:
             from engine.server.proxy import ProxyEngine
 
             return ProxyEngine(self.proxy, self.trace_dir, wrap_sink=wrap_sink,
-                               **self.overrides)
+                               force=self.force, **self.overrides)
         from engine.llm import LLM
 
         return LLM(self.model, trace_dir=self.trace_dir, record_events=self.trace_dir is not None,
-                   wrap_sink=wrap_sink, **self.overrides)
+                   force=self.force, trace_writer="serve", wrap_sink=wrap_sink,
+                   **self.overrides)
 
 
 @dataclass(frozen=True)
@@ -216,13 +218,8 @@ class PipeInputs:
             elif kind == "stop":
                 self.stopping = True
         if self.stopping and not self.done:
-            for result in results_in_flight(core):  # its tokens and finishes first
-                self.on_result(result, now)
-            for seq_id, rid in self.rid_of.items():
-                core.finish(seq_id, "aborted")
-                core.forget(seq_id)
-                finishes.append((rid, "aborted"))
-            self.rid_of.clear()
+            finishes.extend((rid, "aborted")
+                            for rid in abort_all(core, self.rid_of, self.on_result, now))
             self.seq_of.clear()
             self.done = True
         if finishes or errors or ended:

@@ -110,7 +110,7 @@ class ProxyEngine:
     over the proxy executor; the tiny model's tokenizer; a trace when ``trace_dir`` is set."""
 
     def __init__(self, times: ProxyStepTimes, trace_dir: str | None = None,
-                 wrap_sink: Any = None, **config_kwargs: Any) -> None:
+                 wrap_sink: Any = None, force: bool = False, **config_kwargs: Any) -> None:
         from engine.config import Config
         from engine.llm import _make_sink, _run_header
         from engine.model.checkpoint import default_model_dir
@@ -125,7 +125,7 @@ class ProxyEngine:
         executor = ProxyExecutor(times, config.num_kvcache_blocks, self.vocab_size,
                                  seed=config.seed)
         self.config = config
-        sink = _make_sink(trace_dir, config, False, "serve") if trace_dir is not None else None
+        sink = _make_sink(trace_dir, config, force, "serve") if trace_dir is not None else None
         if wrap_sink is not None:
             sink = wrap_sink(sink)
         self.core = EngineCore(config, executor, sink=sink, header=_run_header(config, executor),

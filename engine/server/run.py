@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 from typing import Any
 
@@ -138,6 +139,7 @@ def serve(
     proxy: Any = None,
     max_request_bytes: int | None = None,
     max_waiting_prompts: int | None = None,
+    force: bool = False,
 ) -> dict[str, Any] | None:
     """Serve ``model`` until SIGINT/SIGTERM; returns the engine's summary.
 
@@ -158,13 +160,19 @@ def serve(
     (``replayllm serve`` exits 2); its trace keeps the steps flushed so far (incomplete).
     ``max_request_bytes`` (None: from the context) and ``max_waiting_prompts`` (None: the
     default): what a client may make the frontend hold (``engine.server.limits``).
+    ``force``: replace a complete trace already in ``trace_dir`` (``--force``).
+
+    The address is bound before the model loads (``_bind``): one taken is one
+    ``ReplayLLMError`` at once, with no model loaded and no trace written (uvicorn found it
+    only after the start-up, once ``serve`` had said it was serving there, and exited 3,
+    leaving an empty complete trace that refused the next ``serve`` of that directory).
     """
     stop = StopRequest()
     previous_handlers = _stop_cleanly_on_signals(stop)  # before the imports and the start-up
     try:
         return _serve(stop, model, trace_dir, host, port, overrides, served_model_name, grace_s,
                       kv_events_endpoint, engine_mode, proxy, max_request_bytes,
-                      max_waiting_prompts)
+                      max_waiting_prompts, force)
     finally:
         import signal
 
@@ -176,7 +184,7 @@ def _serve(stop: StopRequest, model: str | None, trace_dir: str | None, host: st
            overrides: dict[str, Any] | None, served_model_name: str | None, grace_s: float,
            kv_events_endpoint: str | None, engine_mode: str, proxy: Any,
            max_request_bytes: int | None,
-           max_waiting_prompts: int | None) -> dict[str, Any] | None:
+           max_waiting_prompts: int | None, force: bool) -> dict[str, Any] | None:
     try:
         import uvicorn
 
@@ -197,8 +205,13 @@ def _serve(stop: StopRequest, model: str | None, trace_dir: str | None, host: st
         raise ReplayLLMError(f"--engine must be one of {', '.join(ENGINE_MODES)}, "
                              f"got {engine_mode!r}")
     name = served_model_name or (model if model is not None else "replayllm-tiny")
-    spec = EngineSpec(model, trace_dir, dict(overrides or {}), kv_events_endpoint, proxy)
-    engine, publisher = _start_engine(spec, name, engine_mode, kv_events_endpoint)
+    spec = EngineSpec(model, trace_dir, dict(overrides or {}), kv_events_endpoint, proxy, force)
+    sock = _bind(host, port)
+    try:
+        engine, publisher = _start_engine(spec, name, engine_mode, kv_events_endpoint)
+    except BaseException:
+        sock.close()
+        raise
     try:
         _report_on_sigusr1(engine)
         limits: dict[str, Any] = {"max_request_bytes": max_request_bytes}
@@ -215,8 +228,9 @@ def _serve(stop: StopRequest, model: str | None, trace_dir: str | None, host: st
         if stop.requested:
             print("replayllm serve: a stop signal came while starting: stopping",
                   file=sys.stderr, flush=True)
-        server.run()
+        server.run(sockets=[sock])
     finally:
+        sock.close()
         if publisher is not None:
             publisher.close()
         if engine_mode == "process" and engine.summary is None:
@@ -224,6 +238,22 @@ def _serve(stop: StopRequest, model: str | None, trace_dir: str | None, host: st
     if engine.error is not None:
         raise ReplayLLMError(f"the engine failed: {engine.error}")
     return engine.summary
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host``:``port`` for uvicorn to listen on (as uvicorn binds one: IPv6
+    where the host has a colon, ``SO_REUSEADDR``); a ``ReplayLLMError`` naming the address
+    where it cannot be bound (taken, or not this machine's)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ReplayLLMError(f"cannot listen on {host}:{port}: "
+                             f"{exc.strerror or exc} (--host, --port)") from None
+    return sock
 
 
 def _start_engine(spec: Any, name: str, engine_mode: str,

@@ -19,21 +19,30 @@ class StepStats(NamedTuple):
     prefix_hits: int
     prompt_tokens: int
     generation_tokens: int
+    # Seconds each request first scheduled in this step waited since its arrival (vLLM's
+    # ``request_queue_time_seconds``: first scheduled less queued; one each, never again on a
+    # preempted request's recompute).
+    queue_times: tuple[float, ...] = ()
 
 
 def step_stats(core: EngineCore, result: StepResult) -> StepStats:
     """What ``result``'s step did and the scheduler's state after it."""
     batch = result.batch
     queried = hits = computed = 0
+    began = core.now() - result.duration_s  # when the step started (its end less its time)
+    waits = []
     for i in range(batch.num_prefill_seqs):
         seq, new = batch.seqs[i], batch.num_new_tokens[i]
         computed += new
         if batch.context_lens[i] - new == seq.num_cached_tokens:  # its first chunk
             queried += seq.num_prompt_tokens
             hits += seq.num_cached_tokens
+            if not seq.num_preemptions:  # scheduled for the first time
+                waits.append(max(0.0, began - seq.arrival_s))
     return state_stats(core)._replace(prefix_queries=queried, prefix_hits=hits,
                                       prompt_tokens=computed,
-                                      generation_tokens=len(result.output.token_ids))
+                                      generation_tokens=len(result.output.token_ids),
+                                      queue_times=tuple(waits))
 
 
 def state_stats(core: EngineCore) -> StepStats:
@@ -66,3 +75,5 @@ class StatsApplier:
             m.prefix_hits.inc(stats.prefix_hits)
             m.prompt_tokens.inc(stats.prompt_tokens)
         m.generation_tokens.inc(stats.generation_tokens)
+        for wait in stats.queue_times:
+            m.queue.observe(wait)

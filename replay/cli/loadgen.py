@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     frame = requests_frame(done)
     summary = summarize(frame, wall_s)
     settings: dict[str, Any] = {
-        "url": url, "model": args.model, "workload": args.workload,
+        "url": url, "model": _answered_model(done) or args.model, "workload": args.workload,
         "time_scale": args.time_scale, "max_concurrency": args.max_concurrency,
         "workers": args.workers, "stall_timeout_s": stall, "request_timeout_s": total,
         # Of the answered requests, whose tokens the summary counts (a failed stream's count
@@ -153,6 +153,14 @@ def run(args: argparse.Namespace) -> int:
               f"{len(measured)} requests that completed, to {path}", file=sys.stderr)
         return EXIT_INTERRUPTED
     return EXIT_FAILED if len(errors) else 0
+
+
+def _answered_model(measured: list[Any]) -> str | None:
+    """The model the server answered with (its chunks' ``model``; a request without an answer:
+    the model it was sent with, ``--model`` or the server's first in ``/v1/models``), the most
+    common where they differ; None where no request named one."""
+    names = Counter(m.model for m in measured if m.model)
+    return names.most_common(1)[0][0] if names else None
 
 
 def _kinds(errors: Any) -> str:

@@ -17,8 +17,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         epilog="on SIGINT or SIGTERM the server stops taking requests, lets running ones finish\n"
                "for --grace seconds, aborts the rest (each stream ends with an abort chunk),\n"
                "writes a complete trace and exits 0 (a signal while the model loads: once\n"
-               "started, the server stops at once); exit 2: a bad setting, or the engine\n"
-               "failed (its trace then ends incomplete, at the last flushed step)")
+               "started, the server stops at once); exit 2: a bad setting, an address taken\n"
+               "(found before the model loads), a complete trace in --trace-dir without\n"
+               "--force, or the engine failed (its trace then ends incomplete, at the last\n"
+               "flushed step)")
     serve.add_argument("--model", default=None, help="checkpoint directory (default: tiny model)")
     serve.add_argument("--trace-dir", default=None, help="record the served traffic here")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
@@ -38,6 +40,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--max-waiting-prompts", type=int, default=None, metavar="N",
                        help="long prompts that may wait for the tokenizing threads; more are "
                        "a 429 with Retry-After (default: 8)")
+    serve.add_argument("--force", action="store_true",
+                       help="replace a complete trace already in --trace-dir")
     serve.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="KEY=VALUE", help="a Config field (repeatable)")
 
@@ -64,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
                     served_model_name=args.served_model_name, grace_s=args.grace,
                     kv_events_endpoint=args.kv_events_endpoint,
                     engine_mode=args.engine, max_request_bytes=args.max_request_bytes,
-                    max_waiting_prompts=args.max_waiting_prompts)
+                    max_waiting_prompts=args.max_waiting_prompts, force=args.force)
     if summary is not None:
         print(f"replayllm serve: stopped after {summary['requests']} requests, "
               f"{summary['completion_tokens']} completion tokens"

@@ -68,6 +68,9 @@ class Measured:
     # When the answer ended: its first finish reason, else its [DONE] (e2e's end: an answer
     # with no output has one too).
     end_s: float = float("nan")
+    # The model the server's answer named (its chunks' ``model``), else the one the request
+    # named ("" for neither): a server may answer under another name than the one asked for.
+    model: str = ""
 
 
 class MalformedStream(ValueError):
@@ -129,6 +132,8 @@ async def send(session: aiohttp.ClientSession, url: str, body: dict[str, Any], o
     spans every attempt, the waits included: a wait that would end past it is not begun, and
     an attempt gets only what is left of it."""
     data = json.dumps(body).encode()
+    if isinstance(body.get("model"), str):
+        out.model = body["model"]  # until an answer names the model it came from
     limits = timeout or session.timeout
     out.sent_s = clock()
     deadline = out.sent_s + (limits.total or math.inf)
@@ -279,6 +284,8 @@ def _read_chunk(chunk: dict[str, Any], out: Measured, now: float) -> None:
     if chunk.get("error"):
         out.error = _error_of(chunk["error"])
         return
+    if isinstance(chunk.get("model"), str) and chunk["model"]:
+        out.model = chunk["model"]  # the server's name for the model that answered
     usage = chunk.get("usage")
     if usage is not None and not isinstance(usage, dict):
         raise MalformedStream(f"a chunk's usage is not an object: {_quote(chunk)}")

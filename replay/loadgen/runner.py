@@ -158,7 +158,10 @@ def _turn_texts(requests: list[Request], sessions: list[list[int]],
                 if isinstance(tokenizer, str):
                     from engine.model.tokenizer import load_tokenizer
 
-                    loaded = load_tokenizer(tokenizer)
+                    try:
+                        loaded = load_tokenizer(tokenizer)
+                    except ReplayLLMError as exc:  # it said "model directory": name the option
+                        raise ReplayLLMError(f"--tokenizer {tokenizer}: {exc}") from None
             texts[i] = loaded.decode(prompt)
     return texts
 

@@ -98,12 +98,14 @@ def eager_calibration(header: dict[str, Any]) -> dict[str, float]:
 
 
 def host_stalls(steps: dict[str, Any], start_time: float,
-                causes: dict[str, list[tuple[float, float]]]) -> dict[str, Any]:
+                causes: dict[str, list[tuple[float, float]]],
+                staged: Any = None) -> dict[str, Any]:
     """The steps whose host time exceeds their class's median (prefill, decode or mixed) by
     more than ``STALL_S`` (``stalls_by_class``: per class, how many and their host seconds
     beyond its median), and how many of them overlap each cause's windows ((perf_counter
     start, seconds) each: the collector's pauses, the trace writer's work, the recorder's
-    Arrow staging, the probe's gaps).
+    Arrow staging, the probe's gaps). ``staged``: which steps follow one of the recorder's
+    conversions to Arrow (``staged_steps``), counted as ``stalls_after_staging``.
     A step spans the time from the previous step's end to its own (``wall_time_s`` is a
     step's end on the engine clock, which starts at ``start_time``)."""
     import numpy as np
@@ -124,10 +126,9 @@ def host_stalls(steps: dict[str, Any], start_time: float,
             # Per class: the stalls and their host time beyond the class's median, which every
             # request queued behind one of them waits.
             by_class[name] = [int(hit.sum()), round(float((host[hit] - median).sum()), 4)]
-    from tracing.recorder import STAGE_STEPS
-
-    # The recorder converts events to Arrow after every STAGE_STEPS-th step, charged to the next.
-    staged = np.asarray(steps["step"]) % STAGE_STEPS == 0
+    # The recorder's conversions of events to Arrow, each charged to the next step's host time.
+    staged = (np.asarray(staged, bool) if staged is not None
+              else np.zeros(len(host), bool))
     out: dict[str, Any] = {"steps": len(host), "stalls": int(stalled.sum()),
                            "stall_host_s": round(float(host[stalled].sum()), 4),
                            "stalls_after_staging": int((stalled & staged).sum()),
@@ -287,11 +288,37 @@ def _one_engine(model: str, requests: list[Any], meter: PauseMeter, freeze: bool
     return row
 
 
-def _deferring(sink: Any, stage_steps: int) -> Any:
+def _deferring(sink: Any, stage_events: int) -> Any:
     """``sink`` (the engine's recorder) converting events only when it flushes."""
     if sink is not None:
-        sink.stage_steps = stage_steps
+        sink.stage_events = stage_events
     return sink
+
+
+def staged_steps(events: Any) -> Any:
+    """Which of a recording's steps (``events``, a ``RecordedEvents``) follow one of the
+    recorder's conversions of events to Arrow: the recorder's rule (``stage_due``) replayed
+    over the events each step buffered; a segment's flush converts what is left too, which the
+    trace does not record, so flushes are not marked."""
+    import numpy as np
+
+    from tracing.recorder import stage_due
+
+    steps = np.asarray(events.tables["model_step"]["step"], np.int64)
+    if not len(steps):
+        return np.zeros(0, bool)
+    per_step = np.zeros(int(steps.max()) + 2, np.int64)
+    for table in events.tables.values():
+        if "step" in table and len(table["step"]):
+            at = np.clip(np.asarray(table["step"], np.int64), 0, len(per_step) - 1)
+            np.add.at(per_step, at, 1)
+    after = np.zeros(len(per_step), bool)
+    pending = 0
+    for step in range(len(per_step) - 1):
+        pending += int(per_step[step])
+        if stage_due(pending):
+            after[step + 1], pending = True, 0
+    return after[steps]
 
 
 def print_trace_stalls(traces: list[Path]) -> int:
@@ -302,11 +329,12 @@ def print_trace_stalls(traces: list[Path]) -> int:
 
     for trace in traces:
         try:
-            steps = from_trace(read_trace(trace)).tables["model_step"]
+            events = from_trace(read_trace(trace))
         except TraceError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        print(json.dumps({"trace": str(trace), **host_stalls(steps, 0.0, {})}), flush=True)
+        stalls = host_stalls(events.tables["model_step"], 0.0, {}, staged_steps(events))
+        print(json.dumps({"trace": str(trace), **stalls}), flush=True)
     return 0
 
 

@@ -45,10 +45,20 @@ from tracing.schema import EVENT_KINDS, SCHEMA_VERSION, column_types
 from tracing.segment_process import ProcessSegmentWriter
 from tracing.segment_writer import Segment, SegmentWriter
 
-# Steps whose events are converted to Arrow together: per-call overhead dominates a single
-# step's conversion (~0.8 ms), while a whole segment at once stalls an overlapped engine for
-# 4-15 ms on the H200 host; 8 steps cost ~1-2 ms, inside one decode step's device time.
-STAGE_STEPS = 8
+# Events converted to Arrow together, on the engine's thread. A conversion costs ~1 ms on the
+# device hosts whatever its size up to a few thousand rows, while a whole segment of a full
+# batch at once stalled an overlapped engine for 4-15 ms: counted in events, not steps, the
+# reference's 256-row decodes convert every ~8 steps (~520 events a step, under their ~5.5 ms of
+# device time), while a few-row decode (~1 ms of device time, a few events) no longer pays a
+# conversion every 8th step, which made its host the step's bound (docs/gpu-notes.md,
+# session 36); its events wait for the segment's flush.
+STAGE_EVENTS = 4096
+
+
+def stage_due(pending_events: int, stage_events: int = STAGE_EVENTS) -> bool:
+    """Whether the recorder converts the events buffered since its last conversion now, at the
+    end of a step (``ParquetRecorder.on_step_end``; segment flushes convert whatever is left)."""
+    return pending_events >= stage_events
 
 
 class ParquetRecorder:
@@ -110,10 +120,9 @@ class ParquetRecorder:
         self._staged: dict[str, list[pa.Table]] = {kind: [] for kind in EVENT_KINDS}
         self._first_id: int | None = None
         self._last_id: int | None = None
-        self._steps_since_stage = 0
-        # Steps whose events are converted to Arrow together (``STAGE_STEPS``); a benchmark
-        # may raise it to defer every conversion to the next flush.
-        self.stage_steps = STAGE_STEPS
+        # Buffered events converted to Arrow together (``STAGE_EVENTS``); a benchmark may raise
+        # it to defer every conversion to the next flush.
+        self.stage_events = STAGE_EVENTS
 
     @property
     def writer_pid(self) -> int | None:
@@ -155,19 +164,17 @@ class ParquetRecorder:
         self._last_flush = time.monotonic()
 
     def on_step_end(self, buffer: EventBuffer) -> None:
-        """Convert the last ``stage_steps`` steps' events to Arrow (a small batch, so the cost
-        is spread over the run and hides under device time), and flush a segment when
-        ``flush_steps`` steps or ``flush_seconds`` have gone by."""
+        """Convert the buffered events to Arrow once ``stage_events`` of them wait (a batch a
+        step's device time hides, ``stage_due``), and flush a segment when ``flush_steps``
+        steps or ``flush_seconds`` have gone by."""
         began = time.perf_counter()
         self._steps_since_flush += 1
-        self._steps_since_stage += 1
-        stage = self._steps_since_stage >= self.stage_steps
+        stage = stage_due(buffer.num_events(), self.stage_events)
         flush = (self._steps_since_flush >= self.flush_steps
                  or time.monotonic() - self._last_flush >= self.flush_seconds)
         if stage or flush:
             with sigint_deferred():  # rows move whole or not at all (tracing/interrupt_guard.py)
                 if stage:
-                    self._steps_since_stage = 0
                     self._stage(buffer.drain())
                 if flush:
                     # The step counter has moved on: every event of steps < buffer.step is in.
@@ -308,7 +315,7 @@ class ParquetRecorder:
         Converting Python lists needs the GIL throughout. Done by the writer thread, it would
         hold the GIL just when the engine returns from waiting on the device, and each such
         collision costs the engine up to the interpreter's 5 ms switch interval. Done here, a few
-        steps' events at a time (``STAGE_STEPS``), an overlapped step hides it under device time
+        events at a time (``STAGE_EVENTS``), an overlapped step hides it under device time
         (converting a whole segment at once stalled the device for 4-15 ms every 64 steps), and
         the writer is left with work that releases the GIL (Parquet encoding, compression, file
         I/O).

@@ -51,8 +51,9 @@ def test_a_host_stall_is_attributed_to_the_causes_that_overlap_it() -> None:
              "prefill_tokens": np.array([0] * 7 + [500, 500]),
              "decode_seqs": np.array([4] * 7 + [0, 0]), "step": np.arange(9)}
     start = 100.0  # the engine clock's origin on perf_counter
+    staged = [True] + [False] * 7 + [True]  # steps 0 and 8 follow a conversion to Arrow
     out = host_stalls(steps, start, {"gc": [(100.025, 0.004)], "writer": [(100.061, 0.002)],
-                                     "machine": [(100.045, 0.002)]})
+                                     "machine": [(100.045, 0.002)]}, staged)
     # decode median 1 ms: steps 2 (12 ms), 4 (11 ms) and 6 (9 ms) stall; prefill steps share
     # one median (30 ms), so neither stalls
     assert out["stalls"] == 3 and out["steps"] == 9
@@ -61,7 +62,7 @@ def test_a_host_stall_is_attributed_to_the_causes_that_overlap_it() -> None:
     assert out["stalls_with_writer"] == 1  # inside step 4's span (0.05, 0.07]
     assert out["stalls_with_machine"] == 0  # in step 3's span, which is no stall
     assert out["stalls_unexplained"] == 1  # step 6
-    assert out["steps_after_staging"] == 2  # steps 0 and 8 follow a conversion to Arrow
+    assert out["steps_after_staging"] == 2
     assert out["stalls_after_staging"] == 0
     # per class: how many, and their host beyond the class's median (what a queue waits)
     assert out["stalls_by_class"] == {"decode": [3, round(0.011 + 0.010 + 0.008, 4)],
@@ -119,7 +120,7 @@ def test_method_windows_time_each_call_and_put_the_method_back() -> None:
 
 
 def test_the_deferred_variant_records_everything_with_no_recorder_work_during_the_run(
-        tmp_path) -> None:
+        tmp_path, monkeypatch) -> None:
     """``deferred``: no Arrow conversion and no segment write while the run goes on, yet the
     trace holds every step once the engine closes; ``unflushed`` converts but does not write;
     ``process`` writes from a child process; ``switch`` runs at the short switch interval and
@@ -132,6 +133,8 @@ def test_the_deferred_variant_records_everything_with_no_recorder_work_during_th
     from tracing.reader import read_trace
 
     requests = [Request(prompt=list(range(5 + i, 20 + i)), max_tokens=12) for i in range(3)]
+    # A conversion every few steps of this small run, as a full batch's events make them.
+    monkeypatch.setattr("tracing.recorder.STAGE_EVENTS", 8)
     meter = PauseMeter()
     model = str(default_model_dir())
     switch_was = sys.getswitchinterval()
@@ -148,7 +151,27 @@ def test_the_deferred_variant_records_everything_with_no_recorder_work_during_th
     assert rows["process"]["stage_calls"] > 0 and rows["process"]["writer_calls"] == 0
     assert read_trace(tmp_path / "process").summary["recorder"]["writer"] == "process"
     assert rows["default"]["handoff_calls"] == 0
-    assert rows["default"]["stage_calls"] > 0  # every STAGE_STEPS steps, and each flush
+    assert rows["default"]["stage_calls"] > 0  # every STAGE_EVENTS events, and each flush
     assert rows["switch"]["switch_interval_s"] == FAST_SWITCH_S
     assert rows["default"]["switch_interval_s"] == switch_was
     assert all(row["ttft_p99_ms"] >= row["ttft_mean_ms"] > 0 for row in rows.values())
+
+
+def test_staged_steps_replays_the_recorders_rule_over_a_recordings_events() -> None:
+    """``staged_steps`` marks the step after each point where the recorder's rule
+    (``stage_due``) converted: events gather over steps until ``STAGE_EVENTS`` wait."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from benchmarks.gc_pauses import staged_steps
+    from tracing.recorder import STAGE_EVENTS
+
+    half = STAGE_EVENTS // 2 + 1
+    # steps 0-5; step 1 buffers half the threshold, step 2 the rest: due at step 2's end;
+    # step 4 alone buffers a whole threshold: due at its end
+    sampled = [1] * half + [2] * half + [4] * STAGE_EVENTS
+    events = SimpleNamespace(tables={"model_step": {"step": np.arange(6)},
+                                     "token_sampled": {"step": np.array(sampled)},
+                                     "preempted": {"step": np.array([], np.int64)}})
+    assert staged_steps(events).tolist() == [False, False, False, True, False, True]

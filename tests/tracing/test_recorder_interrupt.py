@@ -45,7 +45,7 @@ WRITER_CODE = {"submit", "drain", "write", "_write_segment_files", "_send", "_re
                "_take_answer", "shutdown"}
 WORKLOAD = Workload([Req([1, 2, 3, 4, 5, 6, 7, 8, 9], 9), Req([1, 2, 3, 4, 5, 6, 7, 8, 10], 12),
                      Req([11, 12, 13], 6), Req(list(range(20, 41)), 8)], num_blocks=40)
-STEP = 7  # the step end interrupted: it stages (every 2 steps) and flushes (every 4)
+STEP = 7  # the step end interrupted: it stages (every step) and flushes (every 4)
 IDLE = 5  # the step after which the engine waits (``on_idle``, flushing on its time limit)
 
 
@@ -101,7 +101,7 @@ def _run(trace: Path, where: str, injector: Injector | None, writer: str) -> boo
     recorder = ParquetRecorder(trace, flush_steps=4, flush_seconds=3600.0, fsync=False,
                                background=writer != "inline", writer="process"
                                if writer == "process" else "thread")
-    recorder.stage_steps = 2
+    recorder.stage_events = 1  # a conversion at every step's end, between the flushes
     arm = {"step": (recorder, "on_step_end", STEP), "idle": (recorder, "on_idle", 0),
            "close": (recorder, "close", 0)}[where]
     _arm(*arm, injector)

@@ -118,6 +118,9 @@ class Config:
 
     model: str | None = None
     max_num_batched_tokens: int = 16384
+    # The most sequences one step schedules (its prefills and decodes together), as the
+    # seed's (Nano-vLLM's) scheduler counts: admitted requests may outnumber it and take turns
+    # (vLLM's bounds the requests running at once).
     max_num_seqs: int = 512
     max_model_len: int = 4096
     gpu_memory_utilization: float = 0.9

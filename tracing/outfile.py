@@ -36,6 +36,9 @@ def check_output_file(
     output may take inside that output directory (``export``'s files inside its own trace).
     Nothing is changed on disk.
     """
+    if str(path) == "-":  # the shell's name for standard output, which no such file is
+        raise OutputDirError(f"-: the {what} is written to a file (whole, through a temporary "
+                             "sibling), not to standard output; give a file name")
     out = Path(path).expanduser()
     if out.is_symlink():
         raise OutputDirError(f"{out}: is a symbolic link; give the file itself")

@@ -147,6 +147,11 @@ class ModelRunner:
                 f"set max_model_len <= {max_positions}"
             )
         self.vocab_size: int = self.spec.vocab_size
+        if config.eos >= self.vocab_size:  # no token would ever end a request
+            raise ConfigError(
+                f"eos {config.eos} is no token of the model's vocabulary ({self.vocab_size} "
+                f"tokens, {self.model_dir / 'config.json'}); set eos below {self.vocab_size}"
+            )
         self.eos_token_id: int = (
             config.eos
             if config.eos >= 0

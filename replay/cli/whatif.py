@@ -374,7 +374,10 @@ def _run_variants(workload: SimWorkload, variants: list, cost: CostModel | None,
 
     from replay.whatif.executors import variant_runner
 
-    with tqdm(total=len(variants), desc="whatif", dynamic_ncols=True, file=sys.stderr) as bar:
+    # The bar only on a terminal: a log or a pipe gets no redraws (as ``workload`` and
+    # ``--stream`` do).
+    with tqdm(total=len(variants), desc="whatif", dynamic_ncols=True, file=sys.stderr,
+              disable=not sys.stderr.isatty()) as bar:
         return variant_runner(executor, cost, jobs, progress=lambda: bar.update(1))(
             workload, variants)
 

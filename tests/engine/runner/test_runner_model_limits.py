@@ -65,3 +65,19 @@ def test_run_exits_2_with_one_line(
     assert err[-1].startswith("replayllm run: error: max_model_len 4096 exceeds the model's "
                               f"max_position_embeddings {MAX_POSITIONS}")
     assert not any("Traceback" in line for line in err)
+
+
+def test_an_eos_past_the_vocabulary_is_refused_at_start(short_model: Path) -> None:
+    """``--set eos=N`` with N past the model's vocabulary names the vocabulary in one
+    ConfigError line: it used to run with no token ever ending a request."""
+    vocab = json.loads((short_model / "config.json").read_text())["vocab_size"]
+    config = Config(model=str(short_model), device="cpu", kvcache_block_size=16,
+                    num_kvcache_blocks=8, max_model_len=MAX_POSITIONS, eos=vocab)
+    with pytest.raises(ConfigError) as exc:
+        ModelRunner(config)
+    message = str(exc.value)
+    assert "\n" not in message
+    assert f"eos {vocab} is no token of the model's vocabulary ({vocab} tokens" in message
+    config = Config(model=str(short_model), device="cpu", kvcache_block_size=16,
+                    num_kvcache_blocks=8, max_model_len=MAX_POSITIONS, eos=vocab - 1)
+    ModelRunner(config).close()

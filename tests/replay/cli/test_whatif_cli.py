@@ -73,9 +73,10 @@ def test_one_variant_prints_a_table_and_writes_parquet_and_plots(traces, tmp_pat
 
 def test_grid_reports_a_variant_that_cannot_run_in_its_row(traces, tmp_path, capsys):
     out = tmp_path / "grid"
-    code, stdout, _ = run_cli(capsys, traces["a"], "--grid", "num_kvcache_blocks=4,30,60",
-                              "--grid", "max_num_seqs=4,16", "--out", str(out), "--no-plots")
+    code, stdout, stderr = run_cli(capsys, traces["a"], "--grid", "num_kvcache_blocks=4,30,60",
+                                   "--grid", "max_num_seqs=4,16", "--out", str(out), "--no-plots")
     assert code == 0
+    assert "\r" not in stderr and "whatif:" not in stderr  # no progress bar on a captured stderr
     rows = [line for line in stdout.splitlines() if line.startswith("num_kvcache_blocks=")]
     assert len(rows) == 6
     cannot = [line for line in rows if "cannot run:" in line]

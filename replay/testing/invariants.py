@@ -17,7 +17,9 @@ table and computed count, the queues) and checks, naming each violation:
   queues; each scheduled sequence is running, starts at its computed count, has a block for
   every token of its context (no under-counted claim), and the kind label fits the work.
 - ``preemption``: ``preempted`` follows the release of every block the sequence held and
-  reports its token count; the sequence goes back to waiting.
+  reports its token count; the sequence goes back to waiting. A preemption is needed: the
+  sequence it makes room for (the victim itself when ``for_seq_id`` is none) has a next token
+  that starts a new block, and no block was free before the victim's release.
 - ``sampling``: tokens are sampled only for scheduled sequences whose context reaches their end.
 - ``finish``: ``request_finished`` reports the sampled count, the output hash of the sampled
   tokens and a reason that fits them; a finished request holds no block; it finishes once.
@@ -35,46 +37,18 @@ These are the checks "every event field agrees with the state it reports": a wro
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from engine.block_hash import chain_hash
 from engine.config import Config
 from engine.policy import BUILTIN_POLICIES, release_order
 from engine.policy import EVICTION_ORDERS as _ORDERS
 from engine.scheduler import output_hash
 from replay.testing.block_ledger import BlockLedger
 from replay.testing.report import InvariantReport, InvariantViolations, Violation
+from replay.testing.shadow import ShadowSeq
 from tracing.schema import EVENT_KINDS, NO_HASH, NO_SEQ
-
-
-@dataclass
-class _Seq:
-    seq_id: int
-    tokens: list[int]
-    prompt_len: int
-    max_tokens: int
-    ignore_eos: bool
-    priority: int
-    arrival_step: int
-    status: str = "waiting"
-    table: list[int] = field(default_factory=list)
-    hashed: set[int] = field(default_factory=set)
-    computed: int = 0
-    released: int = 0  # blocks released since its last preemption or finish
-    sampled: int = 0
-    reason: str | None = None  # the finish reason, once finished
-    chain: list[int] = field(default_factory=list)
-
-    def block_hash(self, index: int, block_size: int, seed: int) -> int:
-        while len(self.chain) <= index:
-            i = len(self.chain)
-            parent = self.chain[-1] if self.chain else NO_HASH
-            self.chain.append(chain_hash(self.tokens[i * block_size : (i + 1) * block_size],
-                                         parent, seed))
-        return self.chain[index]
 
 
 def _stream(tables: dict[str, dict[str, Any]]) -> list[tuple[int, str, int]]:
@@ -101,7 +75,7 @@ class _Checker:
         order = _ORDERS.get(c.eviction, release_order) if builtin else None
         self.pool = BlockLedger(c.num_kvcache_blocks, order)
         self.last_seen: dict[int, int] = {}  # seq -> the last step it was scheduled
-        self.seqs: dict[int, _Seq] = {}
+        self.seqs: dict[int, ShadowSeq] = {}
         self.waiting: list[int] = []
         self.running: list[int] = []
         self.step_batch: dict[int, tuple[int, int]] = {}  # seq -> (new, context) this step
@@ -137,7 +111,7 @@ class _Checker:
     def on_request_added(self, r: dict[str, Any]) -> None:
         sid = int(r["seq_id"])
         self.fail(sid not in self.seqs, "finish", f"seq {sid} added twice")
-        self.seqs[sid] = _Seq(sid, list(r["prompt_token_ids"]), int(r["prompt_len"]),
+        self.seqs[sid] = ShadowSeq(sid, list(r["prompt_token_ids"]), int(r["prompt_len"]),
                               int(r["max_tokens"]), bool(r["ignore_eos"]),
                               int(r.get("priority", 0)), self.step)
         self.waiting.append(sid)
@@ -163,7 +137,7 @@ class _Checker:
         for queue in (self.waiting, self.running):
             if sid in queue:
                 queue.remove(sid)
-        seq.status, seq.released, seq.reason = "finished", 0, reason
+        seq.status, seq.released, seq.freed, seq.reason = "finished", 0, 0, reason
 
     # --- blocks -------------------------------------------------------------------------------
     def _free_count(self, r: dict[str, Any], what: str) -> None:
@@ -171,7 +145,7 @@ class _Checker:
         self.fail(int(r["free_blocks"]) == free, "accounting",
                   f"{what} reports {r['free_blocks']} free blocks, {free} are free")
 
-    def _take(self, seq: _Seq, r: dict[str, Any], what: str) -> int:
+    def _take(self, seq: ShadowSeq, r: dict[str, Any], what: str) -> int:
         block, index = int(r["block_id"]), int(r["logical_index"])
         self.fail(index == len(seq.table), "batch_fields",
                   f"seq {seq.seq_id} {what} block {block} at index {index}, holds {len(seq.table)}")
@@ -180,7 +154,7 @@ class _Checker:
             self._admitted(seq)
         return block
 
-    def _admitted(self, seq: _Seq) -> None:
+    def _admitted(self, seq: ShadowSeq) -> None:
         seq.status = "running"
         if seq.seq_id in self.waiting:
             self.waiting.remove(seq.seq_id)
@@ -249,6 +223,7 @@ class _Checker:
         if held:
             seq.table[index] = -1
             pool.release(block, self.last_seen.get(seq.seq_id, -1))
+            seq.freed += pool.refs[block] == 0
         seq.released += 1
         self.fail(pool.refs[block] >= 0, "double_free", f"block {block} released below 0")
         self.fail(int(r["refcount"]) == pool.refs[block], "refcounts",
@@ -265,11 +240,21 @@ class _Checker:
         self.fail(int(r["num_tokens"]) == len(seq.tokens), "preemption",
                   f"seq {seq.seq_id} preempted at {r['num_tokens']} tokens, has {len(seq.tokens)}")
         for_seq = int(r["for_seq_id"])
+        self._needed(seq, for_seq)
         self.step_victims.append((seq.seq_id, for_seq))
         if seq.seq_id in self.running:
             self.running.remove(seq.seq_id)
         self.waiting.insert(0, seq.seq_id)
-        seq.status, seq.released, seq.computed = "waiting", 0, 0
+        seq.status, seq.released, seq.freed, seq.computed = "waiting", 0, 0, 0
+
+    def _needed(self, victim: ShadowSeq, for_seq: int) -> None:
+        """A decode preempts only when its next token starts a block and none is free."""
+        needy = victim if for_seq == NO_SEQ else self.seqs[for_seq]
+        blocks = victim.released if needy is victim else len(needy.table)
+        free = len(self.pool.free) - victim.freed  # before the victim's release
+        self.fail(len(needy.tokens) > blocks * self.bs and free == 0, "preemption",
+                  f"seq {victim.seq_id} preempted for seq {needy.seq_id} ({len(needy.tokens)} "
+                  f"tokens in {blocks} blocks of {self.bs}) with {free} blocks free")
 
     # --- steps --------------------------------------------------------------------------------
     def on_batch_scheduled(self, r: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ from engine.config import Config
 from engine.engine_core import EngineCore
 from engine.errors import ConfigError
 from engine.executor import NullExecutor
-from engine.policy import Policy, PolicyError, policy_change_note, policy_source
+from engine.policy import Chunked, Policy, PolicyError, policy_change_note, policy_source
 from engine.sampling_params import SamplingParams
 from replay.testing import RequestSpec, Workload, run_workload
 from tracing.sink import MemorySink
@@ -96,6 +96,29 @@ def test_an_answer_the_scheduler_cannot_carry_out_raises_policy_error(
                   "    " + body + "\n")
     core, _ = _core("bad:Bad", max_num_batched_tokens=budget)
     core.add_request(list(range(1, prompt_len + 1)), GREEDY)
+    with pytest.raises(PolicyError, match=message):
+        core.step()
+
+
+@pytest.mark.parametrize("steps_before", [0, 1], ids=["admission", "continued_chunk"])
+def test_the_scheduler_itself_refuses_a_chunk_over_the_budget(
+    monkeypatch: pytest.MonkeyPatch, steps_before: int
+) -> None:
+    """A built-in policy runs unguarded (only a user policy's answers pass ``GuardedPolicy``,
+    which refuses an over-budget chunk first), so the scheduler's own check is what stops
+    ``chunked`` asking one token more than the budget left, at admission and for a prompt's
+    next chunk (mutant ``chunk_overruns_budget``; the test above meets the guard's check)."""
+    core, _ = _core("chunked", max_num_batched_tokens=4)
+    core.add_request(list(range(1, 11)), GREEDY)
+    for _ in range(steps_before):
+        core.step()  # a first chunk of 4 tokens, 6 left to compute
+    policy = core.scheduler.policy
+    assert isinstance(policy, Chunked)  # not wrapped in a GuardedPolicy
+    monkeypatch.setattr(policy, "chunk",
+                        lambda seq, remaining, step: min(remaining, step.tokens_left + 1))
+    left = 10 - 4 * steps_before
+    message = rf"'chunked' chose 5 tokens for seq 0 \({left} to compute, 4 left in the step's "
+    message += r"budget\)$"
     with pytest.raises(PolicyError, match=message):
         core.step()
 

@@ -166,6 +166,70 @@ def _victim_freeing_nothing_workload() -> Workload:
 VICTIM_FREEING_NOTHING = _victim_freeing_nothing_workload()
 
 
+# --- the running pass's own loop (``Scheduler._run_running``) -------------------------------------
+# ``_decode_all`` builds every decode step whose claims the free blocks cover while nothing is
+# prefilling, so generated workloads seldom reach the loop with a budget or the pool binding.
+def _seq_budget_binds_workload() -> Workload:
+    """prefill_first admits two prompts a step (``max_num_seqs=2``), so four run; the first
+    decode step's two claims exceed the one free block, so the loop decides it and stops at
+    ``max_num_seqs`` with seq 2 (its token fits its blocks) not visited."""
+    config = Config(kvcache_block_size=2, num_kvcache_blocks=6, max_model_len=16,
+                    max_num_batched_tokens=16, max_num_seqs=2)
+    return Workload(config, tuple(RequestSpec(0, p, 3, True, (2, 3, 4))
+                                  for p in ((1, 2), (2, 3), (3, 4, 5), (4, 5))))
+
+
+def _last_slot_workload(policy: str) -> Workload:
+    """No block is free when the loop reaches a decode whose token fills its last block's last
+    slot (seq 1 under prefill_first after seq 0's claim; seq 0 beside seq 1's prompt chunks
+    under chunked): that decode needs no block and must preempt nobody."""
+    if policy == "chunked":
+        config = Config(kvcache_block_size=2, num_kvcache_blocks=5, max_model_len=16,
+                        max_num_batched_tokens=3, max_num_seqs=4, policy=policy)
+        return Workload(config, (RequestSpec(0, (1,), 3, True, (2, 3, 4)),
+                                 RequestSpec(0, (2, 3, 4, 5, 2, 3, 4, 5), 1, True, (2,))))
+    config = Config(kvcache_block_size=2, num_kvcache_blocks=4, max_model_len=16,
+                    max_num_batched_tokens=16, max_num_seqs=4, policy=policy)
+    return Workload(config, tuple(RequestSpec(0, p, 3, True, (2, 3, 4))
+                                  for p in ((1, 2), (2, 3, 4), (3, 4))))
+
+
+SEQ_BUDGET_BINDS = _seq_budget_binds_workload()
+LAST_SLOT = [_last_slot_workload(p) for p in ("prefill_first", "chunked")]
+
+
+def _steps(run: Run, kind: str) -> list[tuple[int, ...]]:
+    t = run.sink.tables[kind]
+    cols = ("seq_id", "for_seq_id") if kind == "preempted" else ("seq_id",)
+    return list(zip(t["step"], *(t[c] for c in cols)))
+
+
+def test_the_running_loop_stops_at_max_num_seqs_and_keeps_admission_order() -> None:
+    """The loop schedules exactly ``max_num_seqs`` decodes (seqs 0 and 1, seq 3 preempted for
+    seq 1) and leaves seq 2 running, in admission order, for the next step: a loop that takes one
+    sequence more fails ``budget``/``budgets``, one that puts the decoded sequences behind the
+    unvisited one fails ``queue_order`` (mutants ``running_seq_budget_off_by_one``,
+    ``running_order_lost``)."""
+    run = run_workload(SEQ_BUDGET_BINDS)
+    run.raise_violations()
+    assert [(s, q) for s, q in _steps(run, "seq_scheduled") if s == 2] == [(2, 0), (2, 1)]
+    assert _steps(run, "preempted") == [(2, 3, 1)]
+
+
+@pytest.mark.parametrize("workload", LAST_SLOT, ids=["prefill_first", "chunked"])
+def test_a_decode_filling_its_last_block_preempts_nobody(workload: Workload) -> None:
+    """With no block free, the loop reaches a decode whose token fills its last block: it runs
+    without a preemption (the first is for a decode starting a block); a decode that
+    claims a block it does not need fails ``preemption`` (mutant ``decode_room_off_by_one``)."""
+    run = run_workload(workload)
+    run.raise_violations()
+    chunked = workload.config.policy == "chunked"
+    assert _steps(run, "preempted")[:1] == ([(2, 1, 0)] if chunked else [(1, 2, 0)])
+    assert [q for s, q in _steps(run, "seq_scheduled") if s == 1] == ([1, 0] if chunked
+                                                                        else [0, 1])
+    assert run.sink.tables["batch_scheduled"]["free_blocks"][:2] == [0, 0]
+
+
 def test_a_victim_may_be_preempted_for_a_sequence_the_step_then_preempts() -> None:
     run = run_workload(VICTIM_FREEING_NOTHING)
     preempted = run.sink.tables["preempted"]
@@ -227,6 +291,9 @@ def test_hand_made_workloads_preempt_and_share_prefixes(workload: Workload) -> N
 @example(workload=HIT_THEN_ADMIT[1])
 @example(workload=_aborted_mid_prompt_workload())
 @example(workload=VICTIM_FREEING_NOTHING)
+@example(workload=SEQ_BUDGET_BINDS)
+@example(workload=LAST_SLOT[0])
+@example(workload=LAST_SLOT[1])
 def test_scheduler_properties(workload: Workload) -> None:
     """Admission, completion, no starvation, budgets, batch shape, queue order, preemption victim,
     maximality, overlapped flags, KV-cache contents, the final drained pool and every invariant

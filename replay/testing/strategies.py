@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from hypothesis import settings
@@ -147,63 +147,6 @@ def _whole_prompts(policy: str) -> bool:
     return policy in WHOLE_PROMPT_POLICIES or not policy_class(policy).mixed_batches
 
 
-# The shapes drawn often, built once (a strategy built inside a draw is validated again at every
-# example, which made drawing a workload cost more than running it). Where a value has a common
-# edge value and a range, the range comes first: Hypothesis shrinks towards the first branch of a
-# ``one_of``, so a failing example ends at the smallest value that still fails, not at the edge.
-BLOCK_SIZES = st.sampled_from([1, 2, 2, 3, 4, 4, 8])
-MAX_MODEL_LENS = st.one_of(st.integers(1, 40), st.sampled_from([12, 16, 24, 32]))
-BUDGET_EXTRAS = st.sampled_from([0, 0, 1, 5, 64])
-CHUNKED_BUDGETS = st.one_of(st.integers(1, 48), st.sampled_from([1, 2, 3]))
-MAX_NUM_SEQS = st.integers(1, 6)
-PREFIX_CACHING = st.booleans() | st.just(True)
-HASH_SEEDS = st.integers(0, 2**64 - 1)
-EOS = st.sampled_from(EOS_IDS)
-MAX_TOKENS = st.one_of(st.sampled_from([1, 2]), st.integers(1, 24), st.integers(8, 40))
-ARRIVAL_LATE = st.booleans()
-# A prompt's shape, resolved against the sources once every request is drawn: which source (a
-# base or an earlier prompt, by index modulo their count), how much of it to share (None: as
-# much as fits) and its own tokens, drawn whole so that a shorter share reads no other choice.
-SOURCE_INDEX = st.integers(0, 15)
-SHARED = st.one_of(st.none(), st.integers(0, 48))
-# About one request in five (after the first) is a later turn of an earlier one's conversation.
-TURN = st.sampled_from([False, False, False, False, True])
-ANSWER_LENGTHS = st.integers(0, 40)
-FOLLOW_UPS = st.lists(TOKENS, min_size=1, max_size=4)
-BASES = st.lists(st.lists(TOKENS, min_size=1, max_size=48), min_size=1, max_size=3)
-
-
-@functools.cache
-def _fixed_lists(elements: st.SearchStrategy[int], size: int) -> st.SearchStrategy[list[int]]:
-    return st.lists(elements, min_size=size, max_size=size)
-
-
-@functools.cache
-def _prompt_lengths(mml: int) -> st.SearchStrategy[int]:
-    """Prompt lengths: any up to ``max_model_len``, short ones, and the edges (``mml``,
-    ``mml + 1``: rejected, 0: rejected)."""
-    return st.one_of(st.integers(1, mml), st.integers(1, max(1, mml // 3)),
-                     st.integers(1, mml), st.sampled_from([mml, mml + 1, 0]))
-
-
-@functools.cache
-def _up_to(hi: int) -> st.SearchStrategy[int]:
-    return st.integers(0, hi)
-
-
-@functools.cache
-def _maybe_up_to(hi: int) -> st.SearchStrategy[int | None]:
-    return st.one_of(st.none(), st.integers(0, hi))
-
-
-@functools.cache
-def _pools(largest: int, total: int) -> st.SearchStrategy[int]:
-    """Mostly between the largest request and half of all (contended), else up to the largest
-    plus two (some requests cannot fit at all)."""
-    contended = st.integers(largest, max(largest, total // 2))
-    return st.one_of(contended, contended, contended, st.integers(1, largest + 2))
-
-
 @st.composite
 def engine_configs(
     draw: st.DrawFn,
@@ -217,90 +160,29 @@ def engine_configs(
     to two of the longest possible requests.
     """
     policy = draw(st.sampled_from(_as_tuple(policies)))
-    block_size = draw(BLOCK_SIZES)
-    max_model_len = draw(MAX_MODEL_LENS)
+    block_size = draw(st.sampled_from([1, 2, 2, 3, 4, 4, 8]))
+    max_model_len = draw(st.one_of(st.sampled_from([12, 16, 24, 32]), st.integers(1, 40)))
     if num_blocks is None:
         longest = ceil_div(max_model_len, block_size)
         num_blocks = st.integers(max(1, longest // 2), 2 * longest + 2)
     if _whole_prompts(policy):
         # The config requires max_num_batched_tokens >= max_model_len; equality is the edge case.
-        max_num_batched_tokens = max_model_len + draw(BUDGET_EXTRAS)
+        extra = draw(st.sampled_from([0, 0, 1, 5, 64]))
+        max_num_batched_tokens = max_model_len + extra
     else:
-        max_num_batched_tokens = draw(CHUNKED_BUDGETS)
+        max_num_batched_tokens = draw(st.one_of(st.integers(1, 48), st.sampled_from([1, 2, 3])))
     return Config(
         max_num_batched_tokens=max_num_batched_tokens,
-        max_num_seqs=draw(MAX_NUM_SEQS),
+        max_num_seqs=draw(st.integers(1, 6)),
         max_model_len=max_model_len,
         kvcache_block_size=block_size,
         num_kvcache_blocks=draw(num_blocks),
         policy=policy,
-        enable_prefix_caching=draw(PREFIX_CACHING),
-        hash_seed=draw(HASH_SEEDS),
-        eos=draw(EOS),
+        enable_prefix_caching=draw(st.booleans() | st.just(True)),
+        hash_seed=draw(st.integers(0, 2**64 - 1)),
+        eos=draw(st.sampled_from(EOS_IDS)),
         eviction=draw(st.sampled_from(_as_tuple(evictions))),
     )
-
-
-@dataclass(frozen=True)
-class _Draft:
-    """One request as drawn, its prompt not yet resolved against the earlier prompts."""
-
-    length: int
-    source: int
-    shared: int | None
-    tokens: tuple[int, ...]
-    turn: bool
-    answer: int
-    follow: tuple[int, ...]
-    spec: RequestSpec
-
-
-@st.composite
-def _drafts(draw: st.DrawFn, mml: int, eos: int, max_arrival_step: int) -> _Draft:
-    """One request's choices, all in one span of the choice sequence (so the shrinker removes a
-    request by deleting that span, and shrinking one field never shifts another request's)."""
-    turn = draw(TURN)
-    length = draw(_prompt_lengths(mml))
-    source, shared = draw(SOURCE_INDEX), draw(SHARED)
-    tokens = draw(_fixed_lists(TOKENS, length))
-    answer, follow = draw(ANSWER_LENGTHS), draw(FOLLOW_UPS)
-    arrival = draw(_up_to(max_arrival_step)) if draw(ARRIVAL_LATE) else 0
-    ignore_eos = draw(st.booleans())
-    abort_step = draw(ABORT_STEPS)
-    priority = draw(PRIORITIES)
-    max_tokens = draw(MAX_TOKENS)
-    # Scripted outputs avoid the EOS id except, for some requests, at one drawn position.
-    eos_at = draw(_maybe_up_to(max_tokens - 1))
-    script = draw(_fixed_lists(OUTPUT_TOKENS, max_tokens))
-    if eos_at is not None and eos != NO_EOS:
-        script[eos_at] = eos
-    spec = RequestSpec(arrival_step=arrival, prompt=(), max_tokens=max_tokens,
-                       ignore_eos=ignore_eos, script=tuple(script), abort_step=abort_step,
-                       priority=priority)
-    return _Draft(length, source, shared, tuple(tokens), turn, answer, tuple(follow), spec)
-
-
-def _resolve(bases: list[list[int]], drafts: list[_Draft], mml: int) -> list[RequestSpec]:
-    """The drafts' requests. A prompt starts with a prefix of a base or of an earlier prompt; a
-    later turn of a conversation is an earlier request's prompt, a prefix of its scripted output
-    (what it answered) and a few new tokens, arriving after it, its output never cut by EOS
-    (prefix-cache hits on blocks completed by decoding)."""
-    requests: list[RequestSpec] = []
-    for d in drafts:
-        if d.turn and requests:
-            first = requests[d.source % len(requests)]
-            answer = list(first.script[: d.answer % (len(first.script) + 1)])
-            prompt = (list(first.prompt) + answer + list(d.follow))[: max(1, mml)]
-            requests.append(replace(d.spec, prompt=tuple(prompt), ignore_eos=True,
-                                    arrival_step=first.arrival_step + 1 + d.spec.arrival_step,
-                                    abort_step=None))
-            continue
-        sources = bases + [list(r.prompt) for r in requests]
-        source = sources[d.source % len(sources)]
-        most = min(d.length, len(source))
-        shared = most if d.shared is None else min(d.shared, most)
-        requests.append(replace(d.spec, prompt=tuple(source[:shared]) + d.tokens[shared:]))
-    return requests
 
 
 @st.composite
@@ -315,24 +197,84 @@ def workloads(
 
     Prompt lengths include 0 (rejected), ``max_model_len`` exactly, ``max_model_len + 1``
     (rejected), short prompts with room to grow, and (through the pool size) requests that need
-    more blocks than the pool has (rejected). Most prompts start with a prefix of a few base
-    token lists or of an earlier prompt. The pool is drawn last, mostly between the largest
+    more blocks than the pool has (rejected). The pool is drawn last, mostly between the largest
     single request and half of what all requests need together, so that they compete for it and
     preemption is common.
-
-    Shaped to shrink: each request is one element of a list, its prompt resolved against the
-    others afterwards, so a failing workload loses the requests it does not need.
     """
     shape = draw(engine_configs(policies, num_blocks=st.just(1), evictions=evictions))
     mml, bs = shape.max_model_len, shape.kvcache_block_size
-    bases = draw(BASES)
-    drafts = draw(st.lists(_drafts(mml, shape.eos, max_arrival_step), min_size=1,
-                           max_size=max_requests))
-    requests = _resolve(bases, drafts, mml)
-    needs = [ceil_div(len(r.prompt) + completion_cap(shape, len(r.prompt), r.max_tokens) - 1, bs)
-             for r in requests if 0 < len(r.prompt) <= mml]
-    num_blocks = draw(_pools(max(needs, default=1), sum(needs)))
+    count = draw(st.integers(1, max_requests))
+    lengths = st.one_of(
+        st.integers(1, mml),
+        st.integers(1, max(1, mml // 3)),
+        st.integers(1, mml),
+        st.sampled_from([mml, mml + 1, 0]),
+    )
+    prompts = draw(prompts_sharing_prefixes(count, lengths))
+    requests = []
+    needs = []
+    for prompt in prompts:
+        max_tokens = draw(
+            st.one_of(st.integers(1, 24), st.integers(8, 40), st.sampled_from([1, 2]))
+        )
+        # Scripted outputs avoid the EOS id except, for some requests, at one drawn position.
+        script = draw(st.lists(OUTPUT_TOKENS, min_size=max_tokens, max_size=max_tokens))
+        eos_at = draw(st.one_of(st.none(), st.integers(0, max_tokens - 1)))
+        if eos_at is not None and shape.eos != NO_EOS:
+            script[eos_at] = shape.eos
+        requests.append(
+            RequestSpec(
+                arrival_step=draw(st.one_of(st.just(0), st.integers(0, max_arrival_step))),
+                prompt=tuple(prompt),
+                max_tokens=max_tokens,
+                ignore_eos=draw(st.booleans()),
+                script=tuple(script),
+                abort_step=draw(ABORT_STEPS),
+                priority=draw(PRIORITIES),
+            )
+        )
+        if 0 < len(prompt) <= mml:
+            needs.append(
+                ceil_div(len(prompt) + completion_cap(shape, len(prompt), max_tokens) - 1, bs)
+            )
+    first_turns = len(requests)
+    requests += draw(conversation_turns(requests, mml, max_arrival_step))
+    for request in requests[first_turns:]:
+        if 0 < len(request.prompt) <= mml:
+            needs.append(ceil_div(
+                len(request.prompt) + completion_cap(shape, len(request.prompt),
+                                                     request.max_tokens) - 1, bs))
+    largest = max(needs, default=1)
+    contended = st.integers(largest, max(largest, sum(needs) // 2))
+    num_blocks = draw(st.one_of(contended, contended, contended, st.integers(1, largest + 2)))
     return Workload(config=shape.replace(num_kvcache_blocks=num_blocks), requests=tuple(requests))
+
+
+@st.composite
+def conversation_turns(
+    draw: st.DrawFn, requests: list[RequestSpec], max_model_len: int, max_arrival_step: int
+) -> list[RequestSpec]:
+    """Up to two later turns of earlier requests: the earlier prompt, a prefix of its scripted
+    output (what it answered), and a few new tokens, arriving after it (prefix-cache hits on
+    blocks completed by decoding)."""
+    turns = []
+    for _ in range(draw(st.integers(0, 2))):
+        if not requests:
+            break
+        first = draw(st.sampled_from(requests))
+        answer = list(first.script[: draw(st.integers(0, len(first.script)))])
+        follow = draw(st.lists(TOKENS, min_size=1, max_size=4))
+        prompt = (list(first.prompt) + answer + follow)[: max(1, max_model_len)]
+        max_tokens = draw(st.integers(1, 8))
+        turns.append(RequestSpec(
+            arrival_step=first.arrival_step + draw(st.integers(1, max_arrival_step + 4)),
+            prompt=tuple(prompt),
+            max_tokens=max_tokens,
+            ignore_eos=True,
+            script=tuple(draw(st.lists(OUTPUT_TOKENS, min_size=max_tokens, max_size=max_tokens))),
+            priority=draw(PRIORITIES),
+        ))
+    return turns
 
 
 # --- expectations computed from the config alone (independently of the Scheduler) ---------------

@@ -109,8 +109,7 @@ class EngineCore:
         self.outside.input()
         added = self.now()
         token_ids = int32_ids(token_ids)  # a list only where an id is past int32: refused next
-        check_recordable(token_ids, params, token_bounds, priority)
-        priority = int(priority)  # a numpy integer as the int it stands for (checked above)
+        priority = check_recordable(token_ids, params, token_bounds, priority)  # a plain int
         arrival = added if arrival_s is None else arrival_s
         seq = Sequence(self.next_seq_id, token_ids, params, arrival)
         self.next_seq_id += 1

@@ -52,10 +52,8 @@ class SamplingParams:
         real, integral = (numbers.Real, float), (numbers.Integral, int)
         for name, (kind, number) in (("temperature", real), ("top_p", real),
                                      ("max_tokens", integral), ("top_k", integral),
-                                     ("seed", integral)):
-            value = getattr(self, name)
-            if isinstance(value, kind) and not isinstance(value, (bool, int, float)):
-                object.__setattr__(self, name, number(value))
+                                     ("seed", integral), ("ignore_eos", (np.bool_, bool))):
+            object.__setattr__(self, name, _plain(getattr(self, name), kind, number))
         if not _is_number(self.temperature) or self.temperature in (INF, -INF):
             raise InvalidRequestError(
                 f"temperature must be a finite number, got {self.temperature!r}")
@@ -63,8 +61,6 @@ class SamplingParams:
             raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
         if self.temperature < GREEDY_BELOW:
             object.__setattr__(self, "temperature", 0.0)
-        if isinstance(self.ignore_eos, np.bool_):
-            object.__setattr__(self, "ignore_eos", bool(self.ignore_eos))
         if not isinstance(self.ignore_eos, bool):  # "false" or 0 would silently mean True/False
             raise InvalidRequestError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         if not _is_int(self.max_tokens):
@@ -110,18 +106,26 @@ def is_valid_text(text: str) -> bool:
     return True
 
 
+def _plain(value: object, kind: type | tuple[type, ...], number: type) -> object:
+    """``value`` as ``number`` where it is a numpy number of ``kind`` (a sweep's np.int64,
+    np.float32, np.bool_), so checks and the trace see plain values; otherwise as it is."""
+    if isinstance(value, kind) and not isinstance(value, (bool, int, float)):
+        return number(value)
+    return value
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_recordable(token_ids: list[int] | array, params: SamplingParams,
-                     bounds: tuple[int, int] | None = None, priority: int = 0) -> None:
-    """Raise ``InvalidRequestError`` for a request the trace's int32 columns cannot hold.
+                     bounds: tuple[int, int] | None = None, priority: int = 0) -> int:
+    """Raise ``InvalidRequestError`` for a request the trace's int32 columns cannot hold; return
+    ``priority`` as a plain int (numpy's integers taken, as SamplingParams takes them).
 
     ``bounds``: the prompt's smallest and largest token id where the caller has them (the
     frontend's vocabulary check found them), so a long prompt is not scanned twice."""
-    if isinstance(priority, numbers.Integral) and not isinstance(priority, (bool, np.bool_)):
-        priority = int(priority)  # numpy's integers too, as SamplingParams takes them
+    priority = _plain(priority, numbers.Integral, int)
     if not (_is_int(priority) and INT32_MIN <= priority <= INT32_MAX):
         raise InvalidRequestError(
             f"priority must be an integer in [{INT32_MIN}, {INT32_MAX}], got {priority!r}")
@@ -133,12 +137,13 @@ def check_recordable(token_ids: list[int] | array, params: SamplingParams,
     # recordable values. A negative id or one past the vocabulary is recordable: such a request
     # is rejected (and recorded); only a value no int32 column holds is refused here.
     if is_int32_array(token_ids):
-        return
+        return priority
     if token_ids and bounds is None:
         bounds = min(token_ids), max(token_ids)
     if token_ids and (bounds[0] < INT32_MIN or bounds[1] > INT32_MAX):
         bad = next(t for t in token_ids if not INT32_MIN <= t <= INT32_MAX)
         raise InvalidRequestError(f"token id {bad} does not fit a trace's int32 column")
+    return priority
 
 
 def check_arrival(arrival_s: float | None) -> None:

@@ -84,11 +84,12 @@ def weight_files(model_dir: str | Path) -> list[Path]:
                 isinstance(shard, str) and shard for shard in weight_map.values()):
             raise ModelLoadError(f"{index_path}: weight_map must be an object mapping tensor "
                                  "names to weight file names")
-        for shard in sorted(set(weight_map.values())):
-            if not (path / shard).is_file():
-                raise ModelLoadError(f"missing weight file {path / shard} (listed in {index_path})")
-        if weight_map:
-            return [path / shard for shard in sorted(set(weight_map.values()))]
+        shards = [path / shard for shard in sorted(set(weight_map.values()))]
+        for shard in shards:
+            if not shard.is_file():
+                raise ModelLoadError(f"missing weight file {shard} (listed in {index_path})")
+        if shards:
+            return shards
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(
@@ -215,13 +216,13 @@ def check_finite(tensor: torch.Tensor, dtype: torch.dtype, what: str) -> None:
     if tensor.numel() == 0:
         return
     low, high = torch.aminmax(tensor)
-    if math.isfinite(low.item()) and math.isfinite(high.item()):
+    if math.isfinite(lowest := low.item()) and math.isfinite(highest := high.item()):
         served = torch.stack((low, high)).to(dtype)
         if bool(torch.isfinite(served).all()):
             return
         name = str(dtype).removeprefix("torch.")
         raise ModelLoadError(
-            f"{what} holds values ({low.item():.6g} to {high.item():.6g}) that overflow {name} "
+            f"{what} holds values ({lowest:.6g} to {highest:.6g}) that overflow {name} "
             f"(largest {torch.finfo(dtype).max:.6g}): serve it in another dtype"
         )
     bad = ~torch.isfinite(tensor)

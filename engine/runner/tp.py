@@ -28,7 +28,8 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -78,15 +79,19 @@ class WatchedGroup(ParallelGroup):
     workers: list[Any] = field(default_factory=list, compare=False, repr=False)
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        try:
+        with self.deaths_named():
             return super().all_reduce(tensor)
-        except RuntimeError:
-            self.raise_if_died()
-            raise
 
     def all_gather_last_dim(self, tensor: torch.Tensor) -> torch.Tensor:
-        try:
+        with self.deaths_named():
             return super().all_gather_last_dim(tensor)
+
+    @contextmanager
+    def deaths_named(self) -> Iterator[None]:
+        """Around a collective or broadcast: a ``RuntimeError`` because a rank died becomes
+        that death's one line (``raise_if_died``); any other failure keeps its own error."""
+        try:
+            yield
         except RuntimeError:
             self.raise_if_died()
             raise
@@ -266,8 +271,7 @@ def died_worker(store_dir: str, workers: list[Any], wait_s: float) -> ReplayLLME
     """Rank 0, after a collective failed: the error of a worker that exited, waiting up to
     ``wait_s`` for one to (its connection closes a moment before its exit is seen); None if
     every worker still runs then (the failure is not a death)."""
-    live = [proc for proc in workers if proc.exitcode is None]
-    if len(live) == len(workers) and workers:
+    if workers and all(proc.exitcode is None for proc in workers):
         multiprocessing.connection.wait([proc.sentinel for proc in workers], timeout=wait_s)
     for rank, proc in enumerate(workers, start=1):
         if proc.exitcode is not None:
@@ -278,12 +282,9 @@ def died_worker(store_dir: str, workers: list[Any], wait_s: float) -> ReplayLLME
 def broadcast_payload(payload: StepPayload | None, state: Distributed) -> StepPayload | None:
     """Rank 0 sends ``payload``; the other ranks receive it (``None``: shut down)."""
     box = [payload]
-    try:
+    group = state.group  # a rank that died is named, in one line (a WatchedGroup's)
+    with group.deaths_named() if isinstance(group, WatchedGroup) else nullcontext():
         dist.broadcast_object_list(box, src=0, group=state.control)
-    except RuntimeError:
-        if isinstance(state.group, WatchedGroup):  # a rank that died is named, in one line
-            state.group.raise_if_died()
-        raise
     return box[0]
 
 

@@ -148,7 +148,8 @@ def check_format_options(fmt: str, given: set[str]) -> None:
         if flag in given and fmt not in owners:
             listed = " and ".join([", ".join(owners[:-1]), owners[-1]] if len(owners) > 1
                                   else owners)
-            keep = fmt == "replayllm" and flag in ("--temperature", "--no-ignore-eos", "--seed")
+            # the request options an importer gives (a workload file's requests carry theirs)
+            keep = fmt == "replayllm" and owners == TRACE_FORMATS
             raise InvalidRequestError(f"{flag} applies to --format {listed} only, not {fmt}"
                                       + (" (its requests keep their own)" if keep else ""))
 

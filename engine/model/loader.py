@@ -243,8 +243,12 @@ def build_model(
     dtype: torch.dtype,
     group: ParallelGroup = SINGLE_PROCESS,
     kernels: FusedKernels | None = None,
+    max_positions: int | None = None,
 ) -> nn.Module:
     """Instantiate the checkpoint's architecture on ``device`` in ``dtype`` and load weights.
+
+    ``max_positions``: the most positions a run reaches (``Config.max_model_len``): the rotary
+    table holds no more, whatever the checkpoint's ``max_position_embeddings``; None: those.
 
     ``kernels``: the fused kernels its layers use; None: those of ``Config()``'s defaults on
     ``device`` (``kernels_for``: the fused Triton kernels on CUDA, the PyTorch code elsewhere).
@@ -259,7 +263,7 @@ def build_model(
     torch.set_default_dtype(dtype)  # parameters are created in the serving dtype directly
     try:
         with torch.device(device):
-            model = model_cls(spec, backend, group, kernels)
+            model = model_cls(spec, backend, group, kernels, max_positions)
     finally:
         torch.set_default_dtype(previous)
     load_weights(model, path, check_values=group.rank == 0)

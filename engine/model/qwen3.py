@@ -225,13 +225,14 @@ class Qwen3Model(nn.Module):
         group: ParallelGroup,
         backend: AttentionBackend,
         kernels: FusedKernels | None = None,
+        max_positions: int | None = None,
     ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, group)
-        # One cos/sin table for all layers (it depends only on the config).
-        rotary_emb = RotaryEmbedding(
-            spec.head_dim, spec.head_dim, spec.max_position_embeddings, spec.rope_theta
-        )
+        # One cos/sin table for all layers (it depends only on the config), as long as the
+        # positions the engine can reach: a checkpoint may declare 10^9 (a 1 TB table).
+        table = min(spec.max_position_embeddings, max_positions or spec.max_position_embeddings)
+        rotary_emb = RotaryEmbedding(spec.head_dim, spec.head_dim, table, spec.rope_theta)
         self.layers = nn.ModuleList(
             Qwen3DecoderLayer(spec, group, backend, rotary_emb, kernels)
             for _ in range(spec.num_hidden_layers)
@@ -274,12 +275,13 @@ class Qwen3ForCausalLM(nn.Module):
         backend: AttentionBackend,
         group: ParallelGroup = SINGLE_PROCESS,
         kernels: FusedKernels | None = None,
+        max_positions: int | None = None,
     ) -> None:
         super().__init__()
         self.spec = spec
         self.group = group
         self.kernels = kernels if kernels is not None else FusedKernels()
-        self.model = Qwen3Model(spec, group, backend, self.kernels)
+        self.model = Qwen3Model(spec, group, backend, self.kernels, max_positions)
         self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size, group=group)
         if spec.tie_word_embeddings:
             self.lm_head.tie_to(self.model.embed_tokens)

@@ -136,7 +136,7 @@ class ModelRunner:
         self.kernels = kernels_for(config, self.device)
         self.model = build_model(
             self.model_dir, self.attention_backend, self.device, self.dtype, self.group,
-            self.kernels,
+            self.kernels, max_positions=config.max_model_len,
         )  # fmt: skip
         self.spec = self.model.spec
         max_positions = self.spec.max_position_embeddings
@@ -146,6 +146,7 @@ class ModelRunner:
                 f"max_position_embeddings {max_positions} ({self.model_dir / 'config.json'}); "
                 f"set max_model_len <= {max_positions}"
             )
+        self.max_positions = config.max_model_len  # the rotary table's length (build_model)
         self.vocab_size: int = self.spec.vocab_size
         if config.eos >= self.vocab_size:  # no token would ever end a request
             raise ConfigError(
@@ -257,7 +258,7 @@ class ModelRunner:
         on_device = previous if mixed is not None and pending and \
             isinstance(previous, LaunchedStep) else None
         values = token_values(previous) if pending and on_device is None else None
-        check_batch(batch, self.spec.max_position_embeddings, self.block_size,
+        check_batch(batch, self.max_positions, self.block_size,
                     self.num_kvcache_blocks)
         if mixed is not None:
             payload = payload_from_batch(batch, decode=False, pending_values=values)

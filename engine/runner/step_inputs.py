@@ -154,7 +154,7 @@ def token_values(previous: PendingStep) -> dict[int, int]:
     return dict(zip(seq_ids, output.token_ids))
 
 
-def check_batch(batch: ScheduledBatch, max_position_embeddings: int, block_size: int,
+def check_batch(batch: ScheduledBatch, max_positions: int, block_size: int,
                 num_kvcache_blocks: int) -> None:
     """Scheduler bugs must fail loudly here, not read or write someone else's KV.
 
@@ -174,10 +174,10 @@ def check_batch(batch: ScheduledBatch, max_position_embeddings: int, block_size:
                 f"seq {seq.seq_id}: need 1 <= num_new_tokens ({new}) <= context_len ({ctx}) "
                 f"<= tokens ({len(seq.token_ids)})"
             )
-        if ctx > max_position_embeddings:
+        if ctx > max_positions:
             raise ValueError(
-                f"seq {seq.seq_id}: context {ctx} exceeds the model's "
-                f"max_position_embeddings ({max_position_embeddings})"
+                f"seq {seq.seq_id}: context {ctx} exceeds the positions the model was built "
+                f"for ({max_positions}: max_model_len)"
             )
         needed = seq.block_table[: (ctx + block_size - 1) // block_size]
         if len(needed) * block_size < ctx:

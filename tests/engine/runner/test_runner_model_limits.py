@@ -81,3 +81,21 @@ def test_an_eos_past_the_vocabulary_is_refused_at_start(short_model: Path) -> No
     config = Config(model=str(short_model), device="cpu", kvcache_block_size=16,
                     num_kvcache_blocks=8, max_model_len=MAX_POSITIONS, eos=vocab - 1)
     ModelRunner(config).close()
+
+
+def test_the_rotary_table_holds_max_model_len_positions_not_the_checkpoints(
+    short_model: Path, tmp_path: Path
+) -> None:
+    """A checkpoint may declare 10^9 positions (a 1 TB cos/sin table, built before any
+    check): the table holds the ``max_model_len`` positions a run can reach."""
+    huge = Path(shutil.copytree(short_model, tmp_path / "huge"))
+    cfg = json.loads((huge / "config.json").read_text())
+    cfg["max_position_embeddings"] = 10**9
+    (huge / "config.json").write_text(json.dumps(cfg))
+    model_runner = runner(huge, 64)
+    try:
+        rotary = model_runner.model.model.layers[0].self_attn.rotary_emb
+        assert rotary.cos_cache.shape[0] == 64
+        assert model_runner.max_positions == 64
+    finally:
+        model_runner.close()

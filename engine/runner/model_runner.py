@@ -367,5 +367,8 @@ def worker_main(config: Config, rank: int, store_dir: str) -> None:
         raise
     try:
         runner.worker_loop()
+    except Exception as exc:  # a step failed on this rank: rank 0 names it in its one line
+        tp.report_failure(store_dir, rank, exc)
+        raise
     finally:
         runner.close()

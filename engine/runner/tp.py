@@ -213,7 +213,8 @@ def worker_failure(store_dir: str, rank: int, proc: Any, joined: bool = True) ->
 
 
 def _reported(store_dir: str | None, rank: int) -> str | None:
-    """The start-up error worker ``rank`` left for rank 0, read once; None if there is none."""
+    """The error worker ``rank`` left for rank 0 (at start-up or in a step), read once; None if
+    there is none."""
     if not store_dir:
         return None
     try:
@@ -250,7 +251,8 @@ def _how_it_ended(exitcode: int | None) -> str:
 
 
 def report_failure(store_dir: str, rank: int, error: BaseException) -> None:
-    """A worker's start-up error, left for rank 0 (``worker_failure``) to raise in one line."""
+    """A worker's error (at start-up or in a step), left for rank 0 (``worker_failure``,
+    ``died_worker``) to raise in one line."""
     path = Path(store_dir) / ERROR_FILE.format(rank=rank)
     try:
         path.write_text(" ".join(str(error).split()) or type(error).__name__)

@@ -28,6 +28,9 @@ class RecordedEvents:
     tables: dict[str, dict[str, Any]]
     last_step: int
     complete: bool = True
+    # Committed segments the reader left unread (``Trace.unread_note``: a copy taken while the
+    # trace was being recorded), or None.
+    unread_note: str | None = None
 
     def column(self, kind: str, name: str) -> Any:
         return self.tables[kind][name]
@@ -107,7 +110,8 @@ def from_trace(trace: Any) -> RecordedEvents:
     hold only the fully recorded steps (0 to ``last_step``, ``tracing.commits.Commits``)."""
     converted = {kind: trace.columns(kind) for kind in EVENT_KINDS}
     return RecordedEvents(dict(trace.header), _arrivals_on_the_clock(converted),
-                          int(trace.last_step), bool(trace.complete))
+                          int(trace.last_step), bool(trace.complete),
+                          getattr(trace, "unread_note", None))
 
 
 def _arrivals_on_the_clock(tables: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -53,7 +53,9 @@ def assert_replays(trace_dir: str | Path, invariants: bool = True) -> Any:
         if not report.ok:
             raise ReplayMismatch(f"{trace_dir}: {report.report()}")
     if not trace.complete:
+        stopped = trace.unread_note or ("the recording stopped; committed through step "
+                                        f"{trace.last_step}")
         warnings.warn(IncompleteTraceWarning(
-            f"{trace_dir} is incomplete (the recording stopped; committed through step "
-            f"{trace.last_step}): only what it committed was replayed and checked"), stacklevel=2)
+            f"{trace_dir} is incomplete ({stopped}): only what it read was replayed and "
+            "checked"), stacklevel=2)
     return result

@@ -93,6 +93,7 @@ class RecordedScope:
     seq_ids: np.ndarray
     total: int
     last_step: int
+    unread_note: str | None = None  # ``RecordedEvents.unread_note``
 
     @property
     def finished(self) -> int:
@@ -129,11 +130,15 @@ class RecordedScope:
             if kind in PER_REQUEST_KINDS:
                 keep &= np.isin(np.asarray(cols["seq_id"], dtype=np.int64), self.seq_ids)
             tables[kind] = keep_rows(cols, keep)
-        return RecordedEvents(events.header, tables, last, events.complete)
+        return RecordedEvents(events.header, tables, last, events.complete, events.unread_note)
 
 
 def _stopped(events: Any) -> str:
-    """Where an incomplete recording stopped, in words."""
+    """Where an incomplete recording stopped, in words; for a copy taken while it was being
+    recorded, which committed segments the reader left unread (``Trace.unread_note``)."""
+    note = getattr(events, "unread_note", None)
+    if note:
+        return note
     return ("the recording stopped; committed no step" if events.last_step < 0
             else f"the recording stopped; committed through step {events.last_step}")
 
@@ -155,7 +160,7 @@ def scope_of(other: RecordedEvents, total: int, other_name: str) -> RecordedScop
     seq_ids = _finished_ids(other)
     if not len(seq_ids):
         raise _nothing_to_compare(other_name, _stopped(other), total)
-    return RecordedScope(other_name, seq_ids, total, int(other.last_step))
+    return RecordedScope(other_name, seq_ids, total, int(other.last_step), other.unread_note)
 
 
 def load_other(workload: Any, path: str | None
@@ -208,7 +213,8 @@ def incomplete_source(workload: Any, restrict: bool) -> str | None:
         return (f"{workload.name} is incomplete ({_stopped(recorded)}) and finished none of the "
                 f"{total} requests it recorded: no recorded row to compare; each prediction "
                 "runs them all to the end")
-    workload.scope = RecordedScope(workload.name, seq_ids, total, int(recorded.last_step))
+    workload.scope = RecordedScope(workload.name, seq_ids, total, int(recorded.last_step),
+                                   recorded.unread_note)
     return workload.scope.source_warning()
 
 

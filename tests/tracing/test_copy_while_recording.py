@@ -140,3 +140,23 @@ def test_a_complete_trace_missing_a_file_is_still_damage(tmp_path: Path) -> None
     seg.unlink()
     with pytest.raises(TraceError, match="missing, but committed"):
         read_trace(trace_dir)
+
+
+def test_whatif_and_assert_replays_name_what_a_copy_left_unread(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """whatif's warning on an incomplete source and ``replay.testing.assert_replays``' warning
+    say which segments a copy taken mid-recording left unread, as verify and inspect do; they
+    said only "the recording stopped", which a copy's recording never did."""
+    from replay.testing import assert_replays
+    from replay.testing.replays import IncompleteTraceWarning
+
+    _, copy = _copy_mid_recording(tmp_path, partial=False)
+    note = read_trace(copy).unread_note
+    assert note is not None
+    assert main(["whatif", str(copy), "--set", "max_num_seqs=4", "--out", str(tmp_path / "w")]) == 0
+    out = capsys.readouterr().out
+    assert f"warning: {copy} is incomplete ({note})" in out
+    with pytest.warns(IncompleteTraceWarning) as caught:
+        assert_replays(copy)
+    assert note in str(caught[0].message)

@@ -119,21 +119,17 @@ def warm_up_and_size(
     return cap_blocks(int(blocks))
 
 
-# Row counts whose LM head runs eagerly at start-up: a step's sampled rows (a prefill's prompts,
-# a decode's padded batch) pick their GEMM kernel by row count, and the first use of a kernel
-# loads its module (CUDA lazy loading): 30-50 ms on the engine thread mid-run otherwise.
-WARM_LOGITS_ROWS = 64
-
-
 def _warm_up_first_uses(hidden: torch.Tensor, compute_logits: Callable[[torch.Tensor], Any],
                         max_rows: int, device: torch.device) -> None:
     """Run once, before the pool is sized, what a run's first steps would otherwise load mid-run:
-    the LM head at 1..``WARM_LOGITS_ROWS`` rows and every power of two up to ``max_rows``, and
-    the decode graphs' input gather (``take_sources``). One result is alive at a time, each
-    smaller than the maximum-load step's logits, so the measured peak does not move."""
-    counts = set(range(1, min(WARM_LOGITS_ROWS, max_rows) + 1))
-    counts |= {1 << k for k in range(max_rows.bit_length()) if 1 << k <= max_rows}
-    for count in sorted(counts):
+    the LM head at every row count from 1 to ``max_rows``, and the decode graphs' input gather
+    (``take_sources``). The LM head runs eagerly over a step's sampled rows (a prefill's
+    prompts, a decode's sequences, not its padded batch), and its GEMM picks a kernel by row
+    count whose first use loads its module (CUDA lazy loading): 10-35 ms on the engine thread
+    mid-run otherwise, at decodes of 70-280 rows (docs/gpu-notes.md, session 37). One result is
+    alive at a time, none larger than the maximum-load step's logits, so the measured peak does
+    not move."""
+    for count in range(1, max_rows + 1):
         compute_logits(hidden[:count])  # dropped at once: one result alive at a time
     ids = torch.zeros(2, dtype=torch.int64, device=device)
     take_sources(ids, torch.tensor([0, NO_SOURCE], device=device), ids.clone())

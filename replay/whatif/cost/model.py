@@ -29,8 +29,7 @@ from replay.whatif.cost import explain, features, graphs, warmup
 from replay.whatif.cost import fit as fitting
 from replay.whatif.cost.arrivals import AddCost, fit_add_cost
 from replay.whatif.cost.decode_attention import DEFAULT_KV_HEADS, kv_heads_of
-from replay.whatif.cost.decode_grid import DecodeGrid, uniform_graph_decodes
-from replay.whatif.cost.features import MIN_STEP_S, MODES, LinearFit, Steps, calibration_steps
+from replay.whatif.cost.features import MIN_STEP_S, MODES, LinearFit, Steps
 from replay.whatif.cost.host_speed import (
     HostSpeed,
     HostSpeedError,
@@ -44,7 +43,6 @@ from replay.whatif.cost.profile import ProfilePrior, ScaledProfile, read_profile
 from replay.whatif.cost.saved import MODEL_SHAPES, CostModelError, read_saved
 from tracing.header import recorded_device
 
-DECODE_GRAPH = "decode_graph"
 MODEL_VERSION = 12  # of the saved JSON (``to_dict``); a file of another version is refused
 
 
@@ -125,8 +123,6 @@ class CostModel:
     device: str = ""  # the timing source's device (``tracing.header.recorded_device``)
     model_name: str = ""  # the timing source's model (``recorded_model``); "" where unknown
     host: HostSpeed | None = None
-    # The graph decodes' residual off their fit on the profile's grid (``CostOptions``).
-    decode_grid: DecodeGrid | None = None
     _times: dict[str, _ClassTimes] = field(default_factory=dict, init=False, repr=False,
                                            compare=False)
     _prior_times: dict[str, _ClassTimes] = field(default_factory=dict, init=False, repr=False,
@@ -199,12 +195,6 @@ class CostModel:
             model.coverage[cls_name] = explain.class_coverage(
                 cls_name, fitted.x[mask], ~fitted.window[mask], fits[cls_name], report)
         model.heldout = _device_heldout(fitted, fraction)
-        if pooling and options.decode_grid and DECODE_GRAPH in fits:
-            assert read is not None and loaded is not None
-            grid = calibration_steps(uniform_graph_decodes(loaded[0]["rows"]), host_times,
-                                     overhead_s, kv_heads, options.causal_work)
-            scale = read.scale.get(DECODE_GRAPH, read.overall)
-            model.decode_grid = DecodeGrid.of(grid.x, grid.time * scale, fits[DECODE_GRAPH])
         if loaded is not None:
             model.prior = ProfilePrior.fit(loaded[0], loaded[1], read, set(reports), options,
                                            events.header, source_rows)
@@ -242,8 +232,6 @@ class CostModel:
         for name in np.unique(classes):
             mask = classes == name
             out[mask] = self.device_fit(str(name)).predict(x[mask])
-            if name == DECODE_GRAPH and self.decode_grid is not None:
-                out[mask] *= self.decode_grid.factors(x[mask])
         return out
 
     def predict(self, step: Sequence[float], cls_name: str, overlapped: bool = False,
@@ -256,8 +244,6 @@ class CostModel:
         if self.prior is not None and self.prior.prices(cls_name, step):
             times = self._prior_times.get(cls_name) or self._class_times(cls_name, self.prior)
         device = max(times.device.linear_at(step), times.device.floor, MIN_STEP_S)
-        if cls_name == DECODE_GRAPH and self.decode_grid is not None:
-            device *= self.decode_grid.factor(step)
         if first:
             device += times.warmup_s
         if times.host is None:
@@ -333,7 +319,6 @@ class CostModel:
         out["prior"] = self.prior.to_dict() if self.prior is not None else None
         out["add"] = self.add.to_dict()
         out["host"] = asdict(self.host) if self.host is not None else None
-        out["decode_grid"] = self.decode_grid.to_dict() if self.decode_grid is not None else None
         return out
 
     def save(self, path: str | Path) -> None:
@@ -346,9 +331,8 @@ class CostModel:
         data = read_saved(path, MODEL_VERSION, cls, MODEL_SHAPES)
         fits = {name: LinearFit.from_dict(f) for name, f in data.pop("fits").items()}
         overlap, prior = data.pop("overlap", None), data.pop("prior", None)
-        host, grid = data.pop("host", None), data.pop("decode_grid", None)
+        host = data.pop("host", None)
         return cls(fits, overlap=OverlapModel.from_dict(overlap) if overlap else None,
-                   decode_grid=DecodeGrid.from_dict(grid) if grid else None,
                    prior=ProfilePrior.from_dict(prior) if prior else None,
                    add=AddCost.from_dict(data.pop("add", {})),
                    host=HostSpeed(**host) if host else None, **data)

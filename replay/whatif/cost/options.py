@@ -63,9 +63,7 @@ class CostOptions:
     ``decode_routes`` (opt-in): a graph decode's fixed cost per GEMM route of its padded rows
     (``decode_routes``: the split-K tilings' buckets, cuBLAS above), fitted with the class's
     slopes, not one for every size (BENCHMARKS 7z: right on the few-row steps, not kept
-    by default: the H200 matrix misses more). ``decode_grid`` (opt-in, pooled profiles): a
-    graph decode priced at the fit times the profile's residual off it at the step's padded
-    rows and mean context (``decode_grid.DecodeGrid``)."""
+    by default: the H200 matrix misses more)."""
 
     warmup_steps: bool = True
     warmup_window: bool = True
@@ -86,7 +84,6 @@ class CostOptions:
     relative_roofline: bool = True
     host_spread: bool = False
     decode_routes: bool = False
-    decode_grid: bool = False
 
     def __post_init__(self) -> None:
         if self.profile_mode not in PROFILE_MODES:

@@ -28,7 +28,9 @@ TRACES = Path(__file__).resolve().parents[2] / "traces"
 # engine's default cells on an H200, traces/matrix-s33-h200/, with chat three times in one
 # process, traces/matrix-s33-h200-chat/; the int32 prompt path's matrix on an eighth H100,
 # traces/matrix-s35-h100/, with Azure and bursty three times in one process,
-# traces/matrix-s35-h100-spread/).
+# traces/matrix-s35-h100-spread/; the matrix of the engine whose recorder converts once 4,096
+# events wait, on a ninth H100, traces/matrix-s37-h100/, with reference, chat and conversation
+# three times, traces/matrix-s37-h100-spread/).
 COMMITTED = sorted(p.parent for p in TRACES.glob("*/run.json")) + sorted(
     p.parent for p in TRACES.glob("matrix*/*/run.json"))
 
@@ -64,6 +66,8 @@ def test_the_expected_traces_are_committed() -> None:
     assert sum(p.parent.name == "matrix-s33-h200-chat" for p in COMMITTED) == 3
     assert sum(p.parent.name == "matrix-s35-h100" for p in COMMITTED) == 13
     assert sum(p.parent.name == "matrix-s35-h100-spread" for p in COMMITTED) == 6
+    assert sum(p.parent.name == "matrix-s37-h100" for p in COMMITTED) == 13
+    assert sum(p.parent.name == "matrix-s37-h100-spread" for p in COMMITTED) == 9
 
 
 @pytest.mark.parametrize("cell", ["reference-default-3", "azure-code-default"])

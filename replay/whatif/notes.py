@@ -12,6 +12,7 @@ from replay.whatif.cost.model import CostModel, recorded_model
 from replay.whatif.sim_executor import SimExecutor
 from tracing.header import recorded_device
 
+CANNOT_RUN = "cannot run"  # the status of a variant whose engine cannot serve its workload
 # Config fields that change neither a scheduling decision nor the simulated executor: an
 # override of one is reported, not silently taken as a prediction.
 UNSIMULATED_FIELDS = (
@@ -148,3 +149,17 @@ def simulated_note(header: Mapping[str, Any], name: str, use: str) -> str | None
     what = "step times" if use != "source" else "step times and 'recorded' row"
     return (f"the {use} {name} is a simulated trace (of {origin}, {times}), not a recording: "
             f"its {what} are an earlier prediction's")
+
+
+def never_scheduled(count: int, total: int, first: str) -> str:
+    """The status of a variant that cannot serve ``count`` of ``total`` requests (``first``:
+    the first one and the engine's reason)."""
+    return f"{CANNOT_RUN}: {count} of {total} requests can never be scheduled ({first})"
+
+
+def rejected_note(count: int, total: int, first: str) -> str:
+    """The note of a workload-file variant whose engine rejected ``count`` of ``total``
+    requests it can never serve, as a live run rejects them (``Scheduler.admission_error``):
+    the rest are predicted, these counted (the summary's ``rejected``) and not served."""
+    return (f"{count} of {total} requests rejected by this configuration, as a live run "
+            f"rejects them ({first}); the others are predicted, without them")

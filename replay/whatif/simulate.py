@@ -35,7 +35,13 @@ from engine.sequence import Sequence
 from replay.metrics import compute
 from replay.recorded import RecordedEvents, from_columns, from_trace
 from replay.whatif.cost.model import CostModel
-from replay.whatif.notes import UNSIMULATED_FIELDS, variant_notes
+from replay.whatif.notes import (
+    CANNOT_RUN,
+    UNSIMULATED_FIELDS,
+    never_scheduled,
+    rejected_note,
+    variant_notes,
+)
 from replay.whatif.sim_executor import SimClock, SimExecutor
 from replay.whatif.sim_inputs import RecordedInputs
 from replay.whatif.source import (
@@ -65,7 +71,6 @@ __all__ = [
     "workload_from_requests",
 ]
 
-CANNOT_RUN = "cannot run"
 OK = "ok"
 
 
@@ -138,20 +143,6 @@ def _admission_problems(core: EngineCore, workload: SimWorkload) -> str | None:
         return None
     index, error = bad[0]
     return never_scheduled(len(bad), len(workload.requests), f"request {index}: {error}")
-
-
-def never_scheduled(count: int, total: int, first: str) -> str:
-    """The status of a variant that cannot serve ``count`` of ``total`` requests (``first``:
-    the first one and the engine's reason)."""
-    return f"{CANNOT_RUN}: {count} of {total} requests can never be scheduled ({first})"
-
-
-def rejected_note(count: int, total: int, first: str) -> str:
-    """The note of a workload-file variant whose engine rejected ``count`` of ``total``
-    requests it can never serve, as a live run rejects them (``Scheduler.admission_error``):
-    the rest are predicted, these counted (the summary's ``rejected``) and not served."""
-    return (f"{count} of {total} requests rejected by this configuration, as a live run "
-            f"rejects them ({first}); the others are predicted, without them")
 
 
 def _workload_rejections(core: EngineCore, inputs: Any) -> tuple[int, str]:

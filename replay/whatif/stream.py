@@ -34,16 +34,9 @@ from engine.errors import ReplayLLMError
 from engine.prompt_ids import prompt_token_ids
 from replay.stream_metrics import StreamingMetrics
 from replay.whatif.cost.model import CostModel
-from replay.whatif.notes import variant_notes
+from replay.whatif.notes import never_scheduled, rejected_note, variant_notes
 from replay.whatif.sim_executor import SimExecutor
-from replay.whatif.simulate import (
-    OK,
-    SimRequest,
-    SimResult,
-    build_engine,
-    never_scheduled,
-    rejected_note,
-)
+from replay.whatif.simulate import OK, SimRequest, SimResult, build_engine
 from replay.workloads.recipe import PromptRecipe, recipe_tokens
 from replay.workloads.request import Request
 

@@ -190,7 +190,7 @@ def _decode_points(config: Config) -> Iterator[ProfilePoint]:
     for level, batch, ctx in _crossed(DECODE_BATCHES, DECODE_CONTEXTS):
         ctx = min(ctx, longest)
         yield ProfilePoint("decode", level, (ctx,) * batch, label=f"decode {batch}x{ctx}")
-    for batch in (8, 64, 256, 512):
+    for batch in (8, 64, 256, 512) if longest >= 2 else ():  # a spread needs two lengths
         for ctx in (1024, 8192):
             contexts = _spread(ctx, batch, longest)
             mean = sum(contexts) // len(contexts)

@@ -59,8 +59,11 @@ class SamplingParams:
                 f"temperature must be a finite number, got {self.temperature!r}")
         if self.temperature < 0:
             raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
-        if self.temperature < GREEDY_BELOW:
-            object.__setattr__(self, "temperature", 0.0)
+        # Under the cut-off, greedy (a float32 may flush it to 0); the cut-off compared in
+        # float32, as the trace holds both, so the run and its replay fall on one side.
+        temperature = as_recorded(self.temperature, "temperature", underflow=True)
+        object.__setattr__(self, "temperature",
+                           0.0 if temperature < as_recorded(GREEDY_BELOW, "") else temperature)
         if not isinstance(self.ignore_eos, bool):  # "false" or 0 would silently mean True/False
             raise InvalidRequestError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         if not _is_int(self.max_tokens):
@@ -69,6 +72,7 @@ class SamplingParams:
             raise InvalidRequestError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        object.__setattr__(self, "top_p", as_recorded(self.top_p, "top_p"))
         if not _is_int(self.top_k) or not 0 <= self.top_k <= INT32_MAX:
             raise InvalidRequestError(
                 f"top_k must be an integer in [0, {INT32_MAX}] (0: off), got {self.top_k!r}")
@@ -90,6 +94,20 @@ class SamplingParams:
         return self.temperature > 0 and (
             self.top_p < 1 or self.top_k > 0 or self.seed is not None
         )
+
+
+def as_recorded(value: float, name: str, underflow: bool = False) -> float:
+    """``value`` as the trace's float32 columns hold it (``request_added.temperature`` and
+    ``top_p``), so a run decides on what its replay reads back: a float64 that float32 rounds
+    across a threshold would decide otherwise (a top_p of 0.99999999 filters, its float32 of
+    1.0 does not; the greedy cut-off is compared in float32 for the same reason).
+    ``InvalidRequestError`` where float32 cannot hold it at all (past its range: inf; a
+    positive value under its smallest, 0, unless ``underflow`` takes that 0)."""
+    recorded = array("f", (value,))[0]  # rounds as numpy's cast does, without its warning
+    if not math.isfinite(recorded) or (value > 0 and recorded <= 0 and not underflow):
+        raise InvalidRequestError(f"{name} {value!r} is outside what the trace's float32 column "
+                                  "holds (1.4e-45 to 3.4e+38)")
+    return recorded
 
 
 def _is_number(value: object) -> bool:

@@ -4,7 +4,7 @@ Tokenizing is the one frontend cost per request that grows with what the client 
 over a few MB of text takes seconds. On the event loop that would stop every other stream's
 tokens and the acceptance of new requests for as long. So (``PromptPreparer``):
 
-- a prompt of at most ``INLINE_PROMPT_CHARS`` characters (chat: the messages' contents) is
+- a prompt of at most ``INLINE_PROMPT_CHARS`` characters (chat: every string of the messages) is
   tokenized on the loop: about 1.5 ms at most, less than what a hop to a thread costs when the
   loop is busy (the thread waits for the interpreter, up to its 5 ms switch interval, to start
   and again to hand the result back);
@@ -93,7 +93,7 @@ class PromptPreparer:
 
     @property
     def in_pool_chars(self) -> int:
-        """The characters of the prompts ``in_pool`` (chat: their messages' contents)."""
+        """The characters of the prompts ``in_pool`` (chat: every string of their messages)."""
         return self._in_pool_chars
 
     async def token_ids(self, parsed: ParsedRequest,
@@ -104,7 +104,8 @@ class PromptPreparer:
         is full. ``left``: returns once the client is gone; if that comes first while the
         prompt is in the pool, ``ClientLeft``."""
         if parsed.chat:
-            size = sum(len(message["content"]) for message in parsed.messages)
+            # Every string the template renders (contents, names, reasoning).
+            size = sum(len(value) for message in parsed.messages for value in message.values())
         elif isinstance(parsed.prompt, str):
             size = len(parsed.prompt)
         else:

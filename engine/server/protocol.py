@@ -7,33 +7,17 @@ returns as an OpenAI-style 400. Nothing here touches the engine.
 
 from __future__ import annotations
 
-import json
-import math
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import InvalidRequestError
-from engine.sampling_params import INT32_MAX, INT32_MIN, SamplingParams, is_valid_text
+from engine.sampling_params import INT32_MAX, INT32_MIN, SamplingParams, as_recorded
+
+# ``ApiError`` and ``parse_json_body`` live with the JSON reading; the routes take them from here.
+from engine.server.json_body import ApiError, parse_json_body  # noqa: F401
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_STOP_STRINGS = 4  # OpenAI's limit
-
-
-class ApiError(Exception):
-    """A request the server refuses: an HTTP status, an OpenAI error object and any headers
-    of the answer (a 429's ``Retry-After``)."""
-
-    def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 kind: str = "invalid_request_error", code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.message, self.param, self.status, self.kind = message, param, status, kind
-        self.code, self.headers = code, headers
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                          "code": self.code}}
 
 
 @dataclass
@@ -84,85 +68,13 @@ _CHAT_ONLY = {"messages", "max_completion_tokens", "top_logprobs", "tools", "too
               "response_format", "parallel_tool_calls", "modalities"}
 
 
-# A ``\\uXXXX`` escape of a UTF-16 surrogate: only these can make ``json.loads`` return a string
-# that is not valid Unicode (a lone surrogate, which no UTF-8 encoder takes).
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-
-
-def parse_json_body(raw: bytes, interruptible: bool = False) -> dict[str, Any]:
-    """The request body as a JSON object: strict JSON (no ``NaN`` or ``Infinity``, no number
-    too large for a float) whose strings are valid Unicode, else a 400 (non-UTF-8, malformed
-    JSON, a lone surrogate escape, a non-object). Everything later (the tokenizer, the trace's
-    Parquet columns) may take the body's strings and numbers as they are.
-
-    ``interruptible``: for a thread beside the event loop. ``json.loads``' C scanner holds the
-    interpreter until it returns unless it calls Python code; with this, it calls a Python hook
-    for every object and integer (as it does for every float), where the interpreter can switch
-    to the loop. Slower (8 MiB of token ids: ~90 ms becomes ~300 ms), the same result."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ApiError(f"the request body is not valid UTF-8 (byte {exc.start})") from None
-    hooks: dict[str, Any] = {"object_hook": _same, "parse_int": _int} if interruptible else {}
-    try:
-        body = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float, **hooks)
-    except json.JSONDecodeError as exc:
-        raise ApiError(f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} "
-                       f"column {exc.colno}") from None
-    except _NotJson as exc:
-        raise ApiError(f"the request body is not valid JSON: {exc}") from None
-    except ValueError as exc:  # an integer of more digits than Python converts (4,300)
-        raise ApiError(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise ApiError("the request body must be a JSON object")
-    if _SURROGATE_ESCAPE.search(text):
-        where = _lone_surrogate(body, "")
-        if where is not None:
-            raise ApiError(f"{where} holds a lone UTF-16 surrogate escape, which is not valid "
-                           "Unicode", where.split(".")[0].split("[")[0] or None)
-    return body
-
-
-class _NotJson(ValueError):
-    """A number JSON does not have (``NaN``, ``Infinity``, one beyond a float's range)."""
-
-
-def _same(value: Any) -> Any:
-    return value
-
-
-def _int(literal: str) -> int:
-    return int(literal)
-
-
-def _no_constant(name: str) -> float:
-    raise _NotJson(f"{name} is not a JSON number")
-
-
-def _finite_float(literal: str) -> float:
-    value = float(literal)
-    if not math.isfinite(value):
-        raise _NotJson(f"the number {literal[:40]} is out of range")
-    return value
-
-
-def _lone_surrogate(value: Any, path: str) -> str | None:
-    """The path (``messages[0].content``) of the first string in ``value`` that UTF-8 cannot
-    encode, None if there is none."""
-    if isinstance(value, str):
-        return None if is_valid_text(value) else path or "the request body"
-    if isinstance(value, dict):
-        for key, item in value.items():
-            where = f"{path}.{key}" if path else str(key)
-            found = _lone_surrogate(key, where) or _lone_surrogate(item, where)
-            if found is not None:
-                return found
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            found = _lone_surrogate(item, f"{path}[{i}]")
-            if found is not None:
-                return found
-    return None
+# A chat message's fields; and those an assistant message the ``openai`` library returned
+# carries, taken while empty (they then say nothing): clients send such messages back.
+# ``name`` (the speaker) and ``reasoning_content`` (an assistant turn's thinking, which the
+# Qwen3 template renders or strips) reach the template as vLLM passes them.
+TEMPLATE_STRING_FIELDS = ("name", "reasoning_content")
+_MESSAGE_FIELDS = {"role", "content", *TEMPLATE_STRING_FIELDS}
+_EMPTY_MESSAGE_FIELDS = {"tool_calls", "function_call", "refusal", "audio", "annotations"}
 
 
 def parse_completion(body: dict[str, Any]) -> ParsedRequest:
@@ -253,6 +165,12 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
             raise ApiError(f"messages[{i}].role {role!r} is not supported", "messages")
         if message.get("tool_calls") or message.get("function_call"):
             raise ApiError(f"messages[{i}]: tool calls are not supported", "messages")
+        for key, value in message.items():  # else dropped unseen, though a template may use it
+            if key not in _MESSAGE_FIELDS and not (key in _EMPTY_MESSAGE_FIELDS and not value):
+                raise ApiError(f"messages[{i}]: unsupported field {key!r}", "messages")
+        for key in TEMPLATE_STRING_FIELDS:
+            if message.get(key) is not None and not isinstance(message[key], str):
+                raise ApiError(f"messages[{i}].{key} must be a string", "messages")
         if role == "assistant" and content is None:  # OpenAI: optional for the assistant
             content = ""
         if isinstance(content, list):  # content parts: text only
@@ -268,7 +186,10 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
             content = "\n".join(texts)  # as vLLM joins them
         if not isinstance(content, str):
             raise ApiError(f"messages[{i}].content must be a string", "messages")
-        out.append({"role": "system" if role == "developer" else role, "content": content})
+        turn = {"role": "system" if role == "developer" else role, "content": content}
+        turn.update({key: message[key] for key in TEMPLATE_STRING_FIELDS
+                     if message.get(key) is not None})  # the template's to use
+        out.append(turn)
     return out
 
 
@@ -298,8 +219,10 @@ def _common(body: dict[str, Any], request: ParsedRequest) -> None:
         raise ApiError("logit_bias is not supported", "logit_bias")
     if body.get("user") is not None and not isinstance(body["user"], str):
         raise ApiError("user must be a string", "user")
-    request.temperature = _number(body, "temperature", 1.0, low=0.0)
-    request.top_p = _number(body, "top_p", 1.0, low=0.0, high=1.0, low_open=True)
+    request.temperature = _as_recorded(_number(body, "temperature", 1.0, low=0.0),
+                                       "temperature")
+    request.top_p = _as_recorded(_number(body, "top_p", 1.0, low=0.0, high=1.0, low_open=True),
+                                 "top_p")
     top_k = body.get("top_k")
     if top_k is not None:
         if not _is_int(top_k) or not -1 <= top_k <= INT32_MAX:
@@ -359,6 +282,15 @@ def _number(body: dict[str, Any], name: str, default: float, low: float,
         bounds = f"{'(' if low_open else '['}{low}, {high if high is not None else 'inf'}]"
         raise ApiError(f"{name} must be in {bounds}, got {value}", name)
     return float(value)
+
+
+def _as_recorded(value: float, name: str) -> float:
+    """``value`` as the trace records it (``sampling_params.as_recorded``), a 400 naming the
+    field where it cannot."""
+    try:
+        return as_recorded(value, name)
+    except InvalidRequestError as exc:
+        raise ApiError(str(exc), name) from None
 
 
 def _bool(body: dict[str, Any], name: str, default: bool) -> bool:

@@ -84,6 +84,17 @@ def test_settings_that_time_nothing_are_one_line_and_no_file(
     assert not out.exists()
 
 
+@pytest.mark.parametrize("max_model_len", [1, 2, 3, 100])
+def test_no_point_of_the_grid_is_longer_than_max_model_len(max_model_len: int) -> None:
+    """The runner's rotary table holds ``max_model_len`` positions (a checkpoint may declare
+    10^9): at ``max_model_len=1`` the spread decodes were floored at contexts of 2, past it."""
+    config = Config(max_model_len=max_model_len, max_num_seqs=512, max_num_batched_tokens=4096,
+                    num_kvcache_blocks=4096)
+    for point in profile_grid(config):
+        lengths = [new + cached for new, cached in point.prompts] + list(point.decode_contexts)
+        assert max(lengths) <= max_model_len, point.label
+
+
 def test_no_decode_of_context_zero_in_the_grid() -> None:
     config = Config(max_model_len=1, max_num_seqs=4, max_num_batched_tokens=64,
                     num_kvcache_blocks=8)

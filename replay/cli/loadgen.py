@@ -9,9 +9,14 @@ import sys
 from collections import Counter
 from typing import Any
 
+from engine.errors import ReplayLLMError
+
 DEFAULT_OUT = "loadgen.parquet"
 EXIT_FAILED = 1  # the run went through, some requests failed (each with its error)
 EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: the requests completed so far written, partial
+# Suffixes of other formats than the result's (Parquet, whatever its name): such an --out would
+# hold Parquet bytes its name's readers cannot open.
+OTHER_FORMATS = (".csv", ".tsv", ".json", ".jsonl", ".ndjson", ".txt", ".gz", ".html", ".xlsx")
 
 EPILOG = """exit status:
   0    every request answered
@@ -105,13 +110,19 @@ def run(args: argparse.Namespace) -> int:
     check_settings(args.time_scale, args.max_concurrency, args.workers, stall, total,
                    args.num_requests, max_retries=retries)
     url = base_url(args.url)
-    check_result_out(args.out)
+    check_result_out(args.out)  # first: a file it must not replace is named as such
+    if any(str(args.out).lower().endswith(suffix) for suffix in OTHER_FORMATS):
+        raise ReplayLLMError(f"--out {args.out}: a loadgen result is a Parquet file; name it "
+                             ".parquet (read it with pandas.read_parquet or whatif --compare)")
     requests = load_requests(args.workload, args.num_requests)  # as run and whatif read them
     measured, wall_s = run_load(requests, url, args.model, args.time_scale,
                                 args.max_concurrency, tokenizer=args.tokenizer,
                                 workers=args.workers, stall_timeout_s=stall,
                                 request_timeout_s=total, max_retries=retries, seed=seed,
-                                api_key=args.api_key or os.environ.get("OPENAI_API_KEY"))
+                                api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),
+                                # a log or a CI job's stderr holds no bar redraws (as workload
+                                # import and whatif keep theirs off it)
+                                use_tqdm=sys.stderr.isatty())
     done = [m for m in measured if m is not None and m.done]
     partial = len(done) < len(measured)
     if partial and not done:
@@ -135,6 +146,9 @@ def run(args: argparse.Namespace) -> int:
         print("note: the server sent no usage counts (or ones below the output chunks seen) for "
               "some requests; their completion tokens are output chunks counted (one token a "
               "chunk)")
+    note = _model_note(done, args.model)
+    if note:
+        print(note)
     for line in unmeasured(frame):
         print(line)
     retried = frame[frame["retries"] > 0]
@@ -161,6 +175,22 @@ def _answered_model(measured: list[Any]) -> str | None:
     common where they differ; None where no request named one."""
     names = Counter(m.model for m in measured if m.model)
     return names.most_common(1)[0][0] if names else None
+
+
+def _model_note(measured: list[Any], asked: str | None) -> str | None:
+    """A note where the answers name another model than ``--model``, or several models (a
+    proxy's fallback, a router over deployments): the run measured what answered, and the
+    result records one name only (``_answered_model``); None where they all name the one
+    asked for, or one name without ``--model``."""
+    names = Counter(m.model for m in measured if m.model)
+    if not names or set(names) == {asked} or (asked is None and len(names) == 1):
+        return None
+    shown = [(name, n) for name, n in names.most_common() if name != asked]
+    listed = ", ".join(f"{name!r} ({n} of {len(measured)} requests)" if not k else
+                       f"{name!r} ({n})" for k, (name, n) in enumerate(shown))
+    said = (f"asked for --model {asked!r}, the server answered as {listed}" if asked is not None
+            else f"the server answered under {len(names)} model names: {listed}")
+    return f"note: {said}; the result records {_answered_model(measured)!r}"
 
 
 def _kinds(errors: Any) -> str:

@@ -47,6 +47,8 @@ MODEL = "Model"  # BurstGPT's column of the model served (ChatGPT, GPT-4): --fil
 EPOCH_UNITS = ((1e9, 9e9, 10**9, "seconds"), (1e12, 9e12, 10**6, "milliseconds"),
                (1e15, 9e15, 10**3, "microseconds"), (1e18, 9e18, 1, "nanoseconds"))
 ZONE = r"\d:\d\d(?::\d\d(?:[.,]\d*)?)?\s*(?:[zZ]|[+-]\d\d(?::?\d\d)?)\s*$"
+# A number written as digits with a decimal point (no exponent): its digits read exactly.
+DECIMAL = r"^\s*\+?(\d+)\.(\d*)\s*$"
 SECONDS_LIMIT = 9e9  # a seconds column: at most this (its nanoseconds fit an int64)
 
 
@@ -201,7 +203,7 @@ class _Clock:
             bad = ~((numbers >= low) & (numbers < high))
             if bad.any():
                 raise _bad(self.path, lines, bad, values, self.column, self._expected())
-            return _exact(parsed_numbers, numbers, scale, self.base)
+            return _exact(values, parsed_numbers, numbers, scale, self.base)
         parsed = pd.to_datetime(values, format="ISO8601", utc=True, errors="coerce")
         bad = (parsed.isna() | (parsed < pd.Timestamp("1970-01-01", tz="UTC"))
                | (parsed >= pd.Timestamp("2262-01-01", tz="UTC"))).to_numpy(dtype=bool)
@@ -211,15 +213,29 @@ class _Clock:
         return parsed.dt.tz_localize(None).to_numpy(dtype="datetime64[ns]").astype(np.int64)
 
 
-def _exact(parsed: Any, numbers: np.ndarray, scale: int, base: float) -> np.ndarray:
-    """Times in units of ``1 / scale`` s as integer nanoseconds, exact where the file's numbers
-    are: integers (epoch milliseconds) in integer arithmetic, and decimals as their distance from
-    ``base`` (the file's first time's whole part: exact in floating point near it) before
-    scaling. Scaled whole, an epoch time of 1.7e18 ns is a float 256 ns apart from the next:
-    1715299201250 ms less 1715299200500 ms read as 0.749999872 s."""
+def _exact(values: Any, parsed: Any, numbers: np.ndarray, scale: int, base: float
+           ) -> np.ndarray:
+    """Times in units of ``1 / scale`` ns as integer nanoseconds, exact to the nanosecond:
+    integers (epoch milliseconds) in integer arithmetic; decimals (``1715299200.123``) from
+    their digits where the float is not exact to a nanosecond (past 2**53 ns: near 1.7e9 s
+    floats are 238 ns apart, and 0.377 s came out 0.377000093), else as their distance from
+    ``base`` (the file's first time's whole part) before scaling. Scaled whole, an epoch time of
+    1.7e18 ns is a float 256 ns apart from the next: 1715299201250 ms less 1715299200500 ms
+    read as 0.749999872 s."""
     if parsed.dtype.kind in "iu":
         return parsed.to_numpy(dtype=np.int64) * scale
-    return int(base) * scale + np.rint((numbers - base) * scale).astype(np.int64)
+    ns = int(base) * scale + np.rint((numbers - base) * scale).astype(np.int64)
+    if np.nanmax(np.abs(numbers)) * scale < 2.0**53:
+        return ns  # every float here is exact to the nanosecond
+    digits = len(str(scale)) - 1  # of a unit's fraction that are whole nanoseconds
+    parts = values.str.extract(DECIMAL)
+    plain = parts[0].notna().to_numpy()
+    if plain.any():  # "1.7e9" and the like keep the float's reading
+        whole = parts[0][plain].astype(np.int64).to_numpy()
+        fraction = parts[1][plain].str.ljust(digits, "0").str[:digits] if digits else None
+        ns[plain] = whole * scale + (0 if fraction is None
+                                     else fraction.astype(np.int64).to_numpy())
+    return ns
 
 
 Parsed = tuple[np.ndarray, np.ndarray, np.ndarray]  # a chunk's nanoseconds, prompts, outputs

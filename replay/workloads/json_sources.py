@@ -52,6 +52,8 @@ MESSAGE_FORMS = (("from", "value"), ("role", "content"))
 TEXT_PARTS = ("text", "input_text", "output_text")
 # Why a conversation whose text is no Unicode string is dropped whole (counted, not sent).
 NOT_UNICODE = "text with a lone surrogate, not Unicode"
+# Why a conversation with messages but no turn (its questions empty, no answer) is dropped.
+NO_TEXT = "conversation with no question text"
 # A message's fields besides its role and text that say nothing of its text (OpenAI's tool
 # calls and names, ShareGPT's rendered copy, axolotl's training weight): a message of its role
 # and these only, its text absent, has no text (as ``content: null``); another field beside
@@ -62,11 +64,22 @@ MESSAGE_METADATA = frozenset(("name", "tool_calls", "function_call", "tool_call_
 CONVERSATION_FIELDS = ("conversations", "messages", "conversation")
 
 
-def _int(item: dict[str, Any], key: str, where: str, low: int, high: int) -> int:
-    value = item.get(key)
+def _whole(value: object, low: int, high: int) -> int | None:
+    """``value`` as an integer in [low, high], None if it is not one. A float that is a whole
+    number (``10.0``: how JavaScript and pandas tools write one) is that integer, as a CSV
+    trace's "12.0" is (``csv_sources._counts``): refused, a line of such a file was an error."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        return None
+    return value
+
+
+def _int(item: dict[str, Any], key: str, where: str, low: int, high: int) -> int:
+    value = _whole(item.get(key), low, high)
+    if value is None:
         raise WorkloadFormatError(f"{where}: field {key!r}: expected an integer in [{low}, "
-                                  f"{high}], got {value!r}")
+                                  f"{high}], got {item.get(key)!r}")
     return value
 
 
@@ -77,11 +90,12 @@ def _hash_ids(item: dict[str, Any], where: str) -> list[int]:
     if not isinstance(ids, list):
         raise WorkloadFormatError(f"{where}: field 'hash_ids': expected a list of integers, got "
                                   f"{type(ids).__name__} {ids!r}")
-    for position, h in enumerate(ids):
-        if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h <= INT64_MAX:
+    whole = [_whole(h, 0, INT64_MAX) for h in ids]
+    for position, h in enumerate(whole):
+        if h is None:
             raise WorkloadFormatError(f"{where}: field 'hash_ids': element {position} must be "
-                                      f"an integer in [0, {INT64_MAX}], got {h!r}")
-    return ids
+                                      f"an integer in [0, {INT64_MAX}], got {ids[position]!r}")
+    return whole  # type: ignore[return-value]
 
 
 def mooncake_requests(path: str | Path, options: ImportOptions) -> Iterator[tuple[str, float,
@@ -232,7 +246,8 @@ def sharegpt_requests(path: str | Path, options: ImportOptions, gate: Gate | Non
                       ) -> Iterator[tuple[float | None, Request | str]]:
     """(seconds or None for a later turn, request) per turn of each conversation; what is read
     but sent as no turn (a conversation without messages, an answer with no question text
-    before it) is the reason instead, counted as dropped by ``replay.workloads.imports``.
+    before it, a conversation that makes no turn at all) is the reason instead, counted as
+    dropped by ``replay.workloads.imports``: every conversation read is counted.
 
     A conversation is ``conversations``, ``messages`` or ``conversation`` (``_conversation``):
     messages in ShareGPT's ``from``/``value`` form or the chat form's ``role``/``content``.
@@ -255,15 +270,17 @@ def sharegpt_requests(path: str | Path, options: ImportOptions, gate: Gate | Non
         conversation = _conversation_id(entry, index)
         if options.rate is not None and index:
             start += float(rng.exponential(1.0 / options.rate))
-        if not messages:
-            yield start, "empty conversation"
         dropped = gate.drops(start) if gate is not None else None
         if dropped is None and not all(is_unicode(text) for _, text in messages):
             dropped = NOT_UNICODE
-        if dropped is not None:  # the whole conversation: nothing to tokenize
-            yield from _dropped_whole(messages, start, dropped)
-        else:
-            yield from _turns(messages, start, conversation, tokenizer, options)
+        pairs = (_dropped_whole(messages, start, dropped) if dropped is not None  # no tokenizing
+                 else _turns(messages, start, conversation, tokenizer, options))
+        given = False
+        for pair in pairs:
+            given = True
+            yield pair
+        if not given:  # read, and sent as no turn: counted, never skipped in silence
+            yield start, NO_TEXT if messages else "empty conversation"
         if gate is not None and (why := gate.closed(start)) is not None:
             gate.stop(where, why)
             return

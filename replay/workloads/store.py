@@ -81,7 +81,12 @@ def _read_jsonl(path: str | Path, ignore_unknown: bool) -> Iterator[Request]:
                         continue
                     request = request_from_record(item, where, ignore_unknown)
                 except WorkloadFormatError as exc:
-                    raise _trace_hint(path, line, exc) if first else exc from None
+                    error = exc
+                    if first and line.lstrip().startswith("["):  # json.dump of a list
+                        error = WorkloadFormatError(
+                            f"{where}: a JSON array, not JSON Lines: a workload file holds one "
+                            "request object a line (write each with its own json.dumps)")
+                    raise _trace_hint(path, line, error) if first else error from None
                 first = False
                 order.check(request, where)
                 yield request

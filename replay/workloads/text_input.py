@@ -217,11 +217,18 @@ def json_records(path: str | Path, fmt: str | None = None) -> Iterator[tuple[str
 
 
 def loads(text: str, where: str) -> Any:
-    """One JSON value (a line of a JSON Lines file); every way it is not JSON is one line."""
+    """One JSON value (a line of a JSON Lines file); every way it is not JSON is one line.
+    A line with no line end whose JSON stops unfinished is the file's last, cut short (a copy
+    or a write not finished): said so, where it read as any syntax error."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise WorkloadFormatError(f"{where}: not JSON ({exc.msg}, column {exc.colno})") from None
+        cut = not text.endswith("\n") and (exc.pos >= len(text.rstrip())
+                                            or exc.msg.startswith("Unterminated string"))
+        raise WorkloadFormatError(
+            f"{where}: not JSON ({exc.msg}, column {exc.colno})"
+            + ("; the file's last line, cut short (no line end): a copy or a write not "
+               "finished?" if cut else "")) from None
     except (RecursionError, ValueError) as exc:
         raise WorkloadFormatError(f"{where}: not JSON ({_unreadable(exc)})") from None
 

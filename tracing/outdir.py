@@ -338,6 +338,24 @@ def _make_stage(final: Path) -> Path:
 
 
 @contextlib.contextmanager
+def _commit_lock(directory: Path) -> Iterator[None]:
+    """Held while an output is put in place in ``directory``: two replayllm commands finishing
+    into one output at once take turns (the later one's output replaces the earlier's, as it
+    would minutes later). Best effort where a file system has no ``flock`` on directories."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor drops the flock
+
+
+@contextlib.contextmanager
 def staged_dir(path: str | Path, kind: str, command: str, force: bool) -> Iterator[Path]:
     """Yield a fresh temporary sibling of ``path`` to write a whole output into; on success it
     is renamed to ``path`` (an old output of the same kind replaced, as ``check_output_dir``
@@ -346,7 +364,7 @@ def staged_dir(path: str | Path, kind: str, command: str, force: bool) -> Iterat
     ``OSError`` while writing (a full disk) becomes one ``OutputDirError`` line.
     """
     final = Path(path).expanduser()
-    replacing = check_output_dir(final, kind, force)
+    check_output_dir(final, kind, force)  # before the work; again when it is put in place
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         stage = _make_stage(final)
@@ -355,11 +373,15 @@ def staged_dir(path: str | Path, kind: str, command: str, force: bool) -> Iterat
     try:
         yield stage
         write_owner(stage, kind, command, [p.name for p in stage.iterdir()])
-        if replacing:
-            replace_dir(final)
-        elif final.is_dir():
-            os.rmdir(final)  # an empty directory was there
-        os.rename(stage, final)
+        with _commit_lock(final.parent):
+            # Checked again: another command may have written ``path`` during this one's work
+            # (two whatifs into one --out); the check before it saw none, and the rename then
+            # failed on the other's files, this command's output lost.
+            if check_output_dir(final, kind, force):
+                replace_dir(final)
+            elif final.is_dir():
+                os.rmdir(final)  # an empty directory was there
+            os.rename(stage, final)
     except OSError as exc:
         shutil.rmtree(stage, ignore_errors=True)
         raise OutputDirError(f"{final}: cannot write ({describe_os_error(exc)}); "

@@ -69,7 +69,9 @@ def run(args: argparse.Namespace) -> int:
     check_out_dir(args.out, TUNE)  # before the search, not after it
     check_report(args.report, args.out)
     # A space setting the policy (--space policy=...) needs no recorded user policy's module.
-    workload, cost, notes, timing = _load(args, _source(args, policy_needed="policy" not in space))
+    # (--timing-from's too, with --workload: its Config is the variants' base.)
+    workload, cost, notes, timing = _load(args, _source(args, policy_needed="policy" not in space),
+                                          policy_set="policy" in space)
     for note in [*notes, *timing]:
         print(f"note: {note}")
     if cost is None:

@@ -106,13 +106,15 @@ def _cost_options(args: argparse.Namespace) -> Any:
         raise WhatifError(str(exc)) from None
 
 
-def _load_timing_trace(path: str, args: argparse.Namespace | None = None
-                       ) -> tuple[CostModel, Config | None]:
+def _load_timing_trace(path: str, args: argparse.Namespace | None = None,
+                       policy_needed: bool = True) -> tuple[CostModel, Config | None]:
     """A step-time model from a trace (with ``--profile`` and ``--cost-option``) or a saved
-    model, and the trace's Config (if a trace)."""
+    model, and the trace's Config (if a trace). False ``policy_needed`` (the Config is unused,
+    or every variant sets a policy): a user policy it was recorded with may be absent here, as
+    for a source (``_source``); step times never need it."""
     from replay.recorded import from_trace
-    from replay.replayer import config_from_header
     from replay.whatif.notes import simulated_note
+    from replay.whatif.source import _source_config
     from tracing.reader import read_trace
 
     config = None
@@ -133,7 +135,7 @@ def _load_timing_trace(path: str, args: argparse.Namespace | None = None
         profile = getattr(args, "profile", None)
         options = _cost_options(args) if args is not None else None
         model = CostModel.fit(events, source=path, profile=profile, options=options)
-        config = config_from_header(events.header)
+        config = _source_config(events.header, path, policy_needed)
     host = getattr(args, "host_from", None)
     if host:
         model = model.on_host(read_trace(host).header.get("calibration") or [], host)
@@ -161,18 +163,20 @@ def _source(args: argparse.Namespace, policy_needed: bool = True) -> SimWorkload
     return workload
 
 
-def _load(args: argparse.Namespace, workload: SimWorkload | None
+def _load(args: argparse.Namespace, workload: SimWorkload | None, policy_set: bool = False
           ) -> tuple[SimWorkload, CostModel | None, list[str], list[str]]:
     """The workload, its step-time model, the notes to print, and ``_timing_notes`` (printed
-    too, and whatif's recorded row's notes: worked out once, it may read --compare's file)."""
+    too, and whatif's recorded row's notes: worked out once, it may read --compare's file).
+    ``policy_set``: every variant sets its policy."""
     timing_config: Config | None = None
     cost: CostModel | None = None
-    if args.timing_from:
-        cost, timing_config = _load_timing_trace(args.timing_from, args)
+    if args.timing_from:  # its Config is the base of --workload's variants only
+        cost, timing_config = _load_timing_trace(
+            args.timing_from, args, policy_needed=workload is None and not policy_set)
     elif args.trace is not None and (getattr(args, "profile", None)
                                      or getattr(args, "cost_options", None)
                                      or getattr(args, "host_from", None)):
-        cost, _ = _load_timing_trace(args.trace, args)
+        cost, _ = _load_timing_trace(args.trace, args, policy_needed=False)
     if workload is not None:
         if cost is None:
             cost, notes = load_timing("auto", workload)
@@ -324,14 +328,18 @@ def run(args: argparse.Namespace) -> int:
 def _whatif(args: argparse.Namespace, overrides: dict[str, Any], grid: dict[str, list[Any]],
             plotter: Any) -> int:
     variants = build_variants(overrides, grid)
+    policy_set = all("policy" in v for _, v in variants)
     if args.stream or args.trace_out:
+        from functools import partial
+
         from replay.cli.whatif_stream import run_streamed
 
-        return run_streamed(args, variants, _load_timing_trace, run_outputs.finish,
-                            run_outputs.sim_row)
-    source = _source(args, bool(args.compare) or not all("policy" in v for _, v in variants))
+        return run_streamed(args, variants, partial(_load_timing_trace, policy_needed=not
+                                                    policy_set),
+                            run_outputs.finish, run_outputs.sim_row)
+    source = _source(args, bool(args.compare) or not policy_set)
     against = load_other(source, args.compare)  # checked before any step-time model is fitted
-    workload, cost, notes, timing = _load(args, source)
+    workload, cost, notes, timing = _load(args, source, policy_set and not args.compare)
     notes = [*notes, *timing]
     if cost is not None and cost.host is not None:
         notes = [cost.host.words(), *notes]

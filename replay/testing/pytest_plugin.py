@@ -97,7 +97,8 @@ def find_traces(root: Path) -> list[Path]:
     """Trace directories at or under ``root`` (those holding a run.json), sorted."""
     if (root / HEADER_FILE).is_file():
         return [root]
-    return sorted(p.parent for p in root.rglob(HEADER_FILE))
+    # A directory named run.json is no header: it was a case failing "no run.json".
+    return sorted(p.parent for p in root.rglob(HEADER_FILE) if p.is_file())
 
 
 class TraceItem(pytest.Item):

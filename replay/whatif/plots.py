@@ -173,7 +173,11 @@ class PlotWorker:
     def __init__(self) -> None:
         self._pool: ProcessPoolExecutor | None = None
         if "fork" in multiprocessing.get_all_start_methods():
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+            from replay.whatif.worker_signals import ignore_sigint
+
+            # Ctrl-C is the parent's: close() waits for a drawing worker, never cut mid-send.
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"),
+                                             initializer=ignore_sigint)
             self._pool.submit(_warm_up)
 
     def write(self, out_dir: str | Path, runs: list[PlotRun]) -> list[Path]:

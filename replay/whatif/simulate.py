@@ -51,6 +51,7 @@ from replay.whatif.source import (
     workload_from_recorded,
     workload_from_requests,
 )
+from replay.whatif.worker_signals import install_worker_handler, interruptible, stop_pool
 from replay.workloads.inputs import WorkloadInputs
 from tracing.sink import EventSink
 
@@ -341,7 +342,9 @@ _SHARED: dict[str, Any] = {}
 
 def _worker(item: tuple[str, dict[str, Any]]) -> SimResult:
     name, overrides = item
-    return run_variant(_SHARED["workload"], overrides, _SHARED["cost"], name, keep_events=False)
+    with interruptible():  # Ctrl-C never cuts the result's send (worker_signals)
+        return run_variant(_SHARED["workload"], overrides, _SHARED["cost"], name,
+                           keep_events=False)
 
 
 def simulate_many(
@@ -373,16 +376,21 @@ def simulate_many(
         with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker,
                                  initargs=(None if context.get_start_method() == "fork"
                                            else (workload, cost),)) as pool:
-            futures = {pool.submit(_worker, item): i for i, item in enumerate(variants)}
-            for future in as_completed(futures):
-                out[futures[future]] = future.result()
-                if progress is not None:
-                    progress()
+            try:
+                futures = {pool.submit(_worker, item): i for i, item in enumerate(variants)}
+                for future in as_completed(futures):
+                    out[futures[future]] = future.result()
+                    if progress is not None:
+                        progress()
+            except BaseException:  # Ctrl-C: no variant left running, nothing waited on
+                stop_pool(pool)
+                raise
     finally:
         _SHARED.clear()
     return [r for r in out if r is not None]
 
 
 def _init_worker(shared: tuple[SimWorkload, CostModel | None] | None) -> None:
+    install_worker_handler()
     if shared is not None:
         _SHARED.update(workload=shared[0], cost=shared[1])

@@ -24,6 +24,17 @@ UNSIMULATED_FIELDS = (
     "freeze_gc_heap",
     "device",  # the timing source's device prices every step (a profile prices another)
 )
+# Config fields that change what a real run draws or writes, but nothing a prediction
+# replays: the sampler's and the block hashes' seeds (the simulation keeps the source's tokens,
+# and a hash's value decides nothing), how the trace is written, the start-up calibration.
+RECORDING_ONLY_FIELDS = (
+    "seed",
+    "hash_seed",
+    "trace_flush_steps",
+    "trace_flush_seconds",
+    "trace_segment_writer",
+    "calibration_repeats",
+)
 # Config fields that change only how fast the GPU kernels run (numerics, not decisions): the
 # cost model takes its step times from the timing source, recorded under the source's values.
 KERNEL_SPEED_FIELDS = (
@@ -119,6 +130,11 @@ def variant_notes(source: Config, config: Config, cost: CostModel | None,
     if changed:
         notes.append(f"{', '.join(changed)}: not simulated (no effect on scheduling; step times "
                      "are the timing source's); the KV pool is num_kvcache_blocks")
+    recording = [k for k in RECORDING_ONLY_FIELDS if getattr(source, k) != getattr(config, k)]
+    if recording:
+        notes.append(f"{', '.join(recording)}: no effect on this prediction (the simulation "
+                     "keeps the source's tokens and step times; a real run would draw other "
+                     "tokens with another seed, or write its trace otherwise)")
     kernels = [k for k in KERNEL_SPEED_FIELDS if getattr(source, k) != getattr(config, k)]
     if kernels:
         recorded = ", ".join(f"{k}={getattr(source, k)}" for k in kernels)

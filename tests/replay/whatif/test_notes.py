@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from engine.config import Config
 from replay.whatif.notes import (
     KERNEL_SPEED_FIELDS,
+    RECORDING_ONLY_FIELDS,
     UNSIMULATED_FIELDS,
     device_note,
     variant_notes,
@@ -33,10 +34,31 @@ def test_kernel_speed_settings_are_named_with_the_recorded_value() -> None:
     assert note.startswith("fused_kernels, blas_library:")
 
 
-def test_kernel_and_unsimulated_fields_are_config_fields() -> None:
-    names = set(Config.field_names())
-    assert set(KERNEL_SPEED_FIELDS) <= names and set(UNSIMULATED_FIELDS) <= names
-    assert not set(KERNEL_SPEED_FIELDS) & set(UNSIMULATED_FIELDS)
+# The fields a simulated variant runs as set: its scheduler's decisions (and the pool, the
+# graphs' padding) follow them.
+SIMULATED_FIELDS = {
+    "model", "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enforce_eager",
+    "kvcache_block_size", "num_kvcache_blocks", "policy", "eviction", "enable_prefix_caching",
+    "prefix_cache_duplicates", "eos", "async_scheduling", "prefill_graph_tokens",
+    "prefill_graph_seqs", "defer_block_rule", "overlap_mixed_steps",
+}
+
+
+def test_every_config_field_is_classified_once() -> None:
+    """Each Config field is simulated, or named by a note when a variant changes it (not
+    simulated, kernel speed only, or recording only): a new field must say which, or a
+    variant setting it would read as a prediction of "no change" silently."""
+    groups = [SIMULATED_FIELDS, set(UNSIMULATED_FIELDS), set(KERNEL_SPEED_FIELDS),
+              set(RECORDING_ONLY_FIELDS)]
+    assert set().union(*groups) == set(Config.field_names())
+    assert sum(len(g) for g in groups) == len(Config.field_names())
+
+
+def test_settings_a_prediction_cannot_see_are_named() -> None:
+    """``--set seed=7`` (or hash_seed, the trace's flush settings, calibration_repeats) gave a
+    prediction identical to the recording with no word: a real run would draw other tokens."""
+    (note,) = variant_notes(Config(), Config(seed=7, trace_flush_steps=3), None, EXECUTOR)
+    assert note.startswith("seed, trace_flush_steps: no effect on this prediction")
 
 
 def test_prefill_graphs_larger_than_the_source_captured_are_named() -> None:

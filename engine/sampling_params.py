@@ -63,7 +63,7 @@ class SamplingParams:
         # float32, as the trace holds both, so the run and its replay fall on one side.
         temperature = as_recorded(self.temperature, "temperature", underflow=True)
         object.__setattr__(self, "temperature",
-                           0.0 if temperature < as_recorded(GREEDY_BELOW, "") else temperature)
+                           0.0 if temperature < GREEDY_BELOW_RECORDED else temperature)
         if not isinstance(self.ignore_eos, bool):  # "false" or 0 would silently mean True/False
             raise InvalidRequestError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         if not _is_int(self.max_tokens):
@@ -108,6 +108,10 @@ def as_recorded(value: float, name: str, underflow: bool = False) -> float:
         raise InvalidRequestError(f"{name} {value!r} is outside what the trace's float32 column "
                                   "holds (1.4e-45 to 3.4e+38)")
     return recorded
+
+
+# The cut-off as the trace's float32 holds it, which the run's temperatures are compared with.
+GREEDY_BELOW_RECORDED = as_recorded(GREEDY_BELOW, "GREEDY_BELOW")
 
 
 def _is_number(value: object) -> bool:

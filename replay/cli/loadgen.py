@@ -9,14 +9,9 @@ import sys
 from collections import Counter
 from typing import Any
 
-from engine.errors import ReplayLLMError
-
 DEFAULT_OUT = "loadgen.parquet"
 EXIT_FAILED = 1  # the run went through, some requests failed (each with its error)
 EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: the requests completed so far written, partial
-# Suffixes of other formats than the result's (Parquet, whatever its name): such an --out would
-# hold Parquet bytes its name's readers cannot open.
-OTHER_FORMATS = (".csv", ".tsv", ".json", ".jsonl", ".ndjson", ".txt", ".gz", ".html", ".xlsx")
 
 EPILOG = """exit status:
   0    every request answered
@@ -110,10 +105,7 @@ def run(args: argparse.Namespace) -> int:
     check_settings(args.time_scale, args.max_concurrency, args.workers, stall, total,
                    args.num_requests, max_retries=retries)
     url = base_url(args.url)
-    check_result_out(args.out)  # first: a file it must not replace is named as such
-    if any(str(args.out).lower().endswith(suffix) for suffix in OTHER_FORMATS):
-        raise ReplayLLMError(f"--out {args.out}: a loadgen result is a Parquet file; name it "
-                             ".parquet (read it with pandas.read_parquet or whatif --compare)")
+    check_result_out(args.out)
     requests = load_requests(args.workload, args.num_requests)  # as run and whatif read them
     measured, wall_s = run_load(requests, url, args.model, args.time_scale,
                                 args.max_concurrency, tokenizer=args.tokenizer,

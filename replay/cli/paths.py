@@ -79,11 +79,20 @@ def check_bench_json(out: str | Path) -> None:
     check_output_file(out, "benchmark result", starts_with(b"{\n"))
 
 
+# Suffixes of other formats than a loadgen result's (Parquet, whatever its name): such an --out
+# would hold Parquet bytes its name's readers cannot open.
+OTHER_FORMATS = (".csv", ".tsv", ".json", ".jsonl", ".ndjson", ".txt", ".gz", ".html", ".xlsx")
+
+
 def check_result_out(out: str | Path) -> None:
-    """``loadgen --out``: a new file, or an earlier loadgen result."""
+    """``loadgen --out``: a new file, or an earlier loadgen result (checked first: a file it
+    must not replace is named as such); never a name of another format."""
     from replay.loadgen.result import is_result
 
     check_output_file(out, "loadgen result", is_result)
+    if str(out).lower().endswith(OTHER_FORMATS):
+        raise PathArgumentError(f"--out {out}: a loadgen result is a Parquet file; name it "
+                                ".parquet (read it with pandas.read_parquet or whatif --compare)")
 
 
 def _is_workload_file(path: Path) -> bool:

@@ -114,7 +114,7 @@ def _load_timing_trace(path: str, args: argparse.Namespace | None = None,
     for a source (``_source``); step times never need it."""
     from replay.recorded import from_trace
     from replay.whatif.notes import simulated_note
-    from replay.whatif.source import _source_config
+    from replay.whatif.source import source_config
     from tracing.reader import read_trace
 
     config = None
@@ -135,7 +135,7 @@ def _load_timing_trace(path: str, args: argparse.Namespace | None = None,
         profile = getattr(args, "profile", None)
         options = _cost_options(args) if args is not None else None
         model = CostModel.fit(events, source=path, profile=profile, options=options)
-        config = _source_config(events.header, path, policy_needed)
+        config = source_config(events.header, path, policy_needed)
     host = getattr(args, "host_from", None)
     if host:
         model = model.on_host(read_trace(host).header.get("calibration") or [], host)

@@ -89,7 +89,7 @@ def _tokens_by_seq(events: RecordedEvents) -> dict[int, list[int]]:
 _STAND_IN_POLICY = "chunked"
 
 
-def _source_config(header: dict[str, Any], name: str, policy_needed: bool = True) -> Config:
+def source_config(header: dict[str, Any], name: str, policy_needed: bool = True) -> Config:
     """The recording's Config; a user policy that cannot be imported here is named as such
     (the simulation re-runs the source's scheduler, so it needs the policy's module).
 
@@ -137,8 +137,8 @@ def _probe_config(config: Config) -> Config:
 def workload_from_recorded(events: RecordedEvents, name: str = "trace",
                            policy_needed: bool = True) -> SimWorkload:
     """The workload of a recording: its requests, their tokens, arrivals and aborts.
-    ``policy_needed`` False: a recorded user policy may be absent (``_source_config``)."""
-    config = _source_config(events.header, name, policy_needed)
+    ``policy_needed`` False: a recorded user policy may be absent (``source_config``)."""
+    config = source_config(events.header, name, policy_needed)
     added, finished = events.tables["request_added"], events.tables["request_finished"]
     reasons = dict(zip(np.asarray(finished["seq_id"]).tolist(),
                        np.asarray(finished["reason"]).tolist()))

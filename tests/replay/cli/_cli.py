@@ -51,6 +51,16 @@ def owned_trace(dest: Path, source: Path = SAMPLE) -> Path:
     return dest
 
 
+def user_policy_copy(dest: Path, policy: str, source: Path = SAMPLE) -> Path:
+    """``source`` copied to ``dest`` as if recorded with the user policy ``policy`` (a module
+    that cannot be imported here)."""
+    shutil.copytree(source, dest)
+    header = json.loads((dest / "run.json").read_text())
+    header["config"]["policy"] = header["policy"] = policy
+    (dest / "run.json").write_text(json.dumps(header))
+    return dest
+
+
 def snapshot(root: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
     """Relative path -> content digest (or link target) of everything under ``root``, never
     following a link, leaving out the top-level names in ``skip`` (a command's own output)."""

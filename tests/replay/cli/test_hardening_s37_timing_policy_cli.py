@@ -12,11 +12,10 @@ refused in one line naming it.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
-from _cli import SAMPLE, message_lines, run_cli
+from _cli import SAMPLE, message_lines, run_cli, user_policy_copy
 
 USER_POLICY = "nomodule37.sched:Gone"
 
@@ -24,12 +23,7 @@ USER_POLICY = "nomodule37.sched:Gone"
 @pytest.fixture
 def gone_policy_trace(tmp_path: Path) -> Path:
     """traces/cpu-tiny-demo as if recorded with a user policy that cannot be imported here."""
-    trace = tmp_path / "user policy ü"
-    shutil.copytree(SAMPLE, trace)
-    header = json.loads((trace / "run.json").read_text())
-    header["config"]["policy"] = header["policy"] = USER_POLICY
-    (trace / "run.json").write_text(json.dumps(header))
-    return trace
+    return user_policy_copy(tmp_path / "user policy ü", USER_POLICY)
 
 
 @pytest.fixture

@@ -9,12 +9,10 @@ given twice with one line before any work.
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
-from _cli import SAMPLE, message_lines, run_cli
+from _cli import SAMPLE, message_lines, run_cli, user_policy_copy
 
 USER_POLICY = "nomodule32.sched:Missing"
 REFERENCE = "traces/h200-reference-s4"  # max_model_len 4096 under prefill_first
@@ -23,12 +21,7 @@ REFERENCE = "traces/h200-reference-s4"  # max_model_len 4096 under prefill_first
 @pytest.fixture
 def user_policy_trace(tmp_path: Path) -> Path:
     """traces/cpu-tiny-demo as if recorded with a user policy that cannot be imported here."""
-    trace = tmp_path / "user-policy"
-    shutil.copytree(SAMPLE, trace)
-    header = json.loads((trace / "run.json").read_text())
-    header["config"]["policy"] = header["policy"] = USER_POLICY
-    (trace / "run.json").write_text(json.dumps(header))
-    return trace
+    return user_policy_copy(tmp_path / "user-policy", USER_POLICY)
 
 
 def _one_line_naming_the_policy(code: int, err: str) -> None:

@@ -212,8 +212,10 @@ def test_ctrl_c_at_any_line_of_the_recorder_keeps_every_whole_step_once(
             injector = Injector(at)
             interrupted = _run(trace, where, injector, writer)
             assert interrupted == injector.fired, at
-            if not injector.fired:  # the writer process's answers came in fewer reads this time
-                assert writer == "process", at
+            if not injector.fired:
+                # A background writer finished sooner this time, so collecting its writes ran
+                # fewer lines (a thread's finished future, a process's answers in fewer reads).
+                assert writer != "inline" and injector.lines <= at, (at, injector.lines)
                 continue
             try:
                 _check(trace, reference, least)

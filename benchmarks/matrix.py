@@ -21,11 +21,14 @@ from the source trace's step-time model (and a device profile, where given) and 
 prediction with the recording (``replay.whatif.fidelity.matrix_rows``; an incomplete cell, a
 killed recording, is shown as such and not compared; an incomplete source is refused, exit 2);
 ``ablation`` sums that table up once per mechanism switched off; ``steps`` prices each cell's
-recorded steps by the model, per step class (``replay.whatif.matrix_study``); ``drift`` cuts
+recorded steps by the model, per step class, and apart those after the engine idled
+(``replay.whatif.matrix_study``); ``drift`` cuts
 each cell's run into spans of wall time and shows its host's speed moving (the median host time
 of its decodes and eager steps) and the eager steps' device time following it (``host_drift``);
 ``waits`` splits each cell's TTFT into the queue (arrival to first scheduled) and the rest,
-recorded against predicted (``request_waits``);
+recorded against predicted, beside the recorded steps requests waited through priced by the
+model (``request_waits``, ``queued_steps``: a queue error far above theirs is the run's
+saturation amplifying it);
 ``spread`` reads each cell recorded in both directories (two device calls, hosts) as
 ``fidelity`` reads a prediction: OTHER's recorded metrics against TRACES', and OTHER's host
 speed by the two start-up calibrations (``replay.whatif.fidelity.machine_spread_rows``).

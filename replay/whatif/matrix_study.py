@@ -1,7 +1,7 @@
 """Studies of the validation matrix: where the step-time model's time goes wrong per step class
 (``step_errors``), how the host's speed moves during a run and the eager steps' device time with
-it (``host_drift``), and how the matrix changes with each mechanism of the model switched off
-(``ablation``).
+it (``host_drift``), where a target's TTFT goes (``request_waits``, with ``queued_steps``),
+and how the matrix changes with each mechanism of the model switched off (``ablation``).
 
 ``step_errors`` prices each *recorded* step of a target by the model (its recorded features,
 class and launch mode), so its errors are the model's alone, free of any decision that a
@@ -24,6 +24,7 @@ from replay.whatif.cost.options import CostOptions
 STALL_FACTOR = 10.0
 STALL_MIN_S = 0.1
 DRIFT_WINDOWS = 12  # ``host_drift``: spans of wall time a run is cut into
+IDLE_GAP_S = 0.05  # ``step_errors``: uncovered wall time before a step that makes it "after idle"
 # The switches an ablation turns off one at a time (``CostOptions``), and the profile settings.
 SWITCHES = ("warmup_steps", "warmup_window", "calibration", "overlap", "class_offsets",
             "engine_host", "profile_scale", "run_weight", "longest_program", "request_add",
@@ -35,7 +36,10 @@ OPT_IN = ("shared_kv", "host_stalls", "host_spread")
 def step_errors(model: CostModel, events: Any) -> dict[str, Any]:
     """Per step class and launch mode of ``events``' own steps: how many, and the recorded and
     predicted sums of device time, host time and interval (seconds); the stalls among them;
-    and the run's idle time (wall time between steps that no step's interval covers)."""
+    and the run's idle time (wall time between steps that no step's interval covers). Where
+    some of a class's steps came after the engine idled (more than ``IDLE_GAP_S`` of wall time
+    no interval covers), they are also shown alone (``"<class> <mode>, after idle"``, a subset
+    of the row before it): a host slower after a wait shows there."""
     # As the simulator counts: shared blocks, and the adds it charges as it feeds them.
     steps = features.steps_of(events, shared_blocks=model.shared_kv, add=model.add,
                               causal=model.causal_work)
@@ -45,6 +49,10 @@ def step_errors(model: CostModel, events: Any) -> dict[str, Any]:
     device = np.array([p.device_s for p in predicted])
     host = np.array([p.host_s for p in predicted])
     interval = np.array([p.interval_s for p in predicted])
+    wall = np.asarray(events.tables["model_step"]["wall_time_s"], dtype=float)
+    after_idle = np.zeros(len(own.time), dtype=bool)
+    if len(wall) == len(own.time) > 1:  # the wall time before a step that no interval covers
+        after_idle[1:] = np.diff(wall) - np.nan_to_num(own.interval[1:]) > IDLE_GAP_S
     classes: dict[str, Any] = {}
     for name in np.unique(own.classes).astype(str).tolist():
         of_class = own.classes == name
@@ -52,16 +60,18 @@ def step_errors(model: CostModel, events: Any) -> dict[str, Any]:
         stalls = of_class & (own.time > max(STALL_FACTOR * median, median + STALL_MIN_S))
         for mode, flag in zip(features.MODES, (False, True)):
             rows = of_class & (own.overlapped == flag)
-            if not rows.any():
-                continue
-            classes[f"{name} {mode}"] = {
-                "steps": int(rows.sum()), "stalls": int((rows & stalls).sum()),
-                "stall_s": float(own.time[rows & stalls].sum()),
-                "device_s": [float(own.time[rows].sum()), float(device[rows].sum())],
-                "host_s": [float(np.nansum(own.host[rows])), float(host[rows].sum())],
-                "interval_s": [float(own.interval[rows].sum()), float(interval[rows].sum())],
-            }
-    wall = np.asarray(events.tables["model_step"]["wall_time_s"], dtype=float)
+            for key, subset in ((f"{name} {mode}", rows),
+                                (f"{name} {mode}, after idle", rows & after_idle)):
+                if not subset.any():
+                    continue
+                classes[key] = {
+                    "steps": int(subset.sum()), "stalls": int((subset & stalls).sum()),
+                    "stall_s": float(own.time[subset & stalls].sum()),
+                    "device_s": [float(own.time[subset].sum()), float(device[subset].sum())],
+                    "host_s": [float(np.nansum(own.host[subset])), float(host[subset].sum())],
+                    "interval_s": [float(own.interval[subset].sum()),
+                                   float(interval[subset].sum())],
+                }
     span = float(wall[-1] - wall[0]) if len(wall) else 0.0
     return {"classes": classes, "wall_s": span,
             "idle_s": max(span - float(own.interval[1:].sum()), 0.0)}
@@ -190,7 +200,8 @@ def request_waits(model: CostModel, events: Any) -> dict[str, list[float]]:
     under its own Config by ``model``): per metric, [recorded, predicted] of the median and mean
     over requests of ``queue_s`` (arrival to first scheduled) and the rest of the TTFT (the
     first step and any steps before the first token), so a TTFT error is placed in the wait for
-    a step or in the steps."""
+    a step or in the steps; and ``queued_steps``'s "queued steps", the part of the queue's
+    error that the step prices make."""
     from replay.metrics import compute
     from replay.whatif.simulate import cold_start_of, load_source, run_variant
 
@@ -199,7 +210,7 @@ def request_waits(model: CostModel, events: Any) -> dict[str, list[float]]:
                             cold_start=cold_start_of(events.header))
     if not predicted.ok or predicted.requests is None:
         return {}
-    out: dict[str, list[float]] = {}
+    out: dict[str, list[float]] = queued_steps(model, events)
     for table in (recorded, predicted.requests):
         ttft = np.asarray(table["ttft_s"], dtype=float)
         queue = np.asarray(table["queue_s"], dtype=float)
@@ -209,20 +220,49 @@ def request_waits(model: CostModel, events: Any) -> dict[str, list[float]]:
     return out
 
 
+def queued_steps(model: CostModel, events: Any) -> dict[str, list[float]]:
+    """The recorded steps as requests waiting through them see them: ``"queued steps"``,
+    [recorded, predicted] seconds summed over steps, each weighted by the requests still
+    waiting once it was scheduled (``batch_scheduled.num_waiting``); predicted by
+    ``model.predict`` of the step's recorded features, as ``step_errors``. This is the part of
+    the queue's error the step prices make with the recorded decisions held: where the queue's
+    own error is many times it, the simulated queue drained at another step and its later
+    arrivals met another queue (a run near saturation amplifies a step error so)."""
+    steps = features.steps_of(events, shared_blocks=model.shared_kv, add=model.add,
+                              causal=model.causal_work)
+    own = steps.rows(~steps.is_calibration)
+    waiting = dict(zip(events.tables["batch_scheduled"]["step"],
+                       events.tables["batch_scheduled"]["num_waiting"]))
+    step_ids = events.tables["model_step"]["step"]
+    if len(step_ids) != len(own.interval):
+        return {}
+    weights = np.array([waiting.get(step, 0) for step in step_ids], dtype=float)
+    rows = np.flatnonzero(weights > 0)
+    recorded = float(np.dot(weights[rows], np.nan_to_num(own.interval[rows])))
+    predicted = sum(weight * model.predict(own.x[row], str(own.classes[row]),
+                                           bool(own.overlapped[row])).interval_s
+                    for row, weight in zip(rows.tolist(), weights[rows].tolist()))
+    return {"queued steps": [recorded, float(predicted)]}
+
+
 def request_waits_markdown(cells: dict[str, dict[str, list[float]]]) -> str:
     """``request_waits`` of each cell as one Markdown table (ms, recorded -> predicted)."""
     names = ["ttft p50", "queue p50", "after queue p50", "ttft mean", "queue mean",
              "after queue mean"]
-    lines = ["| cell | " + " | ".join(f"{n} ms" for n in names) + " |",
-             "|---" * (len(names) + 1) + "|"]
+    lines = ["| cell | " + " | ".join(f"{n} ms" for n in names) + " | queued steps s |",
+             "|---" * (len(names) + 2) + "|"]
     for cell, waits in cells.items():
         if not waits:
-            lines.append(f"| {cell} | " + " | ".join("cannot run" for _ in names) + " |")
+            lines.append(f"| {cell} | " + " | ".join("cannot run" for _ in names) + " | - |")
             continue
         parts = []
         for name in names:
             recorded, predicted = waits[name]
             error = 100 * (predicted - recorded) / recorded if recorded > 0 else 0.0
             parts.append(f"{1e3 * recorded:.1f} → {1e3 * predicted:.1f} ({error:+.0f}%)")
+        queued = waits.get("queued steps")
+        parts.append("none" if not queued or queued[0] <= 0 else
+                     f"{queued[0]:.2f} → {queued[1]:.2f} "
+                     f"({100 * (queued[1] - queued[0]) / queued[0]:+.1f}%)")
         lines.append(f"| {cell} | " + " | ".join(parts) + " |")
     return "\n".join(lines)

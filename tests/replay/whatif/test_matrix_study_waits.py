@@ -45,3 +45,40 @@ def test_the_markdown_shows_recorded_and_predicted_per_part(events) -> None:
                                    "empty": {}})
     assert "queue p50 ms" in text and "→" in text
     assert "| empty | cannot run" in text
+
+
+@pytest.fixture(scope="module")
+def crowded():
+    """Arrivals 1 ms apart, two 300-token prompts a step: requests wait through whole steps."""
+    requests = [replace(r, prompt=r.prompt[:300], max_tokens=min(r.max_tokens, 40),
+                        arrival_s=0.001 * i) for i, r in enumerate(reference_workload()[:24])]
+    return record_workload(Config(num_kvcache_blocks=2000, max_num_batched_tokens=600,
+                                  max_model_len=600), requests,
+                           StepLaw(noise=0.0, flush_every=0))
+
+
+def test_queued_steps_weigh_each_step_by_the_requests_waiting_through_it(crowded) -> None:
+    """The queue's share of the step prices: the recorded steps' intervals (by hand here, as
+    wall-time gaps), each times the requests left waiting when it was scheduled, summed; the
+    same steps priced by a model of the run come close to it; a run where nobody waits through
+    a step has none."""
+    from replay.whatif.matrix_study import queued_steps
+
+    waiting = dict(zip(crowded.tables["batch_scheduled"]["step"],
+                       crowded.tables["batch_scheduled"]["num_waiting"]))
+    steps = crowded.tables["model_step"]
+    wall = np.asarray(steps["wall_time_s"], dtype=float)
+    weights = np.array([waiting[s] for s in steps["step"]], dtype=float)
+    assert weights.any() and not weights.all()  # some steps with requests waiting, some without
+    recorded, predicted = queued_steps(CostModel.fit(crowded), crowded)["queued steps"]
+    assert recorded == pytest.approx(float(np.dot(weights[1:], np.diff(wall))), rel=0.02)
+    assert predicted == pytest.approx(recorded, rel=0.1)
+    text = request_waits_markdown({"cell": request_waits(CostModel.fit(crowded), crowded)})
+    assert "queued steps s" in text and text.count("→") == 7
+
+
+def test_a_run_nobody_waits_through_has_no_queued_steps(events) -> None:
+    """Requests 20 ms apart: each is admitted at the next step."""
+    waits = request_waits(CostModel.fit(events), events)
+    assert waits["queued steps"] == [0.0, 0.0]
+    assert request_waits_markdown({"cell": waits}).rstrip("\n").endswith("| none |")

@@ -103,8 +103,8 @@ OUTSIDE: tuple[Mutant, ...] = (
            "            cached = list(map((-2).__add__, context_lens))",
            "a decode's seq_scheduled under-reports its cached tokens"),
     Mutant("pending_token_checked_for_eos", SCHED,
-           "            pending = token_id == PENDING_TOKEN\n",
-           "            pending = False\n",
+           "            if token_id == eos and not seq.ignore_eos and token_id != PENDING_TOKEN:",
+           "            if token_id == eos and not seq.ignore_eos:",
            "a placeholder token is compared with EOS (finishes as eos when eos is -1)"),
     # --- step and policies ----------------------------------------------------------------------
     Mutant("chunks_not_counted_as_sequences", POLICY,

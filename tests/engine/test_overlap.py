@@ -270,3 +270,36 @@ def test_mixed_steps_overlap_and_admit_in_flight_under_overlap_mixed_steps() -> 
     off = _check_same(_admission_in_flight_workload("chunked", overlap_mixed_steps=False))
     kinds, flags = off["model_step"]["kind"], off["model_step"]["overlapped"]
     assert not any(f for k, f in zip(kinds, flags) if k == "mixed")
+
+
+def _waiting_on_seats_workload() -> Workload:
+    """``chunked`` without ``overlap_mixed_steps``, two seats (``max_num_seqs=2``) and three
+    requests: the third waits while the first two decode, deferrably (EOS ignored), so each of
+    those decodes must first resolve the one in flight (the policy could admit in that pass)."""
+    config = Config(kvcache_block_size=4, num_kvcache_blocks=32, max_model_len=32,
+                    max_num_batched_tokens=64, max_num_seqs=2, policy="chunked",
+                    overlap_mixed_steps=False, eos=1)
+    requests = tuple(RequestSpec(0, (2 + i, 3 + i, 4 + i), 6, True, (3,) * 6)
+                     for i in range(3))
+    return Workload(config, requests)
+
+
+def test_a_decode_that_resolved_its_predecessor_first_is_not_overlapped() -> None:
+    """A decode scheduled after the step in flight was resolved (a mixed-batch policy with a
+    request waiting: ``schedule_needs_tokens``) ran after its predecessor, so its
+    ``model_step.overlapped`` is False, though that predecessor was deferred; the observer's
+    ``overlapped`` check holds on the run, and the overlapped run records the same. Kills the outside mutant
+    ``forced_resolve_keeps_overlap`` (the flag taken from the deferral alone), which the
+    generated workloads rarely reach: it needs deferrable decodes with a request kept waiting."""
+    workload = _waiting_on_seats_workload()
+    observed = run_workload(workload)  # the observer checks the sequential loop's flags
+    observed.raise_violations()
+    tables = observed.sink.tables
+    waiting = dict(zip(tables["batch_scheduled"]["step"], tables["batch_scheduled"]["num_waiting"]))
+    steps = tables["model_step"]
+    rows = list(zip(steps["step"], steps["kind"], steps["overlapped"]))
+    forced = [step for step, kind, _ in rows if kind == "decode" and waiting[step]]
+    assert len(forced) >= 3, rows  # the case arises: decodes while the third request waits
+    assert not any(flag for step, _, flag in rows if step in forced), rows
+    assert any(flag for _, kind, flag in rows if kind == "decode"), "no decode overlapped at all"
+    _check_same(workload)

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import AUTO_SIZED_BLOCKS
-from replay.cli.paths import check_out_dir, check_report, write_report_file
+from replay.cli.paths import check_out_dir, check_report
 from replay.cli.variants import WhatifError, parse_grid
-from replay.cli.whatif import _load, _source
+from replay.cli.whatif_sources import load, source_workload
+from replay.whatif import run_outputs
 from replay.whatif.executors import EXECUTORS, variant_runner
 from replay.whatif.tune import DEFAULT_BUDGET, DEFAULT_ETA, default_space, parse_slos, tune
 from tracing.outdir import TUNE, staged_dir
@@ -70,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
     check_report(args.report, args.out)
     # A space setting the policy (--space policy=...) needs no recorded user policy's module.
     # (--timing-from's too, with --workload: its Config is the variants' base.)
-    workload, cost, notes, timing = _load(args, _source(args, policy_needed="policy" not in space),
-                                          policy_set="policy" in space)
+    workload, cost, notes, timing = load(args, source_workload(
+        args, policy_needed="policy" not in space), policy_set="policy" in space)
     for note in [*notes, *timing]:
         print(f"note: {note}")
     if cost is None:
@@ -92,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         written = tune_report.write_outputs(result, stage)
         if not args.no_plots:
             written.append(tune_report.write_pareto_plot(result, stage / "pareto.png"))
+        # The page's plot is read here, before the rename: --out is then the next writer's.
+        pngs = run_outputs.read_plots(written) if args.report else {}
     written = [Path(args.out) / p.name for p in written]
     print(f"wrote {', '.join(p.name for p in written)} to {args.out}")
     slo_text = ", ".join(str(s) for s in slos)
@@ -115,12 +118,9 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         import pandas as pd
 
-        from replay.whatif.html_report import write_report
-
         frame = pd.DataFrame(tune_report.rows(result))
-        plots = [p for p in written if p.suffix == ".png"]
-        page = write_report_file(args.report, write_report, "replayllm tune", lines,
-                                 [("configurations", frame)], plots)
+        page = run_outputs.write_page(args.report, "replayllm tune", lines,
+                                      [("configurations", frame)], pngs)
         print(f"wrote {page}")
     return 0 if best is not None else 1
 

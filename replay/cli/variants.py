@@ -1,9 +1,11 @@
 """The variants a what-if runs: ``--set`` and ``--grid`` values parsed and checked, crossed into
-one ``(name, overrides)`` per variant (``whatif`` and ``tune``)."""
+one ``(name, overrides)`` per variant (``whatif`` and ``tune``); and ``whatif``'s step-time model
+options, checked before any work (``profile_option``, ``check_model_options``)."""
 
 from __future__ import annotations
 
 import itertools
+import os
 from typing import Any
 
 from engine.config import Config, parse_override
@@ -76,3 +78,42 @@ def check_some_ran(results: list[Any]) -> None:
     if not any(r.ok for r in results):
         statuses = "; ".join(f"{r.name}: {r.status}" for r in results)
         raise WhatifError(f"no variant could run ({statuses})")
+
+
+def profile_option(given: list[str] | None) -> tuple[str | None, list[str]]:
+    """``whatif --profile``'s one argument (its flag collects each use) with each file named
+    once, and the notes to print. Several profiles, comma-separated, are pooled by each point's
+    median, so a file named again would outweigh the others (``P,P,Q``: Q counts for nothing):
+    it is pooled once, and a note says so. The flag given twice kept the last one only: one
+    line (``A.json,B.json`` pools both)."""
+    if not given:
+        return None, []
+    if len(given) > 1:
+        raise WhatifError("--profile is given twice: name the profiles to pool in one "
+                          "--profile A.json,B.json")
+    from replay.whatif.cost.profile import PROFILE_SEPARATOR, profile_paths
+
+    paths = profile_paths(given[0])
+    kept: dict[str, str] = {}  # the file (however spelled) -> the first spelling
+    repeated: list[str] = []
+    for path in paths:
+        same = os.path.realpath(path)
+        if same not in kept:
+            kept[same] = path
+        elif kept[same] not in repeated:
+            repeated.append(kept[same])
+    if not repeated:
+        return given[0], []
+    return PROFILE_SEPARATOR.join(kept.values()), [
+        f"note: --profile names {path} more than once: pooled once (a repeat would outweigh "
+        "the other profiles in each point's median)" for path in repeated]
+
+
+def check_model_options(workload: str | None, timing_from: str | None, options: dict[str, Any]
+                        ) -> None:
+    """``options`` (flag -> value given) shape a step-time model: with ``--workload`` the only
+    model is ``--timing-from``'s, so without it they were ignored in silence (exit 0)."""
+    given = [flag for flag, value in options.items() if value]
+    if workload is not None and not timing_from and given:
+        raise WhatifError(f"{' and '.join(given)} shape the step-time model, which --workload "
+                          "has only from --timing-from TRACE: give it, or drop them")

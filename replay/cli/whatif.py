@@ -13,20 +13,23 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
-from engine.config import AUTO_SIZED_BLOCKS, Config
+from engine.config import AUTO_SIZED_BLOCKS
+from replay.cli.progress import progress_wanted
 from replay.cli.variants import (
     WhatifError,
     build_variants,
+    check_model_options,
     check_some_ran,
     parse_grid,
     parse_overrides,
+    profile_option,
 )
+from replay.cli.whatif_sources import load, load_timing_trace, source_workload
 from replay.metrics import compute, has_timings
 from replay.whatif import run_outputs
-from replay.whatif.compare import incomplete_source, load_other, note_scope, recorded_events
+from replay.whatif.compare import load_other, note_scope, recorded_events
 from replay.whatif.cost.model import CostModel
 from replay.whatif.executors import EXECUTORS
 from replay.whatif.simulate import (
@@ -34,10 +37,7 @@ from replay.whatif.simulate import (
     SimWorkload,
     cold_start_of,
     format_overrides,
-    load_source,
-    load_timing,
     run_variant,
-    workload_from_requests,
 )
 
 DEFAULT_OUT = "out/whatif"
@@ -70,7 +70,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "or show a loadgen result (client-measured) beside TRACE and its prediction")
     p.add_argument("--timing-from", metavar="TRACE|MODEL.json",
                    help="fit step times on this trace (or load a saved model) instead")
-    p.add_argument("--profile", metavar="PROFILE.json",
+    p.add_argument("--profile", action="append", metavar="PROFILE.json",
                    help="a device profile (replayllm profile) pricing the steps the timing "
                    "trace did not run, its rows fitted with the trace's own steps; several, "
                    "comma-separated, are pooled point by point")
@@ -94,117 +94,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="FILE.html",
                    help="also write one self-contained HTML page (tables and plots inline)")
     return p
-
-
-# --- sources ------------------------------------------------------------------------------------
-def _cost_options(args: argparse.Namespace) -> Any:
-    from replay.whatif.cost.options import CostOptions
-
-    try:
-        return CostOptions.parse(getattr(args, "cost_options", []))
-    except ValueError as exc:
-        raise WhatifError(str(exc)) from None
-
-
-def _load_timing_trace(path: str, args: argparse.Namespace | None = None,
-                       policy_needed: bool = True) -> tuple[CostModel, Config | None]:
-    """A step-time model from a trace (with ``--profile`` and ``--cost-option``) or a saved
-    model, and the trace's Config (if a trace). False ``policy_needed`` (the Config is unused,
-    or every variant sets a policy): a user policy it was recorded with may be absent here, as
-    for a source (``_source``); step times never need it."""
-    from replay.recorded import from_trace
-    from replay.whatif.notes import simulated_note
-    from replay.whatif.source import source_config
-    from tracing.reader import read_trace
-
-    config = None
-    if Path(path).suffix == ".json":
-        refit = [flag for flag, given in (("--profile", getattr(args, "profile", None)),
-                                          ("--cost-option", getattr(args, "cost_options", None)))
-                 if given]
-        if refit:  # never ignored in silence: a saved model is fitted already
-            raise WhatifError(f"{' and '.join(refit)} shape the fit of a step-time model on a "
-                              f"trace; {path} is a saved model, fitted already: give "
-                              "--timing-from TRACE to refit, or drop them")
-        model = CostModel.load(path)
-    else:
-        events = from_trace(read_trace(path))
-        simulated = simulated_note(events.header, path, "timing source")
-        if simulated is not None and path != getattr(args, "trace", None):  # TRACE's: _source
-            print(f"note: {simulated}")
-        profile = getattr(args, "profile", None)
-        options = _cost_options(args) if args is not None else None
-        model = CostModel.fit(events, source=path, profile=profile, options=options)
-        config = source_config(events.header, path, policy_needed)
-    host = getattr(args, "host_from", None)
-    if host:
-        model = model.on_host(read_trace(host).header.get("calibration") or [], host)
-    return model, config
-
-
-def _source(args: argparse.Namespace, policy_needed: bool = True) -> SimWorkload | None:
-    """TRACE's workload (None with --workload), warning when the recording is incomplete; plain
-    whatif then covers the requests it finished only (``replay.whatif.compare``). False
-    ``policy_needed``: every variant sets a policy, a recorded user policy's module may be gone."""
-    if args.num_seqs is not None and args.workload is None:  # never ignored in silence
-        raise WhatifError("--num-seqs takes --workload (a TRACE's requests are all re-run)")
-    if args.trace is None:
-        return None
-    from replay.whatif.compare import restricts  # not --compare OTHER_TRACE's: its own scope
-    from replay.whatif.notes import simulated_note
-
-    workload = load_source(args.trace, policy_needed)
-    warning = incomplete_source(workload, restrict=restricts(getattr(args, "compare", None)))
-    if warning is not None:
-        print(f"warning: {warning}")
-    simulated = simulated_note(workload.header, args.trace, "source")
-    if simulated is not None:
-        print(f"note: {simulated}")
-    return workload
-
-
-def _load(args: argparse.Namespace, workload: SimWorkload | None, policy_set: bool = False
-          ) -> tuple[SimWorkload, CostModel | None, list[str], list[str]]:
-    """The workload, its step-time model, the notes to print, and ``_timing_notes`` (printed
-    too, and whatif's recorded row's notes: worked out once, it may read --compare's file).
-    ``policy_set``: every variant sets its policy."""
-    timing_config: Config | None = None
-    cost: CostModel | None = None
-    if args.timing_from:  # its Config is the base of --workload's variants only
-        cost, timing_config = _load_timing_trace(
-            args.timing_from, args, policy_needed=workload is None and not policy_set)
-    elif args.trace is not None and (getattr(args, "profile", None)
-                                     or getattr(args, "cost_options", None)
-                                     or getattr(args, "host_from", None)):
-        cost, _ = _load_timing_trace(args.trace, args, policy_needed=False)
-    if workload is not None:
-        if cost is None:
-            cost, notes = load_timing("auto", workload)
-            return workload, cost, notes, []
-        return workload, cost, [], _timing_notes(args, workload, cost)
-    from replay.cli.run import load_requests
-
-    requests = load_requests(args.workload, args.num_seqs)
-    base = timing_config or Config()
-    workload = workload_from_requests(requests, base, name=args.workload)
-    notes = []
-    if cost is None:
-        notes.append("no step-time model (--timing-from TRACE): decisions only, no times")
-        if any(r.arrival_s > 0 for r in requests):
-            notes.append("without times, arrivals cannot be honoured: every request joins at once")
-    return workload, cost, notes, []
-
-
-def _timing_notes(args: argparse.Namespace, workload: SimWorkload, cost: CostModel | None
-                  ) -> list[str]:
-    """Where ``--timing-from`` ran another device or model than TRACE, whose recorded row the
-    predictions stand beside (not with --compare OTHER_TRACE: ``device_note`` names OTHER's)."""
-    from replay.whatif.compare import restricts
-    from replay.whatif.notes import timing_note
-
-    note = (timing_note(cost, workload.header, args.timing_from, workload.name)
-            if args.timing_from else None)
-    return [note] if note and restricts(getattr(args, "compare", None)) else []
 
 
 # --- commands -----------------------------------------------------------------------------------
@@ -270,7 +159,7 @@ def _compare_client(args: argparse.Namespace, workload: SimWorkload, cost: CostM
                     plotter: Any, timing: list[str]) -> int:
     """TRACE as recorded, its prediction and a loadgen run's client figures in one table: retry
     waits left out, a partial result flagged, an incomplete TRACE's finished requests only.
-    ``timing``: ``_timing_notes``, for the recorded row."""
+    ``timing``: ``whatif_sources.timing_notes``, for the recorded row."""
     from replay.loadgen.result import read_result, table_row
     from replay.whatif.compare import client_view, scope_client
     from replay.whatif.report import variants_table
@@ -299,6 +188,9 @@ def run(args: argparse.Namespace) -> int:
     """Run ``whatif`` from parsed arguments; returns the exit status."""
     if (args.trace is None) == (args.workload is None):
         raise WhatifError("give a TRACE or --workload bench|FILE (exactly one)")
+    args.profile, profile_notes = profile_option(args.profile)
+    check_model_options(args.workload, args.timing_from, {"--profile": args.profile,
+                        "--host-from": args.host_from, "--cost-option": args.cost_options})
     overrides = parse_overrides(args.overrides)
     grid = parse_grid(args.grid, overrides)
     if args.compare and (overrides or grid or args.workload):
@@ -317,6 +209,8 @@ def run(args: argparse.Namespace) -> int:
     check_profile_arg(args.profile)
     check_out_dir(args.out, WHATIF)  # before the work, not after it
     check_report(args.report, args.out)
+    for note in profile_notes:
+        print(note)
     plotter = run_outputs.plotter(args)
     try:
         return _whatif(args, overrides, grid, plotter)
@@ -334,12 +228,14 @@ def _whatif(args: argparse.Namespace, overrides: dict[str, Any], grid: dict[str,
 
         from replay.cli.whatif_stream import run_streamed
 
-        return run_streamed(args, variants, partial(_load_timing_trace, policy_needed=not
+        return run_streamed(args, variants, partial(load_timing_trace, policy_needed=not
                                                     policy_set),
                             run_outputs.finish, run_outputs.sim_row)
-    source = _source(args, bool(args.compare) or not policy_set)
+    from replay.whatif.compare import restricts  # --compare OTHER_TRACE runs OTHER's policy
+
+    source = source_workload(args, restricts(args.compare) if args.compare else not policy_set)
     against = load_other(source, args.compare)  # checked before any step-time model is fitted
-    workload, cost, notes, timing = _load(args, source, policy_set and not args.compare)
+    workload, cost, notes, timing = load(args, source, policy_set and not args.compare)
     notes = [*notes, *timing]
     if cost is not None and cost.host is not None:
         notes = [cost.host.words(), *notes]
@@ -382,10 +278,9 @@ def _run_variants(workload: SimWorkload, variants: list, cost: CostModel | None,
 
     from replay.whatif.executors import variant_runner
 
-    # The bar only on a terminal: a log or a pipe gets no redraws (as ``workload`` and
-    # ``--stream`` do).
+    # The bar by the rule every command's follows: a log or a pipe gets no redraws.
     with tqdm(total=len(variants), desc="whatif", dynamic_ncols=True, file=sys.stderr,
-              disable=not sys.stderr.isatty()) as bar:
+              disable=not progress_wanted()) as bar:
         return variant_runner(executor, cost, jobs, progress=lambda: bar.update(1))(
             workload, variants)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from engine.config import AUTO_SIZED_BLOCKS, Config
 from engine.errors import InvalidRequestError, ReplayLLMError
+from replay.cli.progress import progress_wanted
 from replay.cli.variants import check_some_ran
 
 # Plots draw every step (1.2 M for 200,000 requests: 7 s and 0.8 GB in matplotlib), which the
@@ -124,12 +125,6 @@ def checked_requests(workload: str) -> Iterator[Any]:
     for index, request in enumerate(read_workload(workload)):
         check_request(request, f"{workload}: request {index}")
         yield request
-
-
-def progress_wanted() -> bool:
-    """Whether to draw progress bars: when stderr is a terminal (a redirected or captured
-    stderr gets none, so a log or a test reads only the command's own lines)."""
-    return sys.stderr.isatty()
 
 
 @contextlib.contextmanager

@@ -166,7 +166,8 @@ def scope_of(other: RecordedEvents, total: int, other_name: str) -> RecordedScop
 def load_other(workload: Any, path: str | None
                ) -> tuple[RecordedEvents, RecordedScope | None] | None:
     """``--compare OTHER_TRACE``'s recording and its scope (``scope_of``), after
-    ``check_same_workload``: every refusal here comes before any step-time model is fitted.
+    ``target_config`` and ``check_same_workload``: every refusal here comes before any
+    step-time model is fitted.
     A killed OTHER that finished nothing is refused from its commit markers alone. None without
     ``--compare``, without a TRACE, or for a loadgen result."""
     if path is None or workload is None:
@@ -182,11 +183,34 @@ def load_other(workload: Any, path: str | None
         raise ReplayLLMError(f"{path}: neither a trace (a directory holding run.json) nor a "
                              "loadgen result (a Parquet file `replayllm loadgen` wrote)")
     trace = read_trace(path)
+    target_config(trace.header, path)
     if not trace.complete and not trace.counts()["request_finished"]:
         raise _nothing_to_compare(path, _stopped(trace), len(workload.requests))
     other = from_trace(trace)
     check_same_workload(workload, other, path)
     return other, scope_of(other, len(workload.requests), path)
+
+
+def target_config(header: dict[str, Any], path: str) -> Any:
+    """The Config ``--compare OTHER_TRACE``'s prediction runs: OTHER's, read before any
+    step-time model is fitted (it was built only after the fitting, a slow one on a long trace,
+    and then failed). OTHER's user policy must be importable here: the prediction runs it. The
+    source's and ``--timing-from``'s need not be (the prediction sets OTHER's policy; step
+    times never need one)."""
+    from engine.errors import ConfigError
+    from engine.policy import is_import_path, policy_class
+    from replay.replayer import config_from_header
+
+    policy = str((header.get("config") or {}).get("policy", ""))
+    if is_import_path(policy):
+        try:
+            policy_class(policy)
+        except ConfigError as exc:
+            raise ReplayLLMError(
+                f"{path} was recorded with the user policy {policy}, which cannot be imported "
+                f"here ({exc}); --compare predicts its run under that policy, so put the "
+                "policy's package on PYTHONPATH") from None
+    return config_from_header(header)
 
 
 def incomplete_source(workload: Any, restrict: bool) -> str | None:

@@ -5,11 +5,16 @@ grid, ``--compare`` and ``--stream``."""
 from __future__ import annotations
 
 import argparse
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from replay.whatif.cost.model import CostModel
 from replay.whatif.simulate import SimResult
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def row(label: str, source: str, result: Any, status: str = "ok", **extra: Any) -> dict:
@@ -52,6 +57,7 @@ def finish(args: argparse.Namespace, rows: list[dict], cost: CostModel | None,
     from tracing.outdir import WHATIF, staged_dir
 
     notes = []
+    report: ReportInputs | None = None
     with staged_dir(args.out, WHATIF, "whatif", force=True) as stage:
         written = write_outputs(stage, rows, extra)
         if cost is not None:
@@ -67,25 +73,66 @@ def finish(args: argparse.Namespace, rows: list[dict], cost: CostModel | None,
                 written += plots.write(stage, runs)
             except PlotsUnavailable as exc:
                 notes.append(f"plots skipped: {exc}")
+        if getattr(args, "report", None):
+            # Read now, from this command's own staging directory: once renamed to --out, the
+            # directory is the next writer's to replace (two whatifs into one --out take turns
+            # under a lock), and a page read from there could show that command's results.
+            report = read_report_inputs(written)
     for note in notes:
         print(note)
     print(f"wrote {', '.join(p.name for p in written)} to {args.out}")
-    if getattr(args, "report", None):
-        _write_report(args, rows, extra, written, lines or [])
+    if report is not None:
+        _write_report(args, rows, extra, report, lines or [])
+
+
+@dataclass(frozen=True)
+class ReportInputs:
+    """What a ``--report`` page shows of the files a run wrote, held in memory."""
+
+    summary: pd.DataFrame  # summary.parquet as written (and as a reader of it gets it)
+    pngs: dict[str, bytes]  # each plot's file name and bytes, in the order written
+
+
+def read_report_inputs(written: list[Path]) -> ReportInputs:
+    """``written``'s summary table and plots, read back before they are put in place."""
+    import pandas as pd
+
+    summary = next(p for p in written if p.name == "summary.parquet")
+    return ReportInputs(pd.read_parquet(summary), read_plots(written))
+
+
+def read_plots(written: list[Path]) -> dict[str, bytes]:
+    """The PNG plots among ``written`` (name -> bytes, in order), read from the staging
+    directory before it is renamed to ``--out``: from then on the directory is the next
+    writer's to replace, and a page embedding it could show that command's plots. For
+    ``write_page``; ``tune`` too."""
+    return {p.name: p.read_bytes() for p in written if p.suffix == ".png"}
+
+
+def write_page(report: str | Path, title: str, lines: list[str],
+               tables: list[tuple[str, pd.DataFrame]], pngs: dict[str, bytes]) -> Path:
+    """The ``--report`` page of ``tables`` and the plots ``read_plots`` held, written whole or
+    not at all (a temporary sibling renamed to ``report``)."""
+    from replay.whatif.html_report import write_report
+    from tracing.outfile import write_via_temporary
+
+    def write(tmp: Path) -> None:
+        # write_report embeds plots from files: this run's own bytes, in a private directory.
+        with tempfile.TemporaryDirectory(prefix="replayllm-report-") as held:
+            paths = [Path(held) / name for name in pngs]
+            for path in paths:
+                path.write_bytes(pngs[path.name])
+            write_report(tmp, title, lines, tables, paths)
+
+    return write_via_temporary(report, write)
 
 
 def _write_report(args: argparse.Namespace, rows: list[dict], extra: dict | None,
-                  written: list[Path], lines: list[str]) -> None:
-    import pandas as pd
-
-    from replay.whatif.html_report import write_report
+                  inputs: ReportInputs, lines: list[str]) -> None:
     from replay.whatif.report import variants_table
-    from tracing.outfile import write_via_temporary
 
-    tables = [("summary", pd.read_parquet(Path(args.out) / "summary.parquet"))]
+    tables = [("summary", inputs.summary)]
     tables += [(name, frame) for name, frame in (extra or {}).items()]
-    # The files were written in the staging directory, since renamed to --out.
-    pngs = [Path(args.out) / p.name for p in written if p.suffix == ".png"]
-    page = write_via_temporary(args.report, lambda tmp: write_report(
-        tmp, "replayllm whatif", [*lines, variants_table(rows)], tables, pngs))
+    page = write_page(args.report, "replayllm whatif", [*lines, variants_table(rows)], tables,
+                      inputs.pngs)
     print(f"wrote {page}")

@@ -140,7 +140,7 @@ class CostModel:
         if not has_timings(events):
             why = "recorded without a model" if events.num_steps else "it ran no step"
             raise CostModelError(f"{name} has no measured step times ({why})")
-        host_times = options.overlap and features.has_host_times(events)
+        host_times = _fits_host(events, options)
         add = fit_add_cost(events) if options.request_add else AddCost()
         steps = features.steps_of(events, host_times, add=add, causal=options.causal_work)
         own = steps.rows(~steps.is_calibration)
@@ -280,13 +280,20 @@ class CostModel:
         header's ``calibration``): every host term times ``host_speed`` (``host_terms_scaled``),
         device terms unchanged; a model priced on another host already is rescaled from that
         host's terms. A ``HostSpeedError`` where the calibrations cannot measure it."""
-        if self.overlap is None or not self.host_calibration:
-            raise HostSpeedError(f"{self.source or 'the source'}: no host times or eager "
-                                 "start-up calibration to price another host from")
+        _check_host_source(self.overlap is not None, self.host_calibration, self.source)
         speed = host_speed(self.host_calibration, rows, name)
         k = speed.ratio / (self.host.ratio if self.host is not None else 1.0)
         overlap, add = host_terms_scaled(self.overlap, self.add, k)
         return replace(self, overlap=overlap, add=add, host=speed)
+
+    @staticmethod
+    def check_on_host(events: RecordedEvents, rows: Sequence[Mapping[str, Any]], name: str,
+                      source: str = "", options: CostOptions | None = None) -> None:
+        """Before the fitting (slow on a long trace): the ``HostSpeedError`` that
+        ``on_host(rows, name)`` would raise on ``fit(events, source, options=options)``."""
+        calibration = calibration_hosts(events.header.get("calibration") or [])
+        _check_host_source(_fits_host(events, options or CostOptions()), calibration, source)
+        host_speed(calibration, rows, name)
 
     # --- words (``explain``) ----------------------------------------------------------------------
     def fallback(self, cls_name: str) -> str:
@@ -350,6 +357,18 @@ def _device_heldout(fitted: Steps, shared_reads: float = 1.0) -> dict[str, Any]:
     actual = fitted.time[test]
     return {**fitting.class_errors(predicted, actual, fitted.classes[test]),
             "all": fitting.errors(predicted, actual)}
+
+
+def _fits_host(events: RecordedEvents, options: CostOptions) -> bool:
+    """Whether ``fit`` fits host times (overlap mode): measured, and not switched off."""
+    return bool(options.overlap and features.has_host_times(events))
+
+
+def _check_host_source(host_times: bool, calibration: Mapping[str, float], source: str) -> None:
+    """A source is priced on another host by its host terms and eager calibration (on_host)."""
+    if not host_times or not calibration:
+        raise HostSpeedError(f"{source or 'the source'}: no host times or eager "
+                             "start-up calibration to price another host from")
 
 
 def _overlap_heldout(run: Steps, timed: Steps, calibration: Steps, shared_reads: float = 1.0,

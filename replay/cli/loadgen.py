@@ -51,7 +51,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-concurrency", type=int, default=None, metavar="N",
                    help="closed loop: keep N requests in flight, ignoring arrival times")
     p.add_argument("--num-requests", type=int, default=None, metavar="N",
-                   help="only the first N requests of the workload")
+                   help="only the first N requests of the workload (the file is read no "
+                   "further)")
     p.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="a checkpoint directory whose tokenizer turns token-id prompts of "
                    "conversations into the text of their chat messages")
@@ -77,6 +78,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from replay.cli import progress
     from replay.cli.paths import check_result_out
     from replay.cli.run import load_requests
     from replay.loadgen.result import (
@@ -112,9 +114,9 @@ def run(args: argparse.Namespace) -> int:
                                 workers=args.workers, stall_timeout_s=stall,
                                 request_timeout_s=total, max_retries=retries, seed=seed,
                                 api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),
-                                # a log or a CI job's stderr holds no bar redraws (as workload
-                                # import and whatif keep theirs off it)
-                                use_tqdm=sys.stderr.isatty())
+                                # a log or a CI job's stderr holds no bar redraws: the
+                                # commands' one rule (replay.cli.progress)
+                                use_tqdm=progress.progress_wanted())
     done = [m for m in measured if m is not None and m.done]
     partial = len(done) < len(measured)
     if partial and not done:
@@ -187,7 +189,7 @@ def _model_note(measured: list[Any], asked: str | None) -> str | None:
 
 def _kinds(errors: Any) -> str:
     """How many failures of each kind: "2 HTTP 429, 1 timed out, 1 other"."""
-    from replay.loadgen.client import TIMED_OUT
+    from replay.loadgen.answer import TIMED_OUT
 
     def kind(error: str) -> str:
         if error.startswith("HTTP "):

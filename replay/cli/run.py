@@ -3,37 +3,47 @@
 from __future__ import annotations
 
 import sys
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from engine.errors import InvalidRequestError
-from replay.cli import interrupt
+from replay.cli import interrupt, progress
 from replay.workloads.builtin import reference_workload
 from replay.workloads.fields import check_request
 from replay.workloads.request import Request
-from replay.workloads.store import load_workload
+from replay.workloads.store import read_workload
+
+# Untraced warm-up runs at most (``--warm-up``): each loads the model again and runs the whole
+# workload; one compiles the kernels, the benchmark matrix uses three, and a typo
+# (``--warm-up 1000``) meant hours before the traced run.
+MAX_WARM_UP = 10
 
 
 def load_requests(workload: str, num_seqs: int | None) -> list[Request]:
-    """The requests of ``workload`` ('bench' or a JSONL file), the first ``num_seqs`` of them,
-    each held to ``replay.workloads.fields.check_request`` (no driver waits for ever, no trace
-    column overflows).
+    """The requests of ``workload`` ('bench' or a JSONL or Parquet file), the first
+    ``num_seqs`` of them, each held to ``replay.workloads.fields.check_request`` (no driver
+    waits for ever, no trace column overflows).
+
+    A file is streamed and reading stops after ``num_seqs`` requests (``run --num-seqs``,
+    ``whatif --num-seqs``, ``loadgen --num-requests``): the first 100 of a 10-million-line
+    file are read at once, and a bad line past them is not read at all. No check needs the
+    rest: a request depends only on the lines before it (the header is line 1, a
+    conversation's turns come in file order), and the first N are what runs.
 
     Raises ``InvalidRequestError`` (one line, naming the file and the request) otherwise."""
     if num_seqs is not None and num_seqs < 1:
         raise InvalidRequestError(f"--num-seqs must be >= 1, got {num_seqs}")
     if workload == "bench":
-        requests = reference_workload()
+        requests = reference_workload()[:num_seqs]
     else:
         try:
-            requests = load_workload(workload)
+            requests = list(islice(read_workload(workload), num_seqs))
         except (UnicodeDecodeError, AttributeError, OverflowError, RecursionError) as exc:
             raise InvalidRequestError(f"{workload}: not a JSONL workload "
                                       f"({type(exc).__name__})") from None
     if not requests:  # an empty file: a run would record an empty trace and exit 0
         raise InvalidRequestError(f"{workload}: the workload holds no requests")
-    if num_seqs is not None:
-        requests = requests[:num_seqs]
     for index, request in enumerate(requests):
         check_request(request, f"{workload}: request {index}")
     return requests
@@ -62,9 +72,10 @@ def run_command(
     from tracing.reader import read_trace
     from tracing.recorder import check_trace_dir
 
+    if not 0 <= warm_up <= MAX_WARM_UP:  # first: cheaper than reading the workload
+        raise InvalidRequestError(f"--warm-up must be in [0, {MAX_WARM_UP}] (each warm-up loads "
+                                  f"the model again; 1 starts the traced run warm), got {warm_up}")
     requests = load_requests(workload, num_seqs)
-    if warm_up < 0:
-        raise InvalidRequestError(f"--warm-up must be >= 0, got {warm_up}")
     Config(**overrides)  # the overrides' own rules, before the model loads
     check_trace_dir(out, force)
     with interrupt.deferred_signals():  # Ctrl-C, SIGTERM: stop between steps
@@ -72,7 +83,8 @@ def run_command(
             for _ in range(warm_up):
                 warm = LLM(model, record_events=False, **overrides)
                 try:
-                    run_workload(warm, requests, check=interrupt.check)
+                    run_workload(warm, requests, use_tqdm=progress.progress_wanted(),
+                                 check=interrupt.check)
                 finally:
                     warm.close()
             interrupt.check()  # before the old trace at `out` is replaced
@@ -80,7 +92,8 @@ def run_command(
             stopped = False
             with interrupt.recording():  # a second signal: the step ends, the trace closes
                 try:
-                    run_workload(llm, requests, check=interrupt.check)
+                    run_workload(llm, requests, use_tqdm=progress.progress_wanted(),
+                                 check=interrupt.check)
                 except (interrupt.RunInterrupted, KeyboardInterrupt):
                     stopped = True
                     raise

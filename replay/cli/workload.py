@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 from tqdm.auto import tqdm
 
 from engine.config import Config
 from engine.errors import InvalidRequestError
+from replay.cli import progress
 from replay.cli.paths import check_plot_file, check_workload_out
 from replay.workloads.arrivals import PROCESSES, ArrivalProcess
 from replay.workloads.distributions import parse
+from replay.workloads.generate import MAX_NUM_REQUESTS
 from replay.workloads.import_options import MOONCAKE_BLOCK_SIZE, OVER_LENGTH
 from replay.workloads.imports import FORMATS, TRACE_FORMATS, check_format_options
 from replay.workloads.request import REFERENCE_TEMPERATURE
@@ -32,7 +39,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                          "conversations")
     gen.add_argument("--out", required=True, help="file to write (.jsonl or .parquet)")
     gen.add_argument("--num-requests", type=int, required=True,
-                     help="first turns to generate (each conversation adds its later turns)")
+                     help=f"first turns to generate, at most {MAX_NUM_REQUESTS:,} (each "
+                     "conversation adds its later turns)")
     gen.add_argument("--arrivals", choices=PROCESSES, default=None,
                      help="arrival process (default: poisson with --rate, else all at 0; "
                      "constant, poisson and gamma need --rate)")
@@ -105,11 +113,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _progress(items: Any, desc: str, total: int | None = None) -> Any:
-    """``items`` with a progress bar on stderr when it is a terminal, as ``run`` and ``whatif
-    --stream`` draw theirs: a redirected or captured stderr holds only the command's own lines
-    (a log of a failed import held the bar's redraws before its one error line)."""
+    """``items`` with a progress bar on stderr when it is a terminal (``replay.cli.progress``,
+    as ``run`` and ``loadgen`` draw theirs): a redirected or captured stderr holds only the
+    command's own lines (a log of a failed import held the bar's redraws before its one error
+    line)."""
     return tqdm(items, desc=desc, total=total, unit=" req", dynamic_ncols=True,
-                mininterval=0.5, disable=not sys.stderr.isatty())
+                mininterval=0.5, disable=not progress.progress_wanted())
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -138,12 +147,12 @@ def _generate(args: argparse.Namespace) -> int:
         args.arrivals = spec.arrivals.kind
     check_workload_out(args.out)
     generator = Generator(spec)
-    writer = WorkloadWriter(args.out)
-    writer.write_all(_progress(generator, "generate"))
-    counts = generator.counts
-    writer.close({"generated": {"command": _command(args), "requests": counts.requests,
-                                "conversations": counts.conversations,
-                                "clipped": counts.clipped}})
+    with _removed_if_stopped(WorkloadWriter(args.out)) as writer:
+        writer.write_all(_progress(generator, "generate"))
+        counts = generator.counts
+        writer.close({"generated": {"command": _command(args), "requests": counts.requests,
+                                    "conversations": counts.conversations,
+                                    "clipped": counts.clipped}})
     clipped = ", ".join(f"{n:,} {what} values clipped into range"
                         for what, n in counts.clipped.items())
     print(f"wrote {counts.requests:,} requests ({counts.conversations:,} conversations) to "
@@ -185,11 +194,11 @@ def _import(args: argparse.Namespace) -> int:
         filter_model=args.filter_model,
     )
     counts = ImportCounts()
-    writer = WorkloadWriter(args.out)
-    writer.write_all(_progress(import_workload(args.source, args.format, options, counts),
-                               "import"))
-    writer.close({"imported": {"source": str(args.source), "format": args.format,
-                               "command": _command(args), **counts.to_dict()}})
+    with _removed_if_stopped(WorkloadWriter(args.out)) as writer:
+        writer.write_all(_progress(import_workload(args.source, args.format, options, counts),
+                                   "import"))
+        writer.close({"imported": {"source": str(args.source), "format": args.format,
+                                   "command": _command(args), **counts.to_dict()}})
     print(f"wrote {counts.kept:,} requests to {args.out}: {counts.describe()}")
     return 0
 
@@ -214,7 +223,55 @@ def _describe(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _removed_if_stopped(writer: Any) -> Iterator[Any]:
+    """``writer`` (a ``WorkloadWriter``), its ``OUT.partial`` removed whatever stops the block
+    (Ctrl-C, SIGTERM, an error), also between the writes and the final rename, outside
+    ``write_all``'s own clean-up. ``OUT`` itself is replaced only by ``close``'s rename."""
+    try:
+        yield writer
+    except BaseException:
+        writer.abort()
+        raise
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised where the command is, as Ctrl-C raises ``KeyboardInterrupt``: a
+    ``BaseException``, so no ``except Exception`` on the way swallows it, and the writers'
+    clean-up (``OUT.partial`` removed) runs as on Ctrl-C."""
+
+
+@contextlib.contextmanager
+def _sigterm_stops() -> Iterator[None]:
+    """Within the block SIGTERM raises ``_Terminated``: its default killed the process at once
+    and left ``OUT.partial`` behind (Ctrl-C removed it). A second one during the clean-up is
+    ignored, not allowed to cut it short (SIGKILL still stops at once). A SIGTERM the parent
+    set to be ignored stays ignored; off the main thread nothing changes."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) == signal.SIG_IGN):
+        yield
+        return
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run ``replayllm workload SUBCOMMAND``."""
-    return {"generate": _generate, "import": _import, "describe": _describe}[
-        args.workload_command](args)
+    """Run ``replayllm workload SUBCOMMAND``. SIGTERM ends it as Ctrl-C does (no
+    ``OUT.partial`` left, an earlier ``OUT`` kept), exit 143: 128 + the signal, as ``replayllm
+    run`` ends on it (``replay.cli.interrupt``)."""
+    command = {"generate": _generate, "import": _import, "describe": _describe}[
+        args.workload_command]
+    with _sigterm_stops():
+        try:
+            return command(args)
+        except _Terminated:
+            print("replayllm workload: interrupted (SIGTERM)", file=sys.stderr)
+            return 128 + signal.SIGTERM

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.errors import ReplayLLMError
-from replay.loadgen.client import TIMED_OUT, Measured
+from replay.loadgen.answer import TIMED_OUT, Measured
 from replay.metrics import LATENCIES, PERCENTILES
 
 METADATA_KEY = b"replayllm_loadgen"

@@ -25,7 +25,8 @@ import aiohttp
 from tqdm.auto import tqdm
 
 from engine.errors import ReplayLLMError
-from replay.loadgen.client import Measured, chat_body, monotonic_clock, request_body, send
+from replay.loadgen.answer import Measured
+from replay.loadgen.client import chat_body, monotonic_clock, request_body, send
 from replay.loadgen.interrupt import STOP_SIGNALS, Interrupt, StopWorkersOnSigint
 from replay.loadgen.retry import retry_rng
 from replay.loadgen.settings import (

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,8 +24,14 @@ DEFAULT_MAX_RETRIES = 3
 PROBE_TIMEOUT_S = 30.0
 # How many of a server's model names the error for a model it does not list shows.
 MODELS_SHOWN = 5
+# ``/v1/models`` is read up to this much: a list of thousands of models fits (a router's, each
+# with its description), a broken server's endless answer does not fill the memory.
+MAX_MODELS_BYTES = 8 << 20
 # After an interrupt, how long a client process has to send what it measured.
 WORKER_STOP_TIMEOUT_S = 30.0
+# Client processes per CPU at most: each is a whole Python process (~100 MB) there to use a
+# core; more than a few a core add nothing, and a typo (--workers 100000) started that many.
+WORKERS_PER_CPU = 4
 
 
 @dataclass(frozen=True)
@@ -58,7 +65,7 @@ def check_settings(time_scale: float = 1.0, max_concurrency: int | None = None,
                    max_retries: int = DEFAULT_MAX_RETRIES) -> None:
     """A ``ReplayLLMError`` naming the option for a setting a run cannot use: a scale, count or
     timeout of zero, below, or not finite (NaN would send every request at once), a negative
-    retry count."""
+    retry count, more client processes than ``max_workers()``."""
     positive = {"--time-scale": time_scale, "--stall-timeout": stall_timeout_s,
                 "--request-timeout": request_timeout_s}
     for option, value in positive.items():
@@ -69,8 +76,17 @@ def check_settings(time_scale: float = 1.0, max_concurrency: int | None = None,
     for option, count in counts.items():
         if count is not None and count < 1:
             raise ReplayLLMError(f"{option} must be >= 1, got {count}")
+    if workers > max_workers():
+        raise ReplayLLMError(f"--workers must be at most {max_workers()} ({WORKERS_PER_CPU} a "
+                             f"CPU: each is a Python process), got {workers}")
     if max_retries < 0:
         raise ReplayLLMError(f"--max-retries must be >= 0 (0: no retries), got {max_retries}")
+
+
+def max_workers() -> int:
+    """The most client processes a run may start (``--workers``): ``WORKERS_PER_CPU`` for each
+    CPU of this machine."""
+    return WORKERS_PER_CPU * (os.cpu_count() or 1)
 
 
 def base_url(url: str) -> str:
@@ -93,12 +109,14 @@ async def served_model(url: str, model: str | None, api_key: str | None = None) 
     """``model``, else the first model ``/v1/models`` lists (servers that need a model name get
     one; one that lists none, or has no such endpoint, gets none). Asked either way: a server
     that cannot be reached, or a ``model`` its list does not hold (every request would be
-    a 404), is one ``ReplayLLMError`` now, not a failure per request."""
+    a 404), is one ``ReplayLLMError`` now, not a failure per request. The list is read up to
+    ``MAX_MODELS_BYTES``: one longer cannot name the model (an error without ``model``) nor
+    check it (``model`` goes unchecked)."""
     try:
         timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
         async with aiohttp.ClientSession(timeout=timeout, headers=auth_headers(api_key)) as client:
             async with client.get(url + "/v1/models") as response:
-                body = await response.read()
+                body, cut = await read_at_most(response, MAX_MODELS_BYTES)
     except (aiohttp.ClientError, OSError) as exc:
         raise ReplayLLMError(f"cannot reach {url}: {type(exc).__name__}: {exc}") from None
     except (TimeoutError, asyncio.TimeoutError):
@@ -107,6 +125,12 @@ async def served_model(url: str, model: str | None, api_key: str | None = None) 
     if response.status in (401, 403):
         raise ReplayLLMError(f"{url} refused the client (HTTP {response.status}): give its "
                              "API key with --api-key (or OPENAI_API_KEY)")
+    if cut and response.status == 200:  # a list that could not be read whole: not guessed at
+        if model is None:
+            raise ReplayLLMError(f"{url}/v1/models answered over {MAX_MODELS_BYTES >> 20} MiB "
+                                 f"(cut at {MAX_MODELS_BYTES >> 20} MiB, unread): name the model "
+                                 "with --model")
+        return model  # unchecked: a name the server does not know fails each request
     listed = _listed_models(body) if response.status == 200 else []
     if model is None:
         return listed[0] if listed else None
@@ -116,6 +140,18 @@ async def served_model(url: str, model: str | None, api_key: str | None = None) 
         raise ReplayLLMError(f"{url} does not serve the model {model!r} (--model): its "
                              f"/v1/models lists {shown}{more}")
     return model
+
+
+async def read_at_most(response: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
+    """The first ``limit`` bytes of ``response``'s body, and whether it held more (then the
+    rest is left unread: the connection is closed on release, not reused)."""
+    body = bytearray()
+    while len(body) <= limit:  # one byte past the limit tells a cut body from a full one
+        piece = await response.content.read(limit + 1 - len(body))
+        if not piece:
+            break
+        body += piece
+    return bytes(body[:limit]), len(body) > limit
 
 
 def _listed_models(body: bytes) -> list[str]:

@@ -96,14 +96,21 @@ class ArrivalProcess:
 
 
 def _schedule(path: str, n: int) -> Iterator[np.ndarray]:
+    """The first ``n`` times of the file, in chunks of ``CHUNK``: reading stops there (a file
+    longer than needed is neither read to its end nor checked past them)."""
     times: list[float] = []
+    last, count = -math.inf, 0
     for where, value in numbers(path, "--schedule"):
         if not math.isfinite(value) or value < 0:
             raise InvalidRequestError(f"{where}: a time must be finite and >= 0, got {value:g}")
-        if times and value < times[-1]:
+        if value < last:
             raise InvalidRequestError(f"{where}: {value:g} is before the time above it "
-                                      f"({times[-1]:g}): arrival times must not decrease")
+                                      f"({last:g}): arrival times must not decrease")
         times.append(value)
-    if len(times) < n:
-        raise InvalidRequestError(f"{path}: {len(times)} arrival times for {n} requests")
-    yield np.asarray(times[:n])
+        last, count = value, count + 1
+        if len(times) == CHUNK or count == n:
+            yield np.asarray(times)
+            times = []
+        if count == n:
+            return
+    raise InvalidRequestError(f"{path}: {count} arrival times for {n} requests")

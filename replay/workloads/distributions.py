@@ -20,6 +20,9 @@ from replay.workloads.text_input import numbers
 KINDS = ("fixed", "uniform", "normal", "lognormal", "zipf", "exponential", "empirical")
 ZIPF_MAX_SUPPORT = 1 << 22
 UNIFORM_MAX = 1 << 53  # uniform bounds: integers a float holds exactly
+# empirical:FILE keeps every value (a draw may pick any): at most this many (~0.5 GB as a
+# tuple); a larger file is refused once past it, not read to its end first.
+MAX_EMPIRICAL_VALUES = 1 << 24
 _ARITY = {"fixed": 1, "uniform": 2, "normal": 2, "lognormal": 2, "zipf": 2, "exponential": 1}
 
 
@@ -123,6 +126,9 @@ def _empirical(path: str, what: str, spec: str) -> Distribution:
         if not math.isfinite(value) or value < 0:
             raise SpecError(f"{where}: must be finite and >= 0, got {value:g}")
         values.append(value)
+        if len(values) > MAX_EMPIRICAL_VALUES:
+            raise SpecError(f"{what}: {path} holds more than {MAX_EMPIRICAL_VALUES:,} values "
+                            "(all are kept in memory): sample it down")
     if not values:
         raise SpecError(f"{what}: {path} holds no values")
     return Distribution("empirical", values=tuple(values), text=spec)

@@ -27,6 +27,16 @@ SALT_STRIDE = 1 << 40  # salts: seed * SALT_STRIDE + request number + 1 (unique 
 SYSTEM_ID_STRIDE = 1 << 32  # system prompt s names blocks s * SYSTEM_ID_STRIDE + k
 # System prompts are all made before the first request (their ids and popularity): at most this.
 MAX_SYSTEM_PROMPTS = 1 << 16
+# Their block ids are built then too, one Python int each: at most this many in all (~0.6 GB).
+MAX_SYSTEM_PROMPT_BLOCKS = 1 << 24
+# First turns at most: generation streams in bounded memory, but the file grows ~100 bytes a
+# request (10**12, a typo, filled the disk for hours); 10**9 is 100x the largest public trace.
+MAX_NUM_REQUESTS = 10**9
+# A chunk's later turns (of its CHUNK conversations) are drawn together, ~100 bytes each in
+# memory: at most this many (~2 GB, a mean of 256 turns a conversation); --turns fixed:65536
+# drew 4.3 billion. With MAX_NUM_REQUESTS it also keeps every request number (hence salt)
+# below SALT_STRIDE: (10**9 / CHUNK) * (CHUNK + 2**24) < 2**40.
+MAX_LATER_TURNS_PER_CHUNK = 1 << 24
 
 
 @dataclass
@@ -54,6 +64,9 @@ class GenerateSpec:
     def __post_init__(self) -> None:
         if self.num_requests < 1:
             raise InvalidRequestError(f"--num-requests must be >= 1, got {self.num_requests}")
+        if self.num_requests > MAX_NUM_REQUESTS:
+            raise InvalidRequestError(f"--num-requests must be at most {MAX_NUM_REQUESTS:,}, "
+                                      f"got {self.num_requests:,}")
         self._refuse_options_that_cannot_apply()
         if self.system_prompt_len is None:
             self.system_prompt_len = parse("fixed:512")
@@ -140,6 +153,12 @@ class Generator:
         block = spec.hash_block_size
         lengths = self.draws["system_prompt_len"].sample(rng, spec.system_prompts)
         blocks = [-(-int(n) // block) for n in lengths]  # whole blocks: the user part follows
+        if sum(blocks) > MAX_SYSTEM_PROMPT_BLOCKS:  # checked before any id is built
+            raise InvalidRequestError(
+                f"--system-prompts {spec.system_prompts:,} of --system-prompt-len "
+                f"{spec.system_prompt_len.text or spec.system_prompt_len.kind} in "
+                f"--hash-block-size {block} blocks name {sum(blocks):,} blocks, all held in "
+                f"memory; at most {MAX_SYSTEM_PROMPT_BLOCKS:,}")
         ids = [tuple(s * SYSTEM_ID_STRIDE + k for k in range(b)) for s, b in enumerate(blocks)]
         weights = np.arange(1, spec.system_prompts + 1, dtype=float) ** -spec.popularity
         return ids, weights / weights.sum()
@@ -157,6 +176,11 @@ class Generator:
             turns = self.draws["turns"].sample(rng, n).tolist()
             picks = rng.choice(len(systems), n, p=popularity).tolist() if systems else None
             later = sum(turns) - n
+            if later > MAX_LATER_TURNS_PER_CHUNK:  # before they are drawn
+                raise InvalidRequestError(
+                    f"--turns {spec.turns.text or spec.turns.kind}: {later:,} later turns for "
+                    f"{n:,} conversations, drawn together in memory; at most "
+                    f"{MAX_LATER_TURNS_PER_CHUNK:,} (fewer turns a conversation)")
             user = self.user_draws.sample(rng, later).tolist()
             later_output = self.draws["output_len"].sample(rng, later).tolist()
             think_raw = spec.think_time_s.sample(rng, later)

@@ -186,19 +186,27 @@ def source(path: str | Path, fmt: str, options: ImportOptions, gate: Gate | None
     raise InvalidRequestError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
 
 
-def _fit_length(request: Request, options: ImportOptions, counts: ImportCounts) -> Request | None:
+def _fit_length(request: Request, options: ImportOptions, counts: ImportCounts,
+                history: int = 0) -> Request | None:
     """The request with its prompt within --max-prompt-len, and always within the format's
-    MAX_TOKENS_LIMIT (a longer trace prompt is dropped or clipped by --over-length, counted)."""
+    MAX_TOKENS_LIMIT (a longer trace prompt is dropped or clipped by --over-length, counted).
+
+    ``history``: a later turn's tokens before its own (the previous turns' prompts and answers,
+    at most their ``max_tokens``), which the prompt it is sent with begins with: the limit holds
+    for the whole of it, so only ``limit - history`` new tokens fit (none: dropped either way)."""
     limit = min(options.max_prompt_len or MAX_TOKENS_LIMIT, MAX_TOKENS_LIMIT)
     length = request.prompt_len
-    if length is None or length <= limit:
+    if length is None or history + length <= limit:
         return request
-    if options.over_length == "drop":
-        counts.drop(f"prompt over {limit} tokens")
+    room = limit - history
+    if options.over_length == "drop" or room < 1:
+        counts.drop(f"prompt over {limit} tokens" if not history
+                    else f"prompt over {limit} tokens with its conversation's history")
         return None
-    counts.change(f"prompt clipped to {limit} tokens")
+    counts.change(f"prompt clipped to {limit} tokens" if not history
+                  else f"prompt clipped to {limit} tokens with its conversation's history")
     prompt = request.prompt
-    clipped = prompt.clipped(limit) if isinstance(prompt, PromptRecipe) else prompt[:limit]
+    clipped = prompt.clipped(room) if isinstance(prompt, PromptRecipe) else prompt[:room]
     return _replace(request, prompt=clipped)
 
 
@@ -219,7 +227,9 @@ def select(pairs: Iterator[tuple[float | None, Request | Dropped]], options: Imp
     Keeping no request at all is an error (``name`` is the source's, for its message).
     ``gate``: the one given to the source, if any (it counts the first turns kept, and says
     where the source stopped reading: ``counts.stopped``)."""
-    kept_conversations: set[str] = set()
+    # Each kept conversation's tokens so far (prompts and answers: the next turn's history);
+    # None where a text prompt's length is not known before the engine tokenizes it.
+    kept_conversations: dict[str, int | None] = {}
     gate = gate or Gate(options)
     span = (math.inf, -math.inf)  # first and last first-turn times read
     for seconds, request in pairs:
@@ -246,11 +256,12 @@ def select(pairs: Iterator[tuple[float | None, Request | Dropped]], options: Imp
             request = _replace(request, think_time_s=request.think_time_s * options.time_scale)
         if not request.prompt_len and request.prompt_len is not None:
             counts.drop("empty prompt")
-            kept_conversations.discard(conversation)  # type: ignore[arg-type]
+            kept_conversations.pop(conversation, None)  # type: ignore[arg-type]
             continue
-        fitted = _fit_length(request, options, counts)
+        history = kept_conversations.get(conversation) if request.follows_previous_turn else 0
+        fitted = _fit_length(request, options, counts, history or 0)
         if fitted is None:
-            kept_conversations.discard(conversation)  # type: ignore[arg-type]
+            kept_conversations.pop(conversation, None)  # type: ignore[arg-type]
             continue
         if fitted.max_tokens < 1:
             counts.change("output length 0 raised to 1")
@@ -260,7 +271,9 @@ def select(pairs: Iterator[tuple[float | None, Request | Dropped]], options: Imp
             fitted = _replace(fitted, max_tokens=MAX_TOKENS_LIMIT)
         _check_kept(fitted, seconds, options, f"{name}: request {counts.read}")
         if conversation is not None:
-            kept_conversations.add(conversation)
+            kept_conversations[conversation] = (
+                None if history is None or fitted.prompt_len is None
+                else history + fitted.prompt_len + fitted.max_tokens)
             gate.in_conversation = True
         gate.first_turns += not fitted.follows_previous_turn
         counts.kept += 1

@@ -13,7 +13,7 @@ from _cli import killed_copy
 
 from engine.config import Config
 from replay.cli.main import main as replayllm
-from replay.loadgen.client import Measured
+from replay.loadgen.answer import Measured
 from replay.loadgen.result import requests_frame, summarize, write_result
 from replay.recorded import from_trace
 from replay.whatif.synthetic import StepLaw, record_workload

@@ -7,7 +7,7 @@ from __future__ import annotations
 from _cli import run_cli
 
 from engine.config import Config
-from replay.loadgen.client import Measured
+from replay.loadgen.answer import Measured
 from replay.loadgen.result import requests_frame, summarize, write_result
 from replay.whatif.synthetic import StepLaw, record_workload
 from replay.workloads.builtin import reference_workload

@@ -56,7 +56,7 @@ def test_compare_matches_client_rows_the_server_numbered_in_another_order(tmp_pa
     from _cli import killed_copy
 
     from engine.config import Config
-    from replay.loadgen.client import Measured
+    from replay.loadgen.answer import Measured
     from replay.loadgen.result import requests_frame, summarize, write_result
     from replay.recorded import from_trace
     from replay.whatif.synthetic import StepLaw, record_workload

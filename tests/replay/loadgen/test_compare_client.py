@@ -12,7 +12,7 @@ import pytest
 
 from engine.config import Config
 from replay.cli.main import main
-from replay.loadgen.client import Measured
+from replay.loadgen.answer import Measured
 from replay.loadgen.result import requests_frame, summarize, write_result
 from replay.whatif.compare import client_view
 from replay.whatif.synthetic import StepLaw, record_workload

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from replay.loadgen.client import Measured
+from replay.loadgen.answer import Measured
 from replay.loadgen.result import (
     METADATA_KEY,
     OPTIONAL_COLUMNS,

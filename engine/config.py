@@ -213,6 +213,8 @@ class Config:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.policy, str):
+            policy_class(self.policy)  # a class or an instance: it names the import path to give
         for name, rule in FIELD_RULES.items():
             value = getattr(self, name)
             if rule.kind is float and isinstance(value, int) and not isinstance(value, bool):

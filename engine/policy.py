@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import ConfigError
-from engine.policy_guard import GuardedPolicy, NoProgressError, PolicyError, described
+from engine.policy_guard import GuardedPolicy, NoProgressError, PolicyError
+from engine.policy_where import PolicyCode, described
 
 if TYPE_CHECKING:
     from engine.sequence import Sequence
@@ -225,13 +226,21 @@ def is_import_path(name: str) -> bool:
 
 def policy_class(name: str) -> type[Policy]:
     """The class a ``Config.policy`` names: a built-in or ``package.module:ClassName``."""
+    if not isinstance(name, str):
+        # The class itself (``workloads(policies=(MyPolicy,))``) where its path belongs: a
+        # trace header, verify and the what-if rebuild a policy from its import path alone.
+        cls = name if isinstance(name, type) else type(name)
+        if issubclass(cls, Policy):
+            raise ConfigError(f"policy {name!r}: give a policy by its import path as a string, "
+                              f"'{cls.__module__}:{cls.__qualname__}', not the class")
+        raise ConfigError(f"policy must be a built-in's name or an import path "
+                          f"package.module:ClassName, a string; got {name!r:.60}")
     if name in BUILTIN_POLICIES:
         return BUILTIN_POLICIES[name]
     if not is_import_path(name):
-        raise ConfigError(
+        raise ConfigError(_dotted(name) or (
             "policy must be one of " + ", ".join(repr(p) for p in BUILTIN_POLICIES)
-            + f" or an import path package.module:ClassName, got {name!r}"
-        )
+            + f" or an import path package.module:ClassName, got {name!r}"))
     module_name, _, attr = name.partition(":")
     if "(" in attr:
         raise ConfigError(
@@ -280,6 +289,23 @@ def policy_class(name: str) -> type[Policy]:
     return cls
 
 
+def _dotted(name: str) -> str | None:
+    """For a dotted name (``sjf.ShortestJobFirst``: a dot where the colon belongs), the import
+    path it likely means, resolved; None for anything else (a misspelt built-in, ``sjf.py``)."""
+    module, _, attr = name.rpartition(".")
+    if (not module or attr == "py" or not all(p.isidentifier() for p in name.split("."))
+            or difflib.get_close_matches(name, BUILTIN_POLICIES, n=1, cutoff=0.8)):
+        return None
+    meant = f"{module}:{attr}"
+    text = f"policy {name!r}: an import path names the class after a colon"
+    try:
+        policy_class(meant)
+    except ConfigError as exc:
+        return f"{text}, as {meant!r}, which fails too: " + str(exc).removeprefix(
+            f"policy {meant!r}: ")
+    return f"{text}: give {meant!r}"
+
+
 def _import_policy_module(module_name: str) -> Any:
     """Import a policy's module; one not found on ``sys.path`` is looked up in the working
     directory too, as ``python -m`` would (the ``replayllm`` script's path holds only its own
@@ -307,7 +333,8 @@ def make_policy(config: EngineConfig) -> Policy | GuardedPolicy:
     try:
         inner = cls(config)
     except Exception as exc:
-        raise PolicyError(f"policy {name!r}: {cls.__name__}(config) raised {described(exc)} "
+        raise PolicyError(f"policy {name!r}: {cls.__name__}(config) raised "
+                          f"{described(exc, PolicyCode(cls))} "
                           "(a policy is constructed with the engine Config alone)") from exc
     if not hasattr(inner, "_eviction"):
         raise PolicyError(f"policy {name!r}: {cls.__name__}.__init__ must call "

@@ -3,15 +3,16 @@
 ``make_policy`` (engine/policy.py) wraps a policy given by import path in ``GuardedPolicy``: an
 exception the policy raises, an answer of the wrong type, a change to the step's budget and a
 change to a sequence it is offered (its hooks get read-only views, engine/policy_view.py) each
-become one ``PolicyError`` line naming the import path, the hook and the cause. The built-ins are
-never wrapped.
+become one ``PolicyError`` line naming the import path, the hook and the cause (its file and
+line: engine/policy_where.py). The built-ins are never wrapped.
 """
 
 from __future__ import annotations
 
+import decimal
+import numbers
 import operator
 import os
-import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -20,12 +21,8 @@ from typing import Any, NoReturn
 
 from engine.errors import ReplayLLMError
 from engine.policy_view import OfferedViews, SequenceView, make_view, real
+from engine.policy_where import OWN_FILES, PolicyCode, caller, described
 from engine.sequence import Sequence, SequenceStatus
-
-# This guard, its views and engine/policy.py: a failure's location is outside them.
-_OWN_FILES = {os.path.abspath(__file__)} | {
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-    for name in ("policy.py", "policy_view.py")}
 
 
 class PolicyError(ReplayLLMError):
@@ -51,29 +48,6 @@ _warned_slow: set[tuple[str, str]] = set()
 # A hook's own exceptions become PolicyError; SystemExit too (a leftover ``sys.exit()`` in a
 # hook ended the process with no message). KeyboardInterrupt stays the user's Ctrl-C.
 _POLICY_FAILURES = (Exception, SystemExit)
-
-
-def described(exc: BaseException) -> str:
-    """``TypeName: first line (file.py:line)``, at the innermost frame outside this guard and
-    engine/policy.py (the policy's own code; none when it failed in the call itself)."""
-    lines = str(exc).strip().splitlines()
-    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-    where = None
-    tb = exc.__traceback__
-    while tb is not None:
-        name = tb.tb_frame.f_code.co_filename
-        if os.path.abspath(name) not in _OWN_FILES:
-            where = f"{os.path.basename(name)}:{tb.tb_lineno}"
-        tb = tb.tb_next
-    return f"{text} ({where})" if where else text
-
-
-def _caller() -> str | None:
-    """``file.py:line`` of the innermost frame now running outside this guard and its views."""
-    frame = sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename) in _OWN_FILES:
-        frame = frame.f_back  # type: ignore[assignment]
-    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}" if frame else None
 
 
 def _inherited(hook: Any) -> bool:
@@ -114,14 +88,24 @@ class StepView:
         return self._step.free_blocks
 
     def can_allocate(self, seq: Sequence) -> bool:
-        return self._step.can_allocate(real(seq))
+        return self._step.can_allocate(_sequence(seq, "can_allocate"))
 
     def priority(self, seq: Sequence) -> int:
-        return self._step.priority(real(seq))
+        return self._step.priority(_sequence(seq, "priority"))
 
     def _charge(self, tokens: int, seqs: int = 1) -> None:
         raise PolicyError(f"policy {self._owner!r} charged the step's budget: only the "
                           "scheduler may (a policy reads step, never changes it)")
+
+
+def _sequence(value: Any, method: str) -> Sequence:
+    """The sequence ``value`` is a view of; anything else (``step.priority(seq.seq_id)``) is the
+    policy's TypeError here, not an AttributeError deep in the scheduler."""
+    seq = real(value)
+    if not isinstance(seq, Sequence):
+        raise TypeError(f"step.{method}(seq) takes a sequence offered to the hook, got "
+                        f"{_what(value)}")
+    return seq
 
 
 _UNSET = object()
@@ -141,6 +125,7 @@ class GuardedPolicy:
 
     def __init__(self, inner: Any, name: str, release_order: Callable[[Any], Any]) -> None:
         self.inner = inner
+        self._code = PolicyCode(type(inner))
         self._release_order = release_order
         self.name = name
         self.config = inner.config
@@ -154,7 +139,6 @@ class GuardedPolicy:
             raise PolicyError(f"policy {name!r}: mixed_batches must be True or False, got "
                               f"{_what(mixed)}")
         self._mixed = mixed
-        self._last_key: Any = _UNSET
 
     @property
     def mixed_batches(self) -> bool:  # read once: the step shape cannot change mid-run
@@ -169,7 +153,8 @@ class GuardedPolicy:
             self._refusal = None  # raised: nothing left to report
             raise
         except _POLICY_FAILURES as exc:
-            raise PolicyError(f"policy {self.name!r} raised {described(exc)} in {hook}") from exc
+            raise PolicyError(f"policy {self.name!r} raised {described(exc, self._code)} in "
+                             f"{hook}") from exc
         self._timed(hook, fn, started)
         if self._refusal is not None:
             self._check_refusal()
@@ -183,7 +168,7 @@ class GuardedPolicy:
         _warned_slow.add((self.name, hook))
         code = getattr(fn, "__code__", None) or getattr(fn, "gi_code", None)
         path = os.path.abspath(code.co_filename) if code is not None else None
-        if path in _OWN_FILES:
+        if path in OWN_FILES:
             path = None
         where = f" ({os.path.basename(path)}:{code.co_firstlineno})" if path else ""
         warning = PolicySlowWarning(
@@ -203,7 +188,7 @@ class GuardedPolicy:
     def _refuse(self, seq: Sequence, field: str, how: str) -> NoReturn:
         """A view's report of an attempted change to ``seq``: the PolicyError, raised (and kept,
         for ``_check_refusal``)."""
-        where = _caller()
+        where = caller(self._code)
         self._refusal = PolicyError(
             f"policy {self.name!r} tried to change seq {seq.seq_id}'s {field} ({how}) in "
             f"{self._hook}{f' ({where})' if where else ''}: a policy reads the sequences it is "
@@ -255,8 +240,8 @@ class GuardedPolicy:
                 self._refusal = None
                 raise
             except _POLICY_FAILURES as exc:
-                raise PolicyError(f"policy {self.name!r} raised {described(exc)} in admit") \
-                    from exc
+                raise PolicyError(f"policy {self.name!r} raised {described(exc, self._code)} in "
+                                  "admit") from exc
             self._timed("admit", items, started)
             if self._refusal is not None:
                 self._check_refusal()
@@ -315,17 +300,99 @@ class GuardedPolicy:
         return rank if rank is self._release_order else self._checked_key(rank)
 
     def _checked_key(self, rank: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        order = KeyOrder(self.name)
+
         def key(block: Any) -> Any:
             value = self._call("eviction_key", rank, block)
-            last = self._last_key
-            if last is not _UNSET:
-                try:
-                    (value,) < (last,)  # noqa: B015 (the free list's heap compares them so)
-                except TypeError:
-                    raise PolicyError(
-                        f"policy {self.name!r}: eviction_key returned {value!r:.40} and "
-                        f"{last!r:.40}, which do not compare") from None
-            self._last_key = value
+            order.check(value, block)
             return value
 
         return key
+
+
+def _leaves(value: Any, path: tuple[int, ...] = ()) -> Iterator[tuple[tuple[int, ...], Any]]:
+    """Each element a heap's comparison of ``value`` may reach, by its position (a tuple's or a
+    list's elements, recursively, after the container itself)."""
+    yield path, value
+    if isinstance(value, (tuple, list)):
+        for i, item in enumerate(value):
+            yield from _leaves(item, (*path, i))
+
+
+def _unordered(value: Any) -> str | None:
+    """Why ``value`` cannot be ordered even among keys like it, else None: NaN (neither smaller
+    than, larger than nor equal to anything: the heap's order would be arbitrary, silently), or
+    an element that is not orderable with itself (None, a dict: ``<`` raises)."""
+    for _, item in _leaves(value):
+        if isinstance(item, (tuple, list)):
+            continue
+        try:
+            if item != item:
+                return "NaN is neither smaller, larger nor equal to any key"
+            item < item  # noqa: B015 (whether '<' is defined for it at all)
+        except Exception as exc:  # noqa: BLE001 (a key's own comparison may raise anything)
+            return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _ordering(value: Any, other: Any) -> str | None:
+    """Why ``value`` and ``other`` do not order as the free list's heap compares them (in a
+    tuple: equal by identity or ==, else by <), else None."""
+    a, b = (value,), (other,)
+    try:
+        if (a < b) + (b < a) + (a == b) == 1:
+            return None
+        return "neither is smaller and they are not equal"
+    except Exception as exc:  # noqa: BLE001 (a key's own comparison may raise anything)
+        return f"{type(exc).__name__}: {exc}"
+
+
+class KeyOrder:
+    """The eviction keys one policy returned, checked before the free list's heap holds them: a
+    key that cannot be ordered (NaN, None) and keys that do not compare with each other (an int
+    and a str, also at one position of a tuple) are a ``PolicyError`` naming the keys, where the
+    heap would order them arbitrarily or raise ``TypeError`` later in the block manager. A
+    position's elements must compare in every key, even where an earlier element happens to
+    decide: the heap compares whichever keys it holds. Each key costs a set look-up per element
+    once the types a policy returns are known."""
+
+    def __init__(self, owner: str) -> None:
+        self._owner = owner
+        self._last: Any = _UNSET
+        self._seen: set[tuple[tuple[int, ...], Any]] = set()  # (position, kind) met
+        # Position -> (element, its key) of each kind met there.
+        self._example: dict[tuple[int, ...], list[tuple[Any, Any]]] = {}
+
+    def check(self, value: Any, block: Any) -> None:
+        why = _unordered(value)
+        if why is not None:
+            raise PolicyError(
+                f"policy {self._owner!r}: eviction_key returned {_shown(value)} for block "
+                f"{getattr(block, 'block_id', '?')}, which cannot be ordered ({why}): return a "
+                "number, or a tuple of numbers")
+        for path, item in _leaves(value):
+            kind = (path, _kind(item))
+            if kind not in self._seen:  # a new type at this position: does it compare?
+                examples = self._example.setdefault(path, [])
+                for element, key in examples:
+                    self._compare(value, key, _ordering(item, element))
+                examples.append((item, value))
+                self._seen.add(kind)
+        if self._last is not _UNSET:
+            self._compare(value, self._last, _ordering(value, self._last))
+        self._last = value
+
+    def _compare(self, value: Any, other: Any, why: str | None) -> None:
+        if why is not None:
+            raise PolicyError(
+                f"policy {self._owner!r}: eviction_key returned {_shown(value)} and "
+                f"{_shown(other)}, which do not compare ({why})")
+
+
+def _kind(item: Any) -> Any:
+    # Python's numbers compare with each other: one kind (bool, int, float, Fraction, Decimal).
+    return "number" if isinstance(item, (numbers.Real, decimal.Decimal)) else type(item)
+
+
+def _shown(value: Any) -> str:
+    return f"{value!r:.60} ({type(value).__name__})"

@@ -243,6 +243,30 @@ class OfferedViews(SequenceABC):
     def __repr__(self) -> str:
         return f"({', '.join(map(repr, self._seqs))})"
 
+    def __getattr__(self, name: str) -> NoReturn:
+        # Only a name the class lacks gets here (a read costs nothing more): a list's method
+        # that changes it says why it is missing; any other keeps Python's own error (and so
+        # its "Did you mean").
+        text = f"{type(self).__name__!r} object has no attribute {name!r}"
+        if name in _LIST_CHANGES:
+            raise AttributeError(f"{text}: {_READ_ONLY}")
+        raise AttributeError(text, name=name, obj=self)
+
+    def __setitem__(self, index: Any, value: Any) -> NoReturn:
+        raise TypeError(f"{type(self).__name__!r} object does not support item assignment: "
+                        f"{_READ_ONLY}")
+
+    def __delitem__(self, index: Any) -> NoReturn:
+        raise TypeError(f"{type(self).__name__!r} object does not support item deletion: "
+                        f"{_READ_ONLY}")
+
+
+# What a list would let a policy do to the waiting queue it is offered, which is the scheduler's.
+_LIST_CHANGES = frozenset(("sort", "reverse", "append", "extend", "insert", "pop", "remove",
+                           "clear"))
+_READ_ONLY = ("waiting is read-only (the scheduler's queue, offered in its order): for another "
+              "order use sorted(waiting, key=...), for a list of your own list(waiting)")
+
 
 def _listed(items: Any) -> Any:
     """``items`` as a list where the engine holds an ``array`` (a policy sees lists)."""

@@ -54,12 +54,26 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
             pluginmanager.set_blocked(other)
 
 
+@pytest.hookimpl(tryfirst=True)  # before Hypothesis's own, which loads --hypothesis-profile
 def pytest_configure(config: pytest.Config) -> None:
     """``HYPOTHESIS_PROFILE=ci|deep|dev`` loads that profile (``--hypothesis-profile`` wins); a
     profile the user's conftest registered loads the same way, and a name no profile has is a
-    usage error (it ran Hypothesis's ``default`` in silence: a "deep" run of 100 examples)."""
-    if _profiles is None or config.getoption("--hypothesis-profile", None):
+    usage error (it ran Hypothesis's ``default`` in silence: a "deep" run of 100 examples), by
+    the variable or by the option (Hypothesis's plugin made that an INTERNALERROR and a page of
+    traceback)."""
+    if _profiles is None:
         return
+    option = config.getoption("--hypothesis-profile", None)
+    if option:
+        from hypothesis import settings
+        from hypothesis.errors import InvalidArgument
+
+        try:
+            settings.get_profile(option)
+        except InvalidArgument:
+            raise pytest.UsageError(_unknown_profile(f"--hypothesis-profile={option!r}")) \
+                from None
+        return  # Hypothesis's plugin loads it
     name = _profiles.profile_from_env()
     if name in _profiles.PROFILES:
         _profiles.load_profile(name, no_shrink=os.environ.get("HYPOTHESIS_NO_SHRINK") == "1")
@@ -70,11 +84,13 @@ def pytest_configure(config: pytest.Config) -> None:
         try:
             settings.load_profile(name)
         except InvalidArgument:
-            known = ", ".join(_profiles.registered())
-            raise pytest.UsageError(
-                f"{_profiles.ENV}={name!r} names no registered Hypothesis profile (registered: "
-                f"{known}; a conftest registers its own with settings.register_profile)"
-            ) from None
+            raise pytest.UsageError(_unknown_profile(f"{_profiles.ENV}={name!r}")) from None
+
+
+def _unknown_profile(given: str) -> str:
+    known = ", ".join(_profiles.registered())
+    return (f"{given} names no registered Hypothesis profile (registered: {known}; a conftest "
+            "registers its own with settings.register_profile)")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -9,7 +9,8 @@ that the recorded events replay identically (``replay``: ``replay.verify.verify_
 the scheduler and the policy from the recording; a policy that decides differently from the same
 state, by randomness, the clock or ``id()``, fails it, as its traces would fail ``verify``).
 A policy that raises or answers what the scheduler cannot carry out (a ``PolicyError``, at
-construction or in a step) is the ``policy`` violation, one that schedules nothing while
+construction, in a step or in an abort, whose freed blocks ``eviction_key`` ranks) is the
+``policy`` violation, one that schedules nothing while
 requests wait the ``progress`` one: the run stops there and the events so far are checked.
 The ``Run`` it returns holds the violations by name; ``run.raise_violations()`` reports them.
 """
@@ -88,8 +89,13 @@ def run_workload(
                     observer.arrived(seq.seq_id)
             for seq_id, (spec, seq) in run.seqs.items():
                 if spec.abort_step == t and not seq.is_finished:
-                    core.abort(seq_id)
-                    run.aborted.add(seq_id)
+                    run.aborted.add(seq_id)  # first: one the policy stopped mid-abort counts too
+                    try:
+                        core.abort(seq_id)
+                    except PolicyError as exc:  # eviction_key ranks the blocks it frees
+                        run.check(False, "policy", f"abort of seq {seq_id} at step {run.steps}: "
+                                  f"{exc}")
+                        raise Stop() from None
                     if observer is not None:
                         observer.aborted(seq_id)
             if next_request == len(requests) and not core.has_unfinished():

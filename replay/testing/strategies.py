@@ -138,8 +138,9 @@ def _default_config() -> Config:
 
 def _as_tuple(names: tuple[str, ...] | str) -> tuple[str, ...]:
     """One policy or eviction order given as a string (``policies=("my:P")``, the tuple's
-    comma forgotten) is that name, not its characters."""
-    return (names,) if isinstance(names, str) else tuple(names)
+    comma forgotten) is that name, not its characters; a class given alone is one too (the
+    Config refuses it, saying which import path to give)."""
+    return (names,) if isinstance(names, (str, type)) else tuple(names)
 
 
 def _whole_prompts(policy: str) -> bool:

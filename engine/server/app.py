@@ -182,8 +182,20 @@ def create_app(engine: Any, model_name: str, max_request_bytes: int | None = Non
 async def _parsed(state: ServerState, request: Request,
                   check: Callable[[dict[str, Any]], ParsedRequest]) -> ParsedRequest:
     """The request's body, read within the limit, parsed and checked (a large one off the
-    loop: ``BodyParser``)."""
-    return await state.bodies.parse(await read_body(request, state.max_request_bytes), check)
+    loop: ``BodyParser``). A body that is not JSON, sent as another type (a form, text), is a
+    400 that names the type sent and the one to send; a JSON body is taken under any type
+    (``curl -d`` declares a form)."""
+    raw = await read_body(request, state.max_request_bytes)
+    try:
+        return await state.bodies.parse(raw, check)
+    except ApiError as exc:
+        declared = request.headers.get("content-type", "")
+        media = declared.split(";")[0].strip().lower()
+        if exc.param is None and exc.message.startswith("the request body") and media and \
+                media != "application/json" and not media.endswith("+json"):
+            raise ApiError(f"{exc.message} (the request's Content-Type is {media}; send a JSON "
+                           "body with Content-Type: application/json)") from None
+        raise
 
 
 def _admit(state: ServerState, parsed: ParsedRequest, ids: list[int],

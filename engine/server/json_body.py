@@ -50,6 +50,9 @@ def parse_json_body(raw: bytes, interruptible: bool = False) -> dict[str, Any]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ApiError(f"the request body is not valid UTF-8 (byte {exc.start})") from None
+    # A leading byte order mark (Windows PowerShell's and .NET's UTF-8): RFC 8259 lets a parser
+    # ignore it, and vLLM's does (``json.loads`` of the bytes); ``json.loads`` of a str refuses.
+    text = text[1:] if text.startswith("\ufeff") else text
     hooks: dict[str, Any] = {"object_hook": _same, "parse_int": _int} if interruptible else {}
     try:
         body = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float, **hooks)

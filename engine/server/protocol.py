@@ -102,8 +102,10 @@ def parse_chat(body: dict[str, Any]) -> ParsedRequest:
     request.messages = _messages(body)
     if body.get("logprobs") not in (None, False):
         raise ApiError("logprobs is not supported", "logprobs")
-    if body.get("top_logprobs") is not None:
-        raise ApiError("top_logprobs is not supported", "top_logprobs")
+    # 0 asks for none (vLLM serves it, refusing only a positive one without logprobs).
+    top_logprobs = body.get("top_logprobs")
+    if top_logprobs is not None and (not _is_int(top_logprobs) or top_logprobs != 0):
+        raise ApiError("top_logprobs is not supported (only 0)", "top_logprobs")
     if body.get("tools"):
         raise ApiError("tools are not supported", "tools")
     if body.get("tool_choice") not in (None, "none"):

@@ -288,9 +288,10 @@ def test_a_decode_that_resolved_its_predecessor_first_is_not_overlapped() -> Non
     """A decode scheduled after the step in flight was resolved (a mixed-batch policy with a
     request waiting: ``schedule_needs_tokens``) ran after its predecessor, so its
     ``model_step.overlapped`` is False, though that predecessor was deferred; the observer's
-    ``overlapped`` check holds on the run, and the overlapped run records the same. Kills the outside mutant
-    ``forced_resolve_keeps_overlap`` (the flag taken from the deferral alone), which the
-    generated workloads rarely reach: it needs deferrable decodes with a request kept waiting."""
+    ``overlapped`` check holds on the run, and the overlapped run records the same. Kills the
+    outside mutant ``forced_resolve_keeps_overlap`` (the flag taken from the deferral alone),
+    which the generated workloads rarely reach: it needs deferrable decodes with a request kept
+    waiting."""
     workload = _waiting_on_seats_workload()
     observed = run_workload(workload)  # the observer checks the sequential loop's flags
     observed.raise_violations()

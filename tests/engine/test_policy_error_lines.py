@@ -18,9 +18,7 @@ the policy's code"):
 from __future__ import annotations
 
 import pytest
-
-from engine.config import Config
-from replay.testing import RequestSpec, Workload, run_workload
+from _policy_runs import policy_violation
 
 HELPERS = """
     def rank(seq):
@@ -89,20 +87,11 @@ def module(policy_module) -> str:
     return policy_module("s38_guard_policy", POLICIES)
 
 
-def _error(policy: str) -> str:
-    config = Config(policy=policy, kvcache_block_size=2, num_kvcache_blocks=8, max_model_len=16,
-                    max_num_batched_tokens=16, eos=-1)
-    workload = Workload(config, (RequestSpec(0, (1, 2, 3), 2, True, (3, 3)),
-                                 RequestSpec(0, (4, 5), 2, True, (3, 3))))
-    (message,) = run_workload(workload).violations["policy"]
-    return message
-
-
 @pytest.mark.parametrize(("cls", "method", "line"), [
     ("PriorityById", "priority", 10), ("CanAllocateById", "can_allocate", 17)])
 def test_a_step_method_given_an_id_says_what_it_takes_at_the_policys_line(
         module, cls, method, line) -> None:
-    message = _error(f"{module}:{cls}")
+    message = policy_violation(f"{module}:{cls}")
     assert (f"raised TypeError: step.{method}(seq) takes a sequence offered to the hook, got 0 "
             f"(int) (s38_guard_policy.py:{line}) in admit") in message, message
 
@@ -112,12 +101,12 @@ def test_a_step_method_given_an_id_says_what_it_takes_at_the_policys_line(
     ("ViewMethodMisused", 'TypeError: can only concatenate str (not "int") to str', 29)])
 def test_a_failure_inside_library_or_engine_code_is_located_at_the_policys_line(
         module, cls, raised, line) -> None:
-    message = _error(f"{module}:{cls}")
+    message = policy_violation(f"{module}:{cls}")
     assert f"raised {raised} (s38_guard_policy.py:{line}) in admit" in message, message
 
 
 def test_a_failure_in_a_users_helper_module_keeps_the_helpers_line(module) -> None:
-    message = _error(f"{module}:HelperRaises")
+    message = policy_violation(f"{module}:HelperRaises")
     assert "raised LookupError: no rank for seq 0 (s38_guard_helpers.py:3) in admit" in message
 
 
@@ -128,5 +117,5 @@ def test_a_failure_in_a_users_helper_module_keeps_the_helpers_line(module) -> No
                  "mean: 'tokens_left'?"),
     ("NameTypo", "NameError: name 'waitng' is not defined. Did you mean: 'waiting'?")])
 def test_a_misspelt_field_or_name_says_which_was_meant(module, cls, raised) -> None:
-    message = _error(f"{module}:{cls}")
+    message = policy_violation(f"{module}:{cls}")
     assert f"raised {raised} (s38_guard_policy.py:" in message, message

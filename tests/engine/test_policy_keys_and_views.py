@@ -20,6 +20,7 @@ What these tests prove:
 from __future__ import annotations
 
 import pytest
+from _policy_runs import policy_violation
 
 from engine.config import Config
 from replay.testing import RequestSpec, Workload, run_workload
@@ -155,30 +156,21 @@ def views(policy_module) -> str:
     return policy_module("s38b_views", VIEWS)
 
 
-def _admit_error(policy: str) -> str:
-    config = Config(policy=policy, kvcache_block_size=2, num_kvcache_blocks=8, max_model_len=16,
-                    max_num_batched_tokens=16, eos=-1)
-    workload = Workload(config, (RequestSpec(0, (1, 2, 3), 2, True, (3, 3)),
-                                 RequestSpec(0, (4, 5), 2, True, (3, 3))))
-    (message,) = run_workload(workload).violations["policy"]
-    return message
-
-
 @pytest.mark.parametrize(("cls", "what"), [
     ("SortsWaiting", "has no attribute 'sort'"), ("PopsWaiting", "has no attribute 'pop'"),
     ("AssignsWaiting", "does not support item assignment")])
 def test_changing_the_waiting_queue_says_it_is_read_only(views, cls, what) -> None:
-    message = _admit_error(f"{views}:{cls}")
+    message = policy_violation(f"{views}:{cls}")
     assert what in message, message
     assert "waiting is read-only" in message and "sorted(waiting, key=...)" in message, message
     assert "(s38b_views.py:" in message and message.endswith("in admit")
 
 
 def test_the_read_only_message_is_at_the_policys_line(views) -> None:
-    assert "(s38b_views.py:7) in admit" in _admit_error(f"{views}:SortsWaiting")
+    assert "(s38b_views.py:7) in admit" in policy_violation(f"{views}:SortsWaiting")
 
 
 def test_a_misspelt_read_of_waiting_still_says_what_was_meant(views) -> None:
-    message = _admit_error(f"{views}:MisspeltRead")
+    message = policy_violation(f"{views}:MisspeltRead")
     assert "has no attribute 'cont'. Did you mean: 'count'?" in message, message
     assert "read-only" not in message

@@ -28,7 +28,6 @@ import pytest
 from _cli import REPO, SAMPLE, one_error, run_cli, user_policy_copy, write_jsonl
 
 import tracing.outdir as outdir
-from replay.whatif.cost.model import CostModel
 from replay.whatif.report import write_outputs
 from replay.whatif.run_outputs import row
 
@@ -40,18 +39,6 @@ INTRUDER = "intruder-variant-s38"
 OTHER_PNG = b"\x89PNG\r\n\x1a\n another command's plot"
 
 
-@pytest.fixture
-def fits(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The sources ``CostModel.fit`` was called on, during the test."""
-    real = CostModel.fit.__func__  # type: ignore[attr-defined]
-    calls: list[str] = []
-
-    def recording_fit(cls: type, events: object, source: str = "", **kwargs: object) -> object:
-        calls.append(source)
-        return real(cls, events, source, **kwargs)
-
-    monkeypatch.setattr(CostModel, "fit", classmethod(recording_fit))
-    return calls
 
 
 @pytest.fixture

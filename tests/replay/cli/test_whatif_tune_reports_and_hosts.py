@@ -26,7 +26,6 @@ import replay.cli.tune as tune_cli
 import tracing.outdir as outdir
 from replay.cli import progress
 from replay.cli.main import main
-from replay.whatif.cost.model import CostModel
 
 HOSTED = REPO / "traces" / "h200-reference-s4"  # host times and eager start-up calibration
 OTHER_HOST = REPO / "traces" / "h200-reference"
@@ -130,18 +129,6 @@ def test_whatif_bars_follow_the_rule(tmp_path: Path, stream: bool) -> None:
 
 
 # --- --host-from before fitting -----------------------------------------------------------------
-@pytest.fixture
-def fits(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The sources ``CostModel.fit`` was called on, during the test."""
-    real = CostModel.fit.__func__  # type: ignore[attr-defined]
-    calls: list[str] = []
-
-    def recording_fit(cls: type, events: object, source: str = "", **kwargs: object) -> object:
-        calls.append(source)
-        return real(cls, events, source, **kwargs)
-
-    monkeypatch.setattr(CostModel, "fit", classmethod(recording_fit))
-    return calls
 
 
 @pytest.mark.parametrize("argv, words", [

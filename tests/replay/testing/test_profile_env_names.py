@@ -36,7 +36,10 @@ settings.register_profile("nightly", max_examples=7, deadline=None)
 '''
 
 
-def _user_pytest(tmp_path: Path, env: dict[str, str], conftest: str | None = None):
+def user_pytest(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
+                conftest: str | None = None) -> subprocess.CompletedProcess[str]:
+    """A user's pytest run of ``USER_TEST`` (and ``conftest``) in ``tmp_path``, with the
+    project's plugin, command-line ``args`` and environment ``env``."""
     (tmp_path / "test_my_policy.py").write_text(USER_TEST)
     if conftest is not None:
         (tmp_path / "conftest.py").write_text(conftest)
@@ -44,15 +47,15 @@ def _user_pytest(tmp_path: Path, env: dict[str, str], conftest: str | None = Non
                     for ep in importlib.metadata.entry_points(group="pytest11"))
     plugin = [] if installed else ["-p", "replay.testing.pytest_plugin"]
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", *plugin,
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", *plugin, *args,
          "test_my_policy.py"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", **env},
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", **(env or {})},
     )
 
 
 def test_a_misspelt_profile_is_a_usage_error_naming_the_profiles(tmp_path: Path) -> None:
-    done = _user_pytest(tmp_path, {"HYPOTHESIS_PROFILE": "Deep"})
+    done = user_pytest(tmp_path, env={"HYPOTHESIS_PROFILE": "Deep"})
     output = done.stdout + done.stderr
     assert done.returncode == 4, output[-2000:]
     assert "HYPOTHESIS_PROFILE='Deep' names no registered Hypothesis profile" in output
@@ -61,6 +64,6 @@ def test_a_misspelt_profile_is_a_usage_error_naming_the_profiles(tmp_path: Path)
 
 
 def test_a_profile_registered_in_the_users_conftest_is_loaded(tmp_path: Path) -> None:
-    done = _user_pytest(tmp_path, {"HYPOTHESIS_PROFILE": "nightly"}, CONFTEST)
+    done = user_pytest(tmp_path, env={"HYPOTHESIS_PROFILE": "nightly"}, conftest=CONFTEST)
     assert done.returncode == 0, (done.stdout + done.stderr)[-2000:]
     assert "PROFILE nightly 7" in done.stdout

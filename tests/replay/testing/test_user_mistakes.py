@@ -15,13 +15,11 @@
 
 from __future__ import annotations
 
-import importlib.metadata
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
+from test_profile_env_names import user_pytest
 
 from engine.config import Config
 from engine.errors import ConfigError
@@ -96,37 +94,8 @@ def test_a_policy_class_where_its_import_path_belongs_says_which_path() -> None:
             test()  # was AttributeError: type object 'Inline' has no attribute 'partition'
 
 
-USER_TEST = '''
-from hypothesis import given, settings, strategies as st
-
-
-@given(st.integers())
-def test_reads_the_profile(n):
-    pass
-
-
-def test_prints_the_profile():
-    print("PROFILE", settings.get_current_profile_name(), settings.default.max_examples)
-'''
-
-
-def _user_pytest(tmp_path: Path, *args: str, conftest: str | None = None):
-    (tmp_path / "test_my_policy.py").write_text(USER_TEST)
-    if conftest is not None:
-        (tmp_path / "conftest.py").write_text(conftest)
-    installed = any(ep.value == "replay.testing.pytest_plugin"
-                    for ep in importlib.metadata.entry_points(group="pytest11"))
-    plugin = [] if installed else ["-p", "replay.testing.pytest_plugin"]
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", *plugin, *args,
-         "test_my_policy.py"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-    )
-
-
 def test_a_misspelt_profile_option_is_a_usage_error_naming_the_profiles(tmp_path: Path) -> None:
-    done = _user_pytest(tmp_path, "--hypothesis-profile=Deep")
+    done = user_pytest(tmp_path, "--hypothesis-profile=Deep")
     output = done.stdout + done.stderr
     assert done.returncode == 4, output[-2000:]  # was 3, INTERNALERROR and a traceback
     assert "--hypothesis-profile='Deep' names no registered Hypothesis profile" in output
@@ -136,9 +105,9 @@ def test_a_misspelt_profile_option_is_a_usage_error_naming_the_profiles(tmp_path
 
 
 def test_the_profile_option_still_loads_shipped_and_conftest_profiles(tmp_path: Path) -> None:
-    done = _user_pytest(tmp_path, "--hypothesis-profile=dev")
+    done = user_pytest(tmp_path, "--hypothesis-profile=dev")
     assert done.returncode == 0 and "PROFILE dev 10" in done.stdout, done.stdout[-2000:]
     conftest = ("from hypothesis import settings\n"
                 "settings.register_profile('nightly', max_examples=7, deadline=None)\n")
-    done = _user_pytest(tmp_path, "--hypothesis-profile=nightly", conftest=conftest)
+    done = user_pytest(tmp_path, "--hypothesis-profile=nightly", conftest=conftest)
     assert done.returncode == 0 and "PROFILE nightly 7" in done.stdout, done.stdout[-2000:]

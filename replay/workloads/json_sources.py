@@ -4,12 +4,13 @@ Mooncake (FAST'25; also read by AIPerf, GuideLLM, SGLang's bench and Dynamo): on
 line, ``timestamp`` (ms from the start), ``input_length``, ``output_length`` and ``hash_ids``
 (one id per ``block_size`` tokens of the prompt; equal ids, equal contents). Each becomes a
 recipe (``replay.workloads.recipe``) whose tokens are equal exactly where the ids are, at any
-engine block size. ShareGPT: a JSON array (or JSONL) of ``{"id", "conversations": [{"from",
-"value"}, ...]}``, messages as ``{"role", "content"}`` too, or under ``messages`` (OpenAI chat,
-as many Hugging Face datasets) or ``conversation`` (LMSYS-Chat-1M, WildChat); each question
-(with the system messages before it) and the answer after it is a turn, the text tokenized
-with the Qwen vocabulary and the answer's length its ``max_tokens`` (conversation ids are
-``ID#INDEX``: ShareGPT files repeat ids).
+engine block size; Alibaba Bailian's traces, told by ``chat_id``, count ``timestamp`` in
+seconds (``BAILIAN_FIELDS``). ShareGPT: a JSON array (or JSONL) of ``{"id",
+"conversations": [{"from", "value"}, ...]}``, messages as ``{"role", "content"}`` too, or under
+``messages`` (OpenAI chat, as many Hugging Face datasets) or ``conversation`` (LMSYS-Chat-1M,
+WildChat); each question (with the system messages before it) and the answer after it is a
+turn, the text tokenized with the Qwen vocabulary and the answer's length its ``max_tokens``
+(conversation ids are ``ID#INDEX``: ShareGPT files repeat ids).
 """
 
 from __future__ import annotations
@@ -41,6 +42,15 @@ from replay.workloads.request import Request
 from replay.workloads.text_input import json_records
 
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+# Alibaba Bailian's traces (qwen-bailian-usagetraces-anon, ATC'25: ``qwen_traceA_blksz_16.jsonl``)
+# hold Mooncake's fields and these, told by ``chat_id``: their ``timestamp`` is SECONDS from
+# the start (``61.114``), not milliseconds, and their ``hash_ids`` name 16-token blocks. Each
+# record's ``input_length`` is its whole prompt (the turns before included, their blocks shared
+# through ``hash_ids``), so a record stays one request at its own arrival. Their block size is
+# given as for any file (the CLI records the default 512 in the header's command): a wrong one
+# is the ``hash_ids`` error, which names 16 for such a file.
+BAILIAN_FIELDS = ("chat_id", "parent_chat_id", "type", "turn")
+BAILIAN_BLOCK_SIZE = 16
 # Roles, by side: a question (a tool's or a function's result is the model's input too), an
 # answer (a tool call is the model's output), a system message (part of the next question).
 HUMAN = ("human", "user", "tool", "function", "observation", "ipython")
@@ -62,6 +72,9 @@ MESSAGE_METADATA = frozenset(("name", "tool_calls", "function_call", "tool_call_
                               "weight", "markdown"))
 # An entry's conversation: ShareGPT's, OpenAI chat's, LMSYS-Chat-1M's and WildChat's field.
 CONVERSATION_FIELDS = ("conversations", "messages", "conversation")
+# An entry's id: ShareGPT's, LMSYS-Chat-1M's (and the first WildChat's), WildChat-1M's (a
+# conversation named by another field lost its id: ``#INDEX``).
+ID_FIELDS = ("id", "conversation_id", "conversation_hash")
 
 
 def _whole(value: object, low: int, high: int) -> int | None:
@@ -98,14 +111,27 @@ def _hash_ids(item: dict[str, Any], where: str) -> list[int]:
     return whole  # type: ignore[return-value]
 
 
+def _is_bailian(item: dict[str, Any], where: str, first: tuple[str, bool] | None) -> bool:
+    """Whether ``item`` is a Bailian record (``BAILIAN_FIELDS``); ``first``: the file's first
+    record's (where, whether it was). One file holds one layout: its times are in one unit."""
+    bailian = "chat_id" in item
+    if first is not None and bailian != first[1]:
+        has = "has field 'chat_id'" if bailian else "no field 'chat_id'"
+        raise WorkloadFormatError(
+            f"{where}: {has}, unlike the first record ({first[0]}): a Bailian record's "
+            "timestamp is seconds, a Mooncake record's milliseconds; one file holds one of them")
+    return bailian
+
+
 def mooncake_requests(path: str | Path, options: ImportOptions) -> Iterator[tuple[str, float,
                                                                                 Request]]:
-    """(where, seconds, request) per record of a Mooncake-format JSONL file (or JSON array).
-    Seconds count from the first record's ``timestamp``, the milliseconds subtracted before
-    dividing: epoch milliseconds divided first lost their last digits (1715299200456 ms less
-    1715299200123 ms came out 0.33300018 s)."""
-    block = options.block_size or MOONCAKE_BLOCK_SIZE
+    """(where, seconds, request) per record of a Mooncake-format JSONL file (or JSON array), or
+    of a Bailian one (``BAILIAN_FIELDS``: its times in seconds). Seconds count from the
+    first record's ``timestamp``, the milliseconds subtracted before dividing: epoch
+    milliseconds divided first lost their last digits (1715299200456 ms less 1715299200123 ms
+    came out 0.33300018 s)."""
     origin: float | None = None
+    first: tuple[str, bool] | None = None
     for number, (where, item) in enumerate(json_records(path, "mooncake"), 1):
         if not isinstance(item, dict):
             raise WorkloadFormatError(f"{where}: expected a JSON object, got "
@@ -114,26 +140,35 @@ def mooncake_requests(path: str | Path, options: ImportOptions) -> Iterator[tupl
         if missing:  # another format's record (a ShareGPT conversation): say which, once
             raise not_format(f"{where}: not a Mooncake record: no field {missing[0]!r}",
                              "mooncake", ("fields", [str(k) for k in item]))
-        unknown = [k for k in item if k not in MOONCAKE_FIELDS]
+        bailian = _is_bailian(item, where, first)
+        first = first or (where, bailian)
+        known = MOONCAKE_FIELDS + (BAILIAN_FIELDS if bailian else ())
+        unknown = [k for k in item if k not in known]
         if unknown and not options.ignore_unknown_fields:
             raise WorkloadFormatError(f"{where}: field {unknown[0]!r}: unknown field "
                                       "(--ignore-unknown-fields reads past it)")
+        unit = "seconds" if bailian else "milliseconds"
         stamp = item.get("timestamp")
         if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or \
                 not np.isfinite(stamp) or stamp < 0:
-            raise WorkloadFormatError(f"{where}: field 'timestamp': expected milliseconds >= 0,"
-                                      f" got {stamp!r}")
+            raise WorkloadFormatError(f"{where}: field 'timestamp': expected {unit} >= 0, "
+                                      f"got {stamp!r}")
         length = _int(item, "input_length", where, 0, COUNT_LIMIT)
         output = _int(item, "output_length", where, 0, COUNT_LIMIT)
         ids = _hash_ids(item, where)
+        block = options.block_size or MOONCAKE_BLOCK_SIZE
         if len(ids) > -(-length // block):
+            hint = (f" (a Bailian trace's blocks are {BAILIAN_BLOCK_SIZE} tokens: --block-size "
+                    f"{BAILIAN_BLOCK_SIZE})" if bailian and block != BAILIAN_BLOCK_SIZE else "")
             raise WorkloadFormatError(
                 f"{where}: field 'hash_ids': {len(ids)} ids for {length} tokens at "
-                f"--block-size {block} (at most {-(-length // block)}): is the block size wrong?")
+                f"--block-size {block} (at most {-(-length // block)}): is the block size "
+                f"wrong?{hint}")
         salt = options.seed * SALT_STRIDE + number
         origin = stamp if origin is None else origin
         recipe = PromptRecipe(tuple(ids), block, length, salt)
-        yield where, (stamp - origin) / 1000.0, make_request(recipe, output, options)
+        seconds = stamp - origin if bailian else (stamp - origin) / 1000.0
+        yield where, seconds, make_request(recipe, output, options)
 
 
 def _text(content: object, where: str) -> str | None:
@@ -164,11 +199,14 @@ def _messages(entry: dict[str, Any], field: str, where: str) -> Iterator[tuple[s
         at = f"{where}: field {field!r}: message {position}"
         role = text = None
         if isinstance(message, dict):
-            role_key, text_key = next((f for f in MESSAGE_FORMS if f[0] in message),
+            # a null field is absent, as a null column is: Arrow gives every message of a
+            # Parquet column one struct type, the fields of the other form null in each
+            given = {k: v for k, v in message.items() if v is not None}
+            role_key, text_key = next((f for f in MESSAGE_FORMS if f[0] in given),
                                       MESSAGE_FORMS[0])
-            role = message.get(role_key)
-            if text_key in message or set(message) <= {role_key} | MESSAGE_METADATA:
-                value = message.get(text_key)  # absent or null: no text
+            role = given.get(role_key)
+            if text_key in given or set(given) <= {role_key} | MESSAGE_METADATA:
+                value = given.get(text_key)  # absent or null: no text
                 text = "" if value is None else _text(value, at) if text_key == "content" \
                     else value
         if not isinstance(role, str) or not isinstance(text, str):
@@ -189,6 +227,9 @@ def _conversation(entry: dict[str, Any], where: str) -> list[tuple[str, str]]:
     where they hold the same messages (roles by side: ``human`` is ``user``) and is an error
     where they differ: which one to send is the user's choice, never a silent one."""
     fields = [f for f in CONVERSATION_FIELDS if f in entry]
+    # a null one beside another is absent (a ``datasets`` JSONL export of a shard holding two
+    # of these columns keeps each row's empty one as null); alone, it is the error below
+    fields = [f for f in fields if entry[f] is not None] or fields
     if not fields:
         raise not_format(f"{where}: not a ShareGPT conversation: no field 'conversations', "
                          "'messages' or 'conversation'", "sharegpt",
@@ -208,11 +249,11 @@ def _conversation(entry: dict[str, Any], where: str) -> list[tuple[str, str]]:
 
 
 def _conversation_id(entry: dict[str, Any], index: int) -> str:
-    """``ID#INDEX`` (ShareGPT files repeat some ids; LMSYS-Chat-1M's is ``conversation_id``),
-    within the workload format's MAX_CONVERSATION_ID_LEN characters (a longer id was written,
-    and the file then refused by every reader): the id is cut, ``#INDEX`` keeps it unique. An
-    id that is neither a string nor an integer (null, an object) is left out."""
-    name = entry.get("id", entry.get("conversation_id"))
+    """``ID#INDEX`` (ShareGPT files repeat some ids; the id is the first of ``ID_FIELDS`` an
+    entry has), within the workload format's MAX_CONVERSATION_ID_LEN characters (a longer id
+    was written, and the file then refused by every reader): the id is cut, ``#INDEX`` keeps it
+    unique. An id that is neither a string nor an integer (null, an object) is left out."""
+    name = next((entry[f] for f in ID_FIELDS if f in entry), None)
     if isinstance(name, bool) or not isinstance(name, (str, int)):
         name = ""
     suffix = f"#{index}"

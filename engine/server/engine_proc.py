@@ -37,6 +37,8 @@ import multiprocessing
 import os
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -50,6 +52,14 @@ log = logging.getLogger(__name__)
 
 # How long the idle engine waits on the pipe before it looks again (it wakes on any message).
 IDLE_WAIT_S = 0.5
+# The engine process's OpenMP threads sleep at a barrier instead of spinning (libgomp spins
+# ~300,000 times first). Alone in their process the intra-op threads (one a core) spin, and
+# the spinning takes the cores the frontend process, the clients and any other load need:
+# on a loaded 2-core machine a tiny-model step took 3x as long as in ``--engine thread``,
+# where the frontend's own threads share the OpenMP runtime, which then throttles its spin
+# (benchmarks/serve_modes.py). Set only where the user set neither variable.
+OPENMP_ENVIRONMENT = {"OMP_WAIT_POLICY": "PASSIVE"}
+OPENMP_SPIN_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 
 
 @dataclass(frozen=True)
@@ -297,6 +307,22 @@ class PipeCounts:
                 f"{self.outs} outputs, {self.tokens} tokens, {self.finished} finishes")
 
 
+@contextmanager
+def _engine_environment() -> Iterator[None]:
+    """Within the block, the environment a spawned engine process starts with: this one's and
+    ``OPENMP_ENVIRONMENT`` (the OpenMP runtime reads it when torch loads, before any of the
+    engine's code runs, so it must be in the process's environment from its start)."""
+    if any(name in os.environ for name in OPENMP_SPIN_VARIABLES):
+        yield
+        return
+    os.environ.update(OPENMP_ENVIRONMENT)
+    try:
+        yield
+    finally:
+        for name in OPENMP_ENVIRONMENT:
+            os.environ.pop(name, None)
+
+
 def spawn_engine(spec: EngineSpec) -> tuple[multiprocessing.process.BaseProcess, Connection,
                                             Connection]:
     """Start the engine process (spawned: no CUDA state is inherited); the frontend's ends of
@@ -308,7 +334,8 @@ def spawn_engine(spec: EngineSpec) -> tuple[multiprocessing.process.BaseProcess,
     widen_pipe(command_writer.fileno())
     process = context.Process(target=engine_main, args=(command_reader, output_writer, spec),
                               name="replayllm-engine", daemon=True)
-    process.start()
+    with _engine_environment():
+        process.start()
     command_reader.close()
     output_writer.close()
     return process, command_writer, output_reader

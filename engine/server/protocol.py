@@ -80,6 +80,7 @@ _EMPTY_MESSAGE_FIELDS = {"tool_calls", "function_call", "refusal", "audio", "ann
 def parse_completion(body: dict[str, Any]) -> ParsedRequest:
     """A ``/v1/completions`` body."""
     _no_unknown(body, _COMMON | _COMPLETION_ONLY)
+    body = whole_numbers(body)
     request = ParsedRequest(chat=False, model=_model(body))
     request.prompt = _prompt(body)
     if body.get("echo"):
@@ -98,6 +99,7 @@ def parse_completion(body: dict[str, Any]) -> ParsedRequest:
 def parse_chat(body: dict[str, Any]) -> ParsedRequest:
     """A ``/v1/chat/completions`` body."""
     _no_unknown(body, _COMMON | _CHAT_ONLY)
+    body = whole_numbers(body)
     request = ParsedRequest(chat=True, model=_model(body))
     request.messages = _messages(body)
     if body.get("logprobs") not in (None, False):
@@ -123,6 +125,31 @@ def parse_chat(body: dict[str, Any]) -> ParsedRequest:
     return request
 
 
+# The integer fields of either endpoint (and ``prompt``'s token ids: ``_prompt``).
+INT_FIELDS = ("max_tokens", "max_completion_tokens", "n", "best_of", "top_k", "seed", "priority",
+              "top_logprobs")
+
+
+def whole_numbers(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` with each integer field written as a whole float (``5.0``, ``1e3``) as that int:
+    JSON has one number type, clients that compute a field (JavaScript, a float division) send
+    ``5.0``, and vLLM takes it (pydantic's lax mode; ``5.5`` it refuses). A float with a fraction
+    in such a field is a 400 naming it; any other type is left for the field's own check (a
+    bool, a string: refused there). ``body`` itself is not changed."""
+    changed: dict[str, Any] = {}
+    for name in INT_FIELDS:
+        value = body.get(name)
+        if isinstance(value, float):
+            changed[name] = _whole(value, name)
+    return {**body, **changed} if changed else body
+
+
+def _whole(value: float, name: str) -> int:
+    if not value.is_integer():  # never inf or nan: ``parse_json_body`` refuses those
+        raise ApiError(f"{name} must be an integer, got {value!r}", name)
+    return int(value)
+
+
 def _no_unknown(body: dict[str, Any], known: set[str]) -> None:
     for name in body:
         if name not in known:
@@ -130,10 +157,13 @@ def _no_unknown(body: dict[str, Any], known: set[str]) -> None:
 
 
 def _model(body: dict[str, Any]) -> str | None:
+    """The model asked for; None (the served one) where the field is absent, null or empty: an
+    empty name is vLLM's default model too (its ``check_model``: ``if not model_name``), and
+    clients send one where the user configured none."""
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError("model must be a string", "model")
-    return model
+    return model or None
 
 
 def _prompt(body: dict[str, Any]) -> str | list[int]:
@@ -142,6 +172,8 @@ def _prompt(body: dict[str, Any]) -> str | list[int]:
     prompt = body["prompt"]
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, list) and any(isinstance(t, float) for t in prompt):
+        prompt = [_whole(t, "prompt") if isinstance(t, float) else t for t in prompt]
     if isinstance(prompt, str):
         return prompt
     if isinstance(prompt, list) and all(_is_int(t) for t in prompt):
@@ -256,6 +288,9 @@ def _common(body: dict[str, Any], request: ParsedRequest) -> None:
         for name in ("include_usage", "continuous_usage_stats"):
             if not isinstance(options.get(name, False), bool):
                 raise ApiError(f"stream_options.{name} must be true or false", "stream_options")
+        # Absent from the options (``{}``): no usage chunk. OpenAI's reference documents the
+        # field with no default ("If set, an additional chunk will be streamed"); vLLM's
+        # ``StreamOptions`` defaults it to true, so ``{}`` gets usage there. OpenAI's rule.
         request.include_usage = options.get("include_usage", False)
         request.continuous_usage = request.include_usage and options.get(
             "continuous_usage_stats", False)

@@ -26,6 +26,16 @@ from types import FrameType
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+def exit_status(signum: int) -> int:
+    """The exit status of a long-running command (run, workload, profile, loadgen) that a signal
+    stopped, after it cleaned up as on Ctrl-C: the shell's convention for a process the signal
+    ended, 128 + its number (130: Ctrl-C, SIGINT; 143: SIGTERM), so a script or a job scheduler
+    tells a stopped run from a finished one and from a failed one. (``serve`` is stopped by a
+    signal by design: its graceful shutdown exits 0, as uvicorn's does, so a service manager
+    counts it a clean stop.)"""
+    return 128 + signum
+
+
 class RunInterrupted(Exception):
     """The run was asked to stop (``signum``: the signal) and stopped between two steps."""
 
@@ -36,8 +46,8 @@ class RunInterrupted(Exception):
 
     @property
     def exit_status(self) -> int:
-        """The shell's convention for a process ended by the signal: 128 + its number."""
-        return 128 + self.signum
+        """``exit_status`` of the signal."""
+        return exit_status(self.signum)
 
 
 class _Pending:

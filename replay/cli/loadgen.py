@@ -11,14 +11,13 @@ from typing import Any
 
 DEFAULT_OUT = "loadgen.parquet"
 EXIT_FAILED = 1  # the run went through, some requests failed (each with its error)
-EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: the requests completed so far written, partial
 
 EPILOG = """exit status:
   0    every request answered
   1    some requests failed (the result is written, each failure with its status and message)
   2    nothing sent: a bad option or file, or a server that cannot be reached (no result)
-  130  interrupted (Ctrl-C, or SIGTERM): the requests completed so far written, the result
-       marked partial
+  130  interrupted by Ctrl-C (SIGINT), 143 by SIGTERM: the requests completed so far
+       written, the result marked partial
 
 Completion tokens are the server's usage counts where it sends them, else (or where a count is
 below them) its output chunks counted (one token each); the token_source column says which.
@@ -122,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     if partial and not done:
         print("replayllm loadgen: interrupted before any request completed; nothing written",
               file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _interrupted_status()
     frame = requests_frame(done)
     summary = summarize(frame, wall_s)
     settings: dict[str, Any] = {
@@ -159,8 +158,19 @@ def run(args: argparse.Namespace) -> int:
     if partial:
         print(f"replayllm loadgen: interrupted: wrote a partial result, the {len(done)} of "
               f"{len(measured)} requests that completed, to {path}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _interrupted_status()
     return EXIT_FAILED if len(errors) else 0
+
+
+def _interrupted_status() -> int:
+    """The exit status of a run a signal cut short: that signal's, as every command's
+    (``replay.cli.interrupt.exit_status``); SIGTERM's was Ctrl-C's 130."""
+    import signal
+
+    from replay.cli.interrupt import exit_status
+    from replay.loadgen.interrupt import stop_signal
+
+    return exit_status(stop_signal() or signal.SIGINT)
 
 
 def _answered_model(measured: list[Any]) -> str | None:

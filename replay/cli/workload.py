@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 from engine.config import Config
 from engine.errors import InvalidRequestError
 from replay.cli import progress
+from replay.cli.interrupt import exit_status
 from replay.cli.paths import check_plot_file, check_workload_out
 from replay.workloads.arrivals import PROCESSES, ArrivalProcess
 from replay.workloads.distributions import parse
@@ -274,4 +275,4 @@ def run(args: argparse.Namespace) -> int:
             return command(args)
         except _Terminated:
             print("replayllm workload: interrupted (SIGTERM)", file=sys.stderr)
-            return 128 + signal.SIGTERM
+            return exit_status(signal.SIGTERM)

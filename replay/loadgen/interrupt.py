@@ -20,6 +20,24 @@ from typing import Any
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+class _Received:
+    signum: int | None = None  # the first stop signal of this process's latest load run
+
+
+_received = _Received()
+
+
+def stop_signal() -> int | None:
+    """The signal that stopped this process's latest load run early (None: none did): the
+    command's exit status is that signal's (``replay.cli.interrupt.exit_status``)."""
+    return _received.signum
+
+
+def _note(signum: int) -> None:
+    if _received.signum is None:
+        _received.signum = signum
+
+
 class Interrupt:
     """While entered: the first SIGINT or SIGTERM (or ``stop_fd`` readable) cancels the current
     task and sets ``fired``; a second signal is a KeyboardInterrupt (a stop that hangs can be
@@ -31,7 +49,10 @@ class Interrupt:
         self.loop = asyncio.get_running_loop()
         self.installed = False
 
-    def _fire(self) -> None:
+    def _fire(self, signum: int | None = None) -> None:
+        """A stop: ``signum`` (None: the parent's message on ``stop_fd``)."""
+        if signum is not None:
+            _note(signum)
         if self.fired:
             if self.stop_fd is None:
                 raise KeyboardInterrupt
@@ -47,8 +68,9 @@ class Interrupt:
             if self.stop_fd is not None:
                 self.loop.add_reader(self.stop_fd, self._fire)
             else:
+                _received.signum = None
                 for signum in STOP_SIGNALS:
-                    self.loop.add_signal_handler(signum, self._fire)
+                    self.loop.add_signal_handler(signum, self._fire, signum)
             self.installed = True
         except (ValueError, RuntimeError, NotImplementedError):
             pass  # not the main thread: Ctrl-C is the caller's
@@ -72,6 +94,7 @@ class StopWorkersOnSigint:
         self.previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
+        _note(signum)
         if self.sent:
             raise KeyboardInterrupt
         self.sent = True
@@ -80,6 +103,7 @@ class StopWorkersOnSigint:
                 conn.send("stop")
 
     def __enter__(self) -> StopWorkersOnSigint:
+        _received.signum = None
         with contextlib.suppress(ValueError):  # not the main thread: Ctrl-C is the caller's
             for signum in STOP_SIGNALS:
                 self.previous[signum] = signal.signal(signum, self._handle)

@@ -50,6 +50,7 @@ def run_demo(trace_dir: str, force: bool = False) -> int:
     from engine.model.checkpoint import default_model_dir
     from replay.cli.live import run_workload
     from replay.verify import verify
+    from tracing import header
     from tracing.inspect import describe
     from tracing.reader import read_trace
 
@@ -73,14 +74,16 @@ def run_demo(trace_dir: str, force: bool = False) -> int:
         seqs = run_workload(llm, requests)
     finally:
         summary = llm.close()  # a clean close writes the summary and the last segment
+    trace = read_trace(trace_dir)
+    # The device the engine took (CUDA where there is one), as the trace records it.
+    device = header.recorded_device(trace.header) or "an unknown device"
     print(f"\n{len(seqs)} requests, {summary['completion_tokens']} tokens generated "
-          f"in {summary['elapsed_s']:.2f} s ({summary['throughput_tok_s']:.0f} tok/s on CPU)")
+          f"in {summary['elapsed_s']:.2f} s ({summary['throughput_tok_s']:.0f} tok/s on {device})")
     for seq in seqs[:SHOWN_OUTPUTS]:
         prompt = llm.tokenizer.decode(list(seq.prompt_token_ids))
         text = llm.tokenizer.decode(list(seq.completion_token_ids))
         print(f"  [{seq.seq_id}] {_preview(prompt)!r}\n      -> {_preview(text)!r} "
               f"({seq.num_completion_tokens} tokens, {seq.finish_reason})")
-    trace = read_trace(trace_dir)
     print("\n" + describe(trace))
     result = verify(trace_dir)
     print(f"\nverify: {result.report()}")

@@ -274,16 +274,30 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-# Options naming a path to write: an empty one read as the working directory (".") and was
-# refused as such, or worse. ``export --out`` has its own message (``-`` is standard output).
-PATH_OPTIONS = ("out", "trace_dir", "trace_out", "report")
+# Arguments naming a path, to write or to read: an empty one (a script's unset variable) read as
+# the working directory (`verify ""`: ".: not a trace directory"; `run --model ""` looked for a
+# checkpoint there) or as not given (`--plots ""` drew nothing, `--timing-from ""` fitted on
+# another trace than asked, exit 0). ``export --out`` has its own message (``-`` is standard
+# output), ``bench --json`` and ``whatif --profile`` theirs; loadgen's ``--model`` is a name.
+PATH_OPTIONS = ("out", "trace_dir", "trace_out", "report", "plots", "timing_from", "host_from",
+                "compare", "tokenizer", "schedule", "model", "workload")
+# Positional path arguments, named as the docs write them.
+PATH_POSITIONALS = {"trace": "TRACE", "source": "SOURCE", "workload": "WORKLOAD"}
+# (command, argument) pairs that are no path, or keep a message of their own.
+NOT_CHECKED = {("export", "out"), ("loadgen", "model")}
+# Commands whose ``workload`` is a positional argument, not ``--workload``.
+WORKLOAD_POSITIONAL = ("loadgen", "workload")
 
 
 def check_path_options(args: argparse.Namespace) -> None:
-    """Refuse an empty path option in one line (``--out ""``)."""
-    for name in PATH_OPTIONS:
-        if getattr(args, name, None) == "" and not (args.command == "export" and name == "out"):
-            raise ReplayLLMError(f"--{name.replace('_', '-')} is empty: give a path")
+    """Refuse an empty path argument in one line naming it (``--out ""``, ``verify ""``)."""
+    for name in (*PATH_OPTIONS, *PATH_POSITIONALS):
+        if getattr(args, name, None) != "" or (args.command, name) in NOT_CHECKED:
+            continue
+        positional = name in ("trace", "source") or (
+            name == "workload" and args.command in WORKLOAD_POSITIONAL)
+        shown = PATH_POSITIONALS[name] if positional else f"--{name.replace('_', '-')}"
+        raise ReplayLLMError(f"{shown} is empty: give a path")
 
 
 def out_of_memory(exc: BaseException) -> str | None:

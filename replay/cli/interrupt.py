@@ -36,6 +36,34 @@ def exit_status(signum: int) -> int:
     return 128 + signum
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM raised where the command was (``terminate_as_interrupt``): it unwinds through
+    the same clean-ups as Ctrl-C (a ``KeyboardInterrupt``), and ``replayllm`` then exits 143."""
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises ``Terminated`` where Python's default would end the
+    process at once: no clean-up, a partial output left, no word (``whatif``, ``tune``,
+    ``verify`` ... under a job scheduler's stop). A command that handles SIGTERM itself
+    (``run``, ``loadgen``, ``workload``, ``serve``, ``profile``) installs its own handler
+    inside and restores this one; off the main thread, or where SIGTERM is handled or ignored
+    already, nothing changes."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+
+    def raise_terminated(signum: int, frame: FrameType | None) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 class RunInterrupted(Exception):
     """The run was asked to stop (``signum``: the signal) and stopped between two steps."""
 

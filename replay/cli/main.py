@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import sys
 from collections.abc import Callable
 
 from engine.errors import ReplayLLMError
+from replay.cli.interrupt import Terminated, exit_status, terminate_as_interrupt
 from tracing.errors import TraceError, one_line
 
 EXIT_DIVERGED = 1
@@ -254,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_path_options(args)
-        status = COMMANDS[args.command](args)
+        with terminate_as_interrupt():
+            status = COMMANDS[args.command](args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
         return status
     except (ReplayLLMError, TraceError) as exc:
@@ -269,9 +272,12 @@ def main(argv: list[str] | None = None) -> int:
         # `replayllm inspect T | head -1`: the reader has what it wanted.
         _silence_stdout()
         return 0
+    except Terminated:
+        print(f"replayllm {args.command}: interrupted (SIGTERM)", file=sys.stderr)
+        return exit_status(signal.SIGTERM)
     except KeyboardInterrupt:
         print(f"replayllm {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return exit_status(signal.SIGINT)
 
 
 # Arguments naming a path, to write or to read: an empty one (a script's unset variable) read as

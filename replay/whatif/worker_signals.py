@@ -24,19 +24,25 @@ _STATE = {"computing": False, "interrupted": False}
 def _on_sigint(_signum: int, _frame: Any) -> None:
     _STATE["interrupted"] = True
     if _STATE["computing"]:  # inside the task: its exception goes back as its small result
+        # Once: a second signal (the group's SIGTERM, then the parent's SIGINT) while the first
+        # unwinds would land in the pool's own code and end the worker with a traceback.
+        _STATE["computing"] = False
         raise KeyboardInterrupt
 
 
 def install_worker_handler() -> None:
-    """In a pool worker (its initializer): SIGINT stops only the task being computed."""
+    """In a pool worker (its initializer): SIGINT, and SIGTERM (a service manager stopping the
+    whole group), stop only the task being computed."""
     _STATE.update(computing=False, interrupted=False)
-    signal.signal(signal.SIGINT, _on_sigint)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _on_sigint)
 
 
 def ignore_sigint() -> None:
-    """In a worker whose parent ends it (the plot worker): Ctrl-C is the parent's to handle,
-    never a worker's traceback or a half-sent result."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """In a worker whose parent ends it (the plot worker): Ctrl-C and SIGTERM are the parent's
+    to handle, never a worker's traceback or a half-sent result."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 @contextlib.contextmanager

@@ -40,7 +40,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("loadgen", help="send a workload to an OpenAI-compatible server and "
                        "measure TTFT, inter-token latency, TPOT and e2e on the client",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("workload", help="'bench' (the reference workload) or a JSONL workload file")
+    p.add_argument("workload", help="'bench' (the reference workload) or a workload file "
+                   "(JSONL or Parquet)")
     p.add_argument("--url", required=True, help="the server's base URL, e.g. "
                    "http://127.0.0.1:8000 (a trailing /v1 is dropped)")
     p.add_argument("--model", default=None, help="model name to send (default: the server's "

@@ -58,7 +58,7 @@ def run_command(
     warm_up: int = 0,
     force: bool = False,
 ) -> int:
-    """Run ``workload`` ('bench' or a JSONL path) on ``model``, recording into ``out``.
+    """Run ``workload`` ('bench' or a JSONL or Parquet path) on ``model``, recording into ``out``.
 
     Every input is checked before anything on disk changes: the workload, the config, ``out``
     (``tracing.recorder.check_trace_dir``), then the model loads; an old trace at ``out`` is

@@ -34,7 +34,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "the highest goodput meeting every --slo, the Pareto front and the best --set lines.",
     )
     p.add_argument("trace", nargs="?", help="trace directory whose workload is re-run")
-    p.add_argument("--workload", help="instead of a trace: 'bench' or a JSONL workload file")
+    p.add_argument("--workload",
+                   help="instead of a trace: 'bench' or a workload file (JSONL or Parquet)")
     p.add_argument("--num-seqs", type=int, help="with --workload: only the first N requests")
     p.add_argument("--timing-from", metavar="TRACE|MODEL.json",
                    help="fit step times on this trace (or load a saved model) instead")

@@ -198,7 +198,10 @@ def _arguments_inside(session: pytest.Session, root: Path) -> bool:
     """Whether a command-line path is ``root`` or inside it (``pytest ID`` selecting a trace):
     then pytest's own collection reaches the traces it names (``pytest_collect_file``)."""
     initial = getattr(session, "_initialpaths", frozenset())  # the arguments' paths
-    return any(p == root or root in p.parents for p in initial)
+    # Resolved as the roots are (``_roots``): through a symlinked directory, a selection inside
+    # it was never seen inside, and every trace ran instead of the one asked for.
+    resolved = (Path(p).resolve() for p in initial)
+    return any(p == root or root in p.parents for p in resolved)
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> TraceFile | None:
@@ -206,8 +209,9 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> TraceFile 
     directory (``pytest --replayllm-traces T T/a/run.json::replays``, or ``T/a``)."""
     if file_path.name != HEADER_FILE:
         return None
+    resolved = file_path.resolve()
     for root in _roots(parent.config):
-        if (file_path.parent == root or root in file_path.parents) and \
+        if (resolved.parent == root or root in resolved.parents) and \
                 _arguments_inside(parent.session, root):
             return _trace_file(parent, file_path)
     return None

@@ -136,3 +136,22 @@ def test_trace_cases_have_node_ids_rooted_at_their_trace_and_are_selected_by_the
     result = pytester.runpytest("-q", "-p", "no:cacheprovider", "--replayllm-traces", "traces",
                                 want[0], "--replayllm-no-invariants")
     result.assert_outcomes(passed=1)
+
+
+def test_a_trace_selected_through_a_symlinked_directory_runs_alone(
+        pytester: pytest.Pytester) -> None:
+    """``traces`` a symlink to the directory that holds them (as a checkout's link to a shared
+    store): ``pytest --replayllm-traces traces traces/two`` collects that case alone. Before,
+    the plugin resolved the link for its roots but not for the command-line paths, never saw
+    the selection inside them, and ran every trace (333 cases, about ten minutes, for one)."""
+    store = pytester.path / "store"
+    shutil.copytree(DEMO, store / "a" / "one")
+    shutil.copytree(DEMO, store / "two")
+    (pytester.path / "traces").symlink_to(store, target_is_directory=True)
+    for selection in ("traces/two", "traces/two/run.json"):
+        result = pytester.runpytest("--collect-only", "-q", "--replayllm-traces", "traces",
+                                    selection)
+        ids = _ids(result)
+        assert len(ids) == 1 and "two/run.json::replays" in ids[0], (selection, result.outlines)
+    result = pytester.runpytest("--collect-only", "-q", "--replayllm-traces", "traces")
+    assert len(_ids(result)) == 2, result.outlines

@@ -20,8 +20,10 @@ remaining points in this order (``LEVELS``, last dropped first): 0 the coarse co
 kind; 1 finer decode batch sizes and contexts, and prefill prompt counts; 2 the spread of
 lengths, cached prefixes and decodes over shared prefixes; 3 eager copies of the graph shapes; 4
 a denser mixed grid.
-Each timed row is a calibration row (``calibration.time_batch``) plus what the point was, so the
-what-if reads a profile as it reads a trace header's calibration. This module is torch-free.
+A point's cost is forecast before it runs (engine/profile_forecast.py); the points themselves
+are ``ProfilePoint`` (engine/profile_point.py). Each timed row is a calibration row
+(``calibration.time_batch``) plus what the point was, so the what-if reads a profile as it reads
+a trace header's calibration. This module is torch-free.
 """
 
 from __future__ import annotations
@@ -31,16 +33,16 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.batch import ScheduledBatch
-from engine.calibration import synthetic_sequences, time_batch
+from engine.calibration import time_batch
 from engine.config import Config
 from engine.errors import ReplayLLMError
 from engine.executor import Executor
 from engine.graph_sizes import mixed_graph_key
+from engine.profile_forecast import CostForecast
+from engine.profile_point import ProfilePoint
 from tracing.errors import TraceError
 from tracing.header import executor_device
 from tracing.layout import read_json_object
@@ -97,60 +99,6 @@ def check_profile_settings(budget_s: float, repeats: int, finite: bool = True) -
     if isinstance(repeats, bool) or not isinstance(repeats, int) or \
             not 1 <= repeats <= MAX_REPEATS:
         raise ProfileError(f"--repeats must be an integer in [1, {MAX_REPEATS}], got {repeats!r}")
-
-
-@dataclass(frozen=True)
-class ProfilePoint:
-    """One grid shape. ``decode_contexts``: each decode row's context; ``prompts``: each
-    prefill (or chunk) row's (tokens computed, cached prefix tokens); ``prefix_groups``,
-    ``prefix_tokens``: the decode rows share ``prefix_tokens`` (whole blocks) of their contexts
-    with the other rows of their group (row i in group i mod ``prefix_groups``; 0: none)."""
-
-    kind: str
-    level: int
-    decode_contexts: tuple[int, ...] = ()
-    prompts: tuple[tuple[int, int], ...] = ()
-    eager: bool = False
-    label: str = ""
-    prefix_groups: int = 0
-    prefix_tokens: int = 0
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.prompts) + len(self.decode_contexts)
-
-    def block_tables(self, block_size: int) -> list[list[int]]:
-        """Each row's blocks, prefill rows first: distinct consecutive blocks (so attention reads
-        as much memory as a real batch), but a group's shared prefix is the same blocks at the
-        head of each of its rows' tables, as the prefix cache lays it out."""
-        lengths = [new + cached for new, cached in self.prompts] + list(self.decode_contexts)
-        shared = self.prefix_tokens // block_size if self.prefix_groups else 0
-        prefixes = [list(range(g * shared, (g + 1) * shared)) for g in range(self.prefix_groups)]
-        start = shared * self.prefix_groups
-        tables = []
-        for row, length in enumerate(lengths):
-            decode_row = row - len(self.prompts)
-            head = prefixes[decode_row % self.prefix_groups] if shared and decode_row >= 0 else []
-            own = (length + block_size - 1) // block_size - len(head)
-            tables.append(head + list(range(start, start + own)))
-            start += own
-        return tables
-
-    def blocks(self, block_size: int) -> int:
-        """The pool blocks the point holds (a shared block once)."""
-        return len({block for table in self.block_tables(block_size) for block in table})
-
-    def batch(self, block_size: int) -> ScheduledBatch:
-        """The synthetic ``ScheduledBatch``: prefill rows first, decodes last, over the blocks
-        of ``block_tables``."""
-        lengths = [new + cached for new, cached in self.prompts] + list(self.decode_contexts)
-        seqs = synthetic_sequences(lengths, 0, block_size)
-        new = [n for n, _ in self.prompts] + [1] * len(self.decode_contexts)
-        for seq, length, count, table in zip(seqs, lengths, new, self.block_tables(block_size)):
-            seq.num_computed_tokens = length - count
-            seq.block_table = table
-        return ScheduledBatch(-1, self.kind, seqs, new, lengths, len(self.prompts),
-                              num_batched_tokens=sum(new), sampled_seqs=seqs, eager=self.eager)
 
 
 def _spread(mean: int, count: int, longest: int) -> tuple[int, ...]:
@@ -307,13 +255,14 @@ def run_profile(executor: Executor, config: Config, budget_s: float = DEFAULT_BU
                 engine_version: str = "", progress: Callable[[str], None] | None = None,
                 stop: Callable[[], bool] | None = None) -> dict[str, Any]:
     """Time ``profile_grid`` through ``executor`` within ``budget_s`` seconds: a point is skipped
-    where the time spent plus its estimate (the last point of its kind's time, scaled up by its
-    tokens) would pass the budget, so lower levels are timed first and the run ends within
-    about one point of the budget: a point's repeats stop at the budget too, once one is timed.
-    Returns the profile (``save_profile`` writes it). A budget or a repeat count out of bounds
-    (``check_profile_settings``; an infinite budget is none) raises ``ProfileError``. ``stop``
-    (Ctrl-C, asked between points): once true, the points left are skipped and the profile is
-    marked ``interrupted``."""
+    (counted in ``skipped``; ``progress`` says so) where the time spent plus its forecast
+    (``CostForecast``: its warm-up and repeats, bounded from the points of its class timed so
+    far) would pass the budget, so lower levels are timed first; only the first point of a
+    class (no forecast) may end past it, and a point's repeats stop at the budget once one is
+    timed. Returns the profile (``save_profile`` writes it). A budget or a repeat count out of
+    bounds (``check_profile_settings``; an infinite budget is none) raises ``ProfileError``.
+    ``stop`` (Ctrl-C, asked between points): once true, the points left are skipped and the
+    profile is marked ``interrupted``."""
     check_profile_settings(budget_s, repeats, finite=False)
     description = executor.describe()
     graph_sizes = description.get("graph_batch_sizes") or []
@@ -331,22 +280,28 @@ def run_profile(executor: Executor, config: Config, budget_s: float = DEFAULT_BU
 
     grid = profile_grid(config, graph_shape if (graph_sizes or graph_tokens) else None)
     began = clock()
-    rows, skipped, interrupted = [], 0, False
-    last: dict[str, tuple[float, int]] = {}  # kind -> (seconds, tokens) of its last point
+    rows, skipped, interrupted, forecast = [], 0, False, CostForecast()
     for index, point in enumerate(grid):
         if stop is not None and stop():
             interrupted, skipped = True, skipped + len(grid) - index
             break
-        tokens = sum(n for n, _ in point.prompts) + len(point.decode_contexts)
-        seconds, before = last.get(point.kind, (0.0, 1))
-        estimate = seconds * max(1.0, tokens / before)  # never below the last point's
-        if clock() - began + estimate > budget_s:
+        per_run, spent = forecast.seconds_per_run(point), clock() - began
+        if spent >= budget_s:  # one note for the rest, not a line each
+            skipped += len(grid) - index
+            if progress is not None:
+                progress(f"budget spent: the {len(grid) - index} points left are skipped")
+            break
+        estimate = (repeats + 1) * (per_run or 0.0)  # the warm-up and every repeat
+        if spent + estimate > budget_s:
             skipped += 1
+            if progress is not None:
+                progress(f"{point.label}: skipped, forecast {estimate:.3g} s with "
+                         f"{budget_s - spent:.3g} s of the budget left")
             continue
         started = clock()
         row = time_batch(executor, point.batch(config.kvcache_block_size), repeats, clock,
                          deadline=began + budget_s)
-        last[point.kind] = (clock() - started, max(tokens, 1))
+        forecast.record(point, (clock() - started) / (row["repeats"] + 1))
         row.update(level=point.level, label=point.label, eager=point.eager,
                    decode_context_max=max(point.decode_contexts, default=0),
                    cached_tokens=sum(c for _, c in point.prompts))

@@ -29,8 +29,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="a Config field (defaults: " + ", ".join(
                        f"{k}={v}" for k, v in PROFILE_DEFAULTS.items()) + ")")
     p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
-                   help=f"seconds of timing at most (default {DEFAULT_BUDGET_S:.0f}); the grid is "
-                   "trimmed from its last level (engine/profiling.py LEVELS)")
+                   help=f"seconds of timing at most (default {DEFAULT_BUDGET_S:.0f}): a point "
+                   "forecast from those timed to end past it is skipped, so the grid is trimmed "
+                   "from its last level (engine/profiling.py LEVELS)")
     p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
                    help=f"timed runs per point after one warm-up (default {DEFAULT_REPEATS}, at "
                    f"most {MAX_REPEATS}; a point stops repeating at the budget)")

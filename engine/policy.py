@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.errors import ConfigError
 from engine.policy_guard import GuardedPolicy, NoProgressError, PolicyError
-from engine.policy_where import PolicyCode, described
+from engine.policy_where import PolicyCode, described, not_a_method
 
 if TYPE_CHECKING:
     from engine.sequence import Sequence
@@ -210,6 +210,9 @@ class PriorityPolicy(Policy):
         return candidates[worst]
 
 
+# The methods a policy answers the scheduler with (checked callable when a user's is built).
+HOOKS = ("admit", "chunk", "victim", "eviction_key")
+
 BUILTIN_POLICIES: dict[str, type[Policy]] = {
     "prefill_first": Policy,
     "chunked": Chunked,
@@ -339,6 +342,8 @@ def make_policy(config: EngineConfig) -> Policy | GuardedPolicy:
     if not hasattr(inner, "_eviction"):
         raise PolicyError(f"policy {name!r}: {cls.__name__}.__init__ must call "
                           "super().__init__(config)")
+    if (wrong := not_a_method(inner, Policy, HOOKS)) is not None:
+        raise PolicyError(f"policy {name!r}: {wrong}")
     return GuardedPolicy(inner, name, release_order)
 
 

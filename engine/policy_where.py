@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import builtins
 import difflib
+import inspect
 import os
 import sys
 import sysconfig
@@ -115,3 +116,30 @@ def caller(code: PolicyCode = _NO_CODE) -> str | None:
         frames.append((frame.f_code.co_filename, frame.f_lineno))
         frame = frame.f_back  # type: ignore[assignment]
     return _located(reversed(frames), code)
+
+
+def not_a_method(policy: object, base: type, hooks: Iterable[str]) -> str | None:
+    """What is wrong with the first of ``hooks`` that ``policy`` holds as something not
+    callable (``eviction_key = 3``: a typo, or a setting given a hook's name): its value, where
+    it was set and the ``def`` it needs (``base``'s signature); None when every hook is
+    callable. Checked when the policy is built: the hook's call said only "TypeError: 'int'
+    object is not callable in eviction_key", as if the hook's code had failed, and only when
+    the scheduler first called it (mid-run, or never in a run that needed no ``victim``)."""
+    for hook in hooks:
+        try:
+            value = getattr(policy, hook)
+        except Exception as exc:  # a property that raises: the policy's code, located
+            return f"reading {hook} raised {described(exc, PolicyCode(type(policy)))}"
+        if callable(value):
+            continue
+        if hook in getattr(policy, "__dict__", {}):
+            where = "set on the instance (in __init__)"
+        else:
+            owner = next(k for k in type(policy).__mro__ if hook in vars(k))
+            kind = "a property" if isinstance(vars(owner)[hook], property) else \
+                "a class attribute"
+            where = f"{kind} of {owner.__qualname__}"
+        params = ", ".join(inspect.signature(getattr(base, hook)).parameters)
+        return (f"{hook} is {value!r:.60} ({type(value).__name__}), {where}, not a method: a "
+                f"hook is defined as def {hook}({params}) (a setting needs a name of its own)")
+    return None

@@ -42,7 +42,6 @@ class Generation:
         self.arrived = arrived  # time.perf_counter() when the HTTP request came in
         self.num_completion_tokens = 0
         self.first_token_at: float | None = None
-        self.last_token_at: float | None = None
         self.done = False
 
     @property
@@ -104,15 +103,13 @@ class Generation:
                 self.metrics.finished("abort")
 
     def _observe_tokens(self, count: int) -> None:
-        now = time.perf_counter()
-        metrics = self.metrics
+        """TTFT, when the first token reaches the stream. The inter-token latency is the
+        engine's to observe (``step_stats``: one per step, on its clock): here, a stream behind
+        the engine reads several steps' tokens at once, and their times are not known."""
         if self.first_token_at is None:
-            self.first_token_at = now
-            if metrics is not None:
-                metrics.ttft.observe(now - self.arrived)
-        elif metrics is not None and self.last_token_at is not None:
-            metrics.itl.observe((now - self.last_token_at) / count)
-        self.last_token_at = now
+            self.first_token_at = now = time.perf_counter()
+            if self.metrics is not None:
+                self.metrics.ttft.observe(now - self.arrived)
         self.num_completion_tokens += count
 
     def _final(self, text: str, reason: str) -> Piece:

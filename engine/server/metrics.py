@@ -1,9 +1,12 @@
 """Prometheus metrics of the server, under vLLM's names (``vllm:...``), so dashboards and
 autoscalers written for vLLM read them unchanged.
 
-Request latencies are observed in the frontend (when a token reaches the request's stream);
-engine state (running/waiting, KV-cache usage, prefix-cache hits, preemptions) is set by the
-engine thread after each step. prometheus-client's metrics are thread-safe.
+Request latencies are observed in the frontend (when a token reaches the request's stream),
+but for the inter-token latency, observed as vLLM does: once per engine step and request after
+its first token, on the engine's clock (``step_stats``), so its count does not fall when the
+frontend falls behind and reads several steps' tokens at once. Engine state (running/waiting,
+KV-cache usage, prefix-cache hits, preemptions) is set by the engine thread after each step.
+prometheus-client's metrics are thread-safe.
 
 What vLLM has no metric for is named ``replayllm:...`` (so no vLLM dashboard misreads it): the
 frontend's tokenizing pool (``engine.server.prompt``), read when scraped.

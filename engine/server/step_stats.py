@@ -4,6 +4,7 @@ thread or its process), applied to the Prometheus metrics in the frontend."""
 from __future__ import annotations
 
 from typing import Any, NamedTuple
+from weakref import WeakKeyDictionary
 
 from engine.engine_core import EngineCore, StepResult
 
@@ -23,13 +24,25 @@ class StepStats(NamedTuple):
     # ``request_queue_time_seconds``: first scheduled less queued; one each, never again on a
     # preempted request's recompute).
     queue_times: tuple[float, ...] = ()
+    # Seconds since its previous token of each request this step gave a token after its first
+    # (vLLM's ``inter_token_latency_seconds``: one per engine step and request, on the engine's
+    # clock). The frontend cannot take them: a stream behind the engine reads several steps'
+    # tokens at once, and it observed one averaged value for them, or none.
+    inter_token_times: tuple[float, ...] = ()
+
+
+# Per engine core, when each request that has a token got its last one (``core.now()``): what
+# the next token's latency is measured from. Entries go when the request finishes in a step,
+# or, ended between steps (an abort, a stop string), with the next step's check.
+_last_token_s: WeakKeyDictionary[EngineCore, dict[int, float]] = WeakKeyDictionary()
 
 
 def step_stats(core: EngineCore, result: StepResult) -> StepStats:
     """What ``result``'s step did and the scheduler's state after it."""
     batch = result.batch
     queried = hits = computed = 0
-    began = core.now() - result.duration_s  # when the step started (its end less its time)
+    now = core.now()
+    began = now - result.duration_s  # when the step started (its end less its time)
     waits = []
     for i in range(batch.num_prefill_seqs):
         seq, new = batch.seqs[i], batch.num_new_tokens[i]
@@ -42,7 +55,30 @@ def step_stats(core: EngineCore, result: StepResult) -> StepStats:
     return state_stats(core)._replace(prefix_queries=queried, prefix_hits=hits,
                                       prompt_tokens=computed,
                                       generation_tokens=len(result.output.token_ids),
-                                      queue_times=tuple(waits))
+                                      queue_times=tuple(waits),
+                                      inter_token_times=_inter_token_times(core, result, now))
+
+
+def _inter_token_times(core: EngineCore, result: StepResult, now: float) -> tuple[float, ...]:
+    """Each of the step's tokens after a request's first: ``now`` less its previous token's
+    step (a preempted request's includes its wait, as vLLM's does)."""
+    last = _last_token_s.setdefault(core, {})
+    times = []
+    for seq, _ in zip(result.batch.sampled_seqs, result.output.token_ids):
+        previous = last.get(seq.seq_id)
+        if previous is not None:
+            times.append(max(0.0, now - previous))
+        last[seq.seq_id] = now
+    for seq in result.finished:
+        last.pop(seq.seq_id, None)
+    held = core.sequences  # the requests added and not forgotten (the scheduler's running
+    # list misses one whose step is in flight)
+    if len(last) > len(held):
+        # one ended between steps (and forgotten) is still here: keep the unfinished requests
+        # (a preempted one waits with its tokens), so the table never outgrows the engine's
+        for seq_id in [s for s in last if s not in held or held[s].is_finished]:
+            del last[seq_id]
+    return tuple(times)
 
 
 def state_stats(core: EngineCore) -> StepStats:
@@ -77,3 +113,5 @@ class StatsApplier:
         m.generation_tokens.inc(stats.generation_tokens)
         for wait in stats.queue_times:
             m.queue.observe(wait)
+        for latency in stats.inter_token_times:
+            m.itl.observe(latency)

@@ -11,7 +11,9 @@ state, by randomness, the clock or ``id()``, fails it, as its traces would fail 
 A policy that raises or answers what the scheduler cannot carry out (a ``PolicyError``, at
 construction, in a step or in an abort, whose freed blocks ``eviction_key`` ranks) is the
 ``policy`` violation, one that schedules nothing while
-requests wait the ``progress`` one: the run stops there and the events so far are checked.
+requests wait the ``progress`` one: the run stops there and the events so far are checked;
+a request the stop left unfinished is checked for the tokens it has, not reported as a
+``completion`` violation (its missing tokens are the stop's consequence, not a second cause).
 The ``Run`` it returns holds the violations by name; ``run.raise_violations()`` reports them.
 """
 
@@ -163,6 +165,7 @@ def _check_outcome(run: Run) -> None:
     sampled: dict[int, list[int]] = {}
     for sid, tok in zip(tables["token_sampled"]["seq_id"], tables["token_sampled"]["token_id"]):
         sampled.setdefault(sid, []).append(tok)
+    stopped = any(run.violations.get(name) for name in STOPPED)
     for seq_id, (spec, seq) in run.seqs.items():
         admissible = is_admissible(config, len(spec.prompt), spec.max_tokens)
         if not admissible:
@@ -195,6 +198,11 @@ def _check_outcome(run: Run) -> None:
                 f"aborted seq {seq_id} has all of its tokens",
             )
         again = " (after preemption)" if seq_id in run.preempted else ""
+        if stopped and not seq.is_finished:
+            # The stop left it unfinished: its missing tokens and finish row are the stop's
+            # consequence (they hid its cause in the report); the tokens it has are still checked.
+            _check_prefix(run, seq_id, spec, seq, again)
+            continue
         check(
             seq.status is SequenceStatus.FINISHED and seq.finish_reason == reason,
             "completion",
@@ -219,7 +227,7 @@ def _check_outcome(run: Run) -> None:
             f"seq {seq_id}: request_finished rows {finished_rows.get(seq_id)}",
         )
     scheduler, bm = core.scheduler, core.scheduler.block_manager
-    if not any(run.violations.get(name) for name in STOPPED):
+    if not stopped:
         check(
             not scheduler.waiting and not scheduler.running,
             "drained",
@@ -232,3 +240,13 @@ def _check_outcome(run: Run) -> None:
         )
         held = [b for b in bm.blocks if b.ref_count != 0]
         check(not held, "drained", f"blocks with a refcount at the end: {held}")
+
+
+def _check_prefix(run: Run, seq_id: int, spec: Any, seq: Any, again: str) -> None:
+    """The ``completion`` check of a request a stopped run left unfinished: its prompt, and
+    its tokens so far a prefix of its expected completion."""
+    tokens = expected_completion(run.workload.config, spec)[0]
+    got = list(seq.completion_token_ids)
+    run.check(got == tokens[:len(got)] and list(seq.prompt_token_ids) == list(spec.prompt),
+              "completion", f"seq {seq_id}{again} (unfinished when the run stopped): completion "
+              f"{got}, expected a prefix of {tokens}")

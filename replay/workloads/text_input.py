@@ -207,6 +207,9 @@ def json_records(path: str | Path, fmt: str | None = None) -> Iterator[tuple[str
                 where = f"{path}:{number}"
                 try:
                     value = loads(line, where)
+                except NotJsonLines as exc:  # JSON, so no CSV columns to name
+                    raise WorkloadFormatError(f"{exc}; a JSON array of the records is read too"
+                                              ) from None
                 except WorkloadFormatError as exc:
                     raise (not_format(str(exc), fmt, names_in(line)) if first and fmt
                            else exc) from None
@@ -216,14 +219,30 @@ def json_records(path: str | Path, fmt: str | None = None) -> Iterator[tuple[str
             raise read_error(path, exc) from None
 
 
+class NotJsonLines(WorkloadFormatError):
+    """A line whose JSON value goes on past its line end: one value spread over several lines
+    (a pretty-printed file), which is JSON but not JSON Lines. Its own class so that an
+    importer does not read the line (``{``) as a CSV header and list it as "columns found"."""
+
+
 def loads(text: str, where: str) -> Any:
     """One JSON value (a line of a JSON Lines file); every way it is not JSON is one line.
     A line with no line end whose JSON stops unfinished is the file's last, cut short (a copy
-    or a write not finished): said so, where it read as any syntax error."""
+    or a write not finished): said so, where it read as any syntax error. One with a line end
+    is a value spread over lines (``NotJsonLines``): a pretty-printed file, as the Mooncake
+    README shows its sample, read as "Expecting property name" at a line ``{``."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        cut = not text.endswith("\n") and (exc.pos >= len(text.rstrip())
+        unfinished = exc.pos >= len(text.rstrip())
+        # a line end inside a string is never pretty-printing (JSON escapes it): not JSON
+        if text.endswith("\n") and unfinished and not exc.msg.startswith("Invalid control"):
+            kind = {"{": "object", "[": "array"}.get(text.lstrip()[:1], "value")
+            raise NotJsonLines(
+                f"{where}: not JSON Lines: the JSON {kind} goes on past the end of the line "
+                "(one value spread over several lines: a pretty-printed file?); JSON Lines "
+                "holds each value whole on one line (json.dumps without indent)") from None
+        cut = not text.endswith("\n") and (unfinished
                                             or exc.msg.startswith("Unterminated string"))
         raise WorkloadFormatError(
             f"{where}: not JSON ({exc.msg}, column {exc.colno})"

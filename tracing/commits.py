@@ -28,6 +28,24 @@ from tracing.validate import check_marker
 PARQUET_ERRORS = (OSError, pa.ArrowException, ValueError)
 
 
+def is_present(path: Path) -> bool:
+    """Whether ``path`` exists (links followed): False where it, or a directory on its way, is
+    not there. Whatever keeps the answer from being known (no permission to search a directory,
+    a name too long, a link looping on itself) is a ``TraceError`` naming the path, as is a
+    symbolic link to nothing: ``Path.exists()`` raises for the first and answers False for the
+    others, so a trace read as if the file were simply absent (an incomplete one)."""
+    try:
+        os.stat(path)
+        return True
+    except (FileNotFoundError, NotADirectoryError):
+        if os.path.islink(path):
+            raise TraceError(f"{path}: a symbolic link to nothing "
+                             f"({os.readlink(path)})") from None
+        return False
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read ({exc.strerror or one_line(exc)})") from None
+
+
 @dataclass(frozen=True)
 class SegmentFile:
     """One committed Parquet file: its kind, its segment, its (final) path and its rows."""
@@ -43,7 +61,7 @@ class SegmentFile:
     def located(self) -> Path:
         """Where the file is now: its final name, or the temporary one if the writer died (or,
         for a trace being recorded, has not yet renamed it) after committing the segment."""
-        return self.path if self.path.exists() else tmp_path(self.path)
+        return self.path if is_present(self.path) else tmp_path(self.path)
 
     def size(self) -> int:
         """Its size in bytes, under whichever name it has; the writer of a trace being recorded
@@ -60,7 +78,7 @@ class SegmentFile:
     def open(self) -> pq.ParquetFile:
         """The file, opened for reading (``TraceError``, one line, if missing or damaged)."""
         path = self.located()
-        if not path.exists():
+        if not is_present(path):
             path = self.path  # the writer renamed it since located() looked
         try:
             return pq.ParquetFile(_arrow_source(path))
@@ -82,7 +100,7 @@ class SegmentFile:
         first, last = self.first_event_id, self.last_event_id
         if first is None or last is None or pf.metadata.num_rows == 0:
             return
-        bounds = column_bounds(pf, "event_id")
+        bounds = column_bounds(pf, "event_id", self.path)
         if bounds is None:
             ids = self.read_column(pf, "event_id")
             bounds = (int(ids.min()), int(ids.max()))
@@ -98,7 +116,7 @@ class SegmentFile:
         pf = self.open()
         if pf.metadata.num_row_groups == 0:
             return 0
-        bounds = column_bounds(pf, "step")
+        bounds = column_bounds(pf, "step", self.path)
         if bounds is not None and bounds[1] <= step:
             return 0
         return int((self.read_column(pf, "step") > step).sum())
@@ -124,20 +142,37 @@ def _arrow_source(path: Path) -> str | pa.NativeFile:
     return text
 
 
-def column_bounds(pf: pq.ParquetFile, name: str) -> tuple[int, int] | None:
+def column_bounds(pf: pq.ParquetFile, name: str, path: Path) -> tuple[int, int] | None:
     """The smallest and largest value of integer column ``name`` from the footer's statistics,
-    or None where a row group has none."""
+    or None where a row group has none. ``TraceError`` naming ``path`` (the file) for a footer
+    whose column metadata is damaged: a name that is not UTF-8, or a column chunk whose type
+    is not its schema column's (pyarrow ends the process, C++ ``terminate``, when such a
+    chunk's statistics are looked at, so the type is compared first)."""
     meta = pf.metadata
     lows, highs = [], []
-    for group in range(meta.num_row_groups):
-        row_group = meta.row_group(group)
-        column = next((row_group.column(i) for i in range(row_group.num_columns)
-                       if row_group.column(i).path_in_schema == name), None)
-        stats = column.statistics if column is not None else None
-        if stats is None or not stats.has_min_max:
-            return None
-        lows.append(stats.min)
-        highs.append(stats.max)
+    try:
+        for group in range(meta.num_row_groups):
+            row_group = meta.row_group(group)
+            column = None
+            for i in range(row_group.num_columns):
+                chunk = row_group.column(i)
+                if chunk.path_in_schema != name:
+                    continue
+                schema_type = meta.schema.column(i).physical_type
+                if chunk.physical_type != schema_type:
+                    raise TraceError(f"{path}: damaged footer: column {name} of type "
+                                     f"{chunk.physical_type}, the schema's {schema_type}")
+                column = chunk
+                break
+            stats = column.statistics if column is not None else None
+            if stats is None or not stats.has_min_max:
+                return None
+            lows.append(stats.min)
+            highs.append(stats.max)
+    except UnicodeDecodeError:
+        raise TraceError(f"{path}: damaged footer: a column name that is not UTF-8") from None
+    except (pa.ArrowException, IndexError, TypeError, ValueError) as exc:
+        raise TraceError(f"{path}: damaged footer ({one_line(exc)})") from None
     return (int(min(lows)), int(max(highs))) if lows else None
 
 
@@ -238,7 +273,7 @@ def _parse_marker(root: Path, path: Path, index: int, data: dict[str, Any]) -> S
         file = SegmentFile(kind, index, final, entry["rows"], data.get("first_event_id"),
                            data.get("last_event_id"))
         # The marker is written before the renames: a crash in between leaves the hidden name.
-        if not file.located().exists():
+        if not is_present(file.located()):
             raise UnfinishedFile(f"{final}: missing, but committed by {path.name}")
         if file.located().is_symlink():
             raise TraceError(f"{final}: is a symbolic link, not a file the recorder wrote")
@@ -279,8 +314,10 @@ def committed_segments(root: Path, tail_ok: bool = False) -> tuple[list[Segment]
     (an incomplete trace) a segment whose file is missing ends the list there, the rest
     unread (``UnreadTail``); otherwise that is a ``TraceError`` too."""
     commits = root / COMMITS_DIR
-    if not commits.is_dir():
+    if not is_present(commits):
         return [], None
+    if not commits.is_dir():  # never read as "no segment committed", an incomplete trace
+        raise TraceError(f"{commits}: not a directory (it holds a trace's commit markers)")
     try:
         names = [p.name for p in commits.iterdir()]
     except OSError as exc:

@@ -40,6 +40,12 @@ def check_output_file(
         raise OutputDirError(f"-: the {what} is written to a file (whole, through a temporary "
                              "sibling), not to standard output; give a file name")
     out = Path(path).expanduser()
+    try:  # what keeps the checks below from answering (a name too long) is said here, once
+        os.lstat(out)
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # a new file (a parent that is a file: check_creatable says so)
+    except OSError as exc:
+        raise OutputDirError(f"{out}: cannot be used ({describe_os_error(exc)})") from None
     if out.is_symlink():
         raise OutputDirError(f"{out}: is a symbolic link; give the file itself")
     if out.exists() and not out.is_file():

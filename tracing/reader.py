@@ -22,26 +22,24 @@ from tracing.commits import (
     Segment,
     SegmentFile,
     UnreadTail,
-    column_bounds,
     committed_segments,
+    is_present,
     load_json,
-    relative_reason,
 )
 from tracing.convert import column_to_python
-from tracing.errors import TraceError, UnfinishedFile, one_line
-from tracing.layout import HEADER_FILE, SUMMARY_FILE, marker_file
+from tracing.errors import TraceError, one_line
+from tracing.layout import HEADER_FILE, SUMMARY_FILE
 from tracing.schema import (
     ADDED_COLUMN_DEFAULTS,
-    ADDED_IN_VERSION,
     EVENT_KINDS,
     arrow_schema,
     column_types,
 )
-from tracing.validate import check_header, check_summary
+from tracing.segment_checks import open_checked, validate_files
+from tracing.validate import check_header, check_summary, check_summary_figures
 
 if TYPE_CHECKING:
     import pandas as pd
-    import pyarrow.parquet as pq
 
 __all__ = ["Segment", "SegmentFile", "Trace", "read_trace"]
 
@@ -206,79 +204,50 @@ class Trace:
         )
 
 
-def _check_schema(f: SegmentFile, schema: pa.Schema, num_rows: int, version: int | None) -> None:
-    """The file's columns are its kind's: a file of an older version may lack the columns
-    added since (filled on reading; some version-5 traces predate columns of version 5), but
-    never holds a column added after the header's schema ``version`` (a header edited to an
-    older version would make verify skip comparing such a column: ``COMPARED_SINCE``)."""
-    got = {field.name: field.type for field in schema}
-    added = ADDED_COLUMN_DEFAULTS.get(f.kind, {})
-    since = ADDED_IN_VERSION.get(f.kind, {})
-    want = {
-        field.name: field.type
-        for field in arrow_schema(f.kind)
-        if (field.name in got or field.name not in added)
-        and (not isinstance(version, int) or since.get(field.name, 0) <= version)
-    }
-    if list(got.items()) != list(want.items()):
-        problems = []
-        if missing := [n for n in want if n not in got]:
-            problems.append("missing columns " + ", ".join(missing))
-        if extra := [n for n in got if n not in want]:
-            problems.append("unexpected columns " + ", ".join(extra))
-        problems += [
-            f"{n} is {t}, expected {want[n]}" for n, t in got.items() if n in want and t != want[n]
-        ]
-        detail = "; ".join(problems) or "columns out of order"
-        of = f" of version {version} (run.json)" if isinstance(version, int) else ""
-        raise TraceError(f"{f.path}: columns do not match the {f.kind} schema{of}: {detail}")
-    if num_rows != f.rows:
-        raise TraceError(f"{f.path}: holds {num_rows} rows, its commit marker says {f.rows}")
-
-
-def _open_checked(f: SegmentFile, version: int | None) -> pq.ParquetFile:
-    """The file opened, its footer validated (magic bytes, schema, row count, event-id range)
-    without reading its data."""
-    pf = f.open()
-    _check_schema(f, pf.schema_arrow, pf.metadata.num_rows, version)
-    f.check_event_ids(pf)
-    return pf
-
-
-def _check_file(f: SegmentFile, version: int | None) -> int | None:
-    """Validate a file's footer (``_open_checked``); return its largest ``step`` (-1: no rows;
-    None: the footer has no statistics)."""
-    pf = _open_checked(f, version)
-    if not pf.metadata.num_rows:
-        return -1
-    bounds = column_bounds(pf, "step")
-    return bounds[1] if bounds is not None else None
-
-
-def _check_through_step(root: Path, segments: list[Segment], steps: list[int | None]) -> None:
-    """The last marker's ``through_step`` is a step some committed row belongs to (or one
-    before it): a recorder commits only steps it took, so a marker claiming later steps was
-    edited (an incomplete trace's reader would otherwise keep a cut step's rows)."""
-    known = [s for s in steps if s is not None]
-    if not segments or len(known) < len(steps):
-        return
-    last, top = segments[-1], max(known, default=-1)
-    if last.through_step > top:
-        raise TraceError(f"{root / marker_file(last.index)}: through_step {last.through_step}, "
-                         f"but no committed event is of a step after {top}: the marker was "
-                         "edited")
-
-
 def _read_file(f: SegmentFile, version: int | None) -> pa.Table:
-    pf = _open_checked(f, version)
+    pf = open_checked(f, version)
     try:
         table = pf.read()
     except PARQUET_ERRORS as exc:
         raise TraceError(f"{f.path}: cannot read Parquet data ({one_line(exc)})") from None
+    if table.num_rows != f.rows:  # the footer said so (open_checked); its data says otherwise
+        raise TraceError(f"{f.path}: its data holds {table.num_rows} rows, its footer and "
+                         f"commit marker say {f.rows}")
     if nulls := [n for n, c in zip(table.column_names, table.columns) if c.null_count]:
         raise TraceError(f"{f.path}: column {nulls[0]} holds nulls, which a recorder never "
                          "writes: the file is damaged or another tool wrote it")
+    _check_text(f, table)
+    # From the buffers: to_numpy() imports pandas, a third of verify's time.
+    _check_unique_ids(f, column_to_python(table.column("event_id"), "int64"))
     return _with_added_columns(f.kind, table)
+
+
+def _check_unique_ids(f: SegmentFile, ids: np.ndarray) -> None:
+    """No event id is in two rows: a repeated one (a row duplicated by an edit) would read as
+    two events, which ``verify`` reports as the scheduler's divergence. Segments' id ranges are
+    disjoint (``SegmentFile.check_event_ids``), so one file at a time finds every repeat."""
+    if len(ids) < 2 or (np.diff(ids) > 0).all():  # the recorder writes them rising
+        return
+    ordered = np.sort(ids)
+    repeats = np.flatnonzero(np.diff(ordered) == 0)
+    if len(repeats):
+        repeated = ordered[repeats[0]]
+        raise TraceError(f"{f.path}: event id {repeated} is in {int((ids == repeated).sum())} "
+                         "rows: the file is damaged or another tool wrote it")
+
+
+def _check_text(f: SegmentFile, table: pa.Table) -> None:
+    """Every string column is UTF-8: Parquet's reader hands over a data page's bytes as they
+    are, so a flipped bit there would surface later as a ``UnicodeDecodeError`` out of whichever
+    reader turns the value into text (``inspect``, ``verify``, the exports)."""
+    for name, column in zip(table.column_names, table.columns):
+        if not pa.types.is_string(column.type):
+            continue
+        try:
+            column.validate(full=True)
+        except pa.ArrowInvalid:
+            raise TraceError(f"{f.path}: column {name} holds text that is not UTF-8: the file "
+                             "is damaged or another tool wrote it") from None
 
 
 def _with_added_columns(kind: str, table: pa.Table) -> pa.Table:
@@ -313,6 +282,15 @@ def _constant_strings(value: str, rows: int) -> pa.Array:
                                  [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data * rows)])
 
 
+def _marker_counts(segments: list[Segment]) -> dict[str, int]:
+    """Rows per event kind the commit markers list."""
+    counts: dict[str, int] = {}
+    for segment in segments:
+        for f in segment.files:
+            counts[f.kind] = counts.get(f.kind, 0) + f.rows
+    return counts
+
+
 def read_trace(path: str | Path, validate: bool = True) -> Trace:
     """Open the trace directory ``path``.
 
@@ -324,43 +302,26 @@ def read_trace(path: str | Path, validate: bool = True) -> Trace:
     segments before it; ``Trace.unread_note`` says so.
     """
     root = Path(path)
-    if not root.exists():
+    if not is_present(root):
         raise TraceError(f"{root}: no such trace directory")
     if not root.is_dir():
         raise TraceError(f"{root}: not a trace (a trace is a directory holding {HEADER_FILE})")
     header_path = root / HEADER_FILE
-    if not header_path.is_file():
+    if not is_present(header_path) or not header_path.is_file():
         raise TraceError(f"{root}: not a trace directory (no {HEADER_FILE})")
     header = load_json(header_path, "trace header")
     check_header(header_path, header)
     summary_path = root / SUMMARY_FILE
-    summary = load_json(summary_path, "trace summary") if summary_path.exists() else None
+    summary = load_json(summary_path, "trace summary") if is_present(summary_path) else None
     segments, unread = committed_segments(root, tail_ok=summary is None)
     if summary is not None:
         check_summary(summary_path, summary, len(segments), header["schema_version"])
+        check_summary_figures(summary_path, summary,
+                              max((s.through_step for s in segments), default=-1),
+                              _marker_counts(segments))
     if validate:
-        segments, unread, steps = _validate_files(root, segments, unread,
-                                                  header["schema_version"], summary is None)
-        _check_through_step(root, segments, steps)
+        segments, unread = validate_files(root, segments, unread, header["schema_version"],
+                                          summary is None)
     return Trace(root, header, summary, segments, unread)
 
 
-def _validate_files(
-    root: Path, segments: list[Segment], unread: UnreadTail | None, version: int,
-    tail_ok: bool,
-) -> tuple[list[Segment], UnreadTail | None, list[int | None]]:
-    """Check every committed file's footer (``_check_file``); return the segments, the unread
-    tail and each file's largest step. With ``tail_ok`` (an incomplete trace) the first segment
-    holding a file cut short ends the segments read, as a missing one does."""
-    steps: list[int | None] = []
-    for position, segment in enumerate(segments):
-        try:
-            found = [_check_file(f, version) for f in segment.files]
-        except UnfinishedFile as exc:
-            if not tail_ok:
-                raise
-            last = unread.last if unread is not None else segments[-1].index
-            return (segments[:position], UnreadTail(segment.index, last,
-                                                    relative_reason(root, exc)), steps)
-        steps += found
-    return segments, unread, steps

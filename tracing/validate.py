@@ -230,3 +230,29 @@ def check_summary(path: Path, summary: dict[str, Any], committed: int,
     if expected != committed:
         raise TraceError(f"{path}: the recording closed with {expected} committed segments, "
                          f"but {committed} have a commit marker; a marker was deleted or added")
+
+
+def check_summary_figures(path: Path, summary: dict[str, Any], last_step: int,
+                          counts: dict[str, int]) -> None:
+    """Raise ``TraceError`` unless ``summary.json``'s own record of the commits (``last_step``,
+    ``num_events``, ``counts`` per kind), where it has one, is the commit markers' (``last_step``:
+    the last ``through_step``; ``counts``: their rows per kind). The recorder writes these from
+    the markers it committed, so a difference is a summary copied from another trace (whose
+    figures ``inspect`` would print as this run's: its wall time, its throughput)."""
+    expected = {"last_step": last_step, "num_events": sum(counts.values())}
+    for key, want in expected.items():
+        got = summary.get(key)
+        if got is not None and got != want:
+            raise TraceError(f"{path}: {key} is {got!r}, but the commit markers say {want}: a "
+                             "summary of another trace, or an edited one")
+    stated = summary.get("counts")
+    if stated is None:
+        return
+    if not isinstance(stated, dict):
+        raise TraceError(f"{path}: counts must be a JSON object, got {type(stated).__name__}")
+    for kind in EVENT_KINDS:
+        got = stated.get(kind, 0)
+        if got != counts.get(kind, 0):
+            raise TraceError(f"{path}: counts.{kind} is {got!r}, but the commit markers hold "
+                             f"{counts.get(kind, 0)} rows: a summary of another trace, or an "
+                             "edited one")

@@ -5,27 +5,15 @@ refused without saying why (bug hunt s38), in process over the app with the stan
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 pytest.importorskip("fastapi")
 
-from fake_engine import MODEL, FakeEngine, app_client  # noqa: E402
+from fake_engine import MODEL, FakeEngine  # noqa: E402
 
 USER = [{"role": "user", "content": "hi"}]
-
-
-@pytest.fixture(scope="module")
-def engine() -> FakeEngine:
-    return FakeEngine(max_model_len=256)
-
-
-@pytest.fixture(scope="module")
-def client(engine: FakeEngine) -> Iterator[Any]:
-    with app_client(engine) as test_client:
-        yield test_client
 
 
 @pytest.mark.parametrize("path, body", [

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -22,17 +21,6 @@ from engine.server.prompt import INLINE_PROMPT_CHARS, PromptPreparer  # noqa: E4
 from engine.server.protocol import ApiError, parse_chat, parse_json_body  # noqa: E402
 
 USER = [{"role": "user", "content": "hi"}]
-
-
-@pytest.fixture(scope="module")
-def engine() -> FakeEngine:
-    return FakeEngine(max_model_len=256)
-
-
-@pytest.fixture(scope="module")
-def client(engine: FakeEngine) -> Iterator[Any]:
-    with app_client(engine) as test_client:
-        yield test_client
 
 
 def _error(response: Any, param: str | None) -> dict[str, Any]:

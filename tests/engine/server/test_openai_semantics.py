@@ -19,11 +19,6 @@ from engine.detokenizer import IncrementalDetokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def engine() -> FakeEngine:
-    return FakeEngine(max_model_len=256)
-
-
-@pytest.fixture(scope="module")
 def api(engine: FakeEngine) -> Iterator[Any]:
     with app_client(engine) as client:
         yield openai.OpenAI(base_url="http://testserver/v1", api_key="none",

@@ -5,7 +5,6 @@ no model, no engine process."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,12 +20,6 @@ from engine.server.protocol import ApiError, parse_chat, parse_json_body  # noqa
 @pytest.fixture(scope="module")
 def engine() -> FakeEngine:
     return FakeEngine(max_model_len=64)
-
-
-@pytest.fixture(scope="module")
-def client(engine: FakeEngine) -> Iterator[Any]:
-    with app_client(engine) as client:
-        yield client
 
 
 def _error(client: Any, body: bytes, path: str = "/v1/completions",

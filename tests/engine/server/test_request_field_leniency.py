@@ -5,31 +5,19 @@ written as a whole float (``5.0``), an empty model name; and where it keeps Open
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 pytest.importorskip("fastapi")
 
-from fake_engine import MODEL, FakeEngine, app_client  # noqa: E402
+from fake_engine import MODEL, FakeEngine  # noqa: E402
 
 from engine.server.protocol import INT_FIELDS  # noqa: E402
 
 USER = [{"role": "user", "content": "hi"}]
 COMPLETION = ("/v1/completions", {"model": MODEL, "prompt": "hi"})
 CHAT = ("/v1/chat/completions", {"model": MODEL, "messages": USER})
-
-
-@pytest.fixture(scope="module")
-def engine() -> FakeEngine:
-    return FakeEngine(max_model_len=256)
-
-
-@pytest.fixture(scope="module")
-def client(engine: FakeEngine) -> Iterator[Any]:
-    with app_client(engine) as test_client:
-        yield test_client
 
 
 def _submitted(engine: FakeEngine, client: Any, path: str, body: dict) -> Any:

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -56,56 +53,10 @@ def test_ctrl_c_still_exits_130(monkeypatch: pytest.MonkeyPatch,
     assert capsys.readouterr().err == "replayllm verify: interrupted\n"
 
 
-# A what-if grid whose workers spend their time sending large results, under the same guard the
-# CLI puts around every command; SIGTERM to the whole group (a service manager's stop).
-GRID = textwrap.dedent("""
-    import sys
-    from replay.cli.interrupt import Terminated, terminate_as_interrupt
-    from replay.whatif import simulate
-
-    def large_result(workload, overrides, cost, name, keep_events=False):
-        return b"x" * 30_000_000
-
-    simulate.run_variant = large_result
-    print("ready", flush=True)
-    try:
-        with terminate_as_interrupt():
-            simulate.simulate_many(None, [(str(i), {}) for i in range(40)], None, jobs=4)
-    except Terminated:
-        print("terminated", flush=True)
-        sys.exit(143)
-    print("finished", flush=True)
-""")
-
-
-@pytest.mark.skipif(not hasattr(os, "killpg"), reason="process groups are POSIX")
-def test_sigterm_to_a_whatif_grids_group_ends_every_process_promptly(tmp_path: Path) -> None:
-    """SIGTERM to the parent and its workers ends the grid within seconds, exit 143, and no
-    worker prints a traceback or leaves the parent waiting on a half-sent result."""
-    script = tmp_path / "grid.py"
-    script.write_text(GRID)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True, env=env)
-    assert proc.stdout is not None
-    assert proc.stdout.readline() == b"ready\n"
-    time.sleep(1.0)
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        out, err = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail("still running 30 s after SIGTERM (hung)")
-    assert proc.returncode == 143, (out, err)
-    assert out.decode().strip() == "terminated"
-    assert b"Traceback" not in err, err.decode()
-
-
 def test_a_worker_raises_once_per_task_however_many_signals_come() -> None:
     """A second signal while the first one's ``KeyboardInterrupt`` unwinds is only noted: raised
     again it landed in the pool's own code and ended the worker with a traceback (6 runs in 12
-    of the grid test above, the group's SIGTERM then the parent's SIGINT)."""
+    of tests/replay/whatif/test_hardening_s37_interrupt.py under SIGTERM)."""
     from replay.whatif import worker_signals
 
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}

@@ -94,3 +94,20 @@ def http_scope(path: str) -> dict[str, Any]:
             "raw_path": path.encode(), "root_path": "", "query_string": b"",
             "headers": [(b"content-type", b"application/json"), (b"host", b"testserver")],
             "client": ("127.0.0.1", 5000), "server": ("testserver", 80)}
+
+
+def tiny_engine(mode: str) -> Any:
+    """A real engine on the tiny CPU model behind the server's interface, with fresh metrics:
+    in its own process (``mode`` ``"process"``) or on a thread of this one (``"thread"``)."""
+    from engine.server.engine_proc import EngineSpec
+    from engine.server.metrics import ServerMetrics
+
+    spec = EngineSpec(None, None, {"max_model_len": 4096, "calibration_repeats": -1})
+    metrics = ServerMetrics("m")
+    if mode == "process":
+        from engine.server.engine_client import EngineProcess
+
+        return EngineProcess(spec, metrics)
+    from engine.server.engine_loop import EngineLoop
+
+    return EngineLoop(spec.build(), metrics)

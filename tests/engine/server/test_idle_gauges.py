@@ -7,28 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 import pytest
+from fake_engine import tiny_engine
 
 from engine.sampling_params import SamplingParams
 from engine.server.engine_loop import RequestStream
-from engine.server.engine_proc import EngineSpec
 from engine.server.metrics import ServerMetrics
 
 SETTLE_S = 2.0  # far longer than a step: what the gauges say by then they keep saying
-
-
-def _engine(mode: str) -> Any:
-    spec = EngineSpec(None, None, {"max_model_len": 4096, "calibration_repeats": -1})
-    metrics = ServerMetrics("m")
-    if mode == "process":
-        from engine.server.engine_client import EngineProcess
-
-        return EngineProcess(spec, metrics)
-    from engine.server.engine_loop import EngineLoop
-
-    return EngineLoop(spec.build(), metrics)
 
 
 def _gauges(metrics: ServerMetrics) -> tuple[float | None, ...]:
@@ -45,7 +32,7 @@ def test_gauges_fall_to_zero_when_the_last_request_ends_between_steps(mode: str,
     tokens: the engine goes idle with nothing running, nothing waiting, no KV block held. The
     gauges kept the last step's values (1 running, its blocks in use) for as long as the
     server stayed idle: a dashboard showed a request that no longer existed."""
-    engine = _engine(mode)
+    engine = tiny_engine(mode)
     metrics = engine.metrics
 
     async def run() -> tuple[float, float, float]:

@@ -16,26 +16,14 @@ import time
 from typing import Any
 
 import pytest
+from fake_engine import tiny_engine
 
 from engine.sampling_params import SamplingParams
 from engine.server.engine_loop import RequestStream
-from engine.server.engine_proc import EngineSpec
 from engine.server.generation import Generation
 from engine.server.metrics import ServerMetrics
 
 TOKENS = 12
-
-
-def _engine(mode: str) -> Any:
-    spec = EngineSpec(None, None, {"max_model_len": 4096, "calibration_repeats": -1})
-    metrics = ServerMetrics("m")
-    if mode == "process":
-        from engine.server.engine_client import EngineProcess
-
-        return EngineProcess(spec, metrics)
-    from engine.server.engine_loop import EngineLoop
-
-    return EngineLoop(spec.build(), metrics)
 
 
 def _sample(metrics: ServerMetrics, name: str, what: str) -> float:
@@ -75,7 +63,7 @@ def test_one_inter_token_latency_per_engine_step_however_far_behind_the_frontend
     """TOKENS tokens, one per step: TOKENS - 1 observations (the first token is TTFT's), each
     a step's time, in all no more than the request took; the same whether the frontend read
     each step as it came or all of them at once (before: 0 observations when it was behind)."""
-    engine = _engine(mode)
+    engine = tiny_engine(mode)
     _, took = _answer(engine, behind)
     metrics = engine.metrics
     assert _sample(metrics, "time_to_first_token", "count") == 1
@@ -89,7 +77,7 @@ def test_a_request_ended_between_steps_leaves_no_engine_side_state() -> None:
     finishes in a step, and its entry goes with the next step: nothing grows per request."""
     from engine.server import step_stats
 
-    engine = _engine("thread")
+    engine = tiny_engine("thread")
 
     async def run() -> None:
         engine.start(asyncio.get_running_loop())

@@ -25,7 +25,7 @@ from engine.engine_core import EngineCore, StepResult
 from engine.llm import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
-from engine.server.step_stats import StatsApplier, state_stats, step_stats
+from engine.server.step_stats import StatsApplier, TokenClock, state_stats, step_stats
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +144,7 @@ class EngineLoop(RequestIntake):
         super().__init__(metrics)
         self.llm = llm
         self.core: EngineCore = llm.core
+        self.token_clock = TokenClock()  # the inter-token latencies of its steps
         self._commands: deque[tuple[str, RequestStream, str]] = deque()
         self._streams: dict[int, RequestStream] = {}  # engine thread only
         self._stop = False
@@ -310,7 +311,7 @@ class EngineLoop(RequestIntake):
 
     def _observe(self, result: StepResult) -> None:
         """Engine state after a step, for /metrics."""
-        self._stats.apply(step_stats(self.core, result))
+        self._stats.apply(step_stats(self.core, result, self.token_clock))
 
 
 def put_all(deliveries: list[Delivery]) -> None:

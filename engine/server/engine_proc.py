@@ -46,7 +46,7 @@ from typing import Any
 from engine.engine_core import EngineCore, StepResult
 from engine.server.engine_loop import abort_all
 from engine.server.frames import widen_pipe, write_message
-from engine.server.step_stats import state_stats, step_stats
+from engine.server.step_stats import TokenClock, state_stats, step_stats
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +184,7 @@ class PipeInputs:
         self.conn = conn
         self.out_fd = out_fd
         self.core = core
+        self.token_clock = TokenClock()  # the inter-token latencies of its steps
         self.rid_of: dict[int, int] = {}  # engine seq_id -> frontend rid, while running
         self.seq_of: dict[int, int] = {}  # frontend rid -> engine seq_id
         self.stopping = False
@@ -269,7 +270,8 @@ class PipeInputs:
                 del self.seq_of[rid]
                 finishes.append((rid, seq.finish_reason))
                 self.core.forget(seq.seq_id)
-        self._send(rids, tokens, finishes, [], tuple(step_stats(self.core, result)))
+        stats = step_stats(self.core, result, self.token_clock)
+        self._send(rids, tokens, finishes, [], tuple(stats))
 
     def _send(self, rids: list, tokens: list, finishes: list, errors: list,
               stats: tuple | None) -> None:

@@ -4,7 +4,6 @@ thread or its process), applied to the Prometheus metrics in the frontend."""
 from __future__ import annotations
 
 from typing import Any, NamedTuple
-from weakref import WeakKeyDictionary
 
 from engine.engine_core import EngineCore, StepResult
 
@@ -31,14 +30,42 @@ class StepStats(NamedTuple):
     inter_token_times: tuple[float, ...] = ()
 
 
-# Per engine core, when each request that has a token got its last one (``core.now()``): what
-# the next token's latency is measured from. Entries go when the request finishes in a step,
-# or, ended between steps (an abort, a stop string), with the next step's check.
-_last_token_s: WeakKeyDictionary[EngineCore, dict[int, float]] = WeakKeyDictionary()
+class TokenClock:
+    """When each request that has a token got its last one (``core.now()``): what its next
+    token's latency is measured from. One per engine core, kept beside it by the loop that
+    takes its steps' stats. An entry goes when its request finishes in a step, or, ended
+    between steps (an abort, a stop string), with the next step's check."""
+
+    def __init__(self) -> None:
+        self.last_token_s: dict[int, float] = {}
+
+    def inter_token_times(self, core: EngineCore, result: StepResult,
+                          now: float) -> tuple[float, ...]:
+        """Each of the step's tokens after a request's first: ``now`` less its previous
+        token's step (a preempted request's includes its wait, as vLLM's does)."""
+        last = self.last_token_s
+        times = []
+        for seq, _ in zip(result.batch.sampled_seqs, result.output.token_ids):
+            previous = last.get(seq.seq_id)
+            if previous is not None:
+                times.append(max(0.0, now - previous))
+            last[seq.seq_id] = now
+        for seq in result.finished:
+            last.pop(seq.seq_id, None)
+        held = core.sequences  # the requests added and not forgotten (the scheduler's running
+        # list misses one whose step is in flight)
+        if len(last) > len(held):
+            # one ended between steps (and forgotten) is still here: keep the unfinished
+            # requests (a preempted one waits with its tokens), so the table never outgrows
+            # the engine's
+            for seq_id in [s for s in last if s not in held or held[s].is_finished]:
+                del last[seq_id]
+        return tuple(times)
 
 
-def step_stats(core: EngineCore, result: StepResult) -> StepStats:
-    """What ``result``'s step did and the scheduler's state after it."""
+def step_stats(core: EngineCore, result: StepResult, clock: TokenClock) -> StepStats:
+    """What ``result``'s step did and the scheduler's state after it (``clock``: the core's
+    ``TokenClock``, for the inter-token latencies)."""
     batch = result.batch
     queried = hits = computed = 0
     now = core.now()
@@ -56,29 +83,7 @@ def step_stats(core: EngineCore, result: StepResult) -> StepStats:
                                       prompt_tokens=computed,
                                       generation_tokens=len(result.output.token_ids),
                                       queue_times=tuple(waits),
-                                      inter_token_times=_inter_token_times(core, result, now))
-
-
-def _inter_token_times(core: EngineCore, result: StepResult, now: float) -> tuple[float, ...]:
-    """Each of the step's tokens after a request's first: ``now`` less its previous token's
-    step (a preempted request's includes its wait, as vLLM's does)."""
-    last = _last_token_s.setdefault(core, {})
-    times = []
-    for seq, _ in zip(result.batch.sampled_seqs, result.output.token_ids):
-        previous = last.get(seq.seq_id)
-        if previous is not None:
-            times.append(max(0.0, now - previous))
-        last[seq.seq_id] = now
-    for seq in result.finished:
-        last.pop(seq.seq_id, None)
-    held = core.sequences  # the requests added and not forgotten (the scheduler's running
-    # list misses one whose step is in flight)
-    if len(last) > len(held):
-        # one ended between steps (and forgotten) is still here: keep the unfinished requests
-        # (a preempted one waits with its tokens), so the table never outgrows the engine's
-        for seq_id in [s for s in last if s not in held or held[s].is_finished]:
-            del last[seq_id]
-    return tuple(times)
+                                      inter_token_times=clock.inter_token_times(core, result, now))
 
 
 def state_stats(core: EngineCore) -> StepStats:

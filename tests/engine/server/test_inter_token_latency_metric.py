@@ -75,8 +75,6 @@ def test_a_request_ended_between_steps_leaves_no_engine_side_state() -> None:
     """The engine keeps the time of each running request's last token, to observe the next
     one's latency; a request the frontend ends between steps (an abort, a stop string) never
     finishes in a step, and its entry goes with the next step: nothing grows per request."""
-    from engine.server import step_stats
-
     engine = tiny_engine("thread")
 
     async def run() -> None:
@@ -91,7 +89,7 @@ def test_a_request_ended_between_steps_leaves_no_engine_side_state() -> None:
             for stream in streams[:2]:
                 engine.finish(stream, "aborted")
             await asyncio.sleep(0.05)  # steps of the last one, after the aborts
-            last = step_stats._last_token_s[engine.core]
+            last = engine.token_clock.last_token_s
             assert set(last) == {streams[2].seq_id}
         finally:  # an engine thread left running keeps the test process alive
             await asyncio.get_running_loop().run_in_executor(None, engine.shutdown, 0.0)

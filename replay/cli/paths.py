@@ -9,14 +9,12 @@ holds is its loader's to check (``engine.profiling.load_profile`` a profile's ro
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from engine.errors import ReplayLLMError
 from engine.profiling import PROFILE_FORMAT
 from tracing.outdir import check_output_dir
-from tracing.outfile import check_output_file, holds, starts_with, write_via_temporary
+from tracing.outfile import check_output_file, holds, starts_with
 
 # How replay/whatif/html_report.write_report starts a page titled "replayllm ...".
 REPORT_START = b"<!DOCTYPE html><html><head><meta charset='utf-8'><title>replayllm "
@@ -45,12 +43,6 @@ def check_report(report: str | Path | None, out_dir: str | Path | None = None) -
         if out in path.resolve().parents:
             raise PathArgumentError(f"{report}: is inside --out {out_dir}, which the command "
                                     "rewrites whole; write the report elsewhere")
-
-
-def write_report_file(report: str | Path, write_report: Callable[..., Any], *args: Any) -> Path:
-    """``write_report(path, *args)`` into a temporary sibling renamed to ``report``: a failure
-    (a full disk) leaves no partial page and the old one whole."""
-    return write_via_temporary(report, lambda tmp: write_report(tmp, *args))
 
 
 def check_plot_file(plot: str | Path) -> None:

@@ -31,9 +31,10 @@ def number(value: float) -> str:
 
 
 def write_report(path: str | Path, title: str, lines: list[str],
-                 tables: list[tuple[str, pd.DataFrame]], plots: list[Path]) -> Path:
-    """Write the page: ``lines`` as preformatted text, each table, each PNG plot (one
-    ``<img class="plot">`` per file, so a reader can count them)."""
+                 tables: list[tuple[str, pd.DataFrame]], plots: dict[str, bytes]) -> Path:
+    """Write the page: ``lines`` as preformatted text, each table, each PNG plot (``plots``:
+    file name -> bytes, held by the caller; one ``<img class="plot">`` each, so a reader can
+    count them)."""
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
              f"</title><style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>"]
     if lines:
@@ -42,9 +43,9 @@ def write_report(path: str | Path, title: str, lines: list[str],
         parts.append(f"<h2>{html.escape(caption)}</h2>")
         parts.append(frame.to_html(index=False, na_rep="n/a", float_format=number,
                                    border=0))
-    for plot in plots:
-        data = base64.b64encode(Path(plot).read_bytes()).decode("ascii")
-        name = html.escape(Path(plot).stem)
+    for file_name, png in plots.items():
+        data = base64.b64encode(png).decode("ascii")
+        name = html.escape(Path(file_name).stem)
         parts.append(f"<h2>{name}</h2><img class='plot' alt='{name}' "
                      f"src='data:image/png;base64,{data}'>")
     parts.append("</body></html>")

@@ -5,7 +5,6 @@ grid, ``--compare`` and ``--stream``."""
 from __future__ import annotations
 
 import argparse
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -116,15 +115,7 @@ def write_page(report: str | Path, title: str, lines: list[str],
     from replay.whatif.html_report import write_report
     from tracing.outfile import write_via_temporary
 
-    def write(tmp: Path) -> None:
-        # write_report embeds plots from files: this run's own bytes, in a private directory.
-        with tempfile.TemporaryDirectory(prefix="replayllm-report-") as held:
-            paths = [Path(held) / name for name in pngs]
-            for path in paths:
-                path.write_bytes(pngs[path.name])
-            write_report(tmp, title, lines, tables, paths)
-
-    return write_via_temporary(report, write)
+    return write_via_temporary(report, lambda tmp: write_report(tmp, title, lines, tables, pngs))
 
 
 def _write_report(args: argparse.Namespace, rows: list[dict], extra: dict | None,

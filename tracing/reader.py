@@ -282,15 +282,6 @@ def _constant_strings(value: str, rows: int) -> pa.Array:
                                  [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data * rows)])
 
 
-def _marker_counts(segments: list[Segment]) -> dict[str, int]:
-    """Rows per event kind the commit markers list."""
-    counts: dict[str, int] = {}
-    for segment in segments:
-        for f in segment.files:
-            counts[f.kind] = counts.get(f.kind, 0) + f.rows
-    return counts
-
-
 def read_trace(path: str | Path, validate: bool = True) -> Trace:
     """Open the trace directory ``path``.
 
@@ -316,9 +307,8 @@ def read_trace(path: str | Path, validate: bool = True) -> Trace:
     segments, unread = committed_segments(root, tail_ok=summary is None)
     if summary is not None:
         check_summary(summary_path, summary, len(segments), header["schema_version"])
-        check_summary_figures(summary_path, summary,
-                              max((s.through_step for s in segments), default=-1),
-                              _marker_counts(segments))
+        committed = Commits(segments, summary)  # complete: every row the markers list
+        check_summary_figures(summary_path, summary, committed.last_step, committed.counts())
     if validate:
         segments, unread = validate_files(root, segments, unread, header["schema_version"],
                                           summary is None)

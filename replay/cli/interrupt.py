@@ -48,13 +48,15 @@ def terminate_as_interrupt() -> Iterator[None]:
     ``verify`` ... under a job scheduler's stop). A command that handles SIGTERM itself
     (``run``, ``loadgen``, ``workload``, ``serve``, ``profile``) installs its own handler
     inside and restores this one; off the main thread, or where SIGTERM is handled or ignored
-    already, nothing changes."""
+    already, nothing changes. A second SIGTERM while the first unwinds is ignored, so it cannot
+    cut the clean-up short (an ``OUT.partial`` left); SIGKILL still stops at once."""
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
         yield
         return
 
     def raise_terminated(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise Terminated()
 
     previous = signal.signal(signal.SIGTERM, raise_terminated)

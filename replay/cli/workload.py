@@ -5,11 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import signal
-import sys
-import threading
 from collections.abc import Iterator
-from types import FrameType
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -17,7 +13,6 @@ from tqdm.auto import tqdm
 from engine.config import Config
 from engine.errors import InvalidRequestError
 from replay.cli import progress
-from replay.cli.interrupt import exit_status
 from replay.cli.paths import check_plot_file, check_workload_out
 from replay.workloads.arrivals import PROCESSES, ArrivalProcess
 from replay.workloads.distributions import parse
@@ -236,43 +231,10 @@ def _removed_if_stopped(writer: Any) -> Iterator[Any]:
         raise
 
 
-class _Terminated(BaseException):
-    """SIGTERM, raised where the command is, as Ctrl-C raises ``KeyboardInterrupt``: a
-    ``BaseException``, so no ``except Exception`` on the way swallows it, and the writers'
-    clean-up (``OUT.partial`` removed) runs as on Ctrl-C."""
-
-
-@contextlib.contextmanager
-def _sigterm_stops() -> Iterator[None]:
-    """Within the block SIGTERM raises ``_Terminated``: its default killed the process at once
-    and left ``OUT.partial`` behind (Ctrl-C removed it). A second one during the clean-up is
-    ignored, not allowed to cut it short (SIGKILL still stops at once). A SIGTERM the parent
-    set to be ignored stays ignored; off the main thread nothing changes."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGTERM) == signal.SIG_IGN):
-        yield
-        return
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise _Terminated
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def run(args: argparse.Namespace) -> int:
     """Run ``replayllm workload SUBCOMMAND``. SIGTERM ends it as Ctrl-C does (no
-    ``OUT.partial`` left, an earlier ``OUT`` kept), exit 143: 128 + the signal, as ``replayllm
-    run`` ends on it (``replay.cli.interrupt``)."""
+    ``OUT.partial`` left, an earlier ``OUT`` kept), exit 143, as every command
+    (``replay.cli.interrupt.terminate_as_interrupt``)."""
     command = {"generate": _generate, "import": _import, "describe": _describe}[
         args.workload_command]
-    with _sigterm_stops():
-        try:
-            return command(args)
-        except _Terminated:
-            print("replayllm workload: interrupted (SIGTERM)", file=sys.stderr)
-            return exit_status(signal.SIGTERM)
+    return command(args)

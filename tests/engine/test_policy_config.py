@@ -1,4 +1,4 @@
-"""Session 38b: a policy named the wrong way in ``Config`` says the right way.
+"""A policy named the wrong way in ``Config`` says the right way.
 
 What these tests prove:
 

@@ -1,4 +1,4 @@
-"""Session 38: a policy's error names the policy's own line, and says what was meant.
+"""A policy's error names the policy's own line, and says what was meant.
 
 What these tests prove (docs/policies.md: the ``PolicyError`` line carries "the file and line of
 the policy's code"):

@@ -1,4 +1,4 @@
-"""Session 38b: answers of a user policy that cannot be ordered, and its read-only waiting queue.
+"""Answers of a user policy that cannot be ordered, and its read-only waiting queue.
 
 What these tests prove:
 

@@ -1,4 +1,4 @@
-"""Session 38b: the engine's "start-up: ..." line is drawn only on a terminal, by the rule the
+"""The engine's "start-up: ..." line is drawn only on a terminal, by the rule the
 commands' progress bars follow (``engine.startup_progress.progress_wanted``; the engine cannot
 import ``replay``, so the rule lives here)."""
 

@@ -1,4 +1,4 @@
-"""Session 38: ``replayllm run`` draws its progress bar only on a terminal, by the one rule
+"""``replayllm run`` draws its progress bar only on a terminal, by the one rule
 loadgen and the workload commands follow (``replay.cli.progress.progress_wanted``)."""
 
 from __future__ import annotations

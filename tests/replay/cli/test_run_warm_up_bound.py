@@ -1,4 +1,4 @@
-"""Session 38b: ``replayllm run --warm-up N`` is bounded (``replay.cli.run.MAX_WARM_UP``): each
+"""``replayllm run --warm-up N`` is bounded (``replay.cli.run.MAX_WARM_UP``): each
 warm-up loads the model again and runs the whole workload, so a typo (``--warm-up 1000``)
 meant hours of untraced runs before the one that counts."""
 

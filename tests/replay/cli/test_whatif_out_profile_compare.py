@@ -1,4 +1,4 @@
-"""Session 38: ``whatif``'s report read another command's files, options accepted in silence or
+"""``whatif``'s report read another command's files, options accepted in silence or
 refused only after the step-time model was fitted.
 
 - ``--report`` was built by reading ``--out`` back once the results directory had been renamed

@@ -1,4 +1,4 @@
-"""Session 38, follow-ups in ``whatif`` and ``tune``.
+"""``whatif`` and ``tune``: reports, the progress rule, ``--host-from`` checked before fitting.
 
 - ``tune --report`` embedded ``pareto.png`` read from ``--out`` after the results directory was
   renamed into place: another tune finishing into the same ``--out`` right after had its plot

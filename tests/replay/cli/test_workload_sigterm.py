@@ -1,4 +1,4 @@
-"""Session 38b: SIGTERM (``timeout``, ``kill``, a job scheduler) stops ``replayllm workload
+"""SIGTERM (``timeout``, ``kill``, a job scheduler) stops ``replayllm workload
 generate`` and ``import`` as Ctrl-C does: the rows written so far (``OUT.partial``) are removed,
 a file already at ``OUT`` is left as it was, one line on stderr, exit 143 (128 + SIGTERM, as
 ``replayllm run`` ends on it: ``replay.cli.interrupt``). Each command runs in a child process,

@@ -1,4 +1,4 @@
-"""Session 38b: a server's error answer, non-stream JSON answer or ``/v1/models`` list is read
+"""A server's error answer, non-stream JSON answer or ``/v1/models`` list is read
 only up to a bound, never whole: a broken server (or a proxy's endless page) could send
 gigabytes, and loadgen read them all into memory. Each fake server here streams a body far over
 the bound, counting what it managed to send before the client hung up."""

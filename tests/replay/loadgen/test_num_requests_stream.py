@@ -1,4 +1,4 @@
-"""Session 38: ``loadgen --num-requests N`` (and ``run``/``whatif --num-seqs N``, which read a
+"""``loadgen --num-requests N`` (and ``run``/``whatif --num-seqs N``, which read a
 workload through the same ``replay.cli.run.load_requests``) read only the first N requests of
 the file, and ``--workers`` is bounded (docs/TESTING.md)."""
 

@@ -1,4 +1,4 @@
-"""Session 38b: a hook that never returns, and what docs/policies.md tells a user about it.
+"""A hook that never returns, and what docs/policies.md tells a user about it.
 
 What these tests prove: a hook that loops forever hangs ``run_workload`` (and so a property
 test) with no word: the slow-hook warning fires only after a call returns, and the engine's hot

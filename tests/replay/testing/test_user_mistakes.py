@@ -1,4 +1,4 @@
-"""Session 38: a user's honest mistakes while testing a policy of their own with replay.testing.
+"""A user's honest mistakes while testing a policy of their own with replay.testing.
 
 - A policy whose ``eviction_key`` raises only for a block an abort releases: ``run_workload``
   let the ``PolicyError`` out of its ``core.abort`` call (a traceback out of the test helper,

@@ -1,4 +1,4 @@
-"""Session 38: ``workload generate``'s counts and sizes are bounded, each past its bound one
+"""``workload generate``'s counts and sizes are bounded, each past its bound one
 line and exit 2 before anything is written, and ``--schedule`` reads only the times it needs
 (docs/TESTING.md). The cases that used to allocate without end run in a child process under an
 address-space limit, so a regression fails the test instead of the machine."""
